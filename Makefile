@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   runs both scenarios end to end and writes a report into report/
+#   make test   runs every test: pytest units plus the notebooks under nbval (smoke mode)
+# Both create .venv and install into it, with the CPU build of torch where there is no GPU.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    ?= report
+
+.PHONY: demo test venv clean
+
+demo: $(STAMP)
+	$(PY) -m kit demo --out $(OUT)
+
+test: $(STAMP)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+
+venv: $(STAMP)
+
+# torch first: without a GPU, the CPU build (a plain `torch` would pull a CUDA build of several GB).
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install -q torch; \
+	else \
+		$(PY) -m pip install -q torch==2.13.0 || \
+		$(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) $(OUT)

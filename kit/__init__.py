@@ -1,0 +1,8 @@
+"""The memory kit: predict, measure and fix memory when fine-tuning language models.
+
+Submodules, one concern each: ``units`` (bytes), ``device`` (readings), ``runtime``
+(smoke or real sizes), ``models`` (real models or offline twins), ``data`` (text and
+tokenizer), ``estimate`` (prediction), ``track`` / ``plot`` / ``cleanup`` (measure,
+draw, free). Import what you need: ``from kit import estimate``.
+"""
+__version__ = "0.1.0"

@@ -1,0 +1,233 @@
+"""Memory readings: the only module that touches ``torch.cuda``, NVML or psutil.
+
+One call, :func:`snapshot`, returns every counter the kit reads, each named after
+the counter it comes from:
+
+- ``cuda_allocated_bytes`` / ``cuda_reserved_bytes`` / ``cuda_peak_allocated_bytes``:
+  PyTorch's caching allocator (``torch.cuda.memory_allocated`` and friends);
+- ``nvml_used_bytes``: what nvidia-smi shows for the GPU, CUDA context included;
+- ``rss_bytes`` / ``rss_peak_bytes`` / ``ram_available_bytes``: the process and the
+  machine, from psutil and ``/proc``;
+- ``live_tensor_bytes``: bytes held by live torch tensors per device, found by
+  walking the garbage collector. It works on a CPU too, so leaks can be shown
+  without a GPU.
+
+>>> snap = snapshot()
+>>> print(snap.text())            # doctest: +SKIP
+cpu tensors 1.20 GiB | RSS 2.31 GiB (peak 2.40 GiB) | RAM free 19.8 GiB
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+import torch
+
+from .units import fmt_bytes
+
+
+def has_cuda() -> bool:
+    """True when a CUDA GPU is usable by torch in this process."""
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """``"cuda"`` when a GPU is there, else ``"cpu"``: the kit's default device."""
+    return "cuda" if has_cuda() else "cpu"
+
+
+def best_reading() -> str:
+    """Name of the counter the kit trusts most here: ``cuda_allocated`` or ``live_tensor_bytes``."""
+    return "cuda_allocated" if has_cuda() else "live_tensor_bytes"
+
+
+def live_tensor_bytes(device: str | None = None) -> dict[str, int] | int:
+    """Bytes held by live tensors, per device, by walking ``gc.get_objects()``.
+
+    Views count once: tensors are grouped by the storage they share. Tensors on
+    the ``meta`` device hold no memory and are skipped. With ``device`` given
+    (``"cpu"``, ``"cuda:0"``), returns that device's count alone.
+
+    >>> x = torch.zeros(1024, dtype=torch.uint8)
+    >>> live_tensor_bytes("cpu") >= 1024
+    True
+    """
+    seen: set[tuple[str, int]] = set()
+    totals: dict[str, int] = {}
+    for obj in gc.get_objects():
+        try:
+            if not isinstance(obj, torch.Tensor) or obj.is_meta or obj.is_sparse:
+                continue
+            storage = obj.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except Exception:  # odd tensor subclasses (fake, functional) have no real storage
+            continue
+        dev = str(obj.device)
+        if nbytes == 0 or (dev, ptr) in seen:
+            continue
+        seen.add((dev, ptr))
+        totals[dev] = totals.get(dev, 0) + nbytes
+    if device is not None:
+        return totals.get(device, 0)
+    return totals
+
+
+def _rss_peak_bytes() -> int | None:
+    """Peak RSS of this process since start or the last :func:`reset_peak` (Linux VmHWM)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+_nvml_handle = None
+
+
+def _nvml_used_bytes() -> int | None:
+    """GPU memory used as NVML (nvidia-smi) sees it, or None without NVML."""
+    global _nvml_handle
+    if not has_cuda():
+        return None
+    try:
+        import pynvml  # from nvidia-ml-py
+
+        if _nvml_handle is None:
+            pynvml.nvmlInit()
+            _nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle).used)
+    except Exception:  # no driver library, or a sandbox without NVML
+        return None
+
+
+@dataclass
+class Snapshot:
+    """One reading of every memory counter. Bytes are ints; None means "not on this runtime"."""
+
+    time: float
+    rss_bytes: int
+    rss_peak_bytes: int | None
+    ram_available_bytes: int
+    live_tensor_bytes: dict[str, int] = field(default_factory=dict)
+    cuda_allocated_bytes: int | None = None
+    cuda_reserved_bytes: int | None = None
+    cuda_peak_allocated_bytes: int | None = None
+    nvml_used_bytes: int | None = None
+
+    def live(self, device: str = "cpu") -> int:
+        """Live-tensor bytes on one device (``"cpu"``, ``"cuda:0"``)."""
+        return self.live_tensor_bytes.get(device, 0)
+
+    @property
+    def best_bytes(self) -> int:
+        """The figure of :func:`best_reading`: CUDA allocated on a GPU, else CPU live tensors."""
+        if self.cuda_allocated_bytes is not None:
+            return self.cuda_allocated_bytes
+        return self.live("cpu")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Snapshot":
+        return cls(**d)
+
+    def text(self) -> str:
+        """One line for printing, each number labelled with its counter."""
+        parts = []
+        if self.cuda_allocated_bytes is not None:
+            parts.append(
+                f"CUDA allocated {fmt_bytes(self.cuda_allocated_bytes)}"
+                f", reserved {fmt_bytes(self.cuda_reserved_bytes)}"
+                f", peak allocated {fmt_bytes(self.cuda_peak_allocated_bytes)}"
+            )
+        if self.nvml_used_bytes is not None:
+            parts.append(f"NVML used {fmt_bytes(self.nvml_used_bytes)}")
+        tensors = ", ".join(f"{dev} {fmt_bytes(n)}" for dev, n in sorted(self.live_tensor_bytes.items()))
+        parts.append(f"live tensors: {tensors or 'none'}")
+        parts.append(f"RSS {fmt_bytes(self.rss_bytes)} (peak {fmt_bytes(self.rss_peak_bytes)})")
+        parts.append(f"RAM available {fmt_bytes(self.ram_available_bytes)}")
+        return " | ".join(parts)
+
+
+def snapshot(live_tensors: bool = True) -> Snapshot:
+    """Read every counter now. ``live_tensors=False`` skips the gc walk (it costs ~ms per 10k objects).
+
+    >>> s = snapshot()
+    >>> s.rss_bytes > 0
+    True
+    """
+    snap = Snapshot(
+        time=time.time(),
+        rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
+        rss_peak_bytes=_rss_peak_bytes(),
+        ram_available_bytes=psutil.virtual_memory().available,
+        live_tensor_bytes=live_tensor_bytes() if live_tensors else {},
+    )
+    if has_cuda():
+        snap.cuda_allocated_bytes = torch.cuda.memory_allocated()
+        snap.cuda_reserved_bytes = torch.cuda.memory_reserved()
+        snap.cuda_peak_allocated_bytes = torch.cuda.max_memory_allocated()
+        snap.nvml_used_bytes = _nvml_used_bytes()
+    return snap
+
+
+def reset_peak() -> None:
+    """Reset the peak counters: CUDA's max allocated (when CUDA is there) and the peak RSS.
+
+    Guarded: on a CPU build ``torch.cuda.reset_peak_memory_stats`` raises, so it is
+    called only with a GPU. The RSS peak is reset through ``/proc/self/clear_refs``
+    on Linux, and silently kept elsewhere.
+    """
+    if has_cuda():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_allocated_bytes() -> int | None:
+    """CUDA's max allocated since the last reset, or None without CUDA."""
+    return torch.cuda.max_memory_allocated() if has_cuda() else None
+
+
+def empty_cache() -> None:
+    """Return cached, unused CUDA blocks to the driver (a no-op without CUDA)."""
+    if has_cuda():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for an out-of-memory error: ``torch.OutOfMemoryError``, ``MemoryError``, or CUDA's OOM text."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def hardware() -> dict:
+    """What this runtime has: GPU name and memory, RAM, CPU cores.
+
+    >>> hardware()["ram_total_bytes"] > 0
+    True
+    """
+    info = {
+        "gpu_name": None,
+        "gpu_total_bytes": None,
+        "ram_total_bytes": psutil.virtual_memory().total,
+        "ram_available_bytes": psutil.virtual_memory().available,
+        "cpu_cores": os.cpu_count(),
+    }
+    if has_cuda():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info["gpu_name"] = props.name
+        info["gpu_total_bytes"] = props.total_memory
+    return info

@@ -1,0 +1,302 @@
+"""Models: the real one from the Hub when it is reachable, else an architecture twin.
+
+An *architecture twin* has random weights and exactly the real model's shapes, so
+exactly its memory. Its config ships in ``kit/configs/``. Tiny twins (2 layers, small
+width) make CPU smoke runs fast. Twin and real models load through the same
+``from_pretrained`` call: the twin is saved once into a cache folder and loaded
+from there with the user's own arguments (dtype, quantization, device map).
+
+>>> build_model("distilgpt2", device="meta").num_parameters()
+81912576
+>>> model = load_model("tiny-llama", quantization="4bit")     # doctest: +SKIP
+MODEL: tiny TWIN tiny-llama (random weights) — tiny twins never come from the Hub
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
+
+from . import device as kdevice
+from . import runtime
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+# Registry: name -> shipped config file. Hub ids keep their Hub spelling.
+_REGISTRY = {
+    "distilgpt2": "distilgpt2.json",
+    "gpt2": "gpt2.json",
+    "meta-llama/Meta-Llama-3-8B": "Meta-Llama-3-8B.json",
+    "meta-llama/Llama-3.2-1B": "Llama-3.2-1B.json",
+    "tiny-gpt2": "tiny-gpt2.json",
+    "tiny-llama": "tiny-llama.json",
+}
+VOCAB_HEAD = "+vocab-head"
+_VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
+_TINY = {"tiny-gpt2", "tiny-llama"}
+_SMOKE = {
+    "distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
+    "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
+}
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+           "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def known_models() -> list[str]:
+    """Every name the offline registry knows.
+
+    >>> "distilgpt2+vocab-head" in known_models()
+    True
+    """
+    return list(_REGISTRY) + list(_VOCAB_HEAD_NAMES)
+
+
+def smoke_twin(name: str) -> str:
+    """The tiny CPU twin that stands in for ``name`` in smoke mode (tiny names map to themselves).
+
+    >>> smoke_twin("meta-llama/Meta-Llama-3-8B"), smoke_twin("distilgpt2+vocab-head")
+    ('tiny-llama', 'tiny-gpt2+vocab-head')
+    """
+    base, head = _split(name)
+    if base in _TINY:
+        return name
+    if base not in _SMOKE:
+        raise ValueError(f"No tiny twin for {name!r}. Names with one: {', '.join(_SMOKE)}.")
+    return _SMOKE[base] + (VOCAB_HEAD if head else "")
+
+
+def as_dtype(dtype) -> torch.dtype:
+    """``torch.float32`` / ``"fp32"`` / ``"bf16"`` ... -> a ``torch.dtype``.
+
+    >>> as_dtype("bf16")
+    torch.bfloat16
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(_DTYPES)} or a torch.dtype.")
+
+
+def _split(name: str) -> tuple[str, bool]:
+    if isinstance(name, str) and name.endswith(VOCAB_HEAD):
+        return name[: -len(VOCAB_HEAD)], True
+    return name, False
+
+
+def get_config(name_or_path: str) -> PretrainedConfig:
+    """The config of a registry name, or of a ``config.json`` path (or its folder).
+
+    For a ``+vocab-head`` name it is the base's config after the pad token is added
+    (``vocab_size`` + 1, so 50258 for distilgpt2), with ``kit_vocab_head = True``.
+
+    >>> get_config("meta-llama/Meta-Llama-3-8B").num_key_value_heads
+    8
+    """
+    if isinstance(name_or_path, PretrainedConfig):
+        return copy.deepcopy(name_or_path)
+    base, head = _split(str(name_or_path))
+    if base in _REGISTRY:
+        if head and base + VOCAB_HEAD not in _VOCAB_HEAD_NAMES:
+            raise ValueError(f"{name_or_path!r}: only {', '.join(_VOCAB_HEAD_NAMES)} carry the vocab head.")
+        cfg = AutoConfig.from_pretrained(CONFIG_DIR / _REGISTRY[base])
+        cfg.kit_name = base
+        if head:
+            cfg.vocab_size += 1
+            cfg.pad_token_id = cfg.vocab_size - 1
+            cfg.kit_vocab_head = True
+        return cfg
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return AutoConfig.from_pretrained(path)
+    raise ValueError(
+        f"Unknown model {name_or_path!r}. Known names: {', '.join(known_models())}. "
+        "A path to a config.json (or the folder holding one) works too."
+    )
+
+
+class VocabHeadModel(nn.Module):
+    """Scenario 1's model, as the user wrote it: a frozen GPT-2 LM with a pad token
+    added and gradient checkpointing, under a trainable ``nn.Linear(V, V)`` head.
+
+    For distilgpt2, V = 50258 and the head alone has 2,525,916,822 parameters.
+
+    >>> m = VocabHeadModel(build_model("distilgpt2", device="meta"))  # doctest: +SKIP
+    """
+
+    # Like the user's model: Trainer divides the loss by the accumulation steps itself.
+    accepts_loss_kwargs = False
+
+    def __init__(self, gpt2: nn.Module, vocab_size: int | None = None):
+        super().__init__()
+        self.gpt2 = gpt2
+        # The user's tokenizer.add_special_tokens({'pad_token': '[PAD]'}) then resize.
+        # On meta, skip the mean-of-old-rows init of the new row: it reads values (.item()).
+        on_meta = gpt2.get_input_embeddings().weight.is_meta
+        self.gpt2.resize_token_embeddings(vocab_size or gpt2.config.vocab_size + 1,
+                                          **({"mean_resizing": False} if on_meta else {}))
+        for param in self.gpt2.parameters():
+            param.requires_grad = False
+        self.gradient_checkpointing_enable()
+        v = self.gpt2.config.vocab_size
+        w = self.gpt2.get_input_embeddings().weight
+        self.custom_layer = nn.Linear(v, v, device=w.device, dtype=w.dtype)
+        self.config = self.gpt2.config
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        """Checkpoint the base's layers (what Trainer calls for ``gradient_checkpointing=True``)."""
+        kw = activation_checkpointing_kwargs
+        if hasattr(self.gpt2, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            self.gpt2.activation_checkpointing_enable(activation_checkpointing_kwargs=kw, **kwargs)
+        else:
+            self.gpt2.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
+        """Older name of :meth:`activation_checkpointing_enable` (transformers 4.x Trainer calls it)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
+        outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
+        logits = self.custom_layer(outputs.logits)
+        loss = None
+        if labels is not None:
+            # The user's loss, unshifted, kept as written: memory is what we study here.
+            loss_func = nn.CrossEntropyLoss()
+            loss = loss_func(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return {"loss": loss, "logits": logits}
+
+
+def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> nn.Module:
+    """A random-weight twin built from a config, on ``"cpu"`` or ``"meta"`` (no memory, instant).
+
+    >>> build_model("meta-llama/Meta-Llama-3-8B", device="meta").num_parameters()
+    8030261248
+    >>> build_model("tiny-gpt2+vocab-head").custom_layer        # doctest: +ELLIPSIS
+    Linear(in_features=4097, out_features=4097, bias=True)
+    """
+    if device not in ("cpu", "meta"):
+        raise ValueError(f"build_model builds on 'cpu' or 'meta', not {device!r}; use load_model for a GPU.")
+    dtype = as_dtype(dtype)
+    cfg = get_config(name_or_config)
+    head = getattr(cfg, "kit_vocab_head", False)
+    if head:  # build the base as shipped; the wrapper adds the pad token like the user did
+        cfg.vocab_size -= 1
+        cfg.pad_token_id = None
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, **_dtype_kw(dtype))
+    return VocabHeadModel(model) if head else model
+
+
+def _dtype_kw(dtype: torch.dtype) -> dict:
+    # transformers < 4.56 names it torch_dtype (Colab may still have one of those).
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def bnb_config(quantization: str = "none", compute_dtype=torch.bfloat16) -> BitsAndBytesConfig | None:
+    """The ``BitsAndBytesConfig`` of a quantization choice: 4bit = NF4 + double quant.
+
+    >>> bnb_config("4bit").bnb_4bit_quant_type
+    'nf4'
+    >>> bnb_config("none") is None
+    True
+    """
+    if quantization in (None, "none"):
+        return None
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=as_dtype(compute_dtype))
+    raise ValueError(f"quantization must be 'none', '8bit' or '4bit', not {quantization!r}.")
+
+
+def _check_bnb(device: str) -> None:
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            "4-bit/8-bit loading needs bitsandbytes, which is not installed (Colab lacks it): "
+            "run `pip install bitsandbytes`, or use quantization='none'."
+        ) from exc
+    if device == "cpu":
+        major, minor = (int(x) for x in bitsandbytes.__version__.split(".")[:2])
+        if (major, minor) < (0, 46):
+            raise RuntimeError(
+                f"bitsandbytes {bitsandbytes.__version__} has no CPU backend; 4-bit/8-bit on a CPU "
+                "needs bitsandbytes >= 0.46 (or use a GPU, or quantization='none')."
+            )
+
+
+def twin_dir(name: str, dtype: torch.dtype) -> Path:
+    """Where the saved twin of ``name`` lives: ``$KIT_CACHE`` or ``$HF_HOME/kit-twins``."""
+    root = os.environ.get("KIT_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "kit-twins")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "--", str(name))
+    return Path(root) / f"{safe}-{str(dtype).replace('torch.', '')}"
+
+
+def _saved_twin(name: str, dtype: torch.dtype) -> Path:
+    folder = twin_dir(name, dtype)
+    if not (folder / "config.json").is_file():
+        model = build_model(name, device="cpu", dtype=dtype)
+        model.save_pretrained(folder)
+        del model
+    return folder
+
+
+def load_model(name: str, *, quantization: str = "none", load_dtype=None, device: str | None = None,
+               tokenizer=None) -> nn.Module:
+    """The real model from the Hub when reachable, else its architecture twin, both through
+    ``from_pretrained``. Prints which it is, and sets ``model.kit_source`` to "real" or "twin".
+
+    ``load_dtype`` defaults to fp32, or bf16 with quantization (for the unquantized parts).
+    ``device`` defaults to CUDA when there is a GPU, else the CPU. For ``+vocab-head``
+    names the base loads this way and is then wrapped (V = ``len(tokenizer)`` if given).
+
+    >>> model = load_model("tiny-gpt2")                        # doctest: +SKIP
+    MODEL: tiny TWIN tiny-gpt2 (random weights) — tiny twins never come from the Hub
+    """
+    base, head = _split(name)
+    cfg = get_config(base)  # fails early, with the known names, on a typo
+    quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
+    dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
+    device = device or ("cuda" if kdevice.has_cuda() else "cpu")
+    if quant is not None:
+        _check_bnb(device)
+    kwargs = dict(_dtype_kw(dtype), device_map={"": device})
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    label = f"{base}{' ' + quantization if quant else ''}, {str(dtype).replace('torch.', '')}, on {device}"
+    model, source, why = None, "twin", ""
+    if base in _TINY or base not in _REGISTRY:
+        why = "tiny twins never come from the Hub" if base in _TINY else f"built from {base}"
+    elif not runtime.hub_reachable():
+        why = "the Hub is not reachable"
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
+            source = "real"
+        except OSError as exc:  # gated (Llama needs a login) or missing: say so, use the twin
+            why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(_saved_twin(base, dtype), **kwargs)
+        kind = "tiny TWIN" if base in _TINY else "architecture TWIN of"
+        shapes = "random weights" if base in _TINY else "random weights, real shapes"
+        print(f"MODEL: {kind} {label} ({shapes}) — {why}", flush=True)
+    else:
+        print(f"MODEL: REAL {label}, pretrained weights from the Hub", flush=True)
+    if head:
+        model = VocabHeadModel(model, len(tokenizer) if tokenizer is not None else None)
+    model.kit_source = source
+    model.kit_name = name
+    del cfg
+    return model

@@ -1,0 +1,36 @@
+"""Test settings: offline, smoke sizes, and every tool's cache out of $HOME."""
+import os
+import tempfile
+
+_tmp = tempfile.mkdtemp(prefix="kit-tests-")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("KIT_SMOKE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for var, sub in [
+    ("HF_HOME", "hf"),
+    ("MPLCONFIGDIR", "mpl"),
+    ("IPYTHONDIR", "ipython"),
+    ("JUPYTER_CONFIG_DIR", "jupyter-config"),
+    ("JUPYTER_DATA_DIR", "jupyter-data"),
+    ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+    ("XDG_CACHE_HOME", "cache"),
+]:
+    os.environ.setdefault(var, os.path.join(_tmp, sub))
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

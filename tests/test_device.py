@@ -1,0 +1,106 @@
+"""Readings: live-tensor bytes move by exactly what we allocate and free, on the CPU."""
+import gc
+
+import pytest
+import torch
+
+from kit import device
+from kit.units import MiB, fmt_bytes
+
+
+def test_live_tensor_bytes_track_allocation_and_free():
+    gc.collect()
+    before = device.live_tensor_bytes("cpu")
+    x = torch.empty(16 * MiB, dtype=torch.uint8)
+    y = torch.empty(2 * MiB, dtype=torch.float32)  # 8 MiB
+    during = device.live_tensor_bytes("cpu")
+    assert during - before == 16 * MiB + 8 * MiB
+    del x, y
+    gc.collect()
+    assert device.live_tensor_bytes("cpu") == before
+
+
+def test_views_count_once():
+    gc.collect()
+    before = device.live_tensor_bytes("cpu")
+    x = torch.empty(4 * MiB, dtype=torch.uint8)
+    views = [x[:100], x.view(2, -1), x[1::2]]
+    assert device.live_tensor_bytes("cpu") - before == 4 * MiB
+    del x, views
+
+
+def test_meta_tensors_hold_nothing():
+    before = device.live_tensor_bytes()
+    m = torch.empty(10**9, device="meta")
+    assert device.live_tensor_bytes() == before
+    assert "meta" not in device.live_tensor_bytes()
+    del m
+
+
+def test_snapshot_fields_and_text_on_cpu():
+    x = torch.ones(1 * MiB, dtype=torch.uint8)
+    snap = device.snapshot()
+    assert snap.rss_bytes > 0 and snap.ram_available_bytes > 0
+    assert snap.live("cpu") >= MiB
+    if not torch.cuda.is_available():
+        assert snap.cuda_allocated_bytes is None and snap.nvml_used_bytes is None
+        assert snap.best_bytes == snap.live("cpu")
+        assert device.best_reading() == "live_tensor_bytes"
+    text = snap.text()
+    assert "RSS" in text and "live tensors" in text and fmt_bytes(snap.rss_bytes) in text
+    assert device.Snapshot.from_dict(snap.to_dict()) == snap
+    del x
+
+
+def test_peak_rss_reset_and_rise():
+    device.reset_peak()
+    low = device.snapshot(live_tensors=False).rss_peak_bytes
+    assert low is not None
+    x = torch.ones(256 * MiB, dtype=torch.uint8)  # touched pages: RSS really grows
+    high = device.snapshot(live_tensors=False).rss_peak_bytes
+    assert high - low >= 200 * MiB
+    del x
+
+
+def test_reset_peak_is_safe_without_cuda():
+    device.reset_peak()  # torch.cuda.reset_peak_memory_stats raises on a CPU build; we must not
+    device.empty_cache()
+    if not torch.cuda.is_available():
+        assert device.peak_allocated_bytes() is None
+
+
+@pytest.mark.parametrize(
+    "exc, expected",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (MemoryError(), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("shape mismatch"), False),
+        (ValueError("out of memory"), False),
+    ],
+)
+def test_is_oom(exc, expected):
+    assert device.is_oom(exc) is expected
+
+
+def test_hardware_has_ram():
+    hw = device.hardware()
+    assert hw["ram_total_bytes"] >= hw["ram_available_bytes"] > 0
+
+
+@pytest.mark.gpu
+def test_cuda_readings_move_with_allocation():
+    torch.cuda.synchronize()
+    device.reset_peak()
+    before = device.snapshot()
+    x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    after = device.snapshot()
+    assert after.cuda_allocated_bytes - before.cuda_allocated_bytes == 256 * MiB
+    assert after.cuda_reserved_bytes >= after.cuda_allocated_bytes
+    assert after.cuda_peak_allocated_bytes >= after.cuda_allocated_bytes
+    assert after.live("cuda:0") - before.live("cuda:0") == 256 * MiB
+    assert after.nvml_used_bytes is None or after.nvml_used_bytes >= after.cuda_reserved_bytes
+    print(after.text())
+    del x
+    device.empty_cache()
+    assert device.snapshot().cuda_allocated_bytes == before.cuda_allocated_bytes
