@@ -6,3 +6,7 @@ tokenizer), ``estimate`` (prediction), ``track`` / ``plot`` / ``cleanup`` (measu
 draw, free). Import what you need: ``from kit import estimate``.
 """
 __version__ = "0.1.0"
+
+# Where the kit is published. The notebooks' Open-in-Colab badges and install cells
+# use this URL; tests/test_notebooks.py checks that they agree with it.
+REPO_URL = "https://github.com/memory-kit/memory-kit"

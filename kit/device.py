@@ -231,3 +231,39 @@ def hardware() -> dict:
         info["gpu_name"] = props.name
         info["gpu_total_bytes"] = props.total_memory
     return info
+
+
+def explain(snap: Snapshot) -> str:
+    """The snapshot read aloud: one sentence per number, saying what each counter means.
+
+    >>> print(explain(snapshot()))              # doctest: +SKIP
+    Live tensors on cpu hold 12.0 MiB: ...
+    """
+    lines = []
+    if snap.cuda_allocated_bytes is not None:
+        lines += [
+            f"CUDA allocated is {fmt_bytes(snap.cuda_allocated_bytes)}: the bytes PyTorch's tensors occupy on the GPU now.",
+            f"CUDA reserved is {fmt_bytes(snap.cuda_reserved_bytes)}: allocated plus the blocks PyTorch's caching "
+            "allocator keeps for reuse; empty_cache() hands the unused part back.",
+            f"CUDA peak allocated is {fmt_bytes(snap.cuda_peak_allocated_bytes)}: the most that was allocated at once "
+            "since the last reset. This is the number that decides an out-of-memory error.",
+        ]
+    if snap.nvml_used_bytes is not None:
+        lines.append(
+            f"NVML used is {fmt_bytes(snap.nvml_used_bytes)}: what nvidia-smi shows for the whole GPU, reserved memory "
+            "plus the CUDA context (a few hundred MiB) plus any other process."
+        )
+    for dev, n in sorted(snap.live_tensor_bytes.items()):
+        lines.append(
+            f"Live tensors on {dev} hold {fmt_bytes(n)}: found by walking Python's garbage collector, so it works on "
+            "a CPU too and shows leaks as tensors someone still references."
+        )
+    if not snap.live_tensor_bytes:
+        lines.append("No live tensors were found: nothing is loaded yet.")
+    lines += [
+        f"The process RSS is {fmt_bytes(snap.rss_bytes)}: the RAM this Python process occupies, libraries included"
+        + (f" (its peak so far is {fmt_bytes(snap.rss_peak_bytes)})." if snap.rss_peak_bytes else "."),
+        f"The machine has {fmt_bytes(snap.ram_available_bytes)} of RAM available: when that reaches zero, "
+        "Colab restarts the session.",
+    ]
+    return "\n".join(lines)

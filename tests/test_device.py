@@ -104,3 +104,14 @@ def test_cuda_readings_move_with_allocation():
     del x
     device.empty_cache()
     assert device.snapshot().cuda_allocated_bytes == before.cuda_allocated_bytes
+
+
+def test_explain_reads_every_number():
+    x = torch.ones(3 * MiB, dtype=torch.uint8)
+    snap = device.snapshot()
+    text = device.explain(snap)
+    assert fmt_bytes(snap.rss_bytes) in text
+    assert fmt_bytes(snap.ram_available_bytes) in text
+    assert fmt_bytes(snap.live("cpu")) in text
+    assert len(text.splitlines()) >= 3
+    del x
