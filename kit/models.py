@@ -8,14 +8,14 @@ from there with the user's own arguments (dtype, quantization, device map).
 
 >>> build_model("distilgpt2", device="meta").num_parameters()
 81912576
->>> model = load_model("tiny-llama", quantization="4bit")     # doctest: +SKIP
-MODEL: tiny TWIN tiny-llama (random weights) — tiny twins never come from the Hub
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -39,10 +39,8 @@ _REGISTRY = {
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 _TINY = {"tiny-gpt2", "tiny-llama"}
-_SMOKE = {
-    "distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
-    "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
-}
+_SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
+          "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama"}
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
            "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -116,19 +114,17 @@ def get_config(name_or_path: str) -> PretrainedConfig:
         path = path / "config.json"
     if path.is_file():
         return AutoConfig.from_pretrained(path)
-    raise ValueError(
-        f"Unknown model {name_or_path!r}. Known names: {', '.join(known_models())}. "
-        "A path to a config.json (or the folder holding one) works too."
-    )
+    raise ValueError(f"Unknown model {name_or_path!r}. Known names: {', '.join(known_models())}. "
+                     "A path to a config.json (or the folder holding one) works too.")
 
 
 class VocabHeadModel(nn.Module):
-    """Scenario 1's model, as the user wrote it: a frozen GPT-2 LM with a pad token
-    added and gradient checkpointing, under a trainable ``nn.Linear(V, V)`` head.
+    """Scenario 1's model, as the user wrote it: a frozen GPT-2 LM with a pad token added and
+    gradient checkpointing, under a trainable ``nn.Linear(V, V)`` head (``V = vocab_size``,
+    default the base's + 1). For distilgpt2, V = 50258: the head alone has 2,525,916,822 params.
 
-    For distilgpt2, V = 50258 and the head alone has 2,525,916,822 parameters.
-
-    >>> m = VocabHeadModel(build_model("distilgpt2", device="meta"))  # doctest: +SKIP
+    >>> VocabHeadModel(build_model("distilgpt2", device="meta")).custom_layer.in_features
+    50258
     """
 
     # Like the user's model: Trainer divides the loss by the accumulation steps itself.
@@ -149,6 +145,8 @@ class VocabHeadModel(nn.Module):
         w = self.gpt2.get_input_embeddings().weight
         self.custom_layer = nn.Linear(v, v, device=w.device, dtype=w.dtype)
         self.config = self.gpt2.config
+        tied = self.gpt2.get_output_embeddings().weight is self.gpt2.get_input_embeddings().weight
+        self._keys_to_ignore_on_save = ["gpt2.lm_head.weight"] if tied else None
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
         """Checkpoint the base's layers (what Trainer calls for ``gradient_checkpointing=True``)."""
@@ -161,6 +159,22 @@ class VocabHeadModel(nn.Module):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
         """Older name of :meth:`activation_checkpointing_enable` (transformers 4.x Trainer calls it)."""
         self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        """The usual state dict, less the GPT-2 LM head's weight when it is tied to the embeddings.
+
+        Why: Trainer saves a plain ``nn.Module`` with ``safetensors.save_file``, which refuses
+        tensors that share memory. Trainer reloads with ``strict=False``, sees the missing key
+        is in ``_keys_to_ignore_on_save`` and calls :meth:`tie_weights`.
+        """
+        sd = super().state_dict(*args, **kwargs)
+        for key in [k for k in sd if any(k.endswith(i) for i in self._keys_to_ignore_on_save or ())]:
+            del sd[key]
+        return sd
+
+    def tie_weights(self):
+        """Re-tie the base's LM head to its embeddings (Trainer calls it after loading a checkpoint)."""
+        self.gpt2.tie_weights()
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
         outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
@@ -187,6 +201,7 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> 
     cfg = get_config(name_or_config)
     head = getattr(cfg, "kit_vocab_head", False)
     if head:  # build the base as shipped; the wrapper adds the pad token like the user did
+        del cfg.kit_vocab_head
         cfg.vocab_size -= 1
         cfg.pad_token_id = None
     with torch.device(device):
@@ -223,33 +238,39 @@ def _check_bnb(device: str) -> None:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
-        raise RuntimeError(
-            "4-bit/8-bit loading needs bitsandbytes, which is not installed (Colab lacks it): "
-            "run `pip install bitsandbytes`, or use quantization='none'."
-        ) from exc
-    if device == "cpu":
-        major, minor = (int(x) for x in bitsandbytes.__version__.split(".")[:2])
-        if (major, minor) < (0, 46):
-            raise RuntimeError(
-                f"bitsandbytes {bitsandbytes.__version__} has no CPU backend; 4-bit/8-bit on a CPU "
-                "needs bitsandbytes >= 0.46 (or use a GPU, or quantization='none')."
-            )
+        raise RuntimeError("4-bit/8-bit loading needs bitsandbytes, which is not installed (Colab lacks "
+                           "it): run `pip install bitsandbytes`, or use quantization='none'.") from exc
+    if device == "cpu" and tuple(int(x) for x in bitsandbytes.__version__.split(".")[:2]) < (0, 46):
+        raise RuntimeError(f"bitsandbytes {bitsandbytes.__version__} has no CPU backend: 4-bit/8-bit on a CPU "
+                           "needs bitsandbytes >= 0.46 (or use a GPU, or quantization='none').")
 
 
-def twin_dir(name: str, dtype: torch.dtype) -> Path:
-    """Where the saved twin of ``name`` lives: ``$KIT_CACHE`` or ``$HF_HOME/kit-twins``."""
+def twin_dir(name: str, dtype) -> Path:
+    """Where the saved twin of ``name`` lives: under ``$KIT_CACHE``, else ``$HF_HOME/kit-twins``.
+
+    The folder name carries the dtype and a hash of the config, so an edited config
+    never reuses a stale twin.
+    """
     root = os.environ.get("KIT_CACHE") or os.path.join(
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "kit-twins")
+    digest = hashlib.sha1(get_config(name).to_json_string().encode()).hexdigest()[:10]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "--", str(name))
-    return Path(root) / f"{safe}-{str(dtype).replace('torch.', '')}"
+    return Path(root) / f"{safe}-{str(as_dtype(dtype)).replace('torch.', '')}-{digest}"
 
 
 def _saved_twin(name: str, dtype: torch.dtype) -> Path:
     folder = twin_dir(name, dtype)
     if not (folder / "config.json").is_file():
+        # Save into a temporary folder, then rename: an interrupted save leaves no half twin.
+        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
         model = build_model(name, device="cpu", dtype=dtype)
-        model.save_pretrained(folder)
+        model.save_pretrained(tmp)
         del model
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process saved it first
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
@@ -266,7 +287,7 @@ def load_model(name: str, *, quantization: str = "none", load_dtype=None, device
     MODEL: tiny TWIN tiny-gpt2 (random weights) — tiny twins never come from the Hub
     """
     base, head = _split(name)
-    cfg = get_config(base)  # fails early, with the known names, on a typo
+    get_config(base)  # fails early, with the known names, on a typo
     quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
     dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
     device = device or ("cuda" if kdevice.has_cuda() else "cpu")
@@ -298,5 +319,4 @@ def load_model(name: str, *, quantization: str = "none", load_dtype=None, device
         model = VocabHeadModel(model, len(tokenizer) if tokenizer is not None else None)
     model.kit_source = source
     model.kit_name = name
-    del cfg
     return model

@@ -1,0 +1,154 @@
+"""Data: wikitext-2 and the real tokenizer from the Hub when reachable, else the shipped ones.
+
+Offline, the text is the opening of *Pride and Prejudice* (public domain, see
+``kit/assets/SOURCE.md``) and the tokenizer a 4096-token byte-level BPE trained from
+it, whose length equals the tiny twins' vocabulary. The recipe the scenarios need:
+drop empty lines, truncate, **no padding at map time**; the collator pads per batch.
+
+>>> tok = load_tokenizer()                                         # doctest: +SKIP
+>>> ds = tokenize(load_text_dataset(), tok, max_length=128)         # doctest: +SKIP
+>>> batch = collator(tok)([ds["train"][i] for i in range(4)])       # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from datasets import Dataset, DatasetDict
+from transformers import AutoTokenizer, DataCollatorForLanguageModeling, PreTrainedTokenizerFast
+
+from . import runtime
+from .assets import TEST_TEXT, TOKENIZER_FILE, TRAIN_TEXT
+
+PAD_TOKEN = "[PAD]"  # the user's pad token, trained into the shipped tokenizer
+EOS_TOKEN = "<|endoftext|>"
+_PADDINGS = (False, True, "longest", "max_length", "do_not_pad")
+
+
+def _local_only(model_name: str | None) -> bool:
+    return model_name is None or str(model_name).startswith("tiny-")
+
+
+def load_text_dataset(source: str = "auto") -> DatasetDict:
+    """Lines of English text with ``"train"`` and ``"test"`` splits and a ``"text"`` column.
+
+    ``source``: ``"auto"`` (wikitext-2-raw-v1 when the Hub is reachable, else the shipped
+    sample), ``"wikitext"`` or ``"shipped"``. Empty lines are kept, as in wikitext.
+
+    >>> ds = load_text_dataset("shipped")
+    DATA: shipped sample, Pride and Prejudice ch. 1-23 (public domain) — chosen: source='shipped'
+    >>> sorted(ds), ds["train"].column_names
+    (['test', 'train'], ['text'])
+    """
+    if source not in ("auto", "wikitext", "shipped"):
+        raise ValueError(f"source must be 'auto', 'wikitext' or 'shipped', not {source!r}.")
+    if source == "wikitext" or (source == "auto" and runtime.hub_reachable()):
+        from datasets import load_dataset
+
+        # The user's "wikitext" id now lives at Salesforce/wikitext (same data, parquet).
+        wiki = load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1")
+        print("DATA: REAL wikitext-2-raw-v1 from the Hub", flush=True)
+        return DatasetDict(train=wiki["train"], test=wiki["test"])
+    why = "the Hub is not reachable" if source == "auto" else "chosen: source='shipped'"
+    print(f"DATA: shipped sample, Pride and Prejudice ch. 1-23 (public domain) — {why}", flush=True)
+    return DatasetDict(
+        train=Dataset.from_dict({"text": TRAIN_TEXT.read_text(encoding="utf-8").split("\n")}),
+        test=Dataset.from_dict({"text": TEST_TEXT.read_text(encoding="utf-8").split("\n")}),
+    )
+
+
+def shipped_tokenizer(model_max_length: int = 1024) -> PreTrainedTokenizerFast:
+    """The shipped 4096-token byte-level BPE, with ``[PAD]`` as its pad token.
+
+    >>> tok = shipped_tokenizer()
+    >>> len(tok), tok.pad_token, tok.pad_token_id, tok.eos_token_id
+    (4096, '[PAD]', 1, 0)
+    """
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER_FILE), bos_token=EOS_TOKEN, eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN, pad_token=PAD_TOKEN, model_max_length=model_max_length)
+
+
+def load_tokenizer(model_name: str | None = None):
+    """The model's real tokenizer from the Hub when reachable, else the shipped one.
+
+    A Hub tokenizer without a pad token gets one: ``[PAD]`` added for GPT-2 models, as
+    the user did (distilgpt2 then has 50258 tokens), the eos token for the others
+    (the usual Llama recipe, which adds no token). Tiny twins and ``None`` always get
+    the shipped tokenizer.
+
+    >>> len(load_tokenizer("tiny-gpt2"))
+    TOKENIZER: shipped byte-level BPE, 4096 tokens — tiny twins use it
+    4096
+    """
+    base = str(model_name).removesuffix("+vocab-head") if model_name else None
+    if _local_only(base) or not runtime.hub_reachable():
+        why = ("no model named" if base is None else "tiny twins use it" if _local_only(base)
+               else "the Hub is not reachable")
+        tok = shipped_tokenizer()
+        print(f"TOKENIZER: shipped byte-level BPE, {len(tok)} tokens — {why}", flush=True)
+        return tok
+    tok = AutoTokenizer.from_pretrained(base)
+    if tok.pad_token is None:
+        if "gpt2" in base:
+            tok.add_special_tokens({"pad_token": PAD_TOKEN})
+        else:
+            tok.pad_token = tok.eos_token
+    print(f"TOKENIZER: REAL {base} from the Hub, {len(tok)} tokens, pad {tok.pad_token!r}", flush=True)
+    return tok
+
+
+def tokenize(dataset, tokenizer, max_length: int = 128, padding=False):
+    """Tokenize the ``"text"`` column: drop empty lines, truncate to ``max_length``.
+
+    ``padding=False`` (the default) pads nothing at map time: the collator pads each
+    batch. ``padding="max_length"`` is the user's original recipe, kept to compare.
+    Works on a ``Dataset`` or a ``DatasetDict``; the text column is removed.
+
+    >>> ds = tokenize(load_text_dataset("shipped"), shipped_tokenizer())  # doctest: +SKIP
+    >>> ds["train"].column_names                                        # doctest: +SKIP
+    ['input_ids', 'attention_mask']
+    """
+    if padding not in _PADDINGS:
+        raise ValueError(f"padding must be one of {_PADDINGS}, not {padding!r}; the kit's recipe is False.")
+    if max_length < 1:
+        raise ValueError(f"max_length must be a positive number of tokens, not {max_length!r}.")
+    if padding and tokenizer.pad_token is None:
+        raise ValueError("padding needs a pad token: use kit.data.load_tokenizer(), which sets one.")
+
+    def one(ds: Dataset) -> Dataset:
+        if "text" not in ds.column_names:
+            raise ValueError(f"expected a 'text' column, found {ds.column_names}.")
+        kept = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+        return kept.map(
+            lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_length, padding=padding),
+            batched=True, remove_columns=ds.column_names)
+
+    if isinstance(dataset, DatasetDict):
+        return DatasetDict({split: one(ds) for split, ds in dataset.items()})
+    return one(dataset)
+
+
+def collator(tokenizer) -> DataCollatorForLanguageModeling:
+    """The causal-LM collator: pads each batch to its longest row; labels are the
+    input ids with padding set to -100 (ignored by the loss).
+
+    >>> c = collator(shipped_tokenizer())
+    >>> c([{"input_ids": [5, 6, 7]}, {"input_ids": [5]}])["input_ids"].shape
+    torch.Size([2, 3])
+    """
+    if tokenizer.pad_token is None:
+        raise ValueError("the collator pads, so the tokenizer needs a pad token: use kit.data.load_tokenizer().")
+    return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
+
+
+def dataset_bytes(ds) -> int:
+    """Bytes the tokenized data holds in its Arrow tables (all splits of a ``DatasetDict``).
+
+    >>> dataset_bytes(Dataset.from_dict({"input_ids": [[1, 2, 3]]}))  # 3 int32 ids + a 4-byte offset
+    16
+    """
+    if isinstance(ds, DatasetDict):
+        return sum(dataset_bytes(split) for split in ds.values())
+    # A filtered or selected Dataset keeps the whole parent table plus an index
+    # mapping; flatten it so only the rows the dataset holds are counted.
+    if getattr(ds, "_indices", None) is not None:
+        ds = ds.flatten_indices()
+    return int(ds.data.nbytes)

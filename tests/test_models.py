@@ -1,0 +1,176 @@
+"""Models: shipped configs give the real parameter counts, twins train, loading goes through from_pretrained."""
+import sys
+
+import pytest
+import torch
+
+from kit import data, models
+
+REAL_COUNTS = {
+    "distilgpt2": 81_912_576,
+    "gpt2": 124_439_808,
+    "meta-llama/Meta-Llama-3-8B": 8_030_261_248,
+    "meta-llama/Llama-3.2-1B": 1_235_814_400,
+}
+HEAD_PARAMS = 50258 * 50258 + 50258  # 2,525,916,822
+
+
+@pytest.fixture(autouse=True)
+def _twin_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
+
+
+@pytest.mark.parametrize("name,count", REAL_COUNTS.items())
+def test_real_sizes_on_meta_have_exact_param_counts(name, count):
+    model = models.build_model(name, device="meta")
+    assert model.num_parameters() == count
+    assert next(model.parameters()).is_meta
+
+
+def test_llama_configs_match_the_published_ones():
+    big, small = models.get_config("meta-llama/Meta-Llama-3-8B"), models.get_config("meta-llama/Llama-3.2-1B")
+    assert (big.hidden_size, big.num_hidden_layers, big.num_key_value_heads, big.intermediate_size) == (4096, 32, 8, 14336)
+    assert big.tie_word_embeddings is False and big.max_position_embeddings == 8192
+    assert small.tie_word_embeddings is True and small.max_position_embeddings == 131072
+    assert (small.rope_parameters["rope_type"], small.rope_parameters["factor"]) == ("llama3", 32.0)
+
+
+def test_vocab_head_model_on_meta_is_scenario_one():
+    model = models.build_model("distilgpt2+vocab-head", device="meta")
+    assert isinstance(model, models.VocabHeadModel)
+    assert model.gpt2.config.vocab_size == 50258  # the pad token was added
+    assert sum(p.numel() for p in model.custom_layer.parameters()) == HEAD_PARAMS == 2_525_916_822
+    assert all(p.requires_grad for p in model.custom_layer.parameters())
+    assert not any(p.requires_grad for p in model.gpt2.parameters())
+    assert model.gpt2.is_activation_checkpointing
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == HEAD_PARAMS
+    assert models.get_config("distilgpt2+vocab-head").vocab_size == 50258
+
+
+def test_tiny_twins_match_the_shipped_tokenizer():
+    tok = data.shipped_tokenizer()
+    for name in ("tiny-gpt2", "tiny-llama"):
+        cfg = models.get_config(name)
+        assert cfg.vocab_size == len(tok) == 4096
+        assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+        assert cfg.num_hidden_layers == 2
+    llama = models.get_config("tiny-llama")
+    assert llama.num_key_value_heads < llama.num_attention_heads  # GQA, like Llama-3
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_tiny_twin_forward_backward_on_cpu(name):
+    torch.manual_seed(0)
+    model = models.build_model(name)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_tiny_vocab_head_trains_only_the_head():
+    torch.manual_seed(0)
+    model = models.build_model("tiny-gpt2+vocab-head")
+    v = model.gpt2.config.vocab_size
+    assert v == 4097 and model.custom_layer.weight.shape == (v, v)
+    ids = torch.randint(0, 4096, (2, 12))
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+    assert set(out) == {"loss", "logits"} and out["logits"].shape == (2, 12, v)
+    out["loss"].backward()
+    assert model.custom_layer.weight.grad is not None
+    assert all(p.grad is None for p in model.gpt2.parameters())
+
+
+def test_vocab_head_trains_and_saves_under_trainer_with_gradient_checkpointing(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    tok = data.shipped_tokenizer()
+    model = models.build_model("tiny-gpt2+vocab-head")
+    base_before = model.gpt2.transformer.h[0].mlp.c_fc.weight.clone()
+    head_before = model.custom_layer.weight.clone()
+    rows = [{"input_ids": list(range(2, 2 + n))} for n in (5, 9, 7, 3)]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+                             gradient_accumulation_steps=2, gradient_checkpointing=True, learning_rate=1e-2,
+                             use_cpu=True, save_strategy="steps", save_steps=2, logging_steps=1, report_to="none")
+    trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=data.collator(tok))
+    result = trainer.train()
+    assert result.global_step == 2 and result.training_loss > 0
+    assert not torch.equal(model.custom_layer.weight, head_before)
+    assert torch.equal(model.gpt2.transformer.h[0].mlp.c_fc.weight, base_before)
+    # The checkpoint saves despite GPT-2's tied embeddings (safetensors refuses shared tensors).
+    assert (tmp_path / "checkpoint-2" / "model.safetensors").is_file()
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(ValueError) as err:
+        models.get_config("distilgtp2")
+    message = str(err.value)
+    assert "distilgpt2" in message and "meta-llama/Meta-Llama-3-8B" in message and "config.json" in message
+    with pytest.raises(ValueError, match="vocab head"):
+        models.get_config("tiny-llama+vocab-head")
+    with pytest.raises(ValueError, match="cpu"):
+        models.build_model("tiny-gpt2", device="cuda")
+
+
+def test_config_from_a_path(tmp_path):
+    models.build_model("tiny-llama").config.save_pretrained(tmp_path)
+    for path in (tmp_path, tmp_path / "config.json"):
+        assert models.get_config(str(path)).num_key_value_heads == 2
+    assert models.build_model(str(tmp_path), device="meta").num_parameters() == models.build_model("tiny-llama").num_parameters()
+
+
+def test_smoke_twin_and_known_models():
+    assert models.smoke_twin("distilgpt2") == "tiny-gpt2"
+    assert models.smoke_twin("meta-llama/Meta-Llama-3-8B") == "tiny-llama"
+    assert models.smoke_twin("distilgpt2+vocab-head") == "tiny-gpt2+vocab-head"
+    assert models.smoke_twin("tiny-llama") == "tiny-llama"
+    for name in models.known_models():
+        models.get_config(name)  # every listed name resolves
+
+
+def test_load_model_offline_is_a_loud_twin_loaded_with_from_pretrained(capsys):
+    model = models.load_model("distilgpt2")
+    out = capsys.readouterr().out
+    assert "MODEL: architecture TWIN of distilgpt2" in out and "Hub is not reachable" in out
+    assert model.kit_source == "twin"
+    folder = models.twin_dir("distilgpt2", torch.float32)
+    assert (folder / "config.json").is_file() and model.name_or_path == str(folder)
+    assert model.num_parameters() == REAL_COUNTS["distilgpt2"]
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_load_vocab_head_takes_the_tokenizer_length(capsys):
+    tok = data.shipped_tokenizer()
+    model = models.load_model("tiny-gpt2+vocab-head", tokenizer=tok)
+    assert "tiny TWIN tiny-gpt2" in capsys.readouterr().out
+    assert isinstance(model, models.VocabHeadModel) and model.kit_source == "twin"
+    assert model.custom_layer.in_features == len(tok) == 4096
+
+
+def test_bnb_config_recipes():
+    four = models.bnb_config("4bit")
+    assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    assert models.bnb_config("8bit").load_in_8bit
+    assert models.bnb_config("none") is None
+    with pytest.raises(ValueError, match="4bit"):
+        models.bnb_config("3bit")
+
+
+@pytest.mark.parametrize("quantization,layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
+def test_quantized_tiny_llama_on_cpu(quantization, layer, capsys):
+    pytest.importorskip("bitsandbytes")
+    model = models.load_model("tiny-llama", quantization=quantization)
+    assert f"tiny-llama {quantization}" in capsys.readouterr().out
+    assert sum(type(m).__name__ == layer for m in model.modules()) == 2 * 7  # q,k,v,o,gate,up,down per layer
+    assert model.config.quantization_config.to_dict()[f"load_in_{quantization}"]
+    ids = torch.randint(0, 4096, (1, 8))
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_quantization_without_bitsandbytes_says_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import now fails, as on Colab
+    with pytest.raises(RuntimeError, match="pip install bitsandbytes"):
+        models.load_model("tiny-llama", quantization="4bit")
