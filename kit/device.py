@@ -58,8 +58,12 @@ def live_tensor_bytes(device: str | None = None) -> dict[str, int] | int:
     seen: set[tuple[str, int]] = set()
     totals: dict[str, int] = {}
     for obj in gc.get_objects():
+        # issubclass(type(...)) rather than isinstance: isinstance on every gc object trips
+        # torch.distributed's deprecated `reduce_op` proxy, which warns, and is slower.
+        if not issubclass(type(obj), torch.Tensor):
+            continue
         try:
-            if not isinstance(obj, torch.Tensor) or obj.is_meta or obj.is_sparse:
+            if obj.is_meta or obj.is_sparse:
                 continue
             storage = obj.untyped_storage()
             ptr, nbytes = storage.data_ptr(), storage.nbytes()

@@ -1,0 +1,167 @@
+"""Scenario 2's fold logic on the tiny Llama twin (4-bit NF4 through bitsandbytes' CPU backend)."""
+import json
+import math
+
+import pytest
+import torch
+import transformers
+from peft import get_peft_model
+from peft.tuners.lora import LoraLayer
+
+from kit import models
+from kit.scenarios import cross_validation as cv
+from kit.scenarios.folds import append_result, k_fold_indices, read_results
+from kit.scenarios.lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, restore_adapter,
+                                      save_adapter_init, states_equal, verify_adapter_reset)
+from kit.track import Tracker
+
+# Small and fast: 20 rows of at most 32 tokens, one step of batch 4 per fold.
+SMALL = dict(batch_size=4, seq_len=32, steps_per_fold=1, max_samples=20)
+
+
+def _count_train_calls(monkeypatch, fail_at: int | None = None) -> list:
+    """Count Trainer.train calls; with fail_at, the fail_at-th call raises a (faked) CUDA OOM."""
+    calls, real = [], transformers.Trainer.train
+
+    def train(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (faked by the test)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "train", train)
+    return calls
+
+
+def test_k_fold_indices_cover_every_row_once():
+    folds = k_fold_indices(11, 4)
+    tests = [t for _, t in folds]
+    assert sorted(i for t in tests for i in t) == list(range(11))
+    assert [len(t) for t in tests] == [3, 3, 3, 2]
+    for train, test in folds:
+        assert not set(train) & set(test) and len(train) + len(test) == 11
+    for bad in [(5, 1), (3, 4)]:
+        with pytest.raises(ValueError, match="k-fold needs"):
+            k_fold_indices(*bad)
+
+
+def test_free_gpu_cache_frees_nothing_of_the_callers():
+    trainer = torch.zeros(10)  # the caller's name, as in the user's loop
+    cv.free_gpu_cache()        # its `del trainer` hits its own (unbound) local and is swallowed
+    assert trainer.shape == (10,)
+
+
+def test_reset_check_catches_a_reset_that_does_nothing():
+    assert "if 'lora' in model.named_modules():" in ADVICE_RESET_CODE
+    model = get_peft_model(models.load_model("tiny-llama", quantization="4bit"), cv.lora_config(4))
+    init = save_adapter_init(model)
+    assert verify_adapter_reset(model, init).ok  # freshly wrapped: B = 0, A = init
+    with torch.no_grad():                        # stand-in for a fold of training
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(0.01)
+    trained = adapter_state(model)
+    assert not states_equal(trained, init)       # the saved init was cloned, not shared
+
+    advice_reset(model)                          # the advice: never enters its `if`
+    assert states_equal(adapter_state(model), trained)
+    check = verify_adapter_reset(model, init)
+    assert not check.ok and not check.lora_b_all_zero and not check.equals_init
+
+    for m in model.modules():                    # peft's reset with False: silently nothing
+        if isinstance(m, LoraLayer):
+            m.reset_lora_parameters("default", False)
+    assert not verify_adapter_reset(model, init).ok
+
+    params = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    restore_adapter(model, init)                 # the kit's reset
+    check = verify_adapter_reset(model, init)
+    assert check.ok and check.lora_b_all_zero and check.equals_init, check.text()
+    assert all(p is dict(model.named_parameters())[n] for n, p in params.items())  # in place
+
+    for m in model.modules():                    # peft's real reset re-draws A: B is 0, A is new
+        if isinstance(m, LoraLayer):
+            m.reset_lora_parameters("default", True)
+    check = verify_adapter_reset(model, init)
+    assert check.lora_b_all_zero and not check.equals_init and not check.ok
+
+
+def test_advice_reset_changes_nothing_after_real_training(tmp_path):
+    out = cv.show_advice_reset("tiny-llama", output_dir=tmp_path, **SMALL)
+    assert out["fold1_changed_adapter"]          # training moved the adapter ...
+    assert out["changed_nothing"]                # ... and the advice's reset left it there
+    assert not out["check"]["ok"] and out["tensors_compared"] == 8  # 2 layers x (q, v) x (A, B)
+
+
+def test_broken_loop_has_two_models_alive_at_fold_two_and_survives_oom(tmp_path, monkeypatch):
+    _count_train_calls(monkeypatch, fail_at=2)  # fold 2 loads its model, then training "runs out"
+    before = cv.count_live_models()
+    tracker = Tracker()
+    seen = []
+    out = cv.run_broken_loop("tiny-llama", folds=2, output_dir=tmp_path, tracker=tracker,
+                             on_fold_end=seen.append, **SMALL)
+    f1, f2 = out["folds"]
+    model_bytes = tracker.records[0].delta_bytes  # stage "broken: load model" #1
+    assert model_bytes > 1_000_000
+    assert f1["models_alive_at_start"] == 1 and f2["models_alive_at_start"] == 2
+    assert f2["start_bytes"] >= f1["start_bytes"] + model_bytes
+    # The (faked) OOM in fold 2 is caught, recorded, and everything is freed.
+    assert out["oom_at_fold"] == 2 and f2["oom"] and not f1.get("oom")
+    assert cv.count_live_models() == before
+    assert [len(s) for s in seen] == [1, 2]      # the chart callback saw every fold, the OOM too
+
+
+def test_fixed_loop_is_flat_and_resets_the_adapter(tmp_path):
+    out = cv.run_fixed_loop("tiny-llama", folds=5, output_dir=tmp_path, **SMALL)
+    folds = out["folds"]
+    assert [f["fold"] for f in folds] == out["trained_folds"] == [1, 2, 3, 4, 5]
+    first_end = folds[0]["end_bytes"]
+    for f in folds:
+        assert abs(f["end_bytes"] - first_end) <= 0.01 * first_end, f
+        assert f["adapter_reset_ok"] and f["back_at_baseline"]
+        assert f["start_bytes"] <= f["peak_bytes"] and math.isfinite(f["eval_loss"])
+    lines = (tmp_path / "cv_results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["fold"] for line in lines] == [1, 2, 3, 4, 5]
+    assert out["oom_at_fold"] is None
+
+
+def test_fixed_loop_resumes_after_a_crash(tmp_path, monkeypatch):
+    calls = _count_train_calls(monkeypatch)
+    results = tmp_path / "cv.jsonl"
+
+    def crash_after_fold_2(folds):
+        if len(folds) == 2:
+            raise RuntimeError("the runtime died")
+
+    with pytest.raises(RuntimeError, match="runtime died"):
+        cv.run_fixed_loop("tiny-llama", folds=3, output_dir=tmp_path, results_path=results,
+                          on_fold_end=crash_after_fold_2, **SMALL)
+    assert sorted(read_results(results)) == [1, 2] and len(calls) == 2
+    out = cv.run_fixed_loop("tiny-llama", folds=3, output_dir=tmp_path, results_path=results, **SMALL)
+    assert len(calls) == 3 and out["trained_folds"] == [3]   # folds 1-2 were not retrained
+    assert [f.get("resumed", False) for f in out["folds"]] == [True, True, False]
+    with pytest.raises(ValueError, match="other settings"):  # never mix two runs' folds
+        cv.run_fixed_loop("tiny-llama", folds=3, output_dir=tmp_path, results_path=results,
+                          **{**SMALL, "lora_r": 16})
+
+
+def test_results_file_skips_a_half_written_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_result(path, {"fold": 1, "run_key": "k", "eval_loss": 2.0})
+    with open(path, "a") as f:
+        f.write('{"fold": 2, "run_k')          # the crash hit mid-write
+    assert list(read_results(path, "k")) == [1]
+
+
+def test_scenario2_summary_shape(tmp_path, monkeypatch):
+    monkeypatch.setattr(cv, "run_broken_loop", lambda *a, **k: {
+        "folds": [{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "train_loss": 0.1}],
+        "oom_at_fold": None})
+    monkeypatch.setattr(cv, "show_advice_reset", lambda *a, **k: {"changed_nothing": True,
+                                                                  "fold1_changed_adapter": True})
+    monkeypatch.setattr(cv, "run_fixed_loop", lambda *a, **k: {"folds": [
+        {"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True, "eval_loss": 1.0}]})
+    s2 = cv.run_scenario2(output_dir=tmp_path)
+    assert s2 == {"broken": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}], "oom_at_fold": None},
+                  "fixed": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True}]},
+                  "advice_reset_changed_nothing": True}
