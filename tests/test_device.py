@@ -115,3 +115,27 @@ def test_explain_reads_every_number():
     assert fmt_bytes(snap.live("cpu")) in text
     assert len(text.splitlines()) >= 3
     del x
+
+
+def test_tensor_peak_sees_what_a_gc_walk_cannot():
+    """A training step's activations live in autograd's graph: only the dispatch-mode peak sees them."""
+    lin = torch.nn.Linear(256, 256)
+    x = torch.randn(512, 256)
+    with device.TensorPeak() as p:
+        h = lin(x).relu()          # 512 KiB activations, saved for backward
+        h2 = (h * h).sum()
+        walk_during = device.live_tensor_bytes("cpu")
+        h2.backward()
+    assert p.start_bytes <= walk_during
+    # the peak is at least the input, weights, two 512 KiB activations and the grads
+    assert p.peak_bytes - p.start_bytes >= 2 * 512 * 256 * 4
+    del h, h2
+
+
+def test_tensor_peak_counts_frees():
+    with device.TensorPeak() as p:
+        for _ in range(5):
+            y = torch.ones(MiB, dtype=torch.uint8)
+            del y
+    assert p.peak_bytes - p.start_bytes == MiB   # never more than one alive at a time
+    assert p.current_bytes == p.start_bytes
