@@ -22,6 +22,7 @@ class Section:
     title: str
     paragraphs: list[str] = field(default_factory=list)
     table: tuple[list[str], list[list[str]]] | None = None
+    pre: list[str] = field(default_factory=list)        # preformatted blocks (the kit's text tables)
     images: list[Path] = field(default_factory=list)
 
 
@@ -38,6 +39,8 @@ def to_markdown(title: str, sections: list[Section]) -> str:
             out.append("|" + "---|" * len(head))
             out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
             out.append("")
+        for block in s.pre:
+            out += ["```", block, "```", ""]
         for img in s.images:
             out += [f"![{Path(img).stem}]({Path(img).name})", ""]
     return "\n".join(out)
@@ -62,6 +65,7 @@ def to_html(title: str, sections: list[Section]) -> str:
             body.append("<table><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in head) + "</tr>")
             body += ["<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in r) + "</tr>" for r in rows]
             body.append("</table>")
+        body += [f"<pre>{html.escape(block)}</pre>" for block in s.pre]
         for img in s.images:
             data = base64.b64encode(Path(img).read_bytes()).decode()
             body.append(f'<img alt="{html.escape(Path(img).stem)}" src="data:image/png;base64,{data}">')

@@ -1,0 +1,361 @@
+"""Notebook-facing helpers of scenario 2 (``notebooks/02_llama3_qlora_cross_validation.ipynb``).
+
+The fold logic is in :mod:`kit.scenarios.cross_validation`; this module only turns its
+results and the estimator's into what a notebook cell shows, so that each cell stays short:
+
+- :func:`run_note`: which run produced the outputs (mode, device).
+- :func:`weights_split` / :func:`four_gb_text`: the 4-bit model as loaded, its 16-bit parts
+  named, against the advice's "about 4 GB".
+- :func:`two_models_text`: one fold, then fold 2 with fold 1's model still alive, against a GPU.
+- :class:`FoldChart`: the fold chart, redrawn live between folds (``on_fold_end``).
+- :func:`fold_table`, :func:`broken_text`, :func:`fixed_text`: the loops' records read aloud;
+  :func:`simulate_crash`: a crash to resume from.
+- :func:`recipe_estimates` / :func:`measure_kbit_recipes`: what ``prepare_model_for_kbit_training``'s
+  fp32 upcast costs, estimated and measured.
+
+>>> print(four_gb_text(estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512,
+...                             quantization="4bit", lora_r=8)))          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import gc
+import math
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from .. import cleanup
+from .. import device as kdevice
+from .. import models as kmodels
+from .. import plot, runtime
+from ..estimate import estimate
+from ..live import LivePlot, in_notebook
+from ..presets import PRESETS
+from ..track import Tracker
+from ..units import fmt_bytes
+from . import cross_validation as cv
+from .lora_reset import lora_config
+
+
+def run_note() -> str:
+    """One line saying which run produced a notebook's outputs: mode, and the device it ran on.
+
+    >>> run_note().startswith("These outputs come from")
+    True
+    """
+    hw = kdevice.hardware()
+    where = (f"a {hw['gpu_name']} GPU ({fmt_bytes(hw['gpu_total_bytes'])})" if hw["gpu_name"]
+             else f"a {hw['cpu_cores']}-core CPU, no GPU")
+    return f"These outputs come from a run on {where}. {runtime.mode_reason()}"
+
+
+def quiet() -> None:
+    """No progress bars (datasets' map, transformers' weight loading) and no warnings about the
+    libraries' own deprecated internals: the loops print one line per fold instead.
+
+    >>> quiet()
+    """
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    # peft and Trainer call transformers 5's renamed checkpointing methods; nothing for a reader to do
+    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
+
+
+def scratch_dir() -> str:
+    """A new temporary folder, for smoke runs that must leave nothing behind.
+
+    >>> Path(scratch_dir()).is_dir()
+    True
+    """
+    return tempfile.mkdtemp(prefix="kit-cv-")
+
+
+def weights_split(model_name: str) -> list[tuple[str, int]]:
+    """The parameters that 4-bit/8-bit loading leaves in 16 bits, grouped: ``[(part, params)]``.
+
+    bitsandbytes replaces the ``nn.Linear`` layers of the blocks; the embedding, ``lm_head``
+    (transformers keeps the output layer out) and the norms stay in the load dtype. Counted
+    on the meta device (no memory); a tied ``lm_head`` counts once, at the embedding.
+
+    >>> dict(weights_split("meta-llama/Meta-Llama-3-8B"))["lm_head"]
+    525336576
+    """
+    from torch import nn
+
+    model = kmodels.build_model(model_name, device="meta")
+    norms = sum(1 for n, _ in model.named_modules() if "norm" in n.split(".")[-1])
+    seen, parts = set(), {}
+    for name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if isinstance(mod, nn.Linear) and name != "lm_head":
+                continue  # quantized
+            part = f"{norms} norms" if "norm" in name.split(".")[-1] else name
+            parts[part] = parts.get(part, 0) + p.numel()
+    return sorted(parts.items(), key=lambda kv: -kv[1])
+
+
+def four_gb_text(est, model_name: str | None = None) -> str:
+    """The advice's "about 4 GB" against the kit's arithmetic, for a 4-bit estimate.
+
+    ``est`` is a :func:`kit.estimate.estimate` with ``quantization="4bit"``. The "4 GB" is
+    every parameter at half a byte; as loaded, the NF4 layers also keep their block
+    scales, and the parts in :func:`weights_split` stay in 16 bits.
+
+    >>> "16 bits" in four_gb_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
+    True
+    """
+    if est.setup.get("quantization") != "4bit":
+        raise ValueError("four_gb_text needs a 4-bit estimate: estimate(..., quantization='4bit').")
+    name = model_name or est.setup["model"]
+    base_params = est.quantized_params + est.unquantized_params
+    naive_bytes = base_params // 2
+    sixteen_bytes = 2 * est.unquantized_params if est.setup.get("load_dtype") in ("bf16", "fp16") \
+        else 4 * est.unquantized_params
+    nf4_bytes = est.loaded_weights_bytes - sixteen_bytes
+    parts = ", ".join(f"{p} ({n:,})" for p, n in weights_split(name))
+    return "\n".join([
+        f"{name}, loaded in 4 bits (ESTIMATED, on the meta device; no weights needed):",
+        f"  every one of {base_params:,} parameters at 4 bits (the 'about 4 GB'): {fmt_bytes(naive_bytes)}",
+        f"  NF4 layers, {est.quantized_params:,} params with their double-quantized block scales: "
+        f"{fmt_bytes(nf4_bytes)}",
+        f"  kept in 16 bits, {est.unquantized_params:,} params: {fmt_bytes(sixteen_bytes)} — {parts}",
+        f"  the model as loaded: {fmt_bytes(est.loaded_weights_bytes)} = {est.loaded_weights_bytes:,} bytes, "
+        f"{est.loaded_weights_bytes / naive_bytes:.2f}x the 'about 4 GB' figure",
+        f"  after prepare_model_for_kbit_training (16-bit parts upcast to fp32, LoRA added): "
+        f"{fmt_bytes(est.weights_bytes)}"])
+
+
+def two_models_text(est, preset: str = "colab-t4") -> str:
+    """One fold's predicted peak, then fold 2 with fold 1's model and optimizer state still alive.
+
+    The user's loop loads fold 2's model while fold 1's Trainer still holds fold 1's model
+    (weights after the k-bit recipe) and its optimizer state. ESTIMATED, against ``preset``.
+
+    >>> print(two_models_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)))  # doctest: +SKIP
+    """
+    gpu = PRESETS[preset].gpu_bytes
+    old = est.weights_bytes + est.optimizer_bytes
+    start2 = old + est.loaded_weights_bytes
+    peak2 = old + est.peak_bytes
+
+    def verdict(n: int) -> str:
+        return "fits" if n <= gpu else f"DOES NOT FIT ({fmt_bytes(n - gpu)} over)"
+
+    return "\n".join([
+        f"ESTIMATED against {PRESETS[preset].label}, allocated memory ({fmt_bytes(gpu)}):",
+        f"  one fold, peak of a training step:                 {fmt_bytes(est.peak_bytes):>10}  {verdict(est.peak_bytes)}",
+        f"  fold 1's model and optimizer state, still alive:   {fmt_bytes(old):>10}",
+        f"  fold 2 starts: those + a freshly loaded model:     {fmt_bytes(start2):>10}  {verdict(start2)}",
+        f"  fold 2 trains: those + one fold's peak:            {fmt_bytes(peak2):>10}  {verdict(peak2)}",
+        "  (nvidia-smi shows more: the CUDA context and the allocator's cache come on top)"])
+
+
+class FoldChart:
+    """The fold chart (``kit.plot.folds``), redrawn live: pass it as ``on_fold_end``.
+
+    In a notebook it draws into an ``ipywidgets.Output`` (:class:`kit.live.LivePlot`);
+    elsewhere it saves PNGs into ``folder``. Folds with ``models_alive_at_start`` are
+    labelled with that count. ``limit_bytes`` defaults to this GPU's memory (none on a CPU).
+
+    >>> chart = FoldChart("broken loop", folder="plots")        # doctest: +SKIP
+    >>> run_broken_loop("tiny-llama", folds=3, on_fold_end=chart)   # doctest: +SKIP
+    """
+
+    def __init__(self, title: str, *, limit_bytes: int | None = None, folder=None):
+        if in_notebook():
+            # A kit.plot Figure is built outside pyplot; a fresh Jupyter kernel shows it as PNG only once
+            # the inline backend's display formatter is registered, which is what %matplotlib inline does.
+            from IPython import get_ipython
+
+            get_ipython().run_line_magic("matplotlib", "inline")
+        self.title, self.records = title, []
+        self.limit_bytes = limit_bytes if limit_bytes is not None else kdevice.hardware()["gpu_total_bytes"]
+        self.live = LivePlot(None, draw=lambda _tracker: self.figure(), folder=folder, min_interval_s=0)
+
+    def __call__(self, fold_records: list) -> None:
+        self.records = list(fold_records)
+        self.live.update()
+
+    def figure(self):
+        """The chart of the folds seen so far (a Figure)."""
+        recs = [dict(r, label=f"fold {r['fold']}" + (_alive(r['models_alive_at_start'])
+                                                     if "models_alive_at_start" in r else ""))
+                for r in self.records]
+        base = self.records[0].get("baseline_bytes") if self.records else None
+        return plot.folds(recs, baseline_bytes=base, limit_bytes=self.limit_bytes,
+                          title=f"{self.title} ({kdevice.best_reading()})")
+
+
+def _alive(n: int) -> str:
+    return f"\n{n} model{'' if n == 1 else 's'} alive at start"
+
+
+def fold_table(fold_records: list) -> str:
+    """The fold records as a table: start, peak, end, and what each loop adds.
+
+    >>> print(fold_table([{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}]))  # doctest: +SKIP
+    """
+    cols = [("models_alive_at_start", "models alive", str), ("adapter_reset_ok", "adapter reset", str),
+            ("back_at_baseline", "back at baseline", str), ("eval_loss", "eval loss", lambda v: f"{v:.4f}"),
+            ("resumed", "from file", str)]
+    cols = [c for c in cols if any(c[0] in r for r in fold_records)]
+    head = f"{'fold':>4} {'start':>11} {'peak':>11} {'end':>11}" + "".join(f" {t:>16}" for _, t, _ in cols)
+    lines = [f"{kdevice.best_reading()}:", head]
+    for r in fold_records:
+        lines.append(f"{r['fold']:>4} {fmt_bytes(r['start_bytes']):>11} {fmt_bytes(r['peak_bytes']):>11} "
+                     f"{fmt_bytes(r['end_bytes']):>11}" + "".join(
+                         f" {(f(r[k]) if k in r and r[k] is not None else '-'):>16}" for k, _, f in cols)
+                     + ("  OUT OF MEMORY" if r.get("oom") else ""))
+    return "\n".join(lines)
+
+
+def simulate_crash(results_path, keep_folds: int) -> list[int]:
+    """Cut a results file back to its first ``keep_folds`` lines, as if the runtime had died
+    during the next fold. Returns the folds left in the file.
+
+    >>> simulate_crash("cv-runs/fixed/cv_results.jsonl", 2)      # doctest: +SKIP
+    [1, 2]
+    """
+    path = Path(results_path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: run run_fixed_loop first.")
+    lines = path.read_text(encoding="utf-8").splitlines()[:keep_folds]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return sorted(int(k) for k in cv.read_results(path))
+
+
+def recipe_estimates(model_name: str, **setup) -> dict:
+    """Estimates of the standard recipe (``prepare_model_for_kbit_training``, which upcasts the
+    16-bit parts to fp32) and the lean one (no upcast), gradient checkpointing on in both.
+
+    >>> e = recipe_estimates("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)
+    >>> e["standard"].weights_bytes > e["lean"].weights_bytes
+    True
+    """
+    return {r: estimate(model_name, kbit_recipe=r, gradient_checkpointing=True, **setup)
+            for r in ("standard", "lean")}
+
+
+def _prepare(model, recipe: str):
+    from peft import prepare_model_for_kbit_training
+
+    if recipe == "standard":
+        # use_reentrant=False in both recipes (torch's recommendation), so that only the upcast differs
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
+                                               gradient_checkpointing_kwargs={"use_reentrant": False})
+    # lean: what prepare_model_for_kbit_training does, minus the fp32 upcast of the 16-bit parts
+    for p in model.parameters():
+        p.requires_grad = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()  # checkpointing a frozen base needs inputs that want grad
+    return model
+
+
+def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> dict:
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    baseline = cleanup.take_baseline().snapshot.best_bytes
+    set_seed(p["seed"])  # the same LoRA init and data order for both recipes
+    model = get_peft_model(_prepare(cv._load(model_name, p["quantization"]), recipe),
+                           lora_config(p["lora_r"], p["lora_targets"]))
+    gc.collect()
+    weights_bytes = kdevice.snapshot().best_bytes - baseline
+    tracker, out = Tracker(), tempfile.mkdtemp(prefix="kit-recipes-")
+    trainer = cv._trainer(model, train_ds, None, collate, p, out, 1, tracker)
+    with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False) as stage:
+        loss = trainer.train().training_loss
+    trainer = cleanup.release(trainer)
+    del model
+    cleanup.release()
+    shutil.rmtree(out, ignore_errors=True)
+    return dict(recipe=recipe, weights_bytes=weights_bytes, peak_bytes=stage.peak_bytes, train_loss=loss,
+                loss_finite=math.isfinite(loss))
+
+
+def measure_kbit_recipes(model_name: str, **settings) -> list[dict]:
+    """MEASURED: load, apply the standard or the lean recipe, wrap with LoRA and train a few steps.
+
+    Each record: ``recipe``, ``weights_bytes`` (the best reading after load + recipe + peft,
+    minus the baseline), ``peak_bytes`` over training, ``train_loss``, ``loss_finite``.
+    ``settings`` as :func:`kit.scenarios.cross_validation.run_fixed_loop`'s.
+
+    >>> [r["recipe"] for r in measure_kbit_recipes("tiny-llama", steps_per_fold=1)]   # doctest: +SKIP
+    ['standard', 'lean']
+    """
+    p = cv._params(**settings)
+    _, collate, splits = cv.fold_data(model_name, 2, p["seq_len"], p["max_samples"])
+    return [_measure_one(model_name, r, p, collate, splits[0][0]) for r in ("standard", "lean")]
+
+
+def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
+    """Standard against lean: estimated weights and peak, and measured ones when given.
+
+    >>> print(recipe_table(recipe_estimates("tiny-llama", batch_size=1, seq_len=8, quantization="4bit",
+    ...                                      lora_r=8)))        # doctest: +SKIP
+    """
+    lines = [f"{'recipe':<10}{'weights (est.)':>16}{'peak (est.)':>14}"
+             + (f"{'weights (meas.)':>17}{'peak (meas.)':>14}{'train loss':>12}" if measured else "")]
+    m = {r["recipe"]: r for r in measured or []}
+    for name, est in estimates.items():
+        row = f"{name:<10}{fmt_bytes(est.weights_bytes):>16}{fmt_bytes(est.peak_bytes):>14}"
+        if name in m:
+            row += (f"{fmt_bytes(m[name]['weights_bytes']):>17}{fmt_bytes(m[name]['peak_bytes']):>14}"
+                    f"{m[name]['train_loss']:>12.4f}")
+        lines.append(row)
+    saved = estimates["standard"].weights_bytes - estimates["lean"].weights_bytes
+    lines.append(f"the fp32 upcast costs {fmt_bytes(saved)} of weights (ESTIMATED)"
+                 + (f", {fmt_bytes(m['standard']['weights_bytes'] - m['lean']['weights_bytes'])} MEASURED ("
+                    f"{kdevice.best_reading()})" if {"standard", "lean"} <= m.keys() else ""))
+    if measured and not kdevice.has_cuda():
+        lines.append("(on a CPU the measured peak is the highest live-tensor reading after an optimizer step: "
+                     "a lower bound, without the activations)")
+    return "\n".join(lines)
+
+
+def broken_text(broken: dict) -> str:
+    """The broken loop read aloud (MEASURED): models alive at fold 2's start, and the failure if any.
+
+    >>> print(broken_text({"folds": [], "oom_at_fold": None}))
+    MEASURED: no fold finished.
+    """
+    folds = broken["folds"]
+    if not folds:
+        return "MEASURED: no fold finished."
+    lines = []
+    if len(folds) > 1:
+        f1, f2 = folds[0], folds[1]
+        lines.append(f"MEASURED ({kdevice.best_reading()}): fold 2 started with {f2.get('models_alive_at_start')} "
+                     f"models alive, at {fmt_bytes(f2['start_bytes'])}, {f2['start_bytes'] / f1['start_bytes']:.2f}x "
+                     f"fold 1's start ({fmt_bytes(f1['start_bytes'])}).")
+    oom = broken["oom_at_fold"]
+    lines.append(f"Out of memory at fold {oom}: caught, recorded, and the memory freed." if oom else
+                 f"No fold ran out of memory on this device: {len(folds)} folds finished.")
+    return "\n".join(lines)
+
+
+def fixed_text(fixed: dict, tolerance: float = 0.01) -> str:
+    """The fixed loop read aloud (MEASURED): resets verified, memory back at the baseline, flat folds.
+
+    >>> print(fixed_text({"folds": [], "baseline_bytes": None, "oom_at_fold": None}))
+    MEASURED: no fold finished.
+    """
+    folds = fixed["folds"]
+    if not folds:
+        return "MEASURED: no fold finished."
+    ends = [f["end_bytes"] for f in folds]
+    spread = max(ends) - min(ends)
+    return "\n".join([
+        f"MEASURED ({kdevice.best_reading()}), {len(folds)} folds:",
+        f"  adapter reset verified at every fold start: {all(f['adapter_reset_ok'] for f in folds)}",
+        f"  every fold ended within {tolerance:.0%} of the baseline ({fmt_bytes(fixed['baseline_bytes'])}): "
+        f"{all(f['back_at_baseline'] for f in folds)}",
+        f"  end memory across folds varies by {fmt_bytes(spread)} ({spread / ends[0]:.2%} of fold 1's end)",
+        f"  out of memory: {'at fold ' + str(fixed['oom_at_fold']) if fixed['oom_at_fold'] else 'no'}"])

@@ -1,0 +1,60 @@
+"""`python -m kit demo` in smoke mode, end to end: the summary.json contract and what it must show."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", str(out), "--size", "smoke"],
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_summary_contract(demo):
+    out, s = demo
+    assert s["size"] == "smoke" and s["reading"] in ("live_tensor_bytes", "cuda_allocated") and s["errors"] == []
+    original = s["scenario1"]["original"]
+    assert isinstance(original["estimate_peak_bytes"], int) and isinstance(original["oom"], bool)
+    for fold in s["scenario2"]["broken"]["folds"] + s["scenario2"]["fixed"]["folds"]:
+        assert all(isinstance(fold[k], int) for k in ("start_bytes", "peak_bytes", "end_bytes"))
+    for name in ("report.md", "report.html", "s1_breakdown.png", "s2_fixed_folds.png"):
+        assert (out / name).stat().st_size > 0
+    assert "data:image/png;base64" in (out / "report.html").read_text()
+
+
+def test_scenario1_names_the_head_and_fixes_peak_far_below(demo):
+    _, s = demo
+    s1 = s["scenario1"]
+    assert s1["offender"] == "custom_layer"
+    fix_a = s1["fixes"][0]
+    assert fix_a["measured_peak_bytes"] < s1["original"]["estimate_peak_bytes"] / 10
+
+
+def test_scenario2_broken_shows_second_model_and_fixed_is_flat(demo):
+    _, s = demo
+    broken, fixed = s["scenario2"]["broken"]["folds"], s["scenario2"]["fixed"]["folds"]
+    first_model_bytes = broken[0]["start_bytes"]
+    assert broken[1]["start_bytes"] >= broken[0]["start_bytes"] + 0.9 * first_model_bytes
+    assert all(abs(f["end_bytes"] - fixed[0]["end_bytes"]) <= 0.01 * fixed[0]["end_bytes"] for f in fixed)
+    assert all(f["adapter_reset_ok"] for f in fixed)
+    assert s["scenario2"]["advice_reset_changed_nothing"] is True
+
+
+def test_unwritable_out_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", str(blocker / "sub")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "cannot write the report" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bad_option_is_a_clear_error():
+    run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", "x", "--size", "huge"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "invalid choice" in run.stderr and "Traceback" not in run.stderr
