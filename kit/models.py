@@ -23,7 +23,6 @@ import torch.nn as nn
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
-from . import device as kdevice
 from . import runtime
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -290,7 +289,9 @@ def load_model(name: str, *, quantization: str = "none", load_dtype=None, device
     get_config(base)  # fails early, with the known names, on a typo
     quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
     dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
-    device = device or ("cuda" if kdevice.has_cuda() else "cpu")
+    from .device import device_name  # lazily: estimate imports models, and never device (DESIGN.md)
+
+    device = device or device_name()
     if quant is not None:
         _check_bnb(device)
     kwargs = dict(_dtype_kw(dtype), device_map={"": device})

@@ -18,7 +18,6 @@ import functools
 import os
 import socket
 
-from .device import has_cuda
 
 HUB_HOST = "huggingface.co"
 
@@ -37,6 +36,13 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def has_cuda() -> bool:
+    """Whether a GPU is there, asked of kit.device lazily, so that importing runtime loads no psutil/NVML."""
+    from .device import has_cuda as cuda
+
+    return cuda()
 
 
 def mode() -> str:

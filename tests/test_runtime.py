@@ -42,3 +42,11 @@ def test_cli_help_and_info():
     info = subprocess.run([sys.executable, "-m", "kit", "info"], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     assert "Reading now:" in info.stdout and "RSS" in info.stdout
+
+
+def test_prediction_never_imports_the_readings():
+    """DESIGN.md: estimate, plot and units never import device, so prediction runs anywhere."""
+    code = "import sys, kit.estimate, kit.plot, kit.units; print('kit.device' in sys.modules, 'psutil' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "False"]

@@ -1,0 +1,430 @@
+"""Predicted against measured training memory, over a grid of setups.
+
+Run: ``python benchmarks/estimate_vs_measured.py [--out benchmarks/results/DATE-DEVICE.md]``
+
+- With a CUDA GPU: each setup trains real Trainer steps on an architecture twin at real
+  size and reads ``torch.cuda.max_memory_allocated()`` (through ``kit.device``) over the
+  steady-state steps; the prediction is ``estimate(..., device="cuda")``.
+- Without one (a CPU): the CUDA allocator does not exist, so this measures what a CPU
+  can measure honestly, on real Trainer steps of tiny twins (and one real-size twin):
+  * ``peak``: the most bytes held by tensors at any moment of a training step, counted by
+    :class:`AllocMeter` (a ``TorchDispatchMode`` that adds every storage an aten op
+    creates and subtracts it when freed) on top of the weights and optimizer state
+    alive when the step starts. This is the CPU analogue of max_memory_allocated; it is
+    compared with ``estimate(..., device="cpu")``, which models CPU kernels.
+  * ``saved``: the bytes autograd saves for backward, by ``saved_tensors_hooks``.
+  * ``weights/grads/state``: ``kit.device.live_tensor_bytes`` around real steps.
+  It also times an estimate of a cached model (the widget calls it on every change).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import statistics
+import sys
+import time
+import weakref
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+
+class AllocMeter(TorchDispatchMode):
+    """Bytes of tensor storage created while active, live now and at most (a CPU allocator view).
+
+    Every aten op's outputs whose storage is new (not one of its inputs', not seen yet)
+    are added; a weakref finalizer on the storage subtracts them when it is freed.
+
+    >>> with AllocMeter() as m:
+    ...     x = torch.zeros(1024)
+    ...     del x
+    >>> m.peak
+    4096
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self._ptrs = 0, 0, {}
+
+    def _free(self, ptr):
+        self.live -= self._ptrs.pop(ptr, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and not t.is_meta}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.is_meta:
+                continue
+            st = t.untyped_storage()
+            ptr, nbytes = st.data_ptr(), st.nbytes()
+            if not nbytes or ptr in inputs or ptr in self._ptrs:
+                continue
+            self._ptrs[ptr] = nbytes
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(st, self._free, ptr)
+        return out
+
+
+def saved_tensor_bytes(model, batch) -> int:
+    """Bytes autograd saves in one forward of ``model(**batch)``: unique storages, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(**batch)
+    del out
+    return sum(seen.values())
+
+
+def _with_quant_state(t):
+    """A parameter and the tensors bitsandbytes keeps beside it (4-bit absmax and codes, 8-bit scales)."""
+    yield t
+    qs = getattr(t, "quant_state", None)
+    for q in (qs, getattr(qs, "state2", None)):
+        for name in ("absmax", "code", "offset"):
+            yield getattr(q, name, None)
+    yield getattr(t, "SCB", None)
+
+
+def _held_bytes(*groups) -> int:
+    """Bytes of the unique storages of the tensors given (weights, buffers, optimizer state)."""
+    seen = {}
+    for group in groups:
+        for t in (x for g in group for x in _with_quant_state(g)):
+            if isinstance(t, torch.Tensor) and not t.is_meta and t.device.type == "cpu":
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _state_tensors(optimizer):
+    opt = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+class _Batches(torch.utils.data.Dataset):
+    def __init__(self, n, S, V, padded, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, V, (n, S), generator=g)
+        self.mask = torch.ones_like(self.ids)
+        if padded:  # every other row ends in padding, so transformers builds a mask
+            self.mask[::2, -max(1, S // 4):] = 0
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        labels = self.ids[i].masked_fill(self.mask[i] == 0, -100)
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
+
+
+def _ckpt_kw(on: bool) -> dict:
+    from transformers import TrainingArguments
+
+    name = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ \
+        else "gradient_checkpointing"
+    return {name: on}
+
+
+def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, ckpt=False, accum=1,
+                 precision="fp32", cuda=False, workdir="/tmp/kit-bench/out") -> dict:
+    """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.device.reset_peak /
+    peak_allocated_bytes). On a CPU: the :class:`AllocMeter` peak plus the weights and
+    optimizer state held when the step begins.
+    """
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from kit import device
+
+    peaks, held = [], {}
+
+    class Meter(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
+            if cuda:
+                device.reset_peak()
+                return
+            self.base = _held_bytes(model.parameters(), model.buffers(), _state_tensors(optimizer))
+            self.m = AllocMeter()
+            self.m.__enter__()
+
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
+            if cuda:
+                peaks.append(device.peak_allocated_bytes())
+                return
+            self.m.__exit__(None, None, None)
+            peaks.append(self.base + self.m.peak)
+            held["weights"] = _held_bytes(model.parameters(), model.buffers())
+            held["state"] = _held_bytes(_state_tensors(optimizer))
+
+    optim_args = "momentum=0.9" if optim == "sgd" else None
+    args = TrainingArguments(
+        output_dir=workdir, per_device_train_batch_size=B, max_steps=steps, use_cpu=not cuda,
+        report_to=[], save_strategy="no", logging_strategy="no", optim=optim, optim_args=optim_args,
+        learning_rate=1e-4, gradient_accumulation_steps=accum, dataloader_num_workers=0, disable_tqdm=True,
+        fp16=precision == "fp16", bf16=precision == "bf16", **_ckpt_kw(ckpt))
+    trainer = Trainer(model=model, args=args, train_dataset=_Batches(steps * B * accum, S, V, padded),
+                      callbacks=[Meter()])
+    trainer.train()
+    del trainer
+    gc.collect()
+    return {"peak": max(peaks[1:] or peaks), "first_step_peak": peaks[0], **held}
+
+
+def cpu_trainer_peak(model, **kw) -> dict:
+    """:func:`trainer_peak` on the CPU (used by tests/test_estimate.py)."""
+    return trainer_peak(model, cuda=False, **kw)
+
+
+# ---- the grid ------------------------------------------------------------------------
+# (label, registry name, estimate kwargs[, config overrides]). The same setup is built and trained.
+SMALL_VOCAB = {"vocab_size": 256, "n_layer": 4, "num_hidden_layers": 4}
+CPU_GRID = [
+    ("full FT fp32, sdpa", "tiny-gpt2", dict(batch_size=4, seq_len=64, padded=False)),
+    ("full FT fp32, eager, padded", "tiny-gpt2", dict(batch_size=4, seq_len=64, attn_implementation="eager")),
+    ("full FT fp32, checkpointing", "tiny-gpt2", dict(batch_size=4, seq_len=128, gradient_checkpointing=True)),
+    ("full FT fp32, long seq (eager S^2)", "tiny-gpt2", dict(batch_size=2, seq_len=256,
+                                                               attn_implementation="eager", padded=False)),
+    ("full FT fp32, padded sdpa", "tiny-llama", dict(batch_size=4, seq_len=64)),
+    ("full FT fp32, eager, long seq", "tiny-llama", dict(batch_size=2, seq_len=256,
+                                                         attn_implementation="eager", padded=False)),
+    ("full FT fp32, checkpointing", "tiny-llama", dict(batch_size=8, seq_len=128, gradient_checkpointing=True)),
+    ("full FT bf16 weights", "tiny-llama", dict(batch_size=4, seq_len=64, load_dtype="bf16")),
+    ("full FT, grad accum 2", "tiny-llama", dict(batch_size=2, seq_len=64, grad_accum=2)),
+    ("full FT, SGD momentum", "tiny-gpt2", dict(batch_size=4, seq_len=64, optimizer="sgd")),
+    ("full FT, 8-bit AdamW", "tiny-llama", dict(batch_size=4, seq_len=64, optimizer="adamw-8bit")),
+    ("LoRA r8 q,v", "tiny-llama", dict(batch_size=4, seq_len=64, lora_r=8, lora_targets=["q_proj", "v_proj"])),
+    ("LoRA r8 c_attn, checkpointing", "tiny-gpt2", dict(batch_size=4, seq_len=64, lora_r=8,
+                                                           gradient_checkpointing=True)),
+    ("QLoRA 4-bit r8 (bnb CPU)", "tiny-llama", dict(batch_size=2, seq_len=64, quantization="4bit", lora_r=8)),
+    ("scenario 1 twin (vocab head)", "tiny-gpt2+vocab-head", dict(batch_size=2, seq_len=64)),
+    ("small vocab: a block sets the peak, eager", "tiny-llama", dict(batch_size=2, seq_len=256, padded=False,
+                                                                   attn_implementation="eager"), SMALL_VOCAB),
+    ("small vocab: a block sets the peak", "tiny-gpt2", dict(batch_size=4, seq_len=128, gradient_checkpointing=True),
+     SMALL_VOCAB),
+    ("REAL SIZE full FT fp32", "distilgpt2", dict(batch_size=1, seq_len=64)),
+]
+GPU_GRID = [
+    ("full FT fp32", "distilgpt2", dict(batch_size=8, seq_len=512)),
+    ("full FT fp16 mixed", "distilgpt2", dict(batch_size=8, seq_len=512, precision="fp16")),
+    ("full FT bf16 mixed, checkpointing", "gpt2", dict(batch_size=8, seq_len=1024, precision="bf16",
+                                                         gradient_checkpointing=True)),
+    ("full FT fp32, batch 16", "gpt2", dict(batch_size=16, seq_len=256)),
+    ("full FT bf16 mixed", "meta-llama/Llama-3.2-1B", dict(batch_size=4, seq_len=512, precision="bf16")),
+    ("full FT bf16 mixed, checkpointing", "meta-llama/Llama-3.2-1B",
+     dict(batch_size=8, seq_len=1024, precision="bf16", gradient_checkpointing=True)),
+    ("LoRA r16 bf16 mixed", "meta-llama/Llama-3.2-1B", dict(batch_size=4, seq_len=1024, precision="bf16",
+                                                            lora_r=16, load_dtype="bf16")),
+    ("QLoRA 4-bit r16", "meta-llama/Llama-3.2-1B", dict(batch_size=4, seq_len=1024, precision="bf16",
+                                                        quantization="4bit", lora_r=16)),
+    ("scenario 1 (fp16, as the user ran it)", "distilgpt2+vocab-head",
+     dict(batch_size=1, seq_len=128, precision="fp16")),
+]
+
+
+def _config(name, overrides):
+    from kit.models import get_config
+
+    cfg = get_config(name)
+    for k, v in (overrides or {}).items():
+        if k in cfg.to_dict():
+            setattr(cfg, k, v)
+    return cfg
+
+
+def build(name, kw, cuda=False, overrides=None):
+    """The model of one grid row, set up the way the estimate assumes."""
+    from kit import models
+
+    quant, lora_r = kw.get("quantization", "none"), kw.get("lora_r", 0)
+    if overrides:
+        model = models.build_model(_config(name, overrides))
+    elif quant != "none" or cuda:
+        model = models.load_model(name, quantization=quant, load_dtype=kw.get("load_dtype"),
+                                  device="cuda" if cuda else "cpu")
+    else:
+        model = models.build_model(name, dtype=models.as_dtype(kw.get("load_dtype", "fp32")))
+    for mod in model.modules():
+        if hasattr(mod, "config"):
+            mod.config._attn_implementation = kw.get("attn_implementation", "sdpa")
+    if quant != "none":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model)
+    if lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=lora_r, target_modules=kw.get("lora_targets")))
+    return model
+
+
+def run_row(label, name, kw, cuda, overrides=None):
+    from kit.estimate import OPTIMIZERS, estimate
+
+    torch.manual_seed(0)
+    cfg = _config(name, overrides)
+    est = estimate(cfg if overrides else name, **kw, device="cuda" if cuda else "cpu")
+    model = build(name, kw, cuda, overrides)
+    B, S, padded = kw["batch_size"], kw["seq_len"], kw.get("padded", True)
+    V = cfg.vocab_size
+    saved = None
+    if not cuda:
+        ids = torch.randint(2, V, (B, S))
+        mask = torch.ones_like(ids)
+        if padded:
+            mask[::2, -max(1, S // 4):] = 0
+        model.train()
+        if est.setup["gradient_checkpointing"] and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        saved = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
+    t = time.time()
+    got = trainer_peak(model, B=B, S=S, V=V, steps=3 if cuda else 2, optim=OPTIMIZERS[est.setup["optimizer"]],
+                       padded=padded, ckpt=est.setup["gradient_checkpointing"], accum=kw.get("grad_accum", 1),
+                       precision=kw.get("precision", "fp32"), cuda=cuda)
+    del model
+    gc.collect()
+    if cuda:
+        from kit import device
+
+        device.empty_cache()
+    name = f"{name} ({', '.join(f'{k}={v}' for k, v in overrides.items() if k in cfg.to_dict())})" \
+        if overrides else name
+    return dict(label=label, model=name, est=est, got=got, saved=saved, seconds=time.time() - t)
+
+
+def time_cached_estimate(n=200) -> dict:
+    from kit.estimate import estimate
+
+    out = {}
+    for name, kw in (("meta-llama/Meta-Llama-3-8B", dict(batch_size=1, seq_len=512, quantization="4bit",
+                                                         lora_r=16)),
+                     ("distilgpt2+vocab-head", dict(batch_size=1, seq_len=128, precision="fp16"))):
+        estimate(name, **kw)  # build and cache
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            estimate(name, **kw | {"batch_size": 1 + i % 8})
+            times.append(1000 * (time.perf_counter() - t))
+        out[name] = (statistics.median(times), max(times))
+    return out
+
+
+def _pct(pred, got):
+    return 100.0 * (pred - got) / got if got else float("nan")
+
+
+def report(rows, timing, cuda) -> str:
+    import bitsandbytes
+    import peft
+    import transformers
+
+    from kit import device
+    from kit.units import fmt_bytes
+
+    hw = device.hardware()
+    lines = [f"# Estimate vs measured ({'GPU' if cuda else 'CPU, no GPU available'})", "",
+             f"- date: {datetime.date.today().isoformat()}",
+             f"- device: {torch.cuda.get_device_name(0) if cuda else 'CPU'}; hardware: {hw}",
+             f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, "
+             f"peft {peft.__version__}, bitsandbytes {bitsandbytes.__version__}",
+             "- command: `python benchmarks/estimate_vs_measured.py`", ""]
+    if cuda:
+        lines += ["Measured: `torch.cuda.max_memory_allocated()` over steady-state Trainer steps (step 2 on), "
+                  "real-size architecture twins. Predicted: `estimate(..., device=\"cuda\")`.", ""]
+    else:
+        lines += [
+            "**No GPU was available.** Nothing here measures `torch.cuda.max_memory_allocated()`. What was "
+            "measured instead, on real Trainer steps on the CPU (tiny twins, plus distilgpt2 at real size):",
+            "- *peak*: bytes held by tensors at the busiest moment of a steady-state step: an aten-level "
+            "allocation meter (TorchDispatchMode + storage finalizers) on top of the weights and optimizer "
+            "state held when the step starts; compared with `estimate(..., device=\"cpu\")`, which models the "
+            "CPU kernels (float dropout masks, sdpa's math path with dropout, single-tensor AdamW);",
+            "- *saved*: bytes autograd saves in one training forward (`saved_tensors_hooks`, unique storages);",
+            "- *weights*, *state*: weights/buffers and optimizer state held after the steps.",
+            "Mixed precision (autocast) is not in the CPU grid: CPU autocast uses other op lists than CUDA's, "
+            "which the estimate models. Those rows need a GPU run.", ""]
+    head = "| setup | model | predicted peak | measured peak | error |"
+    sep = "|---|---|---:|---:|---:|"
+    if not cuda:
+        head += " saved pred/meas | weights pred/meas | state pred/meas |"
+        sep += "---:|---:|---:|"
+    lines += [head, sep]
+    errs = []
+    for r in rows:
+        e, g = r["est"], r["got"]
+        err = _pct(e.peak_bytes, g["peak"])
+        errs.append(abs(err))
+        line = f"| {r['label']} | {r['model']} | {fmt_bytes(e.peak_bytes)} | {fmt_bytes(g['peak'])} | {err:+.1f}% |"
+        if not cuda:
+            line += (f" {_pct(e.saved_bytes, r['saved']):+.1f}% | {_pct(e.weights_bytes, g['weights']):+.1f}% |"
+                     f" {_pct(e.optimizer_bytes, g['state']):+.1f}% |")
+        lines.append(line)
+    lines += ["", f"Peak error: median {statistics.median(errs):.2f}%, worst {max(errs):.2f}% "
+              f"over {len(errs)} setups ({'GPU' if cuda else 'CPU allocation meter, not a GPU'}).", ""]
+    if not cuda:
+        from kit.estimate import estimate
+
+        lines += ["What the GPU grid predicts (`estimate(..., device=\"cuda\")`), NOT measured here: "
+                  "the rows a GPU run of this script checks against `max_memory_allocated`.", "",
+                  "| setup | model | predicted peak | phase (moment) |", "|---|---|---:|---|"]
+        for label, name, kw in GPU_GRID:
+            e = estimate(name, **kw)
+            lines.append(f"| {label} | {name} | {fmt_bytes(e.peak_bytes)} | {e.peak_phase} ({e.peak_moment}) |")
+        lines.append("")
+    lines += ["Time of one estimate for a cached model (the widget calls it on every slider move):"]
+    for name, (med, worst) in timing.items():
+        lines.append(f"- {name}: median {med:.2f} ms, worst {worst:.2f} ms")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    import tempfile
+
+    from kit import device
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="write the markdown table here too")
+    p.add_argument("--only", default=None, help="run the rows whose label contains this")
+    a = p.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="kit-bench-")
+    os.environ.setdefault("KIT_CACHE", os.path.join(tmp, "twins"))
+    os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
+    cuda = device.has_cuda()
+    grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
+    if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths
+        grid += [g for g in CPU_GRID if "REAL SIZE" not in g[0]]
+    rows = []
+    for label, name, kw, *over in grid:
+        r = run_row(label, name, kw, cuda, over[0] if over else None)
+        print(f"{label:40s} {name:24s} predicted {r['est'].peak_bytes:>14,} measured {r['got']['peak']:>14,} "
+              f"({_pct(r['est'].peak_bytes, r['got']['peak']):+.2f}%) [{r['seconds']:.0f} s]", flush=True)
+        rows.append(r)
+    text = report(rows, time_cached_estimate(), cuda)
+    print(text)
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Predict the memory of one training setup before anything is loaded, and name who eats it.
+
+The model is built once on the meta device (no memory, cached), so parameter counts are
+exact, tied weights count once, and the arithmetic below follows the libraries' code:
+bitsandbytes for 4-bit/8-bit weights and 8-bit optimizer states, peft for LoRA and
+``prepare_model_for_kbit_training``, torch for AdamW, and :mod:`kit.activations` for what
+the forward saves. ``peak_bytes`` predicts ``torch.cuda.max_memory_allocated()`` over a
+Trainer step: the larger of the forward/backward phase and the optimizer step.
+
+>>> est = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")
+>>> est.offenders[0][0], est.peak_moment
+('custom_layer', 'backward (head)')
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+
+from . import activations as act
+from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
+                      optimizer_state_bytes)
+from .presets import ALIASES as _ALIASES
+from .units import fmt_bytes
+
+COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "logits & loss",
+              "autocast weight copies", "temporaries")
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    name: str
+    kind: str            # "linear", "embedding", "norm", "other"
+    fin: int
+    fout: int
+    weight: int          # weight elements this module owns (0 when tied to an earlier one)
+    bias: int
+    trainable: bool      # as built (scenario 1 freezes the base)
+    quantizable: bool    # transformers would swap it for a bnb layer
+    part: str            # "embed", "block", "head"
+    short: str           # name inside its block ("self_attn.q_proj"), else the full name
+    tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
+
+
+@dataclass(frozen=True)
+class _Info:
+    config: object
+    family: str
+    leaves: tuple
+    buffers_bytes: int
+    vocab_head: bool
+    max_positions: int | None
+
+
+def _inventory(model, cfg) -> _Info:
+    import torch.nn as nn
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    vocab_head = getattr(cfg, "kit_vocab_head", False) or hasattr(model, "custom_layer")
+    base, prefix = (model.gpt2, "gpt2.") if vocab_head else (model, "")
+    skip = [prefix + k for k in get_keys_to_not_convert(base)] if hasattr(base, "all_tied_weights_keys") else []
+    seen, leaves = set(), []
+    for name, mod in model.named_modules():
+        params = list(mod.named_parameters(recurse=False))
+        if not params:
+            continue
+        w = dict(params).get("weight")
+        b = dict(params).get("bias")
+        tied = w is not None and id(w) in seen
+        seen.update(id(p) for _, p in params)
+        linear = isinstance(mod, (nn.Linear, Conv1D))  # bnb's Linear4bit/8bitLt are nn.Linear too
+        # count from the layer's shape: a 4-bit Params4bit's numel() is the packed, halved size
+        fin, fout = (w.shape[0], w.shape[1]) if isinstance(mod, Conv1D) else \
+            (mod.in_features, mod.out_features) if linear else (0, 0)
+        kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
+            "norm" if "norm" in type(mod).__name__.lower() else "other"
+        parts = name.split(".")
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
+        part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
+        leaves.append(_Leaf(
+            name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
+            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
+            linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
+            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
+    base_cfg = getattr(base, "config", cfg)
+    family = "gpt2" if base_cfg.model_type == "gpt2" else "llama"
+    maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
+    bufs = sum(b.numel() * b.element_size() for b in model.buffers())
+    return _Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos)
+
+
+@lru_cache(maxsize=32)
+def _cached(key: str) -> _Info:
+    from . import models
+
+    return _inventory(models.build_model(key, device="meta"), models.get_config(key))
+
+
+_CONFIG_CACHE: dict = {}
+
+
+def _cached_config(key: str, cfg) -> _Info:
+    from . import models
+
+    if key not in _CONFIG_CACHE:
+        if len(_CONFIG_CACHE) > 32:
+            _CONFIG_CACHE.clear()
+        _CONFIG_CACHE[key] = _inventory(models.build_model(cfg, device="meta"), cfg)
+    return _CONFIG_CACHE[key]
+
+
+def _info(model) -> _Info:
+    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model, str):
+        return _cached(model)
+    if isinstance(model, PretrainedConfig):
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
+    if hasattr(model, "named_modules"):
+        return _inventory(model, getattr(model, "config", None))
+    raise ValueError(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
+                     f"nn.Module, not {type(model).__name__}.")
+
+
+@lru_cache(maxsize=256)
+def _lora_matches(names: tuple, targets: tuple) -> tuple:
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    cfg = LoraConfig(target_modules=list(targets))
+    return tuple(n for n in names if check_target_module_exists(cfg, n))
+
+
+def _default_targets(info: _Info) -> tuple:
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
+
+    return tuple(M.get(info.config.model_type, ["q_proj", "v_proj"]))
+
+
+@dataclass
+class Estimate:
+    """A named breakdown of one training setup's memory. Bytes are ints.
+
+    ``weights_bytes`` .. ``optimizer_bytes`` are totals. ``activations_bytes`` is what the
+    forward saves for backward, without the logits and loss; ``logits_bytes`` is beside
+    it: the loss's log-softmax, the logits the model returns and their fp32 copy (and
+    scenario 1's head input). :meth:`components` is the breakdown at the peak moment.
+    """
+
+    params: int
+    trainable_params: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    peak_bytes: int
+    cpu_build_bytes: int
+    peak_phase: str                     # "forward/backward" or "optimizer step"
+    peak_moment: str                    # e.g. "backward (loss)"
+    loaded_weights_bytes: int           # as from_pretrained leaves them, before the k-bit recipe
+    paged_optimizer_bytes: int          # outside the allocator (paged 8-bit AdamW)
+    autocast_copies_bytes: int
+    saved_bytes: int                    # all autograd saves in the forward (what saved_tensors_hooks count)
+    quantized_params: int
+    unquantized_params: int
+    offenders: list = field(default_factory=list)   # (module, params, training_bytes), by training bytes
+    notes: list = field(default_factory=list)
+    setup: dict = field(default_factory=dict)
+    _parts: dict = field(default_factory=dict, repr=False)
+
+    def components(self) -> "OrderedDict[str, int]":
+        """Bytes per component at the peak moment, in :data:`COMPONENTS` order; sums to peak_bytes."""
+        return OrderedDict((k, self._parts.get(k, 0)) for k in COMPONENTS)
+
+    def biggest(self, by: str = "training_bytes", n: int = 5) -> list:
+        """The ``n`` biggest modules by ``"training_bytes"`` or ``"params"``: (name, params, training_bytes)."""
+        key = {"training_bytes": lambda t: t[2], "params": lambda t: t[1]}[by]
+        return sorted(self.offenders, key=key, reverse=True)[:n]
+
+    def to_json(self) -> dict:
+        """The CLI's ``--json`` object: the contract's integer fields first, then more."""
+        d = {k: v for k, v in asdict(self).items() if k != "_parts"}
+        d["offenders"] = [{"module": n, "params": p, "training_bytes": b} for n, p, b in self.offenders]
+        d["components"] = dict(self.components())
+        return d
+
+    def table(self, preset: str = "colab-t4") -> str:
+        """A readable table: one row per component, the offenders and a device verdict."""
+        from .presets import render
+
+        return render(self, preset)
+
+
+def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", quantization: str = "none",
+             lora_r: int = 0, lora_targets=None, optimizer: str = "adamw", gradient_checkpointing=None,
+             grad_accum: int = 1, load_dtype=None, attn_implementation: str = "sdpa",
+             kbit_recipe: str = "standard", lora_dropout: float = 0.0, padded: bool = True,
+             device: str = "cuda") -> Estimate:
+    """Predict the memory of training ``model`` with Trainer in this setup. See the module doc.
+
+    ``precision`` fp16/bf16 is Trainer mixed precision (autocast, weights stay in
+    ``load_dtype``). ``load_dtype`` defaults to fp32, or bf16 with quantization.
+    ``gradient_checkpointing=None`` keeps the model's default (on for scenario 1 and for
+    the k-bit recipe). ``kbit_recipe="standard"`` is ``prepare_model_for_kbit_training``
+    (non-quantized weights upcast to fp32); ``"lean"`` skips the upcast. ``padded``: the
+    batches have padding, so an attention mask is built. ``device="cpu"`` predicts CPU kernels.
+
+    >>> estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit",
+    ...          lora_r=16).trainable_params
+    6815744
+    """
+    _check(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lora_r=lora_r)
+    optimizer = _ALIASES.get(optimizer, optimizer)
+    for what, value, ok in (("precision", precision, DTYPES), ("quantization", quantization, QUANTIZATIONS),
+                            ("optimizer", optimizer, OPTIMIZERS), ("attn_implementation",
+                            attn_implementation, ("sdpa", "eager")), ("kbit_recipe", kbit_recipe,
+                            ("standard", "lean")), ("device", device, ("cuda", "cpu"))):
+        if value not in ok:
+            raise ValueError(f"Unknown {what} {value!r}: use one of {', '.join(ok)}.")
+    load_dtype = load_dtype or ("bf16" if quantization != "none" else "fp32")
+    load_dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(load_dtype).replace(
+        "torch.", ""), str(load_dtype).replace("torch.", ""))
+    if load_dtype not in DTYPES:
+        raise ValueError(f"Unknown load_dtype {load_dtype!r}: use one of {', '.join(DTYPES)}.")
+    info = _info(model)
+    if info.max_positions and seq_len > info.max_positions:
+        raise ValueError(f"seq_len {seq_len} is beyond the model's {info.max_positions} positions.")
+    return _assemble(info, model=model if isinstance(model, str) else type(model).__name__,
+                    B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
+                    lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
+                    accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
+                    lora_dropout=lora_dropout, padded=padded, device=device)
+
+
+def _check(**values) -> None:
+    for name, v in values.items():
+        low = 0 if name == "lora_r" else 1
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{name} must be an integer >= {low}, not {v!r}.")
+
+
+def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
+              accum, load, attn, recipe, lora_dropout, padded, device) -> Estimate:
+    vh, leaves = info.vocab_head, info.leaves
+    if quant != "none" and not lora_r and not vh:
+        raise ValueError("4-bit/8-bit weights cannot be trained directly (Trainer refuses a purely "
+                         "quantized model): add LoRA adapters with lora_r > 0.")
+    if lora_targets and not lora_r:
+        raise ValueError("lora_targets needs lora_r > 0.")
+    lora = set()
+    if lora_r:
+        targets = lora_targets.split(",") if isinstance(lora_targets, str) else lora_targets
+        targets = tuple(t.strip() for t in (targets or _default_targets(info)) if t.strip())
+        lora = set(_lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
+        if not lora:
+            names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
+            raise ValueError(f"LoRA targets {list(targets)} match no Linear module of this model. "
+                             f"Its Linear modules: {', '.join(names)}.")
+    std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
+    ckpt = (vh or std) if ckpt is None else bool(ckpt)
+    lb, ac = DTYPES[load], (2 if precision != "fp32" else None)
+    other = 4 if std else lb  # the recipe casts every fp16/bf16 parameter that is not 4-bit to fp32
+    tot = dict.fromkeys(("params", "trainable", "weights", "loaded", "qparams", "uparams", "build",
+                         "opt", "paged", "grads"), 0)
+    grads, wtemp, groups, offenders = {"embed": 0, "block": 0, "head": 0}, {"embed": 0, "block": 0,
+                                                                          "head": 0}, {}, []
+    for l in leaves:
+        n = l.weight + l.bias
+        q = quant if l.quantizable else "none"
+        wq = nf4_bytes(l.weight) if q == "4bit" else int8_bytes(l.fin, l.fout) if q == "8bit" else None
+        w_bytes = n * other if wq is None else wq + l.bias * other
+        tot["params"] += n
+        tot["build"] += n * lb
+        tot["loaded"] += n * lb if wq is None else wq + l.bias * lb
+        tot["qparams" if wq is not None else "uparams"] += l.weight if wq is not None else n
+        pieces = []
+        if l.name in lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True)
+            pieces = [(lora_r * l.fin, 4), (lora_r * l.fout, 4)]
+            w_bytes += 4 * lora_r * (l.fin + l.fout)
+            tot["params"] += lora_r * (l.fin + l.fout)
+        elif l.trainable and not lora_r and wq is None:  # a tied weight counts at its owner
+            pieces = [(l.weight, other), (l.bias, other)]
+        if wq is not None:
+            wtemp["block"] = max(wtemp["block"], 2 * l.fin * l.fout)  # backward dequantizes it
+        train_bytes = w_bytes
+        for k, dt in pieces:
+            if not k:
+                continue
+            o, p = optimizer_state_bytes(optimizer, k, dt, embedding=l.kind == "embedding")
+            grads[l.part] += k * dt
+            tot["trainable"] += k
+            tot["opt"], tot["paged"] = tot["opt"] + o, tot["paged"] + p
+            groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
+            wtemp[l.part] = max(wtemp[l.part], (2 * k if ac and dt != ac else 0) + (k * dt if accum > 1 else 0))
+            train_bytes += k * dt + o + p
+        tot["weights"] += w_bytes
+        offenders.append((l.name, n, train_bytes))
+    moved = sum(l.fin * l.fout * other for l in leaves if l.tied and l.trainable and not lora_r)
+    grads["embed"], grads["head"] = grads["embed"] - moved, grads["head"] + moved  # lm_head makes it first
+    cfg = info.config
+    if info.family == "gpt2":
+        H, nh = cfg.n_embd, cfg.n_head
+        shapes = dict(H=H, F=cfg.n_inner or 4 * H, nh=nh, kvh=nh, hd=H // nh, L=cfg.n_layer,
+                      p_attn=cfg.attn_pdrop, p_resid=cfg.resid_pdrop, p_embd=cfg.embd_pdrop)
+    else:
+        H, nh = cfg.hidden_size, cfg.num_attention_heads
+        shapes = dict(H=H, F=cfg.intermediate_size, nh=nh, kvh=getattr(cfg, "num_key_value_heads", None) or nh,
+                      hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
+                      p_attn=getattr(cfg, "attention_dropout", 0.0))
+    head = next((l for l in leaves if l.name.endswith("custom_layer")), None)
+    st = act.Setup(family=info.family, B=B, S=S, V=cfg.vocab_size, w=lb, w_other=other, ac=ac,
+                   base_trainable=not lora_r and not vh, quant=quant,
+                   lora={l.short: lora_r for l in leaves if l.name in lora and l.part == "block"}
+                   | {l.name.split(".")[-1]: lora_r for l in leaves if l.name in lora and l.part == "head"},
+                   lora_dropout=lora_dropout, input_grad=ckpt or std, attn=attn, padded=padded, ckpt=ckpt,
+                   device=device, head_out=head.fout if head else 0, head_w=lb,
+                   head_trainable=bool(head and head.trainable and not lora_r), **shapes)
+    rp = act.replay(st)
+    tot["grads"] = sum(grads.values())
+    m = act.peak_moment(rp, grads_embed=grads["embed"], grads_block=grads["block"] // shapes["L"],
+                        grads_head=grads["head"], wtemp_block=wtemp["block"], wtemp_head=wtemp["head"],
+                        grads_before=tot["grads"] if accum > 1 else 0)
+    weights = tot["weights"] + info.buffers_bytes
+    inputs = 3 * B * S * 8  # input_ids, attention_mask, labels (int64)
+    fwdbwd = weights + tot["opt"] + m.total + inputs
+    step_temp = 0  # AdamW's sqrt(exp_avg_sq) / bias_correction, per (weight-decay group, dtype)
+    if optimizer == "adamw" and groups:  # CUDA: foreach, all at once; CPU: per tensor, + the last denom
+        step_temp = max(sum(g) if device == "cuda" else max(2 * b + (g[i - 1] if i else 0)
+                                                             for i, b in enumerate(g)) for g in groups.values())
+    step = weights + tot["grads"] + tot["opt"] + step_temp
+    if fwdbwd >= step:
+        phase, moment = "forward/backward", m.where
+        parts = {"weights": weights, "gradients": m.gradients, "optimizer state": tot["opt"],
+                 "activations": m.activations, "logits & loss": m.logits, "autocast weight copies": m.copies,
+                 "temporaries": m.temporaries + inputs}
+    else:
+        phase = moment = "optimizer step"
+        parts = {"weights": weights, "gradients": tot["grads"], "optimizer state": tot["opt"],
+                 "temporaries": step_temp}
+    notes = _notes(optimizer, leaves, tot["paged"], info, lora_r, quant)
+    offenders.sort(key=lambda t: (t[2], t[1]), reverse=True)
+    return Estimate(
+        params=tot["params"], trainable_params=tot["trainable"], weights_bytes=weights,
+        gradients_bytes=tot["grads"], optimizer_bytes=tot["opt"] + tot["paged"],
+        activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
+        peak_bytes=max(fwdbwd, step), cpu_build_bytes=tot["build"] + info.buffers_bytes, peak_phase=phase,
+        peak_moment=moment, loaded_weights_bytes=tot["loaded"] + info.buffers_bytes,
+        paged_optimizer_bytes=tot["paged"], autocast_copies_bytes=rp.copies_saved + rp.cache,
+        saved_bytes=rp.saved_bytes(),
+        quantized_params=tot["qparams"], unquantized_params=tot["uparams"],
+        offenders=offenders[:10] + [o for o in sorted(offenders, key=lambda t: t[1], reverse=True)[:5]
+                                    if o not in offenders[:10]],
+        notes=notes, setup=dict(model=model, batch_size=B, seq_len=S, precision=precision, quantization=quant,
+                                lora_r=lora_r, optimizer=optimizer, optim=OPTIMIZERS[optimizer],
+                                gradient_checkpointing=ckpt, grad_accum=accum, load_dtype=load,
+                                attn_implementation=attn, kbit_recipe=recipe, device=device),
+        _parts=parts)
+
+
+def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
+    notes = []
+    if paged:
+        notes.append(f"{fmt_bytes(paged)} of optimizer state is paged (CUDA managed memory): "
+                     "outside max_memory_allocated, evicted to RAM under pressure")
+    if optimizer in ("adamw-8bit", "paged-adamw-8bit") and any(
+            l.trainable and not lora_r and l.weight >= 2**31 for l in leaves):
+        notes.append("a trainable tensor has >= 2^31 elements: bitsandbytes 8-bit AdamW kills the process "
+                     "on it (ops.cu 'invalid argument'); do not run this")
+    if optimizer == "sgd":
+        notes.append("sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')")
+    if info.config.model_type not in ("gpt2", "llama"):
+        notes.append(f"{info.config.model_type}: activations follow the Llama-style replay")
+    if quant != "none" and info.vocab_head:
+        notes.append("quantization applies to the GPT-2 base; custom_layer stays a float nn.Linear")
+    return notes

@@ -1,0 +1,176 @@
+"""The menu of choices and what each costs: devices (with the fits / does-not-fit verdict),
+dtypes, bitsandbytes weight formats and optimizers (named as in ``TrainingArguments.optim``).
+
+>>> from kit.estimate import estimate
+>>> v = verdict(estimate("tiny-gpt2", batch_size=2, seq_len=64), "colab-t4")
+>>> v.fits
+True
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .units import GiB, fmt_bytes
+
+
+DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+QUANTIZATIONS = ("none", "8bit", "4bit")
+# kit name -> TrainingArguments.optim (sgd: with optim_args="momentum=0.9"; plain "sgd" keeps no state)
+OPTIMIZERS = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
+              "paged-adamw-8bit": "paged_adamw_8bit", "sgd": "sgd"}
+ALIASES = {v: k for k, v in OPTIMIZERS.items()} | {"adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit"}
+
+
+def nf4_bytes(n: int, double_quant: bool = True, blocksize: int = 64) -> int:
+    """Bytes of one NF4 weight of ``n`` elements, as bitsandbytes' ``quantize_4bit`` stores it.
+
+    Packed 4-bit values: n/2 bytes. One absmax per block of 64 (``blocksize=64``):
+    without double quant an fp32 each, 4/64 = 0.0625 B/param. With double quant
+    (``compress_statistics=True``) ``quantize_blockwise(absmax - offset, blocksize=256)``
+    stores each absmax in 1 byte, plus one fp32 absmax per 256 of them:
+    1/64 + 4/(64*256) = 0.015625 + 0.000244 = 0.015869 B/param, so 0.5 + 0.015869
+    = 0.515869 B/param in all. Per tensor: the 256-entry fp32 code copy (1024 B), the
+    16-entry NF4 code (64 B) and the fp32 offset (4 B).
+
+    >>> nf4_bytes(4096 * 4096) / (4096 * 4096)    # doctest: +ELLIPSIS
+    0.5159...
+    """
+    blocks = -(-n // blocksize)
+    if not double_quant:
+        return -(-n // 2) + 4 * blocks + 64
+    return -(-n // 2) + blocks + 4 * -(-blocks // 256) + 1024 + 64 + 4
+
+
+def int8_bytes(fin: int, fout: int) -> int:
+    """Bytes of a bitsandbytes 8-bit weight: int8 values (``CB``) + one fp32 scale per row (``SCB``)."""
+    return fin * fout + 4 * fout
+
+
+def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: bool = False) -> tuple[int, int]:
+    """(bytes the allocator holds, bytes paged outside it) of one parameter's state.
+
+    AdamW: exp_avg + exp_avg_sq, ``zeros_like(param)``. 8-bit AdamW (bitsandbytes):
+    two uint8 states + one fp32 absmax per 256; tensors under ``min_8bit_size=4096``
+    elements keep two fp32 states. Paged: states of >= 1e5 elements live in CUDA
+    managed memory (``F.get_paged``), outside ``max_memory_allocated``. Trainer keeps
+    ``nn.Embedding`` weights in 32-bit states (``register_module_override``). SGD: momentum.
+
+    >>> optimizer_state_bytes("adamw-8bit", 1024 * 1024, 4)
+    (2129920, 0)
+    """
+    if optimizer == "adamw":
+        return 2 * n * dtype_bytes, 0
+    if optimizer == "sgd":
+        return n * dtype_bytes, 0
+    paged = optimizer == "paged-adamw-8bit" and n >= 100_000
+    if n < 4096 or embedding:
+        return (0, 8 * n) if paged else (8 * n, 0)
+    absmax = 2 * 4 * -(-n // 256)
+    return (absmax, 2 * n) if paged else (2 * n + absmax, 0)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A machine: GPU memory (None for a CPU-only one) and CPU RAM, in bytes."""
+
+    name: str
+    label: str
+    gpu_bytes: int | None
+    ram_bytes: int
+
+
+def _this_machine_ram() -> int:
+    # os.sysconf, not psutil: the estimate must not import kit.device (DESIGN.md).
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("colab-t4", "Colab T4 (15 GiB GPU, 12.7 GiB RAM)", 15 * GiB, int(12.7 * GiB)),
+        Preset("l4", "L4 (24 GB GPU)", 24 * 10**9, 64 * GiB),
+        Preset("a100-40", "A100 40 GB", 40 * 10**9, 85 * 10**9),
+        Preset("a100-80", "A100 80 GB", 80 * 10**9, 170 * 10**9),
+        Preset("h100", "H100 80 GB", 80 * 10**9, 200 * 10**9),
+        Preset("cpu", "this machine's CPU and RAM", None, _this_machine_ram()),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Does an estimate fit a preset? Margins are bytes left over (negative: missing)."""
+
+    preset: Preset
+    fits: bool
+    gpu_margin_bytes: int | None   # GPU memory - peak_bytes (None on "cpu")
+    ram_margin_bytes: int          # RAM - cpu_build_bytes (or - peak_bytes on "cpu")
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
+    """Compare an :class:`~kit.estimate.Estimate` with a device preset.
+
+    On a GPU preset the training peak must fit in GPU memory and building the model
+    on the CPU must fit in RAM. On ``"cpu"`` the training peak must fit in RAM.
+
+    >>> from kit.estimate import estimate
+    >>> print(verdict(estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128), "colab-t4"))  # doctest: +ELLIPSIS
+    DOES NOT FIT Colab T4 ...
+    """
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"Unknown device preset {preset!r}. Known: {', '.join(PRESETS)}.")
+        preset = PRESETS[preset]
+    if preset.gpu_bytes is None:
+        gpu_margin, ram_margin = None, preset.ram_bytes - est.peak_bytes
+        fits = ram_margin >= 0
+        what = f"training peak {fmt_bytes(est.peak_bytes)} vs RAM {fmt_bytes(preset.ram_bytes)}"
+    else:
+        gpu_margin = preset.gpu_bytes - est.peak_bytes
+        ram_margin = preset.ram_bytes - est.cpu_build_bytes
+        fits = gpu_margin >= 0 and ram_margin >= 0
+        what = (f"GPU peak {fmt_bytes(est.peak_bytes)} of {fmt_bytes(preset.gpu_bytes)} "
+                f"({_margin(gpu_margin)}); CPU build {fmt_bytes(est.cpu_build_bytes)} of "
+                f"{fmt_bytes(preset.ram_bytes)} RAM ({_margin(ram_margin)})")
+    head = "fits" if fits else "DOES NOT FIT"
+    return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {preset.label}: {what}")
+
+
+def _margin(n: int) -> str:
+    return f"{fmt_bytes(n)} to spare" if n >= 0 else f"{fmt_bytes(-n)} short"
+
+
+def render(est, preset: str | Preset = "colab-t4") -> str:
+    """The readable table of an estimate: components at the peak, offenders, a verdict.
+
+    >>> from kit.estimate import estimate
+    >>> print(render(estimate("tiny-gpt2", batch_size=2, seq_len=64)))   # doctest: +SKIP
+    """
+    s = est.setup
+    lines = [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
+             f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')}, optimizer {s.get('optimizer')}"
+             f", checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
+             f"params {est.params:,} ({est.trainable_params:,} trainable)",
+             f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]
+    for k, v in est.components().items():
+        lines.append(f"  {k:<46}{fmt_bytes(v, 'GiB'):>12}")
+    lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
+                 f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
+    lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
+    lines.append("biggest modules by training bytes (their weights + grads + optimizer state):")
+    state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
+    for name, p, b in est.offenders[:5]:
+        share = 100 * b / state if state else 0
+        lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}% of all weights,"
+                     " grads and state)")
+    lines += [f"note: {n}" for n in est.notes]
+    lines.append(verdict(est, preset).text)
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""The ``python -m kit estimate`` contract (DESIGN.md): flags, JSON integer fields, exit codes."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.estimate_cli import register
+
+CONTRACT = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
+            "activations_bytes", "peak_bytes", "cpu_build_bytes")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(argv, capsys):
+    parser = argparse.ArgumentParser(prog="kit")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["estimate", *argv])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_has_the_contract_integer_fields(capsys):
+    code, out, err = _run(["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128",
+                           "--precision", "fp16", "--json"], capsys)
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    for field in CONTRACT:
+        assert type(data[field]) is int, field
+    assert data["trainable_params"] == 2_525_916_822
+    assert data["offenders"][0]["module"] == "custom_layer"
+    assert data["verdict"]["fits"] is False
+    assert sum(data["components"].values()) == data["peak_bytes"]
+
+
+def test_every_flag_of_the_contract(capsys):
+    code, out, _ = _run(["--model", "meta-llama/Meta-Llama-3-8B", "--batch-size", "2", "--seq-len", "512",
+                         "--precision", "bf16", "--quantization", "4bit", "--lora-r", "16",
+                         "--lora-targets", "q_proj,v_proj", "--optimizer", "paged-adamw-8bit",
+                         "--gradient-checkpointing", "--grad-accum", "4", "--load-dtype", "bf16", "--json"],
+                        capsys)
+    data = json.loads(out)
+    assert code == 0 and data["trainable_params"] == 6_815_744
+    assert data["setup"]["optim"] == "paged_adamw_8bit" and data["setup"]["grad_accum"] == 4
+    # LoRA matrices are under bitsandbytes' 1e5-element paging threshold: 1 byte a state x 2 + absmax
+    assert data["paged_optimizer_bytes"] == 0
+    assert data["optimizer_bytes"] == 6_815_744 * 2 + 6_815_744 // 256 * 8
+
+
+def test_load_dtype_defaults(capsys):
+    _, out, _ = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "64", "--json"], capsys)
+    assert json.loads(out)["setup"]["load_dtype"] == "fp32"
+    _, out, _ = _run(["--model", "tiny-llama", "--batch-size", "1", "--seq-len", "64", "--quantization", "4bit",
+                      "--lora-r", "8", "--json"], capsys)
+    assert json.loads(out)["setup"]["load_dtype"] == "bf16"
+
+
+def test_table_by_default(capsys):
+    code, out, _ = _run(["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128"], capsys)
+    assert code == 0
+    for row in ("weights", "gradients", "optimizer state", "activations", "logits & loss", "PEAK",
+                "custom_layer", "Colab T4"):
+        assert row in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "no-such-model", "--batch-size", "1", "--seq-len", "8"], "Known names"),
+    (["--model", "gpt2", "--batch-size", "0", "--seq-len", "8"], "batch_size"),
+    (["--model", "gpt2", "--batch-size", "1", "--seq-len", "4096"], "positions"),
+    (["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4", "--lora-targets", "q_proj"],
+     "c_attn"),
+])
+def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == ""
+    assert needle in err and "Traceback" not in err
+
+
+def test_unknown_choice_is_argparse_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--optimizer", "adam9"], capsys)
+    assert exc.value.code == 2
+
+
+@pytest.mark.skipif(not (ROOT / "kit" / "demo.py").exists(), reason="kit/__main__.py needs kit/demo.py")
+def test_python_m_kit_estimate():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "kit", "estimate", "--model", "distilgpt2", "--batch-size", "2",
+           "--seq-len", "64", "--json"]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["params"] == 81_912_576
+    bad = subprocess.run(cmd[:5] + ["nope", "--batch-size", "1", "--seq-len", "8"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Known names" in bad.stderr
