@@ -16,6 +16,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+	PY=$(PY) tests/ipywidgets7.sh
 
 venv: $(STAMP)
 

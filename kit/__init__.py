@@ -10,3 +10,13 @@ __version__ = "0.1.0"
 # Where the kit is published. The notebooks' Open-in-Colab badges and install cells
 # use this URL; tests/test_notebooks.py checks that they agree with it.
 REPO_URL = "https://github.com/memory-kit/memory-kit"
+
+
+def __getattr__(name):
+    # `kit.panel(scenario=1|2)` (DESIGN.md contract), imported on first use so that
+    # `import kit` stays light (no ipywidgets, no torch.cuda).
+    if name == "panel":
+        from .widgets import panel
+
+        return panel
+    raise AttributeError(f"module 'kit' has no attribute {name!r}")

@@ -167,7 +167,8 @@ class _Tape:
                         self.cache += 0 if x.rg else wc.n * wc.dt
             self.save(xin, when=trainable)
             out = self.new(rows * fout, dt, x.rg or trainable)
-            self.outs[-1][2] = fin * fout * w if trainable else 0  # its weight's grad
+            if out.rg:  # only an output in the graph has an entry in outs to carry its weight's grad
+                self.outs[-1][2] = fin * fout * w if trainable else 0
         r = st.lora.get(name, 0)
         if r:  # peft: result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling
             xl = self.dropout(self.cast(x, F32), st.lora_dropout)

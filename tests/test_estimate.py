@@ -244,3 +244,11 @@ def test_biggest_and_optim_aliases():
     assert [o[2] for o in est.biggest()] == sorted((o[2] for o in est.offenders), reverse=True)[:5]
     note = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, optimizer="adamw_bnb_8bit").notes
     assert any("2^31" in n for n in note)  # DESIGN.md: bnb 8-bit AdamW kills the process on this head
+
+
+def test_frozen_base_without_checkpointing_estimates():
+    """Regression: a frozen base with no grad flowing made the replay index an empty op list."""
+    on = estimate("tiny-gpt2+vocab-head", batch_size=4, seq_len=64, gradient_checkpointing=True)
+    off = estimate("tiny-gpt2+vocab-head", batch_size=4, seq_len=64, gradient_checkpointing=False)
+    assert off.activations_bytes == 0 < on.activations_bytes   # nothing in the frozen base needs saving
+    assert off.logits_bytes == on.logits_bytes > 0             # the head still saves its input

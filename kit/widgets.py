@@ -1,0 +1,363 @@
+"""The widget panel: move a slider, see the memory move; then run it and measure.
+
+``panel(scenario)`` shows controls (batch size, sequence length, quantization, precision,
+gradient checkpointing, LoRA rank, optimizer, device preset), an estimate redrawn on every
+change (a breakdown bar against the device's limit, fits / does not fit and the margin),
+Run and Sweep buttons that measure through the tracker, and a history of runs.
+
+Colab ships ipywidgets 7.7.1 and JupyterLab has 8: this module uses only what both have
+(IntSlider, Dropdown, Checkbox, Button, HTML, Output, HBox/VBox, ``observe(names="value")``,
+``Layout(width=...)``, ``style={"description_width": ...}``). The instant breakdown is HTML,
+not matplotlib, so a change costs milliseconds; plots of runs use the inline backend in an
+``Output`` (``kit.live``), no ipympl. While a run goes, the kernel is busy and every control
+is disabled; the notebook's interrupt button stops it, and it still cleans up.
+
+>>> p = panel(scenario=1)                       # doctest: +SKIP
+>>> p.controls["batch_size"].value = 8          # doctest: +SKIP
+>>> p.estimate.activations_bytes                # the estimate followed   # doctest: +SKIP
+>>> p.run_button.click()                        # a few measured steps; p.history grows  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import functools
+import html
+
+import ipywidgets as W
+from IPython.display import clear_output, display
+
+from . import device as kdevice
+from . import models as kmodels
+from . import panel_runs, runtime
+from .estimate import OPTIMIZERS, estimate
+from .presets import PRESETS, Preset, verdict
+from .units import fmt_bytes
+
+MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
+          2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
+# Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
+# Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
+DEFAULTS = {
+    1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, batch_size=1,
+            seq_len=128, quantization="none", precision="fp16", gradient_checkpointing=True, lora_r=0,
+            optimizer="adamw", preset="colab-t4"),
+    2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, batch_size=4, seq_len=64,
+            quantization="4bit", precision="fp16", gradient_checkpointing=True, lora_r=8, optimizer="adamw",
+            preset="colab-t4"),
+}
+PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
+                  ("H100", "h100"), ("this machine", "this")]
+SEQ_CAP = 32768                        # a slider over 131072 positions is unusable
+COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
+           "logits & loss": "#56B4E9", "autocast weight copies": "#D55E00", "temporaries": "#999999"}
+OPTIONS = ("model", "steps", "sweep_sizes") + tuple(k for k in DEFAULTS[1] if k != "model")
+
+
+def this_machine() -> Preset:
+    """The "this machine" preset: this GPU's memory, or (no GPU) the CPU's RAM."""
+    hw = kdevice.hardware()
+    if hw["gpu_total_bytes"]:
+        return Preset("this", f"this machine ({hw['gpu_name']})", hw["gpu_total_bytes"], hw["ram_total_bytes"])
+    return Preset("this", "this machine (CPU and RAM)", None, hw["ram_total_bytes"])
+
+
+def _control(kind, label: str, value, **kw):
+    # description_width and Layout(width) mean the same in ipywidgets 7.7 and 8
+    return kind(value=value, description=label, style={"description_width": "150px"},
+                layout=W.Layout(width="440px"), **kw)
+
+
+@functools.lru_cache(maxsize=64)
+def _max_positions(model: str) -> int:
+    cfg = kmodels.get_config(model)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 2048
+
+
+def _figures_as_png() -> None:
+    """Make IPython show a matplotlib Figure as a PNG, as the inline backend does.
+
+    kit.plot builds Figures outside pyplot, and IPython registers its Figure formatter only
+    once pyplot's inline backend loads: until then ``display(fig)`` prints "<Figure ...>".
+    A format the user chose (svg, retina) is left alone.
+    """
+    from IPython import get_ipython
+    from matplotlib.figure import Figure
+
+    ip = get_ipython()
+    if ip is None:
+        return
+    fmts = ip.display_formatter.formatters
+    if not any(Figure in fmts[m].type_printers for m in ("image/png", "image/svg+xml", "image/jpeg")):
+        from IPython.core.pylabtools import select_figure_formats
+
+        select_figure_formats(ip, {"png"}, bbox_inches="tight")
+
+
+class Panel:
+    """The panel: ``.controls`` (dict of ipywidgets), ``.estimate`` (current Estimate, or None when
+    the setup is invalid, with ``.problem`` saying why), ``.reasons`` (the text beside each control),
+    ``.history`` (one dict per run), ``.widget`` (what is displayed). See :func:`panel`."""
+
+    def __init__(self, scenario: int = 1, **kw):
+        if scenario not in DEFAULTS:
+            raise ValueError(f"scenario must be 1 (custom head) or 2 (cross-validation), not {scenario!r}.")
+        unknown = set(kw) - set(OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
+        d = {**DEFAULTS[scenario], **kw}
+        model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
+        self.scenario, self.steps = scenario, d.get("steps", 3)
+        self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
+        self.machine = this_machine()
+        self.history: list[dict] = []
+        self.estimate = self.problem = self.verdict = self.last_figure = self.last_result = None
+        self._busy = self._running = False
+        models = MODELS[scenario] + ([model] if model not in MODELS[scenario] else [])
+        c = self.controls = {
+            "model": _control(W.Dropdown, "model", model, options=models),
+            "batch_size": _control(W.IntSlider, "batch size", d["batch_size"], min=1, max=64),
+            "seq_len": _control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
+                                max=max(d["seq_len"], _max_positions(model))),
+            "quantization": _control(W.Dropdown, "quantization", d["quantization"],
+                                     options=[("none", "none"), ("8-bit", "8bit"), ("4-bit (NF4)", "4bit")]),
+            "precision": _control(W.Dropdown, "precision", d["precision"],
+                                  options=[("fp32", "fp32"), ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16")]),
+            "gradient_checkpointing": _control(W.Checkbox, "gradient checkpointing", d["gradient_checkpointing"]),
+            "lora_r": _control(W.Dropdown, "LoRA rank", d["lora_r"],
+                               options=[("0 (full fine-tune)", 0)] + [(str(r), r) for r in (4, 8, 16, 32, 64)]),
+            "optimizer": _control(W.Dropdown, "optimizer", d["optimizer"], options=list(OPTIMIZERS)),
+            "preset": _control(W.Dropdown, "device", d["preset"], options=PRESET_CHOICES),
+        }
+        self.reasons = {k: W.HTML(value="", layout=W.Layout(width="420px")) for k in c}
+        self.estimate_html = W.HTML(value="")
+        self.run_button = W.Button(description=f"Run {self.steps} steps", button_style="primary", icon="play")
+        self.sweep_over = W.Dropdown(options=[("sweep batch size", "batch_size"), ("sweep seq length", "seq_len")],
+                                     value="batch_size", layout=W.Layout(width="170px"))
+        self.sweep_button = W.Button(description="Sweep", icon="line-chart")
+        self.status = W.HTML(value="")
+        self.plot_out, self.history_html = W.Output(), W.HTML(value="")
+        self.run_button.on_click(self._on_run)
+        self.sweep_button.on_click(self._on_sweep)
+        for w in c.values():
+            w.observe(self._refresh, names="value")
+        rows = [W.HBox([w, self.reasons[k]]) for k, w in c.items()]
+        title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
+                             f"({html.escape(runtime.mode_reason())}) &middot; runs here on {kdevice.device_name()}")
+        buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.status])
+        self.widget = W.VBox([title] + rows + [self.estimate_html, buttons, self.plot_out, self.history_html])
+        self.widget.add_class("kit-panel")
+        _figures_as_png()
+        self._refresh()
+
+    # -- the estimate, on every change ----------------------------------------------------
+    def setup(self) -> dict:
+        """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.panel_runs` take them."""
+        return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
+
+    def preset(self) -> Preset:
+        key = self.controls["preset"].value
+        return self.machine if key == "this" else PRESETS[key]
+
+    def _refresh(self, change=None) -> None:
+        if self._busy:  # our own adjustments (a new slider max) fire observers too
+            return
+        self._busy = True
+        try:
+            self._adjust()
+            self._estimate()
+        finally:
+            self._busy = False
+
+    def _adjust(self) -> None:
+        """Fit the controls to the model and the machine; say why where one is disabled."""
+        c, why = self.controls, {k: "" for k in self.controls}
+        name = c["model"].value
+        vocab_head, maxpos = name.endswith(kmodels.VOCAB_HEAD), _max_positions(name)
+        top = min(maxpos, SEQ_CAP)
+        if c["seq_len"].max != top:
+            c["seq_len"].value = min(c["seq_len"].value, top)
+            c["seq_len"].max = top
+        why["seq_len"] = f"the model has {maxpos:,} positions" + (f"; the slider stops at {top:,}"
+                                                                   if top < maxpos else "")
+        c["lora_r"].disabled = c["gradient_checkpointing"].disabled = vocab_head
+        if vocab_head:
+            c["lora_r"].value, c["gradient_checkpointing"].value = 0, True
+            why["lora_r"] = "the custom head is a plain nn.Linear trained in full: LoRA does not apply"
+            why["gradient_checkpointing"] = "always on: the model checkpoints its frozen base itself, as the user's did"
+        bnb = panel_runs.bnb_problem()
+        c["quantization"].disabled = bool(bnb)
+        if bnb:
+            c["quantization"].value = "none"
+            why["quantization"] = bnb
+        elif vocab_head and c["quantization"].value != "none":
+            why["quantization"] = "quantizes the frozen GPT-2 base; the head stays a float nn.Linear"
+        if c["precision"].value == "fp16" and not kdevice.has_cuda():
+            why["precision"] = "a run here is fp32: Trainer ignores fp16 on a CPU"
+        if c["precision"].value == "bf16" and c["preset"].value == "colab-t4":
+            why["precision"] = "a T4 (sm_75) has no native bf16: emulated and slow at best; use fp16 there"
+        if "8bit" in c["optimizer"].value and bnb:
+            why["optimizer"] = bnb
+        self._why = why
+
+    def _estimate(self) -> None:
+        s, why = self.setup(), dict(self._why)
+        where = "cpu" if self.preset().gpu_bytes is None else "cuda"
+        try:
+            self.estimate = estimate(s.pop("model"), **s, device=where)
+            self.problem, self.verdict = None, verdict(self.estimate, self.preset())
+        except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
+            msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
+            self.estimate, self.verdict, self.problem = None, None, msg
+            key = "quantization" if "lora_r > 0" in msg else "seq_len" if "positions" in msg else "model"
+            why[key] = f"<span style='color:#D55E00'>&#9888; {html.escape(msg)}</span>"
+        if self.estimate is not None and any("2^31" in n for n in self.estimate.notes):
+            why["optimizer"] = "<span style='color:#D55E00'>&#9888; 8-bit AdamW kills the process on the " \
+                               "over-2^31-element head: Run refused</span>"
+        for k, w in self.reasons.items():
+            text = why.get(k, "")
+            text = text if text.startswith("<span") else html.escape(text)
+            w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
+        self.estimate_html.value = self._estimate_view()
+        blocked = self.problem is not None or self._running
+        self.run_button.disabled = self.sweep_button.disabled = blocked
+
+    def _estimate_view(self) -> str:
+        if self.estimate is None:
+            return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
+                    f"{html.escape(self.problem)}</div>")
+        e, v, p = self.estimate, self.verdict, self.preset()
+        limit = p.gpu_bytes if p.gpu_bytes is not None else p.ram_bytes
+        scale = max(e.peak_bytes, limit, 1) * 1.05
+        parts = [(k, n) for k, n in e.components().items() if n > 0]
+        segs = "".join(f"<div title='{k}' style='width:{100 * n / scale:.3f}%;background:{COLOURS[k]}'></div>"
+                       for k, n in parts)
+        mark = (f"<div style='position:absolute;left:{100 * limit / scale:.3f}%;top:-4px;bottom:-4px;"
+                f"border-left:3px dashed #D55E00'></div>")
+        legend = " ".join(f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
+                          f"background:{COLOURS[k]}'></span> {k} {fmt_bytes(n)}</span>" for k, n in parts)
+        colour, head = ("#009E73", "FITS") if v.fits else ("#D55E00", "DOES NOT FIT")
+        where = "GPU" if p.gpu_bytes is not None else "RAM"
+        margin = v.gpu_margin_bytes if v.gpu_margin_bytes is not None else v.ram_margin_bytes
+        spare = f"{fmt_bytes(margin)} to spare" if margin >= 0 else f"{fmt_bytes(-margin)} short"
+        top = e.offenders[0] if e.offenders else None
+        lines = [f"<div class='kit-verdict' style='font-size:115%'><b style='color:{colour}'>{head}</b> "
+                 f"{html.escape(p.label)}: predicted peak <b class='kit-peak'>{fmt_bytes(e.peak_bytes)}</b> of "
+                 f"{fmt_bytes(limit)} {where} ({spare}) &middot; at the {html.escape(e.peak_moment)}</div>",
+                 f"<div class='kit-bar' style='position:relative;display:flex;height:24px;width:100%;max-width:860px;"
+                 f"background:#eee;margin:6px 0'>{segs}{mark}</div>",
+                 f"<div style='font-size:85%'>{legend} &middot; <span style='color:#D55E00'>- - limit "
+                 f"{fmt_bytes(limit)}</span></div>",
+                 f"<div style='font-size:85%;color:#555'>{e.params:,} params, {e.trainable_params:,} trainable; "
+                 f"CPU RAM to build the model {fmt_bytes(e.cpu_build_bytes)} of {fmt_bytes(p.ram_bytes)}"
+                 + (f"; biggest: <b>{html.escape(top[0])}</b> {fmt_bytes(top[2])} with its training state"
+                    if top else "") + "</div>"]
+        lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in e.notes]
+        return "".join(lines)
+
+    # -- runs ----------------------------------------------------------------------------
+    def _lock(self, on: bool) -> None:
+        self._running = on
+        for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over]:
+            w.disabled = on  # when off, _refresh disables again what makes no sense
+        if not on:
+            self._refresh()  # gives back each control's own disabled state and reason
+
+    def _show(self, fig) -> None:
+        self.last_figure = fig
+        with self.plot_out:
+            clear_output(wait=True)
+            display(fig)
+
+    def _on_run(self, _button=None) -> None:
+        from . import plot
+        from .live import LivePlot
+        from .track import Tracker
+
+        if self.problem or self._running:
+            return
+        setup, tracker = self.setup(), Tracker()
+        self._lock(True)
+        self.status.value = f"running {self.steps} steps of {html.escape(setup['model'])}&hellip;"
+        live = LivePlot(tracker, plot.stage_bars, out=self.plot_out, min_interval_s=1.0)
+        try:
+            record, est, _ = panel_runs.measured_run(setup, steps=self.steps, tracker=tracker)
+        except KeyboardInterrupt:  # the notebook's stop button: the run has cleaned up (finally blocks)
+            record, est = dict(setup, status="stopped", error="interrupted; memory released"), None
+        except Exception as exc:  # never leave the panel locked; show what went wrong
+            record, est = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300]), None
+        finally:
+            live.close()
+            self._lock(False)
+        if est is not None and record["status"] != "refused":
+            on_cpu = record.get("reading") != "cuda_allocated"
+            label = "measured (CPU live tensors, a lower bound)" if on_cpu else "measured (CUDA max allocated)"
+            self._show(plot.predicted_vs_measured(
+                est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
+                title=f"Predicted (as run here) vs measured: {setup['model']}, batch {setup['batch_size']} x "
+                      f"{setup['seq_len']}", measured_label=label))
+        self._finish(record)
+
+    def _on_sweep(self, _button=None) -> None:
+        from .track import Tracker
+
+        if self.problem or self._running:
+            return
+        over, setup = self.sweep_over.value, self.setup()
+        sizes = self.sweep_sizes if over == "batch_size" else tuple(
+            s for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if s <= self.controls["seq_len"].max)
+        self._lock(True)
+        self.status.value = f"sweeping {over.replace('_', ' ')} over {', '.join(map(str, sizes))}&hellip;"
+        try:
+            res = panel_runs.sweep(setup, over, sizes, tracker=Tracker())
+            self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
+            record = panel_runs.sweep_record(res, setup)
+        except KeyboardInterrupt:
+            record = dict(setup, status="stopped", error="interrupted; memory released")
+        except Exception as exc:
+            record = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            self._lock(False)
+        self._finish(record)
+
+    def _finish(self, record: dict) -> None:
+        self.last_result = record
+        self.history.append(record)
+        self.status.value = self._status(record)
+        self.history_html.value = self._history_view()
+
+    @staticmethod
+    def _status(r: dict) -> str:
+        colour = {"ok": "#009E73", "sweep": "#0072B2"}.get(r["status"], "#D55E00")
+        text = r.get("error") or r.get("note")
+        extra = f": {html.escape(text)}" if text else ""
+        return f"<span class='kit-status' style='color:{colour}'><b>{r['status']}</b>{extra}</span>"
+
+    def _history_view(self) -> str:
+        cols = ["model", "batch_size", "seq_len", "quantization", "precision", "lora_r", "optimizer", "status",
+                "predicted", "measured", "returned"]
+        head = "".join(f"<th style='padding:2px 8px'>{c.replace('_', ' ')}</th>" for c in cols)
+        rows = []
+        for i, r in enumerate(self.history, 1):
+            vals = {**r, "predicted": fmt_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "",
+                    "measured": fmt_bytes(r["measured_peak_bytes"]) if r.get("measured_peak_bytes") else "",
+                    "returned": {True: "yes", False: "NO", None: ""}[r.get("returned")]}
+            rows.append(f"<tr><td>{i}</td>" + "".join(f"<td style='padding:2px 8px'>{html.escape(str(vals.get(c, '')))}"
+                                                      "</td>" for c in cols) + "</tr>")
+        return (f"<table class='kit-history' style='font-size:85%;border-collapse:collapse'><tr><th>#</th>{head}</tr>"
+                + "".join(rows) + "</table>")
+
+    def _ipython_display_(self):
+        display(self.widget)
+
+
+def panel(scenario: int = 1, **kw) -> Panel:
+    """Build the memory panel of scenario 1 (custom head) or 2 (QLoRA cross-validation).
+
+    Options override the scenario's defaults: ``model``, ``batch_size``, ``seq_len``,
+    ``quantization``, ``precision``, ``gradient_checkpointing``, ``lora_r``, ``optimizer``,
+    ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), ``steps`` (per Run, default 3),
+    ``sweep_sizes`` (batch sizes of a Sweep). Display the result (last line of a cell).
+
+    >>> p = panel(2)                               # doctest: +SKIP
+    >>> p.controls["quantization"].value = "none"   # doctest: +SKIP
+    """
+    return Panel(scenario, **kw)
