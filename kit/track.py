@@ -1,0 +1,528 @@
+"""Stages and a Trainer callback: what each stage of a run really took.
+
+>>> tracker = Tracker()
+>>> with tracker.stage("load model"):                         # doctest: +SKIP
+...     model = build_model("tiny-gpt2")
+>>> trainer = Trainer(model, args, callbacks=[tracker.callback()])  # doctest: +SKIP
+>>> with tracker.stage("train"):                              # doctest: +SKIP
+...     trainer.train()
+>>> print(tracker.summary())                                  # doctest: +SKIP
+
+**Which counter each number comes from.** A stage takes a full ``kit.device.snapshot()``
+before and after (after ``gc.collect()``, so garbage waiting in reference cycles is not
+counted as live). Its peak comes from:
+
+- CUDA: ``torch.cuda.max_memory_allocated`` (read through ``kit.device``);
+- CPU RSS: Linux's ``VmHWM`` (peak resident memory of the process);
+- CPU live tensors: there is no allocator peak on a CPU, so ``live_peak_bytes`` is the
+  largest live-tensor reading seen at the stage's start, end and samples. It is a
+  *lower bound*: activations inside a step live in autograd's graph, out of the garbage
+  collector's sight, and are gone before any callback runs.
+
+**Living with other tools.** Both peak counters are global to the process and
+``torch.cuda.reset_peak_memory_stats`` resets them for everyone. By default
+(``reset_peak="auto"``) the tracker never resets the CUDA peak; it reads
+``max_memory_allocated`` at the start and end of a stage instead. If the peak rose during
+the stage, the end value *is* the stage's peak (``cuda_peak_exact=True``); if it did not,
+the stage stayed under an older peak and the tracker reports the highest reading it saw,
+marked not exact. Pass ``stage(..., reset_peak=True)`` when you want an exact peak and no
+other tool is measuring across that stage. On a CPU-only machine the RSS peak is reset at
+each stage start, since nothing else reads it.
+
+Trainer's own memory metrics (``TrainingArguments(skip_memory_metrics=False)``, the
+``TrainerMemoryTracker``) reset the CUDA peak when ``Trainer()``, ``train()``, ``evaluate()``
+and ``predict()`` start, and run a busy thread polling RSS. They stay correct next to this
+tracker, which never resets behind them. A stage that contains such a reset sees the peak
+drop below its start value; it then reports the peak since that reset, marked not exact.
+Keep ``skip_memory_metrics=True`` (the default) unless you want both: the busy RSS thread
+costs a CPU core for the whole run.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import functools
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from . import device
+from .device import Snapshot
+from .units import GiB, fmt_bytes
+
+_SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes"]
+# What a reading costs in this process, shared by all trackers. The walk's cost grows with
+# the number of Python objects; until measured, assume a pessimistic second, so that the
+# callback's budget is never spent on a walk it cannot afford.
+_COST = {"live": 1.0, "cheap": 0.0005}
+
+
+@dataclass
+class Sample:
+    """One reading taken between stage boundaries (from the callback, or ``Tracker.sample``)."""
+
+    snap: Snapshot
+    step: int | None = None
+    event: str = "manual"        # "step", "train_begin", "train_end", "evaluate", "manual"
+    stage: str | None = None     # innermost open stage when taken
+    stage_index: int | None = None
+    has_live: bool = False       # whether the live-tensor walk ran (it is the expensive part)
+    cost_s: float = 0.0          # seconds the reading took
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Sample":
+        return cls(**{**d, "snap": Snapshot.from_dict(d["snap"])})
+
+
+@dataclass
+class StageRecord:
+    """One run of a stage: snapshots at start and end, and the peaks inside it."""
+
+    name: str
+    index: int                   # 0 for the first stage of this name, 1 for the second (folds)
+    order: int                   # position among all stages
+    start: Snapshot
+    end: Snapshot | None = None  # None while the stage is open
+    depth: int = 0
+    reset_peak: bool = False
+    cuda_peak_bytes: int | None = None
+    cuda_peak_exact: bool | None = None
+    rss_peak_bytes: int | None = None
+    rss_peak_exact: bool | None = None
+    live_peak_bytes: dict = field(default_factory=dict)
+    peak_note: str = ""
+    error: str | None = None     # "OutOfMemoryError: ..." when the stage raised
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.start.cuda_allocated_bytes is not None
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end is None else self.end.time - self.start.time
+
+    @property
+    def start_bytes(self) -> int:
+        """The best reading (CUDA allocated, else CPU live tensors) at the start."""
+        return self.start.best_bytes
+
+    @property
+    def end_bytes(self) -> int | None:
+        return None if self.end is None else self.end.best_bytes
+
+    @property
+    def delta_bytes(self) -> int | None:
+        return None if self.end is None else self.end_bytes - self.start_bytes
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """Peak of the best reading: CUDA max allocated, else the live-tensor peak (a lower bound)."""
+        if self.on_cuda:
+            return self.cuda_peak_bytes
+        return self.live_peak_bytes.get("cpu", 0)
+
+    @property
+    def peak_exact(self) -> bool:
+        return bool(self.cuda_peak_exact) if self.on_cuda else False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StageRecord":
+        end = Snapshot.from_dict(d["end"]) if d.get("end") else None
+        return cls(**{**d, "start": Snapshot.from_dict(d["start"]), "end": end})
+
+
+def _peak(reset: bool, p0, p1, seen: list) -> tuple[int | None, bool | None, str]:
+    """Peak inside a stage from a global peak counter read at start (p0) and end (p1)."""
+    seen = [x for x in seen if x is not None]
+    if p1 is None:
+        return (max(seen) if seen else None), None, "no peak counter here"
+    if reset:
+        return max([p1] + seen), True, "reset at stage start"
+    if p1 > p0:
+        return max([p1] + seen), True, "the process peak rose during the stage"
+    if p1 < p0:
+        return max([p1] + seen), False, "another tool reset the peak inside the stage; peak since then"
+    return (max(seen) if seen else p1), False, "stayed under an earlier peak; highest reading seen"
+
+
+class Tracker:
+    """Records stages (``with tracker.stage(name)``) and samples (``tracker.callback()``).
+
+    ``reset_peak``: ``"auto"`` (reset the RSS peak at each stage on CPU-only machines, never
+    the CUDA peak), ``True`` (reset both at each stage start) or ``False`` (never reset).
+
+    >>> t = Tracker()
+    >>> with t.stage("alloc"):
+    ...     x = torch.zeros(1024)                               # doctest: +SKIP
+    >>> t.records[0].delta_bytes                                # doctest: +SKIP
+    4096
+    """
+
+    def __init__(self, *, reset_peak="auto"):
+        if reset_peak not in ("auto", True, False):
+            raise ValueError(f"reset_peak must be 'auto', True or False, not {reset_peak!r}")
+        self.reset_peak = reset_peak
+        self.records: list[StageRecord] = []
+        self.samples: list[Sample] = []
+        self.listeners: list = []            # fn(event, tracker); event in stage_start/stage_end/sample
+        self.device = device.device_name()
+        self.reading = device.best_reading()
+        self._open: list[StageRecord] = []
+        self._counts: dict[str, int] = {}
+
+    # readings -----------------------------------------------------------------
+    @property
+    def cost_live_s(self) -> float:
+        """Seconds the last reading with the live-tensor walk took in this process (1 s until measured)."""
+        return _COST["live"]
+
+    @property
+    def cost_cheap_s(self) -> float:
+        """Seconds a reading without the walk takes (moving average)."""
+        return _COST["cheap"]
+
+    def _snap(self, live: bool) -> tuple[Snapshot, float]:
+        t = time.perf_counter()
+        snap = device.snapshot(live_tensors=live)
+        cost = time.perf_counter() - t
+        if live:
+            _COST["live"] = cost
+        else:
+            _COST["cheap"] = 0.8 * _COST["cheap"] + 0.2 * cost
+        return snap, cost
+
+    def _emit(self, event: str) -> None:
+        for fn in list(self.listeners):
+            fn(event, self)
+
+    def add_listener(self, fn) -> None:
+        """Call ``fn(event, tracker)`` on ``"stage_start"``, ``"stage_end"`` and ``"sample"`` (LivePlot uses it)."""
+        self.listeners.append(fn)
+
+    @property
+    def current_stage(self) -> StageRecord | None:
+        return self._open[-1] if self._open else None
+
+    def sample(self, step: int | None = None, *, live_tensors: bool = True, event: str = "manual") -> Sample:
+        """Take one reading now, attributed to the innermost open stage.
+
+        >>> Tracker().sample(live_tensors=False).snap.rss_bytes > 0
+        True
+        """
+        snap, cost = self._snap(live_tensors)
+        cur = self.current_stage
+        s = Sample(snap, step, event, cur.name if cur else None, cur.index if cur else None, live_tensors, cost)
+        self.samples.append(s)
+        self._emit("sample")
+        return s
+
+    # stages -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def stage(self, name: str, *, reset_peak: bool | None = None, collect: bool = True, live_tensors: bool = True):
+        """Record a stage: snapshots before and after, and the peak inside. Stages may repeat.
+
+        ``collect=False`` skips the ``gc.collect()`` at both ends and ``live_tensors=False``
+        the live-tensor walk; each costs ~0.3 s with transformers loaded. The record is
+        kept even when the body raises.
+
+        >>> with Tracker().stage("fold") as rec:
+        ...     pass
+        >>> rec.index
+        0
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a stage needs a non-empty name, got {name!r}")
+        if reset_peak is None:
+            reset_peak = (not device.has_cuda()) if self.reset_peak == "auto" else self.reset_peak
+        if collect:
+            gc.collect()
+        if reset_peak:
+            device.reset_peak()  # resets CUDA's peak too when there is a GPU: only on request there
+        start, _ = self._snap(live_tensors)
+        index = self._counts.get(name, 0)
+        self._counts[name] = index + 1
+        rec = StageRecord(name, index, len(self.records), start, depth=len(self._open), reset_peak=bool(reset_peak))
+        self.records.append(rec)
+        self._open.append(rec)
+        self._emit("stage_start")
+        try:
+            yield rec
+        except BaseException as exc:
+            text = str(exc).strip().splitlines()
+            rec.error = f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+            raise
+        finally:
+            self._open.remove(rec)
+            if collect:
+                gc.collect()
+            rec.end, _ = self._snap(live_tensors)
+            self._finish(rec)
+            self._emit("stage_end")
+
+    def _finish(self, rec: StageRecord) -> None:
+        t0, t1 = rec.start.time, rec.end.time
+        inside = [s.snap for s in self.samples if t0 <= s.snap.time <= t1]
+        kids = [r for r in self.records if r is not rec and r.end is not None and t0 <= r.start.time and r.end.time <= t1]
+        snaps = [rec.start, rec.end] + inside
+        rec.cuda_peak_bytes, rec.cuda_peak_exact, cuda_note = _peak(
+            rec.reset_peak, rec.start.cuda_peak_allocated_bytes, rec.end.cuda_peak_allocated_bytes,
+            [s.cuda_allocated_bytes for s in snaps] + [k.cuda_peak_bytes for k in kids])
+        if not rec.on_cuda:
+            rec.cuda_peak_bytes = rec.cuda_peak_exact = None
+        rec.rss_peak_bytes, rec.rss_peak_exact, rss_note = _peak(
+            rec.reset_peak, rec.start.rss_peak_bytes, rec.end.rss_peak_bytes,
+            [s.rss_bytes for s in snaps] + [k.rss_peak_bytes for k in kids])
+        live: dict[str, int] = {}
+        for s in [rec.start, rec.end] + [s.snap for s in self.samples if s.has_live and t0 <= s.snap.time <= t1]:
+            for dev, n in s.live_tensor_bytes.items():
+                live[dev] = max(live.get(dev, 0), n)
+        for k in kids:
+            for dev, n in k.live_peak_bytes.items():
+                live[dev] = max(live.get(dev, 0), n)
+        rec.live_peak_bytes = live
+        rec.peak_note = (f"CUDA peak: {cuda_note}. " if rec.on_cuda else "") + f"RSS peak: {rss_note}. " \
+            "Live-tensor peak: highest reading seen (a lower bound)."
+
+    def folds(self, name: str) -> list[dict]:
+        """The records of one repeated stage as dicts for ``plot.folds``: start/peak/end bytes.
+
+        Bytes of the best reading; on a CPU ``peak_bytes`` is the live-tensor lower bound
+        (``peak_exact`` False), see the module docstring.
+
+        >>> Tracker().folds("fold")
+        []
+        """
+        return [{"start_bytes": r.start_bytes, "peak_bytes": r.peak_bytes, "end_bytes": r.end_bytes,
+                 "peak_exact": r.peak_exact, "oom": bool(r.error and "memory" in r.error.lower())}
+                for r in self.records if r.name == name and r.end is not None]
+
+    def callback(self, every_n_steps: int | None = None, *, overhead: float = 0.01, live_tensors: bool | None = None,
+                 min_interval_s: float = 1.0):
+        """A ``transformers.TrainerCallback`` that samples memory during ``Trainer.train()``.
+
+        It reads after each optimizer step (gradients and optimizer state are alive then).
+        ``every_n_steps=None`` samples whenever the time spent sampling (redraws of a
+        LivePlot included) stays under ``overhead`` of the training time, at most once
+        per ``min_interval_s`` (so a long run keeps a few thousand samples, not millions);
+        an int samples every N steps. ``live_tensors=None`` adds the gc walk for live
+        tensors (~0.3 s with transformers loaded) only when that budget allows; True/False
+        force it.
+
+        >>> trainer = Trainer(..., callbacks=[tracker.callback()])  # doctest: +SKIP
+        """
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise ValueError(f"every_n_steps must be a positive int or None, not {every_n_steps!r}")
+        if not 0 < overhead < 1:
+            raise ValueError(f"overhead is a fraction of training time (e.g. 0.01), not {overhead!r}")
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s must be >= 0 seconds, not {min_interval_s!r}")
+        return _callback_class()(self, every_n_steps, overhead, live_tensors, min_interval_s)
+
+    # text and files -----------------------------------------------------------
+    def summary(self) -> str:
+        """A text table, one line per stage; ``>=`` marks a peak that is a lower bound.
+
+        >>> print(Tracker().summary())
+        no stages recorded
+        """
+        done = [r for r in self.records if r.end is not None]
+        if not done:
+            return "no stages recorded"
+        top = max([r.peak_bytes or 0 for r in done] + [r.end.rss_bytes for r in done])
+        unit = "GiB" if top >= GiB else "MiB"
+        what = "CUDA allocated" if self.reading == "cuda_allocated" else "CPU live tensors"
+        lines = [f"reading: {what} ({self.reading}); RSS = process resident memory",
+                 f"{'stage':<24}{'start':>12}{'end':>12}{'change':>12}{'peak':>13}{'RSS peak':>13}{'time':>9}"]
+        for r in done:
+            label = r.name if self._counts.get(r.name, 1) == 1 else f"{r.name} #{r.index + 1}"
+            label = ("  " * r.depth + label)[:23]
+            peak = ("" if r.peak_exact else ">=") + fmt_bytes(r.peak_bytes, unit)
+            rss = ("" if r.rss_peak_exact else ">=") + fmt_bytes(r.rss_peak_bytes, unit)
+            sign = "+" if r.delta_bytes >= 0 else "-"
+            lines.append(f"{label:<24}{fmt_bytes(r.start_bytes, unit):>12}{fmt_bytes(r.end_bytes, unit):>12}"
+                         f"{sign + fmt_bytes(abs(r.delta_bytes), unit):>12}{peak:>13}{rss:>13}{r.duration_s:>8.1f}s"
+                         + (f"  ({r.error})" if r.error else ""))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"kit": "track", "version": 1, "device": self.device, "reading": self.reading,
+                "stages": [r.to_dict() for r in self.records], "samples": [s.to_dict() for s in self.samples]}
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """The whole record as JSON text; written to ``path`` when given. ``Tracker.load`` reads it back."""
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def to_csv(self, path: str | Path) -> None:
+        """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
+        devs = sorted({d for r in self.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes}
+                      | {d for s in self.samples for d in s.snap.live_tensor_bytes})
+        rows = []
+        for r in self.records:
+            base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth, "has_live": True}
+            rows.append({"kind": "stage_start", **base, **_flat(r.start, devs)})
+            if r.end is not None:
+                peaks = {f"stage_{k}": getattr(r, k) for k in ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact",
+                                                               "rss_peak_bytes", "rss_peak_exact", "peak_note", "error")}
+                peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
+                rows.append({"kind": "stage_end", **base, **_flat(r.end, devs), **peaks})
+        for s in self.samples:
+            rows.append({"kind": "sample", "stage": s.stage, "stage_index": s.stage_index, "step": s.step,
+                         "event": s.event, "has_live": s.has_live, "cost_s": s.cost_s, **_flat(s.snap, devs)})
+        rows.sort(key=lambda row: row["time"])
+        cols = list(dict.fromkeys(k for row in rows for k in row))
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tracker":
+        """Read back a tracker written by ``to_json`` (``.json``) or ``to_csv`` (``.csv``)."""
+        path = Path(path)
+        t = cls()
+        if path.suffix == ".json":
+            d = json.loads(path.read_text())
+            if d.get("kit") != "track":
+                raise ValueError(f"{path} is not a kit tracker file (no 'kit': 'track' field)")
+            t.device, t.reading = d["device"], d["reading"]
+            t.records = [StageRecord.from_dict(r) for r in d["stages"]]
+            t.samples = [Sample.from_dict(s) for s in d["samples"]]
+        elif path.suffix == ".csv":
+            _load_csv(t, path)
+        else:
+            raise ValueError(f"Tracker.load reads .json or .csv files, not {path.name!r}")
+        for r in t.records:
+            t._counts[r.name] = max(t._counts.get(r.name, 0), r.index + 1)
+        if t.records and t.records[0].on_cuda:
+            t.device, t.reading = "cuda", "cuda_allocated"
+        return t
+
+
+def _flat(snap: Snapshot, devs: list[str]) -> dict:
+    d = {k: getattr(snap, k) for k in _SNAP_FIELDS}
+    d.update({f"live_{dev}_bytes": snap.live_tensor_bytes.get(dev) for dev in devs})
+    return d
+
+
+def _parse(key: str, v: str):
+    if v == "":
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    if key.endswith("_bytes") or key in ("stage_index", "order", "depth", "step"):
+        return int(v)
+    if key in ("time", "cost_s"):
+        return float(v)
+    return v
+
+
+def _load_csv(t: Tracker, path: Path) -> None:
+    with open(path, newline="") as f:
+        rows = [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    open_recs: dict[int, StageRecord] = {}
+    for row in rows:
+        snap = Snapshot(**{k: row.get(k) for k in _SNAP_FIELDS})
+        if row["has_live"]:
+            snap.live_tensor_bytes = {k[5:-6]: v for k, v in row.items()
+                                      if k.startswith("live_") and k.endswith("_bytes") and v is not None}
+        if row["kind"] == "sample":
+            t.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
+                                    bool(row["has_live"]), row["cost_s"] or 0.0))
+        elif row["kind"] == "stage_start":
+            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap, depth=row["depth"])
+        else:
+            r = open_recs.pop(row["order"])
+            r.end = snap
+            for k in ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact", "rss_peak_bytes", "rss_peak_exact",
+                      "peak_note", "error"):
+                setattr(r, k, row.get(f"stage_{k}"))
+            r.reset_peak, r.peak_note = bool(r.reset_peak), r.peak_note or ""
+            r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
+                                 if k.startswith("stage_live_peak_") and v is not None}
+            t.records.append(r)
+    t.records += list(open_recs.values())
+    t.records.sort(key=lambda r: r.order)
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_class():
+    # Imported lazily: transformers takes seconds to import, and stages alone do not need it.
+    from transformers import TrainerCallback
+
+    class MemoryCallback(TrainerCallback):
+        """Samples a Tracker during training; see ``Tracker.callback``."""
+
+        def __init__(self, tracker, every_n_steps, overhead, live_tensors, min_interval_s):
+            self.tracker, self.every_n_steps = tracker, every_n_steps
+            self.overhead, self.live_tensors, self.min_interval_s = overhead, live_tensors, min_interval_s
+            self.t0 = self.last = time.perf_counter()
+            self.spent_s = 0.0               # seconds spent in samples and their listeners (redraws)
+
+        def _take(self, step, event, live):
+            self.last = time.perf_counter()
+            self.tracker.sample(step, live_tensors=live, event=event)
+            self.spent_s += time.perf_counter() - self.last
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0, self.spent_s = time.perf_counter(), 0.0
+            self._take(state.global_step, "train_begin", self.live_tensors is True)
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            step = state.global_step + 1     # global_step is incremented after this hook
+            now = time.perf_counter()
+            budget = self.overhead * (now - self.t0) - self.spent_s
+            cheap = self.tracker.cost_cheap_s
+            if self.every_n_steps is not None:
+                due = step % self.every_n_steps == 0
+            else:
+                due = budget >= cheap and now - self.last >= self.min_interval_s
+            if due:
+                live = self.live_tensors
+                if live is None:
+                    live = budget >= cheap + self.tracker.cost_live_s
+                self._take(step, "step", live)
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            self._take(state.global_step, "evaluate", self.live_tensors is True)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._take(state.global_step, "train_end", self.live_tensors is True)
+
+    return MemoryCallback
+
+
+@contextlib.contextmanager
+def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
+    """Record every CUDA allocation inside the block; save a pickle for https://pytorch.org/memory_viz.
+
+    Drag the saved file onto that page to see each allocation with its Python stack.
+    The pickle is written even when the block raises, so an OOM can be inspected. On a
+    CPU it records nothing and yields None.
+
+    >>> with tracker.stage("train"), cuda_memory_history("train.pickle"):   # doctest: +SKIP
+    ...     trainer.train()
+    """
+    if not device.has_cuda():
+        yield None
+        return
+    # The one use of torch.cuda outside kit/device.py: a private recorder API with no
+    # counterpart there yet (torch.cuda.memory._record_memory_history / _dump_snapshot).
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        yield Path(path)
+    finally:
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)

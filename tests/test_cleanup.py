@@ -1,0 +1,199 @@
+"""Release, the leak check and OOM-safe runs, on real tiny Trainer runs (CPU) and on CUDA when present."""
+import functools
+import sys
+
+import pytest
+import torch
+
+from kit import cleanup, device, plot
+from kit.track import Tracker
+from kit.units import MiB
+
+KEEP = {}   # a module global a leak can hide in
+
+
+@functools.lru_cache(maxsize=None)
+def _data():
+    from kit import data
+
+    tok = data.load_tokenizer("tiny-gpt2")
+    return tok, data.tokenize(data.load_text_dataset()["train"].select(range(200)), tok, max_length=32)
+
+
+def _trainer(model, out_dir, steps=3, callbacks=()):
+    from transformers import Trainer, TrainingArguments
+
+    from kit import data
+
+    tok, ds = _data()
+    args = TrainingArguments(output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=4,
+                             use_cpu=not device.has_cuda(), report_to="none", save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True)
+    return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok), callbacks=list(callbacks))
+
+
+def _model():
+    from kit.models import build_model
+
+    return build_model("tiny-gpt2", device=device.device_name())
+
+
+def _weights(model) -> int:
+    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+
+
+def test_release_frees_a_real_training_run(tmp_path):
+    _data()                                   # the dataset is cached on purpose: it holds no tensors
+    base = cleanup.take_baseline()
+    ns = {}                                   # stands for a notebook's globals()
+    ns["model"] = _model()
+    ns["trainer"] = _trainer(ns["model"], tmp_path)
+    ns["trainer"].train()
+    weights = _weights(ns["model"])
+    before = cleanup.check_returned(base, raise_on_leak=False, top=3)
+    assert not before.ok                      # the check can fail: weights + AdamW state are alive
+    assert before.excess_bytes >= 3 * weights - MiB
+    held = [h for t in before.tensors for h in t.holders]
+    here = " (a local variable of test_release_frees_a_real_training_run())"
+    assert "ns['model'].lm_head.weight" + here in held, held
+    assert any(h.startswith("ns['trainer'].optimizer.optimizer.state[<Parameter 4096x128>]") for h in held), held
+
+    # 1. release the Trainer, keep the model: only the weights stay (no gradients, optimizer, Trainer)
+    trainer = cleanup.release(ns["trainer"], namespace=ns)    # rebinding works in functions too
+    assert list(ns) == ["model"] and trainer is None          # the name bound to the Trainer is gone
+    kept = cleanup.check_returned(base, raise_on_leak=False)
+    assert abs(kept.excess_bytes - weights) <= MiB, kept.text()
+    assert all(p.grad is None for p in ns["model"].parameters())
+
+    # 2. free the model too; a name kept elsewhere holds an empty shell on the meta device
+    shell = ns["model"]
+    cleanup.release(model=ns["model"], free_model=True, namespace=ns)
+    assert ns == {} and next(shell.parameters()).is_meta
+    report = cleanup.check_returned(base)     # raises if not
+    assert report.ok and "Memory returned" in report.text()
+
+
+def test_leak_check_fails_and_names_the_holders():
+    base = cleanup.take_baseline()
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.big = torch.ones(8 * MiB, dtype=torch.uint8)
+    KEEP["x"] = torch.ones(16 * MiB, dtype=torch.uint8)
+    try:
+        with pytest.raises(cleanup.MemoryNotReturnedError) as err:
+            cleanup.check_returned(base)
+        report = err.value.report
+        assert not report.ok and report.excess_bytes == 24 * MiB
+        first, second = report.tensors[:2]
+        assert (first.nbytes, first.desc) == (16 * MiB, "uint8[16777216]")
+        assert any(h.endswith("KEEP['x']") for h in first.holders), first.holders
+        assert "holder.big (a local variable of test_leak_check_fails_and_names_the_holders())" in second.holders
+        text = str(err.value)
+        assert "Memory NOT returned" in text and "16.00 MiB" in text and "KEEP['x']" in text
+    finally:
+        KEEP.clear()
+    del holder
+    assert cleanup.check_returned(base).ok
+
+
+def test_stored_tracebacks_are_dropped():
+    base = cleanup.take_baseline()
+
+    def fails():
+        big = torch.ones(32 * MiB, dtype=torch.uint8)  # noqa: F841 - kept alive by the traceback
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    try:
+        fails()
+    except torch.OutOfMemoryError:
+        sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()   # what a notebook does
+    assert not cleanup.check_returned(base, raise_on_leak=False).ok
+    assert cleanup.forget_exceptions() >= 3
+    assert not hasattr(sys, "last_traceback")
+    assert cleanup.check_returned(base).ok
+
+
+def test_oom_safe_recovers_from_a_simulated_oom_inside_trainer(tmp_path):
+    from transformers import TrainerCallback
+
+    class BlowUp(TrainerCallback):          # a real torch.OutOfMemoryError in the middle of train()
+        def on_step_end(self, args, state, control, **kwargs):
+            ballast = torch.ones(64 * MiB, dtype=torch.uint8)  # noqa: F841 - in the failing frame
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    def run(blow_up: bool):
+        trainer = _trainer(_model(), tmp_path, steps=2, callbacks=[BlowUp()] if blow_up else [])
+        return trainer.train().training_loss
+
+    base = cleanup.take_baseline()
+    tracker = Tracker()
+    failed = cleanup.oom_safe(run, True, setup={"batch_size": 4}, tracker=tracker, stage="fold")
+    assert not failed and failed.oom and failed.setup == {"batch_size": 4}
+    assert failed.error.startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert "OUT OF MEMORY (batch_size=4)" in failed.text()
+    assert tracker.records[0].error.startswith("OutOfMemoryError")
+    assert cleanup.check_returned(base).ok          # the failed run's model, optimizer and ballast are gone
+    second = cleanup.oom_safe(run, False, setup={"batch_size": 4})
+    assert second.ok and second.value > 0           # the kernel is still usable
+    with pytest.raises(ValueError):                 # other errors are not swallowed
+        cleanup.oom_safe(lambda: int("x"))
+
+
+def test_largest_batch_size_finds_the_limit_and_frees_each_failure():
+    limit = 12
+
+    def train(batch_size):
+        ballast = torch.ones(batch_size * MiB, dtype=torch.uint8)
+        if batch_size > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch_size} MiB")
+        return int(ballast[0])
+
+    base = cleanup.take_baseline()
+    search = cleanup.largest_batch_size(train, start=16, precision=2)
+    assert search.best == limit
+    sizes = {p.size: p.oom for p in search.points}
+    assert sizes == {16: True, 8: False, 12: False, 14: True}      # halve, then bisect
+    assert all((p.peak_bytes is None) == p.oom for p in search.points)
+    assert [p.size for p in search.points] == sorted(sizes)
+    assert search.text() == "largest batch size that fits: 12 (tried 8, 12, 14 OOM, 16 OOM)"
+    assert cleanup.check_returned(base).ok
+    fig = plot.sweep(search.points, "batch size")
+    assert len(fig.axes[0].get_lines()) == 2
+    assert cleanup.largest_batch_size(lambda bs: train(bs * 100), start=1).best is None
+    with pytest.raises(ValueError, match="start"):
+        cleanup.largest_batch_size(train, start=0)
+
+
+# -- on a GPU -------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_real_oom_is_recovered_and_memory_returns(tmp_path):
+    base = cleanup.take_baseline()
+    free_bytes, _ = torch.cuda.mem_get_info()
+
+    def grab(n_bytes):
+        keep = [torch.empty(n_bytes // 4, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        keep.append(torch.empty(n_bytes, dtype=torch.uint8, device="cuda"))   # more than is free
+        return len(keep)
+
+    r = cleanup.oom_safe(grab, free_bytes, setup={"bytes": free_bytes})
+    assert r.oom and "out of memory" in r.error.lower()
+    report = cleanup.check_returned(base, tolerance_frac=0.01)
+    assert report.ok, report.text()
+    print(f"CUDA OOM recovered: {report.text()}")             # the figures, for the issue's note
+    again = cleanup.oom_safe(lambda: float(torch.ones(MiB, device="cuda").sum()))
+    assert again.ok and again.value == MiB                   # the process can still use the GPU
+
+
+@pytest.mark.gpu
+def test_cuda_release_after_training_returns_to_baseline(tmp_path):
+    base = cleanup.take_baseline()
+    ns = {"model": _model()}
+    ns["trainer"] = _trainer(ns["model"], tmp_path)
+    ns["trainer"].train()
+    cleanup.release(ns["trainer"], free_model=True, namespace=ns)
+    report = cleanup.check_returned(base, tolerance_frac=0.01)
+    assert report.ok, report.text()
+    print(f"CUDA release after training: {report.text()}")

@@ -1,0 +1,177 @@
+"""The tracker: exact stage deltas, peaks, the Trainer callback, export and read-back."""
+import functools
+import json
+
+import pytest
+import torch
+
+from kit import device
+from kit.track import Tracker, _peak
+from kit.units import MiB
+
+
+def test_stage_records_exact_live_delta_of_a_known_allocation():
+    t = Tracker()
+    with t.stage("alloc") as rec:
+        x = torch.ones(64 * MiB, dtype=torch.uint8)
+    assert rec.end.live("cpu") - rec.start.live("cpu") == 64 * MiB
+    with t.stage("free") as rec2:
+        del x
+    assert rec2.end.live("cpu") - rec2.start.live("cpu") == -64 * MiB
+    if not device.has_cuda():       # the best reading is CPU live tensors there
+        assert (rec.delta_bytes, rec2.delta_bytes) == (64 * MiB, -64 * MiB)
+
+
+@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+def test_cpu_stage_peak_sees_a_temporary_allocation():
+    t = Tracker()
+    with t.stage("temporary") as rec:
+        y = torch.ones(96 * MiB, dtype=torch.uint8)    # pages touched: RSS really rises
+        del y
+    assert rec.reset_peak and rec.rss_peak_exact
+    assert rec.rss_peak_bytes - rec.start.rss_bytes >= 90 * MiB
+    assert rec.end.live("cpu") == rec.start.live("cpu")
+    # the live-tensor peak is a lower bound: the tensor came and went between readings
+    assert rec.peak_bytes == rec.start.live("cpu") and not rec.peak_exact
+
+
+def test_repeated_stages_are_indexed_and_errors_kept():
+    t = Tracker()
+    for _ in range(3):
+        with t.stage("fold", collect=False):       # no gc.collect: nothing to collect, and it is slow
+            pass
+    with pytest.raises(torch.OutOfMemoryError):
+        with t.stage("fold", collect=False):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert [r.index for r in t.records] == [0, 1, 2, 3]
+    assert t.records[-1].error.startswith("OutOfMemoryError: CUDA out of memory")
+    folds = t.folds("fold")
+    assert len(folds) == 4 and folds[-1]["oom"] and not folds[0]["oom"]
+    assert set(folds[0]) >= {"start_bytes", "peak_bytes", "end_bytes"}
+    text = t.summary()
+    assert "fold #1" in text and "fold #4" in text and "OutOfMemoryError" in text
+
+
+def test_peak_rule_without_resetting_the_global_counter():
+    # the peak rose during the stage: its end value is the stage's peak, exactly
+    assert _peak(False, 100, 150, [120]) == (150, True, "the process peak rose during the stage")
+    # stayed under an earlier peak: the highest reading seen, not exact
+    peak, exact, _ = _peak(False, 200, 200, [120, 130])
+    assert (peak, exact) == (130, False)
+    # someone (Trainer's memory metrics) reset it inside the stage
+    peak, exact, note = _peak(False, 200, 90, [120])
+    assert (peak, exact) == (120, False) and "another tool" in note
+    assert _peak(True, 100, 110, [105])[:2] == (110, True)
+
+
+def test_export_json_and_csv_read_back(tmp_path):
+    t = Tracker()
+    with t.stage("load", collect=False):
+        x = torch.ones(MiB, dtype=torch.uint8)
+        t.sample(step=1)
+        t.sample(step=2, live_tensors=False)
+    with t.stage("fold", collect=False):
+        with t.stage("inner", collect=False, live_tensors=False):
+            del x
+    for name in ("t.json", "t.csv"):
+        path = tmp_path / name
+        t.to_json(path) if name.endswith("json") else t.to_csv(path)
+        back = Tracker.load(path)
+        assert [r.to_dict() for r in back.records] == [r.to_dict() for r in t.records], name
+        assert [s.to_dict() for s in back.samples] == [s.to_dict() for s in t.samples], name
+        assert back.summary() == t.summary()
+    assert json.loads(t.to_json())["reading"] == device.best_reading()
+    (tmp_path / "x.txt").write_text("{}")
+    with pytest.raises(ValueError, match="json or .csv"):
+        Tracker.load(tmp_path / "x.txt")
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a kit tracker"):
+        Tracker.load(tmp_path / "other.json")
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="reset_peak"):
+        Tracker(reset_peak="sometimes")
+    t = Tracker()
+    with pytest.raises(ValueError, match="non-empty name"):
+        with t.stage(""):
+            pass
+    with pytest.raises(ValueError, match="every_n_steps"):
+        t.callback(every_n_steps=0)
+    with pytest.raises(ValueError, match="overhead"):
+        t.callback(overhead=5)
+
+
+# -- inside a real Trainer on the tiny twin ------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _data():
+    from kit import data
+
+    tok = data.load_tokenizer("tiny-gpt2")
+    return tok, data.tokenize(data.load_text_dataset()["train"].select(range(200)), tok, max_length=32)
+
+
+def _trainer(tmp_path, callbacks, steps):
+    from transformers import Trainer, TrainingArguments
+
+    from kit import data
+    from kit.models import build_model
+
+    tok, ds = _data()
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4, use_cpu=True,
+                             report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    return Trainer(model=build_model("tiny-gpt2"), args=args, train_dataset=ds, data_collator=data.collator(tok),
+                   callbacks=callbacks)
+
+
+def _param_bytes(model) -> int:
+    return sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+
+
+def test_callback_samples_inside_trainer_train(tmp_path):
+    t = Tracker()
+    cb = t.callback(every_n_steps=2, live_tensors=True)
+    trainer = _trainer(tmp_path, [cb], steps=4)
+    with t.stage("train"):
+        trainer.train()
+    events = [(s.event, s.step) for s in t.samples]
+    assert events == [("train_begin", 0), ("step", 2), ("step", 4), ("train_end", 4)]
+    assert all(s.stage == "train" and s.stage_index == 0 for s in t.samples)
+    # read after the optimizer step: weights + gradients + AdamW's two moments are all alive
+    weights = _param_bytes(trainer.model)
+    step = [s for s in t.samples if s.event == "step"]
+    assert all(s.snap.live("cpu") - t.records[0].start.live("cpu") >= 3 * weights for s in step)
+    assert t.records[0].live_peak_bytes["cpu"] >= t.records[0].start.live("cpu") + 3 * weights
+    assert cb.spent_s > 0
+
+
+def test_callback_budget_keeps_sampling_cheap(tmp_path):
+    t = Tracker()
+    cb = t.callback(overhead=0.01, min_interval_s=0)   # adaptive: N chosen from the time budget
+    trainer = _trainer(tmp_path, [cb], steps=12)
+    trainer.train()
+    steps = [s for s in t.samples if s.event == "step"]
+    assert 1 <= len(steps) <= 12
+    assert not any(s.has_live for s in t.samples[:1])   # no gc walk at train begin by default
+    elapsed = t.samples[-1].snap.time - t.samples[0].snap.time
+    one = max(s.cost_s for s in t.samples)
+    assert cb.spent_s <= 0.01 * elapsed + 2 * one       # within budget, give or take a reading
+
+
+@pytest.mark.gpu
+def test_cuda_stage_deltas_and_peak_without_resetting():
+    t = Tracker()
+    with t.stage("alloc") as rec:
+        x = torch.ones(64 * MiB, dtype=torch.uint8, device="cuda")
+    assert rec.delta_bytes == 64 * MiB                      # CUDA allocated: blocks of 2 MiB, exact here
+    before = torch.cuda.max_memory_allocated()
+    with t.stage("temporary") as rec:
+        y = torch.ones(before + 256 * MiB, dtype=torch.uint8, device="cuda")   # a new process peak
+        del y
+    assert rec.cuda_peak_exact and not rec.reset_peak
+    assert rec.cuda_peak_bytes >= rec.start_bytes + before + 256 * MiB
+    assert torch.cuda.max_memory_allocated() >= before      # never reset behind anyone's back
+    with t.stage("under the old peak") as rec:
+        z = torch.ones(MiB, dtype=torch.uint8, device="cuda")
+    assert rec.cuda_peak_exact is False and "earlier peak" in rec.peak_note
+    del x, z
