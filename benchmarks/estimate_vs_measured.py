@@ -8,7 +8,7 @@ Run: ``python benchmarks/estimate_vs_measured.py [--out benchmarks/results/DATE-
 - Without one (a CPU): the CUDA allocator does not exist, so this measures what a CPU
   can measure honestly, on real Trainer steps of tiny twins (and one real-size twin):
   * ``peak``: the most bytes held by tensors at any moment of a training step, counted by
-    :class:`AllocMeter` (a ``TorchDispatchMode`` that adds every storage an aten op
+    :class:`kit.device.TensorPeak` (a ``TorchDispatchMode`` that adds every storage an aten op
     creates and subtracts it when freed) on top of the weights and optimizer state
     alive when the step starts. This is the CPU analogue of max_memory_allocated; it is
     compared with ``estimate(..., device="cpu")``, which models CPU kernels.
@@ -25,53 +25,12 @@ import os
 import statistics
 import sys
 import time
-import weakref
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
-
-
-class AllocMeter(TorchDispatchMode):
-    """Bytes of tensor storage created while active, live now and at most (a CPU allocator view).
-
-    Every aten op's outputs whose storage is new (not one of its inputs', not seen yet)
-    are added; a weakref finalizer on the storage subtracts them when it is freed.
-
-    >>> with AllocMeter() as m:
-    ...     x = torch.zeros(1024)
-    ...     del x
-    >>> m.peak
-    4096
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.live, self.peak, self._ptrs = 0, 0, {}
-
-    def _free(self, ptr):
-        self.live -= self._ptrs.pop(ptr, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and not t.is_meta}
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.is_meta:
-                continue
-            st = t.untyped_storage()
-            ptr, nbytes = st.data_ptr(), st.nbytes()
-            if not nbytes or ptr in inputs or ptr in self._ptrs:
-                continue
-            self._ptrs[ptr] = nbytes
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(st, self._free, ptr)
-        return out
 
 
 def saved_tensor_bytes(model, batch) -> int:
@@ -147,7 +106,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
     """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
 
     On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.device.reset_peak /
-    peak_allocated_bytes). On a CPU: the :class:`AllocMeter` peak plus the weights and
+    peak_allocated_bytes). On a CPU: the ``kit.device.TensorPeak`` rise plus the weights and
     optimizer state held when the step begins.
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -162,7 +121,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
                 device.reset_peak()
                 return
             self.base = _held_bytes(model.parameters(), model.buffers(), _state_tensors(optimizer))
-            self.m = AllocMeter()
+            self.m = device.TensorPeak()
             self.m.__enter__()
 
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
@@ -170,7 +129,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
                 peaks.append(device.peak_allocated_bytes())
                 return
             self.m.__exit__(None, None, None)
-            peaks.append(self.base + self.m.peak)
+            peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
             held["weights"] = _held_bytes(model.parameters(), model.buffers())
             held["state"] = _held_bytes(_state_tensors(optimizer))
 

@@ -1,0 +1,184 @@
+"""Notebook-facing helpers of scenario 1 (``notebooks/01_distilgpt2_custom_head.ipynb``).
+
+The logic is in :mod:`kit.scenarios.custom_head`; this module only wraps its runs in a live
+stage plot and reads its records aloud, so that each notebook cell stays short. The generic
+helpers (``run_note``, ``quiet``) are :mod:`kit.scenarios.cv_notebook`'s.
+
+- :func:`breakdown_figure`: the original's estimate as a stacked bar (nothing measured).
+- :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.
+- :func:`live_fix` / :func:`live_original`: a run with the live stage plot.
+- :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
+- :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
+
+>>> print(fixes_at_real_size())                       # doctest: +SKIP
+>>> record, tracker = live_fix("a", "smoke")          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from .. import cleanup
+from .. import device as kdevice
+from .. import plot
+from ..live import LivePlot
+from ..presets import PRESETS, verdict
+from ..track import Tracker
+from ..units import fmt_bytes
+from . import custom_head as s1
+
+
+def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
+    """The prediction's components stacked in one bar, with the preset's GPU memory as a line.
+
+    >>> fig = breakdown_figure(s1.predict_original("real"))
+    """
+    return plot.predicted_vs_measured(pred.estimate.components(), None, PRESETS[preset].gpu_bytes,
+                                      title=f"ESTIMATED peak of a training step: {pred.name}")
+
+
+def fixes_at_real_size(preset: str = "colab-t4") -> str:
+    """The original and the three fixes at real size (the Colab recipe: fp16 or bf16 on a GPU), ESTIMATED.
+
+    >>> "custom_layer" in fixes_at_real_size() or "(a)" in fixes_at_real_size()
+    True
+    """
+    pred = s1.predict_original("real")
+    rows = [("the user's setup", pred.estimate)] + [
+        (s1.fix_setup(w, "real")["name"], s1.estimate_fix(w, "real")) for w in s1.FIXES]
+    w = max(len(name) for name, _ in rows) + 2
+    lines = [f"ESTIMATED at real size, against {PRESETS[preset].label}:",
+             f"  {'setup':<{w}}{'trainable':>15}{'GPU peak':>12}{'CPU build':>12}  verdict"]
+    for name, est in rows:
+        fits = "fits" if verdict(est, preset).fits else "DOES NOT FIT"
+        lines.append(f"  {name:<{w}}{est.trainable_params:>15,}{fmt_bytes(est.peak_bytes):>12}"
+                     f"{fmt_bytes(est.cpu_build_bytes):>12}  {fits}")
+    refused = s1.fix_setup("c", "real").get("refused")
+    if refused:
+        est8 = s1.estimate_fix("c", "real", optimizer="adamw-8bit")
+        lines.append(f"  (c) with 8-bit AdamW, had bitsandbytes allowed it: GPU peak {fmt_bytes(est8.peak_bytes)}, "
+                     f"{'fits' if verdict(est8, preset).fits else 'DOES NOT FIT'}.")
+        lines.append(f"  Why not: {refused}")
+    return "\n".join(lines)
+
+
+def _accum(which: str, grad_accum: int | None) -> int | None:
+    # bf16 matmuls are slow on a CPU (about 30 s per backward of the tiny twin's head here):
+    # fix (c) runs one micro-batch per step there, and its estimate follows (run_fix passes it on).
+    if grad_accum is None and which == "c" and not kdevice.has_cuda():
+        return 1
+    return grad_accum
+
+
+def _live(title: str) -> Tracker:
+    tracker = Tracker()
+    LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})"))
+    return tracker
+
+
+def live_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum: int | None = None):
+    """:func:`kit.scenarios.custom_head.run_fix` with the live stage plot. Returns ``(record, tracker)``.
+
+    ``record`` also holds ``grad_accum`` (the micro-batches per step that ran) and ``which``; after an
+    out-of-memory error (caught and freed) it has ``oom=True``, ``error`` and no measured peak.
+
+    >>> record, tracker = live_fix("b", "smoke")      # doctest: +SKIP
+    """
+    accum, tracker = _accum(which, grad_accum), _live(f"Fix ({which}): MEASURED per stage")
+    # run_fix frees its model in a finally, but lets a GPU OOM travel on (fix (c) at real size on a
+    # T4, say): caught here, so that the notebook goes on to the next fix.
+    result = cleanup.oom_safe(s1.run_fix, which, size, steps=steps, grad_accum=accum, tracker=tracker,
+                              setup={"fix": which, "size": size})
+    if result.ok:
+        record = result.value[0]
+    else:
+        record = {"name": s1.fix_setup(which, size)["name"], "measured_peak_bytes": None, "returned": None,
+                  "estimate_peak_bytes": s1.estimate_fix(which, size, as_run=True,
+                                                         grad_accum=s1._accum(accum)).peak_bytes,
+                  "reading": kdevice.best_reading(), "note": "", "oom": True, "error": result.error}
+    record.update(which=which, size=size, grad_accum=s1._accum(accum))
+    return record, tracker
+
+
+def live_original(size: str | None = None, *, steps: int = 1, grad_accum: int | None = None):
+    """:func:`kit.scenarios.custom_head.run_original_safely` with the live stage plot.
+
+    >>> record, tracker = live_original("smoke")      # doctest: +SKIP
+    """
+    return s1.run_original_safely(size, steps=steps, grad_accum=grad_accum,
+                                  tracker=_live("The user's setup, OOM-safe: MEASURED per stage"))
+
+
+def record_text(record: dict) -> str:
+    """A run's ESTIMATED peak (the setup as it ran here) against its MEASURED peak, read aloud.
+
+    >>> print(record_text({"name": "x", "estimate_peak_bytes": 2**20, "measured_peak_bytes": None,
+    ...                    "reading": "live_tensor_bytes", "note": "Not run."}))   # doctest: +NORMALIZE_WHITESPACE
+    x
+      ESTIMATED peak, as run here: 1.00 MiB
+      MEASURED peak (live_tensor_bytes): not run. Not run.
+    """
+    est, meas = record["estimate_peak_bytes"], record["measured_peak_bytes"]
+    lines = [record.get("name", "the user's setup"), f"  ESTIMATED peak, as run here: {fmt_bytes(est)}"]
+    if meas is None:
+        why = record.get("refused") or record.get("note") or ""
+        if record.get("oom"):
+            why = f"OUT OF MEMORY, caught by the kit and freed: {record.get('error')}"
+        lines.append(f"  MEASURED peak ({record['reading']}): not run. {why}".rstrip())
+        return "\n".join(lines)
+    lines.append(f"  MEASURED peak ({record['reading']}): {fmt_bytes(meas)}, {meas / est:.2f}x the estimate")
+    if record["reading"] == "live_tensor_bytes":
+        lines.append("  (on a CPU the reading is the live tensors at the optimizer steps: a lower bound that "
+                     "misses the activations freed within a step)")
+    returned = {True: "yes", False: "NO", None: "not checked"}[record.get("returned")]
+    lines.append(f"  memory back at the baseline after cleanup: {returned}")
+    if record.get("note"):
+        lines.append(f"  note: {record['note']}")
+    return "\n".join(lines)
+
+
+def record_figure(record: dict):
+    """Predicted (the estimate's components, as run) against measured, for a :func:`live_fix` record.
+
+    >>> fig = record_figure(live_fix("a", "smoke")[0])      # doctest: +SKIP
+    """
+    est = s1.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
+    limit = PRESETS["colab-t4"].gpu_bytes if kdevice.has_cuda() else None  # a T4 line would flatten tiny bars
+    return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], limit,
+                                      title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})")
+
+
+def summary_table(original: dict, fixes: list) -> str:
+    """Every measured run of the notebook in one table: ESTIMATED (as run) against MEASURED peak.
+
+    >>> print(summary_table({"estimate_peak_bytes": 2**30, "measured_peak_bytes": None, "oom": True,
+    ...                      "reading": "cuda_allocated"}, []))      # doctest: +NORMALIZE_WHITESPACE
+    run                           estimated      measured  meas/est  (cuda_allocated)
+    the user's setup, OOM-safe     1.00 GiB out of memory
+    """
+    runs = [dict(original, name="the user's setup, OOM-safe")] + list(fixes)
+    w = max(len(r["name"]) for r in runs) + 2
+    lines = [f"{'run':<{w}}{'estimated':>11}{'measured':>14}{'meas/est':>10}  ({original['reading']})"]
+    for r in runs:
+        m = r["measured_peak_bytes"]
+        shown = fmt_bytes(m) if m is not None else ("out of memory" if r.get("oom") else "not run")
+        ratio = f"{m / r['estimate_peak_bytes']:.2f}" if m is not None else ""
+        lines.append(f"{r['name']:<{w}}{fmt_bytes(r['estimate_peak_bytes']):>11}{shown:>14}{ratio:>10}")
+    return "\n".join(lines)
+
+
+def original_at_real_size(size: str | None = None) -> str:
+    """What running the user's real-size setup here would do, without starting it when it cannot fit.
+
+    On a CPU, exhausting RAM kills the kernel instead of raising, so the kit refuses; on a GPU the
+    OOM-safe wrapper would catch the error, but in smoke mode the notebook does not spend the time.
+
+    >>> original_at_real_size("smoke").startswith(("Refused", "Not started"))
+    True
+    """
+    if (size or s1.runtime.mode()) == "real":
+        return "The run above was the user's setup at real size."
+    est = s1.predict_original("real").estimate
+    if not kdevice.has_cuda():
+        problem = s1._ram_problem(s1._estimate(s1.NAMES["real"], precision="fp32", device="cpu", grad_accum=2))
+        if problem:
+            return f"Refused at real size on this machine. {problem}"
+    return ("Not started at real size in smoke mode (ESTIMATED GPU peak "
+            f"{fmt_bytes(est.peak_bytes)}); set KIT_SMOKE=0 on a GPU to run it OOM-safe.")

@@ -1,0 +1,57 @@
+"""Scenario 1's notebook helpers: the real-size tables (meta device, no weights) and the read-aloud texts."""
+from kit.presets import PRESETS
+from kit.scenarios import custom_head as s1
+from kit.scenarios import s1_notebook as nb
+from kit.units import fmt_bytes
+
+
+def test_fixes_at_real_size_gives_each_setup_its_verdict_against_a_t4():
+    text = nb.fixes_at_real_size("colab-t4")
+    rows = {line.split("  ")[1].strip()[:3]: line for line in text.splitlines()[2:6]}
+    assert "DOES NOT FIT" in rows["the"] and "2,525,916,822" in rows["the"]
+    assert rows["(a)"].rstrip().endswith("fits") and rows["(b)"].rstrip().endswith("fits")
+    assert "DOES NOT FIT" in rows["(c)"]                     # the VxV head stays too big for a T4
+    assert "8-bit AdamW refused" in rows["(c)"] and "over 2**31 - 1" in text
+    assert fmt_bytes(s1.estimate_fix("b", "real").peak_bytes) in rows["(b)"]
+
+
+def test_record_text_reads_estimate_and_measurement_and_ratio():
+    rec = {"name": "(a) x", "estimate_peak_bytes": 2**30, "measured_peak_bytes": 2**29,
+           "reading": "cuda_allocated", "returned": True, "note": ""}
+    text = nb.record_text(rec)
+    assert "ESTIMATED peak, as run here: 1.00 GiB" in text
+    assert "MEASURED peak (cuda_allocated): 512.00 MiB, 0.50x the estimate" in text
+    assert "lower bound" not in text and "baseline after cleanup: yes" in text
+    refused = nb.record_text({**rec, "measured_peak_bytes": None, "refused": "Not run: no RAM."})
+    assert "not run. Not run: no RAM." in refused
+
+
+def test_summary_table_marks_an_oom_and_ratios():
+    original = {"estimate_peak_bytes": 2**30, "measured_peak_bytes": None, "oom": True, "reading": "cuda_allocated"}
+    fix = {"name": "(b) low-rank", "estimate_peak_bytes": 2**20, "measured_peak_bytes": 2**19}
+    lines = nb.summary_table(original, [fix]).splitlines()
+    assert "out of memory" in lines[1] and lines[2].rstrip().endswith("0.50")
+
+
+def test_original_at_real_size_refuses_on_a_cpu_or_says_why_not_started():
+    text = nb.original_at_real_size("smoke")
+    assert text.startswith(("Refused at real size", "Not started at real size"))
+    assert nb.original_at_real_size("real").startswith("The run above")
+
+
+def test_breakdown_figure_draws_the_t4_line():
+    fig = nb.breakdown_figure(s1.predict_original("real"), "colab-t4")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(f"{PRESETS['colab-t4'].gpu_bytes / 2**30:.2f} GiB" in s for s in labels)
+
+
+def test_live_fix_catches_an_out_of_memory_error_and_goes_on(monkeypatch):
+    def oom(*args, **kwargs):
+        raise MemoryError("fake: the device ran out")   # what oom_safe catches on a CPU
+
+    monkeypatch.setattr(s1, "run_fix", oom)
+    record, _ = nb.live_fix("c", "smoke")
+    assert record["oom"] and record["measured_peak_bytes"] is None and "fake" in record["error"]
+    assert record["estimate_peak_bytes"] == s1.estimate_fix("c", "smoke", as_run=True,
+                                                                grad_accum=record["grad_accum"]).peak_bytes
+    assert "OUT OF MEMORY, caught" in nb.record_text(record)
