@@ -147,7 +147,7 @@ def _train_once(setup: dict, steps: int, tracker: Tracker) -> int | None:
         with tracker.stage("build", collect=False):
             model = build(setup)
         with tracker.stage("Trainer init", collect=False, live_tensors=False):
-            trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback(every_n_steps=1)])
+            trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
         with tracker.stage("train", reset_peak=True, collect=False) as rec:  # the panel owns the peak while it runs
             trainer.train()
         return rec.peak_bytes
@@ -165,7 +165,7 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
 
     ``record``: the setup plus ``status`` ("ok", "OOM", "refused"), ``predicted_peak_bytes``,
     ``measured_peak_bytes`` (the train stage's peak of the best reading: CUDA max allocated,
-    or on a CPU the largest live-tensor reading at the optimizer steps, a lower bound),
+    or on a CPU the tensor bytes counted op by op by ``kit.device.TensorPeak``),
     ``reading``, ``returned`` (memory back at the baseline), ``error`` and ``seconds``.
     """
     setup, tracker = check_setup(setup), tracker or Tracker()
@@ -183,10 +183,10 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
 
 
 def _point(model, tok, ds, setup: dict, steps: int, tracker: Tracker, name: str) -> int | None:
-    trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback(every_n_steps=1)])
+    trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
     out = trainer.args.output_dir
     try:
-        with tracker.stage(name, reset_peak=True, collect=False) as rec:
+        with tracker.stage(name, reset_peak=True, collect=False, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes
     finally:

@@ -17,10 +17,12 @@ counted as live). Its peak comes from:
 - CPU live tensors: there is no allocator peak on a CPU, so ``live_peak_bytes`` is the
   largest live-tensor reading seen at the stage's start, end and samples. It is a
   *lower bound*: activations inside a step live in autograd's graph, out of the garbage
-  collector's sight, and are gone before any callback runs.
+  collector's sight, and are gone before any callback runs. ``stage(..., tensor_peak=True)``
+  makes it exact with ``kit.device.TensorPeak``, which watches every op.
 
-**Living with other tools.** Both peak counters are global to the process and
-``torch.cuda.reset_peak_memory_stats`` resets them for everyone. By default
+**Living with other tools.** Peak counters are global to the process:
+``torch.cuda.reset_peak_memory_stats`` resets CUDA's for everyone (and a write to
+``/proc/self/clear_refs`` the RSS peak; ``kit.device.reset_peak`` does both). By default
 (``reset_peak="auto"``) the tracker never resets the CUDA peak; it reads
 ``max_memory_allocated`` at the start and end of a stage instead. If the peak rose during
 the stage, the end value *is* the stage's peak (``cuda_peak_exact=True``); if it did not,
@@ -53,6 +55,8 @@ from .device import Snapshot
 from .units import GiB, fmt_bytes
 
 _SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes"]
+_STAGE_FIELDS = ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact", "rss_peak_bytes", "rss_peak_exact",
+                 "live_peak_exact", "peak_note", "error")
 # What a reading costs in this process, shared by all trackers. The walk's cost grows with
 # the number of Python objects; until measured, assume a pessimistic second, so that the
 # callback's budget is never spent on a walk it cannot afford.
@@ -95,6 +99,7 @@ class StageRecord:
     rss_peak_bytes: int | None = None
     rss_peak_exact: bool | None = None
     live_peak_bytes: dict = field(default_factory=dict)
+    live_peak_exact: bool = False    # True when kit.device.TensorPeak watched the stage (tensor_peak=True)
     peak_note: str = ""
     error: str | None = None     # "OutOfMemoryError: ..." when the stage raised
 
@@ -128,7 +133,7 @@ class StageRecord:
 
     @property
     def peak_exact(self) -> bool:
-        return bool(self.cuda_peak_exact) if self.on_cuda else False
+        return bool(self.cuda_peak_exact) if self.on_cuda else self.live_peak_exact
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -226,12 +231,15 @@ class Tracker:
 
     # stages -------------------------------------------------------------------
     @contextlib.contextmanager
-    def stage(self, name: str, *, reset_peak: bool | None = None, collect: bool = True, live_tensors: bool = True):
+    def stage(self, name: str, *, reset_peak: bool | None = None, collect: bool = True, live_tensors: bool = True,
+              tensor_peak: bool = False):
         """Record a stage: snapshots before and after, and the peak inside. Stages may repeat.
 
         ``collect=False`` skips the ``gc.collect()`` at both ends and ``live_tensors=False``
-        the live-tensor walk; each costs ~0.3 s with transformers loaded. The record is
-        kept even when the body raises.
+        the live-tensor walk; each costs ~0.3 s with transformers loaded. On a CPU,
+        ``tensor_peak=True`` watches every op with ``kit.device.TensorPeak``, so the
+        live-tensor peak becomes exact, activations included (it slows the ops: use it for
+        short measured runs). The record is kept even when the body raises.
 
         >>> with Tracker().stage("fold") as rec:
         ...     pass
@@ -253,7 +261,10 @@ class Tracker:
         self.records.append(rec)
         self._open.append(rec)
         self._emit("stage_start")
+        watch = device.TensorPeak() if tensor_peak and not device.has_cuda() else None
         try:
+            if watch is not None:
+                watch.__enter__()
             yield rec
         except BaseException as exc:
             text = str(exc).strip().splitlines()
@@ -261,13 +272,15 @@ class Tracker:
             raise
         finally:
             self._open.remove(rec)
+            if watch is not None:
+                watch.__exit__(None, None, None)
             if collect:
                 gc.collect()
             rec.end, _ = self._snap(live_tensors)
-            self._finish(rec)
+            self._finish(rec, watch)
             self._emit("stage_end")
 
-    def _finish(self, rec: StageRecord) -> None:
+    def _finish(self, rec: StageRecord, watch=None) -> None:
         t0, t1 = rec.start.time, rec.end.time
         inside = [s.snap for s in self.samples if t0 <= s.snap.time <= t1]
         kids = [r for r in self.records if r is not rec and r.end is not None and t0 <= r.start.time and r.end.time <= t1]
@@ -287,9 +300,13 @@ class Tracker:
         for k in kids:
             for dev, n in k.live_peak_bytes.items():
                 live[dev] = max(live.get(dev, 0), n)
+        if watch is not None:
+            live["cpu"] = max(live.get("cpu", 0), watch.peak_bytes)
+            rec.live_peak_exact = True
         rec.live_peak_bytes = live
-        rec.peak_note = (f"CUDA peak: {cuda_note}. " if rec.on_cuda else "") + f"RSS peak: {rss_note}. " \
-            "Live-tensor peak: highest reading seen (a lower bound)."
+        rec.peak_note = (f"CUDA peak: {cuda_note}. " if rec.on_cuda else "") + f"RSS peak: {rss_note}. " + (
+            "Live-tensor peak: exact (every op watched)." if rec.live_peak_exact
+            else "Live-tensor peak: highest reading seen (a lower bound).")
 
     def folds(self, name: str) -> list[dict]:
         """The records of one repeated stage as dicts for ``plot.folds``: start/peak/end bytes.
@@ -372,8 +389,7 @@ class Tracker:
             base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth, "has_live": True}
             rows.append({"kind": "stage_start", **base, **_flat(r.start, devs)})
             if r.end is not None:
-                peaks = {f"stage_{k}": getattr(r, k) for k in ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact",
-                                                               "rss_peak_bytes", "rss_peak_exact", "peak_note", "error")}
+                peaks = {f"stage_{k}": getattr(r, k) for k in _STAGE_FIELDS}
                 peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
                 rows.append({"kind": "stage_end", **base, **_flat(r.end, devs), **peaks})
         for s in self.samples:
@@ -444,12 +460,11 @@ def _load_csv(t: Tracker, path: Path) -> None:
         else:
             r = open_recs.pop(row["order"])
             r.end = snap
-            for k in ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact", "rss_peak_bytes", "rss_peak_exact",
-                      "peak_note", "error"):
+            for k in _STAGE_FIELDS:
                 setattr(r, k, row.get(f"stage_{k}"))
-            r.reset_peak, r.peak_note = bool(r.reset_peak), r.peak_note or ""
+            r.reset_peak, r.live_peak_exact, r.peak_note = bool(r.reset_peak), bool(r.live_peak_exact), r.peak_note or ""
             r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
-                                 if k.startswith("stage_live_peak_") and v is not None}
+                                 if k.startswith("stage_live_peak_") and k.endswith("_bytes") and v is not None}
             t.records.append(r)
     t.records += list(open_recs.values())
     t.records.sort(key=lambda r: r.order)

@@ -289,7 +289,7 @@ class Panel:
             self._lock(False)
         if est is not None and record["status"] != "refused":
             on_cpu = record.get("reading") != "cuda_allocated"
-            label = "measured (CPU live tensors, a lower bound)" if on_cpu else "measured (CUDA max allocated)"
+            label = "measured (CPU tensor peak, op by op)" if on_cpu else "measured (CUDA max allocated)"
             self._show(plot.predicted_vs_measured(
                 est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
                 title=f"Predicted (as run here) vs measured: {setup['model']}, batch {setup['batch_size']} x "

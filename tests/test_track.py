@@ -35,6 +35,19 @@ def test_cpu_stage_peak_sees_a_temporary_allocation():
     assert rec.peak_bytes == rec.start.live("cpu") and not rec.peak_exact
 
 
+@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+def test_tensor_peak_makes_the_cpu_peak_exact(tmp_path):
+    t = Tracker()
+    with t.stage("temporary", collect=False, tensor_peak=True) as rec:
+        y = torch.ones(32 * MiB, dtype=torch.uint8)
+        z = y + 1                                      # a second 32 MiB while the first is alive
+        del y, z
+    assert rec.peak_exact and rec.peak_bytes - rec.start_bytes == 64 * MiB
+    assert rec.end_bytes == rec.start_bytes and "exact" in rec.peak_note
+    t.to_csv(tmp_path / "t.csv")
+    assert Tracker.load(tmp_path / "t.csv").records[0].peak_exact
+
+
 def test_repeated_stages_are_indexed_and_errors_kept():
     t = Tracker()
     for _ in range(3):

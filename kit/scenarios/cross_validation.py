@@ -24,7 +24,7 @@ from pathlib import Path
 
 from peft import get_peft_model
 from torch import nn
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainingArguments
 
 from .. import cleanup
 from .. import device as kdevice
@@ -65,19 +65,6 @@ def count_live_models() -> int:
     return sum(1 for o in gc.get_objects() if issubclass(type(o), nn.Module) and "kit_source" in vars(o))
 
 
-class _StepSampler(TrainerCallback):
-    """Reads memory after every optimizer step, when weights, gradients and optimizer state are
-    all alive. On a CPU, where no allocator peak exists, these live-tensor readings (a gc walk,
-    ~0.3 s each) are the fold's peak; ``Tracker.callback`` would also walk at train begin, end
-    and evaluation, which costs more and reads lower."""
-
-    def __init__(self, tracker):
-        self.tracker = tracker
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        self.tracker.sample(state.global_step + 1, live_tensors=not kdevice.has_cuda(), event="step")
-
-
 def _trainer(model, train_ds, eval_ds, collate, p: dict, output_dir, fold: int, tracker) -> Trainer:
     # A new Trainer makes a new optimizer in train(): no optimizer state carries over.
     args = TrainingArguments(
@@ -86,7 +73,7 @@ def _trainer(model, train_ds, eval_ds, collate, p: dict, output_dir, fold: int, 
         logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
         use_cpu=not kdevice.has_cuda(), seed=p["seed"])
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=collate, callbacks=[_StepSampler(tracker)])
+                      data_collator=collate, callbacks=[tracker.callback()])
     trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
     return trainer
 
@@ -123,7 +110,7 @@ def _broken_folds(state: dict, splits, collate, model_name: str, p: dict, output
             model = get_peft_model(model, lora_config(p["lora_r"], p["lora_targets"]))
         gc.collect()  # so that only models someone still references are counted and measured
         alive = state["alive"] = count_live_models()
-        with tracker.stage("broken fold", reset_peak=True, collect=False) as stage:
+        with tracker.stage("broken fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
             trainer = _trainer(model, train_ds, eval_ds, collate, p, output_dir, fold, tracker)
             train_loss = trainer.train().training_loss
             free_gpu_cache()  # frees nothing: `trainer` (and this fold's model) stays alive
@@ -205,7 +192,7 @@ def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir,
             state["folds"].append({**done[fold], "resumed": True})
             continue
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
-        with tracker.stage("fixed fold", reset_peak=True, collect=False) as stage:
+        with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
             restore_adapter(model, init)
             check = verify_adapter_reset(model, init)
             if not check.ok:  # training on would contaminate the score: stop, loudly

@@ -292,8 +292,8 @@ def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, a
                 optim="adamw_bnb_8bit" if optimizer == "adamw-8bit" else "adamw_torch",
                 save_strategy="no", logging_steps=1, disable_tqdm=True)
             trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
-                              callbacks=[tracker.callback(every_n_steps=1, live_tensors=True)])
-        with tracker.stage("train", reset_peak=True) as rec:
+                              callbacks=[tracker.callback()])
+        with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes
     finally:  # also after an OOM: free the weights and optimizer state before the error travels on
@@ -325,8 +325,9 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum: 
 
     ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
     ``measured_peak_bytes`` (the train stage's peak of ``kit.device.best_reading()``: CUDA max
-    allocated on a GPU; on a CPU the largest live-tensor reading at the optimizer steps, a lower
-    bound that misses activations), plus ``reading``, ``returned`` (memory back to the baseline) and ``note``.
+    allocated on a GPU; on a CPU the peak of tensor bytes counted op by op by
+    ``kit.device.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
+    and ``oom`` / ``error`` (an out-of-memory error is caught, recorded and freed).
 
     >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
     """
@@ -343,8 +344,11 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum: 
         record["note"] = f"{record['note']} {problem}".strip()
         return record, tracker
     base = cleanup.take_baseline()
-    record["measured_peak_bytes"] = _measured_run(s["make"], size, _run_precision(s["precision"]),
-                                                  s["optimizer"], steps, accum, tracker)
+    # OOM-safe like the original: fix (c) at real size runs out of memory on a T4, and the
+    # caller (a notebook, the demo) must go on to the next fix.
+    result = cleanup.oom_safe(_measured_run, s["make"], size, _run_precision(s["precision"]), s["optimizer"],
+                              steps, accum, tracker, setup={"fix": which, "size": size, "grad_accum": accum})
+    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
     record["returned"] = cleanup.check_returned(base, raise_on_leak=False).ok
     return record, tracker
 

@@ -270,7 +270,7 @@ def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> di
     weights_bytes = kdevice.snapshot().best_bytes - baseline
     tracker, out = Tracker(), tempfile.mkdtemp(prefix="kit-recipes-")
     trainer = cv._trainer(model, train_ds, None, collate, p, out, 1, tracker)
-    with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False) as stage:
+    with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False, tensor_peak=True) as stage:
         loss = trainer.train().training_loss
     trainer = cleanup.release(trainer)
     del model
@@ -315,8 +315,8 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
                  + (f", {fmt_bytes(m['standard']['weights_bytes'] - m['lean']['weights_bytes'])} MEASURED ("
                     f"{kdevice.best_reading()})" if {"standard", "lean"} <= m.keys() else ""))
     if measured and not kdevice.has_cuda():
-        lines.append("(on a CPU the measured peak is the highest live-tensor reading after an optimizer step: "
-                     "a lower bound, without the activations)")
+        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by kit.device.TensorPeak, "
+                     "activations included)")
     return "\n".join(lines)
 
 

@@ -15,7 +15,6 @@ helpers (``run_note``, ``quiet``) are :mod:`kit.scenarios.cv_notebook`'s.
 """
 from __future__ import annotations
 
-from .. import cleanup
 from .. import device as kdevice
 from .. import plot
 from ..live import LivePlot
@@ -82,17 +81,7 @@ def live_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum:
     >>> record, tracker = live_fix("b", "smoke")      # doctest: +SKIP
     """
     accum, tracker = _accum(which, grad_accum), _live(f"Fix ({which}): MEASURED per stage")
-    # run_fix frees its model in a finally, but lets a GPU OOM travel on (fix (c) at real size on a
-    # T4, say): caught here, so that the notebook goes on to the next fix.
-    result = cleanup.oom_safe(s1.run_fix, which, size, steps=steps, grad_accum=accum, tracker=tracker,
-                              setup={"fix": which, "size": size})
-    if result.ok:
-        record = result.value[0]
-    else:
-        record = {"name": s1.fix_setup(which, size)["name"], "measured_peak_bytes": None, "returned": None,
-                  "estimate_peak_bytes": s1.estimate_fix(which, size, as_run=True,
-                                                         grad_accum=s1._accum(accum)).peak_bytes,
-                  "reading": kdevice.best_reading(), "note": "", "oom": True, "error": result.error}
+    record, tracker = s1.run_fix(which, size, steps=steps, grad_accum=accum, tracker=tracker)  # OOM-safe
     record.update(which=which, size=size, grad_accum=s1._accum(accum))
     return record, tracker
 
@@ -125,8 +114,8 @@ def record_text(record: dict) -> str:
         return "\n".join(lines)
     lines.append(f"  MEASURED peak ({record['reading']}): {fmt_bytes(meas)}, {meas / est:.2f}x the estimate")
     if record["reading"] == "live_tensor_bytes":
-        lines.append("  (on a CPU the reading is the live tensors at the optimizer steps: a lower bound that "
-                     "misses the activations freed within a step)")
+        lines.append("  (on a CPU the peak is the tensor bytes counted op by op by kit.device.TensorPeak, "
+                     "activations included: the CPU's stand-in for CUDA's max allocated)")
     returned = {True: "yes", False: "NO", None: "not checked"}[record.get("returned")]
     lines.append(f"  memory back at the baseline after cleanup: {returned}")
     if record.get("note"):
