@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   runs both scenarios end to end and writes a report into report/
-#   make test   runs every test: pytest units plus the notebooks under nbval (smoke mode)
+#   make test   runs every test: pytest units, the docstring examples, the notebooks under nbval (smoke mode)
 # Both create .venv and install into it, with the CPU build of torch where there is no GPU.
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
 
 test: $(STAMP)
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+	$(PY) -m pytest tests notebooks kit --doctest-modules --nbval-lax --nbval-current-env -p no:cacheprovider
 	PY=$(PY) tests/ipywidgets7.sh
 
 venv: $(STAMP)

@@ -33,23 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 
-def saved_tensor_bytes(model, batch) -> int:
-    """Bytes autograd saves in one forward of ``model(**batch)``: unique storages, parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(**batch)
-    del out
-    return sum(seen.values())
-
-
 def _with_quant_state(t):
     """A parameter and the tensors bitsandbytes keeps beside it (4-bit absmax and codes, 8-bit scales)."""
     yield t
@@ -236,6 +219,7 @@ def build(name, kw, cuda=False, overrides=None):
 
 
 def run_row(label, name, kw, cuda, overrides=None):
+    from kit.device import saved_tensor_bytes
     from kit.estimate import OPTIMIZERS, estimate
 
     torch.manual_seed(0)

@@ -149,6 +149,31 @@ class TensorPeak:
         self._mode = None
 
 
+def saved_tensor_bytes(model, batch: dict) -> int:
+    """Bytes autograd saves for backward in one forward of ``model(**batch)``: unique storages, weights excluded.
+
+    Counted with ``torch.autograd.graph.saved_tensors_hooks``, so it is what the forward
+    really keeps, for any architecture; the estimator's activation replay is checked
+    against it.
+
+    >>> saved_tensor_bytes(torch.nn.Linear(8, 8), {"input": torch.ones(4, 8)})   # its input, for the weight's grad
+    128
+    """
+    params = {p.untyped_storage().data_ptr() for p in getattr(model, "parameters", lambda: [])()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(**batch)
+    del out
+    return sum(seen.values())
+
+
 def _rss_peak_bytes() -> int | None:
     """Peak RSS of this process since start or the last :func:`reset_peak` (Linux VmHWM)."""
     try:

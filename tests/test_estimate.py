@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kit import estimate as E
+from kit.device import saved_tensor_bytes
 from kit.estimate import estimate, nf4_bytes, int8_bytes, optimizer_state_bytes
 from kit.presets import PRESETS, verdict
 
@@ -130,21 +131,6 @@ def test_monotonic():
 
 
 # ---- what the forward saves: the replay against autograd ---------------------------------
-def _hooks_saved(model, batch):
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(**batch)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("name,attn,dtype,padded,ckpt,lora", [
     ("tiny-gpt2", "sdpa", "fp32", False, False, None),
     ("tiny-gpt2", "eager", "fp32", True, False, None),
@@ -182,7 +168,7 @@ def test_replay_matches_autograd_saved_tensors(name, attn, dtype, padded, ckpt, 
     mask = torch.ones_like(ids)
     if padded:
         mask[0, -3:] = 0
-    got = _hooks_saved(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
+    got = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
     est = estimate(name, batch_size=B, seq_len=S, load_dtype=dtype, attn_implementation=attn,
                    padded=padded, gradient_checkpointing=ckpt, lora_r=8 if lora else 0,
                    lora_targets=lora, device="cpu")
