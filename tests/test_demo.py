@@ -33,6 +33,9 @@ def test_scenario1_names_the_head_and_fixes_peak_far_below(demo):
     assert s1["offender"] == "custom_layer"
     fix_a = s1["fixes"][0]
     assert fix_a["measured_peak_bytes"] < s1["original"]["estimate_peak_bytes"] / 10
+    assert all(f["returned"] for f in s1["fixes"])  # each fix's memory came back after cleanup
+    real = s1["real_size_estimate"]                     # the user's real size, estimated even in smoke mode
+    assert real["fits_t4"] is False and real["peak_bytes"] > 15 * 2**30 and real["cpu_build_bytes"] > 9 * 2**30
 
 
 def test_scenario2_broken_shows_second_model_and_fixed_is_flat(demo):
