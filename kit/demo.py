@@ -143,7 +143,8 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
     summary["scenario2"] = {**result, "estimate": {
         "model": model, "peak_bytes": est.peak_bytes, "weights_bytes": est.weights_bytes,
         "two_models_bytes": est.peak_bytes + est.weights_bytes,
-        "llama3_8b_nf4_weights_bytes": big.weights_bytes}}
+        "llama3_8b_nf4_loaded_weights_bytes": big.loaded_weights_bytes,
+        "llama3_8b_nf4_training_weights_bytes": big.weights_bytes}}
     broken, fixed = result["broken"]["folds"], result["fixed"]["folds"]
     images = [_save(plot.folds(broken, limit_bytes=t4 if size == "real" else None,
                                title="Broken loop: MEASURED per fold"), out, "s2_broken_folds"),
@@ -158,8 +159,10 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
         f"ESTIMATED for one fold of `{model}` ({p['quantization']}, LoRA r={p['lora_r']}): "
         f"**{fmt_bytes(est.peak_bytes)}** peak, of which weights {fmt_bytes(est.weights_bytes)}; with the old "
         f"fold's model still alive, about {fmt_bytes(est.peak_bytes + est.weights_bytes)}.",
-        f"Llama-3-8B in NF4 with double quant is ESTIMATED at {fmt_bytes(big.weights_bytes)} of weights "
-        f"({big.weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and lm_head stay 16-bit.",
+        f"Llama-3-8B in NF4 with double quant is ESTIMATED at {fmt_bytes(big.loaded_weights_bytes)} of weights "
+        f"as loaded ({big.loaded_weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and "
+        f"lm_head stay 16-bit. peft's prepare_model_for_kbit_training then upcasts those to fp32: "
+        f"{fmt_bytes(big.weights_bytes)} while training.",
         "MEASURED: in the broken loop the second fold " + (
             "starts with two models alive." if len(broken) > 1 and broken[1]["start_bytes"] > broken[0]["start_bytes"]
             else "did not start higher than the first.") +
