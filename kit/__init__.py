@@ -2,8 +2,10 @@
 
 Submodules, one concern each: ``units`` (bytes), ``device`` (readings), ``runtime``
 (smoke or real sizes), ``models`` (real models or offline twins), ``data`` (text and
-tokenizer), ``estimate`` (prediction), ``track`` / ``plot`` / ``cleanup`` (measure,
-draw, free). Import what you need: ``from kit import estimate``.
+tokenizer), ``estimate`` (prediction), ``track`` / ``plot`` / ``live`` / ``cleanup``
+(measure, draw, free), ``widgets`` (the panel), ``scenarios`` (the two worked cases),
+``demo`` / ``report`` (``python -m kit demo``). Import what you need:
+``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel.
 """
 __version__ = "0.1.0"
 

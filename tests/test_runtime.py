@@ -50,3 +50,10 @@ def test_prediction_never_imports_the_readings():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "False"]
+
+
+def test_kit_panel_is_the_widget_panel():
+    import kit
+    from kit import widgets
+
+    assert kit.panel is widgets.panel  # DESIGN.md's contract: kit.panel(scenario=1|2)
