@@ -69,7 +69,8 @@ def _save(fig, out: Path, name: str) -> Path:
 def _scenario1(size: str, out: Path, summary: dict, sections: list, step) -> None:
     from . import plot
     from .presets import PRESETS
-    from .scenarios import custom_head as s1
+    from .scenarios import s1_custom_head as s1
+    from .scenarios import s1_runs
 
     t4 = PRESETS["colab-t4"].gpu_bytes
     step("scenario 1: predict the original")
@@ -93,7 +94,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step) -> Non
         pre=[real.text()] + ([pred.text()] if real is not pred else []) + [advice.text()], images=[breakdown]))
 
     step("scenario 1: run the original, OOM-safe")
-    original, tracker = s1.run_original_safely(size)
+    original, tracker = s1_runs.run_original_safely(size)
     s1_sum["original"].update(measured_peak_bytes=original["measured_peak_bytes"], oom=original["oom"])
     if original["refused"]:
         said = f"The kit did not start it: {original['refused']}"
@@ -108,7 +109,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step) -> Non
     rows, images = [], []
     for which, label in s1.FIXES.items():
         step(f"scenario 1: fix ({which}) {label}")
-        record, tracker = s1.run_fix(which, size)
+        record, tracker = s1_runs.run_fix(which, size)
         s1_sum["fixes"].append({k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
                                                             "returned", "oom")})
         measured = record["measured_peak_bytes"]
@@ -128,7 +129,7 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
     from . import plot
     from .estimate import estimate
     from .presets import PRESETS
-    from .scenarios import cross_validation as s2
+    from .scenarios import s2_cross_validation as s2
 
     model = CV_MODEL[size]
     p = {**s2.DEFAULTS, **CV_SETTINGS[size]}

@@ -3,7 +3,7 @@
 A *setup* is the panel's settings as a dict: ``model``, ``batch_size``, ``seq_len``,
 ``precision``, ``quantization``, ``lora_r``, ``optimizer``, ``gradient_checkpointing``.
 Each run goes through a :class:`~kit.track.Tracker` (stages: tokenize, build, Trainer
-init, train, cleanup), is OOM-safe (:func:`kit.cleanup.oom_safe`) and frees what it built
+init, train, cleanup), is OOM-safe (:func:`kit.oom.oom_safe`) and frees what it built
 (:func:`kit.cleanup.release`), then checks that memory came back to its baseline.
 
 >>> setup = dict(model="tiny-gpt2", batch_size=2, seq_len=64, precision="fp32", quantization="none",
@@ -18,7 +18,7 @@ import functools
 import shutil
 import tempfile
 
-from . import cleanup
+from . import cleanup, leaks, oom
 from . import data as kdata
 from . import device as kdevice
 from . import models as kmodels
@@ -174,11 +174,11 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
                   reading=kdevice.best_reading(), returned=None, error=refusal(setup, est), seconds=0.0)
     if record["error"]:
         return record, est, tracker
-    base = cleanup.take_baseline()
-    result = cleanup.oom_safe(_train_once, setup, steps, tracker, setup=setup)
+    base = leaks.take_baseline()
+    result = oom.oom_safe(_train_once, setup, steps, tracker, setup=setup)
     record.update(status="ok" if result.ok else "OOM", measured_peak_bytes=result.value if result.ok else None,
                   error=result.error, seconds=round(result.seconds, 1))
-    record["returned"] = cleanup.check_returned(base, raise_on_leak=False).ok
+    record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
     return record, est, tracker
 
 
@@ -215,7 +215,7 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
     why = refusal(first, estimate_as_run(first))
     if why and "of RAM" not in why:  # RAM is checked per size below: the small sizes may still run
         raise ValueError(f"cannot sweep this setup here: {why}")
-    base, model, data = cleanup.take_baseline(), None, {}
+    base, model, data = leaks.take_baseline(), None, {}
     try:
         for size in sizes:
             s = {**setup, over: size}
@@ -233,7 +233,7 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
                 data = {key: _data(setup["model"], key, sizes[-1] * steps if over == "batch_size" else
                                    setup["batch_size"] * steps)}
             tok, ds = data[key]
-            r = cleanup.oom_safe(_point, model, tok, ds, s, steps, tracker, f"{over} {size}", setup={over: size})
+            r = oom.oom_safe(_point, model, tok, ds, s, steps, tracker, f"{over} {size}", setup={over: size})
             result["points"].append((size, r.value if r.ok else None, r.oom))
             if r.oom:
                 break
@@ -241,7 +241,7 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
     finally:
         data = None
         model = cleanup.release(None, model, free_model=model is not None)
-    result["returned"] = cleanup.check_returned(base, raise_on_leak=False).ok
+    result["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
     return result
 
 

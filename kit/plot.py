@@ -219,7 +219,7 @@ def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str 
     """Peak memory against a size (batch size, sequence length), OOM points marked with an X.
 
     ``points`` holds ``(size, peak_bytes or None, oom)`` tuples, e.g. from
-    ``cleanup.largest_batch_size(...).points``. OOM points sit on the limit line when
+    ``oom.largest_batch_size(...).points``. OOM points sit on the limit line when
     one is given, else just above the highest measured peak.
 
     >>> fig = sweep([(8, 2**30, False), (16, None, True)], "batch size", limit_bytes=2**31)

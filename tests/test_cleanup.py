@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from kit import cleanup, device, plot
+from kit import cleanup, device, leaks, oom, plot
 from kit.track import Tracker
 from kit.units import MiB
 
@@ -44,13 +44,13 @@ def _weights(model) -> int:
 
 def test_release_frees_a_real_training_run(tmp_path):
     _data()                                   # the dataset is cached on purpose: it holds no tensors
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
     ns = {}                                   # stands for a notebook's globals()
     ns["model"] = _model()
     ns["trainer"] = _trainer(ns["model"], tmp_path)
     ns["trainer"].train()
     weights = _weights(ns["model"])
-    before = cleanup.check_returned(base, raise_on_leak=False, top=3)
+    before = leaks.check_returned(base, raise_on_leak=False, top=3)
     assert not before.ok                      # the check can fail: weights + AdamW state are alive
     assert before.excess_bytes >= 3 * weights - MiB
     held = [h for t in before.tensors for h in t.holders]
@@ -61,7 +61,7 @@ def test_release_frees_a_real_training_run(tmp_path):
     # 1. release the Trainer, keep the model: only the weights stay (no gradients, optimizer, Trainer)
     trainer = cleanup.release(ns["trainer"], namespace=ns)    # rebinding works in functions too
     assert list(ns) == ["model"] and trainer is None          # the name bound to the Trainer is gone
-    kept = cleanup.check_returned(base, raise_on_leak=False)
+    kept = leaks.check_returned(base, raise_on_leak=False)
     assert abs(kept.excess_bytes - weights) <= MiB, kept.text()
     assert all(p.grad is None for p in ns["model"].parameters())
 
@@ -69,12 +69,12 @@ def test_release_frees_a_real_training_run(tmp_path):
     shell = ns["model"]
     cleanup.release(model=ns["model"], free_model=True, namespace=ns)
     assert ns == {} and next(shell.parameters()).is_meta
-    report = cleanup.check_returned(base)     # raises if not
+    report = leaks.check_returned(base)     # raises if not
     assert report.ok and "Memory returned" in report.text()
 
 
 def test_leak_check_fails_and_names_the_holders():
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
 
     class Holder:
         pass
@@ -83,8 +83,8 @@ def test_leak_check_fails_and_names_the_holders():
     holder.big = torch.ones(8 * MiB, dtype=torch.uint8)
     KEEP["x"] = torch.ones(16 * MiB, dtype=torch.uint8)
     try:
-        with pytest.raises(cleanup.MemoryNotReturnedError) as err:
-            cleanup.check_returned(base)
+        with pytest.raises(leaks.MemoryNotReturnedError) as err:
+            leaks.check_returned(base)
         report = err.value.report
         assert not report.ok and report.excess_bytes == 24 * MiB
         first, second = report.tensors[:2]
@@ -96,11 +96,11 @@ def test_leak_check_fails_and_names_the_holders():
     finally:
         KEEP.clear()
     del holder
-    assert cleanup.check_returned(base).ok
+    assert leaks.check_returned(base).ok
 
 
 def test_stored_tracebacks_are_dropped():
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
 
     def fails():
         big = torch.ones(32 * MiB, dtype=torch.uint8)  # noqa: F841 - kept alive by the traceback
@@ -110,10 +110,10 @@ def test_stored_tracebacks_are_dropped():
         fails()
     except torch.OutOfMemoryError:
         sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()   # what a notebook does
-    assert not cleanup.check_returned(base, raise_on_leak=False).ok
+    assert not leaks.check_returned(base, raise_on_leak=False).ok
     assert cleanup.forget_exceptions() >= 3
     assert not hasattr(sys, "last_traceback")
-    assert cleanup.check_returned(base).ok
+    assert leaks.check_returned(base).ok
 
 
 def test_oom_safe_recovers_from_a_simulated_oom_inside_trainer(tmp_path):
@@ -128,18 +128,18 @@ def test_oom_safe_recovers_from_a_simulated_oom_inside_trainer(tmp_path):
         trainer = _trainer(_model(), tmp_path, steps=2, callbacks=[BlowUp()] if blow_up else [])
         return trainer.train().training_loss
 
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
     tracker = Tracker()
-    failed = cleanup.oom_safe(run, True, setup={"batch_size": 4}, tracker=tracker, stage="fold")
+    failed = oom.oom_safe(run, True, setup={"batch_size": 4}, tracker=tracker, stage="fold")
     assert not failed and failed.oom and failed.setup == {"batch_size": 4}
     assert failed.error.startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB")
     assert "OUT OF MEMORY (batch_size=4)" in failed.text()
     assert tracker.records[0].error.startswith("OutOfMemoryError")
-    assert cleanup.check_returned(base).ok          # the failed run's model, optimizer and ballast are gone
-    second = cleanup.oom_safe(run, False, setup={"batch_size": 4})
+    assert leaks.check_returned(base).ok          # the failed run's model, optimizer and ballast are gone
+    second = oom.oom_safe(run, False, setup={"batch_size": 4})
     assert second.ok and second.value > 0           # the kernel is still usable
     with pytest.raises(ValueError):                 # other errors are not swallowed
-        cleanup.oom_safe(lambda: int("x"))
+        oom.oom_safe(lambda: int("x"))
 
 
 def test_largest_batch_size_finds_the_limit_and_frees_each_failure():
@@ -151,26 +151,26 @@ def test_largest_batch_size_finds_the_limit_and_frees_each_failure():
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch_size} MiB")
         return int(ballast[0])
 
-    base = cleanup.take_baseline()
-    search = cleanup.largest_batch_size(train, start=16, precision=2)
+    base = leaks.take_baseline()
+    search = oom.largest_batch_size(train, start=16, precision=2)
     assert search.best == limit
     sizes = {p.size: p.oom for p in search.points}
     assert sizes == {16: True, 8: False, 12: False, 14: True}      # halve, then bisect
     assert all((p.peak_bytes is None) == p.oom for p in search.points)
     assert [p.size for p in search.points] == sorted(sizes)
     assert search.text() == "largest batch size that fits: 12 (tried 8, 12, 14 OOM, 16 OOM)"
-    assert cleanup.check_returned(base).ok
+    assert leaks.check_returned(base).ok
     fig = plot.sweep(search.points, "batch size")
     assert len(fig.axes[0].get_lines()) == 2
-    assert cleanup.largest_batch_size(lambda bs: train(bs * 100), start=1).best is None
+    assert oom.largest_batch_size(lambda bs: train(bs * 100), start=1).best is None
     with pytest.raises(ValueError, match="start"):
-        cleanup.largest_batch_size(train, start=0)
+        oom.largest_batch_size(train, start=0)
 
 
 # -- on a GPU -------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_cuda_real_oom_is_recovered_and_memory_returns(tmp_path):
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
     free_bytes, _ = torch.cuda.mem_get_info()
 
     def grab(n_bytes):
@@ -178,22 +178,22 @@ def test_cuda_real_oom_is_recovered_and_memory_returns(tmp_path):
         keep.append(torch.empty(n_bytes, dtype=torch.uint8, device="cuda"))   # more than is free
         return len(keep)
 
-    r = cleanup.oom_safe(grab, free_bytes, setup={"bytes": free_bytes})
+    r = oom.oom_safe(grab, free_bytes, setup={"bytes": free_bytes})
     assert r.oom and "out of memory" in r.error.lower()
-    report = cleanup.check_returned(base, tolerance_frac=0.01)
+    report = leaks.check_returned(base, tolerance_frac=0.01)
     assert report.ok, report.text()
     print(f"CUDA OOM recovered: {report.text()}")             # the figures, for the note
-    again = cleanup.oom_safe(lambda: float(torch.ones(MiB, device="cuda").sum()))
+    again = oom.oom_safe(lambda: float(torch.ones(MiB, device="cuda").sum()))
     assert again.ok and again.value == MiB                   # the process can still use the GPU
 
 
 @pytest.mark.gpu
 def test_cuda_release_after_training_returns_to_baseline(tmp_path):
-    base = cleanup.take_baseline()
+    base = leaks.take_baseline()
     ns = {"model": _model()}
     ns["trainer"] = _trainer(ns["model"], tmp_path)
     ns["trainer"].train()
     cleanup.release(ns["trainer"], free_model=True, namespace=ns)
-    report = cleanup.check_returned(base, tolerance_frac=0.01)
+    report = leaks.check_returned(base, tolerance_frac=0.01)
     assert report.ok, report.text()
     print(f"CUDA release after training: {report.text()}")

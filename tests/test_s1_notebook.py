@@ -1,6 +1,6 @@
 """Scenario 1's notebook helpers: the real-size tables (meta device, no weights) and the read-aloud texts."""
 from kit.presets import PRESETS
-from kit.scenarios import custom_head as s1
+from kit.scenarios import s1_custom_head as s1
 from kit.scenarios import s1_notebook as nb
 from kit.units import fmt_bytes
 

@@ -1,8 +1,8 @@
 """Notebook-facing helpers of scenario 1 (``notebooks/01_distilgpt2_custom_head.ipynb``).
 
-The logic is in :mod:`kit.scenarios.custom_head`; this module only wraps its runs in a live
+The logic is in :mod:`kit.scenarios.s1_custom_head`; this module only wraps its runs in a live
 stage plot and reads its records aloud, so that each notebook cell stays short. The generic
-helpers (``run_note``, ``quiet``) are :mod:`kit.scenarios.cv_notebook`'s.
+helpers (``run_note``, ``quiet``) are :mod:`kit.scenarios.s2_notebook`'s.
 
 - :func:`breakdown_figure`: the original's estimate as a stacked bar (nothing measured).
 - :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.
@@ -21,7 +21,8 @@ from ..live import LivePlot
 from ..presets import PRESETS, verdict
 from ..track import Tracker
 from ..units import fmt_bytes
-from . import custom_head as s1
+from . import s1_custom_head as s1
+from . import s1_runs
 
 
 def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
@@ -58,41 +59,31 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
     return "\n".join(lines)
 
 
-def _accum(which: str, grad_accum: int | None) -> int | None:
-    # bf16 matmuls are slow on a CPU (about 30 s per backward of the tiny twin's head here):
-    # fix (c) runs one micro-batch per step there, and its estimate follows (run_fix passes it on).
-    if grad_accum is None and which == "c" and not kdevice.has_cuda():
-        return 1
-    return grad_accum
-
-
 def _live(title: str) -> Tracker:
     tracker = Tracker()
     LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})"))
     return tracker
 
 
-def live_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum: int | None = None):
-    """:func:`kit.scenarios.custom_head.run_fix` with the live stage plot. Returns ``(record, tracker)``.
+def live_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """:func:`kit.scenarios.s1_runs.run_fix` with the live stage plot. Returns ``(record, tracker)``.
 
-    ``record`` also holds ``grad_accum`` (the micro-batches per step that ran) and ``which``; after an
-    out-of-memory error (caught and freed) it has ``oom=True``, ``error`` and no measured peak.
+    After an out-of-memory error (caught and freed) ``record`` has ``oom=True``, ``error`` and no
+    measured peak.
 
     >>> record, tracker = live_fix("b", "smoke")      # doctest: +SKIP
     """
-    accum, tracker = _accum(which, grad_accum), _live(f"Fix ({which}): MEASURED per stage")
-    record, tracker = s1.run_fix(which, size, steps=steps, grad_accum=accum, tracker=tracker)  # OOM-safe
-    record.update(which=which, size=size, grad_accum=s1._accum(accum))
-    return record, tracker
+    tracker = _live(f"Fix ({which}): MEASURED per stage")
+    return s1_runs.run_fix(which, size, steps=steps, grad_accum=grad_accum, tracker=tracker)  # OOM-safe
 
 
-def live_original(size: str | None = None, *, steps: int = 1, grad_accum: int | None = None):
-    """:func:`kit.scenarios.custom_head.run_original_safely` with the live stage plot.
+def live_original(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """:func:`kit.scenarios.s1_runs.run_original_safely` with the live stage plot.
 
     >>> record, tracker = live_original("smoke")      # doctest: +SKIP
     """
-    return s1.run_original_safely(size, steps=steps, grad_accum=grad_accum,
-                                  tracker=_live("The user's setup, OOM-safe: MEASURED per stage"))
+    return s1_runs.run_original_safely(size, steps=steps, grad_accum=grad_accum,
+                                       tracker=_live("The user's setup, OOM-safe: MEASURED per stage"))
 
 
 def record_text(record: dict) -> str:
@@ -166,7 +157,7 @@ def original_at_real_size(size: str | None = None) -> str:
         return "The run above was the user's setup at real size."
     est = s1.predict_original("real").estimate
     if not kdevice.has_cuda():
-        problem = s1._ram_problem(s1._estimate(s1.NAMES["real"], precision="fp32", device="cpu", grad_accum=2))
+        problem = s1_runs._ram_problem(s1._estimate(s1.NAMES["real"], precision="fp32", device="cpu", grad_accum=2))
         if problem:
             return f"Refused at real size on this machine. {problem}"
     return ("Not started at real size in smoke mode (ESTIMATED GPU peak "

@@ -1,4 +1,4 @@
-"""Scenario 2's notebook helpers (kit/scenarios/cv_notebook.py): the texts read the right numbers,
+"""Scenario 2's notebook helpers (kit/scenarios/s2_notebook.py): the texts read the right numbers,
 the chart draws, a simulated crash leaves a file the fixed loop resumes from, and the measured
 cost of the fp32 upcast agrees with the estimate."""
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from kit.estimate import estimate
-from kit.scenarios import cv_notebook as nb
-from kit.scenarios.folds import append_result, read_results
+from kit.scenarios import s2_notebook as nb
+from kit.scenarios.s2_folds import append_result, read_results
 
 LLAMA8B = "meta-llama/Meta-Llama-3-8B"
 SETUP = dict(batch_size=4, seq_len=256, precision="fp16", quantization="4bit", lora_r=8,

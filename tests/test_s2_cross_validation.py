@@ -9,9 +9,9 @@ from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 
 from kit import models
-from kit.scenarios import cross_validation as cv
-from kit.scenarios.folds import append_result, k_fold_indices, read_results
-from kit.scenarios.lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, restore_adapter,
+from kit.scenarios import s2_cross_validation as cv
+from kit.scenarios.s2_folds import append_result, k_fold_indices, read_results
+from kit.scenarios.s2_lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, restore_adapter,
                                       save_adapter_init, states_equal, verify_adapter_reset)
 from kit.track import Tracker
 

@@ -4,7 +4,8 @@ import torch
 import transformers
 
 from kit import device, models
-from kit.scenarios import custom_head as ch
+from kit.scenarios import s1_custom_head as ch
+from kit.scenarios import s1_runs
 
 
 def test_the_original_names_custom_layer_and_misses_a_t4():
@@ -59,7 +60,7 @@ def test_low_rank_head_keeps_the_models_interface():
 
 
 def test_a_fix_run_measures_a_peak_and_returns_memory():
-    record, tracker = ch.run_fix("b", "smoke", steps=1, grad_accum=2)
+    record, tracker = s1_runs.run_fix("b", "smoke", steps=1, grad_accum=2)
     assert record["measured_peak_bytes"] > 0 and record["estimate_peak_bytes"] > 0
     assert record["returned"] is True
     assert [r.name for r in tracker.records] == ["tokenize", "build", "Trainer init", "train", "cleanup"]
@@ -71,7 +72,7 @@ def test_the_original_recovers_from_an_oom(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.41 GiB")
 
     monkeypatch.setattr(transformers.Trainer, "training_step", boom)
-    record, tracker = ch.run_original_safely("smoke", grad_accum=2)
+    record, tracker = s1_runs.run_original_safely("smoke", grad_accum=2)
     assert record["oom"] is True and record["measured_peak_bytes"] is None
     assert "OutOfMemoryError" in record["error"]
     assert record["returned"] is True
@@ -81,7 +82,7 @@ def test_the_original_recovers_from_an_oom(monkeypatch):
 
 def test_the_original_at_real_size_is_refused_where_ram_is_short():
     est = ch.estimate_fix("a", "real")  # warm the estimator's cache
-    record, _ = ch.run_original_safely("real")
+    record, _ = s1_runs.run_original_safely("real")
     if device.has_cuda():
         pytest.skip("on a GPU the original runs (or its OOM is caught)")
     assert est.peak_bytes > 0 and record["refused"] and record["measured_peak_bytes"] is None
@@ -98,10 +99,10 @@ def test_find_culprit_ranks_the_head_first():
 @pytest.mark.gpu
 def test_on_a_gpu_the_real_size_runs_measure_close_to_their_estimates():
     # Tolerance not yet checked on a GPU: a failure here is a finding about the estimator or the run.
-    record, _ = ch.run_original_safely("real", grad_accum=2)
+    record, _ = s1_runs.run_original_safely("real", grad_accum=2)
     assert record["returned"] and record["refused"] is None
     if not record["oom"]:
         assert 0.75 < record["measured_peak_bytes"] / record["estimate_peak_bytes"] < 1.25
     for which in "ab":
-        rec, _ = ch.run_fix(which, "real", grad_accum=2)
+        rec, _ = s1_runs.run_fix(which, "real", grad_accum=2)
         assert rec["returned"] and 0.75 < rec["measured_peak_bytes"] / rec["estimate_peak_bytes"] < 1.25

@@ -7,25 +7,22 @@ Each public function is one notebook cell (and one step of ``python -m kit demo`
 >>> predict_original("real").offender            # an estimate: instant, nothing is allocated
 'custom_layer'
 >>> print(advice_table("smoke"))                  # doctest: +SKIP
->>> record, tracker = run_fix("b", "smoke")       # doctest: +SKIP
->>> record, tracker = run_original_safely()       # doctest: +SKIP
+
+The measured runs of these setups are :mod:`kit.scenarios.s1_runs`'s.
 """
 from __future__ import annotations
 
-import gc
-import tempfile
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .. import cleanup, runtime
+from .. import runtime
 from .. import data as kdata
 from .. import device as kdevice
 from .. import models as kmodels
 from ..estimate import estimate
 from ..presets import PRESETS, verdict
-from ..track import Tracker
 from ..units import fmt_bytes
 
 NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
@@ -267,117 +264,6 @@ def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, *
     where = {"device": kdevice.device_name()} if as_run else {}  # CPU kernels save a little differently
     return _estimate(s["model"] or s["make"]("meta"), **{"precision": precision, "optimizer": s["optimizer"],
                                                          "load_dtype": s["load_dtype"], **where, **setup})
-
-
-def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, accum: int,
-                  tracker: Tracker) -> int | None:
-    """tokenize -> build -> Trainer init -> train -> cleanup, each a tracker stage; returns train's peak."""
-    from transformers import Trainer, TrainingArguments
-
-    with tracker.stage("tokenize"):
-        tok = kdata.load_tokenizer(NAMES[size])
-        train = kdata.load_text_dataset()["train"]
-        # The user's 100 rows, padded to 128 as they did: the run has the estimate's shapes.
-        ds = kdata.tokenize(train.select(range(min(100, len(train)))), tok, max_length=USER["seq_len"],
-                            padding="max_length")
-    cuda, trainer, model = kdevice.has_cuda(), None, None
-    try:
-        with tracker.stage("build"):
-            model = make(kdevice.device_name())
-        with tracker.stage("Trainer init"):
-            args = TrainingArguments(
-                output_dir=tempfile.mkdtemp(prefix="kit-s1-"), max_steps=steps, per_device_train_batch_size=1,
-                gradient_accumulation_steps=accum, learning_rate=5e-5, warmup_steps=0, use_cpu=not cuda,
-                fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
-                optim="adamw_bnb_8bit" if optimizer == "adamw-8bit" else "adamw_torch",
-                save_strategy="no", logging_steps=1, disable_tqdm=True)
-            trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
-                              callbacks=[tracker.callback()])
-        with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
-            trainer.train()
-        return rec.peak_bytes
-    finally:  # also after an OOM: free the weights and optimizer state before the error travels on
-        with tracker.stage("cleanup"):
-            trainer = cleanup.release(trainer, model, free_model=model is not None)
-            model = None
-
-
-def _ram_problem(est) -> str | None:
-    """Why a run must not start on this CPU: exhausting RAM kills the kernel instead of raising."""
-    if kdevice.has_cuda():
-        return None          # a GPU OOM raises, and the OOM-safe wrapper catches it
-    need, free = max(est.peak_bytes, est.cpu_build_bytes), kdevice.snapshot(live_tensors=False).ram_available_bytes
-    if need > 0.8 * free:
-        return (f"Not run: it needs about {fmt_bytes(need)} of RAM and {fmt_bytes(free)} is free; running out of "
-                "RAM kills the kernel instead of raising.")
-    return None
-
-
-def _accum(grad_accum: int | None) -> int:
-    # The peak is reached by the second micro-batch (grads from the first are alive); more only cost
-    # time, which a CPU lacks. A GPU runs the user's 16.
-    return grad_accum or (USER["grad_accum"] if kdevice.has_cuda() else 2)
-
-
-def run_fix(which: str, size: str | None = None, *, steps: int = 1, grad_accum: int | None = None,
-            tracker: Tracker | None = None):
-    """Estimate, then measure, fix ``which`` with a short Trainer run. Returns ``(record, tracker)``.
-
-    ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
-    ``measured_peak_bytes`` (the train stage's peak of ``kit.device.best_reading()``: CUDA max
-    allocated on a GPU; on a CPU the peak of tensor bytes counted op by op by
-    ``kit.device.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
-    and ``oom`` / ``error`` (an out-of-memory error is caught, recorded and freed).
-
-    >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
-    """
-    size, tracker, accum = _size(size), tracker or Tracker(), _accum(grad_accum)
-    s = fix_setup(which, size)
-    est = estimate_fix(which, size, as_run=True, grad_accum=accum)
-    record = {"name": s["name"], "estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None,
-              "reading": kdevice.best_reading(), "returned": None, "note": s.get("refused") or ""}
-    if s.get("refused"):  # what 8-bit AdamW would have needed, had it not crashed
-        est8 = estimate_fix(which, size, optimizer="adamw-8bit").peak_bytes
-        record["note"] += f" With it the estimate would be {fmt_bytes(est8)} (a T4 has {fmt_bytes(T4_BYTES)})."
-    problem = _ram_problem(est)
-    if problem:
-        record["note"] = f"{record['note']} {problem}".strip()
-        return record, tracker
-    base = cleanup.take_baseline()
-    # OOM-safe like the original: fix (c) at real size runs out of memory on a T4, and the
-    # caller (a notebook, the demo) must go on to the next fix.
-    result = cleanup.oom_safe(_measured_run, s["make"], size, _run_precision(s["precision"]), s["optimizer"],
-                              steps, accum, tracker, setup={"fix": which, "size": size, "grad_accum": accum})
-    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
-    record["returned"] = cleanup.check_returned(base, raise_on_leak=False).ok
-    return record, tracker
-
-
-# -- 4. the original, run safely ----------------------------------------------------------
-def run_original_safely(size: str | None = None, *, steps: int = 1, grad_accum: int | None = None,
-                        tracker: Tracker | None = None):
-    """Run the user's setup for ``steps`` optimizer steps inside ``cleanup.oom_safe``. Returns ``(record, tracker)``.
-
-    ``record``: ``estimate_peak_bytes``, ``measured_peak_bytes`` (None unless it ran), ``oom``,
-    ``refused`` (why it was not started: on a CPU, a run that would exhaust RAM), ``error``,
-    ``returned``, ``reading``. After an OOM the memory is freed and the caller goes on.
-
-    >>> record, _ = run_original_safely("real")      # doctest: +SKIP
-    """
-    size, tracker, accum = _size(size), tracker or Tracker(), _accum(grad_accum)
-    name, precision = NAMES[size], _run_precision(USER["precision"])
-    est = _estimate(name, precision=precision, device=kdevice.device_name(), grad_accum=accum)
-    record = {"estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None, "oom": False,
-              "refused": _ram_problem(est), "error": None, "returned": None, "reading": kdevice.best_reading()}
-    if record["refused"]:
-        return record, tracker
-    base = cleanup.take_baseline()
-    result = cleanup.oom_safe(_measured_run, lambda dev: kmodels.load_model(name), size, precision, "adamw",
-                              steps, accum, tracker, setup={"model": name, **USER, "grad_accum": accum})
-    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
-    gc.collect()
-    record["returned"] = cleanup.check_returned(base, raise_on_leak=False).ok
-    return record, tracker
 
 
 # -- 5. find your own culprit -------------------------------------------------------------

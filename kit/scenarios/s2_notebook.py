@@ -1,6 +1,6 @@
 """Notebook-facing helpers of scenario 2 (``notebooks/02_llama3_qlora_cross_validation.ipynb``).
 
-The fold logic is in :mod:`kit.scenarios.cross_validation`; this module only turns its
+The fold logic is in :mod:`kit.scenarios.s2_cross_validation`; this module only turns its
 results and the estimator's into what a notebook cell shows, so that each cell stays short:
 
 - :func:`run_note`: which run produced the outputs (mode, device).
@@ -25,7 +25,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .. import cleanup
+from .. import cleanup, leaks
 from .. import device as kdevice
 from .. import models as kmodels
 from .. import plot, runtime
@@ -34,8 +34,8 @@ from ..live import LivePlot, in_notebook
 from ..presets import PRESETS
 from ..track import Tracker
 from ..units import fmt_bytes
-from . import cross_validation as cv
-from .lora_reset import lora_config
+from . import s2_cross_validation as cv
+from .s2_lora_reset import lora_config
 
 
 def run_note() -> str:
@@ -262,7 +262,7 @@ def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> di
     from peft import get_peft_model
     from transformers import set_seed
 
-    baseline = cleanup.take_baseline().snapshot.best_bytes
+    baseline = leaks.take_baseline().snapshot.best_bytes
     set_seed(p["seed"])  # the same LoRA init and data order for both recipes
     model = get_peft_model(_prepare(cv._load(model_name, p["quantization"]), recipe),
                            lora_config(p["lora_r"], p["lora_targets"]))
@@ -285,7 +285,7 @@ def measure_kbit_recipes(model_name: str, **settings) -> list[dict]:
 
     Each record: ``recipe``, ``weights_bytes`` (the best reading after load + recipe + peft,
     minus the baseline), ``peak_bytes`` over training, ``train_loss``, ``loss_finite``.
-    ``settings`` as :func:`kit.scenarios.cross_validation.run_fixed_loop`'s.
+    ``settings`` as :func:`kit.scenarios.s2_cross_validation.run_fixed_loop`'s.
 
     >>> [r["recipe"] for r in measure_kbit_recipes("tiny-llama", steps_per_fold=1)]   # doctest: +SKIP
     ['standard', 'lean']

@@ -26,13 +26,13 @@ from peft import get_peft_model
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainingArguments
 
-from .. import cleanup
+from .. import cleanup, leaks, oom
 from .. import device as kdevice
 from .. import models as kmodels
 from ..track import Tracker
 from ..units import fmt_bytes
-from .folds import append_result, fold_data, read_results, run_key
-from .lora_reset import (advice_reset, adapter_state, lora_config, restore_adapter, save_adapter_init,
+from .s2_folds import append_result, fold_data, read_results, run_key
+from .s2_lora_reset import (advice_reset, adapter_state, lora_config, restore_adapter, save_adapter_init,
                          states_equal, verify_adapter_reset)
 
 DEFAULTS = dict(batch_size=4, seq_len=64, steps_per_fold=4, lora_r=8,
@@ -99,7 +99,7 @@ def _fold_record(stage, fold: int, **extra) -> dict:
 
 
 def _broken_folds(state: dict, splits, collate, model_name: str, p: dict, output_dir, tracker, on_fold_end):
-    """The user's loop body. Runs inside kit.cleanup.oom_safe, which frees its frame on OOM."""
+    """The user's loop body. Runs inside kit.oom.oom_safe, which frees its frame on OOM."""
     model = trainer = None
     for fold, (train_ds, eval_ds) in enumerate(splits, 1):
         state["fold"] = fold
@@ -125,7 +125,7 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     Each fold reads ``start_bytes`` once its model is loaded and wrapped, ``peak_bytes``
     over its training and ``end_bytes`` after ``free_gpu_cache()``; ``models_alive_at_start``
     counts the loaded models alive then (2 from fold 2 on). An out-of-memory error is
-    caught (``kit.cleanup.oom_safe``), its fold recorded as ``oom_at_fold`` and the memory
+    caught (``kit.oom.oom_safe``), its fold recorded as ``oom_at_fold`` and the memory
     freed. ``on_fold_end(folds)`` gets the fold records so far, to redraw a chart.
     ``settings``: batch_size, seq_len, steps_per_fold, lora_r, lora_targets, quantization,
     max_samples, seed (see ``DEFAULTS``).
@@ -138,7 +138,7 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     tracker = tracker if tracker is not None else Tracker()
     _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
     state, first = {"fold": 0, "folds": [], "alive": None}, len(tracker.records)
-    result = cleanup.oom_safe(_broken_folds, state, splits, collate, model_name, p, output_dir, tracker,
+    result = oom.oom_safe(_broken_folds, state, splits, collate, model_name, p, output_dir, tracker,
                               on_fold_end, setup={"model": model_name, **p})
     cleanup.release()  # the loop's models die with its frame; collect them and empty the CUDA cache
     if result.oom:
@@ -157,7 +157,7 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
     Returns ``changed_nothing`` (fold 2 would start from fold 1's trained adapter:
     ``torch.equal`` over every adapter tensor), ``fold1_changed_adapter`` (training did
     move it, so the comparison means something) and ``check``, the verdict of
-    :func:`~kit.scenarios.lora_reset.verify_adapter_reset` (``check["ok"]`` is False).
+    :func:`~kit.scenarios.s2_lora_reset.verify_adapter_reset` (``check["ok"]`` is False).
 
     >>> show_advice_reset("tiny-llama")["changed_nothing"]      # doctest: +SKIP
     True
@@ -183,8 +183,8 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
 
 def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir, tracker, on_fold_end,
                  done: dict, path: Path, key: str, tolerance: float):
-    """The fixed loop body. Runs inside kit.cleanup.oom_safe."""
-    baseline = cleanup.take_baseline()
+    """The fixed loop body. Runs inside kit.oom.oom_safe."""
+    baseline = leaks.take_baseline()
     state["baseline_bytes"] = baseline.snapshot.best_bytes
     for fold, (train_ds, eval_ds) in enumerate(splits, 1):
         state["fold"] = fold
@@ -203,7 +203,7 @@ def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir,
             trainer = cleanup.release(trainer)  # optimizer, gradients, data loaders; the base stays
         back = abs(stage.end_bytes - state["baseline_bytes"]) <= tolerance * state["baseline_bytes"]
         if not back:  # name what holds the excess (a slow walk, so only when it is needed)
-            print(cleanup.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
+            print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
                                          raise_on_leak=False).text(), flush=True)
         rec = _fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back,
                            baseline_bytes=state["baseline_bytes"], eval_loss=eval_loss, train_loss=train_loss,
@@ -246,7 +246,7 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
         init = save_adapter_init(model)
     state = {"fold": 0, "folds": [], "trained": [], "baseline_bytes": None}
     try:
-        result = cleanup.oom_safe(_fixed_folds, state, model, init, splits, collate, p, output_dir, tracker,
+        result = oom.oom_safe(_fixed_folds, state, model, init, splits, collate, p, output_dir, tracker,
                                   on_fold_end, done, path, key, tolerance, setup={"model": model_name, **p})
     finally:  # on any error too: the finished folds are on disk, the base model goes
         del model, init
