@@ -8,7 +8,7 @@ Run: ``python benchmarks/estimate_vs_measured.py [--out benchmarks/results/DATE-
 - Without one (a CPU): the CUDA allocator does not exist, so this measures what a CPU
   can measure honestly, on real Trainer steps of tiny twins (and one real-size twin):
   * ``peak``: the most bytes held by tensors at any moment of a training step, counted by
-    :class:`kit.device.TensorPeak` (a ``TorchDispatchMode`` that adds every storage an aten op
+    :class:`kit.tensor_peak.TensorPeak` (a ``TorchDispatchMode`` that adds every storage an aten op
     creates and subtracts it when freed) on top of the weights and optimizer state
     alive when the step starts. This is the CPU analogue of max_memory_allocated; it is
     compared with ``estimate(..., device="cpu")``, which models CPU kernels.
@@ -89,12 +89,12 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
     """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
 
     On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.device.reset_peak /
-    peak_allocated_bytes). On a CPU: the ``kit.device.TensorPeak`` rise plus the weights and
+    peak_allocated_bytes). On a CPU: the ``kit.tensor_peak.TensorPeak`` rise plus the weights and
     optimizer state held when the step begins.
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from kit import device
+    from kit import device, tensor_peak
 
     peaks, held = [], {}
 
@@ -104,7 +104,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
                 device.reset_peak()
                 return
             self.base = _held_bytes(model.parameters(), model.buffers(), _state_tensors(optimizer))
-            self.m = device.TensorPeak()
+            self.m = tensor_peak.TensorPeak()
             self.m.__enter__()
 
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
@@ -219,7 +219,7 @@ def build(name, kw, cuda=False, overrides=None):
 
 
 def run_row(label, name, kw, cuda, overrides=None):
-    from kit.device import saved_tensor_bytes
+    from kit.tensor_peak import saved_tensor_bytes
     from kit.estimate import OPTIMIZERS, estimate
 
     torch.manual_seed(0)

@@ -18,11 +18,12 @@ cpu tensors 1.20 GiB | RSS 2.31 GiB (peak 2.40 GiB) | RAM free 19.8 GiB
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import psutil
 import torch
@@ -78,100 +79,6 @@ def live_tensor_bytes(device: str | None = None) -> dict[str, int] | int:
     if device is not None:
         return totals.get(device, 0)
     return totals
-
-
-class TensorPeak:
-    """Exact peak of tensor bytes on the CPU, where PyTorch keeps no allocator statistics.
-
-    ``torch.cuda.max_memory_allocated`` has no CPU twin, and a gc walk cannot see the
-    activations autograd saves. Inside ``with TensorPeak() as p:`` a
-    ``TorchDispatchMode`` sees every tensor an op creates, forward, backward and
-    optimizer step alike; a ``weakref.finalize`` on each storage sees it freed. Tensors
-    alive at entry are counted too (one gc walk), so ``p.peak_bytes`` is the most tensor
-    memory that was alive at once, comparable to CUDA's peak allocated. It costs some
-    Python per op: fine for the kit's short, measured runs, not for long training.
-
-    >>> with TensorPeak() as p:
-    ...     x = torch.ones(1024, dtype=torch.uint8); y = x + 1; del y
-    >>> p.peak_bytes - p.start_bytes
-    2048
-    """
-
-    def __init__(self, device: str = "cpu"):
-        self.device = device
-        self.start_bytes = self.current_bytes = self.peak_bytes = 0
-        self._seen: set[int] = set()
-        self._mode = None
-
-    def _add(self, storage) -> None:
-        key = id(storage)
-        if key in self._seen:
-            return
-        n = storage.nbytes()
-        self._seen.add(key)
-        self.current_bytes += n
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        weakref.finalize(storage, self._free, key, n)
-
-    def _free(self, key: int, n: int) -> None:
-        self._seen.discard(key)
-        self.current_bytes -= n
-
-    def _track(self, t) -> None:
-        if issubclass(type(t), torch.Tensor) and str(t.device) == self.device and not t.is_sparse:
-            try:
-                self._add(t.untyped_storage())
-            except Exception:  # tensor subclasses without a plain storage (bnb's quantized state)
-                pass
-
-    def __enter__(self) -> "TensorPeak":
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_map
-
-        for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor) and not obj.is_meta:
-                self._track(obj)
-        self.start_bytes = self.current_bytes
-        tracker = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                tree_map(tracker._track, out)
-                return out
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        self._mode = None
-
-
-def saved_tensor_bytes(model, batch: dict) -> int:
-    """Bytes autograd saves for backward in one forward of ``model(**batch)``: unique storages, weights excluded.
-
-    Counted with ``torch.autograd.graph.saved_tensors_hooks``, so it is what the forward
-    really keeps, for any architecture; the estimator's activation replay is checked
-    against it.
-
-    >>> saved_tensor_bytes(torch.nn.Linear(8, 8), {"input": torch.ones(4, 8)})   # its input, for the weight's grad
-    128
-    """
-    params = {p.untyped_storage().data_ptr() for p in getattr(model, "parameters", lambda: [])()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(**batch)
-    del out
-    return sum(seen.values())
 
 
 def _rss_peak_bytes() -> int | None:
@@ -366,3 +273,27 @@ def explain(snap: Snapshot) -> str:
         "Colab restarts the session.",
     ]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
+    """Record every CUDA allocation inside the block; save a pickle for https://pytorch.org/memory_viz.
+
+    Drag the saved file onto that page to see each allocation with its Python stack.
+    The pickle is written even when the block raises, so an OOM can be inspected. On a
+    CPU it records nothing and yields None.
+
+    >>> with tracker.stage("train"), cuda_memory_history("train.pickle"):   # doctest: +SKIP
+    ...     trainer.train()
+    """
+    if not has_cuda():
+        yield None
+        return
+    # torch's recorder is a private API (torch.cuda.memory._record_memory_history / _dump_snapshot),
+    # the one PyTorch's own memory tutorial uses.
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    try:
+        yield Path(path)
+    finally:
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)

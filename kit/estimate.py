@@ -3,7 +3,7 @@
 The model is built once on the meta device (no memory, cached), so parameter counts are
 exact, tied weights count once, and the arithmetic below follows the libraries' code:
 bitsandbytes for 4-bit/8-bit weights and 8-bit optimizer states, peft for LoRA and
-``prepare_model_for_kbit_training``, torch for AdamW, and :mod:`kit.activations` for what
+``prepare_model_for_kbit_training``, torch for AdamW, and :mod:`kit.replay` for what
 the forward saves. ``peak_bytes`` predicts ``torch.cuda.max_memory_allocated()`` over a
 Trainer step: the larger of the forward/backward phase and the optimizer step.
 
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from . import activations as act
+from . import replay as act
 from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
                       optimizer_state_bytes)
 from .presets import ALIASES as _ALIASES

@@ -165,7 +165,7 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
 
     ``record``: the setup plus ``status`` ("ok", "OOM", "refused"), ``predicted_peak_bytes``,
     ``measured_peak_bytes`` (the train stage's peak of the best reading: CUDA max allocated,
-    or on a CPU the tensor bytes counted op by op by ``kit.device.TensorPeak``),
+    or on a CPU the tensor bytes counted op by op by ``kit.tensor_peak.TensorPeak``),
     ``reading``, ``returned`` (memory back at the baseline), ``error`` and ``seconds``.
     """
     setup, tracker = check_setup(setup), tracker or Tracker()

@@ -18,7 +18,7 @@ counted as live). Its peak comes from:
   largest live-tensor reading seen at the stage's start, end and samples. It is a
   *lower bound*: activations inside a step live in autograd's graph, out of the garbage
   collector's sight, and are gone before any callback runs. ``stage(..., tensor_peak=True)``
-  makes it exact with ``kit.device.TensorPeak``, which watches every op.
+  makes it exact with ``kit.tensor_peak.TensorPeak``, which watches every op.
 
 **Living with other tools.** Peak counters are global to the process:
 ``torch.cuda.reset_peak_memory_stats`` resets CUDA's for everyone (and a write to
@@ -42,120 +42,22 @@ costs a CPU core for the whole run.
 from __future__ import annotations
 
 import contextlib
-import csv
-import functools
 import gc
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from . import device
 from .device import Snapshot
+from .track_records import Sample, StageRecord, _peak  # noqa: F401 (StageRecord: part of the API)
+from .tensor_peak import TensorPeak
 from .units import GiB, fmt_bytes
 
-_SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes"]
-_STAGE_FIELDS = ("reset_peak", "cuda_peak_bytes", "cuda_peak_exact", "rss_peak_bytes", "rss_peak_exact",
-                 "live_peak_exact", "peak_note", "error")
 # What a reading costs in this process, shared by all trackers. The walk's cost grows with
 # the number of Python objects; until measured, assume a pessimistic second, so that the
 # callback's budget is never spent on a walk it cannot afford.
 _COST = {"live": 1.0, "cheap": 0.0005}
 
-
-@dataclass
-class Sample:
-    """One reading taken between stage boundaries (from the callback, or ``Tracker.sample``)."""
-
-    snap: Snapshot
-    step: int | None = None
-    event: str = "manual"        # "step", "train_begin", "train_end", "evaluate", "manual"
-    stage: str | None = None     # innermost open stage when taken
-    stage_index: int | None = None
-    has_live: bool = False       # whether the live-tensor walk ran (it is the expensive part)
-    cost_s: float = 0.0          # seconds the reading took
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Sample":
-        return cls(**{**d, "snap": Snapshot.from_dict(d["snap"])})
-
-
-@dataclass
-class StageRecord:
-    """One run of a stage: snapshots at start and end, and the peaks inside it."""
-
-    name: str
-    index: int                   # 0 for the first stage of this name, 1 for the second (folds)
-    order: int                   # position among all stages
-    start: Snapshot
-    end: Snapshot | None = None  # None while the stage is open
-    depth: int = 0
-    reset_peak: bool = False
-    cuda_peak_bytes: int | None = None
-    cuda_peak_exact: bool | None = None
-    rss_peak_bytes: int | None = None
-    rss_peak_exact: bool | None = None
-    live_peak_bytes: dict = field(default_factory=dict)
-    live_peak_exact: bool = False    # True when kit.device.TensorPeak watched the stage (tensor_peak=True)
-    peak_note: str = ""
-    error: str | None = None     # "OutOfMemoryError: ..." when the stage raised
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.start.cuda_allocated_bytes is not None
-
-    @property
-    def duration_s(self) -> float | None:
-        return None if self.end is None else self.end.time - self.start.time
-
-    @property
-    def start_bytes(self) -> int:
-        """The best reading (CUDA allocated, else CPU live tensors) at the start."""
-        return self.start.best_bytes
-
-    @property
-    def end_bytes(self) -> int | None:
-        return None if self.end is None else self.end.best_bytes
-
-    @property
-    def delta_bytes(self) -> int | None:
-        return None if self.end is None else self.end_bytes - self.start_bytes
-
-    @property
-    def peak_bytes(self) -> int | None:
-        """Peak of the best reading: CUDA max allocated, else the live-tensor peak (a lower bound)."""
-        if self.on_cuda:
-            return self.cuda_peak_bytes
-        return self.live_peak_bytes.get("cpu", 0)
-
-    @property
-    def peak_exact(self) -> bool:
-        return bool(self.cuda_peak_exact) if self.on_cuda else self.live_peak_exact
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "StageRecord":
-        end = Snapshot.from_dict(d["end"]) if d.get("end") else None
-        return cls(**{**d, "start": Snapshot.from_dict(d["start"]), "end": end})
-
-
-def _peak(reset: bool, p0, p1, seen: list) -> tuple[int | None, bool | None, str]:
-    """Peak inside a stage from a global peak counter read at start (p0) and end (p1)."""
-    seen = [x for x in seen if x is not None]
-    if p1 is None:
-        return (max(seen) if seen else None), None, "no peak counter here"
-    if reset:
-        return max([p1] + seen), True, "reset at stage start"
-    if p1 > p0:
-        return max([p1] + seen), True, "the process peak rose during the stage"
-    if p1 < p0:
-        return max([p1] + seen), False, "another tool reset the peak inside the stage; peak since then"
-    return (max(seen) if seen else p1), False, "stayed under an earlier peak; highest reading seen"
 
 
 class Tracker:
@@ -237,7 +139,7 @@ class Tracker:
 
         ``collect=False`` skips the ``gc.collect()`` at both ends and ``live_tensors=False``
         the live-tensor walk; each costs ~0.3 s with transformers loaded. On a CPU,
-        ``tensor_peak=True`` watches every op with ``kit.device.TensorPeak``, so the
+        ``tensor_peak=True`` watches every op with ``kit.tensor_peak.TensorPeak``, so the
         live-tensor peak becomes exact, activations included (it slows the ops: use it for
         short measured runs). The record is kept even when the body raises.
 
@@ -261,7 +163,7 @@ class Tracker:
         self.records.append(rec)
         self._open.append(rec)
         self._emit("stage_start")
-        watch = device.TensorPeak() if tensor_peak and not device.has_cuda() else None
+        watch = TensorPeak() if tensor_peak and not device.has_cuda() else None
         try:
             if watch is not None:
                 watch.__enter__()
@@ -341,7 +243,9 @@ class Tracker:
             raise ValueError(f"overhead is a fraction of training time (e.g. 0.01), not {overhead!r}")
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0 seconds, not {min_interval_s!r}")
-        return _callback_class()(self, every_n_steps, overhead, live_tensors, min_interval_s)
+        from .track_callback import MemoryCallback
+
+        return MemoryCallback(self, every_n_steps, overhead, live_tensors, min_interval_s)
 
     # text and files -----------------------------------------------------------
     def summary(self) -> str:
@@ -382,162 +286,13 @@ class Tracker:
 
     def to_csv(self, path: str | Path) -> None:
         """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
-        devs = sorted({d for r in self.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes}
-                      | {d for s in self.samples for d in s.snap.live_tensor_bytes})
-        rows = []
-        for r in self.records:
-            base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth, "has_live": True}
-            rows.append({"kind": "stage_start", **base, **_flat(r.start, devs)})
-            if r.end is not None:
-                peaks = {f"stage_{k}": getattr(r, k) for k in _STAGE_FIELDS}
-                peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
-                rows.append({"kind": "stage_end", **base, **_flat(r.end, devs), **peaks})
-        for s in self.samples:
-            rows.append({"kind": "sample", "stage": s.stage, "stage_index": s.stage_index, "step": s.step,
-                         "event": s.event, "has_live": s.has_live, "cost_s": s.cost_s, **_flat(s.snap, devs)})
-        rows.sort(key=lambda row: row["time"])
-        cols = list(dict.fromkeys(k for row in rows for k in row))
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
+        from .track_files import write_csv
+
+        write_csv(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Tracker":
         """Read back a tracker written by ``to_json`` (``.json``) or ``to_csv`` (``.csv``)."""
-        path = Path(path)
-        t = cls()
-        if path.suffix == ".json":
-            d = json.loads(path.read_text())
-            if d.get("kit") != "track":
-                raise ValueError(f"{path} is not a kit tracker file (no 'kit': 'track' field)")
-            t.device, t.reading = d["device"], d["reading"]
-            t.records = [StageRecord.from_dict(r) for r in d["stages"]]
-            t.samples = [Sample.from_dict(s) for s in d["samples"]]
-        elif path.suffix == ".csv":
-            _load_csv(t, path)
-        else:
-            raise ValueError(f"Tracker.load reads .json or .csv files, not {path.name!r}")
-        for r in t.records:
-            t._counts[r.name] = max(t._counts.get(r.name, 0), r.index + 1)
-        if t.records and t.records[0].on_cuda:
-            t.device, t.reading = "cuda", "cuda_allocated"
-        return t
+        from .track_files import load
 
-
-def _flat(snap: Snapshot, devs: list[str]) -> dict:
-    d = {k: getattr(snap, k) for k in _SNAP_FIELDS}
-    d.update({f"live_{dev}_bytes": snap.live_tensor_bytes.get(dev) for dev in devs})
-    return d
-
-
-def _parse(key: str, v: str):
-    if v == "":
-        return None
-    if v in ("True", "False"):
-        return v == "True"
-    if key.endswith("_bytes") or key in ("stage_index", "order", "depth", "step"):
-        return int(v)
-    if key in ("time", "cost_s"):
-        return float(v)
-    return v
-
-
-def _load_csv(t: Tracker, path: Path) -> None:
-    with open(path, newline="") as f:
-        rows = [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
-    open_recs: dict[int, StageRecord] = {}
-    for row in rows:
-        snap = Snapshot(**{k: row.get(k) for k in _SNAP_FIELDS})
-        if row["has_live"]:
-            snap.live_tensor_bytes = {k[5:-6]: v for k, v in row.items()
-                                      if k.startswith("live_") and k.endswith("_bytes") and v is not None}
-        if row["kind"] == "sample":
-            t.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
-                                    bool(row["has_live"]), row["cost_s"] or 0.0))
-        elif row["kind"] == "stage_start":
-            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap, depth=row["depth"])
-        else:
-            r = open_recs.pop(row["order"])
-            r.end = snap
-            for k in _STAGE_FIELDS:
-                setattr(r, k, row.get(f"stage_{k}"))
-            r.reset_peak, r.live_peak_exact, r.peak_note = bool(r.reset_peak), bool(r.live_peak_exact), r.peak_note or ""
-            r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
-                                 if k.startswith("stage_live_peak_") and k.endswith("_bytes") and v is not None}
-            t.records.append(r)
-    t.records += list(open_recs.values())
-    t.records.sort(key=lambda r: r.order)
-
-
-@functools.lru_cache(maxsize=None)
-def _callback_class():
-    # Imported lazily: transformers takes seconds to import, and stages alone do not need it.
-    from transformers import TrainerCallback
-
-    class MemoryCallback(TrainerCallback):
-        """Samples a Tracker during training; see ``Tracker.callback``."""
-
-        def __init__(self, tracker, every_n_steps, overhead, live_tensors, min_interval_s):
-            self.tracker, self.every_n_steps = tracker, every_n_steps
-            self.overhead, self.live_tensors, self.min_interval_s = overhead, live_tensors, min_interval_s
-            self.t0 = self.last = time.perf_counter()
-            self.spent_s = 0.0               # seconds spent in samples and their listeners (redraws)
-
-        def _take(self, step, event, live):
-            self.last = time.perf_counter()
-            self.tracker.sample(step, live_tensors=live, event=event)
-            self.spent_s += time.perf_counter() - self.last
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.t0, self.spent_s = time.perf_counter(), 0.0
-            self._take(state.global_step, "train_begin", self.live_tensors is True)
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            step = state.global_step + 1     # global_step is incremented after this hook
-            now = time.perf_counter()
-            budget = self.overhead * (now - self.t0) - self.spent_s
-            cheap = self.tracker.cost_cheap_s
-            if self.every_n_steps is not None:
-                due = step % self.every_n_steps == 0
-            else:
-                due = budget >= cheap and now - self.last >= self.min_interval_s
-            if due:
-                live = self.live_tensors
-                if live is None:
-                    live = budget >= cheap + self.tracker.cost_live_s
-                self._take(step, "step", live)
-
-        def on_evaluate(self, args, state, control, **kwargs):
-            self._take(state.global_step, "evaluate", self.live_tensors is True)
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self._take(state.global_step, "train_end", self.live_tensors is True)
-
-    return MemoryCallback
-
-
-@contextlib.contextmanager
-def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
-    """Record every CUDA allocation inside the block; save a pickle for https://pytorch.org/memory_viz.
-
-    Drag the saved file onto that page to see each allocation with its Python stack.
-    The pickle is written even when the block raises, so an OOM can be inspected. On a
-    CPU it records nothing and yields None.
-
-    >>> with tracker.stage("train"), cuda_memory_history("train.pickle"):   # doctest: +SKIP
-    ...     trainer.train()
-    """
-    if not device.has_cuda():
-        yield None
-        return
-    # The one use of torch.cuda outside kit/device.py: a private recorder API with no
-    # counterpart there yet (torch.cuda.memory._record_memory_history / _dump_snapshot).
-    import torch
-
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
-    try:
-        yield Path(path)
-    finally:
-        torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
+        return load(cls(), Path(path))

@@ -4,7 +4,7 @@ import gc
 import pytest
 import torch
 
-from kit import device
+from kit import device, tensor_peak
 from kit.units import MiB, fmt_bytes
 
 
@@ -121,7 +121,7 @@ def test_tensor_peak_sees_what_a_gc_walk_cannot():
     """A training step's activations live in autograd's graph: only the dispatch-mode peak sees them."""
     lin = torch.nn.Linear(256, 256)
     x = torch.randn(512, 256)
-    with device.TensorPeak() as p:
+    with tensor_peak.TensorPeak() as p:
         h = lin(x).relu()          # 512 KiB activations, saved for backward
         h2 = (h * h).sum()
         walk_during = device.live_tensor_bytes("cpu")
@@ -133,7 +133,7 @@ def test_tensor_peak_sees_what_a_gc_walk_cannot():
 
 
 def test_tensor_peak_counts_frees():
-    with device.TensorPeak() as p:
+    with tensor_peak.TensorPeak() as p:
         for _ in range(5):
             y = torch.ones(MiB, dtype=torch.uint8)
             del y

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kit import estimate as E
-from kit.device import saved_tensor_bytes
+from kit.tensor_peak import saved_tensor_bytes
 from kit.estimate import estimate, nf4_bytes, int8_bytes, optimizer_state_bytes
 from kit.presets import PRESETS, verdict
 

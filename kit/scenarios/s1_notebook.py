@@ -105,7 +105,7 @@ def record_text(record: dict) -> str:
         return "\n".join(lines)
     lines.append(f"  MEASURED peak ({record['reading']}): {fmt_bytes(meas)}, {meas / est:.2f}x the estimate")
     if record["reading"] == "live_tensor_bytes":
-        lines.append("  (on a CPU the peak is the tensor bytes counted op by op by kit.device.TensorPeak, "
+        lines.append("  (on a CPU the peak is the tensor bytes counted op by op by kit.tensor_peak.TensorPeak, "
                      "activations included: the CPU's stand-in for CUDA's max allocated)")
     returned = {True: "yes", False: "NO", None: "not checked"}[record.get("returned")]
     lines.append(f"  memory back at the baseline after cleanup: {returned}")

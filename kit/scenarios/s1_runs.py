@@ -95,7 +95,7 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: 
     ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
     ``measured_peak_bytes`` (the train stage's peak of ``kit.device.best_reading()``: CUDA max
     allocated on a GPU; on a CPU the peak of tensor bytes counted op by op by
-    ``kit.device.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
+    ``kit.tensor_peak.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
     ``which``, ``size``, ``steps`` and ``grad_accum`` (what ran), and ``oom`` / ``error`` (an out-of-memory error is caught, recorded and freed).
 
     >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP

@@ -278,7 +278,8 @@ def run_scenario2(model_name: str = "tiny-llama", *, folds: int = 5, broken_fold
     fixed = run_fixed_loop(model_name, folds=folds, output_dir=out / "fixed", resume=False, tracker=tracker,
                            **settings)
     keep = ("start_bytes", "peak_bytes", "end_bytes")
-    return {"broken": {"folds": [{k: f[k] for k in keep + ("oom",) if k in f} for f in broken["folds"]],
+    return {"broken": {"folds": [{k: f[k] for k in keep + ("oom", "models_alive_at_start") if k in f}
+                                 for f in broken["folds"]],
                        "oom_at_fold": broken["oom_at_fold"]},
             "fixed": {"folds": [{**{k: f[k] for k in keep}, "adapter_reset_ok": f["adapter_reset_ok"]}
                                 for f in fixed["folds"]]},

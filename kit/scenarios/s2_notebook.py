@@ -315,7 +315,7 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
                  + (f", {fmt_bytes(m['standard']['weights_bytes'] - m['lean']['weights_bytes'])} MEASURED ("
                     f"{kdevice.best_reading()})" if {"standard", "lean"} <= m.keys() else ""))
     if measured and not kdevice.has_cuda():
-        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by kit.device.TensorPeak, "
+        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by kit.tensor_peak.TensorPeak, "
                      "activations included)")
     return "\n".join(lines)
 

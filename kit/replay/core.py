@@ -1,0 +1,158 @@
+"""One training forward replayed: embeddings, L blocks, head and loss; and its backward peak.
+
+:func:`replay` takes the block function of ``Setup.family`` from :data:`kit.replay.FAMILIES`
+and runs it once on a :class:`~kit.replay.tape.Tape` (every block is alike); the embeddings,
+the final norm, the head and the loss around it are the same for every family, save for
+what the block's :func:`~kit.replay.tape.around` mark says.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .tape import BOOL, F32, I64, Setup, Tape
+
+
+@dataclass
+class Replay:
+    """Bytes saved by each part of one training forward, and the temporaries around it."""
+
+    L: int
+    ckpt: bool
+    embed: int          # saved by the embeddings
+    block: int          # saved by one block without checkpointing
+    block_in: int       # one block's input: all checkpointing keeps of a block
+    shared: int         # saved once for all blocks (rotary cos/sin)
+    head: int           # final norm + lm_head: saved inputs
+    head_in: int        # scenario 1: custom_layer's saved input (the base's logits)
+    loss: int           # the loss's log-softmax output and targets
+    logits_live: int    # logits alive at the loss but not saved (model outputs, fp32 copy)
+    cache: int          # autocast's cached weight copies alive in the forward, not saved
+    block_bwd: int      # peak of one block's backward: saved (freed as it goes) + activation grads
+    block_bwd_grads: int  # ... and the block's weight grads made by then
+    hidden: int         # one (B, S, H) hidden-state tensor
+    copies_block: int   # saved autocast weight copies, per block (part of block)
+    copies_head: int    # ... in the final norm + lm_head (part of head)
+    copies_head_in: int  # ... in scenario 1's head (part of head_in)
+    last_logits: int    # the last (B, S, V) logits in their dtype (its grad has this size)
+    ls: int             # the log-softmax output alone
+
+    @property
+    def copies_saved(self) -> int:
+        """Saved autocast weight copies (part of :meth:`saved_bytes`)."""
+        return (0 if self.ckpt else self.L * self.copies_block) + self.copies_head + self.copies_head_in
+
+    @property
+    def logits_saved(self) -> int:
+        """Saved bytes that are logits or loss: scenario 1's head input, log-softmax, targets."""
+        return self.head_in + self.loss
+
+    def blocks(self) -> int:
+        return self.L * (self.block_in if self.ckpt else self.block)
+
+    def activation_bytes(self) -> int:
+        """Saved bytes that are neither logits/loss nor autocast weight copies."""
+        return self.saved_bytes() - self.logits_saved - self.copies_saved + self.copies_head_in
+
+    def logits_bytes(self) -> int:
+        """Logits and loss at the loss: saved (log-softmax, scenario 1's head input) and alive."""
+        return self.logits_saved - self.copies_head_in + self.logits_live
+
+    def saved_bytes(self) -> int:
+        """All bytes saved for backward when the forward ends (what the hooks count)."""
+        return self.embed + self.blocks() + self.shared + self.head + self.logits_saved
+
+
+def replay(st: Setup) -> Replay:
+    """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.replay`)."""
+    from . import FAMILIES  # the registry imports the family modules, which import the tape
+    block_fn = FAMILIES[st.family]
+    T, H, V = st.T, st.H, st.V
+    tp = Tape(st)
+    rg = st.base_trainable or st.input_grad or bool(st.lora)  # (LoRA: as from layer 1 on)
+    if st.base_trainable:
+        tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
+        if block_fn.positions:
+            tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
+    x = tp.new(T * H, st.w_other, rg)
+    x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
+    embed = tp.total()
+    tp.saved, tp.order, tp.outs = {}, [], []
+    y = block_fn(tp, x)
+    block, copies_block = tp.total(), tp.copies_saved()
+    bwd, bwd_grads = tp.backward_peak(T * H * y.dt) if y.rg else (0, 0)
+    cache = st.L * (tp.copies if st.ckpt else tp.cache)
+    shared = tp.shared if y.rg else 0
+    if st.ckpt and y.rg:  # checkpointing also keeps the attention mask for the recompute
+        shared += st.B * st.S * st.S * (x.dt if st.attn == "eager" else BOOL if st.padded else 0)
+    tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
+    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
+    logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
+    head, head_in, live = tp.total(), 0, logits.n * logits.dt
+    copies_head, copies_head_in = tp.copies_saved(), 0
+    if st.head_out:  # scenario 1: custom_layer(logits); the user's CrossEntropyLoss
+        tp.saved, tp.wsaved = {}, set()
+        logits = tp.linear(logits, V, st.head_out, "custom_layer", trainable=st.head_trainable,
+                           w=st.head_w, quant="none")
+        head_in, live = tp.total(), logits.n * logits.dt
+        copies_head_in = tp.copies_saved()
+    cache += tp.cache
+    # ForCausalLMLoss upcasts (logits.float()); the user's loss gets fp32 only from autocast.
+    ls_dt = F32 if (st.ac or not st.head_out) else logits.dt
+    ls = logits.n * ls_dt
+    live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
+    if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
+        embed = block = shared = 0
+    return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
+                  ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
+                  logits.n * logits.dt, ls)
+
+
+@dataclass
+class Moment:
+    """Memory at one moment of forward/backward, beyond weights and optimizer state."""
+
+    where: str
+    activations: int
+    logits: int
+    copies: int         # autocast's half copies of weights (saved or cached)
+    gradients: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.logits + self.copies + self.gradients + self.temporaries
+
+
+def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
+                wtemp_block: int, wtemp_head: int, grads_before: int = 0) -> Moment:
+    """The largest moment of forward + backward.
+
+    Backward walks the parts in reverse: the loss and head first, then block L ... 1, then
+    the embeddings. At each part, what the earlier parts saved is still held, the later
+    parts' grads are built, and the part holds its own saved tensors (recomputed, with
+    checkpointing), its new grads and its temporaries. ``wtemp_*`` are a part's largest
+    per-weight backward temporaries (autocast half grads, accumulation, dequantization).
+    ``grads_before`` are grads alive from earlier micro-batches (gradient accumulation).
+    """
+    cb = 0 if rp.ckpt else rp.L * rp.copies_block
+    copies = cb + rp.copies_head + rp.copies_head_in
+    acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
+    kept = rp.head_in - rp.copies_head_in + rp.loss  # logits and loss saved for backward
+    moments = [
+        Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
+        # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
+        Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
+        # the last linear: its saved input, the logits' grad, its weight grads and temporaries
+        Moment("backward (head)", acts, kept - rp.loss + rp.last_logits, copies, grads_before + grads_head,
+               wtemp_head + rp.hidden),
+    ]
+    each = rp.block_in if rp.ckpt else rp.block
+    for i in (rp.L, 1):
+        c = rp.copies_block * (1 if rp.ckpt else i)
+        held = rp.embed + rp.shared + (i - 1) * each + rp.block - c
+        grads = grads_before + grads_head + (rp.L - i) * grads_block + rp.block_bwd_grads
+        moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
+                              rp.block_bwd - rp.block + wtemp_block))
+    moments.append(Moment("backward (embeddings)", rp.embed, 0, 0,
+                          grads_before + grads_head + rp.L * grads_block + grads_embed, rp.hidden))
+    return max(moments, key=lambda m: m.total)
