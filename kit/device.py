@@ -19,10 +19,11 @@ cpu tensors 1.20 GiB | RSS 2.31 GiB (peak 2.40 GiB) | RAM free 19.8 GiB
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
@@ -114,25 +115,26 @@ def _nvml_used_bytes() -> int | None:
 
 @dataclass
 class Snapshot:
-    """One reading of every memory counter. Bytes are ints; None means "not on this runtime"."""
+    """One reading of every memory counter. Bytes are ints; None means "not on this runtime", or for
+    ``live_tensor_bytes`` "not read" (``snapshot(live_tensors=False)`` skips the walk): never 0."""
 
     time: float
     rss_bytes: int
     rss_peak_bytes: int | None
     ram_available_bytes: int
-    live_tensor_bytes: dict[str, int] = field(default_factory=dict)
+    live_tensor_bytes: dict[str, int] | None = None
     cuda_allocated_bytes: int | None = None
     cuda_reserved_bytes: int | None = None
     cuda_peak_allocated_bytes: int | None = None
     nvml_used_bytes: int | None = None
 
-    def live(self, device: str = "cpu") -> int:
-        """Live-tensor bytes on one device (``"cpu"``, ``"cuda:0"``)."""
-        return self.live_tensor_bytes.get(device, 0)
+    def live(self, device: str = "cpu") -> int | None:
+        """Live-tensor bytes on one device (``"cpu"``, ``"cuda:0"``); None when the walk was not taken."""
+        return None if self.live_tensor_bytes is None else self.live_tensor_bytes.get(device, 0)
 
     @property
-    def best_bytes(self) -> int:
-        """The figure of :func:`best_reading`: CUDA allocated on a GPU, else CPU live tensors."""
+    def best_bytes(self) -> int | None:
+        """The figure of :func:`best_reading`: CUDA allocated on a GPU, else CPU live tensors (None: not read)."""
         if self.cuda_allocated_bytes is not None:
             return self.cuda_allocated_bytes
         return self.live("cpu")
@@ -155,8 +157,11 @@ class Snapshot:
             )
         if self.nvml_used_bytes is not None:
             parts.append(f"NVML used {fmt_bytes(self.nvml_used_bytes)}")
-        tensors = ", ".join(f"{dev} {fmt_bytes(n)}" for dev, n in sorted(self.live_tensor_bytes.items()))
-        parts.append(f"live tensors: {tensors or 'none'}")
+        if self.live_tensor_bytes is None:
+            parts.append("live tensors: not read")
+        else:
+            tensors = ", ".join(f"{dev} {fmt_bytes(n)}" for dev, n in sorted(self.live_tensor_bytes.items()))
+            parts.append(f"live tensors: {tensors or 'none'}")
         parts.append(f"RSS {fmt_bytes(self.rss_bytes)} (peak {fmt_bytes(self.rss_peak_bytes)})")
         parts.append(f"RAM available {fmt_bytes(self.ram_available_bytes)}")
         return " | ".join(parts)
@@ -174,7 +179,7 @@ def snapshot(live_tensors: bool = True) -> Snapshot:
         rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
         rss_peak_bytes=_rss_peak_bytes(),
         ram_available_bytes=psutil.virtual_memory().available,
-        live_tensor_bytes=live_tensor_bytes() if live_tensors else {},
+        live_tensor_bytes=live_tensor_bytes() if live_tensors else None,
     )
     if has_cuda():
         snap.cuda_allocated_bytes = torch.cuda.memory_allocated()
@@ -184,20 +189,60 @@ def snapshot(live_tensors: bool = True) -> Snapshot:
     return snap
 
 
-def reset_peak() -> None:
+# How many times each peak counter was reset in this process. A stage whose counter was reset
+# inside it (by a nested stage, Trainer's memory metrics or any other tool) cannot call its peak exact.
+_RESETS = {"cuda": 0, "rss": 0}
+
+
+def peak_resets() -> dict:
+    """How many times the CUDA and RSS peak counters were reset so far: ``{"cuda": n, "rss": n}``."""
+    return dict(_RESETS)
+
+
+def _count_cuda_resets() -> None:
+    # torch keeps no count of resets of its peak, and Trainer (TrainerMemoryTracker) and other tools
+    # reset it for the whole process. So the reset function is wrapped, once, to count every call.
+    orig = torch.cuda.memory.reset_peak_memory_stats
+    if getattr(orig, "_kit_counts", False):
+        return
+
+    @functools.wraps(orig)
+    def reset_peak_memory_stats(*args, **kwargs):
+        _RESETS["cuda"] += 1
+        return orig(*args, **kwargs)
+
+    reset_peak_memory_stats._kit_counts = True
+    torch.cuda.reset_peak_memory_stats = torch.cuda.memory.reset_peak_memory_stats = reset_peak_memory_stats
+
+
+if torch.cuda.is_available():
+    _count_cuda_resets()
+
+
+def reset_peak() -> dict:
     """Reset the peak counters: CUDA's max allocated (when CUDA is there) and the peak RSS.
 
+    Returns whether each reset took: ``{"cuda": True|None (no GPU), "rss": True|False}``.
     Guarded: on a CPU build ``torch.cuda.reset_peak_memory_stats`` raises, so it is
     called only with a GPU. The RSS peak is reset through ``/proc/self/clear_refs``
-    on Linux, and silently kept elsewhere.
+    on Linux; where that file cannot be written, ``"rss"`` is False and the RSS peak
+    still counts from an earlier moment.
+
+    >>> reset_peak()["cuda"] in (True, None)
+    True
     """
+    done = {"cuda": None, "rss": False}
     if has_cuda():
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats()   # counted by the wrapper above
+        done["cuda"] = True
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
+        done["rss"] = True
+        _RESETS["rss"] += 1
     except OSError:
         pass
+    return done
 
 
 def peak_allocated_bytes() -> int | None:
@@ -213,10 +258,16 @@ def empty_cache() -> None:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error: ``torch.OutOfMemoryError``, ``MemoryError``, or CUDA's OOM text."""
+    """True for an out-of-memory error: ``torch.OutOfMemoryError``, ``MemoryError``, CUDA's OOM text,
+    or the CPU allocator's (a RuntimeError, not a MemoryError).
+
+    >>> is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory"))
+    True
+    """
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def hardware() -> dict:

@@ -48,6 +48,7 @@ def _read() -> tuple[Snapshot, dict]:
     """A snapshot and the live storages from one gc walk (the walk is the slow part)."""
     stores = _storages()
     snap = device.snapshot(live_tensors=False)
+    snap.live_tensor_bytes = {}
     for (dev, _), (nbytes, _) in stores.items():   # the same sum as device.live_tensor_bytes()
         snap.live_tensor_bytes[dev] = snap.live_tensor_bytes.get(dev, 0) + nbytes
     return snap, stores

@@ -104,11 +104,11 @@ class LivePlot:
             fig, note = None, f"(live plot: {type(exc).__name__}: {exc})"
         path = None
         if self.out is not None:
-            with self.out:
-                _clear_output(wait=True)
-                if fig is not None:
-                    _display(fig)
-                else:
+            if fig is not None:
+                show(fig, self.out)
+            else:
+                with self.out:
+                    _clear_output(wait=True)
                     print(note)
         elif fig is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -126,6 +126,34 @@ class LivePlot:
         """Stop redrawing (detach from the tracker)."""
         if self.tracker is not None and self._on_event in self.tracker.listeners:
             self.tracker.listeners.remove(self._on_event)
+
+
+def show(fig, out) -> None:
+    """Show ``fig`` as a PNG in the ``ipywidgets.Output`` ``out``, replacing what it showed.
+
+    The one place the kit displays a figure in a notebook. kit.plot builds Figures outside
+    pyplot, and IPython registers its Figure formatter only once pyplot's inline backend
+    loads: until then, in a fresh kernel, ``display(fig)`` prints "<Figure ...>". So the
+    PNG formatter is registered first, as the inline backend does; a format the user
+    chose (svg, retina) is left alone.
+    """
+    _figures_as_png()
+    with out:
+        _clear_output(wait=True)
+        _display(fig)
+
+
+def _figures_as_png() -> None:
+    ip = get_ipython() if get_ipython else None
+    if ip is None:
+        return
+    from matplotlib.figure import Figure
+
+    fmts = ip.display_formatter.formatters
+    if not any(Figure in fmts[m].type_printers for m in ("image/png", "image/svg+xml", "image/jpeg")):
+        from IPython.core.pylabtools import select_figure_formats
+
+        select_figure_formats(ip, {"png"}, bbox_inches="tight")
 
 
 def _close(fig) -> None:

@@ -148,7 +148,9 @@ def _train_once(setup: dict, steps: int, tracker: Tracker) -> int | None:
             model = build(setup)
         with tracker.stage("Trainer init", collect=False, live_tensors=False):
             trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
-        with tracker.stage("train", reset_peak=True, collect=False) as rec:  # the panel owns the peak while it runs
+        # The panel owns the peak while it runs. On a CPU, TensorPeak counts every op's tensors (activations
+        # included), the stand-in for CUDA's max allocated that the estimate predicts.
+        with tracker.stage("train", reset_peak=True, collect=False, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes
     finally:
@@ -194,15 +196,16 @@ def _point(model, tok, ds, setup: dict, steps: int, tracker: Tracker, name: str)
         shutil.rmtree(out, ignore_errors=True)
 
 
-def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: int = 1,
+def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: int = 2,
           tracker: Tracker | None = None) -> dict:
     """Peak against ``over`` ("batch_size" or "seq_len"), ascending, stopping at the first OOM.
 
-    The model is built once. A size the estimate says would exhaust this machine's RAM is not
-    run (a CPU OOM kills the kernel): it is marked OOM with ``predicted=True``. Returns
-    ``{"points": [(size, peak_bytes or None, oom)], "predicted": [(size, peak_bytes)],
-    "refused": [size], "largest": size or None, "over": over}``; ``points`` is ready for
-    :func:`kit.plot.sweep`.
+    The model is built once. Each size trains ``steps`` optimizer steps (from the second, AdamW's
+    state is alive, as the estimate assumes). A size the estimate says would exhaust this
+    machine's RAM is not run (a CPU OOM kills the kernel): it is listed in ``refused``, never
+    drawn as a measurement. Returns ``{"points": [(size, peak_bytes or None, oom)] (the sizes
+    that ran), "predicted": [(size, peak_bytes)], "refused": [size], "largest": size or None,
+    "over": over}``; ``points`` is ready for :func:`kit.plot.sweep`.
 
     >>> result = sweep(setup, "batch_size", (1, 2, 4))          # doctest: +SKIP
     """
@@ -222,7 +225,6 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
             est = estimate_as_run(s)
             result["predicted"].append((size, est.peak_bytes))
             if refusal(s, est):
-                result["points"].append((size, None, True))
                 result["refused"].append(size)
                 break
             if model is None:
@@ -250,8 +252,10 @@ def sweep_figure(result: dict, model: str, limit_bytes: int | None = None):
     from . import plot
 
     label = result["over"].replace("_", " ")
-    fig = plot.sweep(result["points"], label, limit_bytes=limit_bytes,
-                     title=f"Peak against {label}: {model} (measured here)")
+    title = f"Peak against {label}: {model} (measured here)"
+    if result["refused"]:
+        title += f"\nnot run, predicted over this machine's RAM: {label} {', '.join(map(str, result['refused']))}"
+    fig = plot.sweep(result["points"], label, limit_bytes=limit_bytes, title=title)
     ax, top = fig.axes[0], max(gib(b) for _, b in result["predicted"])
     ax.plot(*zip(*[(s, gib(b)) for s, b in result["predicted"]]), "--", color="0.5", label="predicted peak")
     ax.set_ylim(top=max(ax.get_ylim()[1], 1.1 * top))
@@ -261,7 +265,7 @@ def sweep_figure(result: dict, model: str, limit_bytes: int | None = None):
 
 def sweep_record(result: dict, setup: dict) -> dict:
     """One history row for a sweep: the largest size that ran, and what was not run."""
-    sizes = [p[0] for p in result["points"]]
+    sizes = [p[0] for p in result["points"]] + result["refused"]
     peaks = [p for _, p, _ in result["points"] if p]
     note = f"largest that ran: {result['largest']}"
     if result["refused"]:

@@ -154,8 +154,8 @@ class Tracker:
             reset_peak = (not device.has_cuda()) if self.reset_peak == "auto" else self.reset_peak
         if collect:
             gc.collect()
-        if reset_peak:
-            device.reset_peak()  # resets CUDA's peak too when there is a GPU: only on request there
+        took = device.reset_peak() if reset_peak else {}  # CUDA's too when there is a GPU: only on request there
+        resets = device.peak_resets()
         start, _ = self._snap(live_tensors)
         index = self._counts.get(name, 0)
         self._counts[name] = index + 1
@@ -179,25 +179,35 @@ class Tracker:
             if collect:
                 gc.collect()
             rec.end, _ = self._snap(live_tensors)
-            self._finish(rec, watch)
+            self._finish(rec, watch, took, resets)
             self._emit("stage_end")
 
-    def _finish(self, rec: StageRecord, watch=None) -> None:
+    def _finish(self, rec: StageRecord, watch=None, took: dict | None = None, resets: dict | None = None) -> None:
+        """The stage's peaks. ``took``: which counters the stage's own reset reset; ``resets``: the
+        process's reset counts just after it (more at the end: someone reset inside the stage)."""
+        took, now = took or {}, device.peak_resets()
+        resets = resets or now
         t0, t1 = rec.start.time, rec.end.time
         inside = [s.snap for s in self.samples if t0 <= s.snap.time <= t1]
         kids = [r for r in self.records if r is not rec and r.end is not None and t0 <= r.start.time and r.end.time <= t1]
         snaps = [rec.start, rec.end] + inside
         rec.cuda_peak_bytes, rec.cuda_peak_exact, cuda_note = _peak(
-            rec.reset_peak, rec.start.cuda_peak_allocated_bytes, rec.end.cuda_peak_allocated_bytes,
-            [s.cuda_allocated_bytes for s in snaps] + [k.cuda_peak_bytes for k in kids])
+            bool(took.get("cuda")), rec.start.cuda_peak_allocated_bytes, rec.end.cuda_peak_allocated_bytes,
+            [s.cuda_allocated_bytes for s in snaps] + [k.cuda_peak_bytes for k in kids],
+            [s.cuda_peak_allocated_bytes for s in inside], now["cuda"] > resets["cuda"])
         if not rec.on_cuda:
             rec.cuda_peak_bytes = rec.cuda_peak_exact = None
         rec.rss_peak_bytes, rec.rss_peak_exact, rss_note = _peak(
-            rec.reset_peak, rec.start.rss_peak_bytes, rec.end.rss_peak_bytes,
-            [s.rss_bytes for s in snaps] + [k.rss_peak_bytes for k in kids])
+            bool(took.get("rss")), rec.start.rss_peak_bytes, rec.end.rss_peak_bytes,
+            [s.rss_bytes for s in snaps] + [k.rss_peak_bytes for k in kids],
+            [s.rss_peak_bytes for s in inside], now["rss"] > resets["rss"])
+        if rec.reset_peak and not took.get("rss"):
+            rss_note = f"its reset at stage start failed (/proc/self/clear_refs not writable); {rss_note}"
         live: dict[str, int] = {}
         for s in [rec.start, rec.end] + [s.snap for s in self.samples if s.has_live and t0 <= s.snap.time <= t1]:
-            for dev, n in s.live_tensor_bytes.items():
+            if s.live_tensor_bytes is not None:
+                live.setdefault("cpu", 0)       # read, and no CPU tensor: a true 0
+            for dev, n in (s.live_tensor_bytes or {}).items():
                 live[dev] = max(live.get(dev, 0), n)
         for k in kids:
             for dev, n in k.live_peak_bytes.items():
@@ -265,11 +275,12 @@ class Tracker:
         for r in done:
             label = r.name if self._counts.get(r.name, 1) == 1 else f"{r.name} #{r.index + 1}"
             label = ("  " * r.depth + label)[:23]
-            peak = ("" if r.peak_exact else ">=") + fmt_bytes(r.peak_bytes, unit)
+            peak = "not read" if r.peak_bytes is None else ("" if r.peak_exact else ">=") + fmt_bytes(r.peak_bytes, unit)
             rss = ("" if r.rss_peak_exact else ">=") + fmt_bytes(r.rss_peak_bytes, unit)
-            sign = "+" if r.delta_bytes >= 0 else "-"
-            lines.append(f"{label:<24}{fmt_bytes(r.start_bytes, unit):>12}{fmt_bytes(r.end_bytes, unit):>12}"
-                         f"{sign + fmt_bytes(abs(r.delta_bytes), unit):>12}{peak:>13}{rss:>13}{r.duration_s:>8.1f}s"
+            change = "not read" if r.delta_bytes is None else ("+" if r.delta_bytes >= 0 else "-") + fmt_bytes(
+                abs(r.delta_bytes), unit)
+            start, end = (("not read" if b is None else fmt_bytes(b, unit)) for b in (r.start_bytes, r.end_bytes))
+            lines.append(f"{label:<24}{start:>12}{end:>12}{change:>12}{peak:>13}{rss:>13}{r.duration_s:>8.1f}s"
                          + (f"  ({r.error})" if r.error else ""))
         return "\n".join(lines)
 

@@ -18,16 +18,18 @@ _SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes
 
 def write_csv(t, path: str | Path) -> None:
     """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
-    devs = sorted({d for r in t.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes}
-                  | {d for s in t.samples for d in s.snap.live_tensor_bytes})
+    devs = sorted({d for r in t.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes or {}}
+                  | {d for s in t.samples for d in s.snap.live_tensor_bytes or {}})
     rows = []
     for r in t.records:
-        base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth, "has_live": True}
-        rows.append({"kind": "stage_start", **base, **_flat(r.start, devs)})
+        base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth}
+        rows.append({"kind": "stage_start", **base, "has_live": r.start.live_tensor_bytes is not None,
+                     **_flat(r.start, devs)})
         if r.end is not None:
             peaks = {f"stage_{k}": getattr(r, k) for k in _STAGE_FIELDS}
             peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
-            rows.append({"kind": "stage_end", **base, **_flat(r.end, devs), **peaks})
+            rows.append({"kind": "stage_end", **base, "has_live": r.end.live_tensor_bytes is not None,
+                         **_flat(r.end, devs), **peaks})
     for s in t.samples:
         rows.append({"kind": "sample", "stage": s.stage, "stage_index": s.stage_index, "step": s.step,
                      "event": s.event, "has_live": s.has_live, "cost_s": s.cost_s, **_flat(s.snap, devs)})
@@ -61,7 +63,7 @@ def load(t, path: Path):
 
 def _flat(snap: Snapshot, devs: list[str]) -> dict:
     d = {k: getattr(snap, k) for k in _SNAP_FIELDS}
-    d.update({f"live_{dev}_bytes": snap.live_tensor_bytes.get(dev) for dev in devs})
+    d.update({f"live_{dev}_bytes": (snap.live_tensor_bytes or {}).get(dev) for dev in devs})
     return d
 
 

@@ -58,8 +58,8 @@ class StageRecord:
         return None if self.end is None else self.end.time - self.start.time
 
     @property
-    def start_bytes(self) -> int:
-        """The best reading (CUDA allocated, else CPU live tensors) at the start."""
+    def start_bytes(self) -> int | None:
+        """The best reading (CUDA allocated, else CPU live tensors) at the start; None: not read."""
         return self.start.best_bytes
 
     @property
@@ -68,14 +68,17 @@ class StageRecord:
 
     @property
     def delta_bytes(self) -> int | None:
-        return None if self.end is None else self.end_bytes - self.start_bytes
+        if self.end_bytes is None or self.start_bytes is None:
+            return None
+        return self.end_bytes - self.start_bytes
 
     @property
     def peak_bytes(self) -> int | None:
-        """Peak of the best reading: CUDA max allocated, else the live-tensor peak (a lower bound)."""
+        """Peak of the best reading: CUDA max allocated, else the live-tensor peak (exact when
+        TensorPeak watched, else a lower bound); None when no live-tensor reading was taken."""
         if self.on_cuda:
             return self.cuda_peak_bytes
-        return self.live_peak_bytes.get("cpu", 0)
+        return self.live_peak_bytes.get("cpu")
 
     @property
     def peak_exact(self) -> bool:
@@ -90,11 +93,20 @@ class StageRecord:
         return cls(**{**d, "start": Snapshot.from_dict(d["start"]), "end": end})
 
 
-def _peak(reset: bool, p0, p1, seen: list) -> tuple[int | None, bool | None, str]:
-    """Peak inside a stage from a global peak counter read at start (p0) and end (p1)."""
+def _peak(reset: bool, p0, p1, seen: list, counters: list = (), reset_inside: bool = False
+          ) -> tuple[int | None, bool | None, str]:
+    """Peak inside a stage from a global peak counter read at start (p0) and end (p1).
+
+    ``reset``: the counter was reset at the stage's start (and the reset took). ``counters``:
+    the counter's readings in between (samples); a drop among them, or ``reset_inside``, means
+    someone reset it inside the stage, so what came before that reset is lost: never exact.
+    """
     seen = [x for x in seen if x is not None]
     if p1 is None:
         return (max(seen) if seen else None), None, "no peak counter here"
+    readings = [c for c in (p0, *counters, p1) if c is not None]
+    if reset_inside or any(b < a for a, b in zip(readings, readings[1:])):
+        return max([p1] + seen), False, "the counter was reset inside the stage (by a nested stage or another tool); highest reading since"
     if reset:
         return max([p1] + seen), True, "reset at stage start"
     if p1 > p0:

@@ -23,7 +23,7 @@ import functools
 import html
 
 import ipywidgets as W
-from IPython.display import clear_output, display
+from IPython.display import display
 
 from . import device as kdevice
 from . import models as kmodels
@@ -70,26 +70,6 @@ def _control(kind, label: str, value, **kw):
 def _max_positions(model: str) -> int:
     cfg = kmodels.get_config(model)
     return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 2048
-
-
-def _figures_as_png() -> None:
-    """Make IPython show a matplotlib Figure as a PNG, as the inline backend does.
-
-    kit.plot builds Figures outside pyplot, and IPython registers its Figure formatter only
-    once pyplot's inline backend loads: until then ``display(fig)`` prints "<Figure ...>".
-    A format the user chose (svg, retina) is left alone.
-    """
-    from IPython import get_ipython
-    from matplotlib.figure import Figure
-
-    ip = get_ipython()
-    if ip is None:
-        return
-    fmts = ip.display_formatter.formatters
-    if not any(Figure in fmts[m].type_printers for m in ("image/png", "image/svg+xml", "image/jpeg")):
-        from IPython.core.pylabtools import select_figure_formats
-
-        select_figure_formats(ip, {"png"}, bbox_inches="tight")
 
 
 class Panel:
@@ -145,7 +125,6 @@ class Panel:
         buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.status])
         self.widget = W.VBox([title] + rows + [self.estimate_html, buttons, self.plot_out, self.history_html])
         self.widget.add_class("kit-panel")
-        _figures_as_png()
         self._refresh()
 
     # -- the estimate, on every change ----------------------------------------------------
@@ -262,10 +241,10 @@ class Panel:
             self._refresh()  # gives back each control's own disabled state and reason
 
     def _show(self, fig) -> None:
+        from .live import show
+
         self.last_figure = fig
-        with self.plot_out:
-            clear_output(wait=True)
-            display(fig)
+        show(fig, self.plot_out)
 
     def _on_run(self, _button=None) -> None:
         from . import plot
@@ -308,7 +287,8 @@ class Panel:
         self.status.value = f"sweeping {over.replace('_', ' ')} over {', '.join(map(str, sizes))}&hellip;"
         try:
             res = panel_runs.sweep(setup, over, sizes, tracker=Tracker())
-            self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
+            if res["points"]:  # else every size was refused before it ran: the history row says why
+                self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
             record = panel_runs.sweep_record(res, setup)
         except KeyboardInterrupt:
             record = dict(setup, status="stopped", error="interrupted; memory released")

@@ -167,6 +167,19 @@ def test_largest_batch_size_finds_the_limit_and_frees_each_failure():
         oom.largest_batch_size(train, start=0)
 
 
+def test_a_real_cpu_allocation_failure_is_an_oom_and_the_search_finds_the_limit():
+    # The CPU allocator raises a RuntimeError (not MemoryError) when an allocation fails: a real one here.
+    def train(batch_size):
+        n = 2**62 if batch_size > 5 else batch_size * MiB     # 4 EiB: the allocator refuses at once
+        return int(torch.empty(n, dtype=torch.uint8).numel() > 0)
+
+    r = oom.oom_safe(train, 8, setup={"batch_size": 8})
+    assert r.oom and "can't allocate memory" in r.error
+    search = oom.largest_batch_size(train, start=8, precision=1)
+    assert search.best == 5                       # before the fix, accelerate swallowed the error: 4
+    assert {p.size: p.oom for p in search.points} == {8: True, 4: False, 6: True, 5: False}
+
+
 # -- on a GPU -------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_cuda_real_oom_is_recovered_and_memory_returns(tmp_path):

@@ -1,4 +1,5 @@
 """Readings: live-tensor bytes move by exactly what we allocate and free, on the CPU."""
+import builtins
 import gc
 
 import pytest
@@ -139,3 +140,34 @@ def test_tensor_peak_counts_frees():
             del y
     assert p.peak_bytes - p.start_bytes == MiB   # never more than one alive at a time
     assert p.current_bytes == p.start_bytes
+
+
+def test_tensor_peak_counts_a_storage_that_grows_in_place():
+    c = torch.empty(0)
+    with tensor_peak.TensorPeak() as p:
+        torch.ones(1000, out=c)               # the empty storage grows to 4000 bytes in place
+    assert p.peak_bytes - p.start_bytes == 4000
+    del c
+
+
+def test_tensor_peak_agrees_with_the_gc_walk_when_nothing_hides_in_a_graph():
+    keep = [torch.ones(MiB, dtype=torch.uint8)]
+    with tensor_peak.TensorPeak() as p:
+        keep.append(torch.zeros(3 * MiB, dtype=torch.uint8))
+        keep.append(keep[0][: MiB // 2])       # a view: its storage counts once
+        gc.collect()
+        walk = device.live_tensor_bytes("cpu")
+    assert p.current_bytes == walk
+    del keep
+
+
+def test_reset_peak_says_whether_the_rss_reset_took(monkeypatch):
+    assert device.reset_peak()["rss"] is True               # Linux: /proc/self/clear_refs is writable here
+
+    def no_write(path, *a, **k):    # /proc/self/clear_refs unwritable (a sandbox); reads still work
+        if str(path).endswith("clear_refs"):
+            raise PermissionError(13, "Permission denied", path)
+        return builtins.open(path, *a, **k)
+
+    monkeypatch.setattr(device, "open", no_write, raising=False)
+    assert device.reset_peak()["rss"] is False

@@ -1,4 +1,5 @@
 """The tracker: exact stage deltas, peaks, the Trainer callback, export and read-back."""
+import builtins
 import functools
 import json
 
@@ -188,3 +189,48 @@ def test_cuda_stage_deltas_and_peak_without_resetting():
         z = torch.ones(MiB, dtype=torch.uint8, device="cuda")
     assert rec.cuda_peak_exact is False and "earlier peak" in rec.peak_note
     del x, z
+
+
+def test_a_stage_without_a_live_reading_says_not_read_never_zero():
+    t = Tracker()
+    x = torch.ones(MiB, dtype=torch.uint8)
+    with t.stage("quick", live_tensors=False, collect=False) as rec:
+        pass
+    assert rec.start.live("cpu") is None and rec.end.live_tensor_bytes is None
+    if not device.has_cuda():
+        assert rec.start_bytes is None and rec.delta_bytes is None and rec.peak_bytes is None
+        assert "not read" in t.summary().splitlines()[-1]
+    assert "live tensors: not read" in rec.start.text()
+    del x
+
+
+@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+def test_a_reset_inside_a_stage_means_its_peak_is_not_exact():
+    t = Tracker(reset_peak=False)
+    with t.stage("outer") as outer:
+        with t.stage("inner", reset_peak=True):        # resets the process's RSS peak inside "outer"
+            pass
+        y = torch.ones(64 * MiB, dtype=torch.uint8)   # and the peak climbs back above outer's start
+        del y
+    assert outer.rss_peak_exact is False
+    assert "reset inside the stage" in outer.peak_note
+
+
+@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+def test_a_failed_rss_reset_is_not_reported_as_exact(monkeypatch):
+    big = torch.ones(256 * MiB, dtype=torch.uint8)    # an earlier, higher RSS peak
+    del big
+
+    def no_write(path, *a, **k):    # /proc/self/clear_refs unwritable (a sandbox); reads still work
+        if str(path).endswith("clear_refs"):
+            raise PermissionError(13, "Permission denied", path)
+        return builtins.open(path, *a, **k)
+
+    monkeypatch.setattr(device, "open", no_write, raising=False)
+    t = Tracker()
+    with t.stage("small", reset_peak=True) as rec:
+        z = torch.ones(MiB, dtype=torch.uint8)
+        del z
+    assert rec.rss_peak_exact is False                  # the old code said "reset at stage start", exact
+    assert rec.rss_peak_bytes < rec.start.rss_peak_bytes  # not the earlier 256 MiB peak
+    assert "failed" in rec.peak_note

@@ -1,8 +1,8 @@
 """Notebook-facing helpers of scenario 1 (``notebooks/01_distilgpt2_custom_head.ipynb``).
 
 The logic is in :mod:`kit.scenarios.s1_custom_head`; this module only wraps its runs in a live
-stage plot and reads its records aloud, so that each notebook cell stays short. The generic
-helpers (``run_note``, ``quiet``) are :mod:`kit.scenarios.s2_notebook`'s.
+stage plot and reads its records aloud, so that each notebook cell stays short. The helpers
+every notebook uses (``run_note``, ``quiet``) are :mod:`kit.notebook`'s.
 
 - :func:`breakdown_figure`: the original's estimate as a stacked bar (nothing measured).
 - :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.

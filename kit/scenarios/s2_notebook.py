@@ -3,7 +3,7 @@
 The fold logic is in :mod:`kit.scenarios.s2_cross_validation`; this module only turns its
 results and the estimator's into what a notebook cell shows, so that each cell stays short:
 
-- :func:`run_note`: which run produced the outputs (mode, device).
+
 - :func:`weights_split` / :func:`four_gb_text`: the 4-bit model as loaded, its 16-bit parts
   named, against the advice's "about 4 GB".
 - :func:`two_models_text`: one fold, then fold 2 with fold 1's model still alive, against a GPU.
@@ -22,56 +22,19 @@ import gc
 import math
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
 from .. import cleanup, leaks
 from .. import device as kdevice
 from .. import models as kmodels
-from .. import plot, runtime
+from .. import plot
 from ..estimate import estimate
-from ..live import LivePlot, in_notebook
+from ..live import LivePlot
 from ..presets import PRESETS
 from ..track import Tracker
 from ..units import fmt_bytes
 from . import s2_cross_validation as cv
 from .s2_lora_reset import lora_config
-
-
-def run_note() -> str:
-    """One line saying which run produced a notebook's outputs: mode, and the device it ran on.
-
-    >>> run_note().startswith("These outputs come from")
-    True
-    """
-    hw = kdevice.hardware()
-    where = (f"a {hw['gpu_name']} GPU ({fmt_bytes(hw['gpu_total_bytes'])})" if hw["gpu_name"]
-             else f"a {hw['cpu_cores']}-core CPU, no GPU")
-    return f"These outputs come from a run on {where}. {runtime.mode_reason()}"
-
-
-def quiet() -> None:
-    """No progress bars (datasets' map, transformers' weight loading) and no warnings about the
-    libraries' own deprecated internals: the loops print one line per fold instead.
-
-    >>> quiet()
-    """
-    import datasets
-    from transformers.utils import logging as hf_logging
-
-    datasets.disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    # peft and Trainer call transformers 5's renamed checkpointing methods; nothing for a reader to do
-    warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
-
-
-def scratch_dir() -> str:
-    """A new temporary folder, for smoke runs that must leave nothing behind.
-
-    >>> Path(scratch_dir()).is_dir()
-    True
-    """
-    return tempfile.mkdtemp(prefix="kit-cv-")
 
 
 def weights_split(model_name: str) -> list[tuple[str, int]]:
@@ -169,12 +132,6 @@ class FoldChart:
     """
 
     def __init__(self, title: str, *, limit_bytes: int | None = None, folder=None):
-        if in_notebook():
-            # A kit.plot Figure is built outside pyplot; a fresh Jupyter kernel shows it as PNG only once
-            # the inline backend's display formatter is registered, which is what %matplotlib inline does.
-            from IPython import get_ipython
-
-            get_ipython().run_line_magic("matplotlib", "inline")
         self.title, self.records = title, []
         self.limit_bytes = limit_bytes if limit_bytes is not None else kdevice.hardware()["gpu_total_bytes"]
         self.live = LivePlot(None, draw=lambda _tracker: self.figure(), folder=folder, min_interval_s=0)
