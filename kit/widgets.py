@@ -313,15 +313,17 @@ class Panel:
 
     def _history_view(self) -> str:
         cols = ["model", "batch_size", "seq_len", "quantization", "precision", "lora_r", "optimizer", "status",
-                "predicted", "measured", "returned"]
-        head = "".join(f"<th style='padding:2px 8px'>{c.replace('_', ' ')}</th>" for c in cols)
+                "predicted", "measured", "ratio", "returned"]
+        names = {"ratio": "measured / predicted"}
+        head = "".join(f"<th style='padding:2px 8px'>{names.get(c, c.replace('_', ' '))}</th>" for c in cols)
         rows = []
         for i, r in enumerate(self.history, 1):
-            vals = {**r, "predicted": fmt_bytes(r["predicted_peak_bytes"]) if r.get("predicted_peak_bytes") else "",
-                    "measured": fmt_bytes(r["measured_peak_bytes"]) if r.get("measured_peak_bytes") else "",
+            pred, meas = r.get("predicted_peak_bytes"), r.get("measured_peak_bytes")
+            vals = {**r, "predicted": fmt_bytes(pred) if pred else "", "measured": fmt_bytes(meas) if meas else "",
+                    "ratio": f"{meas / pred:.2f}x" if pred and meas else "",
                     "returned": {True: "yes", False: "NO", None: ""}[r.get("returned")]}
-            rows.append(f"<tr><td>{i}</td>" + "".join(f"<td style='padding:2px 8px'>{html.escape(str(vals.get(c, '')))}"
-                                                      "</td>" for c in cols) + "</tr>")
+            rows.append(f"<tr><td>{i}</td>" + "".join(f"<td class='kit-{c}' style='padding:2px 8px'>"
+                                                      f"{html.escape(str(vals.get(c, '')))}</td>" for c in cols) + "</tr>")
         return (f"<table class='kit-history' style='font-size:85%;border-collapse:collapse'><tr><th>#</th>{head}</tr>"
                 + "".join(rows) + "</table>")
 

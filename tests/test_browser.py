@@ -192,5 +192,8 @@ def _drive(page, tmp_path: Path, base: str, token: str) -> list:
     page.locator(".kit-panel button", has_text="Run").click()
     page.wait_for_selector(".kit-history td:text-is('ok')", timeout=120_000)
     page.wait_for_selector(".kit-panel .jp-OutputArea-output img", timeout=30_000)
+    # The first measured number a workshop sees: the same setup as the estimate, counted op by op.
+    ratio = page.inner_text(".kit-history tr:last-child td.kit-ratio").strip()
+    assert ratio.endswith("x") and 0.85 <= float(ratio[:-1]) <= 1.15, f"measured/predicted is {ratio}"
     page.locator(".kit-panel").screenshot(path=str(tmp_path / "panel-3-run.png"))
     return sorted(tmp_path.glob("panel-*.png"))

@@ -89,7 +89,7 @@ def test_8bit_adam_on_the_big_head_is_refused():
 
 
 def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
-    p = panel(scenario=1, model="tiny-gpt2", steps=1, batch_size=2, seq_len=32)
+    p = panel(scenario=1, model="tiny-gpt2", steps=2, batch_size=2, seq_len=32)
     seen = []
     real = panel_runs.measured_run
 
@@ -102,7 +102,8 @@ def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
     assert seen and all(seen[0].values()), f"controls not all disabled during the run: {seen}"
     r = p.history[-1]
     assert r["status"] == "ok", r
-    assert r["measured_peak_bytes"] > 0 and r["predicted_peak_bytes"] > 0
+    # The same setup at the same step (the second: AdamW's state alive), as the legend claims.
+    assert 0.85 <= r["measured_peak_bytes"] / r["predicted_peak_bytes"] <= 1.15, r
     assert r["returned"] is True
     assert p.last_figure is not None and "measured" in p.last_figure.axes[0].get_xticklabels()[1].get_text()
     assert not p.controls["batch_size"].disabled and p.controls["lora_r"].disabled is False
@@ -131,6 +132,22 @@ def test_sweep_marks_the_oom(monkeypatch):
     assert "predicted peak" in [line.get_label() for line in ax.get_lines()]
     assert r["returned"] is True
     assert not p.controls["batch_size"].disabled
+
+
+def test_a_real_sweep_measures_each_size_against_its_estimate(monkeypatch):
+    setup = panel(scenario=1, model="tiny-gpt2", seq_len=32).setup()
+    real_refusal = panel_runs.refusal
+    monkeypatch.setattr(panel_runs, "refusal",   # size 4 "would exhaust RAM": refused, never run
+                        lambda s, est: "needs about 99 GiB of RAM (faked)" if s["batch_size"] == 4 else real_refusal(s, est))
+    res = panel_runs.sweep(setup, "batch_size", (1, 2, 4))
+    assert [size for size, _, _ in res["points"]] == [1, 2] and res["refused"] == [4]
+    assert not any(oom for _, _, oom in res["points"]), "a size that never ran is not an OOM"
+    predicted = dict(res["predicted"])
+    for size, measured, _ in res["points"]:
+        assert 0.85 <= measured / predicted[size] <= 1.15, (size, measured, predicted[size])
+    fig = panel_runs.sweep_figure(res, "tiny-gpt2")
+    assert "OOM" not in [t.get_text() for t in fig.axes[0].texts]
+    assert "not run" in fig.axes[0].get_title() and "4" in fig.axes[0].get_title()
 
 
 def test_refused_run_says_why(monkeypatch):
