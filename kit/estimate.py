@@ -13,6 +13,7 @@ Trainer step: the larger of the forward/backward phase and the optimizer step.
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -20,6 +21,7 @@ from functools import lru_cache
 from . import replay as act
 from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
                       optimizer_state_bytes)
+from . import inputs as kin
 from .presets import ALIASES as _ALIASES
 from .units import fmt_bytes
 
@@ -50,18 +52,58 @@ class _Info:
     buffers_bytes: int
     vocab_head: bool
     max_positions: int | None
+    output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
+
+
+class UnsupportedModel(ValueError):
+    """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for)."""
+
+
+# The Llama-style replay reads these; a config without them has blocks of another shape.
+_LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_COVERED = ("GPT-2 and Llama-style decoders (llama, mistral, qwen2, qwen3, gemma, phi3, ...)")
+
+
+def _family(cfg) -> str:
+    """The replay family of a config: "gpt2", "llama" (Llama-style), or UnsupportedModel in words."""
+    mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
+    if mt == "gpt2":
+        return "gpt2"
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: the "
+                               f"estimator covers {_COVERED}; pass one of those.")
+    experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
+               and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
+    if experts:
+        k, v = next(iter(experts.items()))
+        raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}): the estimator replays "
+                               f"dense blocks only and would undercount its experts' activations; it covers "
+                               f"{_COVERED}. Measure this model on a real step with kit.track.Tracker instead.")
+    missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
+    if missing:
+        raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator: its config has no Llama-style "
+                               f"{', '.join(missing)}, so its blocks are of another shape. The estimator covers "
+                               f"{_COVERED}: pass one of those, or measure this model on a real step with "
+                               f"kit.track.Tracker.")
+    return "llama"
 
 
 def _inventory(model, cfg) -> _Info:
     import torch.nn as nn
+    from transformers import PreTrainedModel
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     vocab_head = getattr(cfg, "kit_vocab_head", False) or hasattr(model, "custom_layer")
     base, prefix = (model.gpt2, "gpt2.") if vocab_head else (model, "")
+    base_cfg = getattr(base, "config", cfg)
+    family = _family(base_cfg)
+    what = f"{base_cfg.model_type} ({type(model).__name__})"
+    out = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
     skip = [prefix + k for k in get_keys_to_not_convert(base)] if hasattr(base, "all_tied_weights_keys") else []
-    seen, leaves = set(), []
+    seen, leaves, blocks = set(), [], set()
     for name, mod in model.named_modules():
         params = list(mod.named_parameters(recurse=False))
         if not params:
@@ -79,16 +121,26 @@ def _inventory(model, cfg) -> _Info:
         parts = name.split(".")
         idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
         part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
+        if idx is not None:
+            blocks.add(".".join(parts[:idx + 1]))
         leaves.append(_Leaf(
             name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
             b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
             linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
             part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
-    base_cfg = getattr(base, "config", cfg)
-    family = "gpt2" if base_cfg.model_type == "gpt2" else "llama"
+    if len(blocks) != base_cfg.num_hidden_layers:
+        raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay: it has "
+                               f"{len(blocks)} blocks named like GPT-2's (transformer.h.N) or Llama's "
+                               f"(model.layers.N), and its config says {base_cfg.num_hidden_layers}. The estimator "
+                               f"covers {_COVERED}; pass one of those.")
+    if isinstance(model, PreTrainedModel) and out is None:
+        raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it "
+                               "is not a causal LM: the estimator predicts training with a vocabulary loss. Pass "
+                               "its ...ForCausalLM model, its config or a config.json path.")
+    head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    return _Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos)
+    return _Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos, head_name)
 
 
 @lru_cache(maxsize=32)
@@ -115,14 +167,20 @@ def _info(model) -> _Info:
     """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
     from transformers import PretrainedConfig
 
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if isinstance(model, str):
         return _cached(model)
     if isinstance(model, PretrainedConfig):
         return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
     if hasattr(model, "named_modules"):
-        return _inventory(model, getattr(model, "config", None))
-    raise ValueError(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
-                     f"nn.Module, not {type(model).__name__}.")
+        if not isinstance(getattr(model, "config", None), PretrainedConfig):
+            raise UnsupportedModel(f"a bare {type(model).__name__} has no transformers config, so the estimator "
+                                   "cannot read its architecture: pass a causal LM built by transformers "
+                                   "(AutoModelForCausalLM), its config, a config.json path or a registry name.")
+        return _inventory(model, model.config)
+    raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
+                           f"nn.Module, not {type(model).__name__}.")
 
 
 @lru_cache(maxsize=256)
@@ -213,34 +271,32 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     ...          lora_r=16).trainable_params
     6815744
     """
-    _check(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lora_r=lora_r)
-    optimizer = _ALIASES.get(optimizer, optimizer)
-    for what, value, ok in (("precision", precision, DTYPES), ("quantization", quantization, QUANTIZATIONS),
-                            ("optimizer", optimizer, OPTIMIZERS), ("attn_implementation",
-                            attn_implementation, ("sdpa", "eager")), ("kbit_recipe", kbit_recipe,
-                            ("standard", "lean")), ("device", device, ("cuda", "cpu"))):
-        if value not in ok:
-            raise ValueError(f"Unknown {what} {value!r}: use one of {', '.join(ok)}.")
+    batch_size, seq_len, grad_accum = (kin.whole_number(n, v) for n, v in (
+        ("batch_size", batch_size), ("seq_len", seq_len), ("grad_accum", grad_accum)))
+    lora_r = kin.whole_number("lora_r", lora_r, minimum=0)
+    lora_targets = kin.targets(lora_targets)
+    gradient_checkpointing = kin.flag("gradient_checkpointing", gradient_checkpointing, allow_none=True)
+    padded = kin.flag("padded", padded)
+    lora_dropout = kin.fraction("lora_dropout", lora_dropout)
+    optimizer = kin.choice("optimizer", optimizer, OPTIMIZERS, _ALIASES)
+    precision, quantization, attn_implementation, kbit_recipe, device = (kin.choice(*c) for c in (
+        ("precision", precision, DTYPES), ("quantization", quantization, QUANTIZATIONS),
+        ("attn_implementation", attn_implementation, ("sdpa", "eager")),
+        ("kbit_recipe", kbit_recipe, ("standard", "lean")), ("device", device, ("cuda", "cpu"))))
     load_dtype = load_dtype or ("bf16" if quantization != "none" else "fp32")
-    load_dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(str(load_dtype).replace(
-        "torch.", ""), str(load_dtype).replace("torch.", ""))
-    if load_dtype not in DTYPES:
-        raise ValueError(f"Unknown load_dtype {load_dtype!r}: use one of {', '.join(DTYPES)}.")
+    load_dtype = kin.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
+                               {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     info = _info(model)
     if info.max_positions and seq_len > info.max_positions:
-        raise ValueError(f"seq_len {seq_len} is beyond the model's {info.max_positions} positions.")
+        raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
+                                f"positions: use seq_len <= {info.max_positions}.")
     return _assemble(info, model=model if isinstance(model, str) else type(model).__name__,
                     B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                     lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                     accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
                     lora_dropout=lora_dropout, padded=padded, device=device)
-
-
-def _check(**values) -> None:
-    for name, v in values.items():
-        low = 0 if name == "lora_r" else 1
-        if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise ValueError(f"{name} must be an integer >= {low}, not {v!r}.")
 
 
 def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
@@ -250,16 +306,19 @@ def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_target
         raise ValueError("4-bit/8-bit weights cannot be trained directly (Trainer refuses a purely "
                          "quantized model): add LoRA adapters with lora_r > 0.")
     if lora_targets and not lora_r:
-        raise ValueError("lora_targets needs lora_r > 0.")
+        raise kin.InputError("lora_targets", "lora_targets needs lora_r > 0: set lora_r (e.g. 16), or leave "
+                                "lora_targets out.")
     lora = set()
-    if lora_r:
-        targets = lora_targets.split(",") if isinstance(lora_targets, str) else lora_targets
-        targets = tuple(t.strip() for t in (targets or _default_targets(info)) if t.strip())
+    if lora_r and lora_targets == kin.ALL_LINEAR:  # peft: every Linear/Conv1D but a PreTrainedModel's output
+        lora = {l.name for l in leaves if l.kind == "linear" and l.name != info.output_head}
+    elif lora_r:
+        targets = lora_targets or tuple(_default_targets(info))
         lora = set(_lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
         if not lora:
             names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
-            raise ValueError(f"LoRA targets {list(targets)} match no Linear module of this model. "
-                             f"Its Linear modules: {', '.join(names)}.")
+            raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
+                                    f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
+                                    f"'{kin.ALL_LINEAR}'.")
     std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
     ckpt = (vh or std) if ckpt is None else bool(ckpt)
     lb, ac = DTYPES[load], (2 if precision != "fp32" else None)
@@ -311,14 +370,15 @@ def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_target
         shapes = dict(H=H, F=cfg.intermediate_size, nh=nh, kvh=getattr(cfg, "num_key_value_heads", None) or nh,
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
-    head = next((l for l in leaves if l.name.endswith("custom_layer")), None)
+    # scenario 1's custom_layer: the user's Linear(V, V), or the V->r->V of fix (b), in forward order
+    head = [l for l in leaves if l.kind == "linear" and "custom_layer" in l.name.split(".")]
     st = act.Setup(family=info.family, B=B, S=S, V=cfg.vocab_size, w=lb, w_other=other, ac=ac,
                    base_trainable=not lora_r and not vh, quant=quant,
                    lora={l.short: lora_r for l in leaves if l.name in lora and l.part == "block"}
                    | {l.name.split(".")[-1]: lora_r for l in leaves if l.name in lora and l.part == "head"},
                    lora_dropout=lora_dropout, input_grad=ckpt or std, attn=attn, padded=padded, ckpt=ckpt,
-                   device=device, head_out=head.fout if head else 0, head_w=lb,
-                   head_trainable=bool(head and head.trainable and not lora_r), **shapes)
+                   device=device, head=tuple((l.name, l.fout) for l in head), head_w=lb,
+                   head_trainable=bool(head) and all(l.trainable for l in head) and not lora_r, **shapes)
     rp = act.replay(st)
     tot["grads"] = sum(grads.values())
     m = act.peak_moment(rp, grads_embed=grads["embed"], grads_block=grads["block"] // shapes["L"],

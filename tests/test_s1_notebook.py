@@ -1,7 +1,11 @@
 """Scenario 1's notebook helpers: the real-size tables (meta device, no weights) and the read-aloud texts."""
+import pytest
+
+from kit import device as kdevice
 from kit.presets import PRESETS
 from kit.scenarios import s1_custom_head as s1
 from kit.scenarios import s1_notebook as nb
+from kit.scenarios import s1_runs
 from kit.units import fmt_bytes
 
 
@@ -33,9 +37,21 @@ def test_summary_table_marks_an_oom_and_ratios():
     assert "out of memory" in lines[1] and lines[2].rstrip().endswith("0.50")
 
 
-def test_original_at_real_size_refuses_on_a_cpu_or_says_why_not_started():
-    text = nb.original_at_real_size("smoke")
-    assert text.startswith(("Refused at real size", "Not started at real size"))
+@pytest.mark.skipif(kdevice.has_cuda(), reason="the CPU's RAM check")
+def test_original_at_real_size_refuses_on_a_cpu_without_the_ram_or_says_why_not_started(monkeypatch):
+    real_snapshot = kdevice.snapshot
+
+    def with_free_ram(free_bytes):
+        def snapshot(live_tensors=True):
+            snap = real_snapshot(live_tensors)
+            snap.ram_available_bytes = free_bytes
+            return snap
+        monkeypatch.setattr(kdevice, "snapshot", snapshot)
+
+    with_free_ram(12 * 2**30)                          # a Colab machine's RAM: the 10 GB head cannot be built
+    assert nb.original_at_real_size("smoke").startswith("Refused at real size on this machine. Not run: it needs")
+    with_free_ram(2**50)                               # plenty: then only smoke mode keeps it from starting
+    assert nb.original_at_real_size("smoke").startswith("Not started at real size in smoke mode")
     assert nb.original_at_real_size("real").startswith("The run above")
 
 
@@ -49,7 +65,7 @@ def test_live_fix_catches_an_out_of_memory_error_and_goes_on(monkeypatch):
     def oom(*args, **kwargs):
         raise MemoryError("fake: the device ran out")   # what oom_safe catches on a CPU
 
-    monkeypatch.setattr(s1, "_measured_run", oom)  # run_fix itself is OOM-safe
+    monkeypatch.setattr(s1_runs, "_measured_run", oom)  # run_fix itself is OOM-safe
     record, _ = nb.live_fix("c", "smoke")
     assert record["oom"] and record["measured_peak_bytes"] is None and "fake" in record["error"]
     assert record["estimate_peak_bytes"] == s1.estimate_fix("c", "smoke", as_run=True,

@@ -89,15 +89,17 @@ def replay(st: Setup) -> Replay:
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     head, head_in, live = tp.total(), 0, logits.n * logits.dt
     copies_head, copies_head_in = tp.copies_saved(), 0
-    if st.head_out:  # scenario 1: custom_layer(logits); the user's CrossEntropyLoss
+    if st.head:  # scenario 1: custom_layer(logits), one linear or a chain; the user's CrossEntropyLoss
         tp.saved, tp.wsaved = {}, set()
-        logits = tp.linear(logits, V, st.head_out, "custom_layer", trainable=st.head_trainable,
-                           w=st.head_w, quant="none")
+        fin = V
+        for name, fout in st.head:
+            logits = tp.linear(logits, fin, fout, name, trainable=st.head_trainable, w=st.head_w, quant="none")
+            fin = fout
         head_in, live = tp.total(), logits.n * logits.dt
         copies_head_in = tp.copies_saved()
     cache += tp.cache
     # ForCausalLMLoss upcasts (logits.float()); the user's loss gets fp32 only from autocast.
-    ls_dt = F32 if (st.ac or not st.head_out) else logits.dt
+    ls_dt = F32 if (st.ac or not st.head) else logits.dt
     ls = logits.n * ls_dt
     live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
     if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)

@@ -41,7 +41,8 @@ class Setup:
     p_attn: float = 0.0
     p_resid: float = 0.0
     p_embd: float = 0.0
-    head_out: int = 0            # scenario 1: a trainable Linear(V, head_out) on the logits
+    head: tuple = ()             # scenario 1: linears on the logits, ((name, out_features), ...) in order:
+                                 # (("custom_layer", V),) for the user's Linear(V, V); two for a V->r->V head
     head_w: int = F32
     head_trainable: bool = True
 

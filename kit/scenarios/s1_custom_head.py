@@ -117,7 +117,8 @@ class Advice:
             out.append(f"  {r['advice']:<40} {fmt_bytes(r['change_bytes']):>11} ({pct:+.3f}%)  "
                        f"{'estimated' if r['modelled'] else 'no modelled effect'}: {r['why']}")
         d = self.data
-        out.append(f"Tokenized data, MEASURED (Arrow tables in CPU RAM, never on the GPU): "
+        out.append(f"Tokenized data of the user's {d['rows']} non-empty rows, MEASURED (Arrow tables in CPU RAM, "
+                   "never on the GPU): "
                    f"{fmt_bytes(d['max_length_bytes'])} padded to max_length, {fmt_bytes(d['dynamic_bytes'])} "
                    "unpadded (the collator pads each batch)")
         return "\n".join(out)
@@ -134,9 +135,10 @@ def advice_table(size: str | None = None, rows: int = 100) -> Advice:
     size = _size(size)
     name = NAMES[size]
     base = _estimate(name).peak_bytes
-    tok, text = kdata.load_tokenizer(name), kdata.load_text_dataset()
-    # The user's rows, empty lines dropped: with batch 1, "pad to longest" pads each batch to its one row.
-    user_rows = kdata.tokenize(text["train"].select(range(min(rows, len(text["train"])))), tok, USER["seq_len"])
+    tok, train = kdata.load_tokenizer(name), kdata.load_text_dataset()["train"]
+    user_text = train.select(range(min(rows, len(train))))   # the user's rows, and only those, below too
+    # Empty lines dropped: with batch 1, "pad to longest" pads each batch to its one row.
+    user_rows = kdata.tokenize(user_text, tok, USER["seq_len"])
     lengths = [len(ids) for ids in user_rows["input_ids"]]
     longest, mean = max(lengths), round(sum(lengths) / len(lengths))
     modelled = [("pad to longest: the longest batch", _estimate(name, seq_len=longest).peak_bytes,
@@ -148,8 +150,8 @@ def advice_table(size: str | None = None, rows: int = 100) -> Advice:
              for a, p, w in modelled]
     table[2:2] = [{"advice": a, "peak_bytes": base, "change_bytes": 0, "modelled": False, "why": w}
                   for a, w in _NO_EFFECT.items()]
-    padded = kdata.tokenize(text, tok, max_length=USER["seq_len"], padding="max_length")
-    dynamic = kdata.tokenize(text, tok, max_length=USER["seq_len"])
+    padded = kdata.tokenize(user_text, tok, max_length=USER["seq_len"], padding="max_length")
+    dynamic = kdata.tokenize(user_text, tok, max_length=USER["seq_len"])
     return Advice(base, table, {"max_length_bytes": kdata.dataset_bytes(padded), "rows": len(lengths),
                                 "dynamic_bytes": kdata.dataset_bytes(dynamic), "mean_len": mean, "max_len": longest})
 

@@ -157,7 +157,8 @@ def original_at_real_size(size: str | None = None) -> str:
         return "The run above was the user's setup at real size."
     est = s1.predict_original("real").estimate
     if not kdevice.has_cuda():
-        problem = s1_runs._ram_problem(s1._estimate(s1.NAMES["real"], precision="fp32", device="cpu", grad_accum=2))
+        problem = s1_runs._ram_problem(s1._estimate(s1.NAMES["real"], precision="fp32", device="cpu",
+                                                    grad_accum=s1_runs.grad_accum_for(None)))
         if problem:
             return f"Refused at real size on this machine. {problem}"
     return ("Not started at real size in smoke mode (ESTIMATED GPU peak "
