@@ -15,7 +15,7 @@ REPO_URL = "https://github.com/memory-kit/memory-kit"
 
 
 def __getattr__(name):
-    # `kit.panel(scenario=1|2)` (DESIGN.md contract), imported on first use so that
+    # `kit.panel(scenario=1|2)` (the contract the README documents), imported on first use so that
     # `import kit` stays light (no ipywidgets, no torch.cuda).
     if name == "panel":
         from .widgets import panel

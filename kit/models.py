@@ -110,11 +110,41 @@ def get_config(name_or_path: str) -> PretrainedConfig:
         return cfg
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"The folder {path} holds no config.json: pass the config.json's path, or a known "
+                             f"name ({', '.join(known_models())}).")
         path = path / "config.json"
     if path.is_file():
-        return AutoConfig.from_pretrained(path)
+        return _read_config(path)
     raise ValueError(f"Unknown model {name_or_path!r}. Known names: {', '.join(known_models())}. "
                      "A path to a config.json (or the folder holding one) works too.")
+
+
+def _read_config(path: Path) -> PretrainedConfig:
+    """A config.json read with ``AutoConfig`` (never remote code), or one sentence on what is wrong with it."""
+    import json
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable config.json ({type(exc).__name__}: {str(exc)[:120]}); it may "
+                         "be cut short: download or copy it again.") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ValueError(f"{path} is not a transformers config.json (it has no \"model_type\"): pass the "
+                         "config.json that comes with the model's weights.")
+    if data["model_type"] not in CONFIG_MAPPING:
+        raise ValueError(f"{path} has model_type {data['model_type']!r}, which this transformers "
+                         f"({transformers.__version__}) does not know; its code would have to come from the Hub "
+                         "as remote code, which the kit never runs: upgrade transformers, or pass the model "
+                         "itself as an nn.Module.")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"transformers could not read {path} as a {data['model_type']} config "
+                         f"({type(exc).__name__}: {first}): fix or replace that file.") from exc
 
 
 class VocabHeadModel(nn.Module):
@@ -203,9 +233,33 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> 
         del cfg.kit_vocab_head
         cfg.vocab_size -= 1
         cfg.pad_token_id = None
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, **_dtype_kw(dtype))
+    _check_causal_lm(cfg)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, **_dtype_kw(dtype))
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"transformers could not build a {cfg.model_type} model from this config "
+                         f"({type(exc).__name__}: {first}): check its sizes (hidden size, heads, layers).") from exc
     return VocabHeadModel(model) if head else model
+
+
+def _check_causal_lm(cfg: PretrainedConfig) -> None:
+    """Refuse, in one sentence, a config that transformers cannot build as a causal LM (T5, an encoder).
+
+    >>> from transformers import T5Config
+    >>> _check_causal_lm(T5Config())                     # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: t5 (T5Config) is not a causal language model: ...
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) is not a causal language model: transformers "
+                         "has no AutoModelForCausalLM class for it (an encoder-decoder such as T5, or an encoder). "
+                         "The kit builds and estimates decoder-only LMs (GPT-2, Llama, Mistral, ...): pass one of "
+                         "those.")
 
 
 def _dtype_kw(dtype: torch.dtype) -> dict:
@@ -289,7 +343,7 @@ def load_model(name: str, *, quantization: str = "none", load_dtype=None, device
     get_config(base)  # fails early, with the known names, on a typo
     quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
     dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
-    from .device import device_name  # lazily: estimate imports models, and never device (DESIGN.md)
+    from .device import device_name  # lazily: estimate imports models, and never device
 
     device = device or device_name()
     if quant is not None:

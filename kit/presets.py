@@ -81,7 +81,7 @@ class Preset:
 
 
 def _this_machine_ram() -> int:
-    # os.sysconf, not psutil: the estimate must not import kit.device (DESIGN.md).
+    # os.sysconf, not psutil: the estimate must not import kit.device, so prediction runs anywhere.
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

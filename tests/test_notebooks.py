@@ -1,4 +1,4 @@
-"""Notebook shape (DESIGN.md): badge first, one install cell with the kit's URL, thin cells after prose.
+"""Notebook shape: badge first, one install cell with the kit's URL, thin cells after prose.
 
 The notebooks themselves run under nbval (`make test` passes `--nbval-lax notebooks`).
 """

@@ -45,7 +45,7 @@ def test_cli_help_and_info():
 
 
 def test_prediction_never_imports_the_readings():
-    """DESIGN.md: estimate, plot and units never import device, so prediction runs anywhere."""
+    """estimate, plot and units never import device, so prediction runs anywhere."""
     code = "import sys, kit.estimate, kit.plot, kit.units; print('kit.device' in sys.modules, 'psutil' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -56,4 +56,4 @@ def test_kit_panel_is_the_widget_panel():
     import kit
     from kit import widgets
 
-    assert kit.panel is widgets.panel  # DESIGN.md's contract: kit.panel(scenario=1|2)
+    assert kit.panel is widgets.panel  # the README's contract: kit.panel(scenario=1|2)

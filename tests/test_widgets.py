@@ -1,7 +1,7 @@
 """The widget panel, driven headless: set control values, click buttons, read the estimate.
 
 Runs under whichever ipywidgets is importable: 8.x in the dev venv, 7.7.1 with
-``scripts/test_ipywidgets7.sh`` (Colab's version).
+``tests/ipywidgets7.sh`` (Colab's version).
 """
 import ipywidgets
 import pytest

@@ -31,10 +31,10 @@ NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
 USER = dict(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw",
             gradient_checkpointing=True)
 T4_BYTES, COLAB_RAM_BYTES = PRESETS["colab-t4"].gpu_bytes, PRESETS["colab-t4"].ram_bytes
-INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (DESIGN.md)
+INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (see bnb_8bit_problem)
 RANK = {"real": 256, "smoke": 16}    # fix (b)'s rank
 FIXES = {"a": "drop the head, fine-tune the LM itself", "b": "a low-rank head V->r->V",
-         "c": "keep the VxV head: bf16 weights, 8-bit AdamW"}
+         "c": "keep the VxV head: bf16 weights, 8-bit AdamW where it is safe"}
 
 
 def _size(size: str | None) -> str:

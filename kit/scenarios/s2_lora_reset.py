@@ -27,8 +27,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 
+from .. import inputs as kin
+
 # The advice's reset, character for character as it appears in the write-up
-# (shared/seeds/002_*.txt). Shown in the notebook; run by advice_reset() below.
+# (the answer the user was given). Shown in the notebook; run by advice_reset() below.
 ADVICE_RESET_CODE = """\
 if 'lora' in model.named_modules():
     for name, module in model.named_modules():
@@ -37,12 +39,20 @@ if 'lora' in model.named_modules():
 
 
 def lora_config(r: int = 8, targets=("q_proj", "v_proj")) -> LoraConfig:
-    """The LoRA settings of both loops (peft's default init: A random, B zero).
+    """The LoRA settings of both loops (peft's default init: A random, B zero). ``targets`` is a
+    list of module names, a comma string, or peft's ``"all-linear"`` (every linear layer but lm_head).
 
     >>> lora_config(16, ["q_proj", "k_proj", "v_proj", "o_proj"]).r
     16
+    >>> sorted(lora_config(8, "q_proj,v_proj").target_modules), lora_config(8, "all-linear").target_modules
+    (['q_proj', 'v_proj'], 'all-linear')
     """
-    return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.05, target_modules=list(targets), task_type="CAUSAL_LM")
+    r, names = kin.whole_number("lora_r", r), kin.targets(targets)
+    if names is None:
+        raise kin.InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
+                                             "or 'all-linear'.")
+    return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.05, task_type="CAUSAL_LM",
+                      target_modules=names if names == kin.ALL_LINEAR else list(names))
 
 
 def advice_reset(model) -> None:
