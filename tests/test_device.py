@@ -171,3 +171,25 @@ def test_reset_peak_says_whether_the_rss_reset_took(monkeypatch):
 
     monkeypatch.setattr(device, "open", no_write, raising=False)
     assert device.reset_peak()["rss"] is False
+
+
+def test_cuda_memory_history_records_nothing_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "has_cuda", lambda: False)
+    with device.cuda_memory_history(tmp_path / "h.pickle") as path:
+        x = torch.ones(1000)
+    assert path is None and not (tmp_path / "h.pickle").exists()
+    del x
+
+
+@pytest.mark.gpu
+def test_cuda_memory_history_saves_a_snapshot_even_after_an_error(tmp_path):
+    import pickle
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with device.cuda_memory_history(tmp_path / "h.pickle"):
+            x = torch.ones(1024, 1024, device="cuda")
+            raise RuntimeError("boom")
+    snap = pickle.loads((tmp_path / "h.pickle").read_bytes())
+    sizes = [e.get("size") for seg in snap["device_traces"] for e in seg if e.get("action") == "alloc"]
+    assert 1024 * 1024 * 4 in sizes      # the tensor above, recorded
+    del x
