@@ -1,9 +1,11 @@
 """The memory kit: predict, measure and fix memory when fine-tuning language models.
 
-Submodules, one concern each: ``units`` (bytes), ``device`` (readings), ``runtime``
-(smoke or real sizes), ``models`` (real models or offline twins), ``data`` (text and
-tokenizer), ``estimate`` (prediction), ``track`` / ``plot`` / ``live`` / ``cleanup``
-(measure, draw, free), ``widgets`` (the panel), ``scenarios`` (the two worked cases),
+Submodules, one concern each: ``units`` (bytes), ``device`` (readings) and ``tensor_peak``
+(exact CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` (real models or offline
+twins), ``data`` (text and tokenizer), ``estimate`` with ``replay`` (prediction), ``track``
+(stages; ``track_records``, ``track_callback``, ``track_files``), ``plot`` / ``live`` (draw),
+``cleanup`` / ``leaks`` / ``oom`` (free, prove it came back, survive an OOM), ``widgets`` (the
+panel), ``notebook`` (what every notebook calls first), ``scenarios`` (the two worked cases),
 ``demo`` / ``report`` (``python -m kit demo``). Import what you need:
 ``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel.
 """
