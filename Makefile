@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= report
 
-.PHONY: demo test venv clean
+.PHONY: demo test notebooks venv clean
 
 demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
@@ -17,6 +17,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests notebooks kit --doctest-modules --nbval-lax --nbval-current-env -p no:cacheprovider
 	PY=$(PY) tests/ipywidgets7.sh
+
+# Re-run the notebooks in place, in smoke mode and offline, to refresh their committed outputs.
+notebooks: $(STAMP)
+	KIT_SMOKE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m jupyter nbconvert --to notebook \
+		--execute --inplace --ExecutePreprocessor.timeout=1800 notebooks/0*.ipynb
 
 venv: $(STAMP)
 

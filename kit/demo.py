@@ -23,6 +23,7 @@ from .units import fmt_bytes
 
 CV_MODEL = {"smoke": "tiny-llama", "real": "meta-llama/Llama-3.2-1B"}
 CV_SETTINGS = {"smoke": {}, "real": {"seq_len": 256}}
+S1_STEPS = 2        # scenario 1's measured runs: two optimizer steps, so AdamW's state exists during backward
 
 
 class Steps:
@@ -66,66 +67,155 @@ def _save(fig, out: Path, name: str) -> Path:
     return path
 
 
-def _scenario1(size: str, out: Path, summary: dict, sections: list, step) -> None:
-    from . import plot
+def _t4():
     from .presets import PRESETS
+
+    t4 = PRESETS["colab-t4"]
+    return t4.gpu_bytes, t4.label.split(" (")[0]        # "Colab T4"
+
+
+def _ratio(measured, estimated) -> str:
+    return f"{measured / estimated:.2f}" if measured and estimated else "not run"
+
+
+def _estimate_as_recorded(est, record: dict, what: str):
+    """The estimate a chart draws must be the record's (the setup as run); say so loudly if not."""
+    if est.peak_bytes != record["estimate_peak_bytes"]:
+        raise RuntimeError(f"{what}: the chart's estimate ({est.peak_bytes:,} bytes) is not the run's "
+                           f"({record['estimate_peak_bytes']:,} bytes); the setups differ")
+    return est
+
+
+def real_size_figure(real=None):
+    """Scenario 1's first figure: the user's setup at real size, ESTIMATED, against a Colab T4.
+
+    >>> fig = real_size_figure()
+    >>> "ESTIMATED" in fig.axes[0].get_title()
+    True
+    """
+    from . import plot
+    from .scenarios import s1_custom_head as s1
+
+    real = real or s1.predict_original("real")
+    t4, t4_name = _t4()
+    return plot.breakdown(real.estimate.components(), t4, device_label=t4_name,
+                          title=f"ESTIMATED at real size: {real.name}, one training step (nothing measured)")
+
+
+def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
+    from . import plot
     from .scenarios import s1_custom_head as s1
     from .scenarios import s1_runs
 
-    t4 = PRESETS["colab-t4"].gpu_bytes
+    t4, t4_name = _t4()
     step("scenario 1: predict the original")
-    pred = s1.predict_original(size)
-    s1_sum = summary["scenario1"] = {"offender": pred.offender, "original": {
-        "estimate_peak_bytes": pred.peak_bytes, "measured_peak_bytes": None, "oom": False}, "fixes": []}
-    breakdown = _save(plot.predicted_vs_measured(pred.estimate.components(), None, t4,
-                                                 title=f"Scenario 1, ESTIMATED: {pred.name}"), out, "s1_breakdown")
-    advice = s1.advice_table(size)
+    pred = s1.predict_original(size)       # the Colab recipe (fp16 on a GPU, accumulation 16) at this run's size
     real = pred if size == "real" else s1.predict_original("real")  # an estimate: instant at any size
+    # The original as it runs here: Trainer ignores fp16 on a CPU, and the accumulation follows the device.
+    accum, precision = s1_runs.grad_accum_for(None), s1._run_precision(s1.USER["precision"])
+    as_run = s1._estimate(pred.name, precision=precision, device=device.device_name(), grad_accum=accum)
+    setup = f"{precision}, accumulation {accum}, {S1_STEPS} optimizer steps"
+    s1_sum = summary["scenario1"] = {"offender": pred.offender, "original": {
+        "estimate_peak_bytes": as_run.peak_bytes, "measured_peak_bytes": None, "oom": False,
+        "recipe_estimate_peak_bytes": pred.peak_bytes, "precision": precision, "grad_accum": accum,
+        "steps": S1_STEPS}, "fixes": []}
+    glance["real_figure"] = _save(real_size_figure(real), out, "s1_breakdown")
+    advice = s1.advice_table(size)
     s1_sum["real_size_estimate"] = {"peak_bytes": real.peak_bytes, "cpu_build_bytes": real.cpu_build_bytes,
                                     "fits_t4": real.fits_t4}
     s1_sum["advice"] = {"rows": advice.rows, "data": advice.data}
+    glance["real"] = (f"**Scenario 1 at the user's real size**, ESTIMATED before loading anything: "
+                      f"`{real.name}` needs **{fmt_bytes(real.peak_bytes)}** at the peak of a training step; "
+                      f"{plot.limit_text(real.peak_bytes, t4, t4_name)}. The head `{real.offender}` is the cause.")
+    recipe = "" if size == "real" else (
+        f" The Colab recipe at this size (fp16 mixed precision on a GPU, accumulation {s1.USER['grad_accum']}) "
+        f"is ESTIMATED at {fmt_bytes(pred.peak_bytes)}; that is not what runs here, so it is not compared.")
     sections.append(Section("Scenario 1: a vocab-by-vocab head on DistilGPT2", [
         f"At the user's real size the kit ESTIMATES, before loading anything, **{fmt_bytes(real.peak_bytes)}** at "
         f"the peak of a training step and **{fmt_bytes(real.cpu_build_bytes)}** of RAM just to build the model "
-        f"({'fits' if real.fits_t4 else 'does NOT fit'} a Colab T4). The offender is `{real.offender}` with "
+        f"({'fits' if real.fits_t4 else 'does NOT fit'} a {t4_name}). The offender is `{real.offender}` with "
         f"{real.offender_params:,} trainable parameters.",
-        f"This run trains `{pred.name}`, ESTIMATED at {fmt_bytes(pred.peak_bytes)}. "
-        "The usual advice, put to the estimator one change at a time:"],
-        pre=[real.text()] + ([pred.text()] if real is not pred else []) + [advice.text()], images=[breakdown]))
+        f"This run trains `{pred.name}` as it runs here ({setup}, on the {device.device_name()}): ESTIMATED at "
+        f"**{fmt_bytes(as_run.peak_bytes)}**." + recipe,
+        "Below: the estimate at real size" + ("" if size == "real" else ", the Colab recipe at this run's size")
+        + ", and the usual advice, put to the estimator one change at a time:"],
+        pre=[real.text()] + ([pred.text()] if real is not pred else []) + [advice.text()]))
 
     step("scenario 1: run the original, OOM-safe")
-    original, tracker = s1_runs.run_original_safely(size)
-    s1_sum["original"].update(measured_peak_bytes=original["measured_peak_bytes"], oom=original["oom"])
+    original, tracker = s1_runs.run_original_safely(size, steps=S1_STEPS, grad_accum=accum)
+    est = _estimate_as_recorded(as_run, original, "the original")
+    measured = original["measured_peak_bytes"]
+    s1_sum["original"].update(estimate_peak_bytes=original["estimate_peak_bytes"], measured_peak_bytes=measured,
+                              oom=original["oom"])
+    glance["runs"] = [["the user's setup", setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
+                       _ratio(measured, est.peak_bytes)]]
     if original["refused"]:
         said = f"The kit did not start it: {original['refused']}"
     elif original["oom"]:
         said = f"It ran out of memory, as predicted; the kit caught it and freed the memory. ({original['error']})"
     else:
-        said = f"It ran: MEASURED peak {fmt_bytes(original['measured_peak_bytes'])} ({original['reading']})."
-    images = [_save(plot.stage_bars(tracker, "Scenario 1, the original: MEASURED per stage"), out, "s1_original")] \
-        if tracker.records else []
+        said = (f"It ran: MEASURED peak **{fmt_bytes(measured)}** ({original['reading']}), "
+                f"{measured / est.peak_bytes:.2f}x the ESTIMATE of the same setup ({fmt_bytes(est.peak_bytes)}).")
+    images = []
+    if measured is not None:
+        images.append(_save(plot.predicted_vs_measured(
+            est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
+            title=f"The original as run here ({precision}, accumulation {accum}): ESTIMATED vs MEASURED"),
+            out, "s1_original_vs_estimate"))
+    if tracker.records:
+        images.append(_save(plot.stage_bars(tracker, "Scenario 1, the original: MEASURED per stage"), out,
+                            "s1_original"))
     sections.append(Section("Scenario 1: the original, run safely", [said], images=images))
 
     rows, images = [], []
     for which, label in s1.FIXES.items():
         step(f"scenario 1: fix ({which}) {label}")
-        record, tracker = s1_runs.run_fix(which, size)
+        record, tracker = s1_runs.run_fix(which, size, steps=S1_STEPS)
         s1_sum["fixes"].append({k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
-                                                            "returned", "oom")})
+                                                            "returned", "oom", "steps", "grad_accum")})
+        # The chart draws the record's estimate: the setup as run, with the run's accumulation.
+        est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"]),
+                                    record, f"fix ({which})")
         measured = record["measured_peak_bytes"]
-        rows.append([f"({which}) {label}", fmt_bytes(record["estimate_peak_bytes"]), fmt_bytes(measured),
-                     f"{measured / record['estimate_peak_bytes']:.2f}" if measured else "not run",
+        fix_setup = (f"{s1._run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
+                     f"{record['grad_accum']}, {record['steps']} optimizer steps")
+        rows.append([f"({which}) {label}", fix_setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
+                     _ratio(measured, est.peak_bytes),
                      {True: "yes", False: "NO", None: "n/a"}[record.get("returned")], record.get("note", "")])
+        glance["runs"].append([f"fix {record['name']}", fix_setup, *rows[-1][2:5]])
         images.append(_save(plot.predicted_vs_measured(
-            s1.estimate_fix(which, size, as_run=True).components(), measured, t4,
-            title=f"Fix ({which}): ESTIMATED vs MEASURED"), out, f"s1_fix_{which}"))
+            est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
+            title=f"Fix ({which}) as run here: ESTIMATED vs MEASURED"), out, f"s1_fix_{which}"))
     sections.append(Section("Scenario 1: fixes that work, estimated and measured", [
-        f"Each fix was ESTIMATED, then MEASURED over a short Trainer run (reading: `{device.best_reading()}`)."],
-        table=(["fix", "estimated peak", "measured peak", "measured/estimated", "memory returned", "note"], rows),
-        images=images))
+        f"Each fix was ESTIMATED for the setup as it ran here, then MEASURED over a short Trainer run "
+        f"(reading: `{device.best_reading()}`). Each chart draws the bars on their own scale; the "
+        f"{t4_name}'s verdict is written on it, and the small panel draws the bars against the whole GPU."],
+        table=(["fix", "as run", "estimated peak", "measured peak", "measured/estimated", "memory returned",
+                "note"], rows), images=images))
 
 
-def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> None:
+def _alive(n) -> str:
+    return f"{n} model{'' if n == 1 else 's'} alive"
+
+
+def _second_fold(broken: list) -> str:
+    """What the broken loop's second fold started with, from the counted models (not from the bytes).
+
+    >>> _second_fold([{"start_bytes": 2**20, "models_alive_at_start": 1},
+    ...               {"start_bytes": 2**21, "models_alive_at_start": 2}])
+    'starts with 2 models alive (the first with 1 model alive): 2.00 MiB at its start against 1.00 MiB.'
+    """
+    if len(broken) < 2:
+        return "never started."
+    first, second = broken[0], broken[1]
+    where = f"{fmt_bytes(second['start_bytes'])} at its start against {fmt_bytes(first['start_bytes'])}."
+    if second.get("models_alive_at_start") is None:
+        return f"starts at {where} (the models alive were not counted)"
+    return (f"starts with {_alive(second['models_alive_at_start'])} (the first with "
+            f"{_alive(first.get('models_alive_at_start'))}): {where}")
+
+
+def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
     from . import plot
     from .estimate import estimate
     from .presets import PRESETS
@@ -147,7 +237,10 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
         "llama3_8b_nf4_loaded_weights_bytes": big.loaded_weights_bytes,
         "llama3_8b_nf4_training_weights_bytes": big.weights_bytes}}
     broken, fixed = result["broken"]["folds"], result["fixed"]["folds"]
-    images = [_save(plot.folds(broken, limit_bytes=t4 if size == "real" else None,
+    labelled = [dict(f, label=f"fold {i + 1}" + (f" ({_alive(f['models_alive_at_start'])})"
+                                                  if f.get("models_alive_at_start") is not None else ""))
+                for i, f in enumerate(broken)]
+    images = [_save(plot.folds(labelled, limit_bytes=t4 if size == "real" else None,
                                title="Broken loop: MEASURED per fold"), out, "s2_broken_folds"),
               _save(plot.folds(fixed, baseline_bytes=fixed[0]["start_bytes"],
                                title="Fixed loop: MEASURED per fold"), out, "s2_fixed_folds")]
@@ -164,9 +257,7 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
         f"as loaded ({big.loaded_weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and "
         f"lm_head stay 16-bit. peft's prepare_model_for_kbit_training then upcasts those to fp32: "
         f"{fmt_bytes(big.weights_bytes)} while training.",
-        "MEASURED: in the broken loop the second fold " + (
-            "starts with two models alive." if len(broken) > 1 and broken[1]["start_bytes"] > broken[0]["start_bytes"]
-            else "did not start higher than the first.") +
+        "MEASURED: in the broken loop the second fold " + _second_fold(broken) +
         (f" It ran out of memory at fold {result['broken']['oom_at_fold']}." if result["broken"]["oom_at_fold"] else ""),
         "The advice's LoRA reset (`if 'lora' in model.named_modules()`) " + (
             "**changed nothing**: fold 2 trained on from fold 1's adapter." if result["advice_reset_changed_nothing"]
@@ -174,6 +265,20 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step) -> Non
         f"The fixed loop loads once, restores the saved adapter each fold and releases each Trainer: every fold "
         f"ends within {100 * spread:.2f}% of fold 1 (MEASURED, `{device.best_reading()}`)."],
         table=(["fold", "start", "peak", "end", "adapter reset"], rows), images=images))
+
+
+def _at_a_glance(glance: dict) -> Section:
+    """The two stories first: the real-size estimate against the device, then every run, estimated vs measured."""
+    paragraphs, table = [], None
+    if "real" in glance:
+        paragraphs.append("1. " + glance["real"] + " (figure below: an estimate, nothing measured)")
+    if glance.get("runs"):
+        paragraphs.append(f"{len(paragraphs) + 1}. **Every run on this machine** ({device.device_name()}), ESTIMATED "
+                          "for the setup as it ran, then MEASURED (table below the figure; each run has a chart "
+                          "further down):")
+        table = (["run", "as run", "estimated peak", "measured peak", "measured/estimated"], glance["runs"])
+    images = [glance["real_figure"]] if "real_figure" in glance else []
+    return Section("At a glance", paragraphs, table=table, images=images, images_first=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,19 +299,21 @@ def run(args: argparse.Namespace) -> int:
     sections = [Section("This run", [runtime.describe().replace("\n", "  \n"),
                                      f"Sizes: **{size}**. Every figure below was computed or measured by the kit "
                                      "in this run; the text says which."])]
-    scenarios = {"1": _scenario1, "2": _scenario2}
+    scenarios, glance = {"1": _scenario1, "2": _scenario2}, {}
     chosen = list(scenarios) if args.scenario == "all" else [args.scenario]
     failures = []
     started = time.time()
     with Steps(total=len(chosen)) as step:
         for key in chosen:
             try:
-                scenarios[key](size, out, summary, sections, step)
+                scenarios[key](size, out, summary, sections, step, glance)
             except Exception as e:  # report it, keep what we have, go on with the next scenario
                 failures.append(f"scenario {key}: {type(e).__name__}: {e}")
                 sections.append(Section(f"Scenario {key}: FAILED", [f"{type(e).__name__}: {e}"],
                                         pre=[traceback.format_exc(limit=-3)]))
             step.done_scenario()
+    if glance:
+        sections.insert(1, _at_a_glance(glance))
     summary["errors"] = failures
     summary["seconds"] = round(time.time() - started, 1)
     paths = report.write(out, "Memory kit demo report", sections, summary)

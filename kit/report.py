@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,13 @@ class Section:
     table: tuple[list[str], list[list[str]]] | None = None
     pre: list[str] = field(default_factory=list)        # preformatted blocks (the kit's text tables)
     images: list[Path] = field(default_factory=list)
+    images_first: bool = False   # figures right after the paragraphs, before the table and blocks
+
+
+def _order(s: Section, parts: dict) -> list:
+    """The rendered parts of a section in reading order: paragraphs, then table, blocks, figures."""
+    order = ["paragraphs", "images", "table", "pre"] if s.images_first else ["paragraphs", "table", "pre", "images"]
+    return [x for k in order for x in parts[k]]
 
 
 def to_markdown(title: str, sections: list[Section]) -> str:
@@ -31,18 +39,14 @@ def to_markdown(title: str, sections: list[Section]) -> str:
     out = [f"# {title}", ""]
     for s in sections:
         out += [f"## {s.title}", ""]
-        for p in s.paragraphs:
-            out += [p, ""]
+        table = []
         if s.table:
             head, rows = s.table
-            out.append("| " + " | ".join(head) + " |")
-            out.append("|" + "---|" * len(head))
-            out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-            out.append("")
-        for block in s.pre:
-            out += ["```", block, "```", ""]
-        for img in s.images:
-            out += [f"![{Path(img).stem}]({Path(img).name})", ""]
+            table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            table += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+        out += _order(s, {"paragraphs": [x for p in s.paragraphs for x in (p, "")], "table": table,
+                          "pre": [x for b in s.pre for x in ("```", b, "```", "")],
+                          "images": [x for i in s.images for x in (f"![{Path(i).stem}]({Path(i).name})", "")]})
     return "\n".join(out)
 
 
@@ -51,7 +55,14 @@ def _inline(text: str) -> str:
     parts = html.escape(text).split("`")
     text = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
     parts = text.split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    return text.replace("  \n", "<br>\n")        # Markdown's hard line break
+
+
+def _cell(c) -> str:
+    """A table cell: figures (bytes, ratios) right-aligned, words left-aligned."""
+    figure = re.fullmatch(r"[-+]?[\d.,]+( ?%| ?[KMG]iB| B|x)?|n/a|not run", str(c).strip())
+    return f"<td class='n'>{_inline(str(c))}</td>" if figure else f"<td>{_inline(str(c))}</td>"
 
 
 def to_html(title: str, sections: list[Section]) -> str:
@@ -59,19 +70,23 @@ def to_html(title: str, sections: list[Section]) -> str:
     body = [f"<h1>{html.escape(title)}</h1>"]
     for s in sections:
         body.append(f"<h2>{html.escape(s.title)}</h2>")
-        body += [f"<p>{_inline(p)}</p>" for p in s.paragraphs]
+        table = []
         if s.table:
             head, rows = s.table
-            body.append("<table><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in head) + "</tr>")
-            body += ["<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in r) + "</tr>" for r in rows]
-            body.append("</table>")
-        body += [f"<pre>{html.escape(block)}</pre>" for block in s.pre]
-        for img in s.images:
-            data = base64.b64encode(Path(img).read_bytes()).decode()
-            body.append(f'<img alt="{html.escape(Path(img).stem)}" src="data:image/png;base64,{data}">')
-    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
-             "table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}"
-             "td:first-child,th:first-child{text-align:left}img{max-width:100%;margin:1em 0}")
+            table = ["<table><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in head) + "</tr>"]
+            table += ["<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows]
+            table.append("</table>")
+        images = [f'<img alt="{html.escape(Path(i).stem)}" '
+                  f'src="data:image/png;base64,{base64.b64encode(Path(i).read_bytes()).decode()}">' for i in s.images]
+        body += _order(s, {"paragraphs": [f"<p>{_inline(p)}</p>" for p in s.paragraphs], "table": table,
+                           "pre": [f"<pre>{html.escape(b)}</pre>" for b in s.pre], "images": images})
+    style = ("body{font-family:sans-serif;max-width:64em;margin:2em auto;padding:0 1em;line-height:1.45}"
+             "table{border-collapse:collapse;margin:.5em 0}"
+             "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:left;vertical-align:top}"
+             "td.n{text-align:right;white-space:nowrap}img{max-width:100%;margin:1em 0}"
+             # the kit's text tables: wrap long lines instead of running off the page, scroll if still too wide
+             "pre{white-space:pre-wrap;overflow-wrap:anywhere;overflow-x:auto;font-size:.8em;"
+             "background:#f6f6f6;padding:.6em .8em;border-radius:4px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
 

@@ -48,6 +48,61 @@ def test_scenario2_broken_shows_second_model_and_fixed_is_flat(demo):
     assert s["scenario2"]["advice_reset_changed_nothing"] is True
 
 
+def test_first_figure_is_the_real_size_estimate(demo):
+    out, s = demo
+    md = (out / "report.md").read_text()
+    images = [line for line in md.splitlines() if line.startswith("![")]
+    assert images[0] == "![s1_breakdown](s1_breakdown.png)"                  # relative, beside report.md
+    assert all("](" in i and "/" not in i.split("](")[1] for i in images)
+    assert md.index("## At a glance") < md.index("![s1_breakdown]") < md.index("## Scenario 1")
+    from kit.demo import real_size_figure
+    from kit.units import gib
+
+    ax = real_size_figure().axes[0]
+    stacked = sum(p.get_height() for p in ax.patches)
+    assert stacked == pytest.approx(gib(s["scenario1"]["real_size_estimate"]["peak_bytes"]))   # the real model
+    assert stacked > 15                                                    # not the tiny twin's 0.44 GiB
+    assert "ESTIMATED" in ax.get_title()
+    texts = [t.get_text() for t in ax.texts] + [t.get_text() for t in ax.get_xticklabels()]
+    assert not any("not run" in t or "measured" in t.lower() for t in texts)
+
+
+def test_original_compares_like_with_like(demo):
+    """The original's estimate is the setup as it ran here (the run's record), not the Colab recipe."""
+    from kit import device
+    from kit.scenarios import s1_custom_head as s1
+
+    _, s = demo
+    original = s["scenario1"]["original"]
+    as_run = s1._estimate(s1.NAMES["smoke"], precision=original["precision"], device=device.device_name(),
+                          grad_accum=original["grad_accum"])
+    assert original["estimate_peak_bytes"] == as_run.peak_bytes
+    assert original["recipe_estimate_peak_bytes"] == s1.predict_original("smoke").peak_bytes
+    if not device.has_cuda():                       # on a CPU the run is fp32 with 2 micro-batches
+        assert original["estimate_peak_bytes"] != original["recipe_estimate_peak_bytes"]
+    assert 0.9 <= original["measured_peak_bytes"] / original["estimate_peak_bytes"] <= 1.1
+    for which, fix in zip("abc", s["scenario1"]["fixes"]):   # each ratio: the same setup, the same accumulation
+        assert fix["estimate_peak_bytes"] == s1.estimate_fix(which, "smoke", as_run=True,
+                                                             grad_accum=fix["grad_accum"]).peak_bytes
+
+
+def test_second_fold_text_counts_models(demo):
+    out, s = demo
+    broken = s["scenario2"]["broken"]["folds"]
+    n = broken[1]["models_alive_at_start"]
+    assert broken[0]["models_alive_at_start"] == 1 and n == 2
+    assert f"second fold starts with {n} models alive" in (out / "report.md").read_text()
+
+
+def test_second_fold_text_says_the_count_not_a_guess():
+    from kit.demo import _second_fold
+
+    higher_but_one = [{"start_bytes": 1, "models_alive_at_start": 1}, {"start_bytes": 9, "models_alive_at_start": 1}]
+    assert _second_fold(higher_but_one).startswith("starts with 1 model alive")
+    three = [{"start_bytes": 1, "models_alive_at_start": 1}, {"start_bytes": 1, "models_alive_at_start": 3}]
+    assert "3 models alive" in _second_fold(three) and "two" not in _second_fold(three)
+
+
 def test_unwritable_out_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

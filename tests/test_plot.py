@@ -133,3 +133,30 @@ def test_plots_stay_out_of_pyplot():
     before = plt.get_fignums()
     plot.stage_bars(_tracker(False))
     assert plt.get_fignums() == before               # nothing for the inline backend to show twice
+
+
+def _texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+def test_tiny_bars_keep_their_own_scale_and_state_the_limit_in_text():
+    """A tiny model against a 15 GiB GPU: the bars set the scale; the limit is text and a side panel."""
+    comps = {"weights": 4 * MiB, "gradients": 6 * MiB, "optimizer state": 8 * MiB}
+    fig = plot.predicted_vs_measured(comps, 20 * MiB, limit_bytes=15 * GiB, device_label="Colab T4")
+    ax = _render(fig)
+    assert ax.get_ylim()[1] <= 2 * 20 * MiB / GiB              # scaled to the bars, not to the 15 GiB limit
+    assert not [l for l in ax.get_lines() if l.get_ydata()[0] == pytest.approx(15.0)]   # no far-off line
+    assert any("limit 15.00 GiB on a Colab T4" in t and "fits" in t and "to spare" in t for t in _texts(ax))
+    side = fig.axes[1]                                           # the bars against the whole GPU
+    assert side.get_ylim()[1] >= 15.0 and [l for l in side.get_lines() if l.get_ydata()[0] == pytest.approx(15.0)]
+    assert "optimizer state (8.00 MiB)" in _legend(ax)          # components read in their own unit
+
+
+def test_breakdown_is_an_estimate_alone_against_a_near_limit():
+    comps = {"weights": 10 * GiB, "optimizer state": 40 * GiB, "activations": 0}
+    ax = _render(plot.breakdown(comps, 15 * GiB, title="ESTIMATED", device_label="Colab T4"))
+    assert len(ax.patches) == 2                                  # the zero component is left out
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["ESTIMATED peak"]
+    assert not any("not run" in t or "measured" in t.lower() for t in _texts(ax) + _legend(ax))
+    assert "Colab T4: limit 15.00 GiB" in _legend(ax)            # near the bar: drawn as a line
+    assert any("does NOT fit, 35.00 GiB over" in t for t in _texts(ax))
