@@ -55,10 +55,13 @@ def test_original_at_real_size_refuses_on_a_cpu_without_the_ram_or_says_why_not_
     assert nb.original_at_real_size("real").startswith("The run above")
 
 
-def test_breakdown_figure_draws_the_t4_line():
-    fig = nb.breakdown_figure(s1.predict_original("real"), "colab-t4")
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert any(f"{PRESETS['colab-t4'].gpu_bytes / 2**30:.2f} GiB" in s for s in labels)
+def test_breakdown_figure_states_the_t4_verdict_and_is_an_estimate_only():
+    pred = s1.predict_original("real")
+    fig = nb.breakdown_figure(pred, "colab-t4")
+    ax = fig.axes[0]
+    words = [t.get_text() for t in ax.texts] + [t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
+    assert any(f"{PRESETS['colab-t4'].gpu_bytes / 2**30:.2f} GiB" in w for w in words)
+    assert not any("not run" in w or "measured" in w.lower() for w in words + [t.get_text() for t in ax.get_xticklabels()])
 
 
 def test_live_fix_catches_an_out_of_memory_error_and_goes_on(monkeypatch):

@@ -26,12 +26,14 @@ from . import s1_runs
 
 
 def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
-    """The prediction's components stacked in one bar, with the preset's GPU memory as a line.
+    """The prediction's components stacked in one bar, against the preset's GPU memory (an estimate:
+    nothing is measured, so nothing is drawn as "not run").
 
     >>> fig = breakdown_figure(s1.predict_original("real"))
     """
-    return plot.predicted_vs_measured(pred.estimate.components(), None, PRESETS[preset].gpu_bytes,
-                                      title=f"ESTIMATED peak of a training step: {pred.name}")
+    p = PRESETS[preset]
+    return plot.breakdown(pred.estimate.components(), p.gpu_bytes, device_label=p.label.split(" (")[0],
+                          title=f"ESTIMATED peak of a training step: {pred.name}")
 
 
 def fixes_at_real_size(preset: str = "colab-t4") -> str:
@@ -120,9 +122,9 @@ def record_figure(record: dict):
     >>> fig = record_figure(live_fix("a", "smoke")[0])      # doctest: +SKIP
     """
     est = s1.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
-    limit = PRESETS["colab-t4"].gpu_bytes if kdevice.has_cuda() else None  # a T4 line would flatten tiny bars
-    return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], limit,
-                                      title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})")
+    return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], PRESETS["colab-t4"].gpu_bytes,
+                                      title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})",
+                                      device_label="Colab T4")
 
 
 def summary_table(original: dict, fixes: list) -> str:
