@@ -67,7 +67,8 @@ def _labels(records) -> list[str]:
 
 
 def _grouped(ax, names, series, width=0.8):
-    """Grouped bars; ``series`` is [(label, colour, [bytes or None per group])]."""
+    """Grouped bars; ``series`` is [(label, colour, [bytes or None per group])]. None is a reading
+    that was not taken: written "not read" where its bar would stand, never drawn as 0."""
     n = len(series)
     w = width / n
     for i, (label, colour, vals) in enumerate(series):
@@ -75,6 +76,10 @@ def _grouped(ax, names, series, width=0.8):
         hs = [gib(v) for v in vals if v is not None]
         bars = ax.bar(xs, hs, w, label=label, color=colour)
         ax.bar_label(bars, labels=[_short(v) for v in vals if v is not None], fontsize=7, padding=1)
+        for j, v in enumerate(vals):
+            if v is None:
+                ax.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
+                        fontsize=6, color=colour)
     ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center")
 
 

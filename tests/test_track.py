@@ -201,6 +201,12 @@ def test_a_stage_without_a_live_reading_says_not_read_never_zero():
         assert rec.start_bytes is None and rec.delta_bytes is None and rec.peak_bytes is None
         assert "not read" in t.summary().splitlines()[-1]
     assert "live tensors: not read" in rec.start.text()
+    if not device.has_cuda():
+        from kit import plot
+
+        ax = plot.stage_bars(t).axes[0]
+        assert "not read" in [txt.get_text() for txt in ax.texts]   # where the live-tensor bar would be
+        assert len(ax.containers[0]) == 0                            # and no 0-high bar stands for it
     del x
 
 
