@@ -204,13 +204,21 @@ class Panel:
             return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
                     f"{html.escape(self.problem)}</div>")
         e, v, p = self.estimate, self.verdict, self.preset()
+        from .plot import OFF_SCALE   # the charts' rule: a limit far above the bar is stated, not drawn
+
         limit = p.gpu_bytes if p.gpu_bytes is not None else p.ram_bytes
-        scale = max(e.peak_bytes, limit, 1) * 1.05
+        own_scale = limit > OFF_SCALE * e.peak_bytes    # else a small model's bar is a sliver
+        scale = (e.peak_bytes if own_scale else max(e.peak_bytes, limit, 1)) * 1.05
         parts = [(k, n) for k, n in e.components().items() if n > 0]
         segs = "".join(f"<div title='{k}' style='width:{100 * n / scale:.3f}%;background:{COLOURS[k]}'></div>"
                        for k, n in parts)
-        mark = (f"<div style='position:absolute;left:{100 * limit / scale:.3f}%;top:-4px;bottom:-4px;"
-                f"border-left:3px dashed #D55E00'></div>")
+        mark = "" if own_scale else (f"<div style='position:absolute;left:{100 * limit / scale:.3f}%;top:-4px;"
+                                     f"bottom:-4px;border-left:3px dashed #D55E00'></div>")
+        against = (f"<div class='kit-bar-limit' style='display:flex;align-items:center;gap:6px;font-size:85%;"
+                   f"max-width:860px'><div style='flex:1;height:6px;background:#eee;position:relative'><div "
+                   f"style='width:{max(100 * e.peak_bytes / limit, 0.3):.3f}%;height:6px;background:#555'></div>"
+                   f"</div><span>the bar above, against the {fmt_bytes(limit)} limit: "
+                   f"{100 * e.peak_bytes / limit:.2f}% of it</span></div>") if own_scale else ""
         legend = " ".join(f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
                           f"background:{COLOURS[k]}'></span> {k} {fmt_bytes(n)}</span>" for k, n in parts)
         colour, head = ("#009E73", "FITS") if v.fits else ("#D55E00", "DOES NOT FIT")
@@ -222,9 +230,10 @@ class Panel:
                  f"{html.escape(p.label)}: predicted peak <b class='kit-peak'>{fmt_bytes(e.peak_bytes)}</b> of "
                  f"{fmt_bytes(limit)} {where} ({spare}) &middot; at the {html.escape(e.peak_moment)}</div>",
                  f"<div class='kit-bar' style='position:relative;display:flex;height:24px;width:100%;max-width:860px;"
-                 f"background:#eee;margin:6px 0'>{segs}{mark}</div>",
-                 f"<div style='font-size:85%'>{legend} &middot; <span style='color:#D55E00'>- - limit "
-                 f"{fmt_bytes(limit)}</span></div>",
+                 f"background:#eee;margin:6px 0'>{segs}{mark}</div>", against,
+                 f"<div style='font-size:85%'>{legend}" + ("" if own_scale else
+                                                         f" &middot; <span style='color:#D55E00'>- - limit "
+                                                         f"{fmt_bytes(limit)}</span>") + "</div>",
                  f"<div style='font-size:85%;color:#555'>{e.params:,} params, {e.trainable_params:,} trainable; "
                  f"CPU RAM to build the model {fmt_bytes(e.cpu_build_bytes)} of {fmt_bytes(p.ram_bytes)}"
                  + (f"; biggest: <b>{html.escape(top[0])}</b> {fmt_bytes(top[2])} with its training state"

@@ -26,6 +26,18 @@ def test_contract_controls_and_estimate():
     assert isinstance(p.widget, ipywidgets.VBox)
 
 
+def test_a_small_models_bar_gets_its_own_scale_beside_the_limit():
+    import re
+
+    p = panel(scenario=1, model="tiny-gpt2", batch_size=2, seq_len=64)      # ~10 MiB against a 14.56 GiB T4
+    bar = p.estimate_html.value.split("class='kit-bar'")[1].split("class='kit-bar-limit'")[0]
+    widths = [float(w) for w in re.findall(r"width:([0-9.]+)%", bar)]
+    assert sum(widths) > 90, "the components fill their own bar"
+    assert "% of it" in p.estimate_html.value and "dashed" not in bar
+    big = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512)  # near the limit
+    assert "kit-bar-limit" not in big.estimate_html.value and "dashed" in big.estimate_html.value
+
+
 def test_estimate_follows_the_controls():
     p = panel(scenario=1)
     before = p.estimate
