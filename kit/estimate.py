@@ -62,7 +62,7 @@ class UnsupportedModel(ValueError):
 # The Llama-style replay reads these; a config without them has blocks of another shape.
 _LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_COVERED = ("GPT-2 and Llama-style decoders (llama, mistral, qwen2, qwen3, gemma, phi3, ...)")
+_COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, gemma, phi3, ...)"
 
 
 def _family(cfg) -> str:
@@ -71,21 +71,20 @@ def _family(cfg) -> str:
     if mt == "gpt2":
         return "gpt2"
     if getattr(cfg, "is_encoder_decoder", False):
-        raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: the "
-                               f"estimator covers {_COVERED}; pass one of those.")
+        raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
+                               f"{_COVERED}.")
     experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
                and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
     if experts:
         k, v = next(iter(experts.items()))
-        raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}): the estimator replays "
-                               f"dense blocks only and would undercount its experts' activations; it covers "
-                               f"{_COVERED}. Measure this model on a real step with kit.track.Tracker instead.")
+        raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
+                               f"dense blocks only, so it would undercount the experts' activations: measure this "
+                               f"one on a real step with kit.track.Tracker, or pass {_COVERED}.")
     missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     if missing:
-        raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator: its config has no Llama-style "
-                               f"{', '.join(missing)}, so its blocks are of another shape. The estimator covers "
-                               f"{_COVERED}: pass one of those, or measure this model on a real step with "
-                               f"kit.track.Tracker.")
+        raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
+                               f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
+                               f"measure this one on a real step with kit.track.Tracker.")
     return "llama"
 
 
@@ -129,14 +128,13 @@ def _inventory(model, cfg) -> _Info:
             linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
             part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
     if len(blocks) != base_cfg.num_hidden_layers:
-        raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay: it has "
-                               f"{len(blocks)} blocks named like GPT-2's (transformer.h.N) or Llama's "
-                               f"(model.layers.N), and its config says {base_cfg.num_hidden_layers}. The estimator "
-                               f"covers {_COVERED}; pass one of those.")
+        raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
+                               f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
+                               f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
     if isinstance(model, PreTrainedModel) and out is None:
-        raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it "
-                               "is not a causal LM: the estimator predicts training with a vocabulary loss. Pass "
-                               "its ...ForCausalLM model, its config or a config.json path.")
+        raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
+                               "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
+                               "model, its config or a config.json path.")
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -288,7 +286,11 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
                                {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
-    info = _info(model)
+    try:
+        info = _info(model)
+    except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
+        exc.name = getattr(exc, "name", None) or "model"
+        raise
     if info.max_positions and seq_len > info.max_positions:
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")

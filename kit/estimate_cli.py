@@ -7,10 +7,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 
 from .estimate import DTYPES, OPTIMIZERS, QUANTIZATIONS
+from .presets import ALIASES
+
+_FLAGS: dict = {}  # estimate()'s keyword -> this command's option, to name the option in an error
+
+
+def _optimizer(value: str) -> str:
+    """``--optimizer``: the kit's names, or the ``TrainingArguments.optim`` names ``--help`` lists."""
+    return ALIASES.get(value, value)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -32,8 +42,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: no LoRA)")
     p.add_argument("--lora-targets", default=None, help="comma-separated module names, e.g. q_proj,v_proj "
                    "(default: peft's for the architecture)")
-    p.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw",
-                   help="adamw_torch, adamw_bnb_8bit, paged_adamw_8bit, sgd (with momentum)")
+    p.add_argument("--optimizer", type=_optimizer, choices=list(OPTIMIZERS), default="adamw",
+                   help="adamw (adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
+                        "sgd (with momentum); the TrainingArguments.optim names in brackets work too")
     p.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true",
                    default=None, help="checkpoint the blocks (default: the model's own default)")
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
@@ -51,25 +62,40 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=list(PRESETS), default="colab-t4", help="device for the verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
+    _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
+    _FLAGS.update(padded="--no-padding", gradient_checkpointing="--gradient-checkpointing")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``estimate`` for parsed arguments; print the table or JSON. Exit code 0, or 2 on bad input."""
-    from .estimate import estimate
+    """Run ``estimate`` for parsed arguments; print the table or JSON.
+
+    Exit code 0; 2 on bad input, 1 when the estimator itself fails: either way one line on
+    stderr, starting ``error:``, never a traceback.
+    """
     from .presets import verdict
 
     try:
-        est = estimate(
-            args.model, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-            quantization=args.quantization, lora_r=args.lora_r, lora_targets=args.lora_targets,
-            optimizer=args.optimizer, gradient_checkpointing=args.gradient_checkpointing,
-            grad_accum=args.grad_accum, load_dtype=args.load_dtype,
-            attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
-            padded=getattr(args, "padded", True))
+        with _quiet():
+            from .estimate import estimate
+
+            est = estimate(
+                args.model, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                quantization=args.quantization, lora_r=args.lora_r, lora_targets=args.lora_targets,
+                optimizer=args.optimizer, gradient_checkpointing=args.gradient_checkpointing,
+                grad_accum=args.grad_accum, load_dtype=args.load_dtype,
+                attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
+                padded=getattr(args, "padded", True))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        flag = _FLAGS.get(getattr(exc, "name", None))
+        print(f"error: {'argument ' + flag + ': ' if flag else ''}{_one_line(exc)}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug of the estimator: say so in one line, with what to do
+        print(f"error: the estimator failed on this setup ({type(exc).__name__}: {_one_line(exc)}); please report "
+              "it with the command line, or set KIT_TRACEBACK=1 to see where.", file=sys.stderr)
+        if _traceback_wanted():
+            raise
+        return 1
     preset = getattr(args, "preset", "colab-t4")
     if args.json:
         out = est.to_json()
@@ -80,3 +106,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(est.table(preset))
     return 0
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Library chatter on stderr would bury the one line that matters. The estimate builds on the
+    meta device only, so bitsandbytes' CPU-kernel notice and transformers' warnings are noise here."""
+    import transformers
+
+    bnb, level = logging.getLogger("bitsandbytes"), transformers.logging.get_verbosity()
+    old = bnb.level
+    bnb.setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        bnb.setLevel(old)
+        transformers.logging.set_verbosity(level)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _traceback_wanted() -> bool:
+    import os
+
+    return os.environ.get("KIT_TRACEBACK", "").strip().lower() in ("1", "true", "yes")

@@ -97,3 +97,68 @@ def test_python_m_kit_estimate():
     bad = subprocess.run(cmd[:5] + ["nope", "--batch-size", "1", "--seq-len", "8"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Known names" in bad.stderr
+
+
+def test_optimizer_takes_the_trainer_names_help_lists(capsys):
+    for name, kit_name in (("adamw_torch", "adamw"), ("adamw_bnb_8bit", "adamw-8bit"),
+                           ("paged_adamw_8bit", "paged-adamw-8bit"), ("adamw", "adamw")):
+        code, out, err = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--optimizer", name,
+                               "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["setup"]["optimizer"] == kit_name
+
+
+def test_input_errors_name_the_option(capsys):
+    code, _, err = _run(["--model", "gpt2", "--batch-size", "0", "--seq-len", "8"], capsys)
+    assert code == 2 and err.startswith("error: argument --batch-size: batch_size must be a whole number >= 1")
+    code, _, err = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4",
+                         "--lora-targets", "q_proj"], capsys)
+    assert code == 2 and err.startswith("error: argument --lora-targets: ") and "all-linear" in err
+
+
+def test_an_estimator_bug_is_one_line_and_exit_1(capsys, monkeypatch):
+    import kit.estimate
+
+    def broken(*args, **kwargs):
+        raise KeyError("intermediate_size")
+
+    monkeypatch.setattr(kit.estimate, "estimate", broken)
+    code, out, err = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8"], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: the estimator failed on this setup (KeyError:") and "KIT_TRACEBACK" in err
+
+
+def _cli(*argv, tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env.pop("KIT_TRACEBACK", None)
+    return subprocess.run([sys.executable, "-m", "kit", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.skipif(not (ROOT / "kit" / "demo.py").exists(), reason="kit/__main__.py needs kit/demo.py")
+def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
+    from transformers import T5Config
+
+    T5Config().save_pretrained(tmp_path / "t5")
+    cut = tmp_path / "cut" / "config.json"
+    cut.parent.mkdir()
+    cut.write_text('{"model_type": "llama", "hidden_si')
+    size = ["--batch-size", "1", "--seq-len", "8"]
+    cases = [
+        (["--model", "no-such-model", *size],
+         "error: argument --model: Unknown model 'no-such-model'. Known names: distilgpt2"),
+        (["--model", str(cut), *size], f"error: argument --model: {cut} is not a readable config.json"),
+        (["--model", str(tmp_path / "t5"), *size],
+         "error: argument --model: t5 (T5Config) is not a causal language model"),
+        (["--model", "gpt2", "--batch-size", "many", "--seq-len", "8"],
+         "error: argument --batch-size: invalid int value: 'many'"),
+        (["--model", "gpt2", "--batch-size", "-3", "--seq-len", "8"],
+         "error: argument --batch-size: batch_size must be a whole number >= 1, not -3."),
+        (["--model", "gpt2", *size, "--optimizer", "adam9"], "error: argument --optimizer: invalid choice: 'adam9'"),
+    ]
+    for argv, start in cases:
+        res = _cli("estimate", *argv, tmp_path=tmp_path)
+        assert res.returncode == 2 and res.stdout == "", (argv, res.stderr)
+        assert res.stderr.startswith(start) and res.stderr.count("\n") == 1, (argv, res.stderr)
+    res = _cli(tmp_path=tmp_path)  # no command at all
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1

@@ -174,3 +174,39 @@ def test_quantization_without_bitsandbytes_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import now fails, as on Colab
     with pytest.raises(RuntimeError, match="pip install bitsandbytes"):
         models.load_model("tiny-llama", quantization="4bit")
+
+
+# ---- configs that cannot be read or built: one sentence each --------------------------------
+def test_unreadable_config_files_are_one_sentence(tmp_path):
+    import json
+
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(models.get_config("tiny-llama").to_dict())[:80])
+    with pytest.raises(ValueError, match=r"cut.json is not a readable config.json .*download or copy it again"):
+        models.get_config(cut)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"is not a transformers config.json \(it has no \"model_type\"\)"):
+        models.get_config(listed)
+    custom = tmp_path / "custom.json"
+    custom.write_text(json.dumps({"model_type": "my-own-llm", "hidden_size": 8}))
+    with pytest.raises(ValueError, match="model_type 'my-own-llm'.*remote code, which the kit never runs"):
+        models.get_config(custom)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no config.json"):
+        models.get_config(tmp_path / "empty")
+
+
+def test_a_config_that_is_no_causal_lm_is_refused_before_building():
+    from transformers import T5Config
+
+    with pytest.raises(ValueError, match=r"^t5 \(T5Config\) is not a causal language model .*decoder-only") as exc:
+        models.build_model(T5Config(), device="meta")
+    assert "GPT2Config, " not in str(exc.value)  # not transformers' list of every causal LM config
+
+
+def test_a_config_transformers_cannot_build_is_one_sentence():
+    cfg = models.get_config("tiny-llama")
+    cfg.num_attention_heads = 0
+    with pytest.raises(ValueError, match=r"^transformers could not build a llama model from this config"):
+        models.build_model(cfg, device="meta")

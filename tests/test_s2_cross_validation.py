@@ -10,7 +10,8 @@ from peft.tuners.lora import LoraLayer
 
 from kit import models
 from kit.scenarios import s2_cross_validation as cv
-from kit.scenarios.s2_folds import append_result, k_fold_indices, read_results
+from kit.scenarios.s2_folds import (ResultsFileError, append_result, k_fold_indices, read_results, repair_results,
+                                     run_key)
 from kit.scenarios.s2_lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, restore_adapter,
                                       save_adapter_init, states_equal, verify_adapter_reset)
 from kit.track import Tracker
@@ -165,3 +166,116 @@ def test_scenario2_summary_shape(tmp_path, monkeypatch):
     assert s2 == {"broken": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}], "oom_at_fold": None},
                   "fixed": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True}]},
                   "advice_reset_changed_nothing": True}
+
+
+# ---- the results file: never lose a finished fold ---------------------------------------------
+def _lines(path):
+    return path.read_text().splitlines()
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_fold(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_result(path, {"fold": 1, "run_key": "k", "eval_loss": 2.0})
+    with open(path, "a") as f:
+        f.write('{"fold": 2, "run_k')          # the crash hit mid-write
+    assert list(read_results(path, "k")) == [1]
+    append_result(path, {"fold": 2, "run_key": "k", "eval_loss": 1.9})   # the rerun's fold 2
+    append_result(path, {"fold": 3, "run_key": "k", "eval_loss": 1.8})
+    assert sorted(read_results(path, "k", folds=3)) == [1, 2, 3]
+    assert [json.loads(line)["fold"] for line in _lines(path)] == [1, 2, 3]
+
+
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"fold": 1, "run_key": "k"}')   # e.g. saved by an editor without the final newline
+    append_result(path, {"fold": 2, "run_key": "k"})
+    assert sorted(read_results(path, "k")) == [1, 2]
+
+
+@pytest.mark.parametrize("bad,problem", [
+    ("{not json", "not valid JSON"), ("[1, 2]", "JSON list, not a fold record"),
+    ("null", "JSON NoneType, not a fold record"), ('{"eval_loss": 2.0}', '"fold" is None'),
+    ('{"fold": "two"}', "\"fold\" is 'two'"), ('{"fold": 0}', "fold 0 is below 1"),
+])
+def test_an_unreadable_middle_line_is_refused_by_number(tmp_path, bad, problem):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"fold": 1, "run_key": "k"}\n' + bad + '\n{"fold": 2, "run_key": "k"}\n')
+    with pytest.raises(ResultsFileError) as exc:
+        read_results(path, "k")
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}, line 2: ") and problem in msg and "repair_results(" in msg, msg
+    assert "\n" not in msg
+    out = repair_results(path)                   # the remedy keeps both finished folds
+    assert (out["kept"], out["set_aside"]) == (2, 1)
+    assert sorted(read_results(path, "k")) == [1, 2]
+    assert (tmp_path / "r.jsonl.unreadable").read_text() == bad + "\n"   # set aside, not deleted
+
+
+def test_a_fold_beyond_folds_is_refused(tmp_path):
+    path = tmp_path / "r.jsonl"
+    for fold in (1, 7):
+        append_result(path, {"fold": fold, "run_key": "k"})
+    assert sorted(read_results(path, "k")) == [1, 7]
+    with pytest.raises(ResultsFileError, match=r"line 2: fold 7 is outside this run's folds 1..3.*folds=3"):
+        read_results(path, "k", folds=3)
+    assert repair_results(path, folds=3)["kept"] == 1 and sorted(read_results(path, "k", folds=3)) == [1]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_before_training(monkeypatch):
+    def stop(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(cv, "fold_data", stop)
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "null", '{"fold": 9, "run_key": "KEY"}'])
+def test_fixed_loop_refuses_a_bad_results_file_before_training(tmp_path, monkeypatch, bad):
+    _stop_before_training(monkeypatch)
+    key = run_key("tiny-llama", {"folds": 3, **cv._params(**SMALL)})
+    path = tmp_path / "cv.jsonl"
+    path.write_text(json.dumps({"fold": 1, "run_key": key}) + "\n" + bad.replace("KEY", key) + "\n")
+    with pytest.raises(ResultsFileError, match="line 2: .*repair_results"):
+        cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, **SMALL)
+
+
+def test_other_settings_keep_the_file_and_resume_false_moves_it_aside(tmp_path, monkeypatch):
+    _stop_before_training(monkeypatch)
+    path = tmp_path / "cv.jsonl"
+    key = run_key("tiny-llama", {"folds": 3, **cv._params(**SMALL)})
+    append_result(path, {"fold": 1, "run_key": key})
+    before = path.read_text()
+    with pytest.raises(ResultsFileError, match="other settings.*left as it is.*another output_dir"):
+        cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, **{**SMALL, "lora_r": 16})
+    assert path.read_text() == before
+    with pytest.raises(_Stop):                   # resume=False: the old folds move aside, never deleted
+        cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, resume=False, **SMALL)
+    assert not path.exists() and (tmp_path / "cv.before-1.jsonl").read_text() == before
+
+
+# ---- the loops' settings read the way users mean them ------------------------------------------
+def test_settings_are_read_not_guessed():
+    import numpy as np
+
+    p = cv._params(lora_targets="q_proj,v_proj", batch_size=np.int64(2), steps_per_fold="3")
+    assert p["lora_targets"] == ["q_proj", "v_proj"] and p["batch_size"] == 2 and p["steps_per_fold"] == 3
+    assert cv._params(lora_targets="all-linear")["lora_targets"] == "all-linear"
+    assert cv._params()["lora_targets"] == ["q_proj", "v_proj"]     # the run key of old files stays the same
+    for steps in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="^steps_per_fold must be a whole number >= 1"):
+            cv._params(steps_per_fold=steps)
+    with pytest.raises(ValueError, match="^lora_targets must be module names"):
+        cv._params(lora_targets=[1, 2])
+    with pytest.raises(ValueError, match="^folds must be a whole number >= 2"):
+        cv.run_fixed_loop("tiny-llama", folds=0, **SMALL)
+    with pytest.raises(ValueError, match="^resume must be True or False"):
+        cv.run_fixed_loop("tiny-llama", folds=3, resume="sometimes", **SMALL)
+    assert cv.lora_config(8, "all-linear").target_modules == "all-linear"
+
+
+def test_a_comma_string_of_targets_trains(tmp_path):
+    out = cv.show_advice_reset("tiny-llama", output_dir=tmp_path, **{**SMALL, "lora_targets": "q_proj, v_proj"})
+    assert out["tensors_compared"] == 8          # 2 layers x (q, v) x (A, B), not one adapter per character

@@ -28,10 +28,11 @@ from transformers import PrinterCallback, Trainer, TrainingArguments
 
 from .. import cleanup, leaks, oom
 from .. import device as kdevice
+from .. import inputs as kin
 from .. import models as kmodels
 from ..track import Tracker
 from ..units import fmt_bytes
-from .s2_folds import append_result, fold_data, read_results, run_key
+from .s2_folds import append_result, fold_data, read_results, run_key, set_aside
 from .s2_lora_reset import (advice_reset, adapter_state, lora_config, restore_adapter, save_adapter_init,
                          states_equal, verify_adapter_reset)
 
@@ -85,12 +86,34 @@ def _load(model_name: str, quantization: str):
 
 
 def _params(**kw) -> dict:
+    """The loops' settings, read with :mod:`kit.inputs` (numpy ints, '8', a comma string of targets ...).
+
+    >>> _params(steps_per_fold="2", lora_targets="q_proj,k_proj")["lora_targets"]
+    ['q_proj', 'k_proj']
+    >>> _params(steps_per_fold=0)
+    Traceback (most recent call last):
+    ...
+    kit.inputs.InputError: steps_per_fold must be a whole number >= 1, not 0.
+    """
     unknown = set(kw) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"unknown settings {sorted(unknown)}; the settings are {sorted(DEFAULTS)}.")
+        raise kin.InputError(sorted(unknown)[0], f"unknown settings {sorted(unknown)}; the settings are "
+                                                 f"{sorted(DEFAULTS)}.")
     p = {**DEFAULTS, **{k: v for k, v in kw.items() if v is not None}}
-    p["lora_targets"] = list(p["lora_targets"])
+    for name in ("batch_size", "seq_len", "steps_per_fold", "lora_r", "max_samples"):
+        p[name] = kin.whole_number(name, p[name])
+    p["seed"] = kin.whole_number("seed", p["seed"], minimum=0)
+    p["quantization"] = kin.choice("quantization", p["quantization"], ("none", "8bit", "4bit"))
+    targets = kin.targets(p["lora_targets"])
+    if targets is None:
+        raise kin.InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
+                                             "or 'all-linear'.")
+    p["lora_targets"] = targets if targets == kin.ALL_LINEAR else list(targets)
     return p
+
+
+def _folds(folds) -> int:
+    return kin.whole_number("folds", folds, minimum=2)
 
 
 def _fold_record(stage, fold: int, **extra) -> dict:
@@ -134,7 +157,7 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     >>> broken["folds"][1]["models_alive_at_start"]              # doctest: +SKIP
     2
     """
-    p = _params(**settings)
+    p, folds = _params(**settings), _folds(folds)
     tracker = tracker if tracker is not None else Tracker()
     _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
     state, first = {"fold": 0, "folds": [], "alive": None}, len(tracker.records)
@@ -225,19 +248,24 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     ``peak_bytes``, ``end_bytes``, ``adapter_reset_ok``, ``back_at_baseline`` (within
     ``tolerance`` of the memory before fold 1), ``eval_loss`` and ``train_loss``, and is
     appended to ``results_path`` (default ``output_dir/cv_results.jsonl``) as soon as the
-    fold ends. With ``resume=True`` folds already in that file are not trained again.
+    fold ends. With ``resume=True`` folds already in that file are not trained again; a file
+    of other settings, or with an unreadable line, is refused in words and left as it is.
+    With ``resume=False`` an existing file is moved aside (``cv_results.before-N.jsonl``),
+    never deleted, and the run starts a new one.
 
     >>> fixed = run_fixed_loop("tiny-llama", folds=5)            # doctest: +SKIP
     >>> [f["adapter_reset_ok"] for f in fixed["folds"]]           # doctest: +SKIP
     [True, True, True, True, True]
     """
-    p = _params(**settings)
+    p, folds = _params(**settings), _folds(folds)
+    resume, tolerance = kin.flag("resume", resume), kin.fraction("tolerance", tolerance)
     tracker = tracker if tracker is not None else Tracker()
     path = Path(results_path or Path(output_dir) / "cv_results.jsonl")
     key = run_key(model_name, {"folds": folds, **p})
-    done = read_results(path, key) if resume else {}
-    if not resume and path.exists():
-        path.unlink()
+    done = read_results(path, key, folds) if resume else {}
+    if not resume and (aside := set_aside(path)) is not None:
+        print(f"resume=False: the earlier folds in {path} are kept in {aside}; this run starts a new file.",
+              flush=True)
     _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
     model = init = None
     if len(done) < len(splits):
