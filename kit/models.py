@@ -136,8 +136,8 @@ def _read_config(path: Path) -> PretrainedConfig:
                          "config.json that comes with the model's weights.")
     if data["model_type"] not in CONFIG_MAPPING:
         raise ValueError(f"{path} has model_type {data['model_type']!r}, which this transformers "
-                         f"({transformers.__version__}) does not know; its code would have to come from the Hub "
-                         "as remote code, which the kit never runs: upgrade transformers, or pass the model "
+                         f"({transformers.__version__}) does not know (its code would have to come from the Hub "
+                         "as remote code, which the kit never runs): upgrade transformers, or pass the model "
                          "itself as an nn.Module.")
     try:
         return AutoConfig.from_pretrained(path)
@@ -251,15 +251,14 @@ def _check_causal_lm(cfg: PretrainedConfig) -> None:
     >>> _check_causal_lm(T5Config())                     # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: t5 (T5Config) is not a causal language model: ...
+    ValueError: t5 (T5Config) is not a causal language model (transformers has no ...): ...
     """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) is not a causal language model: transformers "
-                         "has no AutoModelForCausalLM class for it (an encoder-decoder such as T5, or an encoder). "
-                         "The kit builds and estimates decoder-only LMs (GPT-2, Llama, Mistral, ...): pass one of "
-                         "those.")
+        raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) is not a causal language model (transformers "
+                         "has no AutoModelForCausalLM class for it: an encoder-decoder such as T5, or an encoder): "
+                         "pass a decoder-only LM such as GPT-2, Llama or Mistral.")
 
 
 def _dtype_kw(dtype: torch.dtype) -> dict:
