@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 
 from . import replay as act
+from .inventory import Info, UnsupportedModel, default_targets, info_of, lora_matches  # noqa: F401 (part of the API)
 from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
                       optimizer_state_bytes)
 from . import inputs as kin
@@ -27,173 +27,6 @@ from .units import fmt_bytes
 
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "logits & loss",
               "autocast weight copies", "temporaries")
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    name: str
-    kind: str            # "linear", "embedding", "norm", "other"
-    fin: int
-    fout: int
-    weight: int          # weight elements this module owns (0 when tied to an earlier one)
-    bias: int
-    trainable: bool      # as built (scenario 1 freezes the base)
-    quantizable: bool    # transformers would swap it for a bnb layer
-    part: str            # "embed", "block", "head"
-    short: str           # name inside its block ("self_attn.q_proj"), else the full name
-    tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
-
-
-@dataclass(frozen=True)
-class _Info:
-    config: object
-    family: str
-    leaves: tuple
-    buffers_bytes: int
-    vocab_head: bool
-    max_positions: int | None
-    output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
-
-
-class UnsupportedModel(ValueError):
-    """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for)."""
-
-
-# The Llama-style replay reads these; a config without them has blocks of another shape.
-_LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, gemma, phi3, ...)"
-
-
-def _family(cfg) -> str:
-    """The replay family of a config: "gpt2", "llama" (Llama-style), or UnsupportedModel in words."""
-    mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
-    if mt == "gpt2":
-        return "gpt2"
-    if getattr(cfg, "is_encoder_decoder", False):
-        raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
-                               f"{_COVERED}.")
-    experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
-               and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
-    if experts:
-        k, v = next(iter(experts.items()))
-        raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
-                               f"dense blocks only, so it would undercount the experts' activations: measure this "
-                               f"one on a real step with kit.track.Tracker, or pass {_COVERED}.")
-    missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
-    if missing:
-        raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
-                               f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
-                               f"measure this one on a real step with kit.track.Tracker.")
-    return "llama"
-
-
-def _inventory(model, cfg) -> _Info:
-    import torch.nn as nn
-    from transformers import PreTrainedModel
-    from transformers.pytorch_utils import Conv1D
-    from transformers.quantizers.base import get_keys_to_not_convert
-    from transformers.quantizers.quantizers_utils import should_convert_module
-
-    vocab_head = getattr(cfg, "kit_vocab_head", False) or hasattr(model, "custom_layer")
-    base, prefix = (model.gpt2, "gpt2.") if vocab_head else (model, "")
-    base_cfg = getattr(base, "config", cfg)
-    family = _family(base_cfg)
-    what = f"{base_cfg.model_type} ({type(model).__name__})"
-    out = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
-    skip = [prefix + k for k in get_keys_to_not_convert(base)] if hasattr(base, "all_tied_weights_keys") else []
-    seen, leaves, blocks = set(), [], set()
-    for name, mod in model.named_modules():
-        params = list(mod.named_parameters(recurse=False))
-        if not params:
-            continue
-        w = dict(params).get("weight")
-        b = dict(params).get("bias")
-        tied = w is not None and id(w) in seen
-        seen.update(id(p) for _, p in params)
-        linear = isinstance(mod, (nn.Linear, Conv1D))  # bnb's Linear4bit/8bitLt are nn.Linear too
-        # count from the layer's shape: a 4-bit Params4bit's numel() is the packed, halved size
-        fin, fout = (w.shape[0], w.shape[1]) if isinstance(mod, Conv1D) else \
-            (mod.in_features, mod.out_features) if linear else (0, 0)
-        kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
-            "norm" if "norm" in type(mod).__name__.lower() else "other"
-        parts = name.split(".")
-        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
-        part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
-        if idx is not None:
-            blocks.add(".".join(parts[:idx + 1]))
-        leaves.append(_Leaf(
-            name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
-            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
-            linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
-            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
-    if len(blocks) != base_cfg.num_hidden_layers:
-        raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
-                               f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
-                               f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
-    if isinstance(model, PreTrainedModel) and out is None:
-        raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
-                               "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
-                               "model, its config or a config.json path.")
-    head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
-    maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
-    bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    return _Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos, head_name)
-
-
-@lru_cache(maxsize=32)
-def _cached(key: str) -> _Info:
-    from . import models
-
-    return _inventory(models.build_model(key, device="meta"), models.get_config(key))
-
-
-_CONFIG_CACHE: dict = {}
-
-
-def _cached_config(key: str, cfg) -> _Info:
-    from . import models
-
-    if key not in _CONFIG_CACHE:
-        if len(_CONFIG_CACHE) > 32:
-            _CONFIG_CACHE.clear()
-        _CONFIG_CACHE[key] = _inventory(models.build_model(cfg, device="meta"), cfg)
-    return _CONFIG_CACHE[key]
-
-
-def _info(model) -> _Info:
-    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
-    from transformers import PretrainedConfig
-
-    if isinstance(model, os.PathLike):
-        model = os.fspath(model)
-    if isinstance(model, str):
-        return _cached(model)
-    if isinstance(model, PretrainedConfig):
-        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
-    if hasattr(model, "named_modules"):
-        if not isinstance(getattr(model, "config", None), PretrainedConfig):
-            raise UnsupportedModel(f"a bare {type(model).__name__} has no transformers config, so the estimator "
-                                   "cannot read its architecture: pass a causal LM built by transformers "
-                                   "(AutoModelForCausalLM), its config, a config.json path or a registry name.")
-        return _inventory(model, model.config)
-    raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
-                           f"nn.Module, not {type(model).__name__}.")
-
-
-@lru_cache(maxsize=256)
-def _lora_matches(names: tuple, targets: tuple) -> tuple:
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import check_target_module_exists
-
-    cfg = LoraConfig(target_modules=list(targets))
-    return tuple(n for n in names if check_target_module_exists(cfg, n))
-
-
-def _default_targets(info: _Info) -> tuple:
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
-
-    return tuple(M.get(info.config.model_type, ["q_proj", "v_proj"]))
 
 
 @dataclass
@@ -287,7 +120,7 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     try:
-        info = _info(model)
+        info = info_of(model)
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
@@ -301,7 +134,7 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
                     lora_dropout=lora_dropout, padded=padded, device=device)
 
 
-def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
+def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
               accum, load, attn, recipe, lora_dropout, padded, device) -> Estimate:
     vh, leaves = info.vocab_head, info.leaves
     if quant != "none" and not lora_r and not vh:
@@ -314,8 +147,8 @@ def _assemble(info: _Info, *, model, B, S, precision, quant, lora_r, lora_target
     if lora_r and lora_targets == kin.ALL_LINEAR:  # peft: every Linear/Conv1D but a PreTrainedModel's output
         lora = {l.name for l in leaves if l.kind == "linear" and l.name != info.output_head}
     elif lora_r:
-        targets = lora_targets or tuple(_default_targets(info))
-        lora = set(_lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
+        targets = lora_targets or tuple(default_targets(info))
+        lora = set(lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
         if not lora:
             names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
             raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "

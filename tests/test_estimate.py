@@ -89,7 +89,7 @@ def test_full_finetune_fp32_totals():
     est = estimate("distilgpt2", batch_size=2, seq_len=64)
     n = 81_912_576
     assert est.trainable_params == n
-    assert est.weights_bytes == 4 * n + E._info("distilgpt2").buffers_bytes
+    assert est.weights_bytes == 4 * n + E.info_of("distilgpt2").buffers_bytes
     assert est.gradients_bytes == 4 * n and est.optimizer_bytes == 8 * n
     sgd = estimate("distilgpt2", batch_size=2, seq_len=64, optimizer="sgd")
     assert sgd.optimizer_bytes == 4 * n

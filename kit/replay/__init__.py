@@ -27,7 +27,7 @@ replays one decoder layer with the tape's op rules, in the order of the transfor
 class it follows (name that class in the module docstring), and mark it with
 ``@around(final_norm=..., positions=..., embd_dropout=...)`` for what the model does
 outside its blocks; then add one line to :data:`FAMILIES`. (The estimator picks
-``Setup.family`` from the config's ``model_type`` in ``kit.estimate._inventory``.) Check it
+``Setup.family`` from the config's ``model_type`` in ``kit.inventory.family_of``.) Check it
 against autograd on a tiny CPU twin as ``tests/test_estimate.py`` does for GPT-2 and Llama.
 """
 from __future__ import annotations
