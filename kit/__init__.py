@@ -1,8 +1,9 @@
 """The memory kit: predict, measure and fix memory when fine-tuning language models.
 
 Submodules, one concern each: ``units`` (bytes), ``device`` (readings) and ``tensor_peak``
-(exact CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` (real models or offline
-twins), ``data`` (text and tokenizer), ``estimate`` with ``replay`` (prediction), ``track``
+(exact CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` and ``model_configs`` (real models or offline
+twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`` and ``replay``
+(prediction), ``inputs`` (what users pass), ``track``
 (stages; ``track_records``, ``track_callback``, ``track_files``), ``plot`` / ``live`` (draw),
 ``cleanup`` / ``leaks`` / ``oom`` (free, prove it came back, survive an OOM), ``widgets`` (the
 panel), ``notebook`` (what every notebook calls first), ``scenarios`` (the two worked cases),

@@ -1,0 +1,185 @@
+"""Figures of what was measured: stages, readings over time, folds and sweeps."""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ..units import fmt_bytes, gib
+from .style import GIB_LABEL, OKABE_ITO, _fig, _limit, _short
+
+
+def _records(obj):
+    records = getattr(obj, "records", obj)
+    done = [r for r in records if getattr(r, "end", None) is not None]
+    if not done:
+        raise ValueError("nothing to draw: no finished stage (use `with tracker.stage(name): ...` first)")
+    return done
+
+
+def _labels(records) -> list[str]:
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    return [r.name if counts[r.name] == 1 else f"{r.name} #{r.index + 1}" for r in records]
+
+
+def _grouped(ax, names, series, width=0.8):
+    """Grouped bars; ``series`` is [(label, colour, [bytes or None per group])]. None is a reading
+    that was not taken: written "not read" where its bar would stand, never drawn as 0."""
+    n = len(series)
+    w = width / n
+    for i, (label, colour, vals) in enumerate(series):
+        xs = [j + (i - (n - 1) / 2) * w for j, v in enumerate(vals) if v is not None]
+        hs = [gib(v) for v in vals if v is not None]
+        bars = ax.bar(xs, hs, w, label=label, color=colour)
+        ax.bar_label(bars, labels=[_short(v) for v in vals if v is not None], fontsize=7, padding=1)
+        for j, v in enumerate(vals):
+            if v is None:
+                ax.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
+                        fontsize=6, color=colour)
+    ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center")
+
+
+def stage_bars(tracker_or_records, title: str = "Memory per stage") -> Figure:
+    """Bars per stage. GPU: allocated, reserved, peak allocated, RSS. CPU: live tensors, RSS, peak RSS.
+
+    Values at the end of each stage, peaks inside it.
+
+    >>> fig = stage_bars(tracker)                                 # doctest: +SKIP
+    """
+    recs = _records(tracker_or_records)
+    if recs[0].end.cuda_allocated_bytes is not None:
+        series = [("CUDA allocated (end)", OKABE_ITO["blue"], [r.end.cuda_allocated_bytes for r in recs]),
+                  ("CUDA reserved (end)", OKABE_ITO["sky"], [r.end.cuda_reserved_bytes for r in recs]),
+                  ("CUDA peak allocated", OKABE_ITO["vermillion"], [r.cuda_peak_bytes for r in recs]),
+                  ("process RSS (end)", OKABE_ITO["orange"], [r.end.rss_bytes for r in recs])]
+    else:
+        series = [("live CPU tensors (end)", OKABE_ITO["blue"], [r.end.live("cpu") for r in recs]),
+                  ("process RSS (end)", OKABE_ITO["orange"], [r.end.rss_bytes for r in recs]),
+                  ("peak RSS in stage", OKABE_ITO["vermillion"], [r.rss_peak_bytes for r in recs])]
+    fig, ax = _fig(title=title)
+    _grouped(ax, _labels(recs), series)
+    ax.set_ylabel(GIB_LABEL)
+    ax.legend(loc="upper left", fontsize=8, ncols=2)
+    ax.margins(y=0.15)
+    return fig
+
+
+def timeline(tracker, title: str = "Memory over time") -> Figure:
+    """Every reading (stage boundaries and training-step samples) against time, stages shaded.
+
+    GPU: CUDA allocated, reserved and RSS. CPU: live CPU tensors (where the gc walk ran) and RSS.
+
+    >>> fig = timeline(tracker)                                   # doctest: +SKIP
+    """
+    recs = list(getattr(tracker, "records", []))
+    samples = list(getattr(tracker, "samples", []))
+    points = [(s, True) for r in recs for s in (r.start, r.end) if s is not None]
+    points += [(s.snap, s.has_live) for s in samples]
+    if not points:
+        raise ValueError("nothing to draw: the tracker has no readings yet")
+    points.sort(key=lambda p: p[0].time)
+    t0 = points[0][0].time
+    on_cuda = points[0][0].cuda_allocated_bytes is not None
+    fig, ax = _fig(title=None)
+    ax.set_title(title, pad=16)       # room for the stage names above the axes
+
+    def line(label, colour, get, only_live=False, style="-"):
+        xy = [(p.time - t0, gib(get(p))) for p, live in points if get(p) is not None and (live or not only_live)]
+        if xy:
+            ax.plot(*zip(*xy), style, color=colour, label=label, marker="o", markersize=3, linewidth=1.5)
+
+    if on_cuda:
+        line("CUDA allocated", OKABE_ITO["blue"], lambda s: s.cuda_allocated_bytes)
+        line("CUDA reserved", OKABE_ITO["sky"], lambda s: s.cuda_reserved_bytes, style="--")
+    else:
+        line("live CPU tensors", OKABE_ITO["blue"], lambda s: s.live("cpu"), only_live=True)
+    line("process RSS", OKABE_ITO["orange"], lambda s: s.rss_bytes)
+    shade = [OKABE_ITO["green"], OKABE_ITO["purple"]]
+    for i, (r, label) in enumerate(zip(recs, _labels(recs))):
+        if r.end is None or r.depth > 0:
+            continue
+        a, b = r.start.time - t0, r.end.time - t0
+        ax.axvspan(a, b, color=shade[i % 2], alpha=0.12, linewidth=0)
+        ax.text((a + b) / 2, 1.0, label + (" (error)" if r.error else ""), transform=ax.get_xaxis_transform(),
+                ha="center", va="bottom", fontsize=8, rotation=15 if len(recs) > 5 else 0, clip_on=False)
+    ax.set_xlabel("time since the first reading (s)")
+    ax.set_ylabel(GIB_LABEL)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: int | None = None,
+          title: str = "Memory per fold") -> Figure:
+    """Start, peak and end memory per fold, with the baseline (before fold 1) drawn.
+
+    Each fold is a dict with ``start_bytes``, ``peak_bytes``, ``end_bytes`` (None where
+    unknown), and optionally ``oom`` (True marks the fold) and ``label``.
+
+    >>> fig = folds([{"start_bytes": 2**30, "peak_bytes": 2**31, "end_bytes": 2**30}], baseline_bytes=2**30)
+    """
+    if not fold_records:
+        raise ValueError("fold_records is empty: pass one dict per fold with start_bytes/peak_bytes/end_bytes")
+    for i, f in enumerate(fold_records):
+        missing = {"start_bytes", "peak_bytes", "end_bytes"} - set(f)
+        if missing:
+            raise ValueError(f"fold {i + 1} lacks {sorted(missing)}; each fold needs start_bytes, peak_bytes, end_bytes")
+    names = [f.get("label") or f"fold {i + 1}" for i, f in enumerate(fold_records)]
+    series = [("start", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
+              ("peak", OKABE_ITO["vermillion"], [f["peak_bytes"] for f in fold_records]),
+              ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
+    fig, ax = _fig(title=title)
+    _grouped(ax, names, series)
+    if baseline_bytes is not None:
+        ax.axhline(gib(baseline_bytes), color=OKABE_ITO["black"], linestyle=":", linewidth=1.5,
+                   label=f"baseline {fmt_bytes(baseline_bytes)}")
+    _limit(ax, limit_bytes)
+    for j, f in enumerate(fold_records):
+        if f.get("oom"):
+            ax.text(j, 0.5, "OOM", transform=ax.get_xaxis_transform(), ha="center", va="center",
+                    color=OKABE_ITO["vermillion"], fontsize=12, weight="bold")
+    ax.set_xlim(-0.6, len(fold_records) - 0.4)
+    ax.set_ylabel(GIB_LABEL)
+    ax.margins(y=0.25)              # room for the legend above the bars
+    ax.legend(loc="upper left", fontsize=8, ncols=5)
+    return fig
+
+
+def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str | None = None,
+          ylabel: str = "peak memory (GiB)") -> Figure:
+    """Peak memory against a size (batch size, sequence length), OOM points marked with an X.
+
+    ``points`` holds ``(size, peak_bytes or None, oom)`` tuples, e.g. from
+    ``oom.largest_batch_size(...).points``. OOM points sit on the limit line when
+    one is given, else just above the highest measured peak.
+
+    >>> fig = sweep([(8, 2**30, False), (16, None, True)], "batch size", limit_bytes=2**31)
+    """
+    if not points:
+        raise ValueError("points is empty: pass (size, peak_bytes or None, oom) tuples")
+    if "GiB" not in ylabel:
+        raise ValueError(f"ylabel must state the unit, GiB: {ylabel!r}")
+    pts = sorted((tuple(p)[:3] for p in points), key=lambda p: p[0])
+    ok = [(s, gib(b)) for s, b, oom in pts if not oom and b is not None]
+    failed = [s for s, _, oom in pts if oom]
+    fig, ax = _fig(title=title or f"Peak memory against {xlabel}")
+    if ok:
+        ax.plot(*zip(*ok), "-o", color=OKABE_ITO["blue"], label="fits (measured peak)")
+    top = max([y for _, y in ok] + [0])
+    y_oom = gib(limit_bytes) if limit_bytes is not None else (top * 1.1 or 1.0)
+    if failed:
+        ax.plot(failed, [y_oom] * len(failed), "X", color=OKABE_ITO["vermillion"], markersize=11,
+                linestyle="none", label="out of memory")
+        for s in failed:
+            ax.annotate("OOM", (s, y_oom), textcoords="offset points", xytext=(0, 8), ha="center",
+                        color=OKABE_ITO["vermillion"], fontsize=8)
+    _limit(ax, limit_bytes)
+    sizes = [p[0] for p in pts]
+    if len(sizes) > 2 and min(sizes) > 0 and max(sizes) / min(sizes) >= 16:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes], fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0, top=max(y_oom, top) * 1.2 or 1.0)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig

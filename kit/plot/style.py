@@ -1,0 +1,41 @@
+"""The look every kit figure shares: the Okabe-Ito palette, the width that fits Colab, GiB axes."""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ..units import gib
+
+# Okabe & Ito (2008), "Color Universal Design".
+OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
+             "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7"}
+CYCLE = [OKABE_ITO[k] for k in ("blue", "orange", "green", "purple", "sky", "vermillion", "yellow", "black")]
+WIDTH_IN = 9.0          # Colab's output column shows about 9-10 inches at 100 dpi
+GIB_LABEL = "memory (GiB)"
+
+
+def _fig(height: float = 4.2, title: str | None = None):
+    fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
+    ax = fig.subplots()
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return fig, ax
+
+
+def _short(n: int | float) -> str:
+    """A bar label: three significant digits in the unit that suits it.
+
+    >>> _short(2_372_164), _short(623_000_000), _short(1.01 * 2**30), _short(0)
+    ('2.26 MiB', '594 MiB', '1.01 GiB', '0 B')
+    """
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}" if unit != "GiB" else f"{n / size:.2f} GiB"
+    return f"{n:.0f} B"
+
+
+def _limit(ax, limit_bytes, label="limit"):
+    if limit_bytes is not None:
+        ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
+                   label=f"{label} {gib(limit_bytes):.2f} GiB")
