@@ -1,13 +1,13 @@
 """The memory kit: predict, measure and fix memory when fine-tuning language models.
 
-Submodules, one concern each: ``units`` (bytes), ``device`` (readings) and ``tensor_peak``
-(exact CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` and ``model_configs`` (real models or offline
-twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`` and ``replay``
-(prediction), ``inputs`` (what users pass), ``track``
-(stages; ``track_records``, ``track_callback``, ``track_files``), ``plot`` / ``live`` (draw),
-``cleanup`` / ``leaks`` / ``oom`` (free, prove it came back, survive an OOM), ``widgets`` (the
-panel), ``notebook`` (what every notebook calls first), ``scenarios`` (the two worked cases),
-``demo`` / ``report`` (``python -m kit demo``). Import what you need:
+Submodules, one concern each: ``units`` (bytes), ``device`` (readings) and ``tensor_peak`` (exact
+CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` and ``model_configs`` (real models
+or offline twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`` and ``replay``
+(prediction), ``inputs`` (what users pass), ``track`` (stages; ``track_records``,
+``track_callback``, ``track_files``), ``plot`` / ``live`` (draw), ``cleanup`` / ``leaks`` / ``oom``
+(free, prove it came back, survive an OOM), ``widgets`` (the panel), ``notebook`` (what every
+notebook calls first), ``scenarios`` (the two worked cases), ``demo`` / ``report``
+(``python -m kit demo``). Import what you need:
 ``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel.
 """
 __version__ = "0.1.0"

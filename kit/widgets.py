@@ -28,9 +28,9 @@ from IPython.display import display
 from . import device as kdevice
 from . import models as kmodels
 from . import panel_runs, runtime
+from . import widgets_views as views
 from .estimate import OPTIMIZERS, estimate
 from .presets import PRESETS, Preset, verdict
-from .units import fmt_bytes
 
 MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
           2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
@@ -47,8 +47,6 @@ DEFAULTS = {
 PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
                   ("H100", "h100"), ("this machine", "this")]
 SEQ_CAP = 32768                        # a slider over 131072 positions is unusable
-COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
-           "logits & loss": "#56B4E9", "autocast weight copies": "#D55E00", "temporaries": "#999999"}
 OPTIONS = ("model", "steps", "sweep_sizes") + tuple(k for k in DEFAULTS[1] if k != "model")
 
 
@@ -195,51 +193,9 @@ class Panel:
             text = why.get(k, "")
             text = text if text.startswith("<span") else html.escape(text)
             w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
-        self.estimate_html.value = self._estimate_view()
+        self.estimate_html.value = views.estimate_html(self.estimate, self.verdict, self.preset(), self.problem)
         blocked = self.problem is not None or self._running
         self.run_button.disabled = self.sweep_button.disabled = blocked
-
-    def _estimate_view(self) -> str:
-        if self.estimate is None:
-            return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
-                    f"{html.escape(self.problem)}</div>")
-        e, v, p = self.estimate, self.verdict, self.preset()
-        from .plot import OFF_SCALE   # the charts' rule: a limit far above the bar is stated, not drawn
-
-        limit = p.gpu_bytes if p.gpu_bytes is not None else p.ram_bytes
-        own_scale = limit > OFF_SCALE * e.peak_bytes    # else a small model's bar is a sliver
-        scale = (e.peak_bytes if own_scale else max(e.peak_bytes, limit, 1)) * 1.05
-        parts = [(k, n) for k, n in e.components().items() if n > 0]
-        segs = "".join(f"<div title='{k}' style='width:{100 * n / scale:.3f}%;background:{COLOURS[k]}'></div>"
-                       for k, n in parts)
-        mark = "" if own_scale else (f"<div style='position:absolute;left:{100 * limit / scale:.3f}%;top:-4px;"
-                                     f"bottom:-4px;border-left:3px dashed #D55E00'></div>")
-        against = (f"<div class='kit-bar-limit' style='display:flex;align-items:center;gap:6px;font-size:85%;"
-                   f"max-width:860px'><div style='flex:1;height:6px;background:#eee;position:relative'><div "
-                   f"style='width:{max(100 * e.peak_bytes / limit, 0.3):.3f}%;height:6px;background:#555'></div>"
-                   f"</div><span>the bar above, against the {fmt_bytes(limit)} limit: "
-                   f"{100 * e.peak_bytes / limit:.2f}% of it</span></div>") if own_scale else ""
-        legend = " ".join(f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
-                          f"background:{COLOURS[k]}'></span> {k} {fmt_bytes(n)}</span>" for k, n in parts)
-        colour, head = ("#009E73", "FITS") if v.fits else ("#D55E00", "DOES NOT FIT")
-        where = "GPU" if p.gpu_bytes is not None else "RAM"
-        margin = v.gpu_margin_bytes if v.gpu_margin_bytes is not None else v.ram_margin_bytes
-        spare = f"{fmt_bytes(margin)} to spare" if margin >= 0 else f"{fmt_bytes(-margin)} short"
-        top = e.offenders[0] if e.offenders else None
-        lines = [f"<div class='kit-verdict' style='font-size:115%'><b style='color:{colour}'>{head}</b> "
-                 f"{html.escape(p.label)}: predicted peak <b class='kit-peak'>{fmt_bytes(e.peak_bytes)}</b> of "
-                 f"{fmt_bytes(limit)} {where} ({spare}) &middot; at the {html.escape(e.peak_moment)}</div>",
-                 f"<div class='kit-bar' style='position:relative;display:flex;height:24px;width:100%;max-width:860px;"
-                 f"background:#eee;margin:6px 0'>{segs}{mark}</div>", against,
-                 f"<div style='font-size:85%'>{legend}" + ("" if own_scale else
-                                                         f" &middot; <span style='color:#D55E00'>- - limit "
-                                                         f"{fmt_bytes(limit)}</span>") + "</div>",
-                 f"<div style='font-size:85%;color:#555'>{e.params:,} params, {e.trainable_params:,} trainable; "
-                 f"CPU RAM to build the model {fmt_bytes(e.cpu_build_bytes)} of {fmt_bytes(p.ram_bytes)}"
-                 + (f"; biggest: <b>{html.escape(top[0])}</b> {fmt_bytes(top[2])} with its training state"
-                    if top else "") + "</div>"]
-        lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in e.notes]
-        return "".join(lines)
 
     # -- runs ----------------------------------------------------------------------------
     def _lock(self, on: bool) -> None:
@@ -310,31 +266,8 @@ class Panel:
     def _finish(self, record: dict) -> None:
         self.last_result = record
         self.history.append(record)
-        self.status.value = self._status(record)
-        self.history_html.value = self._history_view()
-
-    @staticmethod
-    def _status(r: dict) -> str:
-        colour = {"ok": "#009E73", "sweep": "#0072B2"}.get(r["status"], "#D55E00")
-        text = r.get("error") or r.get("note")
-        extra = f": {html.escape(text)}" if text else ""
-        return f"<span class='kit-status' style='color:{colour}'><b>{r['status']}</b>{extra}</span>"
-
-    def _history_view(self) -> str:
-        cols = ["model", "batch_size", "seq_len", "quantization", "precision", "lora_r", "optimizer", "status",
-                "predicted", "measured", "ratio", "returned"]
-        names = {"ratio": "measured / predicted"}
-        head = "".join(f"<th style='padding:2px 8px'>{names.get(c, c.replace('_', ' '))}</th>" for c in cols)
-        rows = []
-        for i, r in enumerate(self.history, 1):
-            pred, meas = r.get("predicted_peak_bytes"), r.get("measured_peak_bytes")
-            vals = {**r, "predicted": fmt_bytes(pred) if pred else "", "measured": fmt_bytes(meas) if meas else "",
-                    "ratio": f"{meas / pred:.2f}x" if pred and meas else "",
-                    "returned": {True: "yes", False: "NO", None: ""}[r.get("returned")]}
-            rows.append(f"<tr><td>{i}</td>" + "".join(f"<td class='kit-{c}' style='padding:2px 8px'>"
-                                                      f"{html.escape(str(vals.get(c, '')))}</td>" for c in cols) + "</tr>")
-        return (f"<table class='kit-history' style='font-size:85%;border-collapse:collapse'><tr><th>#</th>{head}</tr>"
-                + "".join(rows) + "</table>")
+        self.status.value = views.status_html(record)
+        self.history_html.value = views.history_html(self.history)
 
     def _ipython_display_(self):
         display(self.widget)
