@@ -23,6 +23,7 @@ from . import data as kdata
 from . import device as kdevice
 from . import models as kmodels
 from .estimate import OPTIMIZERS, estimate
+from .inputs import whole_number
 from .track import Tracker
 from .units import fmt_bytes, gib
 
@@ -170,7 +171,7 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
     or on a CPU the tensor bytes counted op by op by ``kit.tensor_peak.TensorPeak``),
     ``reading``, ``returned`` (memory back at the baseline), ``error`` and ``seconds``.
     """
-    setup, tracker = check_setup(setup), tracker or Tracker()
+    setup, tracker, steps = check_setup(setup), tracker or Tracker(), whole_number("steps", steps)
     est = estimate_as_run(setup)
     record = dict(setup, status="refused", predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
                   reading=kdevice.best_reading(), returned=None, error=refusal(setup, est), seconds=0.0)
@@ -211,8 +212,10 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
     """
     if over not in ("batch_size", "seq_len"):
         raise ValueError(f"over must be 'batch_size' or 'seq_len', not {over!r}.")
-    setup, tracker = check_setup(setup), tracker or Tracker()
-    sizes = sorted({int(s) for s in sizes})
+    setup, tracker, steps = check_setup(setup), tracker or Tracker(), whole_number("steps", steps)
+    sizes = sorted({whole_number(over, s) for s in sizes})
+    if not sizes:
+        raise ValueError(f"sizes is empty: pass the {over.replace('_', ' ')}s to try, e.g. (1, 2, 4, 8).")
     result = {"points": [], "predicted": [], "refused": [], "largest": None, "over": over}
     first = {**setup, over: sizes[-1]}
     why = refusal(first, estimate_as_run(first))

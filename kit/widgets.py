@@ -30,6 +30,7 @@ from . import models as kmodels
 from . import panel_runs, runtime
 from . import widgets_views as views
 from .estimate import OPTIMIZERS, estimate
+from .inputs import whole_number
 from .presets import PRESETS, Preset, verdict
 
 MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
@@ -83,7 +84,7 @@ class Panel:
             raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
         d = {**DEFAULTS[scenario], **kw}
         model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
-        self.scenario, self.steps = scenario, d.get("steps", 3)
+        self.scenario, self.steps = scenario, whole_number("steps", d.get("steps", 3))
         self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
         self.machine = this_machine()
         self.history: list[dict] = []

@@ -127,3 +127,11 @@ def test_one_accumulation_rule_for_the_notebook_and_the_demo(monkeypatch):
     with pytest.raises(ValueError, match="grad_accum"):
         s1_runs.grad_accum_for("a", 0)
 
+
+
+@pytest.mark.parametrize("bad", [0, -1, "one"])
+def test_steps_below_one_are_refused_not_run(bad):
+    with pytest.raises(ValueError, match="steps must be a whole number >= 1"):
+        s1_runs.run_fix("a", "smoke", steps=bad)
+    with pytest.raises(ValueError, match="steps must be a whole number >= 1"):
+        s1_runs.run_original_safely("smoke", steps=bad)

@@ -8,7 +8,8 @@ import transformers
 from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 
-from kit import models
+from kit import leaks, models
+from kit.units import MiB
 from kit.scenarios import s2_cross_validation as cv
 from kit.scenarios.s2_folds import (ResultsFileError, append_result, k_fold_indices, read_results, repair_results,
                                      run_key)
@@ -47,9 +48,15 @@ def test_k_fold_indices_cover_every_row_once():
 
 
 def test_free_gpu_cache_frees_nothing_of_the_callers():
-    trainer = torch.zeros(10)  # the caller's name, as in the user's loop
+    """The advice's helper: measured, the caller's trainer keeps its memory, and the leak check names it."""
+    base = leaks.take_baseline()
+    trainer = torch.ones(8 * MiB, dtype=torch.uint8)   # the caller's name, as in the user's loop
     cv.free_gpu_cache()        # its `del trainer` hits its own (unbound) local and is swallowed
-    assert trainer.shape == (10,)
+    report = leaks.check_returned(base, raise_on_leak=False)
+    assert not report.ok and report.excess_bytes >= 8 * MiB
+    assert any("trainer" in h for t in report.tensors for h in t.holders), report.text()
+    del trainer                # what frees it: the caller's own del
+    assert leaks.check_returned(base).ok
 
 
 def test_reset_check_catches_a_reset_that_does_nothing():

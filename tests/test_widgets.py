@@ -186,3 +186,14 @@ def test_runs_under_the_expected_ipywidgets():
         assert ipywidgets.__version__ == expected
     else:
         assert ipywidgets.__version__.split(".")[0] in ("7", "8")
+
+
+def test_steps_are_read_as_users_pass_them_and_refused_by_name():
+    import numpy as np
+
+    assert panel(scenario=1, model="tiny-gpt2", steps=np.int64(2)).steps == 2
+    for bad in (0, -1, 1.5, "two"):
+        with pytest.raises(ValueError, match="steps must be a whole number"):
+            panel(scenario=1, model="tiny-gpt2", steps=bad)
+        with pytest.raises(ValueError, match="steps must be a whole number"):
+            panel_runs.measured_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad)

@@ -20,6 +20,7 @@ from ..oom import oom_safe
 from .. import data as kdata
 from .. import device as kdevice
 from .. import models as kmodels
+from ..inputs import whole_number
 from ..track import Tracker
 from ..units import fmt_bytes
 from .s1_custom_head import NAMES, T4_BYTES, USER, _estimate, _run_precision, _size, estimate_fix, fix_setup
@@ -80,9 +81,7 @@ def grad_accum_for(which: str | None, grad_accum: int | None = None) -> int:
     4
     """
     if grad_accum is not None:
-        if int(grad_accum) < 1:
-            raise ValueError(f"grad_accum must be a whole number of micro-batches >= 1, not {grad_accum!r}.")
-        return int(grad_accum)
+        return whole_number("grad_accum", grad_accum)
     if kdevice.has_cuda():
         return USER["grad_accum"]
     return 1 if which == "c" else 2
@@ -101,7 +100,7 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: 
     >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
     """
     size, tracker, accum = _size(size), tracker or Tracker(), grad_accum_for(which, grad_accum)
-    s = fix_setup(which, size)
+    steps, s = whole_number("steps", steps), fix_setup(which, size)
     est = estimate_fix(which, size, as_run=True, grad_accum=accum)
     record = {"name": s["name"], "which": which, "size": size, "steps": steps, "grad_accum": accum,
               "estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None,
@@ -134,7 +133,7 @@ def run_original_safely(size: str | None = None, *, steps: int = 2, grad_accum: 
     >>> record, _ = run_original_safely("real")      # doctest: +SKIP
     """
     size, tracker, accum = _size(size), tracker or Tracker(), grad_accum_for(None, grad_accum)
-    name, precision = NAMES[size], _run_precision(USER["precision"])
+    steps, name, precision = whole_number("steps", steps), NAMES[size], _run_precision(USER["precision"])
     est = _estimate(name, precision=precision, device=kdevice.device_name(), grad_accum=accum)
     record = {"estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None, "oom": False,
               "refused": _ram_problem(est), "error": None, "returned": None, "reading": kdevice.best_reading()}
