@@ -92,17 +92,24 @@ def saved_tensor_bytes(model, batch: dict) -> int:
     128
     """
     params = {p.untyped_storage().data_ptr() for p in getattr(model, "parameters", lambda: [])()}
-    seen = {}
+    seen, held = {}, []
 
     def pack(t):
         st = t.untyped_storage()
         if st.data_ptr() not in params:
             seen[st.data_ptr()] = st.nbytes()
-        return t
+        held.append(t)   # alive till the count ends, so that no freed storage's address is counted twice
+        # The graph keeps nothing: a saved output kept by its own graph is a reference cycle through
+        # C++, which Python's gc cannot see, so the graph, its activations and the model would leak.
+        return None
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_):
+        raise RuntimeError("saved_tensor_bytes only counts what a forward saves; that forward cannot run backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = model(**batch)
     del out
+    held.clear()
     return sum(seen.values())
 
 
