@@ -13,6 +13,7 @@ import logging
 import sys
 
 from .estimate import DTYPES, OPTIMIZERS, QUANTIZATIONS
+from .model_configs import known_models
 from .presets import ALIASES
 
 _FLAGS: dict = {}  # estimate()'s keyword -> this command's option, to name the option in an error
@@ -31,8 +32,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         "estimate", help="predict training memory before anything is loaded, and name who eats it",
         description="Predict the peak memory (torch.cuda.max_memory_allocated) of a Trainer step, "
                     "broken into weights, gradients, optimizer state, activations and logits.")
-    p.add_argument("--model", required=True, help="a registry name (distilgpt2, meta-llama/Meta-Llama-3-8B, "
-                   "distilgpt2+vocab-head, ...) or a path to a config.json")
+    p.add_argument("--model", required=True, help="a shipped name (" + ", ".join(known_models()) + "), any "
+                   "Hub id such as Qwen/Qwen2.5-7B (only its config.json is fetched, when the Hub is reachable), "
+                   "or a path to a config.json")
     p.add_argument("--batch-size", type=int, required=True, help="per-device train batch size")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--precision", choices=list(DTYPES), default="fp32",

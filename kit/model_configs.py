@@ -9,6 +9,7 @@ twins need. A config is read with ``AutoConfig`` and never with remote code.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import transformers
@@ -59,7 +60,11 @@ def _split(name: str) -> tuple[str, bool]:
 
 
 def get_config(name_or_path: str) -> PretrainedConfig:
-    """The config of a registry name, or of a ``config.json`` path (or its folder).
+    """The config of a registry name, a ``config.json`` path (or its folder), or any Hub id.
+
+    A shipped config is used first. Otherwise, for a Hub id (``"Qwen/Qwen2.5-7B"``), only its
+    ``config.json`` is fetched (never weights) and cached by huggingface_hub; it is read with
+    ``trust_remote_code`` off, always.
 
     For a ``+vocab-head`` name it is the base's config after the pad token is added
     (``vocab_size`` + 1, so 50258 for distilgpt2), with ``kit_vocab_head = True``.
@@ -88,8 +93,63 @@ def get_config(name_or_path: str) -> PretrainedConfig:
         path = path / "config.json"
     if path.is_file():
         return _read_config(path)
-    raise ValueError(f"Unknown model {name_or_path!r}. Known names: {', '.join(known_models())}. "
-                     "A path to a config.json (or the folder holding one) works too.")
+    if not _HUB_ID.fullmatch(str(name_or_path)):
+        raise ValueError(f"Unknown model {name_or_path!r}: it is no known name, no file and no Hub id. Known names: "
+                         f"{', '.join(known_models())}. A Hub id (org/name), or a path to a config.json (or the "
+                         "folder holding one), works too.")
+    if str(name_or_path) not in _HUB_CONFIGS:
+        _HUB_CONFIGS[str(name_or_path)] = _hub_config(str(name_or_path))
+    return copy.deepcopy(_HUB_CONFIGS[str(name_or_path)])
+
+
+_HUB_CONFIGS: dict = {}   # Hub id -> its config, fetched once per process
+
+
+# A Hub repository id: "org/name", or a legacy one-part name such as "gpt2".
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+
+
+def _hub_config(repo_id: str) -> PretrainedConfig:
+    """Only ``config.json`` of a Hub repository (never weights), through huggingface_hub's cache.
+
+    Without a network the cache still answers; a gated, private or missing repository, or no
+    network and nothing cached, gets one sentence saying what to do.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+
+    from . import runtime
+
+    own_path = "or download its config.json and pass that file's path"
+    online = runtime.hub_reachable()
+    try:
+        # Offline, ask the cache alone: a Hub call without a network hangs about 47 s before failing.
+        path = hf_hub_download(repo_id, "config.json", local_files_only=not online)
+    except GatedRepoError as exc:
+        raise ValueError(f"{repo_id} is gated on the Hub: accept its licence at https://huggingface.co/{repo_id}, then "
+                         f"log in (huggingface_hub.login(), or `hf auth login` in a terminal), {own_path}.") from exc
+    except RepositoryNotFoundError as exc:
+        raise ValueError(f"{repo_id} is not on the Hub, or it is private (a 401): check the id's spelling, log in "
+                         f"(huggingface_hub.login()) if it is yours, {own_path}. Known names: "
+                         f"{', '.join(known_models())}.") from exc
+    except LocalEntryNotFoundError as exc:
+        raise ValueError(f"{repo_id} is not a known name, and the Hugging Face Hub cannot be reached from here to fetch "
+                         f"its config.json: pass the path of its config.json (a file of a few KB), or a known name "
+                         f"({', '.join(known_models())}).") from exc
+    except EntryNotFoundError as exc:
+        raise ValueError(f"{repo_id} has no config.json on the Hub (it may hold an adapter or a GGUF file): pass the "
+                         "id of the base model it was made from, or a config.json path.") from exc
+    except HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise ValueError(f"the Hub refused {repo_id}'s config.json ({status}): log in with an account that may "
+                             f"read it (huggingface_hub.login()), {own_path}.") from exc
+        raise ValueError(f"the Hub could not give {repo_id}'s config.json ({type(exc).__name__}"
+                         f"{f' {status}' if status else ''}): try again, {own_path}.") from exc
+    cfg = _read_config(Path(path))
+    cfg.kit_name = repo_id
+    return cfg
 
 
 def _read_config(path: Path) -> PretrainedConfig:
