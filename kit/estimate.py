@@ -5,7 +5,10 @@ exact, tied weights count once, and the arithmetic below follows the libraries' 
 bitsandbytes for 4-bit/8-bit weights and 8-bit optimizer states, peft for LoRA and
 ``prepare_model_for_kbit_training``, torch for AdamW, and :mod:`kit.replay` for what
 the forward saves. ``peak_bytes`` predicts ``torch.cuda.max_memory_allocated()`` over a
-Trainer step: the larger of the forward/backward phase and the optimizer step.
+Trainer step: the larger of the forward/backward phase and the optimizer step, in the steady
+state (from the second step, the optimizer state is alive during backward).
+``first_step_peak_bytes`` is the first step's: its backward runs before the optimizer has
+made its state, which is why step 1 can run and step 2 die.
 
 >>> est = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")
 >>> est.offenders[0][0], est.peak_moment
@@ -47,6 +50,7 @@ class Estimate:
     activations_bytes: int
     logits_bytes: int
     peak_bytes: int
+    first_step_peak_bytes: int          # the first optimizer step: no optimizer state yet during its backward
     cpu_build_bytes: int
     peak_phase: str                     # "forward/backward" or "optimizer step"
     peak_moment: str                    # e.g. "backward (loss)"
@@ -242,7 +246,8 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         params=tot["params"], trainable_params=tot["trainable"], weights_bytes=weights,
         gradients_bytes=tot["grads"], optimizer_bytes=tot["opt"] + tot["paged"],
         activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
-        peak_bytes=max(fwdbwd, step), cpu_build_bytes=tot["build"] + info.buffers_bytes, peak_phase=phase,
+        peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(fwdbwd - tot["opt"], step),
+        cpu_build_bytes=tot["build"] + info.buffers_bytes, peak_phase=phase,
         peak_moment=moment, loaded_weights_bytes=tot["loaded"] + info.buffers_bytes,
         paged_optimizer_bytes=tot["paged"], autocast_copies_bytes=rp.copies_saved + rp.cache,
         saved_bytes=rp.saved_bytes(),

@@ -166,6 +166,8 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
         lines.append(f"  {k:<46}{fmt_bytes(v, 'GiB'):>12}")
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
+    lines.append(f"  {'first step (no optimizer state in its backward)':<46}"
+                 f"{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
     lines.append("biggest modules by training bytes (their weights + grads + optimizer state):")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes

@@ -361,3 +361,21 @@ def test_saved_tensor_bytes_leaves_no_graph_and_no_model_alive():
     assert saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}) > 0
     del model, ids
     assert leaks.check_returned(base).ok
+
+
+@pytest.mark.parametrize("vocab,B,S", [(None, 2, 32), (256, 2, 128)])
+def test_first_step_peak_matches_a_cpu_trainer_first_step(vocab, B, S):
+    """The first step has no optimizer state during its backward; measured on its own, with TensorPeak."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    from estimate_vs_measured import cpu_trainer_peak
+
+    from kit.models import build_model, get_config
+
+    cfg = get_config("tiny-llama")
+    cfg.vocab_size = vocab or cfg.vocab_size
+    torch.manual_seed(0)
+    got = cpu_trainer_peak(build_model(cfg), B=B, S=S, V=cfg.vocab_size, steps=2, padded=True)
+    est = estimate(cfg, batch_size=B, seq_len=S, padded=True, device="cpu")
+    assert est.first_step_peak_bytes == pytest.approx(got["first_step_peak"], rel=0.02)
+    assert est.first_step_peak_bytes <= est.peak_bytes
+    assert est.to_json()["first_step_peak_bytes"] == est.first_step_peak_bytes

@@ -146,7 +146,8 @@ def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
     size = ["--batch-size", "1", "--seq-len", "8"]
     cases = [
         (["--model", "no-such-model", *size],
-         "error: argument --model: Unknown model 'no-such-model'. Known names: distilgpt2"),
+         "error: argument --model: Unknown model 'no-such-model': it is no shipped name, and the Hugging Face Hub "
+         "cannot be reached from here to fetch its config.json. Known names: distilgpt2"),
         (["--model", str(cut), *size], f"error: argument --model: {cut} is not a readable config.json"),
         (["--model", str(tmp_path / "t5"), *size],
          "error: argument --model: t5 (T5Config) is not a causal language model"),
