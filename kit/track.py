@@ -223,8 +223,9 @@ class Tracker:
     def folds(self, name: str) -> list[dict]:
         """The records of one repeated stage as dicts for ``plot.folds``: start/peak/end bytes.
 
-        Bytes of the best reading; on a CPU ``peak_bytes`` is the live-tensor lower bound
-        (``peak_exact`` False), see the module docstring.
+        Bytes of the best reading; on a CPU ``peak_bytes`` is exact when the stage ran with
+        ``tensor_peak=True``, else the live-tensor lower bound: ``peak_exact`` says which (see
+        the module docstring). A reading that was not taken is None.
 
         >>> Tracker().folds("fold")
         []
