@@ -8,7 +8,8 @@ or offline twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`
 (free, prove it came back, survive an OOM), ``widgets`` (the panel), ``notebook`` (what every
 notebook calls first), ``scenarios`` (the two worked cases), ``demo`` / ``report``
 (``python -m kit demo``). Import what you need:
-``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel.
+``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel; ``kit.check(trainer)``
+(``from_trainer``) prints what a built Trainer will need.
 """
 __version__ = "0.1.0"
 
@@ -24,4 +25,8 @@ def __getattr__(name):
         from .widgets import panel
 
         return panel
+    if name == "check":  # `kit.check(trainer)`: the estimate, its verdict and where each setting was read
+        from .from_trainer import check
+
+        return check
     raise AttributeError(f"module 'kit' has no attribute {name!r}")

@@ -1,0 +1,205 @@
+"""Read the user's own objects into one :func:`kit.estimate.estimate` call: a built Trainer
+(:func:`estimate_trainer`), or the ``TrainingArguments``, ``BitsAndBytesConfig`` and ``LoraConfig``
+written before anything is loaded (:func:`estimate_from`). :func:`check` prints the estimate, the
+verdict for this GPU and where each setting was read from.
+
+Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
+``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
+(DeepSpeed, FSDP, adafactor, DoRA, ``modules_to_save``, FP4 ...) is refused in one sentence
+(a ``ValueError``), never guessed.
+
+>>> from transformers import TrainingArguments
+>>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
+>>> est.sources["batch_size"], est.sources["optimizer"][0]
+((2, 'TrainingArguments.per_device_train_batch_size'), 'adamw')
+"""
+from __future__ import annotations
+
+from . import inputs as kin
+from .estimate import estimate
+from .inventory import info_of
+from .presets import PRESETS, Preset, verdict
+from .read_model import model_name, read_bnb, read_lora_config, read_model, targets_for
+from .read_training import auto_attn, auto_dtype, read_args, read_seq_len
+from .units import fmt_bytes
+
+_ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
+          "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
+          "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "device")
+# The fit advisor's hook. kit.advise does not exist yet: it will set ADVISOR to a function
+# (estimate, preset) -> str (its top changes), which check() prints when the setup does not fit.
+# While ADVISOR is None, check() prints no advice.
+ADVISOR = None
+
+
+def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
+    """Predict the memory of ``trainer.train()`` from the Trainer the user built; nothing trains.
+
+    Read: the model (parameter dtypes, bitsandbytes layers, peft LoRA adapters, what is trainable,
+    checkpointing, attention, tied weights), ``trainer.args`` (batch size, accumulation, fp16/bf16,
+    optim, checkpointing) and, unless ``seq_len`` is given, the longest batch
+    ``trainer.data_collator`` builds from the first 64 rows of ``trainer.train_dataset`` (and
+    whether it pads). ``est.sources[option] == (value, where it was read)``.
+
+    >>> est = estimate_trainer(trainer)                                 # doctest: +SKIP
+    >>> est.sources["batch_size"]                                       # doctest: +SKIP
+    (8, 'TrainingArguments.per_device_train_batch_size')
+    """
+    args = getattr(trainer, "args", None)
+    if args is None or not hasattr(trainer, "model"):
+        raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
+                         "the Trainer you built (or call estimate_from with your TrainingArguments).")
+    opts, src, notes = read_args(args)
+    target, mopts, msrc, mnotes = read_model(trainer.model)
+    opts.update(mopts), src.update(msrc), notes.extend(mnotes)
+    if args_ckpt := opts.pop("args_ckpt"):
+        opts["gradient_checkpointing"] = True
+        src["gradient_checkpointing"] = (True, args_ckpt)
+    if seq_len is None:
+        seq_len, padded, rows = read_seq_len(trainer, opts["batch_size"])
+        src["seq_len"] = (seq_len, f"the longest batch trainer.data_collator builds from the first {rows} rows "
+                                   "of trainer.train_dataset")
+        src["padded"] = (padded, "a 0 in those batches' attention_mask")
+    else:
+        padded = True
+        src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
+        src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
+    return _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+
+
+def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
+                  seq_len=None, padded: bool = True, load_dtype=None, attn_implementation=None,
+                  device: str = "cuda"):
+    """Predict the memory of a setup from the objects users write, before anything is loaded.
+
+    ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
+    ``PretrainedConfig``). ``training_args``: a ``TrainingArguments`` (None: its defaults);
+    ``quantization_config``: a ``BitsAndBytesConfig``; ``peft_config``: a ``LoraConfig``;
+    ``seq_len``: the longest batch's length (needed). ``load_dtype`` is from_pretrained's ``dtype``
+    (None: ``"auto"``, the config's dtype, as transformers 5 loads); ``attn_implementation`` None:
+    the config's, else sdpa where the model supports it.
+
+    >>> from transformers import TrainingArguments
+    >>> from peft import LoraConfig
+    >>> estimate_from("meta-llama/Meta-Llama-3-8B", TrainingArguments(per_device_train_batch_size=1),
+    ...               peft_config=LoraConfig(r=16, target_modules="all-linear"), seq_len=512).sources["lora_r"]
+    (16, 'LoraConfig.r')
+    """
+    if seq_len is None:
+        raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
+                                        "estimate_trainer reads it from a built Trainer's data.")
+    name = "TrainingArguments"
+    if training_args is None:
+        from transformers import TrainingArguments
+
+        training_args, name = TrainingArguments(), "TrainingArguments()"
+    opts, src, notes = read_args(training_args, name)
+    ckpt = opts.pop("args_ckpt")
+    opts["gradient_checkpointing"] = bool(ckpt)
+    src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
+    if hasattr(model_id_or_config, "named_modules"):
+        cfg = model_id_or_config.config
+    else:
+        from .model_configs import get_config
+
+        cfg = get_config(model_id_or_config)
+    info = info_of(model_id_or_config)
+    src["model"] = (model_name(model_id_or_config, cfg), "estimate_from(model_id_or_config)")
+    quant = read_bnb(quantization_config, "BitsAndBytesConfig")
+    opts["quantization"] = quant
+    src["quantization"] = (quant, "BitsAndBytesConfig.load_in_4bit/8bit" if quantization_config is not None
+                           else "no quantization_config")
+    src["load_dtype"] = auto_dtype(cfg, load_dtype, quant)
+    src["attn_implementation"] = auto_attn(cfg, attn_implementation)
+    opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
+    if quant != "none":
+        opts["kbit_recipe"] = "standard"
+        src["kbit_recipe"] = ("standard", "assumed: prepare_model_for_kbit_training, the peft recipe")
+        if not opts["gradient_checkpointing"]:  # prepare_model_for_kbit_training turns it on
+            opts["gradient_checkpointing"] = True
+            src["gradient_checkpointing"] = (True, "prepare_model_for_kbit_training (use_gradient_checkpointing=True)")
+    if peft_config is not None:
+        r, names, dropout = read_lora_config(peft_config, info)
+        targets, tnote = targets_for(info, names)
+        opts.update(lora_r=r, lora_targets=targets, lora_dropout=dropout)
+        src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
+                   "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
+        notes += tnote
+    src["seq_len"], src["padded"] = (seq_len, "estimate_from(seq_len=...)"), (padded, "estimate_from(padded=...)")
+    return _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+
+
+def check(trainer_or_estimate, device=None, *, seq_len=None):
+    """Print the estimate table, the verdict and where each setting was read from; return the Estimate.
+
+    ``device``: None judges against this GPU (what torch can have of it now: total memory less
+    what other processes and the CUDA context use), or, with no GPU here, the ``"colab-t4"``
+    preset, and says so. A preset name (``"l4"``, ``"a100-80"``...), ``"this"`` or a number of
+    bytes judges against that.
+
+    >>> est = check(estimate_from("tiny-gpt2", seq_len=64), device="colab-t4")  # doctest: +ELLIPSIS
+    tiny-gpt2: batch 8 x seq 64, fp32, ...
+    """
+    from .estimate import Estimate
+
+    est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
+        estimate_trainer(trainer_or_estimate, seq_len=seq_len)
+    preset, why = _preset(device)
+    lines = [est.table(preset)] + ([why] if why else [])
+    sources = getattr(est, "sources", None)
+    if sources:
+        lines.append("where each setting was read from:")
+        lines += [f"  {k:<24}{_show(v):<22}{w}" for k, (v, w) in sources.items()]
+    if ADVISOR is not None and not verdict(est, preset).fits:
+        lines.append(ADVISOR(est, preset))
+    print("\n".join(lines), flush=True)
+    return est
+
+
+def _run(target, opts, src, notes):
+    est = estimate(target, **opts)
+    src["device"] = (opts["device"], "the device argument (whose kernels are predicted)")
+    trainable = src.get("trainable_params", (None,))[0]
+    if trainable is not None and trainable != est.trainable_params:
+        notes.append(f"the model has {trainable:,} trainable parameters now, the estimate counts "
+                     f"{est.trainable_params:,}: check what is frozen")
+    est.notes.extend(notes)
+    est.setup["model"] = src["model"][0]
+    first = [k for k in _ORDER if k in src]
+    est.sources = {k: src[k] for k in first + [k for k in src if k not in first]}
+    return est
+
+
+def _preset(device):
+    """(Preset or name, a line to print or None) for check()."""
+    if isinstance(device, Preset):
+        return device, None
+    if device is None or device == "this":
+        from . import device as kdev
+
+        if not kdev.has_cuda():
+            if device == "this":
+                raise ValueError("device='this' needs a CUDA GPU, and none was found here: name a preset "
+                                 f"({', '.join(PRESETS)}) or a number of bytes.")
+            return "colab-t4", f"no GPU was found here, so this was judged against the colab-t4 preset " \
+                               f"({PRESETS['colab-t4'].label})"
+        hw, snap = kdev.hardware(), kdev.snapshot(live_tensors=False)
+        total, others = hw["gpu_total_bytes"], 0
+        if snap.nvml_used_bytes is not None:  # other processes and the CUDA context, not this torch
+            others = max(0, snap.nvml_used_bytes - (snap.cuda_reserved_bytes or 0))
+        label = (f"this GPU ({hw['gpu_name']}: {fmt_bytes(total - others)} for torch of {fmt_bytes(total)}"
+                 f"{', the rest used outside this torch' if others else ''})")
+        return Preset("this", label, total - others, hw["ram_total_bytes"]), None
+    n = kin._as_int(device) if not isinstance(device, str) else None
+    if n is not None and n > 0:
+        return Preset("bytes", f"a GPU with {fmt_bytes(n)}", n, PRESETS["cpu"].ram_bytes), None
+    if isinstance(device, str) and device in PRESETS:
+        return device, None
+    raise kin.InputError("device", f"device must be None, 'this', a number of bytes or a preset "
+                                   f"({', '.join(PRESETS)}), not {device!r}.")
+
+
+def _show(v) -> str:
+    if isinstance(v, (tuple, list)):
+        return ",".join(map(str, v)) if len(",".join(map(str, v))) <= 40 else f"{len(v)} modules"
+    return str(v)

@@ -1,0 +1,234 @@
+"""estimate_trainer / estimate_from / check: the user's own objects give the same bytes as the matching
+estimate(...) call, on tiny twins with real Trainers, peft and bitsandbytes (CPU, offline)."""
+import contextlib
+import io
+import warnings
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import BitsAndBytesConfig, Trainer, TrainingArguments
+
+import kit
+from kit import data, models
+from kit.estimate import estimate
+from kit.from_trainer import check, estimate_from, estimate_trainer
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
+         "logits_bytes", "peak_bytes", "cpu_build_bytes", "loaded_weights_bytes", "paged_optimizer_bytes",
+         "autocast_copies_bytes", "saved_bytes", "quantized_params", "unquantized_params", "peak_moment",
+         "offenders", "components")
+
+
+def same(got, want):
+    a, b = got.to_json(), want.to_json()
+    diff = {k: (a[k], b[k]) for k in BYTES if a[k] != b[k]}
+    assert not diff, diff
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return data.shipped_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def ds(tok):
+    # rows of 3..40 tokens, the longest (40) in row 37: the collator pads each batch to its longest row
+    ids = [[5 + (i * 7 + j) % 4000 for j in range(3 + (i * 11) % 35)] for i in range(80)]
+    ids[37] = list(range(5, 45))
+    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids],
+                              "text": ["x"] * len(ids)})  # Trainer drops "text" before collating
+
+
+def trainer(model, ds, tok, **kw):
+    args = TrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **kw)
+    return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok))
+
+
+def test_full_fine_tune_fp32_reads_everything(ds, tok):
+    model = models.load_model("tiny-llama", device="cpu")
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=4, optim="adamw_torch"))
+    same(est, estimate("tiny-llama", batch_size=4, seq_len=40, gradient_checkpointing=False))
+    s = est.sources
+    assert s["batch_size"] == (4, "TrainingArguments.per_device_train_batch_size")
+    assert s["optimizer"] == ("adamw", "TrainingArguments.optim='adamw_torch'")
+    assert s["seq_len"][0] == 40 and "data_collator" in s["seq_len"][1] and s["padded"][0] is True
+    assert s["load_dtype"][0] == "fp32" and s["quantization"][0] == "none" and s["tied_weights"][0] is False
+    assert s["trainable_params"][0] == est.trainable_params == sum(p.numel() for p in model.parameters())
+
+
+def test_seq_len_is_the_longest_padded_batch(ds, tok):
+    model = models.load_model("tiny-gpt2", device="cpu")
+    tr = trainer(model, ds, tok, per_device_train_batch_size=3)
+    rows = [{"input_ids": r} for r in ds["input_ids"][:64]]
+    longest = max(tr.data_collator(rows[i:i + 3])["input_ids"].shape[1] for i in range(0, 64, 3))
+    est = estimate_trainer(tr)
+    assert est.setup["seq_len"] == longest == 40
+    # rows of one length: no padding, so no attention mask is built
+    flat = Dataset.from_dict({"input_ids": [list(range(5, 37))] * 16, "attention_mask": [[1] * 32] * 16})
+    est = estimate_trainer(trainer(model, flat, tok, per_device_train_batch_size=4))
+    assert (est.setup["seq_len"], est.sources["padded"][0]) == (32, False)
+    same(est, estimate("tiny-gpt2", batch_size=4, seq_len=32, padded=False, gradient_checkpointing=False))
+    given = estimate_trainer(tr, seq_len=16)
+    assert given.setup["seq_len"] == 16 and given.sources["seq_len"][1] == "estimate_trainer(seq_len=...)"
+
+
+@pytest.mark.parametrize("name,targets", [("tiny-llama", ("q_proj", "v_proj")), ("tiny-gpt2", ("c_attn",))])
+def test_lora_grad_accum_and_an_explicit_optim(ds, tok, name, targets):
+    model = get_peft_model(models.load_model(name, device="cpu"), LoraConfig(r=8, lora_dropout=0.1,
+                                                                            task_type="CAUSAL_LM"))
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                                   optim="adamw_bnb_8bit"))
+    same(est, estimate(name, batch_size=2, seq_len=40, lora_r=8, lora_targets=targets, lora_dropout=0.1,
+                       grad_accum=4, optimizer="adamw-8bit", gradient_checkpointing=False))
+    assert est.sources["lora_targets"][0] == targets and est.sources["grad_accum"][0] == 4
+
+
+def test_qlora_4bit_with_prepare_model_for_kbit_training(ds, tok):
+    model = prepare_model_for_kbit_training(models.load_model("tiny-llama", quantization="4bit", device="cpu"))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    tr = trainer(model, ds, tok, per_device_train_batch_size=2, bf16=True, optim="paged_adamw_8bit")
+    est = estimate_trainer(tr)
+    want = estimate("tiny-llama", batch_size=2, seq_len=40, lora_r=4, lora_targets="all-linear", quantization="4bit",
+                    load_dtype="bf16", precision="bf16", optimizer="paged-adamw-8bit", gradient_checkpointing=True)
+    same(est, want)
+    s = est.sources
+    assert (s["quantization"][0], s["kbit_recipe"][0], s["gradient_checkpointing"][0]) == ("4bit", "standard", True)
+    # the same setup written before loading anything
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.bfloat16)
+    same(estimate_from("tiny-llama", tr.args, bnb, LoraConfig(r=4, target_modules="all-linear"), seq_len=40,
+                       load_dtype=torch.bfloat16), want)
+
+
+def test_8bit_lora(ds, tok):
+    model = get_peft_model(prepare_model_for_kbit_training(models.load_model("tiny-gpt2", quantization="8bit",
+                                                                             device="cpu")),
+                           LoraConfig(r=4, target_modules=["c_attn", "c_fc"], task_type="CAUSAL_LM"))
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2))
+    same(est, estimate("tiny-gpt2", batch_size=2, seq_len=40, quantization="8bit", lora_r=4,
+                       lora_targets=["c_attn", "c_fc"], load_dtype="bf16", gradient_checkpointing=True))
+
+
+def test_gradient_checkpointing_from_the_args_or_the_model(ds, tok):
+    model = models.load_model("tiny-llama", device="cpu")
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2, activation_checkpointing=True))
+    same(est, estimate("tiny-llama", batch_size=2, seq_len=40, gradient_checkpointing=True))
+    assert est.sources["gradient_checkpointing"] == (True, "TrainingArguments.activation_checkpointing")
+    model = models.load_model("tiny-gpt2", device="cpu")
+    model.gradient_checkpointing_enable()
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2, optim="sgd",
+                                   optim_args="momentum=0.9"))
+    same(est, estimate("tiny-gpt2", batch_size=2, seq_len=40, gradient_checkpointing=True, optimizer="sgd"))
+    assert "model's layers" in est.sources["gradient_checkpointing"][1]
+
+
+def test_scenario_1_vocab_head_module(ds, tok):
+    model = models.load_model("tiny-gpt2+vocab-head", device="cpu")
+    est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2))
+    same(est, estimate("tiny-gpt2+vocab-head", batch_size=2, seq_len=40))
+
+
+def test_estimate_from_real_objects():
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             optim="adamw_8bit", fp16=True)
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.float16)
+    lora = LoraConfig(r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.05)
+    est = estimate_from("meta-llama/Meta-Llama-3-8B", args, bnb, lora, seq_len=512)
+    same(est, estimate("meta-llama/Meta-Llama-3-8B", batch_size=4, seq_len=512, grad_accum=2, precision="fp16",
+                       optimizer="adamw-8bit", quantization="4bit", load_dtype="bf16", lora_r=16,
+                       lora_targets="q_proj,k_proj,v_proj,o_proj", lora_dropout=0.05))
+    assert est.sources["load_dtype"][0] == "bf16" and "config's dtype" in est.sources["load_dtype"][1]
+    assert est.sources["lora_targets"][0] == ("k_proj", "o_proj", "q_proj", "v_proj")
+    # no arguments: TrainingArguments() defaults (batch 8, adamw_torch_fused, counted as adamw)
+    est = estimate_from("tiny-gpt2", seq_len=64)
+    same(est, estimate("tiny-gpt2", batch_size=8, seq_len=64, gradient_checkpointing=False))
+    assert any("adamw_torch_fused" in n for n in est.notes)
+    # LoRA on the first block only: exact module names, and a note on the replay
+    est = estimate_from("tiny-llama", args, peft_config=LoraConfig(r=4, target_modules=["q_proj"],
+                                                                    layers_to_transform=[0]), seq_len=32)
+    assert est.sources["lora_targets"][0] == ("model.layers.0.self_attn.q_proj",)
+    assert any("differ between blocks" in n for n in est.notes)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(args=dict(optim="adafactor")), "optim='adafactor' is not modeled"),
+    (dict(args=dict(optim="sgd")), "without a momentum"),
+    (dict(args=dict(torch_compile=True)), "torch_compile"),
+    (dict(bnb=BitsAndBytesConfig(load_in_4bit=True)), "NF4 with double quant"),
+    (dict(bnb=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
+     "compute_dtype"),
+    (dict(lora=LoraConfig(r=4, use_dora=True)), "use_dora"),
+    (dict(lora=LoraConfig(r=4, modules_to_save=["lm_head"])), "modules_to_save"),
+    (dict(lora=LoraConfig(r=4, target_modules=["embed_tokens"])), "not a Linear layer"),
+    (dict(model="t5"), "not a causal language model"),
+])
+def test_estimate_from_refuses_in_one_sentence(kw, match):
+    from transformers import T5Config
+
+    args = TrainingArguments(output_dir="unused", use_cpu=True, **kw.get("args", {}))
+    model = T5Config(num_layers=2, d_model=32, num_heads=2, d_ff=64) if kw.get("model") else "tiny-llama"
+    with pytest.raises(ValueError, match=match) as exc:
+        estimate_from(model, args, kw.get("bnb"), kw.get("lora"), seq_len=32)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.endswith(".")
+
+
+def test_estimate_trainer_refuses_in_one_sentence(ds, tok):
+    from transformers import GPT2ForSequenceClassification
+
+    cls = GPT2ForSequenceClassification(models.get_config("tiny-gpt2"))
+    labelled = ds.remove_columns("text").add_column("labels", [0] * len(ds))
+    with pytest.raises(ValueError, match="not a causal LM") as exc:
+        estimate_trainer(trainer(cls, labelled, tok, per_device_train_batch_size=2))
+    assert "\n" not in str(exc.value)
+    model = get_peft_model(models.load_model("tiny-llama", device="cpu"),
+                           LoraConfig(r=4, modules_to_save=["lm_head"], task_type="CAUSAL_LM"))
+    with pytest.raises(ValueError, match="outside the LoRA adapters"):
+        estimate_trainer(trainer(model, ds, tok))
+    with pytest.raises(ValueError, match="not a Trainer|reads a transformers Trainer"):
+        estimate_trainer(model)
+
+
+def test_check_prints_the_table_the_verdict_and_the_sources(ds, tok):
+    model = models.load_model("tiny-gpt2", device="cpu")
+    tr = trainer(model, ds, tok, per_device_train_batch_size=2)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        est = kit.check(tr)
+    text = out.getvalue()
+    assert est.peak_bytes > 0 and "PEAK" in text and "where each setting was read from" in text
+    assert "TrainingArguments.per_device_train_batch_size" in text
+    if not torch.cuda.is_available():
+        assert "no GPU was found here, so this was judged against the colab-t4 preset" in text
+    for device, label in (("l4", "L4"), (est.peak_bytes - 1, "DOES NOT FIT a GPU with")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert check(est, device=device) is est
+        assert label in out.getvalue()
+    with pytest.raises(ValueError, match="device must be"):
+        check(est, device="tpu")
+
+
+def test_check_judges_against_this_gpu(monkeypatch):
+    """Faked readings: what torch can have is the total less what NVML sees used outside this torch."""
+    from kit import device as kdev
+    from kit.from_trainer import _preset
+
+    GiB = 1024**3
+    monkeypatch.setattr(kdev, "has_cuda", lambda: True)
+    monkeypatch.setattr(kdev, "hardware", lambda: {"gpu_name": "Tesla T4", "gpu_total_bytes": 15 * GiB,
+                                                   "ram_total_bytes": 12 * GiB})
+    monkeypatch.setattr(kdev, "snapshot", lambda live_tensors=False: kdev.Snapshot(
+        time=0.0, rss_bytes=1, rss_peak_bytes=1, ram_available_bytes=1, cuda_reserved_bytes=2 * GiB,
+        nvml_used_bytes=3 * GiB))
+    preset, why = _preset(None)
+    assert (preset.gpu_bytes, preset.ram_bytes, why) == (14 * GiB, 12 * GiB, None)
+    assert "this GPU (Tesla T4: 14.00 GiB for torch of 15.00 GiB" in preset.label
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        check(estimate_from("tiny-gpt2", seq_len=32))
+    assert "fits this GPU (Tesla T4" in out.getvalue()
