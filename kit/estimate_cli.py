@@ -33,7 +33,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         description="Predict the peak memory (torch.cuda.max_memory_allocated) of a Trainer step, "
                     "broken into weights, gradients, optimizer state, activations and logits.")
     p.add_argument("--model", required=True, help="a shipped name (" + ", ".join(known_models()) + "), any "
-                   "Hub id such as Qwen/Qwen2.5-7B (only its config.json is fetched, when the Hub is reachable), "
+                   "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
                    "or a path to a config.json")
     p.add_argument("--batch-size", type=int, required=True, help="per-device train batch size")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")

@@ -22,12 +22,40 @@ _REGISTRY = {
     "gpt2": "gpt2.json",
     "meta-llama/Meta-Llama-3-8B": "Meta-Llama-3-8B.json",
     "meta-llama/Llama-3.2-1B": "Llama-3.2-1B.json",
+    "meta-llama/Llama-3.1-8B": "Llama-3.1-8B.json",
+    "meta-llama/Llama-3.2-3B": "Llama-3.2-3B.json",
+    "mistralai/Mistral-7B-v0.3": "Mistral-7B-v0.3.json",
+    "Qwen/Qwen2.5-0.5B": "Qwen2.5-0.5B.json",
+    "Qwen/Qwen2.5-1.5B": "Qwen2.5-1.5B.json",
+    "Qwen/Qwen2.5-7B": "Qwen2.5-7B.json",
+    "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json",
+    "Qwen/Qwen3-8B": "Qwen3-8B.json",
+    "google/gemma-2-2b": "gemma-2-2b.json",
+    "google/gemma-2-9b": "gemma-2-9b.json",
+    "google/gemma-3-1b-it": "gemma-3-1b-it.json",
+    "microsoft/Phi-3.5-mini-instruct": "Phi-3.5-mini-instruct.json",
+    "HuggingFaceTB/SmolLM2-135M": "SmolLM2-135M.json",
+    "HuggingFaceTB/SmolLM2-360M-Instruct": "SmolLM2-360M-Instruct.json",
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": "SmolLM2-1.7B-Instruct.json",
+    "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "TinyLlama-1.1B-intermediate-step-1431k-3T.json",
+    "EleutherAI/pythia-1b": "pythia-1b.json",
+    "allenai/OLMo-2-1124-7B": "OLMo-2-1124-7B.json",
     "tiny-gpt2": "tiny-gpt2.json",
     "tiny-llama": "tiny-llama.json",
+    "tiny-qwen2": "tiny-qwen2.json",
+    "tiny-qwen3": "tiny-qwen3.json",
+    "tiny-olmo2": "tiny-olmo2.json",
+    "tiny-phi3": "tiny-phi3.json",
+    "tiny-gemma2": "tiny-gemma2.json",
+    "tiny-gemma3": "tiny-gemma3.json",
+    "tiny-gpt-neox": "tiny-gpt-neox.json",
+    "tiny-mistral": "tiny-mistral.json",
 }
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 _TINY = {"tiny-gpt2", "tiny-llama"}
+_TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
+          "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama"}
 def known_models() -> list[str]:
@@ -62,7 +90,7 @@ def _split(name: str) -> tuple[str, bool]:
 def get_config(name_or_path: str) -> PretrainedConfig:
     """The config of a registry name, a ``config.json`` path (or its folder), or any Hub id.
 
-    A shipped config is used first. Otherwise, for a Hub id (``"Qwen/Qwen2.5-7B"``), only its
+    A shipped config is used first. Otherwise, for a Hub id (``"Qwen/Qwen2.5-3B"``), only its
     ``config.json`` is fetched (never weights) and cached by huggingface_hub; it is read with
     ``trust_remote_code`` off, always.
 
@@ -134,9 +162,9 @@ def _hub_config(repo_id: str) -> PretrainedConfig:
                          f"(huggingface_hub.login()) if it is yours, {own_path}. Known names: "
                          f"{', '.join(known_models())}.") from exc
     except LocalEntryNotFoundError as exc:
-        raise ValueError(f"{repo_id} is not a known name, and the Hugging Face Hub cannot be reached from here to fetch "
-                         f"its config.json: pass the path of its config.json (a file of a few KB), or a known name "
-                         f"({', '.join(known_models())}).") from exc
+        raise ValueError(f"Unknown model {repo_id!r}: it is no shipped name, and the Hugging Face Hub cannot be reached "
+                         f"from here to fetch its config.json. Known names: {', '.join(known_models())}. A path to "
+                         "its config.json (a file of a few KB) works too.") from exc
     except EntryNotFoundError as exc:
         raise ValueError(f"{repo_id} has no config.json on the Hub (it may hold an adapter or a GGUF file): pass the "
                          "id of the base model it was made from, or a config.json path.") from exc

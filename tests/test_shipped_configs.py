@@ -1,0 +1,75 @@
+"""The shipped configs of the models people fine-tune in Colab (issue 13 item 1), by their exact Hub ids.
+
+Each config is the model's own config.json (non-architectural fields such as transformers_version,
+_name_or_path and auto_map dropped). Each is pinned here by the exact parameter count of its twin
+built on the meta device, against a published figure named beside it:
+- "HF API" is the Hub's safetensors.total for that id (or for a twin with the same architecture,
+  named), as recorded in public code; a tied head stored twice on the Hub is noted.
+- "keras-hub" is the `params` of the named preset in keras-team/keras-hub's *_presets.py.
+- The Pythia and Gemma 2 papers give non-embedding counts; the embedding part is vocab x hidden.
+"""
+import json
+
+import pytest
+from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from kit.model_configs import CONFIG_DIR, _REGISTRY, get_config, known_models
+from kit.models import build_model
+
+PUBLISHED = {
+    # keras-hub llama3.1_8b 8030261248; HF API meta-llama/Llama-3.1-8B safetensors.total 8030261248.
+    "meta-llama/Llama-3.1-8B": 8_030_261_248,
+    # HF API meta-llama/Llama-3.2-3B-Instruct (same architecture) 3212749824; keras-hub llama3.2_3b
+    # 3606752256 counts the tied head again: 3212749824 + 128256 x 3072.
+    "meta-llama/Llama-3.2-3B": 3_212_749_824,
+    # keras-hub mistral_0.3_7b_en ("Mistral 7B base version 0.3") 7248023552; HF API 7248023552.
+    "mistralai/Mistral-7B-v0.3": 7_248_023_552,
+    # keras-hub qwen2.5_0.5b_en 494032768; HF API Qwen/Qwen2.5-0.5B-Instruct 494032768.
+    "Qwen/Qwen2.5-0.5B": 494_032_768,
+    # HF API Qwen/Qwen2.5-1.5B-Instruct 1543714304; keras-hub qwen2.5_math_1.5b_en (same shape) 1543714304.
+    "Qwen/Qwen2.5-1.5B": 1_543_714_304,
+    # HF API Qwen/Qwen2.5-7B-Instruct 7615616512; keras-hub qwen2.5_math_7b_en (same shape) 7615616512.
+    "Qwen/Qwen2.5-7B": 7_615_616_512,
+    # keras-hub qwen3_0.6b_en 596049920 (the Hub's safetensors.total, 751632384, stores the tied
+    # head again: + 151936 x 1024).
+    "Qwen/Qwen3-0.6B": 596_049_920,
+    # keras-hub qwen3_8b_en 8190735360; HF API Qwen/Qwen3-8B 8190735360.
+    "Qwen/Qwen3-8B": 8_190_735_360,
+    # keras-hub gemma2_2b_en 2614341888; Gemma 2 paper Table 2: 2,024,517,888 non-embedding + 256000 x 2304.
+    "google/gemma-2-2b": 2_614_341_888,
+    # keras-hub gemma2_9b_en 9241705984; Gemma 2 paper Table 2: 8,324,201,984 non-embedding + 256000 x 3584.
+    "google/gemma-2-9b": 9_241_705_984,
+    # keras-hub gemma3_instruct_1b 999885952; HF API google/gemma-3-1b-it 999885952.
+    "google/gemma-3-1b-it": 999_885_952,
+    # HF API microsoft/Phi-3.5-mini-instruct 3821079552; keras-hub phi3_mini_4k_instruct_en (same shape) 3821079552.
+    "microsoft/Phi-3.5-mini-instruct": 3_821_079_552,
+    # HF API HuggingFaceTB/SmolLM2-135M-Instruct (same architecture) 134515008.
+    "HuggingFaceTB/SmolLM2-135M": 134_515_008,
+    # HF API HuggingFaceTB/SmolLM2-360M-Instruct 361821120.
+    "HuggingFaceTB/SmolLM2-360M-Instruct": 361_821_120,
+    # HF API HuggingFaceTB/SmolLM2-1.7B-Instruct 1711376384.
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": 1_711_376_384,
+    # The Hub's safetensors metadata for this id: {"F32": 1100048384}.
+    "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": 1_100_048_384,
+    # Pythia paper Table 1: 805,736,448 non-embedding + 2 x 50304 x 2048 (untied in and out embeddings).
+    "EleutherAI/pythia-1b": 1_011_781_632,
+    # HF API allenai/OLMo-2-1124-7B safetensors.total 7298617344.
+    "allenai/OLMo-2-1124-7B": 7_298_617_344,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_shipped_model_builds_to_its_published_parameter_count(name):
+    assert name in known_models()
+    assert build_model(name, device="meta").num_parameters() == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_shipped_config_is_plain_config_json_that_autoconfig_reads(name):
+    path = CONFIG_DIR / _REGISTRY[name]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["model_type"] in CONFIG_MAPPING                  # no remote code needed
+    assert not {"auto_map", "transformers_version", "_name_or_path"} & set(data)
+    assert type(AutoConfig.from_pretrained(path)) is type(get_config(name))
+    assert get_config(name).kit_name == name
