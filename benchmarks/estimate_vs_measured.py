@@ -1,6 +1,9 @@
 """Predicted against measured training memory, over a grid of setups.
 
-Run: ``python benchmarks/estimate_vs_measured.py [--out benchmarks/results/DATE-DEVICE.md]``
+Run: ``python benchmarks/estimate_vs_measured.py [--out benchmarks/results/DATE-DEVICE.md]``;
+``--families [--out benchmarks/results/families-DATE-DEVICE.md]`` runs the family grid instead: each
+replay family's tiny twin (``kit/configs/tiny-<family>.json``) under the same setups (on a GPU, with
+mixed-precision setups added).
 
 - With a CUDA GPU: each setup trains real Trainer steps on an architecture twin at real
   size and reads ``torch.cuda.max_memory_allocated()`` (through ``kit.device``) over the
@@ -181,6 +184,105 @@ GPU_GRID = [
 ]
 
 
+# ---- the family grid: one tiny twin per replay family, the same setups on each --------------------
+# Each row trains real Trainer steps on the twin (on the CPU; with a GPU, on it, plus mixed-precision rows);
+# kit.replay has one block replay per family.
+FAMILY_TWINS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",
+                "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox")
+BLOCKS_VOCAB = {"vocab_size": 256}  # a small vocabulary: the blocks, not the logits, set the peak
+FAMILY_SETUPS = [  # (label, estimate kwargs[, config overrides])
+    ("full FT, sdpa", dict(batch_size=4, seq_len=128)),
+    ("full FT, eager", dict(batch_size=4, seq_len=128, attn_implementation="eager")),
+    ("full FT, checkpointing", dict(batch_size=4, seq_len=128, gradient_checkpointing=True)),
+    ("full FT, bf16 weights", dict(batch_size=4, seq_len=128, load_dtype="bf16")),
+    ("LoRA r8 (default targets)", dict(batch_size=4, seq_len=128, lora_r=8)),
+    ("LoRA r8 all-linear, eager", dict(batch_size=4, seq_len=128, lora_r=8, lora_targets="all-linear",
+                                       attn_implementation="eager")),
+    ("QLoRA 4-bit r8", dict(batch_size=4, seq_len=128, quantization="4bit", lora_r=8)),
+    ("vocab 256, sdpa, unpadded", dict(batch_size=4, seq_len=128, padded=False), BLOCKS_VOCAB),
+    ("vocab 256, eager", dict(batch_size=4, seq_len=128, attn_implementation="eager"), BLOCKS_VOCAB),
+]
+FAMILY_CUDA_SETUPS = [  # with a GPU, mixed precision too (CPU autocast follows other op lists than CUDA's)
+    ("bf16 mixed, sdpa", dict(batch_size=4, seq_len=128, precision="bf16")),
+    ("fp16 mixed, eager, checkpointing", dict(batch_size=4, seq_len=128, precision="fp16",
+                                              attn_implementation="eager", gradient_checkpointing=True)),
+    ("bf16 mixed, LoRA r8 all-linear", dict(batch_size=4, seq_len=128, precision="bf16", lora_r=8,
+                                            lora_targets="all-linear")),
+    ("bf16 mixed, QLoRA 4-bit r8", dict(batch_size=4, seq_len=128, precision="bf16", quantization="4bit", lora_r=8)),
+    ("bf16 mixed, vocab 256, unpadded", dict(batch_size=4, seq_len=128, precision="bf16", padded=False),
+     BLOCKS_VOCAB),
+]
+
+
+def family_grid(only=None, cuda=False) -> list:
+    """Every (twin, setup) of the family grid: the rows of :func:`family_report`."""
+    rows = []
+    for name in FAMILY_TWINS:
+        for label, kw, *over in FAMILY_SETUPS + (FAMILY_CUDA_SETUPS if cuda else []):
+            if only and only not in f"{name} {label}":
+                continue
+            r = run_row(label, name, kw, cuda, over[0] if over else None)
+            r["twin"] = name
+            saved = f"{_pct(r['est'].saved_bytes, r['saved']):+.2f}%" if r["saved"] else "n/a"
+            print(f"{name:14s} {label:28s} predicted {r['est'].peak_bytes:>12,} measured {r['got']['peak']:>12,} "
+                  f"({_pct(r['est'].peak_bytes, r['got']['peak']):+.2f}%), saved {saved} [{r['seconds']:.0f} s]",
+                  flush=True)
+            rows.append(r)
+    return rows
+
+
+def family_report(rows, cuda=False) -> str:
+    import peft
+    import transformers
+
+    from kit import device
+    from kit.units import fmt_bytes
+
+    where = torch.cuda.get_device_name(0) if cuda else "CPU"
+    lines = [f"# Estimate vs measured, per replay family ({'GPU' if cuda else 'CPU'}, tiny twins)", "",
+             f"- date: {datetime.date.today().isoformat()}",
+             f"- device: {where}; hardware: {device.hardware()}",
+             f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, "
+             f"peft {peft.__version__}",
+             "- command: `python benchmarks/estimate_vs_measured.py --families`", "",
+             ("Measured: `torch.cuda.max_memory_allocated()` over steady-state Trainer steps; predicted: "
+              "`estimate(..., device=\"cuda\")`; the mixed-precision rows run on a GPU only. " if cuda else
+              "Measured: the CPU allocation peak of real Trainer steps (`TensorPeak` on top of the weights and "
+              "optimizer state, the steady-state step) and the bytes autograd saves in one forward "
+              "(`saved_tensors_hooks`). Predicted: `estimate(..., device=\"cpu\")`. ") + "Each twin: 2 layers, "
+             "hidden 128, vocab 4096 (`kit/configs/tiny-<family>.json`); the vocab-256 rows shrink the "
+             "vocabulary so that the blocks, not the logits, set the peak. Batch 4 x 128 tokens, padded "
+             "unless the row says so. Gemma-2 runs eager in every row (sdpa cannot soft-cap its attention). "
+             "With checkpointing (and QLoRA, whose recipe turns it on) the estimate's saved bytes also hold "
+             "the rotary cos/sin and the attention masks kept for the recompute, which are no saved tensors: "
+             "that is the saved error of those rows (`tests/test_families.py` checks it to the byte).", "",
+             "| family | twin | setup | estimated peak | measured peak | error | saved error | peak moment |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        e, g = r["est"], r["got"]
+        saved = f"{_pct(e.saved_bytes, r['saved']):+.2f}%" if r["saved"] else "n/a"
+        lines.append(f"| {_family(r['twin'])} | {r['twin']} | {r['label']} | {fmt_bytes(e.peak_bytes)} | "
+                     f"{fmt_bytes(g['peak'])} | {_pct(e.peak_bytes, g['peak']):+.2f}% | {saved} | {e.peak_moment} |")
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    lines += ["", "Peak error (estimated / measured - 1), family x setup:", "",
+              "| twin | " + " | ".join(labels) + " | worst |", "|---|" + "---:|" * (len(labels) + 1)]
+    for name in dict.fromkeys(r["twin"] for r in rows):
+        errs = {r["label"]: _pct(r["est"].peak_bytes, r["got"]["peak"]) for r in rows if r["twin"] == name}
+        worst = max(errs.values(), key=abs)
+        lines.append(f"| {name} | " + " | ".join(f"{errs[k]:+.2f}%" if k in errs else "" for k in labels)
+                     + f" | {worst:+.2f}% |")
+    errs = [abs(_pct(r["est"].peak_bytes, r["got"]["peak"])) for r in rows]
+    lines += ["", f"Peak error: median {statistics.median(errs):.2f}%, worst {max(errs):.2f}% over {len(errs)} "
+              "rows (CPU allocation meter, not a GPU).", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _family(name):
+    from kit.inventory import info_of
+
+    return info_of(name).family
+
+
 def _config(name, overrides):
     from kit.models import get_config
 
@@ -196,16 +298,18 @@ def build(name, kw, cuda=False, overrides=None):
     from kit import models
 
     quant, lora_r = kw.get("quantization", "none"), kw.get("lora_r", 0)
-    if overrides:
+    if overrides and quant == "none":
         model = models.build_model(_config(name, overrides))
     elif quant != "none" or cuda:
         model = models.load_model(name, quantization=quant, load_dtype=kw.get("load_dtype"),
                                   device="cuda" if cuda else "cpu")
     else:
         model = models.build_model(name, dtype=models.as_dtype(kw.get("load_dtype", "fp32")))
-    for mod in model.modules():
-        if hasattr(mod, "config"):
-            mod.config._attn_implementation = kw.get("attn_implementation", "sdpa")
+    attn = kw.get("attn_implementation", "sdpa")
+    if attn == "eager" or getattr(model, "_supports_sdpa", True):  # Gemma-2 runs eager only (soft-capping)
+        for mod in model.modules():
+            if hasattr(mod, "config"):
+                mod.config._attn_implementation = attn
     if quant != "none":
         from peft import prepare_model_for_kbit_training
 
@@ -213,8 +317,11 @@ def build(name, kw, cuda=False, overrides=None):
     if lora_r:
         from peft import LoraConfig, get_peft_model
 
+        from kit.inventory import default_targets, info_of
+
         model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=lora_r, target_modules=kw.get("lora_targets")))
+        targets = kw.get("lora_targets") or list(default_targets(info_of(_config(name, overrides))))
+        model = get_peft_model(model, LoraConfig(r=lora_r, target_modules=targets))  # peft has none for phi3
     return model
 
 
@@ -237,6 +344,8 @@ def run_row(label, name, kw, cuda, overrides=None):
         model.train()
         if est.setup["gradient_checkpointing"] and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
+        if getattr(model, "config", None) is not None:  # as Trainer sets it (TrainingArguments.use_cache=False):
+            model.config.use_cache = False              # no DynamicCache copying k and v
         saved = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
     t = time.time()
     got = trainer_peak(model, B=B, S=S, V=V, steps=3 if cuda else 2, optim=OPTIMIZERS[est.setup["optimizer"]],
@@ -346,10 +455,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the markdown table here too")
     p.add_argument("--only", default=None, help="run the rows whose label contains this")
+    p.add_argument("--families", action="store_true",
+                   help="the family grid instead: every replay family's tiny twin x the same setups (CPU)")
     a = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="kit-bench-")
     os.environ.setdefault("KIT_CACHE", os.path.join(tmp, "twins"))
     os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
+    if a.families:
+        cuda = device.has_cuda()
+        text = family_report(family_grid(a.only, cuda), cuda)
+        print(text)
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                f.write(text)
+        return 0
     cuda = device.has_cuda()
     grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
     if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths

@@ -209,6 +209,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         shapes = dict(H=H, F=cfg.intermediate_size, nh=nh, kvh=getattr(cfg, "num_key_value_heads", None) or nh,
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
+        shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
     # scenario 1's custom_layer: the user's Linear(V, V), or the V->r->V of fix (b), in forward order
     head = [l for l in leaves if l.kind == "linear" and "custom_layer" in l.name.split(".")]
     st = act.Setup(family=info.family, B=B, S=S, V=cfg.vocab_size, w=lb, w_other=other, ac=ac,
@@ -272,8 +273,31 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
                      "on it (ops.cu 'invalid argument'); do not run this")
     if optimizer == "sgd":
         notes.append("sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')")
-    if info.config.model_type not in ("gpt2", "llama"):
-        notes.append(f"{info.config.model_type}: activations follow the Llama-style replay")
+    mt = info.config.model_type
+    if info.family == "llama" and mt != "llama":
+        notes.append(f"{mt}: activations follow the Llama-style replay (it has no replay of its own, so they "
+                     "are as exact as its blocks are like Llama's)")
+    elif info.family != "llama" and act.FAMILIES[info.family] is act.FAMILIES["llama"]:  # mistral, qwen2
+        notes.append(f"{mt}: activations follow the Llama-style replay, which is its block op for op")
+    if info.family == "gemma2" and getattr(info.config, "attn_logit_softcapping", None):
+        notes.append("gemma2: attention runs eager whatever attn_implementation says (sdpa cannot soft-cap the "
+                     "attention scores), so its scores take B x heads x S^2 per layer")
+    if lora_r:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_targets
+
+        if mt not in peft_targets:
+            notes.append(f"{mt}: peft has no default LoRA targets for it, so LoraConfig needs target_modules (with "
+                         f"no lora_targets this estimate takes {', '.join(default_targets(info))})")
     if quant != "none" and info.vocab_head:
         notes.append("quantization applies to the GPT-2 base; custom_layer stays a float nn.Linear")
     return notes
+
+
+def __getattr__(name):
+    # The contract's names (kit.estimate.estimate_trainer / estimate_from), imported on first use:
+    # they read Trainers and peft/bitsandbytes objects, which a plain estimate never needs.
+    if name in ("estimate_trainer", "estimate_from"):
+        from . import from_trainer
+
+        return getattr(from_trainer, name)
+    raise AttributeError(f"module 'kit.estimate' has no attribute {name!r}")

@@ -49,7 +49,11 @@ _COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, 
 
 
 def family_of(cfg) -> str:
-    """The replay family of a config: "gpt2", "llama" (Llama-style), or UnsupportedModel in words."""
+    """The replay family of a config: its model_type where kit.replay has a block replay for it
+    ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
+    gemma3_text, "gpt_neox"), "llama" for any other Llama-style decoder, or UnsupportedModel in words."""
+    from .replay import FAMILIES
+
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     if mt == "gpt2":
         return "gpt2"
@@ -64,11 +68,18 @@ def family_of(cfg) -> str:
                                f"dense blocks only, so it would undercount the experts' activations: measure this "
                                f"one on a real step with kit.track.Tracker, or pass {_COVERED}.")
     missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
+    text = getattr(cfg, "text_config", None)
+    if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
+        raise UnsupportedModel(f"{mt} ({cls}) is a multimodal model, and the estimator replays text decoders "
+                               f"only: pass its text_config ({text.model_type}) to estimate the language model "
+                               f"without the vision tower, or measure this one on a real step with "
+                               f"kit.track.Tracker.")
     if missing:
         raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
                                f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
                                f"measure this one on a real step with kit.track.Tracker.")
-    return "llama"
+    family = {"gemma3_text": "gemma3"}.get(mt, mt)  # model_type -> its kit.replay.FAMILIES key
+    return family if family in FAMILIES else "llama"
 
 
 def inventory(model, cfg) -> Info:
@@ -174,6 +185,10 @@ def lora_matches(names: tuple, targets: tuple) -> tuple:
 
 
 def default_targets(info: Info) -> tuple:
+    """peft's default LoRA targets for the architecture; where peft has none (Phi-3, OLMo-2), the
+    attention projections as ``LoraConfig(target_modules=...)`` must name them (kit.replay.LORA_TARGETS)."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
 
-    return tuple(M.get(info.config.model_type, ["q_proj", "v_proj"]))
+    from .replay import LORA_TARGETS
+
+    return tuple(M.get(info.config.model_type) or LORA_TARGETS.get(info.family, ["q_proj", "v_proj"]))

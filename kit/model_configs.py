@@ -58,6 +58,15 @@ _TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twi
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama"}
+_SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model -> its replay family's twin
+           "Qwen/Qwen2.5-0.5B": "tiny-qwen2", "Qwen/Qwen2.5-1.5B": "tiny-qwen2", "Qwen/Qwen2.5-7B": "tiny-qwen2",
+           "Qwen/Qwen3-0.6B": "tiny-qwen3", "Qwen/Qwen3-8B": "tiny-qwen3", "allenai/OLMo-2-1124-7B": "tiny-olmo2",
+           "microsoft/Phi-3.5-mini-instruct": "tiny-phi3", "google/gemma-2-2b": "tiny-gemma2",
+           "google/gemma-2-9b": "tiny-gemma2", "google/gemma-3-1b-it": "tiny-gemma3",
+           "EleutherAI/pythia-1b": "tiny-gpt-neox", "meta-llama/Llama-3.1-8B": "tiny-llama",
+           "meta-llama/Llama-3.2-3B": "tiny-llama", "HuggingFaceTB/SmolLM2-135M": "tiny-llama",
+           "HuggingFaceTB/SmolLM2-360M-Instruct": "tiny-llama", "HuggingFaceTB/SmolLM2-1.7B-Instruct": "tiny-llama",
+           "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama"}
 def known_models() -> list[str]:
     """Every name the offline registry knows.
 

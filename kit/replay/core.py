@@ -1,15 +1,16 @@
 """One training forward replayed: embeddings, L blocks, head and loss; and its backward peak.
 
 :func:`replay` takes the block function of ``Setup.family`` from :data:`kit.replay.FAMILIES`
-and runs it once on a :class:`~kit.replay.tape.Tape` (every block is alike); the embeddings,
+and runs it once on a :class:`~kit.replay.tape.Tape` per kind of block (the blocks are alike,
+but for whether their attention gets a mask: see ``Setup.layer_kinds``); the embeddings,
 the final norm, the head and the loss around it are the same for every family, save for
-what the block's :func:`~kit.replay.tape.around` mark says.
+what the block's :func:`~kit.replay.tape.around` mark says and the final logits' soft-capping.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .tape import BOOL, F32, I64, Setup, Tape
+from .tape import F32, I64, Setup, Tape
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Replay:
     copies_head_in: int  # ... in scenario 1's head (part of head_in)
     last_logits: int    # the last (B, S, V) logits in their dtype (its grad has this size)
     ls: int             # the log-softmax output alone
+    block_sum: int = 0  # saved by all L blocks without checkpointing, when they differ (0: L * block)
+    capped: int = 0     # the final logits' soft-capping: tanh's saved (B, S, V) output (Gemma-2)
 
     @property
     def copies_saved(self) -> int:
@@ -43,11 +46,11 @@ class Replay:
 
     @property
     def logits_saved(self) -> int:
-        """Saved bytes that are logits or loss: scenario 1's head input, log-softmax, targets."""
-        return self.head_in + self.loss
+        """Saved bytes that are logits or loss: scenario 1's head input, soft-capping, log-softmax, targets."""
+        return self.head_in + self.loss + self.capped
 
     def blocks(self) -> int:
-        return self.L * (self.block_in if self.ckpt else self.block)
+        return self.L * self.block_in if self.ckpt else (self.block_sum or self.L * self.block)
 
     def activation_bytes(self) -> int:
         """Saved bytes that are neither logits/loss nor autocast weight copies."""
@@ -74,19 +77,28 @@ def replay(st: Setup) -> Replay:
         if block_fn.positions:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
     x = tp.new(T * H, st.w_other, rg)
+    x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
-    tp.saved, tp.order, tp.outs = {}, [], []
-    y = block_fn(tp, x)
-    block, copies_block = tp.total(), tp.copies_saved()
-    bwd, bwd_grads = tp.backward_peak(T * H * y.dt) if y.rg else (0, 0)
+    kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads) per kind of block
+    for masked, layers in st.layer_kinds().items():
+        tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved = {}, [], [], 0, 0, set()
+        tp.masked = masked
+        y = block_fn(tp, x)
+        kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0))))
+    block, _, copies_block, bwd, bwd_grads = max(kinds)  # the moments take the biggest block
+    block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     cache = st.L * (tp.copies if st.ckpt else tp.cache)
-    shared = tp.shared if y.rg else 0
-    if st.ckpt and y.rg:  # checkpointing also keeps the attention mask for the recompute
-        shared += st.B * st.S * st.S * (x.dt if st.attn == "eager" else BOOL if st.padded else 0)
+    shared = tp.shared * st.rope_sets if y.rg else 0
+    if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
+        shared += st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
+    capped = 0
+    if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
+        capped = logits.n * logits.dt if logits.rg else 0
+        logits = tp.new(logits.n, logits.dt, logits.rg)
     head, head_in, live = tp.total(), 0, logits.n * logits.dt
     copies_head, copies_head_in = tp.copies_saved(), 0
     if st.head:  # scenario 1: custom_layer(logits), one linear or a chain; the user's CrossEntropyLoss
@@ -103,10 +115,10 @@ def replay(st: Setup) -> Replay:
     ls = logits.n * ls_dt
     live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
     if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
-        embed = block = shared = 0
+        embed = block = block_sum = shared = 0
     return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
-                  logits.n * logits.dt, ls)
+                  logits.n * logits.dt, ls, block_sum, capped)
 
 
 @dataclass
@@ -139,19 +151,20 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
     cb = 0 if rp.ckpt else rp.L * rp.copies_block
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
-    kept = rp.head_in - rp.copies_head_in + rp.loss  # logits and loss saved for backward
+    kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
     moments = [
         Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
         # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
         Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
         # the last linear: its saved input, the logits' grad, its weight grads and temporaries
-        Moment("backward (head)", acts, kept - rp.loss + rp.last_logits, copies, grads_before + grads_head,
-               wtemp_head + rp.hidden),
+        Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies,
+               grads_before + grads_head, wtemp_head + rp.hidden),
     ]
     each = rp.block_in if rp.ckpt else rp.block
     for i in (rp.L, 1):
         c = rp.copies_block * (1 if rp.ckpt else i)
-        held = rp.embed + rp.shared + (i - 1) * each + rp.block - c
+        before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - rp.block  # the blocks below block i
+        held = rp.embed + rp.shared + before + rp.block - c
         grads = grads_before + grads_head + (rp.L - i) * grads_block + rp.block_bwd_grads
         moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
                               rp.block_bwd - rp.block + wtemp_block))

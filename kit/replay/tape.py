@@ -16,7 +16,7 @@ F32, HALF, BOOL, I64 = 4, 2, 1, 8
 class Setup:
     """What the replay needs: shapes, dtypes (bytes per element) and flags."""
 
-    family: str                  # a key of kit.replay.FAMILIES: "gpt2", "llama"
+    family: str                  # a key of kit.replay.FAMILIES: "gpt2", "llama", "phi3", ...
     B: int
     S: int
     H: int
@@ -45,15 +45,52 @@ class Setup:
                                  # (("custom_layer", V),) for the user's Linear(V, V); two for a V->r->V head
     head_w: int = F32
     head_trainable: bool = True
+    rotary: int = 0              # rotary dims of a head (partial rotary: GPT-NeoX, Phi-3.5); 0: all hd
+    rope_sets: int = 1           # rotary cos/sin pairs made per forward (Gemma-3: one per layer type)
+    window: int = 0              # sliding-window attention: the window (0: none) ...
+    sliding: int = 0             # ... and how many of the L layers use it
+    attn_cap: bool = False       # attention logits soft-capped (Gemma-2): sdpa cannot, so eager runs
+    logit_cap: bool = False      # final logits soft-capped (Gemma-2): tanh keeps a (B, S, V) output
+    parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
 
     @property
     def T(self) -> int:
         return self.B * self.S
 
     @property
+    def eager(self) -> bool:
+        """The eager attention code runs (asked for, or soft-capped attention, which sdpa cannot do)."""
+        return self.attn == "eager" or self.attn_cap
+
+    @property
     def math_attn(self) -> bool:
         """Eager attention, or sdpa's math path (a CPU with attention dropout)."""
-        return self.attn == "eager" or (self.device == "cpu" and self.p_attn > 0)
+        return self.eager or (self.device == "cpu" and self.p_attn > 0)
+
+    def layer_kinds(self) -> dict:
+        """{a mask is built: layers}: the blocks differ only in whether their attention gets a mask.
+
+        A mask is built for padded batches; a sliding-window layer (``Setup.sliding``) also
+        builds one once S reaches the window (transformers' ``_ignore_causal_mask_sdpa``).
+        """
+        kinds = {}
+        for n, masked in ((self.L - self.sliding, self.padded),
+                          (self.sliding, self.padded or 0 < self.window <= self.S)):
+            if n:
+                kinds[masked] = kinds.get(masked, 0) + n
+        return kinds
+
+    def kept_masks(self, dt: int) -> int:
+        """Bytes of the masks that checkpointing keeps for the recompute (one per layer type used).
+
+        Eager builds a float mask in the embeddings' dtype ``dt``; sdpa a bool one, when it
+        builds one at all.
+        """
+        full, slid = self.L - self.sliding, self.sliding
+        one = self.B * self.S * self.S
+        if self.eager:
+            return one * dt * ((full > 0) + (slid > 0))
+        return one * BOOL * ((full > 0 and self.padded) + (slid > 0 and (self.padded or 0 < self.window <= self.S)))
 
 
 @dataclass
@@ -65,15 +102,18 @@ class _T:
     sn: int = 0  # elements of its storage, when it is a view of a bigger one
 
 
-def around(*, final_norm: str, positions: bool = False, embd_dropout: bool = False):
+def around(*, final_norm: str, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False):
     """Mark a family's block function with what its model does outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
-    "rms_norm"); ``positions``: a learned position embedding (it keeps the position ids);
-    ``embd_dropout``: dropout (``Setup.p_embd``) on the embeddings' output.
+    "rms_norm", "rms_norm_fp32", "rms_norm_offset"); ``positions``: a learned position
+    embedding (it keeps the position ids); ``embd_dropout``: dropout (``Setup.p_embd``) on
+    the embeddings' output; ``embed_scale``: the embeddings are multiplied by a scalar
+    (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale.
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
+        block.embed_scale = embed_scale
         return block
     return mark
 
@@ -85,6 +125,8 @@ class Tape:
 
     def __init__(self, st: Setup):
         self.st, self.saved = st, {}
+        self.masked = st.padded  # this block's attention gets a mask (see Setup.layer_kinds)
+        self.heads_first = False  # rope's q comes out (B, nh, S, hd)-contiguous (its cat), see attention
         self.order, self.outs = [], []  # saved bytes in saving order; one entry per op output
         self.cache = 0       # autocast copies of trainable weights that nothing saves
         self.copies = 0      # all autocast copies of trainable weights (the cache holds them)
@@ -98,8 +140,12 @@ class Tape:
         return _T(next(self._ids), n, dt, rg)
 
     def split(self, t, parts):
-        """Views of ``parts`` equal slices of ``t`` (torch.split): they share its storage."""
-        return [_T(t.uid, t.n // parts, t.dt, t.rg, t.n) for _ in range(parts)]
+        """Views of slices of ``t`` (torch.split/chunk, or slicing): they share its storage.
+
+        ``parts``: how many equal slices, or the widths of the slices (summing to ``t``'s).
+        """
+        widths = [1] * parts if isinstance(parts, int) else list(parts)
+        return [_T(t.uid, t.n * w // sum(widths), t.dt, t.rg, t.sn or t.n) for w in widths]
 
     def save(self, *ts, when=True):
         for t in ts:
@@ -189,13 +235,61 @@ class Tape:
         self.save(x, self.new(x.n // self.st.H * 2, stats, False), when=x.rg or trainable)
         return self.new(x.n, x.dt, x.rg or trainable)
 
-    def rms_norm(self, x, trainable):
-        # LlamaRMSNorm: h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps); weight * h.to(x.dtype)
+    def rms_norm(self, x, trainable, dim=None, kind="llama"):
+        """RMSNorm over the last ``dim`` elements (H by default; a head's hd for q/k norms).
+
+        All kinds compute ``h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps)`` (keeping the
+        fp32 input and rsqrt's output), then apply the weight:
+
+        - ``"llama"``: ``weight * h.to(x.dtype)`` (Llama, Mistral, Qwen2/3, Phi-3): keeps the
+          cast h for the weight's grad; the output promotes to the weight's dtype;
+        - ``"fp32"``: ``(weight * h).to(x.dtype)`` (OLMo-2): keeps the fp32 h;
+        - ``"offset"``: ``(h * (1.0 + weight.float())).type_as(x)`` (Gemma-2/3): keeps the
+          fp32 h and the ``dim``-sized ``1 + weight``.
+        """
+        dim = dim or self.st.H
         xf = self.cast(x, F32)
-        self.save(xf, self.new(x.n // self.st.H, F32, False), when=x.rg)  # pow/mul; rsqrt's out
-        normed = self.cast(self.new(x.n, F32, x.rg), x.dt)
-        self.save(normed, when=trainable)
-        return self.new(x.n, max(x.dt, self.st.w_other), x.rg or trainable)
+        self.save(xf, self.new(x.n // dim, F32, False), when=x.rg)  # pow/mul; rsqrt's out
+        h = self.new(x.n, F32, x.rg)
+        if kind == "llama":
+            normed = self.cast(h, x.dt)
+            self.save(normed, when=trainable)
+            return self.new(x.n, max(x.dt, self.st.w_other), x.rg or trainable)
+        self.save(h, when=trainable)
+        if kind == "offset":
+            self.save(self.new(dim, F32, False), when=x.rg)
+        return self.cast(self.new(x.n, F32, x.rg or trainable), x.dt)
+
+    def rms_norm_fp32(self, x, trainable, dim=None):
+        """OLMo-2's RMSNorm (:meth:`rms_norm` kind "fp32"): the weight multiplies in fp32."""
+        return self.rms_norm(x, trainable, dim, "fp32")
+
+    def rms_norm_offset(self, x, trainable, dim=None):
+        """Gemma's RMSNorm (:meth:`rms_norm` kind "offset"): ``h * (1 + weight)`` in fp32."""
+        return self.rms_norm(x, trainable, dim, "offset")
+
+    def gated_mlp(self, h, fused=False):
+        """``down_proj(act(gate_proj(h)) * up_proj(h))``: SwiGLU (SiLU) or GeGLU (GELU); both
+        activations keep their input, the mul keeps both operands.
+
+        ``fused``: Phi-3's one ``gate_up_proj``, chunked into gate and up (views of its output,
+        so what they keep is its whole storage).
+        """
+        st = self.st
+        if fused:
+            gate, up = self.split(self.linear(h, st.H, 2 * st.F, "mlp.gate_up_proj"), 2)
+        else:
+            gate = self.linear(h, st.H, st.F, "mlp.gate_proj")
+        self.save(gate, when=gate.rg)  # the activation keeps its input
+        a = self.new(gate.n, gate.dt, gate.rg)  # ... and makes a new output
+        if not fused:
+            up = self.linear(h, st.H, st.F, "mlp.up_proj")
+        return self.linear(self.binary(a, up, True, True), st.F, st.H, "mlp.down_proj")
+
+    def gelu(self, x):
+        """``nn.functional.gelu`` (exact or tanh-approximated): keeps its input."""
+        self.save(x, when=x.rg)
+        return self.new(x.n, x.dt, x.rg)
 
     def gelu_new(self, x):
         # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3))))
@@ -205,13 +299,22 @@ class Tape:
         half_x, one_plus = self.new(x.n, x.dt, x.rg), self.new(x.n, xp.dt, x.rg)
         return self.binary(half_x, one_plus, True, True)
 
-    def rope(self, q, k, x):
+    def rope(self, q, k, x, cat=False, fp32=False):
         """Rotary embeddings: q * cos + rotate_half(q) * sin, cos/sin in ``x``'s dtype.
 
         cos and sin are made once per forward and shared by every block: they count once,
-        in :attr:`shared` (when q or k needs a grad, so the muls keep them).
+        in :attr:`shared` (when q or k needs a grad, so the muls keep them). With partial
+        rotary (``Setup.rotary``) they span the rotary dims. Either way q and k are new
+        tensors; ``cat``: the code ends in ``torch.cat([rotated, rest], -1)`` (Phi-3,
+        GPT-NeoX), which lays q out (B, nh, S, hd)-contiguous, where the elementwise ops keep
+        the (B, S, nh, hd) layout of the projection's output (see :meth:`attention`).
+        ``fp32``: cos/sin stay fp32 and q, k go back to their dtype after (OLMo-2).
         """
-        self.shared = 2 * self.st.S * self.st.hd * x.dt if (q.rg or k.rg) else 0
+        cs = F32 if fp32 else x.dt
+        self.shared = 2 * self.st.S * (self.st.rotary or self.st.hd) * cs if (q.rg or k.rg) else 0
+        self.heads_first = cat
+        if fp32:
+            return tuple(self.cast(self.new(t.n, F32, t.rg), t.dt) for t in (q, k))
         return tuple(self.new(t.n, max(t.dt, x.dt), t.rg) for t in (q, k))
 
     def attention(self, q, k, v, width, repeat_kv=False, softmax_fp32=False):
@@ -219,30 +322,43 @@ class Tape:
 
         ``repeat_kv``: grouped-query attention copies k and v up to q's heads (``repeat_kv``)
         where eager or sdpa with a mask needs it; ``softmax_fp32``: the eager softmax runs
-        in fp32 (``dtype=torch.float32``) and goes back to q's dtype.
+        in fp32 (``dtype=torch.float32``) and goes back to q's dtype. With ``Setup.attn_cap``
+        the eager scores are soft-capped (``tanh(s / cap) * cap``): tanh keeps its output.
+
+        A ``v`` that is a view of a fused projection's output (Phi-3, GPT-NeoX) makes sdpa
+        keep that whole output, unless ``repeat_kv`` copied it (Trainer turns ``use_cache``
+        off, so no DynamicCache copies k and v); for one kv head (MQA) ``repeat_kv``'s
+        expand-reshape is a view, not a copy. sdpa lays its output out like q: after rope's
+        ``cat`` it is (B, nh, S, hd)-contiguous and ``transpose(1, 2).contiguous()`` copies it
+        for o_proj (CUDA's memory-efficient kernel, the one with a mask, always writes
+        (B, S, nh, hd)).
         """
         st = self.st
         B, S, nh = st.B, st.S, st.nh
         rg = q.rg or k.rg or v.rg
-        if repeat_kv and (st.math_attn or st.padded) and st.kvh != nh:
+        if repeat_kv and (st.math_attn or (self.masked and st.kvh > 1)) and st.kvh != nh:
             k, v = self.new(q.n, k.dt, k.rg), self.new(q.n, v.dt, v.rg)  # repeat_kv copies
         if not st.math_attn:  # flash (no mask) / memory-efficient (mask) / CPU flash
             if st.ac:
                 q, k, v = (self.cast(t, st.ac) for t in (q, k, v))
             self.save(q, k, v, self.new(B * nh * S, F32, False), when=rg)  # + logsumexp
-            if st.padded:  # the bool mask, made float in q's dtype, on every call
+            if self.masked:  # the bool mask, made float in q's dtype, on every call
                 cols = -(-S // 16) * 16 if st.device == "cuda" else S
                 self.save(self.new(B * S * cols, q.dt, False), when=rg)
-            out = self.new(q.n, q.dt, rg)  # laid out (B, S, nh, hd): o_proj reads it as is
+            out = self.new(q.n, q.dt, rg)  # laid out (B, S, nh, hd): o_proj reads it as is ...
             self.save(out, when=rg)
+            if self.heads_first and not (st.device == "cuda" and self.masked):
+                out = self.new(q.n, q.dt, rg)  # ... unless it follows q's (B, nh, S, hd): then a copy
             return out
         c = st.ac or max(q.dt, k.dt)
         out_dt = c
-        if st.attn == "sdpa":  # sdpa's math path on a CPU computes half inputs in fp32
+        if not st.eager:  # sdpa's math path on a CPU computes half inputs in fp32
             c = F32
         qc, kc, vc = (self.new(q.n, c, t.rg) for t in (q, k, v))  # bmm's contiguous copies
         self.save(qc, when=k.rg)
         self.save(kc, when=q.rg)
+        if st.attn_cap:  # scores / cap -> tanh -> * cap
+            self.save(self.new(B * nh * S * S, c, rg), when=rg)
         probs = self.new(B * nh * S * S, F32 if (st.ac or softmax_fp32) else c, rg)
         self.save(probs, when=rg)  # softmax keeps its output
         p = self.cast(probs, q.dt if softmax_fp32 else c)

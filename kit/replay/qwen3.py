@@ -1,0 +1,16 @@
+"""Qwen-3: ``transformers.models.qwen3.modeling_qwen3.Qwen3DecoderLayer`` (and ``Qwen3Model``).
+
+The Llama block (:func:`kit.replay.llama.layer`) with ``q_norm``/``k_norm``: an RMSNorm
+over each head's hd of q and of k, after their projections and before the rotary
+embeddings. Each keeps its fp32 input, rsqrt's output and (for its weight's grad) the
+normalized q or k.
+"""
+from __future__ import annotations
+
+from . import llama
+from .tape import Tape, around
+
+
+@around(final_norm="rms_norm")
+def block(tp: Tape, x):
+    return llama.layer(tp, x, qk_norm=True)
