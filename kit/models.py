@@ -134,7 +134,7 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> 
     try:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, **_dtype_kw(dtype))
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"transformers could not build a {cfg.model_type} model from this config "
                          f"({type(exc).__name__}: {first}): check its sizes (hidden size, heads, layers).") from exc

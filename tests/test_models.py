@@ -210,3 +210,14 @@ def test_a_config_transformers_cannot_build_is_one_sentence():
     cfg.num_attention_heads = 0
     with pytest.raises(ValueError, match=r"^transformers could not build a llama model from this config"):
         models.build_model(cfg, device="meta")
+
+
+def test_a_pad_id_beyond_the_vocabulary_is_one_sentence_not_an_assertion(tmp_path):
+    from transformers import Phi3Config
+
+    from kit.models import build_model
+
+    Phi3Config(vocab_size=4096, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2).to_json_file(tmp_path / "config.json")   # pad id 32000 by default
+    with pytest.raises(ValueError, match=r"could not build a phi3 model.*Padding_idx must be within num_embeddings"):
+        build_model(tmp_path / "config.json", device="meta")
