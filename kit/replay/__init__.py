@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from . import gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3
 from .core import Moment, Replay, peak_moment, replay
-from .tape import BOOL, F32, HALF, I64, Setup, Tape, around
+from .setup import BOOL, F32, HALF, I64, Setup, around
+from .tape import Tape
 
 # Setup.family (a config's model_type, see kit.inventory.family_of) -> block replay.
 # Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other

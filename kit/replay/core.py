@@ -4,13 +4,14 @@
 and runs it once on a :class:`~kit.replay.tape.Tape` per kind of block (the blocks are alike,
 but for whether their attention gets a mask: see ``Setup.layer_kinds``); the embeddings,
 the final norm, the head and the loss around it are the same for every family, save for
-what the block's :func:`~kit.replay.tape.around` mark says and the final logits' soft-capping.
+what the block's :func:`~kit.replay.setup.around` mark says and the final logits' soft-capping.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .tape import F32, I64, Setup, Tape
+from .setup import F32, I64, Setup
+from .tape import Tape
 
 
 @dataclass

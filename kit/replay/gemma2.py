@@ -11,7 +11,8 @@ so are the final logits (``final_logit_softcapping``, in :func:`kit.replay.core.
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 def layer(tp: Tape, x, qk_norm: bool = False):

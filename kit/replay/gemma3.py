@@ -9,7 +9,8 @@ soft-capping (so sdpa runs). Sliding and full layers each get their own rotary c
 from __future__ import annotations
 
 from . import gemma2
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="rms_norm_offset", embed_scale=True)

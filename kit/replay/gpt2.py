@@ -5,7 +5,8 @@ attention, the residual branches and the embeddings (wte + wpe); ``ln_f`` before
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="layer_norm", positions=True, embd_dropout=True)

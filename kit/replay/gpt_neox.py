@@ -12,7 +12,8 @@ and on the embeddings; ``final_layer_norm`` before the untied ``embed_out`` head
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="layer_norm", embd_dropout=True)

@@ -8,7 +8,8 @@ q/k/v biases save nothing more; their sliding windows only decide which layers g
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 def layer(tp: Tape, x, qk_norm: bool = False):

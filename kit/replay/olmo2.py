@@ -10,7 +10,8 @@ before the head.
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="rms_norm_fp32")

@@ -10,7 +10,8 @@ where ``partial_rotary_factor`` < 1), so sdpa's output needs a copy for ``o_proj
 """
 from __future__ import annotations
 
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="rms_norm")

@@ -8,7 +8,8 @@ normalized q or k.
 from __future__ import annotations
 
 from . import llama
-from .tape import Tape, around
+from .setup import around
+from .tape import Tape
 
 
 @around(final_norm="rms_norm")
