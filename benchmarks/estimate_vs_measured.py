@@ -461,16 +461,9 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="kit-bench-")
     os.environ.setdefault("KIT_CACHE", os.path.join(tmp, "twins"))
     os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
-    if a.families:
-        cuda = device.has_cuda()
-        text = family_report(family_grid(a.only, cuda), cuda)
-        print(text)
-        if a.out:
-            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-            with open(a.out, "w") as f:
-                f.write(text)
-        return 0
     cuda = device.has_cuda()
+    if a.families:
+        return _publish(family_report(family_grid(a.only, cuda), cuda), a.out)
     grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
     if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths
         grid += [g for g in CPU_GRID if "REAL SIZE" not in g[0]]
@@ -480,11 +473,15 @@ def main(argv=None) -> int:
         print(f"{label:40s} {name:24s} predicted {r['est'].peak_bytes:>14,} measured {r['got']['peak']:>14,} "
               f"({_pct(r['est'].peak_bytes, r['got']['peak']):+.2f}%) [{r['seconds']:.0f} s]", flush=True)
         rows.append(r)
-    text = report(rows, time_cached_estimate(), cuda)
+    return _publish(report(rows, time_cached_estimate(), cuda), a.out)
+
+
+def _publish(text: str, out: str | None) -> int:
+    """Print the table, and write it to ``out`` too when given."""
     print(text)
-    if a.out:
-        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-        with open(a.out, "w") as f:
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
             f.write(text)
     return 0
 
