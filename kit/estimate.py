@@ -89,7 +89,7 @@ class Estimate:
 
 
 def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", quantization: str = "none",
-             lora_r: int = 0, lora_targets=None, optimizer: str = "adamw", gradient_checkpointing=None,
+             lora_r: int = 0, lora_targets=None, optimizer: str = "adamw-fused", gradient_checkpointing=None,
              grad_accum: int = 1, load_dtype=None, attn_implementation: str = "sdpa",
              kbit_recipe: str = "standard", lora_dropout: float = 0.0, padded: bool = True,
              device: str = "cuda") -> Estimate:
@@ -164,8 +164,8 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     other = 4 if std else lb  # the recipe casts every fp16/bf16 parameter that is not 4-bit to fp32
     tot = dict.fromkeys(("params", "trainable", "weights", "loaded", "qparams", "uparams", "build",
                          "opt", "paged", "grads"), 0)
-    grads, wtemp, groups, offenders = {"embed": 0, "block": 0, "head": 0}, {"embed": 0, "block": 0,
-                                                                          "head": 0}, {}, []
+    grads, groups, offenders = dict.fromkeys(("embed", "block", "head"), 0), {}, []
+    wtemp, wnew = dict(grads), dict(grads)  # per part: backward temporaries; + a new grad (accumulating)
     for l in leaves:
         n = l.weight + l.bias
         q = quant if l.quantizable else "none"
@@ -193,12 +193,15 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
             tot["trainable"] += k
             tot["opt"], tot["paged"] = tot["opt"] + o, tot["paged"] + p
             groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
-            wtemp[l.part] = max(wtemp[l.part], (2 * k if ac and dt != ac else 0) + (k * dt if accum > 1 else 0))
+            half = 2 * k if ac and dt != ac else 0  # autocast: the grad of the half copy, then cast up
+            wtemp[l.part], wnew[l.part] = max(wtemp[l.part], half), max(wnew[l.part], half + k * dt)
             train_bytes += k * dt + o + p
         tot["weights"] += w_bytes
         offenders.append((l.name, n, train_bytes))
     moved = sum(l.fin * l.fout * other for l in leaves if l.tied and l.trainable and not lora_r)
     grads["embed"], grads["head"] = grads["embed"] - moved, grads["head"] + moved  # lm_head makes it first
+    if moved:  # ... and a tied weight's new grad comes first in the head's backward
+        wnew["head"] = max(wnew["head"], wnew["embed"])
     cfg = info.config
     if info.family == "gpt2":
         H, nh = cfg.n_embd, cfg.n_head
@@ -223,12 +226,17 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     tot["grads"] = sum(grads.values())
     m = act.peak_moment(rp, grads_embed=grads["embed"], grads_block=grads["block"] // shapes["L"],
                         grads_head=grads["head"], wtemp_block=wtemp["block"], wtemp_head=wtemp["head"],
-                        grads_before=tot["grads"] if accum > 1 else 0)
+                        head_half=wtemp["head"])
+    if accum > 1 and tot["grads"]:  # the later micro-batches: every grad alive, each new one added in place
+        m = max(m, act.peak_moment(rp, grads_embed=wnew["embed"], grads_block=0, grads_head=0,
+                                   wtemp_block=max(wtemp["block"], wnew["block"]), wtemp_head=wnew["head"],
+                                   grads_before=tot["grads"], head_half=wtemp["head"]), key=lambda x: x.total)
     weights = tot["weights"] + info.buffers_bytes
     inputs = 3 * B * S * 8  # input_ids, attention_mask, labels (int64)
     fwdbwd = weights + tot["opt"] + m.total + inputs
     step_temp = 0  # AdamW's sqrt(exp_avg_sq) / bias_correction, per (weight-decay group, dtype)
     if optimizer == "adamw" and groups:  # CUDA: foreach, all at once; CPU: per tensor, + the last denom
+        # (adamw-fused makes none: one kernel per step, element by element, on CUDA and on the CPU)
         step_temp = max(sum(g) if device == "cuda" else max(2 * b + (g[i - 1] if i else 0)
                                                              for i, b in enumerate(g)) for g in groups.values())
     step = weights + tot["grads"] + tot["opt"] + step_temp

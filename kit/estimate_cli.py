@@ -44,8 +44,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: no LoRA)")
     p.add_argument("--lora-targets", default=None, help="comma-separated module names, e.g. q_proj,v_proj "
                    "(default: peft's for the architecture)")
-    p.add_argument("--optimizer", type=_optimizer, choices=list(OPTIMIZERS), default="adamw",
-                   help="adamw (adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
+    p.add_argument("--optimizer", type=_optimizer, choices=list(OPTIMIZERS), default="adamw-fused",
+                   help="adamw-fused (adamw_torch_fused, Trainer's default), adamw (adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
                         "sgd (with momentum); the TrainingArguments.optim names in brackets work too")
     p.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true",
                    default=None, help="checkpoint the blocks (default: the model's own default)")

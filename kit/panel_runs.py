@@ -7,7 +7,7 @@ init, train, cleanup), is OOM-safe (:func:`kit.oom.oom_safe`) and frees what it 
 (:func:`kit.cleanup.release`), then checks that memory came back to its baseline.
 
 >>> setup = dict(model="tiny-gpt2", batch_size=2, seq_len=64, precision="fp32", quantization="none",
-...              lora_r=0, optimizer="adamw", gradient_checkpointing=False)
+...              lora_r=0, optimizer="adamw-fused", gradient_checkpointing=False)
 >>> record, est, tracker = measured_run(setup, steps=2)          # doctest: +SKIP
 >>> record["status"], record["measured_peak_bytes"] > 0         # doctest: +SKIP
 ('ok', True)

@@ -16,8 +16,10 @@ from .units import GiB, fmt_bytes
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 QUANTIZATIONS = ("none", "8bit", "4bit")
-# kit name -> TrainingArguments.optim (sgd: with optim_args="momentum=0.9"; plain "sgd" keeps no state)
-OPTIMIZERS = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
+# kit name -> TrainingArguments.optim (sgd: with optim_args="momentum=0.9"; plain "sgd" keeps no state).
+# "adamw-fused" is Trainer's default in transformers 5 (TrainingArguments().optim): one fused kernel per step,
+# no full-size temporaries; "adamw" is the foreach step of adamw_torch, which makes them.
+OPTIMIZERS = {"adamw-fused": "adamw_torch_fused", "adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
               "paged-adamw-8bit": "paged_adamw_8bit", "sgd": "sgd"}
 ALIASES = {v: k for k, v in OPTIMIZERS.items()} | {"adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit"}
 
@@ -59,7 +61,7 @@ def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: b
     >>> optimizer_state_bytes("adamw-8bit", 1024 * 1024, 4)
     (2129920, 0)
     """
-    if optimizer == "adamw":
+    if optimizer in ("adamw", "adamw-fused"):
         return 2 * n * dtype_bytes, 0
     if optimizer == "sgd":
         return n * dtype_bytes, 0
@@ -159,6 +161,7 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     s = est.setup
     lines = [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
              f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')}, optimizer {s.get('optimizer')}"
+             f" (optim={s.get('optim')!r})"
              f", checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
              f"params {est.params:,} ({est.trainable_params:,} trainable)",
              f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]

@@ -11,7 +11,7 @@ from . import inputs as kin
 from .read_model import dtype_name
 
 # TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
-OPTIMS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_bnb_8bit": "adamw-8bit",
+OPTIMS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw-fused", "adamw_bnb_8bit": "adamw-8bit",
           "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit", "sgd": "sgd"}
 SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to read the sequence length
 
@@ -45,9 +45,6 @@ def read_args(args, name: str = "TrainingArguments"):
             raise kin.InputError("optim", "TrainingArguments.optim='sgd' without a momentum keeps no state, and the "
                                           "kit's sgd counts a momentum buffer: set optim_args='momentum=0.9'.")
         src["optim_args"] = (f"momentum={momentum:g}", "TrainingArguments.optim_args")
-    if optim == "adamw_torch_fused":
-        notes.append("adamw_torch_fused is counted as adamw_torch: the fused CUDA step makes none of the foreach "
-                     "step's temporaries, so an optimizer-step peak is an upper bound")
     prec = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     ckpt = bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
     opts = dict(batch_size=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,

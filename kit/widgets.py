@@ -40,9 +40,9 @@ MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "ti
 DEFAULTS = {
     1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, batch_size=1,
             seq_len=128, quantization="none", precision="fp16", gradient_checkpointing=True, lora_r=0,
-            optimizer="adamw", preset="colab-t4"),
+            optimizer="adamw-fused", preset="colab-t4"),
     2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, batch_size=4, seq_len=64,
-            quantization="4bit", precision="fp16", gradient_checkpointing=True, lora_r=8, optimizer="adamw",
+            quantization="4bit", precision="fp16", gradient_checkpointing=True, lora_r=8, optimizer="adamw-fused",
             preset="colab-t4"),
 }
 PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),

@@ -112,9 +112,15 @@ def test_components_sum_to_peak_and_json_is_ints():
 
 
 def test_scenario1_step_phase_and_cpu_build():
-    est = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")
-    # the head's fp32 weights, grads, AdamW states and foreach sqrt temporary: 5 x 10.1 GB
-    assert est.peak_bytes > 5 * 4 * 2_525_916_822
+    k = 2_525_916_822  # the head's elements
+    est = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16", optimizer="adamw")
+    # adamw_torch (foreach): the head's fp32 weights, grads, AdamW states and sqrt temporary: 5 x 4 bytes each
+    assert est.peak_phase == "optimizer step" and 5 * 4 * k < est.peak_bytes < 5.1 * 4 * k
+    fused = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")
+    # Trainer's default, the fused step, makes no temporary: the head's backward peaks instead, with the
+    # state alive, the fp16 grad of its half copy and that grad cast up to fp32: (1 + 2 + 0.5 + 1) x 4 bytes
+    assert fused.setup["optim"] == "adamw_torch_fused" and fused.peak_moment == "backward (head)"
+    assert 4.5 * 4 * k < fused.peak_bytes < 4.6 * 4 * k
     assert est.cpu_build_bytes >= 4 * 2_607_830_166
     assert not verdict(est, "colab-t4").fits and verdict(est, "colab-t4").gpu_margin_bytes < 0
 
@@ -176,10 +182,13 @@ def test_replay_matches_autograd_saved_tensors(name, attn, dtype, padded, ckpt, 
     assert est.saved_bytes == pytest.approx(got, rel=0.015)
 
 
-@pytest.mark.parametrize("vocab,moment", [(None, "optimizer step"), (256, "backward (block 2)")])
-def test_peak_matches_a_cpu_trainer_step(vocab, moment):
+@pytest.mark.parametrize("vocab,optimizer,moment", [(None, "adamw", "optimizer step"),
+                                                     (None, "adamw-fused", "backward (embeddings)"),
+                                                     (256, "adamw", "backward (block 2)")])
+def test_peak_matches_a_cpu_trainer_step(vocab, optimizer, moment):
     """The whole timeline, not just saved tensors: the CPU allocation peak of real Trainer steps
-    (benchmarks/estimate_vs_measured.py's meter). Small batches: the AdamW step; a small vocab: a block."""
+    (benchmarks/estimate_vs_measured.py's meter). Small batches: adamw_torch's step, whose temporaries
+    Trainer's default (adamw_torch_fused) does not make; a small vocab: a block."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
     from estimate_vs_measured import cpu_trainer_peak
 
@@ -189,8 +198,9 @@ def test_peak_matches_a_cpu_trainer_step(vocab, moment):
     cfg.vocab_size = vocab or cfg.vocab_size
     torch.manual_seed(0)
     B, S = (2, 32) if vocab is None else (2, 128)
-    got = cpu_trainer_peak(build_model(cfg), B=B, S=S, V=cfg.vocab_size, steps=2, padded=True)
-    est = estimate(cfg, batch_size=B, seq_len=S, padded=True, device="cpu")
+    est = estimate(cfg, batch_size=B, seq_len=S, padded=True, device="cpu", optimizer=optimizer)
+    got = cpu_trainer_peak(build_model(cfg), B=B, S=S, V=cfg.vocab_size, steps=2, padded=True,
+                           optim=est.setup["optim"])
     assert est.peak_moment == moment
     assert est.peak_bytes == pytest.approx(got["peak"], rel=0.02)
     assert est.weights_bytes == got["weights"] and est.optimizer_bytes == pytest.approx(got["state"], abs=1024)
@@ -374,8 +384,9 @@ def test_first_step_peak_matches_a_cpu_trainer_first_step(vocab, B, S):
     cfg = get_config("tiny-llama")
     cfg.vocab_size = vocab or cfg.vocab_size
     torch.manual_seed(0)
-    got = cpu_trainer_peak(build_model(cfg), B=B, S=S, V=cfg.vocab_size, steps=2, padded=True)
-    est = estimate(cfg, batch_size=B, seq_len=S, padded=True, device="cpu")
+    est = estimate(cfg, batch_size=B, seq_len=S, padded=True, device="cpu")  # Trainer's default optimizer
+    got = cpu_trainer_peak(build_model(cfg), B=B, S=S, V=cfg.vocab_size, steps=2, padded=True,
+                           optim=est.setup["optim"])
     assert est.first_step_peak_bytes == pytest.approx(got["first_step_peak"], rel=0.02)
     assert est.first_step_peak_bytes <= est.peak_bytes
     assert est.to_json()["first_step_peak_bytes"] == est.first_step_peak_bytes

@@ -44,7 +44,7 @@ def test_the_8bit_guard_refuses_the_real_head_and_allows_the_tiny_one():
     real = models.build_model("distilgpt2+vocab-head", device="meta")
     assert "custom_layer.weight" in ch.bnb_8bit_problem(real)
     assert ch.bnb_8bit_problem(models.build_model("tiny-gpt2+vocab-head", device="meta")) is None
-    assert ch.fix_setup("c", "real")["optimizer"] == "adamw"          # never 8-bit on the big head
+    assert ch.fix_setup("c", "real")["optimizer"] == "adamw-fused"          # never 8-bit on the big head
     assert ch.fix_setup("c", "smoke")["optimizer"] == "adamw-8bit"
 
 

@@ -139,16 +139,28 @@ class Moment:
 
 
 def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
-                wtemp_block: int, wtemp_head: int, grads_before: int = 0) -> Moment:
+                wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0) -> Moment:
     """The largest moment of forward + backward.
 
     Backward walks the parts in reverse: the loss and head first, then block L ... 1, then
     the embeddings. At each part, what the earlier parts saved is still held, the later
     parts' grads are built, and the part holds its own saved tensors (recomputed, with
     checkpointing), its new grads and its temporaries. ``wtemp_*`` are a part's largest
-    per-weight backward temporaries (autocast half grads, accumulation, dequantization).
-    ``grads_before`` are grads alive from earlier micro-batches (gradient accumulation).
+    per-weight backward temporaries (autocast half grads, dequantization).
+
+    ``grads_before``: the grads alive from earlier micro-batches (gradient accumulation).
+    Then every grad already exists, and autograd's AccumulateGrad adds each new one in place
+    (``grad += new``): a new grad lives only until it is added, so the ``grads_*`` of this
+    backward are temporaries of one weight at a time (pass them in ``wtemp_*``), not a
+    growing sum.
+
+    ``head_half``: the autocast half copy of the head weight whose grad is being made. Its
+    matmul's backward frees it before the half grad is cast up to the weight's dtype, so it
+    is not alive beside the two grads (``wtemp_head``).
     """
+    acc = bool(grads_before)
+    if acc:
+        grads_block = grads_head = 0
     cb = 0 if rp.ckpt else rp.L * rp.copies_block
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
@@ -158,7 +170,7 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
         # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
         Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
         # the last linear: its saved input, the logits' grad, its weight grads and temporaries
-        Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies,
+        Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies - min(copies, head_half),
                grads_before + grads_head, wtemp_head + rp.hidden),
     ]
     each = rp.block_in if rp.ckpt else rp.block
@@ -166,9 +178,10 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
         c = rp.copies_block * (1 if rp.ckpt else i)
         before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - rp.block  # the blocks below block i
         held = rp.embed + rp.shared + before + rp.block - c
-        grads = grads_before + grads_head + (rp.L - i) * grads_block + rp.block_bwd_grads
+        grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
         moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
                               rp.block_bwd - rp.block + wtemp_block))
     moments.append(Moment("backward (embeddings)", rp.embed, 0, 0,
-                          grads_before + grads_head + rp.L * grads_block + grads_embed, rp.hidden))
+                          grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
+                          rp.hidden + (grads_embed if acc else 0)))
     return max(moments, key=lambda m: m.total)

@@ -26,9 +26,10 @@ from ..presets import PRESETS, verdict
 from ..units import fmt_bytes
 
 NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
-# The user's Trainer: fp16 mixed precision, batch 1, accumulation 16, 128 tokens, AdamW; the base is
+# The user's Trainer: fp16 mixed precision, batch 1, accumulation 16, 128 tokens, Trainer's default AdamW
+# (no optim given: adamw_torch_fused in transformers 5); the base is
 # frozen and checkpointed (VocabHeadModel does that). Warmup 2500 and lr 0.1 change no tensor size.
-USER = dict(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw",
+USER = dict(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw-fused",
             gradient_checkpointing=True)
 T4_BYTES, COLAB_RAM_BYTES = PRESETS["colab-t4"].gpu_bytes, PRESETS["colab-t4"].ram_bytes
 INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (see bnb_8bit_problem)
@@ -231,7 +232,7 @@ def fix_setup(which: str, size: str | None = None) -> dict:
     """Fix ``which`` ("a", "b", "c"): its name, estimator settings and ``make(device)``.
 
     >>> fix_setup("c", "real")["optimizer"]        # 8-bit AdamW refused on the 2.5e9-element head
-    'adamw'
+    'adamw-fused'
     """
     size = _size(size)
     if which not in FIXES:
@@ -242,16 +243,16 @@ def fix_setup(which: str, size: str | None = None) -> dict:
         return kmodels.build_model(base, device="meta") if dev == "meta" else kmodels.load_model(base)
 
     if which == "a":
-        return dict(name=f"(a) {FIXES['a']}", model=base, optimizer="adamw", precision="fp16",
+        return dict(name=f"(a) {FIXES['a']}", model=base, optimizer="adamw-fused", precision="fp16",
                     load_dtype="fp32", make=lambda dev: _checkpointed(gpt2(dev)))
     if which == "b":
-        return dict(name=f"(b) low-rank head V->{r}->V", model=None, optimizer="adamw", precision="fp16",
+        return dict(name=f"(b) low-rank head V->{r}->V", model=None, optimizer="adamw-fused", precision="fp16",
                     load_dtype="fp32", make=lambda dev: LowRankHeadModel(gpt2(dev), r))
     make = (lambda dev: kmodels.build_model(head, device="meta", dtype=torch.bfloat16) if dev == "meta"
             else kmodels.load_model(head, load_dtype="bf16"))
     problem = bnb_8bit_problem(make("meta"))
     opt = "AdamW (8-bit AdamW refused: over 2**31 elements)" if problem else "8-bit AdamW"
-    return dict(name=f"(c) VxV head, bf16 weights, {opt}", model=head, optimizer="adamw" if problem
+    return dict(name=f"(c) VxV head, bf16 weights, {opt}", model=head, optimizer="adamw-fused" if problem
                 else "adamw-8bit", precision="bf16", load_dtype="bf16", make=make, refused=problem)
 
 

@@ -21,6 +21,7 @@ from .. import data as kdata
 from .. import device as kdevice
 from .. import models as kmodels
 from ..inputs import whole_number
+from ..presets import OPTIMIZERS
 from ..track import Tracker
 from ..units import fmt_bytes
 from .s1_custom_head import NAMES, T4_BYTES, USER, _estimate, _run_precision, _size, estimate_fix, fix_setup
@@ -45,7 +46,7 @@ def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, a
                 output_dir=tempfile.mkdtemp(prefix="kit-s1-"), max_steps=steps, per_device_train_batch_size=1,
                 gradient_accumulation_steps=accum, learning_rate=5e-5, warmup_steps=0, use_cpu=not cuda,
                 fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
-                optim="adamw_bnb_8bit" if optimizer == "adamw-8bit" else "adamw_torch",
+                optim=OPTIMIZERS[optimizer],
                 save_strategy="no", logging_steps=1, disable_tqdm=True)
             trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
                               callbacks=[tracker.callback()])
@@ -140,7 +141,7 @@ def run_original_safely(size: str | None = None, *, steps: int = 2, grad_accum: 
     if record["refused"]:
         return record, tracker
     base = leaks.take_baseline()
-    result = oom_safe(_measured_run, lambda dev: kmodels.load_model(name), size, precision, "adamw",
+    result = oom_safe(_measured_run, lambda dev: kmodels.load_model(name), size, precision, USER["optimizer"],
                       steps, accum, tracker, setup={"model": name, **USER, "grad_accum": accum})
     record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
     gc.collect()
