@@ -8,7 +8,8 @@ the forward saves. ``peak_bytes`` predicts ``torch.cuda.max_memory_allocated()``
 Trainer step: the larger of the forward/backward phase and the optimizer step, in the steady
 state (from the second step, the optimizer state is alive during backward).
 ``first_step_peak_bytes`` is the first step's: its backward runs before the optimizer has
-made its state, which is why step 1 can run and step 2 die.
+made its state, which is why step 1 can run and step 2 die. ``eval_peak_bytes`` is
+``Trainer.evaluate()``'s during training (:mod:`kit.eval_peak`).
 
 >>> est = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")
 >>> est.offenders[0][0], est.peak_moment
@@ -25,6 +26,7 @@ from .inventory import Info, UnsupportedModel, default_targets, info_of, lora_ma
 from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
                       optimizer_state_bytes)
 from . import inputs as kin
+from .eval_peak import GATHER, eval_peak
 from .presets import ALIASES as _ALIASES
 from .units import fmt_bytes
 
@@ -51,6 +53,8 @@ class Estimate:
     logits_bytes: int
     peak_bytes: int
     first_step_peak_bytes: int          # the first optimizer step: no optimizer state yet during its backward
+    eval_peak_bytes: int                # Trainer.evaluate() during training (optimizer state alive)
+    eval_moment: str                    # e.g. "gathering predictions (torch.cat)"
     cpu_build_bytes: int
     peak_phase: str                     # "forward/backward" or "optimizer step"
     peak_moment: str                    # e.g. "backward (loss)"
@@ -92,7 +96,8 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
              lora_r: int = 0, lora_targets=None, optimizer: str = "adamw-fused", gradient_checkpointing=None,
              grad_accum: int = 1, load_dtype=None, attn_implementation: str = "sdpa",
              kbit_recipe: str = "standard", lora_dropout: float = 0.0, padded: bool = True,
-             device: str = "cuda") -> Estimate:
+             device: str = "cuda", eval_batch_size: int = 8, eval_gather: str = "loss", eval_samples=None,
+             eval_accumulation_steps=None) -> Estimate:
     """Predict the memory of training ``model`` with Trainer in this setup. See the module doc.
 
     ``precision`` fp16/bf16 is Trainer mixed precision (autocast, weights stay in
@@ -101,6 +106,12 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     the k-bit recipe). ``kbit_recipe="standard"`` is ``prepare_model_for_kbit_training``
     (non-quantized weights upcast to fp32); ``"lean"`` skips the upcast. ``padded``: the
     batches have padding, so an attention mask is built. ``device="cpu"`` predicts CPU kernels.
+
+    ``eval_*`` describe ``Trainer.evaluate()`` (see :mod:`kit.eval_peak`): ``eval_batch_size`` is
+    ``per_device_eval_batch_size`` (TrainingArguments' default, 8); ``eval_gather`` is "loss" (no
+    ``compute_metrics``), "logits" (``compute_metrics``: the logits are gathered) or "preprocessed"
+    (``preprocess_logits_for_metrics`` returning one id per token, as ``argmax`` does);
+    ``eval_samples`` is ``len(eval_dataset)``; ``eval_accumulation_steps`` as in TrainingArguments.
 
     >>> estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit",
     ...          lora_r=16).trainable_params
@@ -113,6 +124,15 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     gradient_checkpointing = kin.flag("gradient_checkpointing", gradient_checkpointing, allow_none=True)
     padded = kin.flag("padded", padded)
     lora_dropout = kin.fraction("lora_dropout", lora_dropout)
+    ev = dict(batch_size=kin.whole_number("eval_batch_size", eval_batch_size),
+              gather=kin.choice("eval_gather", eval_gather, GATHER),
+              samples=None if eval_samples is None else kin.whole_number("eval_samples", eval_samples),
+              accumulation=None if eval_accumulation_steps is None else kin.whole_number(
+                  "eval_accumulation_steps", eval_accumulation_steps))
+    if ev["gather"] != "loss" and ev["samples"] is None and ev["accumulation"] is None:
+        raise kin.InputError("eval_samples", f"eval_gather={ev['gather']!r} keeps every eval batch's predictions on "
+                             "the device until the loop ends: give eval_samples (len(eval_dataset)) or "
+                             "eval_accumulation_steps.")
     optimizer = kin.choice("optimizer", optimizer, OPTIMIZERS, _ALIASES)
     precision, quantization, attn_implementation, kbit_recipe, device = (kin.choice(*c) for c in (
         ("precision", precision, DTYPES), ("quantization", quantization, QUANTIZATIONS),
@@ -135,11 +155,11 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
                     B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                     lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                     accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
-                    lora_dropout=lora_dropout, padded=padded, device=device)
+                    lora_dropout=lora_dropout, padded=padded, device=device, ev=ev)
 
 
 def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
-              accum, load, attn, recipe, lora_dropout, padded, device) -> Estimate:
+              accum, load, attn, recipe, lora_dropout, padded, device, ev) -> Estimate:
     vh, leaves = info.vocab_head, info.leaves
     if quant != "none" and not lora_r and not vh:
         raise ValueError("4-bit/8-bit weights cannot be trained directly (Trainer refuses a purely "
@@ -163,7 +183,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     lb, ac = DTYPES[load], (2 if precision != "fp32" else None)
     other = 4 if std else lb  # the recipe casts every fp16/bf16 parameter that is not 4-bit to fp32
     tot = dict.fromkeys(("params", "trainable", "weights", "loaded", "qparams", "uparams", "build",
-                         "opt", "paged", "grads"), 0)
+                         "opt", "paged", "grads", "halves"), 0)
     grads, groups, offenders = dict.fromkeys(("embed", "block", "head"), 0), {}, []
     wtemp, wnew = dict(grads), dict(grads)  # per part: backward temporaries; + a new grad (accumulating)
     for l in leaves:
@@ -195,6 +215,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
             groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
             half = 2 * k if ac and dt != ac else 0  # autocast: the grad of the half copy, then cast up
             wtemp[l.part], wnew[l.part] = max(wtemp[l.part], half), max(wnew[l.part], half + k * dt)
+            tot["halves"] += half if l.kind == "linear" else 0  # autocast caches a half copy of each
             train_bytes += k * dt + o + p
         tot["weights"] += w_bytes
         offenders.append((l.name, n, train_bytes))
@@ -202,6 +223,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     grads["embed"], grads["head"] = grads["embed"] - moved, grads["head"] + moved  # lm_head makes it first
     if moved:  # ... and a tied weight's new grad comes first in the head's backward
         wnew["head"] = max(wnew["head"], wnew["embed"])
+        tot["halves"] += moved // other * 2 if ac and other != ac else 0  # lm_head casts the tied weight
     cfg = info.config
     if info.family == "gpt2":
         H, nh = cfg.n_embd, cfg.n_head
@@ -240,6 +262,9 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         step_temp = max(sum(g) if device == "cuda" else max(2 * b + (g[i - 1] if i else 0)
                                                              for i, b in enumerate(g)) for g in groups.values())
     step = weights + tot["grads"] + tot["opt"] + step_temp
+    ev_peak = eval_peak(rp, B=B, Be=ev["batch_size"], S=S, V=cfg.vocab_size, held=weights + tot["opt"],
+                        copies=tot["halves"], inputs_per_row=3 * S * 8, gather=ev["gather"], samples=ev["samples"],
+                        accumulation=ev["accumulation"], device=device, mixed=bool(ac))
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": tot["opt"],
@@ -250,12 +275,16 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         parts = {"weights": weights, "gradients": tot["grads"], "optimizer state": tot["opt"],
                  "temporaries": step_temp}
     notes = _notes(optimizer, leaves, tot["paged"], info, lora_r, quant)
+    if ev_peak.moment == "forward (a block)":
+        notes.append("the evaluation peak is set by the blocks, where the kit counts at most what one block saves in "
+                     "training: an upper bound (it is exact where the logits set it)")
     offenders.sort(key=lambda t: (t[2], t[1]), reverse=True)
     return Estimate(
         params=tot["params"], trainable_params=tot["trainable"], weights_bytes=weights,
         gradients_bytes=tot["grads"], optimizer_bytes=tot["opt"] + tot["paged"],
         activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
         peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(fwdbwd - tot["opt"], step),
+        eval_peak_bytes=ev_peak.peak_bytes, eval_moment=ev_peak.moment,
         cpu_build_bytes=tot["build"] + info.buffers_bytes, peak_phase=phase,
         peak_moment=moment, loaded_weights_bytes=tot["loaded"] + info.buffers_bytes,
         paged_optimizer_bytes=tot["paged"], autocast_copies_bytes=rp.copies_saved + rp.cache,
@@ -266,7 +295,9 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         notes=notes, setup=dict(model=model, batch_size=B, seq_len=S, precision=precision, quantization=quant,
                                 lora_r=lora_r, optimizer=optimizer, optim=OPTIMIZERS[optimizer],
                                 gradient_checkpointing=ckpt, grad_accum=accum, load_dtype=load,
-                                attn_implementation=attn, kbit_recipe=recipe, device=device),
+                                attn_implementation=attn, kbit_recipe=recipe, device=device,
+                                eval_batch_size=ev["batch_size"], eval_gather=ev["gather"],
+                                eval_samples=ev["samples"], eval_accumulation_steps=ev["accumulation"]),
         _parts=parts)
 
 

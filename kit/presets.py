@@ -148,6 +148,9 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
     return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {preset.label}: {what}")
 
 
+_EVAL = {"loss": "loss only", "logits": "logits gathered", "preprocessed": "preprocessed logits gathered"}
+
+
 def _margin(n: int) -> str:
     return f"{fmt_bytes(n)} to spare" if n >= 0 else f"{fmt_bytes(-n)} short"
 
@@ -169,9 +172,12 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
         lines.append(f"  {k:<46}{fmt_bytes(v, 'GiB'):>12}")
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
-    lines.append(f"  {'first step (no optimizer state in its backward)':<46}"
-                 f"{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
+    lines.append("the phases a run meets (predicted max allocated):")
+    lines.append(f"  {'step 1 (no optimizer state in its backward)':<46}{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")
+    lines.append(f"  {'step 2 on (the peak above)':<46}{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
+    ev = f"evaluation (batch {s.get('eval_batch_size')}, {_EVAL[s.get('eval_gather', 'loss')]})"
+    lines.append(f"  {ev:<46}{fmt_bytes(est.eval_peak_bytes, 'GiB'):>12}")
     lines.append("biggest modules by training bytes (their weights + grads + optimizer state):")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
     for name, p, b in est.offenders[:5]:
@@ -179,5 +185,10 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
         lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}% of all weights,"
                      " grads and state)")
     lines += [f"note: {n}" for n in est.notes]
-    lines.append(verdict(est, preset).text)
+    v = verdict(est, preset)
+    if v.preset.gpu_bytes is not None and est.eval_peak_bytes > v.preset.gpu_bytes:
+        lines.append(f"note: the evaluation needs {fmt_bytes(est.eval_peak_bytes)}, over the {fmt_bytes(v.preset.gpu_bytes)} "
+                     "the device has: with evaluation on, lower per_device_eval_batch_size (or set "
+                     "eval_accumulation_steps when compute_metrics gathers the logits)")
+    lines.append(v.text)
     return "\n".join(lines)

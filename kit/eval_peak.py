@@ -1,0 +1,68 @@
+"""The evaluation loop's peak: what ``Trainer.evaluate()`` holds at once, from the training replay.
+
+Trainer's ``evaluation_loop`` (transformers 5) runs ``prediction_step`` on each batch of
+``per_device_eval_batch_size`` rows under ``torch.no_grad()`` and the training autocast, so no
+activation is kept and no grad is made. What it holds:
+
+- the weights, and during training the optimizer state (the eval runs after ``optimizer.step()``
+  and ``zero_grad(set_to_none=True)``: no grads), and autocast's half copies of the trainable
+  weights during the forward (autocast caches a cast of every leaf that requires grad, ``no_grad``
+  or not, until the forward's autocast ends);
+- at the loss: the logits, their fp32 copy (``ForCausalLMLoss`` upcasts) and the
+  log-softmax, all (batch, seq, vocab); in the blocks, one block's tensors at a time;
+- what it gathers for ``compute_metrics`` (``prediction_loss_only`` is True without it): each
+  step's logits (or what ``preprocess_logits_for_metrics`` returns) and labels, concatenated on
+  the device (``EvalLoopContainer.add``: ``torch.cat`` holds the old, the new and the result at
+  once). ``eval_accumulation_steps`` moves them off the device every N steps; without it they
+  stay until the loop ends, which is the classic OOM at the first evaluation. On the CPU the
+  moved tensors stay alive (``.numpy()`` shares their memory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GATHER = ("loss", "logits", "preprocessed")   # no compute_metrics; its logits; preprocess_logits_for_metrics
+
+
+@dataclass(frozen=True)
+class EvalPeak:
+    """The evaluation loop's peak (bytes) and the moment it happens."""
+
+    peak_bytes: int
+    moment: str
+    gathered_bytes: int       # gathered predictions and labels on the device at that moment
+
+
+def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
+              gather: str, samples: int | None, accumulation: int | None, device: str,
+              mixed: bool) -> EvalPeak:
+    """The peak of ``Trainer.evaluate()`` at eval batch ``Be``, from the training replay ``rp`` at batch ``B``.
+
+    ``held``: weights (+ optimizer state during training); ``copies``: autocast's cached half
+    copies of the trainable weights. ``gather`` is one of :data:`GATHER` ("preprocessed"
+    counts one int64 per token, as an ``argmax`` gives). ``samples``: the eval set's rows.
+    ``mixed``: fp16/bf16 mixed precision.
+    """
+    scale = Be / B    # the replay's activations and logits are linear in the batch at a fixed length
+    # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
+    # loop gathers are fp32 then, whatever dtype the lm_head computed them in.
+    logits_dt = 4 if mixed or not rp.last_logits else rp.last_logits // (B * S * V)
+    loss = int(scale * (rp.logits_live + rp.ls + rp.hidden))   # logits, fp32 copy, log-softmax, hidden state
+    body = int(scale * max(rp.block, rp.block_in))    # bound: what one block saves in training
+    per_row = S * 8 + (S * V * logits_dt if gather == "logits" else S * 8 if gather == "preprocessed" else 0)
+    steps = -(-samples // Be) if samples else None
+    window = min(accumulation, steps) if accumulation and steps else accumulation or steps or 1
+    if gather == "loss":
+        before = last = 0
+    else:
+        rows = window * Be if not samples else min(window * Be, samples)
+        moved = samples - rows if (device == "cpu" and samples) else 0     # the CPU keeps what was moved
+        last = moved * per_row + 2 * rows * per_row if rows > Be else moved * per_row + rows * per_row
+        before = moved * per_row + (rows - Be) * per_row
+    base = held + Be * inputs_per_row
+    fwd = max(("loss", loss), ("blocks", body), key=lambda t: t[1])
+    at_loss = base + copies + before + fwd[1]
+    at_cat = base + last   # after the forward: autocast has let go of its copies
+    if gather != "loss" and at_cat > at_loss:
+        return EvalPeak(at_cat, "gathering predictions (torch.cat)", last)
+    return EvalPeak(at_loss, f"forward ({'at the loss' if fwd[0] == 'loss' else 'a block'})", before)

@@ -1,0 +1,99 @@
+"""The evaluation loop's peak (kit.eval_peak) against Trainer.evaluate() measured during training.
+
+Real Trainer runs on tiny twins, on the CPU: two training steps with an evaluation after each; the
+last evaluation is measured with TensorPeak (the exact peak of live tensor bytes, with the weights
+and the optimizer state alive), and set beside ``estimate(...).eval_peak_bytes`` of the same setup.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+from kit.estimate import estimate
+from kit.inputs import InputError
+from kit.models import build_model, get_config
+from kit.tensor_peak import TensorPeak
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+
+def measured_eval_peak(cfg, *, train_batch, eval_batch, S, samples, gather, accumulation, precision, tmp_path):
+    from estimate_vs_measured import _Batches
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=train_batch, per_device_eval_batch_size=eval_batch,
+        eval_accumulation_steps=accumulation, eval_strategy="steps", eval_steps=1, max_steps=2, use_cpu=True,
+        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, bf16=precision == "bf16")
+    trainer = Trainer(model=build_model(cfg), args=args, train_dataset=_Batches(8, S, cfg.vocab_size, True),
+                      eval_dataset=_Batches(samples, S, cfg.vocab_size, True, seed=1),
+                      compute_metrics=None if gather == "loss" else (lambda p: {"n": float(len(p.predictions))}),
+                      preprocess_logits_for_metrics=(lambda logits, labels: logits.argmax(-1))
+                      if gather == "preprocessed" else None)
+    peaks, evaluate = [], trainer.evaluate
+
+    def measured(*a, **kw):
+        with TensorPeak() as p:
+            out = evaluate(*a, **kw)
+        peaks.append(p.peak_bytes)
+        return out
+
+    trainer.evaluate = measured
+    trainer.train()
+    assert len(peaks) == 2
+    return peaks[-1]
+
+
+@pytest.mark.parametrize("name,eval_batch,samples,gather,accumulation,precision,moment", [
+    ("tiny-llama", 4, 16, "loss", None, "fp32", "forward (at the loss)"),
+    ("tiny-llama", 4, 16, "loss", None, "bf16", "forward (at the loss)"),     # + autocast's cached copies
+    ("tiny-llama", 4, 16, "logits", None, "fp32", "gathering predictions (torch.cat)"),
+    ("tiny-llama", 4, 16, "logits", None, "bf16", "gathering predictions (torch.cat)"),  # gathered in fp32
+    ("tiny-llama", 4, 16, "logits", 2, "fp32", "gathering predictions (torch.cat)"),
+    ("tiny-llama", 4, 16, "preprocessed", None, "fp32", "forward (at the loss)"),
+    ("tiny-gpt2", 8, 24, "logits", None, "fp32", "gathering predictions (torch.cat)"),
+])
+def test_eval_peak_matches_a_measured_evaluation(name, eval_batch, samples, gather, accumulation, precision,
+                                                 moment, tmp_path):
+    cfg = get_config(name)
+    got = measured_eval_peak(cfg, train_batch=2, eval_batch=eval_batch, S=64, samples=samples, gather=gather,
+                             accumulation=accumulation, precision=precision, tmp_path=tmp_path)
+    est = estimate(name, batch_size=2, seq_len=64, precision=precision, eval_batch_size=eval_batch,
+                   eval_gather=gather, eval_samples=samples, eval_accumulation_steps=accumulation, device="cpu")
+    assert est.eval_moment == moment
+    assert est.eval_peak_bytes / got == pytest.approx(1, abs=0.01)
+
+
+def test_the_blocks_give_an_upper_bound_and_say_so(tmp_path):
+    cfg = get_config("tiny-llama")
+    cfg.vocab_size = 256  # a small vocabulary: the blocks, not the logits, set the evaluation peak
+    got = measured_eval_peak(cfg, train_batch=2, eval_batch=4, S=64, samples=8, gather="loss", accumulation=None,
+                             precision="fp32", tmp_path=tmp_path)
+    est = estimate(cfg, batch_size=2, seq_len=64, eval_batch_size=4, device="cpu")
+    assert est.eval_moment == "forward (a block)"
+    assert 1 <= est.eval_peak_bytes / got < 1.25
+    assert any("upper bound" in n for n in est.notes)
+
+
+def test_gathering_grows_with_the_eval_set_and_accumulation_caps_it():
+    kw = dict(batch_size=1, seq_len=512, precision="bf16", quantization="4bit", lora_r=8)
+    loss = estimate("meta-llama/Llama-3.2-1B", **kw).eval_peak_bytes
+    small, big = (estimate("meta-llama/Llama-3.2-1B", **kw, eval_gather="logits", eval_samples=n).eval_peak_bytes
+                  for n in (64, 128))
+    capped = estimate("meta-llama/Llama-3.2-1B", **kw, eval_gather="logits", eval_samples=128,
+                      eval_accumulation_steps=2).eval_peak_bytes
+    row = 512 * 128256 * 4 + 512 * 8   # one row's fp32 logits and its labels
+    assert big - small == 2 * 64 * row           # torch.cat holds the old rows, the new and the result
+    assert loss < capped < small and estimate("meta-llama/Llama-3.2-1B", **kw).to_json()["eval_peak_bytes"] == loss
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(eval_gather="logits"), "eval_samples"),
+    (dict(eval_gather="everything"), "eval_gather"),
+    (dict(eval_batch_size=0), "eval_batch_size"),
+])
+def test_eval_options_are_checked(kw, match):
+    with pytest.raises(InputError, match=match):
+        estimate("tiny-llama", batch_size=2, seq_len=32, **kw)
