@@ -20,12 +20,13 @@ from .estimate import estimate
 from .inventory import info_of
 from .presets import PRESETS, Preset, verdict
 from .read_model import model_name, read_bnb, read_lora_config, read_model, targets_for
-from .read_training import auto_attn, auto_dtype, read_args, read_seq_len
+from .read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
 from .units import fmt_bytes
 
 _ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
           "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
-          "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "device")
+          "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
+          "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
 # The fit advisor's hook. kit.advise does not exist yet: it will set ADVISOR to a function
 # (estimate, preset) -> str (its top changes), which check() prints when the setup does not fit.
 # While ADVISOR is None, check() prints no advice.
@@ -50,6 +51,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
     opts, src, notes = read_args(args)
+    eopts, esrc = read_eval(trainer)
+    opts.update(eopts), src.update(esrc)
     target, mopts, msrc, mnotes = read_model(trainer.model)
     opts.update(mopts), src.update(msrc), notes.extend(mnotes)
     if args_ckpt := opts.pop("args_ckpt"):
@@ -126,6 +129,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
     src["seq_len"], src["padded"] = (seq_len, "estimate_from(seq_len=...)"), (padded, "estimate_from(padded=...)")
+    src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")
     return _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
 
 

@@ -54,10 +54,38 @@ def read_args(args, name: str = "TrainingArguments"):
                grad_accum=(opts["grad_accum"], f"{name}.gradient_accumulation_steps"),
                precision=(prec, f"{name}.{prec}=True" if prec != "fp32" else f"{name}: neither fp16 nor bf16"),
                optimizer=(OPTIMS[optim], f"{name}.optim={optim!r}"))
+    opts.update(eval_batch_size=args.per_device_eval_batch_size, eval_accumulation_steps=args.eval_accumulation_steps)
+    src.update(eval_batch_size=(opts["eval_batch_size"], f"{name}.per_device_eval_batch_size"),
+               eval_accumulation_steps=(opts["eval_accumulation_steps"], f"{name}.eval_accumulation_steps"))
     if getattr(args, "auto_find_batch_size", False):
         notes.append("auto_find_batch_size: the Trainer halves the batch after an out-of-memory error; this "
                      "estimate is for the batch size it starts with")
     return opts, src, notes
+
+
+def read_eval(trainer):
+    """(options, sources) of Trainer.evaluate(): what it gathers, and over how many rows."""
+    args, ds = trainer.args, trainer.eval_dataset
+    if args.prediction_loss_only or getattr(args, "batch_eval_metrics", False):
+        why = "TrainingArguments.prediction_loss_only" if args.prediction_loss_only else \
+            "TrainingArguments.batch_eval_metrics (metrics per batch, nothing gathered)"
+        gather = "loss"
+    elif trainer.compute_metrics is None:
+        gather, why = "loss", "trainer.compute_metrics is None (evaluate() then keeps the loss only)"
+    elif getattr(trainer, "preprocess_logits_for_metrics", None) is not None:
+        gather, why = "preprocessed", "trainer.preprocess_logits_for_metrics (one id per token assumed, as argmax)"
+    else:
+        gather, why = "logits", "trainer.compute_metrics, with no preprocess_logits_for_metrics"
+    parts = list(ds.values()) if isinstance(ds, dict) else [ds] if ds is not None else []
+    sizes = [len(d) for d in parts if hasattr(d, "__len__")]
+    samples = max(sizes) if sizes else None
+    src = {"eval_gather": (gather, why),
+           "eval_samples": (samples, "len(trainer.eval_dataset)" + (", the largest" if len(sizes) > 1 else "")
+                            if samples else "no eval_dataset with a length")}
+    if gather != "loss" and samples is None and args.eval_accumulation_steps is None:
+        gather = "loss"
+        src["eval_gather"] = (gather, f"{why}; but no eval_dataset length to count the gathered rows: loss only")
+    return {"eval_gather": gather, "eval_samples": samples}, src
 
 
 def read_seq_len(trainer, batch_size: int):

@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
          "logits_bytes", "peak_bytes", "cpu_build_bytes", "loaded_weights_bytes", "paged_optimizer_bytes",
          "autocast_copies_bytes", "saved_bytes", "quantized_params", "unquantized_params", "peak_moment",
-         "offenders", "components")
+         "offenders", "components", "first_step_peak_bytes", "eval_peak_bytes", "eval_moment")
 
 
 def same(got, want):
@@ -45,6 +45,25 @@ def ds(tok):
 def trainer(model, ds, tok, **kw):
     args = TrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **kw)
     return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok))
+
+
+@pytest.mark.parametrize("metrics,preprocess,loss_only,gather", [
+    (None, None, False, "loss"),
+    (lambda p: {}, None, False, "logits"),
+    (lambda p: {}, lambda logits, labels: logits.argmax(-1), False, "preprocessed"),
+    (lambda p: {}, None, True, "loss"),            # prediction_loss_only wins over compute_metrics
+])
+def test_the_evaluation_is_read_from_the_trainer(ds, tok, metrics, preprocess, loss_only, gather):
+    model = models.build_model("tiny-gpt2")
+    args = TrainingArguments(output_dir="unused", use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                             per_device_eval_batch_size=16, eval_accumulation_steps=3, prediction_loss_only=loss_only)
+    tr = Trainer(model=model, args=args, train_dataset=ds, eval_dataset=ds.select(range(50)),
+                 data_collator=data.collator(tok), compute_metrics=metrics, preprocess_logits_for_metrics=preprocess)
+    est = estimate_trainer(tr)
+    assert est.sources["eval_gather"][0] == gather and est.sources["eval_samples"][0] == 50
+    assert est.sources["eval_batch_size"] == (16, "TrainingArguments.per_device_eval_batch_size")
+    same(est, estimate("tiny-gpt2", batch_size=4, seq_len=40, gradient_checkpointing=False, eval_batch_size=16,
+                       eval_gather=gather, eval_samples=50, eval_accumulation_steps=3))
 
 
 def test_full_fine_tune_fp32_reads_everything(ds, tok):
