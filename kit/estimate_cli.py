@@ -61,6 +61,14 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="standard: peft's prepare_model_for_kbit_training (fp32 upcast); lean: no upcast")
     p.add_argument("--no-padding", dest="padded", action="store_false",
                    help="batches have no padding (no attention mask is built)")
+    p.add_argument("--eval-batch-size", type=int, default=8,
+                   help="per_device_eval_batch_size, for the evaluation phase (default 8, as TrainingArguments)")
+    p.add_argument("--eval-gather", choices=["loss", "logits", "preprocessed"], default="loss",
+                   help="what evaluate() keeps: loss (no compute_metrics), logits (compute_metrics), preprocessed "
+                        "(preprocess_logits_for_metrics returning one id per token)")
+    p.add_argument("--eval-samples", type=int, default=None, help="len(eval_dataset): gathered logits grow with it")
+    p.add_argument("--eval-accumulation-steps", type=int, default=None,
+                   help="move gathered predictions off the GPU every N eval steps")
     p.add_argument("--preset", choices=list(PRESETS), default="colab-t4", help="device for the verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
@@ -87,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
                 optimizer=args.optimizer, gradient_checkpointing=args.gradient_checkpointing,
                 grad_accum=args.grad_accum, load_dtype=args.load_dtype,
                 attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
-                padded=getattr(args, "padded", True))
+                padded=getattr(args, "padded", True), eval_batch_size=args.eval_batch_size,
+                eval_gather=args.eval_gather, eval_samples=args.eval_samples,
+                eval_accumulation_steps=args.eval_accumulation_steps)
     except ValueError as exc:
         flag = _FLAGS.get(getattr(exc, "name", None))
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{_one_line(exc)}", file=sys.stderr)

@@ -101,11 +101,32 @@ def test_python_m_kit_estimate():
 
 def test_optimizer_takes_the_trainer_names_help_lists(capsys):
     for name, kit_name in (("adamw_torch", "adamw"), ("adamw_bnb_8bit", "adamw-8bit"),
-                           ("paged_adamw_8bit", "paged-adamw-8bit"), ("adamw", "adamw")):
+                           ("paged_adamw_8bit", "paged-adamw-8bit"), ("adamw", "adamw"),
+                           ("adamw_torch_fused", "adamw-fused")):
         code, out, err = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--optimizer", name,
                                "--json"], capsys)
         assert code == 0, err
         assert json.loads(out)["setup"]["optimizer"] == kit_name
+
+
+def test_the_default_optimizer_is_trainers_and_the_table_names_it(capsys):
+    _, out, _ = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8"], capsys)
+    assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.splitlines()[0]
+
+
+def test_the_evaluation_phase_in_json_and_table(capsys):
+    argv = ["--model", "meta-llama/Llama-3.2-1B", "--batch-size", "2", "--seq-len", "512", "--precision", "bf16",
+            "--quantization", "4bit", "--lora-r", "8"]
+    _, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--json"], capsys)
+    data = json.loads(out)
+    # compute_metrics gathers 200 rows of fp32 logits on the GPU; torch.cat holds the old, the new and the result
+    assert data["eval_moment"] == "gathering predictions (torch.cat)"
+    assert data["eval_peak_bytes"] > 2 * 200 * 512 * 128256 * 4 > data["peak_bytes"]
+    code, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--eval-accumulation-steps", "1"],
+                        capsys)
+    assert code == 0 and "evaluation (batch 8, logits gathered)" in out
+    code, _, err = _run(argv + ["--eval-gather", "logits"], capsys)
+    assert code == 2 and err.startswith("error: argument --eval-samples: ")
 
 
 def test_input_errors_name_the_option(capsys):
