@@ -46,6 +46,15 @@ def _with_quant_state(t):
     yield getattr(t, "SCB", None)
 
 
+def _int8_states(model):
+    """The int8 weights and row scales a Linear8bitLt moves from its weight to ``layer.state`` at its first
+    forward (``init_8bit_state``: then ``weight.SCB`` is None, and the scales live only there)."""
+    for m in model.modules():
+        st = getattr(m, "state", None)
+        if type(st).__name__ == "MatmulLtState":
+            yield from (t for t in (st.CB, st.SCB) if t is not None)
+
+
 def _held_bytes(*groups) -> int:
     """Bytes of the unique storages of the tensors given (weights, buffers, optimizer state)."""
     seen = {}
@@ -106,7 +115,8 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
             if cuda:
                 device.reset_peak()
                 return
-            self.base = _held_bytes(model.parameters(), model.buffers(), _state_tensors(optimizer))
+            self.base = _held_bytes(model.parameters(), model.buffers(), _int8_states(model),
+                                    _state_tensors(optimizer))
             self.m = tensor_peak.TensorPeak()
             self.m.__enter__()
 
@@ -116,7 +126,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
                 return
             self.m.__exit__(None, None, None)
             peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
-            held["weights"] = _held_bytes(model.parameters(), model.buffers())
+            held["weights"] = _held_bytes(model.parameters(), model.buffers(), _int8_states(model))
             held["state"] = _held_bytes(_state_tensors(optimizer))
 
     optim_args = "momentum=0.9" if optim == "sgd" else None
@@ -301,7 +311,8 @@ def build(name, kw, cuda=False, overrides=None):
     if overrides and quant == "none":
         model = models.build_model(_config(name, overrides))
     elif quant != "none" or cuda:
-        model = models.load_model(name, quantization=quant, load_dtype=kw.get("load_dtype"),
+        bnb = models.bnb_config(quant, **{k: kw[k] for k in ("compute_dtype", "quant_type", "double_quant") if k in kw})
+        model = models.load_model(name, quantization=bnb or "none", load_dtype=kw.get("load_dtype"),
                                   device="cuda" if cuda else "cpu")
     else:
         model = models.build_model(name, dtype=models.as_dtype(kw.get("load_dtype", "fp32")))
@@ -313,7 +324,9 @@ def build(name, kw, cuda=False, overrides=None):
     if quant != "none":
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model)
+        # (gradient_checkpointing=False: the recipe without its own checkpointing, so that none runs)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=kw.get("gradient_checkpointing")
+                                                is not False)
     if lora_r:
         from peft import LoraConfig, get_peft_model
 
@@ -336,6 +349,9 @@ def run_row(label, name, kw, cuda, overrides=None):
     B, S, padded = kw["batch_size"], kw["seq_len"], kw.get("padded", True)
     V = cfg.vocab_size
     saved = None
+    # checkpoint_reentrant (8-bit): the recipe's own checkpointing runs, reentrant; the Trainer turns on none
+    reentrant = est.setup.get("checkpoint_reentrant", False)
+    kind = {"gradient_checkpointing_kwargs": {"use_reentrant": True}} if reentrant else {}
     if not cuda:
         ids = torch.randint(2, V, (B, S))
         mask = torch.ones_like(ids)
@@ -343,14 +359,14 @@ def run_row(label, name, kw, cuda, overrides=None):
             mask[::2, -max(1, S // 4):] = 0
         model.train()
         if est.setup["gradient_checkpointing"] and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(**kind)
         if getattr(model, "config", None) is not None:  # as Trainer sets it (TrainingArguments.use_cache=False):
             model.config.use_cache = False              # no DynamicCache copying k and v
         saved = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
     t = time.time()
     got = trainer_peak(model, B=B, S=S, V=V, steps=3 if cuda else 2, optim=OPTIMIZERS[est.setup["optimizer"]],
-                       padded=padded, ckpt=est.setup["gradient_checkpointing"], accum=kw.get("grad_accum", 1),
-                       precision=kw.get("precision", "fp32"), cuda=cuda)
+                       padded=padded, ckpt=est.setup["gradient_checkpointing"] and not reentrant,
+                       accum=kw.get("grad_accum", 1), precision=kw.get("precision", "fp32"), cuda=cuda)
     del model
     gc.collect()
     if cuda:

@@ -26,6 +26,7 @@ from .inventory import Info, UnsupportedModel, default_targets, info_of, lora_ma
 from .presets import (DTYPES, OPTIMIZERS, QUANTIZATIONS, int8_bytes, nf4_bytes,  # noqa: F401
                       optimizer_state_bytes)
 from . import inputs as kin
+from . import quant as kq
 from .eval_peak import GATHER, eval_peak
 from .presets import ALIASES as _ALIASES
 from .units import fmt_bytes
@@ -97,7 +98,8 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
              grad_accum: int = 1, load_dtype=None, attn_implementation: str = "sdpa",
              kbit_recipe: str = "standard", lora_dropout: float = 0.0, padded: bool = True,
              device: str = "cuda", eval_batch_size: int = 8, eval_gather: str = "loss", eval_samples=None,
-             eval_accumulation_steps=None) -> Estimate:
+             eval_accumulation_steps=None, quant_type: str = "nf4", double_quant: bool = True,
+             compute_dtype: str = "bf16", checkpoint_reentrant=None) -> Estimate:
     """Predict the memory of training ``model`` with Trainer in this setup. See the module doc.
 
     ``precision`` fp16/bf16 is Trainer mixed precision (autocast, weights stay in
@@ -112,6 +114,12 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     ``compute_metrics``), "logits" (``compute_metrics``: the logits are gathered) or "preprocessed"
     (``preprocess_logits_for_metrics`` returning one id per token, as ``argmax`` does);
     ``eval_samples`` is ``len(eval_dataset)``; ``eval_accumulation_steps`` as in TrainingArguments.
+
+    ``quant_type`` ("nf4"|"fp4"), ``double_quant`` and ``compute_dtype`` are BitsAndBytesConfig's 4-bit
+    options (the defaults are the kit's 4bit; BitsAndBytesConfig's own are fp4, no double quant, fp32).
+    ``checkpoint_reentrant``: whether the checkpointing is reentrant; None: only the k-bit recipe's own
+    (``gradient_checkpointing=None``) is, an explicit one is Trainer's. It matters with 8-bit weights,
+    whose inputs non-reentrant checkpointing cannot free (:mod:`kit.quant`).
 
     >>> estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit",
     ...          lora_r=16).trainable_params
@@ -139,6 +147,7 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
         ("attn_implementation", attn_implementation, ("sdpa", "eager")),
         ("kbit_recipe", kbit_recipe, ("standard", "lean")), ("device", device, ("cuda", "cpu"))))
     load_dtype = load_dtype or ("bf16" if quantization != "none" else "fp32")
+    bnb = kq.options(quantization, quant_type, double_quant, compute_dtype, checkpoint_reentrant)
     load_dtype = kin.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
                                {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
     if isinstance(model, os.PathLike):
@@ -155,11 +164,11 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
                     B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                     lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                     accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
-                    lora_dropout=lora_dropout, padded=padded, device=device, ev=ev)
+                    lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb)
 
 
 def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
-              accum, load, attn, recipe, lora_dropout, padded, device, ev) -> Estimate:
+              accum, load, attn, recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb()) -> Estimate:
     vh, leaves = info.vocab_head, info.leaves
     if quant != "none" and not lora_r and not vh:
         raise ValueError("4-bit/8-bit weights cannot be trained directly (Trainer refuses a purely "
@@ -179,20 +188,28 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
                                     f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
                                     f"'{kin.ALL_LINEAR}'.")
     std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
+    reentrant = bnb.reentrant_for(ckpt, std)  # (8-bit layers keep their inputs through non-reentrant checkpointing)
     ckpt = (vh or std) if ckpt is None else bool(ckpt)
     lb, ac = DTYPES[load], (2 if precision != "fp32" else None)
     other = 4 if std else lb  # the recipe casts every fp16/bf16 parameter that is not 4-bit to fp32
     tot = dict.fromkeys(("params", "trainable", "weights", "loaded", "qparams", "uparams", "build",
-                         "opt", "paged", "grads", "halves"), 0)
+                         "opt", "paged", "grads", "halves", "streamed"), 0)
     grads, groups, offenders = dict.fromkeys(("embed", "block", "head"), 0), {}, []
     wtemp, wnew = dict(grads), dict(grads)  # per part: backward temporaries; + a new grad (accumulating)
     for l in leaves:
         n = l.weight + l.bias
         q = quant if l.quantizable else "none"
-        wq = nf4_bytes(l.weight) if q == "4bit" else int8_bytes(l.fin, l.fout) if q == "8bit" else None
-        w_bytes = n * other if wq is None else wq + l.bias * other
+        wq = nf4_bytes(l.weight, double_quant=bnb.double_quant) if q == "4bit" else int8_bytes(l.fin, l.fout) \
+            if q == "8bit" else None
+        w_bytes = n * other if wq is None else kq.weight_bytes(l, q, bnb, other)
         tot["params"] += n
-        tot["build"] += n * lb
+        # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
+        # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
+        # a layer the user's own __init__ makes (scenario 1's head), build it all in RAM
+        if quant == "none" or "custom_layer" in l.name.split("."):
+            tot["build"] += n * lb
+        else:
+            tot["streamed"] = max(tot["streamed"], l.weight * lb)
         tot["loaded"] += n * lb if wq is None else wq + l.bias * lb
         tot["qparams" if wq is not None else "uparams"] += l.weight if wq is not None else n
         pieces = []
@@ -202,8 +219,6 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
             tot["params"] += lora_r * (l.fin + l.fout)
         elif l.trainable and not lora_r and wq is None:  # a tied weight counts at its owner
             pieces = [(l.weight, other), (l.bias, other)]
-        if wq is not None:
-            wtemp["block"] = max(wtemp["block"], 2 * l.fin * l.fout)  # backward dequantizes it
         train_bytes = w_bytes
         for k, dt in pieces:
             if not k:
@@ -238,7 +253,9 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     # scenario 1's custom_layer: the user's Linear(V, V), or the V->r->V of fix (b), in forward order
     head = [l for l in leaves if l.kind == "linear" and "custom_layer" in l.name.split(".")]
     st = act.Setup(family=info.family, B=B, S=S, V=cfg.vocab_size, w=lb, w_other=other, ac=ac,
-                   base_trainable=not lora_r and not vh, quant=quant,
+                   base_trainable=not lora_r and not vh, quant=quant, compute=DTYPES[bnb.compute_dtype],
+                   dequant=kq.dequant_bytes(bnb, load),  # (the replay puts each layer's at its backward)
+                   reentrant=reentrant,
                    lora={l.short: lora_r for l in leaves if l.name in lora and l.part == "block"}
                    | {l.name.split(".")[-1]: lora_r for l in leaves if l.name in lora and l.part == "head"},
                    lora_dropout=lora_dropout, input_grad=ckpt or std, attn=attn, padded=padded, ckpt=ckpt,
@@ -248,11 +265,11 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
     tot["grads"] = sum(grads.values())
     m = act.peak_moment(rp, grads_embed=grads["embed"], grads_block=grads["block"] // shapes["L"],
                         grads_head=grads["head"], wtemp_block=wtemp["block"], wtemp_head=wtemp["head"],
-                        head_half=wtemp["head"])
+                        head_half=wtemp["head"], tied=moved)
     if accum > 1 and tot["grads"]:  # the later micro-batches: every grad alive, each new one added in place
         m = max(m, act.peak_moment(rp, grads_embed=wnew["embed"], grads_block=0, grads_head=0,
                                    wtemp_block=max(wtemp["block"], wnew["block"]), wtemp_head=wnew["head"],
-                                   grads_before=tot["grads"], head_half=wtemp["head"]), key=lambda x: x.total)
+                                   grads_before=tot["grads"], head_half=wtemp["head"], tied=moved), key=lambda x: x.total)
     weights = tot["weights"] + info.buffers_bytes
     inputs = 3 * B * S * 8  # input_ids, attention_mask, labels (int64)
     fwdbwd = weights + tot["opt"] + m.total + inputs
@@ -274,7 +291,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         phase = moment = "optimizer step"
         parts = {"weights": weights, "gradients": tot["grads"], "optimizer state": tot["opt"],
                  "temporaries": step_temp}
-    notes = _notes(optimizer, leaves, tot["paged"], info, lora_r, quant)
+    notes = _notes(optimizer, leaves, tot["paged"], info, lora_r, quant) + kq.notes(rp)
     if ev_peak.moment == "forward (a block)":
         notes.append("the evaluation peak is set by the blocks, where the kit counts at most what one block saves in "
                      "training: an upper bound (it is exact where the logits set it)")
@@ -285,7 +302,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
         peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(fwdbwd - tot["opt"], step),
         eval_peak_bytes=ev_peak.peak_bytes, eval_moment=ev_peak.moment,
-        cpu_build_bytes=tot["build"] + info.buffers_bytes, peak_phase=phase,
+        cpu_build_bytes=tot["build"] + tot["streamed"] + info.buffers_bytes, peak_phase=phase,
         peak_moment=moment, loaded_weights_bytes=tot["loaded"] + info.buffers_bytes,
         paged_optimizer_bytes=tot["paged"], autocast_copies_bytes=rp.copies_saved + rp.cache,
         saved_bytes=rp.saved_bytes(),
@@ -296,6 +313,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
                                 lora_r=lora_r, optimizer=optimizer, optim=OPTIMIZERS[optimizer],
                                 gradient_checkpointing=ckpt, grad_accum=accum, load_dtype=load,
                                 attn_implementation=attn, kbit_recipe=recipe, device=device,
+                                **bnb.setup(quant, ckpt, reentrant),
                                 eval_batch_size=ev["batch_size"], eval_gather=ev["gather"],
                                 eval_samples=ev["samples"], eval_accumulation_steps=ev["accumulation"]),
         _parts=parts)

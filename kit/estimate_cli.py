@@ -16,6 +16,7 @@ from .estimate import DTYPES, OPTIMIZERS, QUANTIZATIONS
 from .model_configs import known_models
 from .presets import ALIASES
 
+QUANT_OPTIONS = ("quant_type", "double_quant", "compute_dtype")  # estimate()'s 4-bit keywords, from their options
 _FLAGS: dict = {}  # estimate()'s keyword -> this command's option, to name the option in an error
 
 
@@ -32,6 +33,17 @@ def register(subparsers) -> argparse.ArgumentParser:
         "estimate", help="predict training memory before anything is loaded, and name who eats it",
         description="Predict the peak memory (torch.cuda.max_memory_allocated) of a Trainer step, "
                     "broken into weights, gradients, optimizer state, activations and logits.")
+    add_setup_options(p)
+    p.add_argument("--preset", choices=list(PRESETS), default="colab-t4", help="device for the verdict")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run)
+    _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
+    _FLAGS.update(padded="--no-padding", gradient_checkpointing="--gradient-checkpointing")
+    return p
+
+
+def add_setup_options(p: argparse.ArgumentParser) -> None:
+    """The options that describe one training setup: ``estimate`` and ``fit`` (:mod:`kit.fit_cli`) add them."""
     p.add_argument("--model", required=True, help="a shipped name (" + ", ".join(known_models()) + "), any "
                    "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
                    "or a path to a config.json")
@@ -40,7 +52,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=list(DTYPES), default="fp32",
                    help="fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype)")
     p.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
-                   help="bitsandbytes; 4bit = NF4 + double quant, bf16 compute")
+                   help="bitsandbytes; 4bit = NF4 + double quant, bf16 compute (see the three 4-bit options below)")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: no LoRA)")
     p.add_argument("--lora-targets", default=None, help="comma-separated module names, e.g. q_proj,v_proj "
                    "(default: peft's for the architecture)")
@@ -69,12 +81,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-samples", type=int, default=None, help="len(eval_dataset): gathered logits grow with it")
     p.add_argument("--eval-accumulation-steps", type=int, default=None,
                    help="move gathered predictions off the GPU every N eval steps")
-    p.add_argument("--preset", choices=list(PRESETS), default="colab-t4", help="device for the verdict")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.set_defaults(func=run)
-    _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
-    _FLAGS.update(padded="--no-padding", gradient_checkpointing="--gradient-checkpointing")
-    return p
+    # 4-bit only (BitsAndBytesConfig's bnb_4bit_*): the defaults are the kit's 4bit, the QLoRA recipe
+    p.add_argument("--quant-type", choices=["nf4", "fp4"], default="nf4",
+                   help="4-bit: bnb_4bit_quant_type (the same bytes; BitsAndBytesConfig's own default is fp4)")
+    p.add_argument("--no-double-quant", dest="double_quant", action="store_false",
+                   help="4-bit: bnb_4bit_use_double_quant=False (each block's scale in 4 bytes, not 1)")
+    p.add_argument("--compute-dtype", choices=list(DTYPES), default="bf16",
+                   help="4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
                 attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
                 padded=getattr(args, "padded", True), eval_batch_size=args.eval_batch_size,
                 eval_gather=args.eval_gather, eval_samples=args.eval_samples,
-                eval_accumulation_steps=args.eval_accumulation_steps)
+                eval_accumulation_steps=args.eval_accumulation_steps,
+                **{k: getattr(args, k) for k in QUANT_OPTIONS if hasattr(args, k)})
     except ValueError as exc:
         flag = _FLAGS.get(getattr(exc, "name", None))
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{_one_line(exc)}", file=sys.stderr)

@@ -5,13 +5,13 @@ verdict for this GPU and where each setting was read from.
 
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
-(DeepSpeed, FSDP, adafactor, DoRA, ``modules_to_save``, FP4 ...) is refused in one sentence
+(DeepSpeed, FSDP, adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence
 (a ``ValueError``), never guessed.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
 >>> est.sources["batch_size"], est.sources["optimizer"][0]
-((2, 'TrainingArguments.per_device_train_batch_size'), 'adamw')
+((2, 'TrainingArguments.per_device_train_batch_size'), 'adamw-fused')
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from . import inputs as kin
 from .estimate import estimate
 from .inventory import info_of
 from .presets import PRESETS, Preset, verdict
-from .read_model import model_name, read_bnb, read_lora_config, read_model, targets_for
+from .read_model import (bnb_options, model_name, read_bnb, read_lora_config, read_model, targets_for,
+                         trainer_reentrant)
 from .read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
 from .units import fmt_bytes
 
@@ -27,10 +28,6 @@ _ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision",
           "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
           "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
           "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
-# The fit advisor's hook. kit.advise does not exist yet: it will set ADVISOR to a function
-# (estimate, preset) -> str (its top changes), which check() prints when the setup does not fit.
-# While ADVISOR is None, check() prints no advice.
-ADVISOR = None
 
 
 def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
@@ -58,6 +55,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if args_ckpt := opts.pop("args_ckpt"):
         opts["gradient_checkpointing"] = True
         src["gradient_checkpointing"] = (True, args_ckpt)
+        reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if seq_len is None:
         seq_len, padded, rows = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, f"the longest batch trainer.data_collator builds from the first {rows} rows "
@@ -100,6 +99,9 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     ckpt = opts.pop("args_ckpt")
     opts["gradient_checkpointing"] = bool(ckpt)
     src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
+    if ckpt:
+        reentrant, where = trainer_reentrant(training_args, name)
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if hasattr(model_id_or_config, "named_modules"):
         cfg = model_id_or_config.config
     else:
@@ -112,6 +114,11 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     opts["quantization"] = quant
     src["quantization"] = (quant, "BitsAndBytesConfig.load_in_4bit/8bit" if quantization_config is not None
                            else "no quantization_config")
+    if quant == "4bit":
+        q4 = bnb_options(quantization_config)
+        opts.update(q4)
+        src.update({k: (v, f"BitsAndBytesConfig.bnb_4bit_{a}") for (k, v), a in
+                    zip(q4.items(), ("quant_type", "use_double_quant", "compute_dtype"))})
     src["load_dtype"] = auto_dtype(cfg, load_dtype, quant)
     src["attn_implementation"] = auto_attn(cfg, attn_implementation)
     opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
@@ -121,6 +128,9 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if not opts["gradient_checkpointing"]:  # prepare_model_for_kbit_training turns it on
             opts["gradient_checkpointing"] = True
             src["gradient_checkpointing"] = (True, "prepare_model_for_kbit_training (use_gradient_checkpointing=True)")
+            opts["checkpoint_reentrant"] = True
+            src["checkpoint_reentrant"] = (True, "prepare_model_for_kbit_training passes no use_reentrant: torch's "
+                                                 "default, reentrant")
     if peft_config is not None:
         r, names, dropout = read_lora_config(peft_config, info)
         targets, tnote = targets_for(info, names)
@@ -154,8 +164,13 @@ def check(trainer_or_estimate, device=None, *, seq_len=None):
     if sources:
         lines.append("where each setting was read from:")
         lines += [f"  {k:<24}{_show(v):<22}{w}" for k, (v, w) in sources.items()]
-    if ADVISOR is not None and not verdict(est, preset).fits:
-        lines.append(ADVISOR(est, preset))
+    if not verdict(est, preset).fits:  # the fit advisor's top 3 changes (kit.advise: prediction only)
+        from .advise import advise
+
+        try:
+            lines.append(advise(trainer_or_estimate, preset, trainer_estimate=est).text(top=3))
+        except ValueError as exc:
+            lines.append(f"(no advice: {exc})")
     print("\n".join(lines), flush=True)
     return est
 

@@ -164,11 +164,16 @@ def _dtype_kw(dtype: torch.dtype) -> dict:
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
-def bnb_config(quantization: str = "none", compute_dtype=torch.bfloat16) -> BitsAndBytesConfig | None:
-    """The ``BitsAndBytesConfig`` of a quantization choice: 4bit = NF4 + double quant.
+def bnb_config(quantization: str = "none", compute_dtype=torch.bfloat16, quant_type: str = "nf4",
+               double_quant: bool = True) -> BitsAndBytesConfig | None:
+    """The ``BitsAndBytesConfig`` of a quantization choice: 4bit = NF4 + double quant, bf16 compute by
+    default; ``quant_type``, ``double_quant`` and ``compute_dtype`` are estimate()'s 4-bit options.
 
     >>> bnb_config("4bit").bnb_4bit_quant_type
     'nf4'
+    >>> c = bnb_config("4bit", compute_dtype="fp32", quant_type="fp4", double_quant=False)
+    >>> c.bnb_4bit_quant_type, c.bnb_4bit_use_double_quant, c.bnb_4bit_compute_dtype
+    ('fp4', False, torch.float32)
     >>> bnb_config("none") is None
     True
     """
@@ -177,8 +182,8 @@ def bnb_config(quantization: str = "none", compute_dtype=torch.bfloat16) -> Bits
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     if quantization == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                  bnb_4bit_use_double_quant=True,
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                  bnb_4bit_use_double_quant=bool(double_quant),
                                   bnb_4bit_compute_dtype=as_dtype(compute_dtype))
     raise ValueError(f"quantization must be 'none', '8bit' or '4bit', not {quantization!r}.")
 
@@ -223,11 +228,12 @@ def _saved_twin(name: str, dtype: torch.dtype) -> Path:
     return folder
 
 
-def load_model(name: str, *, quantization: str = "none", load_dtype=None, device: str | None = None,
+def load_model(name: str, *, quantization="none", load_dtype=None, device: str | None = None,
                tokenizer=None) -> nn.Module:
     """The real model from the Hub when reachable, else its architecture twin, both through
     ``from_pretrained``. Prints which it is, and sets ``model.kit_source`` to "real" or "twin".
 
+    ``quantization``: "none", "8bit", "4bit" (:func:`bnb_config`), or a ``BitsAndBytesConfig``.
     ``load_dtype`` defaults to fp32, or bf16 with quantization (for the unquantized parts).
     ``device`` defaults to CUDA when there is a GPU, else the CPU. For ``+vocab-head``
     names the base loads this way and is then wrapped (V = ``len(tokenizer)`` if given).
@@ -237,7 +243,14 @@ def load_model(name: str, *, quantization: str = "none", load_dtype=None, device
     """
     base, head = _split(name)
     get_config(base)  # fails early, with the known names, on a typo
-    quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
+    if isinstance(quantization, BitsAndBytesConfig):
+        quant = quantization
+        quantization = "4bit" if quant.load_in_4bit else "8bit" if quant.load_in_8bit else "none"
+        if quantization == "none":
+            raise ValueError("The BitsAndBytesConfig loads neither in 4-bit nor in 8-bit: set load_in_4bit or "
+                             "load_in_8bit, or pass quantization='none'.")
+    else:
+        quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
     dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
     from .device import device_name  # lazily: estimate imports models, and never device
 

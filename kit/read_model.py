@@ -54,6 +54,9 @@ def read_model(model):
     opts["load_dtype"], src["load_dtype"] = load, (load, dsrc)
     if quant != "none":
         opts["kbit_recipe"], src["kbit_recipe"] = recipe, (recipe, rsrc)
+    if quant == "4bit":
+        q4, q4src = read_4bit(base)
+        opts.update(q4), src.update(q4src)
     if adapters:
         r, names, dropout = adapters
         targets, tnote = targets_for(info, names)
@@ -69,6 +72,9 @@ def read_model(model):
                      "are counted as they are, activations as for a full fine-tune (an upper bound)")
     ckpt, csrc = _read_ckpt(model)
     opts["gradient_checkpointing"], src["gradient_checkpointing"] = ckpt, (ckpt, csrc)
+    reentrant, where = read_reentrant(model) if ckpt else (None, None)
+    if reentrant is not None:  # (Trainer's activation_checkpointing turns its own on: see estimate_trainer)
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
     if attn not in ("sdpa", "eager"):
         raise kin.InputError("attn_implementation", f"config._attn_implementation={attn!r} is not modeled: the "
@@ -198,13 +204,7 @@ def read_bnb(qc, name: str) -> str:
         raise ValueError(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
                          "quantizes the layers transformers quantizes by default, all on the GPU.")
     if qc.load_in_4bit:
-        if qc.bnb_4bit_quant_type != "nf4" or not qc.bnb_4bit_use_double_quant:
-            raise ValueError(f"{name} has bnb_4bit_quant_type={qc.bnb_4bit_quant_type!r}, bnb_4bit_use_double_quant="
-                             f"{qc.bnb_4bit_use_double_quant}: the kit models NF4 with double quant (the QLoRA recipe), "
-                             "so pass bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True.")
-        if dtype_name(qc.bnb_4bit_compute_dtype) not in ("bf16", "fp16"):
-            raise ValueError(f"{name}.bnb_4bit_compute_dtype={qc.bnb_4bit_compute_dtype} is not modeled: the kit "
-                             "replays 4-bit layers computing in half precision, so pass torch.bfloat16 or float16.")
+        bnb_options(qc, name)  # refuses what is not modeled
         return "4bit"
     if qc.load_in_8bit:
         if getattr(qc, "llm_int8_has_fp16_weight", False):
@@ -212,6 +212,79 @@ def read_bnb(qc, name: str) -> str:
                              "model: leave it False.")
         return "8bit"
     return "none"
+
+
+def bnb_options(qc, name: str = "BitsAndBytesConfig") -> dict:
+    """estimate()'s 4-bit options (quant_type, double_quant, compute_dtype) from a 4-bit BitsAndBytesConfig.
+
+    >>> from transformers import BitsAndBytesConfig
+    >>> bnb_options(BitsAndBytesConfig(load_in_4bit=True))      # its defaults: FP4, no double quant, fp32
+    {'quant_type': 'fp4', 'double_quant': False, 'compute_dtype': 'fp32'}
+    """
+    qt = str(qc.bnb_4bit_quant_type)
+    if qt not in ("nf4", "fp4"):
+        raise kin.InputError("quant_type", f"{name}.bnb_4bit_quant_type={qt!r} is not a bitsandbytes 4-bit type: "
+                                           "pass 'nf4' or 'fp4'.")
+    cd = str(qc.bnb_4bit_compute_dtype)
+    if cd not in _DTYPE_NAMES:
+        raise kin.InputError("compute_dtype", f"{name}.bnb_4bit_compute_dtype={cd} is not modeled: pass "
+                                              "torch.float32, torch.float16 or torch.bfloat16.")
+    return dict(quant_type=qt, double_quant=bool(qc.bnb_4bit_use_double_quant), compute_dtype=_DTYPE_NAMES[cd])
+
+
+def read_4bit(base):
+    """(estimate()'s 4-bit options, where each was read) from a model's Linear4bit layers (their quant_state
+    and compute_dtype); refuses layers that differ. Empty for a model without them."""
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None:
+        return {}, {}
+    seen = set()
+    for m in base.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            qs = getattr(m.weight, "quant_state", None) or getattr(m, "quant_state", None)
+            if qs is None or m.compute_dtype is None:
+                raise ValueError("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
+                                 "built by hand): load the model with from_pretrained(quantization_config=...).")
+            seen.add((qs.quant_type, bool(qs.nested), dtype_name(m.compute_dtype)))
+    if len(seen) > 1:
+        raise ValueError(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
+                         "dtype), which the kit does not model: one BitsAndBytesConfig for all of them.")
+    if not seen:
+        return {}, {}
+    qt, dq, cd = seen.pop()
+    opts = dict(quant_type=qt, double_quant=dq, compute_dtype=cd)
+    where = dict(quant_type="the Linear4bit layers' quant_state.quant_type", double_quant="the Linear4bit "
+                 "layers' quant_state.nested", compute_dtype="the Linear4bit layers' compute_dtype")
+    return opts, {k: (v, where[k]) for k, v in opts.items()}
+
+
+def read_reentrant(model):
+    """(reentrant, where) of the checkpointing the model's layers run now: the keywords of their
+    ``_gradient_checkpointing_func``; torch's ``checkpoint`` runs reentrant when ``use_reentrant`` is not passed
+    (peft's ``prepare_model_for_kbit_training`` passes none). None when no layer is checkpointed."""
+    for m in model.modules():
+        f = getattr(m, "_gradient_checkpointing_func", None)
+        if getattr(m, "gradient_checkpointing", False) is True and f is not None:
+            kw = getattr(f, "keywords", None) or {}
+            if "use_reentrant" in kw:
+                return bool(kw["use_reentrant"]), "the layers' checkpoint function (use_reentrant=" \
+                                                  f"{kw['use_reentrant']})"
+            return True, "the layers' checkpoint function (no use_reentrant: torch's default, reentrant)"
+    return None, None
+
+
+def trainer_reentrant(args, name: str = "TrainingArguments"):
+    """(reentrant, where) of the checkpointing Trainer turns on for ``activation_checkpointing=True``: it passes
+    its ``activation_checkpointing_kwargs`` (less every_n_layers / offload), and none makes transformers 5
+    pass ``use_reentrant=False``."""
+    attr = "activation_checkpointing_kwargs" if getattr(args, "activation_checkpointing_kwargs", None) else \
+        "gradient_checkpointing_kwargs"
+    kw = {k: v for k, v in (getattr(args, attr, None) or {}).items() if k not in ("every_n_layers", "offload")}
+    if not kw:
+        return False, f"{name}.{attr} is empty: transformers passes use_reentrant=False"
+    if "use_reentrant" in kw:
+        return bool(kw["use_reentrant"]), f"{name}.{attr}['use_reentrant']"
+    return True, f"{name}.{attr} has no use_reentrant: torch's default, reentrant"
 
 
 def read_lora_config(lc, info):

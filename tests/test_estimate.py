@@ -125,6 +125,15 @@ def test_scenario1_step_phase_and_cpu_build():
     assert not verdict(est, "colab-t4").fits and verdict(est, "colab-t4").gpu_margin_bytes < 0
 
 
+def test_a_kbit_model_streams_through_ram_a_plain_one_is_built_there():
+    # transformers loads a bitsandbytes model straight onto the GPU, one tensor at a time: the largest
+    # (Llama-3.1-8B's embedding or head, 128256 x 4096 in bf16) passes through RAM, not the model
+    q = estimate("meta-llama/Llama-3.1-8B", batch_size=1, seq_len=512, quantization="4bit", lora_r=16)
+    plain = estimate("meta-llama/Llama-3.1-8B", batch_size=1, seq_len=512, load_dtype="bf16", lora_r=16)
+    assert 128256 * 4096 * 2 <= q.cpu_build_bytes < 128256 * 4096 * 2 + 2**20
+    assert 2 * 8.0e9 < plain.cpu_build_bytes < 2 * 8.1e9
+
+
 # ---- monotonicity ------------------------------------------------------------------
 def test_monotonic():
     base = dict(batch_size=4, seq_len=256)

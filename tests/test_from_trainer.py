@@ -69,7 +69,7 @@ def test_the_evaluation_is_read_from_the_trainer(ds, tok, metrics, preprocess, l
 def test_full_fine_tune_fp32_reads_everything(ds, tok):
     model = models.load_model("tiny-llama", device="cpu")
     est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=4, optim="adamw_torch"))
-    same(est, estimate("tiny-llama", batch_size=4, seq_len=40, gradient_checkpointing=False))
+    same(est, estimate("tiny-llama", batch_size=4, seq_len=40, gradient_checkpointing=False, optimizer="adamw"))
     s = est.sources
     assert s["batch_size"] == (4, "TrainingArguments.per_device_train_batch_size")
     assert s["optimizer"] == ("adamw", "TrainingArguments.optim='adamw_torch'")
@@ -111,7 +111,8 @@ def test_qlora_4bit_with_prepare_model_for_kbit_training(ds, tok):
     tr = trainer(model, ds, tok, per_device_train_batch_size=2, bf16=True, optim="paged_adamw_8bit")
     est = estimate_trainer(tr)
     want = estimate("tiny-llama", batch_size=2, seq_len=40, lora_r=4, lora_targets="all-linear", quantization="4bit",
-                    load_dtype="bf16", precision="bf16", optimizer="paged-adamw-8bit", gradient_checkpointing=True)
+                    load_dtype="bf16", precision="bf16", optimizer="paged-adamw-8bit", gradient_checkpointing=True,
+                    checkpoint_reentrant=True)  # the recipe's own checkpointing: torch's default, reentrant
     same(est, want)
     s = est.sources
     assert (s["quantization"][0], s["kbit_recipe"][0], s["gradient_checkpointing"][0]) == ("4bit", "standard", True)
@@ -128,7 +129,9 @@ def test_8bit_lora(ds, tok):
                            LoraConfig(r=4, target_modules=["c_attn", "c_fc"], task_type="CAUSAL_LM"))
     est = estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2))
     same(est, estimate("tiny-gpt2", batch_size=2, seq_len=40, quantization="8bit", lora_r=4,
-                       lora_targets=["c_attn", "c_fc"], load_dtype="bf16", gradient_checkpointing=True))
+                       lora_targets=["c_attn", "c_fc"], load_dtype="bf16", gradient_checkpointing=True,
+                       checkpoint_reentrant=True))
+    assert est.sources["checkpoint_reentrant"][0] is True  # prepare_model_for_kbit_training's, read off the layers
 
 
 def test_gradient_checkpointing_from_the_args_or_the_model(ds, tok):
@@ -177,9 +180,7 @@ def test_estimate_from_real_objects():
     (dict(args=dict(optim="adafactor")), "optim='adafactor' is not modeled"),
     (dict(args=dict(optim="sgd")), "without a momentum"),
     (dict(args=dict(torch_compile=True)), "torch_compile"),
-    (dict(bnb=BitsAndBytesConfig(load_in_4bit=True)), "NF4 with double quant"),
-    (dict(bnb=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
-     "compute_dtype"),
+    (dict(bnb=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float64)), "compute_dtype"),
     (dict(lora=LoraConfig(r=4, use_dora=True)), "use_dora"),
     (dict(lora=LoraConfig(r=4, modules_to_save=["lm_head"])), "modules_to_save"),
     (dict(lora=LoraConfig(r=4, target_modules=["embed_tokens"])), "not a Linear layer"),

@@ -39,6 +39,9 @@ class Replay:
     ls: int             # the log-softmax output alone
     block_sum: int = 0  # saved by all L blocks without checkpointing, when they differ (0: L * block)
     capped: int = 0     # the final logits' soft-capping: tanh's saved (B, S, V) output (Gemma-2)
+    held: int = 0       # per block: 8-bit layers' inputs, kept as ctx attributes till backward ends (kit.quant)
+    held_dup: int = 0   # ... of which also saved by another op (one storage, but for a checkpoint's recompute)
+    reentrant: bool = False  # reentrant checkpointing (Setup.reentrant): see peak_moment
 
     @property
     def copies_saved(self) -> int:
@@ -51,7 +54,12 @@ class Replay:
         return self.head_in + self.loss + self.capped
 
     def blocks(self) -> int:
-        return self.L * self.block_in if self.ckpt else (self.block_sum or self.L * self.block)
+        return (self.L * self.block_in if self.ckpt else (self.block_sum or self.L * self.block)) + self.kept()
+
+    def kept(self) -> int:
+        """The 8-bit layers' inputs of all blocks: alive from the forward till backward ends, through
+        non-reentrant checkpointing (a reentrant one runs the forward without a graph: none kept)."""
+        return 0 if self.ckpt and self.reentrant else self.L * self.held
 
     def activation_bytes(self) -> int:
         """Saved bytes that are neither logits/loss nor autocast weight copies."""
@@ -82,11 +90,13 @@ def replay(st: Setup) -> Replay:
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
     kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads) per kind of block
+    held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
     for masked, layers in st.layer_kinds().items():
-        tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved = {}, [], [], 0, 0, set()
+        tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
         tp.masked = masked
         y = block_fn(tp, x)
         kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0))))
+        held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
     block, _, copies_block, bwd, bwd_grads = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     cache = st.L * (tp.copies if st.ckpt else tp.cache)
@@ -119,7 +129,7 @@ def replay(st: Setup) -> Replay:
         embed = block = block_sum = shared = 0
     return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
-                  logits.n * logits.dt, ls, block_sum, capped)
+                  logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant)
 
 
 @dataclass
@@ -139,7 +149,8 @@ class Moment:
 
 
 def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
-                wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0) -> Moment:
+                wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0,
+                tied: int = 0) -> Moment:
     """The largest moment of forward + backward.
 
     Backward walks the parts in reverse: the loss and head first, then block L ... 1, then
@@ -157,6 +168,11 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
     ``head_half``: the autocast half copy of the head weight whose grad is being made. Its
     matmul's backward frees it before the half grad is cast up to the weight's dtype, so it
     is not alive beside the two grads (``wtemp_head``).
+
+    ``tied``: a trainable weight shared by the embeddings and the head (GPT-2's wte). The head's grad
+    of it waits in autograd's input buffer until the embedding's is made; the two are then summed out
+    of place (the head's arrives as a transposed view, which the engine does not add into), so the
+    embeddings' backward holds the new grad and the sum beside it.
     """
     acc = bool(grads_before)
     if acc:
@@ -173,15 +189,19 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
         Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies - min(copies, head_half),
                grads_before + grads_head, wtemp_head + rp.hidden),
     ]
+    keep = rp.kept()  # 8-bit inputs: no part of backward frees them (reentrant: a block's, in its own backward)
+    # reentrant checkpointing runs each block's backward as its own: the recomputed output stays alive through
+    # it (torch.utils.checkpoint.CheckpointFunction.backward's ``outputs``), as do its 8-bit inputs
+    own = rp.held - rp.held_dup + rp.hidden if rp.ckpt and rp.reentrant else 0
     each = rp.block_in if rp.ckpt else rp.block
     for i in (rp.L, 1):
         c = rp.copies_block * (1 if rp.ckpt else i)
-        before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - rp.block  # the blocks below block i
-        held = rp.embed + rp.shared + before + rp.block - c
+        before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
+        held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
         moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
                               rp.block_bwd - rp.block + wtemp_block))
-    moments.append(Moment("backward (embeddings)", rp.embed, 0, 0,
+    moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
                           grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
-                          rp.hidden + (grads_embed if acc else 0)))
+                          rp.hidden + (grads_embed + tied if acc else 2 * tied)))
     return max(moments, key=lambda m: m.total)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .setup import BOOL, F32, HALF, Setup
+from .setup import BOOL, F32, Setup
 
 @dataclass
 class _T:
@@ -34,11 +34,13 @@ class Tape:
         self.copies = 0      # all autocast copies of trainable weights (the cache holds them)
         self.wsaved = set()  # uids of saved weight copies
         self.shared = 0      # saved once for all blocks (rotary cos/sin)
+        self.held = {}       # uid -> bytes of 8-bit layers' inputs, kept as ctx attributes (kit.quant)
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it
-            # [saves so far, bytes, its weight's grad, its inputs' grads (None: like the last output)]
-            self.outs.append([len(self.order), n * dt, 0, gin])
+            # [saves so far, bytes, its weight's grad, its inputs' grads (None: like the last output),
+            #  temporaries of its backward (a quantized weight, dequantized)]
+            self.outs.append([len(self.order), n * dt, 0, gin, 0])
         return _T(next(self._ids), n, dt, rg)
 
     def split(self, t, parts):
@@ -51,7 +53,8 @@ class Tape:
 
     def save(self, *ts, when=True):
         for t in ts:
-            if when and t.uid not in self.saved:
+            # (without checkpointing an 8-bit layer's input is one storage, kept longer by the layer: see linear)
+            if when and t.uid not in self.saved and not (t.uid in self.held and not self.st.ckpt):
                 self.saved[t.uid] = (t.sn or t.n) * t.dt
                 self.order.append(self.saved[t.uid])
 
@@ -66,9 +69,9 @@ class Tape:
         for b in self.order:
             prefix.append(prefix[-1] + b)
         best = (prefix[-1] + flowing, 0)  # (saved + grads of activations, weight grads)
-        for k, (pos, b, pg, gin) in enumerate(self.outs):
+        for k, (pos, b, pg, gin, tmp) in enumerate(self.outs):
             gin = gin if gin is not None else self.outs[k - 1][1] if k else flowing
-            here = (prefix[pos] + b + gin + flowing, grads)
+            here = (prefix[pos] + b + gin + flowing + tmp, grads)
             best = max(best, here, key=sum)
             grads -= pg
         return best
@@ -102,11 +105,17 @@ class Tape:
         trainable = st.base_trainable if trainable is None else trainable
         w, quant = (st.w if w is None else w), (st.quant if quant is None else quant)
         rows = x.n // fin
-        if quant == "4bit":  # Linear4bit: x.to(bf16); MatMul4Bit keeps no activation
-            out = self.cast(self.new(rows * fout, HALF, x.rg), x.dt)
-        elif quant == "8bit":  # MatMul8bitLt keeps its input A for A's grad
-            self.save(x, when=x.rg)
+        if quant == "4bit":  # Linear4bit: x.to(compute dtype); MatMul4Bit keeps no activation ...
+            out = self.new(rows * fout, st.compute, x.rg)
+            if x.rg:  # ... and its backward dequantizes the weight for x's grad (kit.quant.dequant_bytes)
+                self.outs[-1][4] = fin * fout * st.dequant
+            out = self.cast(out, x.dt)
+        elif quant == "8bit":  # MatMul8bitLt keeps its input A for A's grad as a ctx attribute, not a saved
+            if x.rg and (st.ckpt or x.uid not in self.saved):  # tensor: alive till the graph goes (kit.quant)
+                self.held[x.uid] = (x.sn or x.n) * x.dt
             out = self.new(rows * fout, x.dt, x.rg)
+            if x.rg:  # its backward copies the int8 weight into x's dtype, scaled by the row scales / 127
+                self.outs[-1][4] = fin * fout * x.dt + 4 * fout
         else:
             xin, dt = x, max(x.dt, w)
             if st.ac:  # autocast: half copies of the input and of the weight
