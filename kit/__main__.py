@@ -1,7 +1,8 @@
-"""The kit's command line: ``python -m kit {info,estimate,demo} ...``.
+"""The kit's command line: ``python -m kit {info,estimate,fit,demo} ...``.
 
 >>> # python -m kit info
 >>> # python -m kit estimate --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16
+>>> # python -m kit fit --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16 --device colab-t4
 >>> # python -m kit demo --out report/
 
 Every failure ends with one line on stderr that starts ``error:``: exit status 2 for bad
@@ -40,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     info = sub.add_parser("info", help="what this runtime has: GPU, RAM, libraries, Hub, smoke or real sizes")
     info.set_defaults(func=_info)
-    from . import demo, estimate_cli
+    from . import demo, estimate_cli, fit_cli
 
     estimate_cli.register(sub)
+    fit_cli.register(sub)
     demo.register(sub)
     return parser
 

@@ -1,0 +1,256 @@
+"""The fit advisor (kit.advise) and ``python -m kit fit``: suggestions that paste back and fit, the largest
+batch and sequence at the edge, scenario 1's head, the CLI contract, and a measured proof on a tiny twin."""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit import advise_search
+from kit.__main__ import build_parser, main
+from kit.advise import SAFETY, advise, limit_for, max_batch_size, max_seq_len
+from kit.estimate import OPTIMIZERS, estimate
+from kit.fit_cli import setup_of
+from kit.inputs import InputError
+from kit.inventory import info_of
+from kit.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+S1 = ["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128", "--precision", "fp16",
+      "--grad-accum", "16"]
+# (setup as the estimate CLI's options, device, advise keywords): each does not fit as it is
+CASES = [
+    (S1, "colab-t4", {}),
+    (["--model", "meta-llama/Llama-3.2-1B", "--batch-size", "8", "--seq-len", "512"], "colab-t4", {}),
+    (["--model", "gpt2", "--batch-size", "16", "--seq-len", "1024", "--attn", "eager", "--optimizer", "adamw"],
+     "colab-t4", {}),
+    (["--model", "meta-llama/Llama-3.2-1B", "--batch-size", "2", "--seq-len", "512", "--lora-r", "16",
+      "--load-dtype", "bf16", "--precision", "bf16", "--eval-batch-size", "64"], "colab-t4", {"evaluates": True}),
+    (["--model", "tiny-llama", "--batch-size", "8", "--seq-len", "128"], "80000000", {"safety": 0}),
+    (["--model", "meta-llama/Meta-Llama-3-8B", "--quantization", "4bit", "--lora-r", "16", "--batch-size", "16",
+      "--seq-len", "2048", "--compute-dtype", "fp16"], "l4", {}),
+]
+
+
+def parsed(argv):
+    """estimate()'s keywords, through the fit command's own parser (the paste-back path)."""
+    return setup_of(build_parser().parse_args(["fit", *argv]))
+
+
+def judged(est, evaluates):
+    return max(est.peak_bytes, est.eval_peak_bytes if evaluates else 0)
+
+
+@pytest.mark.parametrize("argv,device,kw", CASES, ids=lambda c: c[1] if isinstance(c, list) else None)
+def test_every_suggestion_pasted_back_fits_and_has_the_peak_it_reports(argv, device, kw):
+    a = advise(parsed(argv), device, **kw)
+    lim, evaluates = a.limit, kw.get("evaluates", False)
+    assert not a.fits and a.margin_bytes < 0 and a.suggestions
+    for s in a.suggestions:
+        est = estimate(**parsed(argv + s.cli.split()))   # the base command with the suggestion appended
+        assert s.fits and est.peak_bytes == s.peak_bytes and est.eval_peak_bytes == s.eval_peak_bytes
+        assert judged(est, evaluates) <= lim.usable_bytes and est.cpu_build_bytes <= lim.ram_bytes
+        assert s.margin_bytes == lim.usable_bytes - judged(est, evaluates)
+        assert s.cli == " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
+                                 for k, v in s.changes.items())
+    ranks = [s.rank for s in a.suggestions]
+    assert ranks == sorted(ranks)   # cheapest first
+
+
+def _edge(opts, key, n, top, lim, what="peak_bytes"):
+    """n is the largest value of ``key`` that fits: n fits (or is 0) and n + 1 does not (or n is the cap)."""
+    if n:
+        assert getattr(estimate(**{**opts, key: n}), what) <= lim.usable_bytes
+    if n < top:
+        assert getattr(estimate(**{**opts, key: n + 1}), what) > lim.usable_bytes
+
+
+@pytest.mark.parametrize("argv,device,kw", CASES[1:3] + CASES[4:], ids=["llama-1b", "gpt2", "tiny", "qlora-8b"])
+def test_largest_batch_and_sequence_sit_at_the_edge(argv, device, kw):
+    a = advise(parsed(argv), device, **kw)
+    lim = a.limit
+    for opts, mb, ms in [(a.options, a.max_batch_size, a.max_seq_len)] + [
+            (s.options, s.max_batch_size, s.max_seq_len) for s in a.suggestions]:
+        top = min(info_of(opts["model"]).max_positions or advise_search.SEQ_CAP, advise_search.SEQ_CAP)
+        _edge(opts, "batch_size", mb, advise_search.BATCH_CAP, lim)
+        _edge(opts, "seq_len", ms, top, lim)
+    assert (max_batch_size(parsed(argv), device, **kw), max_seq_len(parsed(argv), device, **kw)) == \
+        (a.max_batch_size, a.max_seq_len)   # the panel's cheap path agrees
+
+
+def test_scenario_1_gets_a_head_change_and_never_8bit_adamw_on_its_head():
+    a = advise(parsed(S1), "colab-t4")
+    assert a.peak_bytes / PRESETS["colab-t4"].gpu_bytes > 3   # 52 GiB against 14.56
+    head = [s for s in a.suggestions if s.changes.get("lora-targets") == "custom_layer"]
+    assert head and head[0] is a.suggestions[0] and head[0].changes["lora-r"] == 256
+    # a rank-256 update (A: 256 x V, B: V x 256) trains, under 1/90 of the V x V head
+    assert estimate(**head[0].options).trainable_params == 256 * 2 * 50258 < 2_525_916_822 / 90
+    for s in a.suggestions:   # 8-bit AdamW only where the 2,525,866,564-element head no longer trains
+        if s.options["optimizer"] in ("adamw-8bit", "paged-adamw-8bit"):
+            assert s.options["lora_r"] and "custom_layer" in s.options["lora_targets"]
+    assert any("2^31" in n and "custom_layer.weight" in n for n in a.notes)
+    # asked for no head change, the 8-bit optimizers are refused outright on the V x V head
+    s = advise_search.Search(parsed(S1), limit_for("colab-t4"))
+    assert s.apply(frozenset({"adam8"})) is None and s.apply(frozenset({"paged-adam8"})) is None
+
+
+def test_a_setup_that_fits_says_so_and_still_reports_its_largest_batch_and_sequence():
+    opts = parsed(["--model", "gpt2", "--batch-size", "2", "--seq-len", "256"])
+    a = advise(opts, "colab-t4")
+    assert a.fits and a.suggestions == [] and a.margin_bytes == a.limit.usable_bytes - a.peak_bytes
+    assert a.max_batch_size >= 2 and a.max_seq_len == 1024   # gpt2's positions cap the sequence
+    _edge(a.options, "batch_size", a.max_batch_size, advise_search.BATCH_CAP, a.limit)
+
+
+def test_limits_safety_and_devices():
+    t4 = PRESETS["colab-t4"].gpu_bytes
+    assert limit_for("colab-t4").usable_bytes == int(t4 * (1 - SAFETY)) and SAFETY == 0.05
+    assert limit_for("colab-t4", safety=0).usable_bytes == t4 and limit_for("colab-t4").half == "fp16"
+    assert limit_for("a100-80").half == "bf16" and limit_for("cpu").kernels == "cpu"
+    assert limit_for("16GiB", 0).usable_bytes == 16 * 2**30 == limit_for(2**34, 0).limit_bytes
+    for bad, name in (("nonsense", "device"), (-5, "device"), (True, "device")):
+        with pytest.raises(InputError) as e:
+            limit_for(bad)
+        assert e.value.name == name
+    with pytest.raises(InputError, match="safety must be a number from 0 to 0.5"):
+        limit_for("l4", safety=2)
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="no CUDA GPU was found here") as e:
+            limit_for("this")
+        assert e.value.name == "device"
+
+
+def test_the_cli_names_match_the_parser_and_the_ram_check_counts():
+    fit = build_parser()._subparsers._group_actions[0].choices["fit"]
+    dests = {a.option_strings[0][2:]: a.dest for a in fit._actions if a.option_strings}
+    for kw, opt in advise_search.CLI.items():
+        assert dests[opt] == kw, opt
+    # Qwen2.5-7B full fine-tuning: its fp32 build does not fit Colab's 12.7 GiB of RAM, and no 16-bit one
+    # would; k-bit weights load straight onto the GPU, a tensor at a time, so every suggestion is k-bit
+    a = advise(parsed(["--model", "Qwen/Qwen2.5-7B", "--batch-size", "1", "--seq-len", "512"]), "colab-t4")
+    assert not a.fits and a.cpu_build_bytes > a.limit.ram_bytes and a.suggestions
+    for x in a.suggestions:
+        assert x.changes["quantization"] in ("4bit", "8bit") and x.cpu_build_bytes < a.limit.ram_bytes / 8, x
+
+
+def test_estimates_per_call_are_bounded(monkeypatch):
+    calls = []
+    real = advise_search.estimate
+
+    def counted(**kw):
+        calls.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(advise_search, "estimate", counted)
+    advise(parsed(CASES[1][0]), "colab-t4")   # pairs searched, 8 suggestions with their largest batch and seq
+    assert len(calls) <= 300
+    import kit.advise as A
+    monkeypatch.setattr(A, "estimate", counted)
+    calls.clear()
+    max_batch_size(parsed(CASES[1][0]), "colab-t4")
+    assert len(calls) <= 12   # the panel's cheap path: a handful
+
+
+def test_cli_json_contract():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "kit", "fit", *S1, "--device", "colab-t4", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for k in ("peak_bytes", "limit_bytes", "usable_bytes", "margin_bytes", "cpu_build_bytes", "ram_bytes",
+              "max_batch_size", "max_seq_len", "eval_peak_bytes"):
+        assert type(d[k]) is int, k
+    assert (d["fits"], d["device"], d["safety_fraction"]) == (False, "colab-t4", SAFETY)
+    assert d["usable_bytes"] == int(d["limit_bytes"] * (1 - SAFETY)) and d["margin_bytes"] < 0
+    s = d["suggestions"][0]
+    assert s["changes"] == {"lora-r": 256, "lora-targets": "custom_layer", "load-dtype": "fp16"}
+    assert s["cli"] == "--lora-r 256 --lora-targets custom_layer --load-dtype fp16" and s["fits"] is True
+    for k in ("peak_bytes", "margin_bytes", "max_batch_size", "max_seq_len"):
+        assert type(s[k]) is int, k
+    assert all(type(c) is str for c in s["costs"]) and s["margin_bytes"] == d["usable_bytes"] - s["peak_bytes"]
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["--device", "nonsense"], "error: argument --device: device must be a preset"),
+    (["--safety", "2"], "error: argument --safety: safety must be a number from 0 to 0.5"),
+    (["--device", "0"], "error: argument --device:"),
+    (["--seq-len", "4096"], "error: argument --seq-len: seq_len 4096 is beyond"),
+    (["--batch-size", "x"], "error: argument --batch-size: invalid int value"),
+])
+def test_cli_bad_input_is_exit_2_and_one_error_line(argv, want):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(["fit", "--model", "gpt2", "--batch-size", "1", "--seq-len", "128", *argv])
+        except SystemExit as e:   # argparse's own errors
+            code = e.code
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(want), lines
+
+
+def test_check_prints_the_top_3_changes_for_a_trainer_that_does_not_fit(tmp_path):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    import kit
+    from kit import data, models
+
+    tok = data.shipped_tokenizer()
+    ids = [[5 + (i * 7 + j) % 4000 for j in range(40)] for i in range(16)]
+    ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids]})
+    tr = Trainer(model=models.load_model("tiny-llama", device="cpu"), train_dataset=ds,
+                 data_collator=data.collator(tok),
+                 args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                        per_device_train_batch_size=8))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        est = kit.check(tr, device=20_000_000)
+    text = out.getvalue()
+    a = advise(tr, 20_000_000, trainer_estimate=est)
+    assert est.peak_bytes > limit_for(20_000_000).usable_bytes and a.suggestions[0].fits
+    assert "what makes it fit, cheapest first:" in text and a.suggestions[0].cli in text
+    assert [ln.split()[0] for ln in text.splitlines() if ln[:4].strip().isdigit() and "--" in ln] == ["1", "2", "3"]
+
+
+# -- the measured proof: real Trainer steps on the CPU, the exact tensor peak --------------------------------
+def _measured(opts):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch
+    from estimate_vs_measured import build, cpu_trainer_peak
+
+    from kit.models import get_config
+
+    kw = {k: opts[k] for k in ("batch_size", "seq_len", "load_dtype", "lora_r", "lora_targets", "quantization",
+                              "attn_implementation") if opts.get(k) not in (None, 0, "none")}
+    torch.manual_seed(0)
+    return cpu_trainer_peak(build("tiny-llama", kw), B=opts["batch_size"], S=opts["seq_len"],
+                            V=get_config("tiny-llama").vocab_size, steps=2, padded=True,
+                            optim=OPTIMIZERS[opts["optimizer"]], accum=opts["grad_accum"],
+                            ckpt=opts["gradient_checkpointing"], precision=opts["precision"])["peak"]
+
+
+def test_measured_the_top_suggestion_and_the_largest_batch_fit_a_limit_the_setup_exceeds():
+    opts = dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu")
+    base = estimate(**opts)
+    measured = _measured(base.setup)
+    assert base.peak_bytes / measured == pytest.approx(1, abs=0.03)
+    limit = int(0.8 * measured)   # the setup's measured peak exceeds it by 25%
+    a = advise(opts, limit, safety=0)
+    assert not a.fits
+    top = a.suggestions[0]
+    got = _measured(top.options)
+    assert got <= limit and top.peak_bytes / got == pytest.approx(1, abs=0.03)
+    at_max = dict(a.options, batch_size=a.max_batch_size)
+    got = _measured(at_max)
+    assert 1 <= a.max_batch_size < 8 and got <= limit
+    assert estimate(**at_max).peak_bytes / got == pytest.approx(1, abs=0.03)
+
+
+def test_the_advisor_is_prediction_only():
+    code = "import sys, kit.advise; sys.exit('kit.device' in sys.modules or 'ipywidgets' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
