@@ -1,13 +1,20 @@
 """The widget panel: move a slider, see the memory move; then run it and measure.
 
-``panel(scenario)`` shows controls (batch size, sequence length, quantization, precision,
+``panel(scenario)`` shows controls (model, batch size, sequence length, quantization, precision,
 gradient checkpointing, LoRA rank, optimizer, device preset), an estimate redrawn on every
 change (a breakdown bar against the device's limit, fits / does not fit and the margin),
 Run and Sweep buttons that measure through the tracker, and a history of runs.
 
+The model list holds the scenario's own models, then every shipped model
+(:func:`kit.model_configs.known_models`). A text box under it takes any Hub id or a path to a
+``config.json``: on Enter (or the Use button) only its config is read (fetched from the Hub when
+reachable), and if the kit can estimate it, it joins the list and becomes the model; if not, the
+kit's message shows under the box and the estimate stays as it was. Nothing is fetched per keystroke.
+
 Colab ships ipywidgets 7.7.1 and JupyterLab has 8: this module uses only what both have
 (IntSlider, Dropdown, Checkbox, Button, HTML, Output, HBox/VBox, ``observe(names="value")``,
-``Layout(width=...)``, ``style={"description_width": ...}``). The instant breakdown is HTML,
+``Layout(width=...)``, ``style={"description_width": ...}``, and Text with ``continuous_update=False``,
+whose value arrives on Enter: ``on_submit`` is deprecated in both). The instant breakdown is HTML,
 not matplotlib, so a change costs milliseconds; plots of runs use the inline backend in an
 ``Output`` (``kit.live``), no ipympl. While a run goes, the kernel is busy and every control
 is disabled; the notebook's interrupt button stops it, and it still cleans up.
@@ -16,11 +23,13 @@ is disabled; the notebook's interrupt button stops it, and it still cleans up.
 >>> p.controls["batch_size"].value = 8          # doctest: +SKIP
 >>> p.estimate.activations_bytes                # the estimate followed   # doctest: +SKIP
 >>> p.run_button.click()                        # a few measured steps; p.history grows  # doctest: +SKIP
+>>> p.use_model("Qwen/Qwen2.5-0.5B")            # or type it into p.model_box; True if used  # doctest: +SKIP
 """
 from __future__ import annotations
 
-import functools
 import html
+import time
+from pathlib import Path
 
 import ipywidgets as W
 from IPython.display import display
@@ -32,9 +41,9 @@ from . import widgets_views as views
 from .estimate import OPTIMIZERS, estimate
 from .inputs import whole_number
 from .presets import PRESETS, Preset, verdict
+from .widgets_models import (GROUPS, MODELS, OWN_MODELS, max_positions, model_problem,  # noqa: F401 (MODELS: API)
+                             model_type_and_vocab, run_problem)
 
-MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
-          2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
 DEFAULTS = {
@@ -65,12 +74,6 @@ def _control(kind, label: str, value, **kw):
                 layout=W.Layout(width="440px"), **kw)
 
 
-@functools.lru_cache(maxsize=64)
-def _max_positions(model: str) -> int:
-    cfg = kmodels.get_config(model)
-    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 2048
-
-
 class Panel:
     """The panel: ``.controls`` (dict of ipywidgets), ``.estimate`` (current Estimate, or None when
     the setup is invalid, with ``.problem`` saying why), ``.reasons`` (the text beside each control),
@@ -89,13 +92,15 @@ class Panel:
         self.machine = this_machine()
         self.history: list[dict] = []
         self.estimate = self.problem = self.verdict = self.last_figure = self.last_result = None
+        self.run_reason = None
         self._busy = self._running = False
-        models = MODELS[scenario] + ([model] if model not in MODELS[scenario] else [])
+        self._yours = [] if model in MODELS[scenario] else [model]   # typed models, newest first
+        self._last_failure = ("", 0.0)
         c = self.controls = {
-            "model": _control(W.Dropdown, "model", model, options=models),
+            "model": _control(W.Dropdown, "model", model, options=self._model_options()),
             "batch_size": _control(W.IntSlider, "batch size", d["batch_size"], min=1, max=64),
             "seq_len": _control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
-                                max=max(d["seq_len"], _max_positions(model))),
+                                max=max(d["seq_len"], max_positions(model))),
             "quantization": _control(W.Dropdown, "quantization", d["quantization"],
                                      options=[("none", "none"), ("8-bit", "8bit"), ("4-bit (NF4)", "4bit")]),
             "precision": _control(W.Dropdown, "precision", d["precision"],
@@ -107,23 +112,36 @@ class Panel:
             "preset": _control(W.Dropdown, "device", d["preset"], options=PRESET_CHOICES),
         }
         self.reasons = {k: W.HTML(value="", layout=W.Layout(width="420px")) for k in c}
+        # Any Hub id or config.json path. continuous_update=False: the value (and so the fetch) comes
+        # on Enter or leaving the box, never per keystroke (ipywidgets 7.7 and 8 alike; on_submit is deprecated).
+        self.model_box = _control(W.Text, "or your model", "", continuous_update=False,
+                                  placeholder="Hub id (Qwen/Qwen2.5-3B) or path to a config.json, then Enter")
+        self.use_button = W.Button(description="Use", icon="check", layout=W.Layout(width="80px"),
+                                   tooltip="estimate this model: only its config.json is read (from the Hub if needed)")
+        self.model_message = W.HTML(value="")
+        self.model_box.observe(lambda change: self.use_model(change["new"]), names="value")
+        self.use_button.on_click(self._on_use)
+        c["model"].observe(self._model_picked, names="value")
         self.estimate_html = W.HTML(value="")
         self.run_button = W.Button(description=f"Run {self.steps} steps", button_style="primary", icon="play")
         self.sweep_over = W.Dropdown(options=[("sweep batch size", "batch_size"), ("sweep seq length", "seq_len")],
                                      value="batch_size", layout=W.Layout(width="170px"))
         self.sweep_button = W.Button(description="Sweep", icon="line-chart")
-        self.status = W.HTML(value="")
+        self.status, self.run_why = W.HTML(value=""), W.HTML(value="")
         self.plot_out, self.history_html = W.Output(), W.HTML(value="")
         self.run_button.on_click(self._on_run)
         self.sweep_button.on_click(self._on_sweep)
         for w in c.values():
             w.observe(self._refresh, names="value")
         rows = [W.HBox([w, self.reasons[k]]) for k, w in c.items()]
+        rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
         title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
                              f"({html.escape(runtime.mode_reason())}) &middot; runs here on {kdevice.device_name()}")
-        buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.status])
+        buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.run_why, self.status])
         self.widget = W.VBox([title] + rows + [self.estimate_html, buttons, self.plot_out, self.history_html])
         self.widget.add_class("kit-panel")
+        # The first LoRA estimate imports peft (about 0.35 s): pay it while building, not on a change.
+        import peft.tuners.tuners_utils  # noqa: F401
         self._refresh()
 
     # -- the estimate, on every change ----------------------------------------------------
@@ -134,6 +152,70 @@ class Panel:
     def preset(self) -> Preset:
         key = self.controls["preset"].value
         return self.machine if key == "this" else PRESETS[key]
+
+    def _where(self) -> str:
+        return "cpu" if self.preset().gpu_bytes is None else "cuda"
+
+    # -- your own model: any Hub id or config.json path -------------------------------------
+    def _model_options(self) -> list:
+        real, tiny = GROUPS[self.scenario]
+        return views.model_options(self.scenario, OWN_MODELS[self.scenario], real, tiny, self._yours)
+
+    def _on_use(self, _button=None) -> None:
+        if self.model_box.value.strip():
+            self.use_model(self.model_box.value)
+        else:
+            self.model_message.value = views.message_html("type a Hub id or a path to a config.json first", "busy")
+
+    def _model_picked(self, change=None) -> None:
+        if not self._busy:   # the user picked another model from the list: an old message is stale
+            self.model_message.value = ""
+
+    def use_model(self, text: str) -> bool:
+        """Make ``text`` (a Hub id, a ``config.json`` path or its folder, a shipped name) the panel's
+        model, as Enter in :attr:`model_box` or the Use button does. Returns True when it is used.
+
+        Only its config is read (fetched from the Hub once, when the Hub is reachable). If the kit
+        cannot estimate it (unknown id offline, gated repo, bad file, not a causal LM), the kit's
+        message shows in :attr:`model_message`, and the model and the estimate stay as they were.
+        """
+        text, c = str(text or "").strip(), self.controls["model"]
+        if not text or self._running:
+            return False
+        if text == c.value:
+            self.model_message.value = views.message_html(f"{text} is the model in use", "ok")
+            return True
+        last, when = self._last_failure
+        if text == last and time.monotonic() - when < 1.0:   # Enter, then the Use button: one try is enough
+            return False
+        fetch = text not in kmodels.known_models() and not Path(text).expanduser().exists()
+        self.model_message.value = views.message_html(
+            f"reading {text}" + (": fetching its config.json from the Hub" if fetch and runtime.hub_reachable()
+                                 else "") + "…", "busy")
+        self.use_button.disabled = self.model_box.disabled = True
+        try:   # with the settings in use, unless they have no estimate with the model in use either
+            problem = model_problem(text, self.setup(), SEQ_CAP, self._where(), self.estimate is not None)
+        finally:
+            self.use_button.disabled = self.model_box.disabled = False
+        if problem:
+            self._last_failure = (text, time.monotonic())
+            self.model_message.value = views.message_html(problem, "error")
+            return False
+        added = text not in MODELS[self.scenario] and text not in self._yours
+        if added:
+            self._yours.insert(0, text)
+        self._busy = True        # a new options list may reselect the first option: no estimate for it
+        try:
+            c.options = self._model_options()
+            c.value = text
+        finally:
+            self._busy = False
+        self._refresh()
+        self.model_box.value = ""   # it is in the list now; the same text typed again is a new submission
+        self.model_message.value = views.message_html(
+            f"using {text} ({model_type_and_vocab(text)[0]}, {max_positions(text):,} positions)"
+            + (": added to the model list, under 'yours'" if added else ""), "ok")
+        return True
 
     def _refresh(self, change=None) -> None:
         if self._busy:  # our own adjustments (a new slider max) fire observers too
@@ -149,7 +231,7 @@ class Panel:
         """Fit the controls to the model and the machine; say why where one is disabled."""
         c, why = self.controls, {k: "" for k in self.controls}
         name = c["model"].value
-        vocab_head, maxpos = name.endswith(kmodels.VOCAB_HEAD), _max_positions(name)
+        vocab_head, maxpos = name.endswith(kmodels.VOCAB_HEAD), max_positions(name)
         top = min(maxpos, SEQ_CAP)
         if c["seq_len"].max != top:
             c["seq_len"].value = min(c["seq_len"].value, top)
@@ -178,9 +260,8 @@ class Panel:
 
     def _estimate(self) -> None:
         s, why = self.setup(), dict(self._why)
-        where = "cpu" if self.preset().gpu_bytes is None else "cuda"
         try:
-            self.estimate = estimate(s.pop("model"), **s, device=where)
+            self.estimate = estimate(s.pop("model"), **s, device=self._where())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
         except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
             msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
@@ -195,13 +276,18 @@ class Panel:
             text = text if text.startswith("<span") else html.escape(text)
             w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
         self.estimate_html.value = views.estimate_html(self.estimate, self.verdict, self.preset(), self.problem)
-        blocked = self.problem is not None or self._running
+        self.run_reason = None if self.problem else run_problem(self.controls["model"].value,
+                                                                 self.controls["lora_r"].value)
+        self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
+            if self.run_reason else ""
+        blocked = self.problem is not None or self.run_reason is not None or self._running
         self.run_button.disabled = self.sweep_button.disabled = blocked
 
     # -- runs ----------------------------------------------------------------------------
     def _lock(self, on: bool) -> None:
         self._running = on
-        for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over]:
+        for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over,
+                                                 self.model_box, self.use_button]:
             w.disabled = on  # when off, _refresh disables again what makes no sense
         if not on:
             self._refresh()  # gives back each control's own disabled state and reason
@@ -217,7 +303,7 @@ class Panel:
         from .live import LivePlot
         from .track import Tracker
 
-        if self.problem or self._running:
+        if self.problem or self.run_reason or self._running:
             return
         setup, tracker = self.setup(), Tracker()
         self._lock(True)
@@ -244,7 +330,7 @@ class Panel:
     def _on_sweep(self, _button=None) -> None:
         from .track import Tracker
 
-        if self.problem or self._running:
+        if self.problem or self.run_reason or self._running:
             return
         over, setup = self.sweep_over.value, self.setup()
         sizes = self.sweep_sizes if over == "batch_size" else tuple(
@@ -277,7 +363,8 @@ class Panel:
 def panel(scenario: int = 1, **kw) -> Panel:
     """Build the memory panel of scenario 1 (custom head) or 2 (QLoRA cross-validation).
 
-    Options override the scenario's defaults: ``model``, ``batch_size``, ``seq_len``,
+    Options override the scenario's defaults: ``model`` (a shipped name, a Hub id or a config.json
+    path; more can be typed into the panel's box later), ``batch_size``, ``seq_len``,
     ``quantization``, ``precision``, ``gradient_checkpointing``, ``lora_r``, ``optimizer``,
     ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), ``steps`` (per Run, default 3),
     ``sweep_sizes`` (batch sizes of a Sweep). Display the result (last line of a cell).

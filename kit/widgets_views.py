@@ -1,4 +1,5 @@
-"""The panel's HTML views: the estimate (verdict, breakdown bar, legend) and the history of runs.
+"""The panel's HTML views: the estimate (verdict, breakdown bar, legend), the model list and its
+messages, and the history of runs.
 
 Plain functions of plain values, so that :mod:`kit.widgets` only wires controls to them.
 
@@ -11,6 +12,7 @@ True
 from __future__ import annotations
 
 import html
+import re
 
 from .units import fmt_bytes
 
@@ -59,6 +61,46 @@ def estimate_html(e, v, p, problem: str | None = None) -> str:
                 if top else "") + "</div>"]
     lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in e.notes]
     return "".join(lines)
+
+
+def model_options(scenario: int, own, shipped, tiny, yours=()) -> list[tuple[str, str]]:
+    """The model dropdown's ``(label, value)`` pairs, in groups: the scenario's own models, yours
+    (typed into the box), the shipped real models, then the tiny CPU twins. A Dropdown has no
+    option groups in ipywidgets 7.7 or 8, so each label starts with its group.
+
+    >>> [label for label, _ in model_options(1, ["distilgpt2"], ["gpt2"], ["tiny-llama"], ["my/config.json"])]
+    ['scenario 1 · distilgpt2', 'yours · my/config.json', 'shipped · gpt2', 'tiny twin · tiny-llama']
+    """
+    groups = [(f"scenario {scenario}", own), ("yours", yours), ("shipped", shipped), ("tiny twin", tiny)]
+    seen, out = set(), []
+    for group, names in groups:
+        for n in names:
+            if n not in seen:
+                seen.add(n)
+                out.append((f"{group} · {n}", n))
+    return out
+
+
+def message_html(text: str, kind: str = "error") -> str:
+    """A message under the model box: ``kind`` "error" (red, a warning sign), "ok" (green) or "busy" (grey).
+    A list of the kit's known names in it is folded: the model list above shows them.
+
+    >>> m = message_html("Unknown model 'x'. Known names: gpt2, tiny-llama. A path works too.")
+    >>> m.split(">", 1)[1].split("<details")[0], m.split("</summary>")[1]
+    ('&#9888; Unknown model &#x27;x&#x27;. A path works too.', 'gpt2, tiny-llama</details></div>')
+    """
+    if not text:
+        return ""
+    colour, sign = {"error": ("#D55E00", "&#9888; "), "ok": ("#009E73", ""), "busy": ("#555", "")}[kind]
+    names = re.search(r" ?Known names: ((?:[^\s,]+, )*[^\s,]+)\.", text)
+    body = html.escape(text)
+    if names:
+        listed = names.group(1).split(", ")
+        body = (html.escape(text[:names.start()] + text[names.end():]) +
+                f"<details style='color:#555'><summary>the kit's {len(listed)} known names</summary>"
+                f"{html.escape(names.group(1))}</details>")
+    return (f"<div class='kit-model-message kit-{kind}' style='font-size:85%;line-height:1.4;color:{colour};"
+            f"max-width:860px'>{sign}{body}</div>")
 
 
 def status_html(r: dict) -> str:

@@ -2,7 +2,8 @@
 
 It writes a one-cell-per-step notebook holding ``kit.widgets.panel(1)``, runs it in
 JupyterLab, drags the batch-size slider, checks that the estimate text and the
-breakdown bar changed, clicks Run and waits for the history row and the plot, and saves
+breakdown bar changed, clicks Run and waits for the history row and the plot, types a Hub id
+into the model box (Enter) and then an unknown one (the kit's message, the estimate kept), and saves
 screenshots into the test's tmp_path (and into ``$KIT_SCREENSHOT_DIR`` when set).
 
 Needs: Debian's ``chromium`` (``apt-get install chromium``; Playwright's own browser
@@ -143,7 +144,7 @@ def test_panel_in_jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-    assert len(shots) == 3 and all(p.stat().st_size > 10_000 for p in shots)
+    assert len(shots) == 4 and all(p.stat().st_size > 10_000 for p in shots)
     out = os.environ.get("KIT_SCREENSHOT_DIR")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -196,4 +197,20 @@ def _drive(page, tmp_path: Path, base: str, token: str) -> list:
     ratio = page.inner_text(".kit-history tr:last-child td.kit-ratio").strip()
     assert ratio.endswith("x") and 0.85 <= float(ratio[:-1]) <= 1.15, f"measured/predicted is {ratio}"
     page.locator(".kit-panel").screenshot(path=str(tmp_path / "panel-3-run.png"))
+
+    # Your own model: a Hub id typed into the box, then Enter (continuous_update=False sends it then).
+    box = page.locator(".kit-panel input[placeholder^='Hub id']")
+    verdict2 = page.inner_text(".kit-verdict")
+    box.fill("Qwen/Qwen2.5-0.5B")
+    box.press("Enter")
+    page.wait_for_selector(".kit-model-message.kit-ok", timeout=30_000)
+    assert _wait_change(page, ".kit-verdict", verdict2) != verdict2, "a typed model did not change the estimate"
+    assert "Qwen/Qwen2.5-0.5B" in page.inner_text(".kit-panel .widget-dropdown select >> nth=0")
+    verdict3 = page.inner_text(".kit-verdict")
+    box.fill("nobody/no-such-model")                        # offline: the kit's message, the estimate kept
+    box.press("Enter")
+    page.wait_for_selector(".kit-model-message.kit-error", timeout=30_000)
+    assert "Unknown model" in page.inner_text(".kit-model-message")
+    assert page.inner_text(".kit-verdict") == verdict3
+    page.locator(".kit-panel").screenshot(path=str(tmp_path / "panel-4-your-model.png"))
     return sorted(tmp_path.glob("panel-*.png"))

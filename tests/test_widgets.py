@@ -197,3 +197,168 @@ def test_steps_are_read_as_users_pass_them_and_refused_by_name():
             panel(scenario=1, model="tiny-gpt2", steps=bad)
         with pytest.raises(ValueError, match="steps must be a whole number"):
             panel_runs.measured_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad)
+
+
+# -- your own model: the list, and the box that takes any Hub id or config.json path ------------------
+JSON_FIELDS = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
+               "activations_bytes", "peak_bytes", "cpu_build_bytes")
+
+
+def _direct(p):
+    """estimate() called directly with the panel's own settings, as the panel calls it."""
+    from kit.estimate import estimate
+
+    s = p.setup()
+    return estimate(s.pop("model"), **s, device="cpu" if p.preset().gpu_bytes is None else "cuda")
+
+
+def _small_llama_config(tmp_path, **changes):
+    from kit.model_configs import get_config
+
+    cfg = get_config("tiny-llama")
+    for k, v in {"hidden_size": 96, "intermediate_size": 256, "max_position_embeddings": 512, **changes}.items():
+        setattr(cfg, k, v)
+    cfg.save_pretrained(tmp_path)
+    return str(tmp_path / "config.json")
+
+
+def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
+    from kit.model_configs import known_models
+    from kit.widgets import MODELS, OWN_MODELS
+
+    p1, p2 = panel(scenario=1), panel(scenario=2)
+    values1 = [v for _, v in p1.controls["model"].options]
+    values2 = [v for _, v in p2.controls["model"].options]
+    assert values1 == MODELS[1] and values2 == MODELS[2]
+    assert values1[:4] == OWN_MODELS[1] and values2[:3] == OWN_MODELS[2]
+    assert sorted(values1) == sorted(known_models())            # all 34, each once
+    heads = [m for m in known_models() if m.endswith("+vocab-head")]
+    assert sorted(values2) == sorted(set(known_models()) - set(heads))   # scenario 1's head is not scenario 2's
+    labels = [label for label, _ in p2.controls["model"].options]
+    groups = [label.split(" · ")[0] for label in labels]
+    n_real, n_tiny = groups.count("shipped"), groups.count("tiny twin")
+    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (20, 9)
+    assert "shipped · Qwen/Qwen2.5-0.5B" in labels and "tiny twin · tiny-qwen2" in labels
+    p2.controls["model"].value = "Qwen/Qwen2.5-0.5B"            # a shipped model picked from the list
+    assert p2.estimate.peak_bytes == _direct(p2).peak_bytes and p2.controls["seq_len"].max == 32768
+
+
+def test_a_typed_hub_id_becomes_the_model_and_its_estimate():
+    p = panel(scenario=1)                                        # the custom head: LoRA forced off
+    before = p.estimate
+    assert p.controls["lora_r"].disabled
+    p.model_box.value = "Qwen/Qwen2.5-0.5B"                      # what Enter sends (continuous_update=False)
+    assert p.controls["model"].value == "Qwen/Qwen2.5-0.5B"
+    direct = _direct(p)
+    assert {f: getattr(p.estimate, f) for f in JSON_FIELDS} == {f: getattr(direct, f) for f in JSON_FIELDS}
+    assert p.estimate.params == 494_032_768 != before.params   # Qwen2.5-0.5B, tied embeddings
+    assert p.controls["seq_len"].max == 32768 and "32,768 positions" in p.reasons["seq_len"].value
+    # scenario 1's head-specific controls let go: LoRA and checkpointing are the user's again, no head reasons
+    assert not p.controls["lora_r"].disabled and not p.controls["gradient_checkpointing"].disabled
+    assert p.reasons["lora_r"].value == "" and p.reasons["gradient_checkpointing"].value == ""
+    p.controls["quantization"].value = "8bit"
+    p.controls["lora_r"].value = 16
+    assert "GPT-2" not in p.reasons["quantization"].value and p.estimate.peak_bytes == _direct(p).peak_bytes
+    assert "kit-ok" in p.model_message.value and "Qwen/Qwen2.5-0.5B" in p.model_message.value
+    assert p.model_box.value == "" and not p.run_button.disabled and p.run_why.value == ""
+
+
+def test_a_typed_config_path_works_and_runs(tmp_path):
+    path = _small_llama_config(tmp_path)
+    p = panel(scenario=2, steps=2, batch_size=2)
+    p.controls["seq_len"].value = 64
+    assert p.use_model(path) is True
+    assert p.controls["model"].value == path and p.controls["model"].label == f"yours · {path}"
+    assert [v for _, v in p.controls["model"].options][3] == path     # after the scenario's own three
+    direct = _direct(p)
+    assert {f: getattr(p.estimate, f) for f in JSON_FIELDS} == {f: getattr(direct, f) for f in JSON_FIELDS}
+    assert p.controls["seq_len"].max == 512 and "512 positions" in p.reasons["seq_len"].value
+    assert "added to the model list" in p.model_message.value
+    # Run: no Hub, so the twin is built from the file and fed the shipped tokenizer (4096 = its vocab)
+    p.controls["quantization"].value, p.controls["lora_r"].value = "none", 0
+    assert not p.run_button.disabled, p.run_why.value
+    p.run_button.click()
+    r = p.history[-1]
+    assert r["model"] == path and r["status"] == "ok" and r["measured_peak_bytes"] and r["returned"] is True, r
+
+
+def test_a_typed_unknown_id_offline_says_why_and_keeps_the_last_estimate(monkeypatch, tmp_path):
+    import kit.widgets as kw
+
+    p = panel(scenario=1)
+    p.controls["batch_size"].value = 4
+    model, est, shown = p.controls["model"].value, p.estimate, p.estimate_html.value
+    options = p.controls["model"].options
+    tries = []
+    real = kw.model_problem
+    monkeypatch.setattr(kw, "model_problem", lambda *a, **k: tries.append(a[0]) or real(*a, **k))
+    p.model_box.value = "nobody/no-such-model"                   # Enter
+    msg = p.model_message.value
+    assert "kit-error" in msg and "Unknown model &#x27;nobody/no-such-model&#x27;" in msg
+    assert "Hugging Face Hub cannot be reached" in msg and "Traceback" not in msg
+    assert p.controls["model"].value == model and p.estimate is est and p.estimate_html.value == shown
+    assert p.controls["model"].options == options and p.model_box.value == "nobody/no-such-model"
+    assert not p.run_button.disabled and p.problem is None
+    p.use_button.click()                                         # Enter, then a click on Use: one try, not two
+    assert tries == ["nobody/no-such-model"]
+    p.controls["batch_size"].value = 2                           # the panel is still usable
+    assert p.estimate.activations_bytes < est.activations_bytes
+    p.controls["model"].value = "tiny-gpt2"                      # picking from the list clears the old message
+    assert p.model_message.value == ""
+    # a bad path, a cut file, a model the estimator cannot replay: each its own message, the model unchanged
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"model_type": "llama", ')
+    from transformers import T5Config
+
+    T5Config().save_pretrained(tmp_path / "t5")
+    for text, says in [(str(tmp_path / "missing" / "config.json"), "no known name, no file and no Hub id"),
+                       (str(cut), "is not a readable config.json"),
+                       (str(tmp_path / "t5" / "config.json"), "is not a causal language model")]:
+        assert p.use_model(text) is False
+        assert says in p.model_message.value and p.controls["model"].value == "tiny-gpt2", text
+    p.model_box.value = ""
+    p.use_button.click()                                         # an empty box: a hint, nothing read
+    assert "type a Hub id or a path to a config.json first" in p.model_message.value
+    assert p.controls["model"].value == "tiny-gpt2" and len(tries) == 4
+
+
+def test_a_gated_repo_says_how_to_get_in(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError
+
+    from kit import runtime
+
+    def gated(repo_id, filename, **kw):
+        exc = GatedRepoError.__new__(GatedRepoError)      # as the Hub answers a gated repo, without a network
+        Exception.__init__(exc, f"403: access to {repo_id} is restricted")
+        raise exc
+
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", gated)
+    p = panel(scenario=2)
+    est = p.estimate
+    p.model_box.value = "meta-llama/Llama-3.3-70B-Instruct"
+    assert "is gated on the Hub" in p.model_message.value and "huggingface_hub.login()" in p.model_message.value
+    assert p.controls["model"].value == "tiny-llama" and p.estimate is est
+
+
+def test_run_is_off_with_a_reason_where_a_typed_model_cannot_run_here(monkeypatch, tmp_path):
+    from kit import runtime
+
+    small = _small_llama_config(tmp_path / "a", vocab_size=1000)   # the shipped tokenizer has 4096 tokens
+    p = panel(scenario=1, model="tiny-gpt2")
+    assert p.use_model(small)
+    assert p.run_button.disabled and p.sweep_button.disabled and p.estimate is not None
+    assert "4,096-token" in p.run_why.value and "1,000 tokens" in p.run_why.value
+    p.run_button.click()                                          # a click that gets through does nothing
+    assert p.history == []
+    # With the Hub reachable a run loads the model's own tokenizer: a config.json path names none
+    monkeypatch.setattr(runtime, "hub_reachable", lambda *a, **k: True)
+    path = _small_llama_config(tmp_path / "b")
+    assert p.use_model(path)
+    assert p.run_button.disabled and "a config.json path does not name" in p.run_why.value
+    # LoRA on a model peft has no default targets for (Phi-3): the run would fail in get_peft_model
+    q = panel(scenario=2, model="tiny-phi3")
+    assert q.run_button.disabled and "no default LoRA targets for phi3" in q.run_why.value
+    q.controls["quantization"].value, q.controls["lora_r"].value = "none", 0
+    assert not q.run_button.disabled and q.run_why.value == ""
