@@ -1,4 +1,5 @@
-"""How much does the memory callback slow training? Step time with and without it.
+"""How much does the memory callback slow training? Step time with and without it (and with kit.watch),
+and what `%load_ext kit` costs each notebook cell.
 
 Runs Trainer.train() on a tiny twin in one process, with the variants interleaved
 (ABC, CBA, ABC, ...) so drift in the machine's load hits them alike. A step is timed
@@ -7,10 +8,15 @@ from on_step_begin to on_step_end, which contains the callback's sampling; the m
 
     python benchmarks/callback_overhead.py                       # ~1-2 min on 2 CPU cores
     python benchmarks/callback_overhead.py --out benchmarks/results/callback_overhead-$(date +%F)-cpu.md
+    python benchmarks/callback_overhead.py --cells-only          # the per-cell cost of `%load_ext kit` alone
+
+The cell table runs `pass` cells in a real IPython shell (InteractiveShell), with transformers loaded, as
+in a notebook: without the extension, with its default readings, and with `%kit_cells live`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -49,10 +55,40 @@ def _with_live_plot(tracker, folder):
     return [tracker.callback()]
 
 
+class _Timed:
+    """Counts the time spent in the watch's phase callback (it sets two attributes per event)."""
+
+    def __init__(self, cb):
+        self.spent_s = 0.0
+        for name in ("on_train_begin", "on_step_begin", "on_pre_optimizer_step", "on_optimizer_step",
+                     "on_step_end", "on_train_end"):
+            setattr(cb, name, self._wrap(getattr(cb, name)))
+
+    def _wrap(self, fn):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            self.spent_s += time.perf_counter() - t
+            return out
+        return timed
+
+
+def _watch(plot):
+    # kit.watch attaches to the built Trainer: run() calls this with it (the estimate is made here, before train())
+    def attach(trainer, folder):
+        import kit
+
+        w = kit.watch(trainer, plot=folder if plot else False)
+        return w, [w.callback, _Timed(w.phases)]
+    return lambda t, d: attach
+
+
 VARIANTS = {
     "no callback": lambda t, d: [],
     "callback (default: adaptive, 1% budget)": lambda t, d: [t.callback()],
     "callback + LivePlot (PNG, headless)": _with_live_plot,
+    "kit.watch(trainer, plot=False): phases + callback": _watch(False),
+    "kit.watch(trainer, plot=folder): + LivePlot (PNG, headless)": _watch(True),
     "every 10 steps with the live-tensor walk (not a default)": lambda t, d: [t.callback(10, live_tensors=True)],
 }
 
@@ -63,8 +99,12 @@ def run(model, ds, tok, variant, steps, bs, out_dir):
     args = TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=bs, use_cpu=not device.has_cuda(),
                              report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
     extra = VARIANTS[variant](tracker, Path(out_dir) / "live")
+    attach = extra if callable(extra) else None
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok),
-                      callbacks=[timer] + extra)
+                      callbacks=[timer] + ([] if attach else extra))
+    if attach:
+        w, extra = attach(trainer, Path(out_dir) / "live")
+        tracker = w.tracker
     t, c = time.perf_counter(), time.process_time()
     trainer.train()
     total, cpu = time.perf_counter() - t, time.process_time() - c
@@ -72,6 +112,38 @@ def run(model, ds, tok, variant, steps, bs, out_dir):
     return {"steps": timer.times[1:], "total": total, "cpu": cpu,   # the first step warms caches
             "inside": sum(cb.spent_s for cb in extra),               # measured by the callback itself
             "samples": len(samples), "live": sum(s.has_live for s in samples)}
+
+
+def cells(n: int) -> list[str]:
+    """The per-cell cost of `%load_ext kit`: run_cell wall time, and the extension's own readings."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from kit import cell_memory
+
+    ip = InteractiveShell.instance()
+    ip.run_cell("import torch")
+    rows = []
+    for mode in ("not loaded", "cheap", "live"):
+        if mode != "not loaded":
+            ip.run_line_magic("load_ext", "kit")
+            ip.run_line_magic("kit_cells", mode)
+        cm = cell_memory.current(ip)
+        wall, own = [], []
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+            for _ in range(n):
+                t = time.perf_counter()
+                ip.run_cell("pass")
+                wall.append(time.perf_counter() - t)
+                own.append(cm.cost_s if cm else 0.0)
+        rows.append(f"| {mode} | {statistics.median(wall) * 1e3:.2f} | {statistics.mean(wall) * 1e3:.2f} | "
+                    f"{statistics.median(own) * 1e3:.2f} | {max(own) * 1e3:.2f} |")
+        if mode != "not loaded":
+            ip.run_line_magic("unload_ext", "kit")
+    InteractiveShell.clear_instance()
+    return ["", f"## `%load_ext kit`: the cost per cell ({n} `pass` cells per mode, transformers loaded)", "",
+            "Wall time of `run_cell` and the extension's own readings (pre_run_cell + post_run_cell), in ms.", "",
+            "| readings | run_cell median | run_cell mean | readings median | readings max |",
+            "|---|---:|---:|---:|---:|"] + rows
 
 
 def main(argv=None) -> str:
@@ -84,9 +156,15 @@ def main(argv=None) -> str:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 keeps step times steady on a shared machine (0: torch's default)")
     p.add_argument("--out", help="also write the table to this Markdown file")
+    p.add_argument("--cells", type=int, default=200, help="`pass` cells per mode for the %%load_ext kit table")
+    p.add_argument("--cells-only", action="store_true", help="only the %%load_ext kit table")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.cells_only:
+        table = "\n".join(cells(a.cells)[1:]) + "\n"
+        print(table)
+        return table
 
     tok = data.load_tokenizer(a.model)
     ds = data.tokenize(data.load_text_dataset(), tok, max_length=a.seq_len)["train"]
@@ -139,6 +217,10 @@ def main(argv=None) -> str:
     over = statistics.mean(d["steps"]) / base - 1
     lines += ["", f"Default callback: {inside:.2f}% of train() spent inside it (measured directly); "
               f"step time {over * 100:+.1f}% against no callback (includes machine noise). Target: at most 3%."]
+    wn = [n for n in names if n.startswith("kit.watch")]
+    lines += [f"{n.split(':')[0]}: {sum(res[n]['inside']) / sum(res[n]['total']) * 100:.2f}% of train() inside its "
+              f"callbacks (the tracker's, with the redraws, and the phase markers)." for n in wn]
+    lines += cells(a.cells)
     table = "\n".join(lines) + "\n"
     print(table)
     if a.out:

@@ -9,7 +9,9 @@ or offline twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`
 notebook calls first), ``scenarios`` (the two worked cases), ``demo`` / ``report``
 (``python -m kit demo``). Import what you need:
 ``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel; ``kit.check(trainer)``
-(``from_trainer``) prints what a built Trainer will need.
+(``from_trainer``) prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot
+to it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error (``watching``);
+``%load_ext kit`` prints a memory reading under each notebook cell (``cell_memory``).
 """
 __version__ = "0.1.0"
 
@@ -29,4 +31,23 @@ def __getattr__(name):
         from .from_trainer import check
 
         return check
+    if name in ("watch", "train"):  # `kit.watch(trainer)`, `report = kit.train(trainer)`: the user's own run
+        # (the module is kit.watching: a submodule named kit.watch would take the function's name on import)
+        from . import watching
+
+        return getattr(watching, name)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext kit``: a one-line memory reading under each cell (see :mod:`kit.cell_memory`)."""
+    from .cell_memory import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext kit``: stop the cell readings."""
+    from .cell_memory import unload
+
+    unload(ipython)
