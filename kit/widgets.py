@@ -38,9 +38,11 @@ from . import device as kdevice
 from . import models as kmodels
 from . import panel_runs, runtime
 from . import widgets_views as views
+from .widgets_advice import AdviceView, accepts
 from .estimate import OPTIMIZERS, estimate
 from .inputs import whole_number
 from .presets import PRESETS, Preset, verdict
+from .widgets_runs import PanelRuns
 from .widgets_models import (GROUPS, MODELS, OWN_MODELS, max_positions, model_problem,  # noqa: F401 (MODELS: API)
                              model_type_and_vocab, run_problem)
 
@@ -74,7 +76,7 @@ def _control(kind, label: str, value, **kw):
                 layout=W.Layout(width="440px"), **kw)
 
 
-class Panel:
+class Panel(PanelRuns):
     """The panel: ``.controls`` (dict of ipywidgets), ``.estimate`` (current Estimate, or None when
     the setup is invalid, with ``.problem`` saying why), ``.reasons`` (the text beside each control),
     ``.history`` (one dict per run), ``.widget`` (what is displayed). See :func:`panel`."""
@@ -95,6 +97,8 @@ class Panel:
         self.run_reason = None
         self._busy = self._running = False
         self._yours = [] if model in MODELS[scenario] else [model]   # typed models, newest first
+        self.extra: dict = {}   # options set by an applied suggestion that no control shows
+        self.advice_view = AdviceView(self.apply_options, self.clear_extra)
         self._last_failure = ("", 0.0)
         c = self.controls = {
             "model": _control(W.Dropdown, "model", model, options=self._model_options()),
@@ -133,12 +137,14 @@ class Panel:
         self.sweep_button.on_click(self._on_sweep)
         for w in c.values():
             w.observe(self._refresh, names="value")
-        rows = [W.HBox([w, self.reasons[k]]) for k, w in c.items()]
+        rows = [W.HBox([w, self.reasons[k]] + ([self.advice_view.largest_html] if k == "batch_size" else []))
+                for k, w in c.items()]
         rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
         title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
                              f"({html.escape(runtime.mode_reason())}) &middot; runs here on {kdevice.device_name()}")
         buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.run_why, self.status])
-        self.widget = W.VBox([title] + rows + [self.estimate_html, buttons, self.plot_out, self.history_html])
+        self.widget = W.VBox([title] + rows + [self.estimate_html, self.advice_view.widget, buttons, self.plot_out,
+                                               self.history_html])
         self.widget.add_class("kit-panel")
         # The first LoRA estimate imports peft (about 0.35 s): pay it while building, not on a change.
         import peft.tuners.tuners_utils  # noqa: F401
@@ -148,6 +154,31 @@ class Panel:
     def setup(self) -> dict:
         """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.panel_runs` take them."""
         return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
+
+    # -- the advisor's suggestions ---------------------------------------------------------
+    def apply_options(self, options: dict) -> None:
+        """Set the panel to a suggestion's estimate() ``options``: the controls that can show a change take
+        it; the rest become :attr:`extra` options (listed under the advice, used by the estimate)."""
+        base = self.advice_view.advice.options if self.advice_view.advice else {**self.setup(), **self.extra}
+        self._busy = True
+        try:
+            for k, v in options.items():
+                if k in ("model", "device") or base.get(k) == v:
+                    continue
+                c = self.controls.get(k)
+                if c is not None and not c.disabled and accepts(c, v):
+                    c.value = v
+                    self.extra.pop(k, None)
+                else:
+                    self.extra[k] = v
+        finally:
+            self._busy = False
+        self._refresh()
+
+    def clear_extra(self) -> None:
+        """Drop the options no control shows; the estimate is the controls' again."""
+        self.extra = {}
+        self._refresh()
 
     def preset(self) -> Preset:
         key = self.controls["preset"].value
@@ -170,6 +201,7 @@ class Panel:
     def _model_picked(self, change=None) -> None:
         if not self._busy:   # the user picked another model from the list: an old message is stale
             self.model_message.value = ""
+        self.extra = {}      # a suggestion for another model
 
     def use_model(self, text: str) -> bool:
         """Make ``text`` (a Hub id, a ``config.json`` path or its folder, a shipped name) the panel's
@@ -259,9 +291,9 @@ class Panel:
         self._why = why
 
     def _estimate(self) -> None:
-        s, why = self.setup(), dict(self._why)
+        s, why = {**self.setup(), **self.extra}, dict(self._why)
         try:
-            self.estimate = estimate(s.pop("model"), **s, device=self._where())
+            self.estimate = estimate(**s, device=self._where())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
         except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
             msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
@@ -276,85 +308,14 @@ class Panel:
             text = text if text.startswith("<span") else html.escape(text)
             w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
         self.estimate_html.value = views.estimate_html(self.estimate, self.verdict, self.preset(), self.problem)
-        self.run_reason = None if self.problem else run_problem(self.controls["model"].value,
-                                                                 self.controls["lora_r"].value)
+        self.advice_view.update(None if self.problem else {**s, "device": self._where()}, self.preset(),
+                                fits=bool(self.verdict and self.verdict.fits), extra=self.extra)
+        self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
+            else None if self.problem else run_problem(self.controls["model"].value, self.controls["lora_r"].value)
         self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
             if self.run_reason else ""
         blocked = self.problem is not None or self.run_reason is not None or self._running
         self.run_button.disabled = self.sweep_button.disabled = blocked
-
-    # -- runs ----------------------------------------------------------------------------
-    def _lock(self, on: bool) -> None:
-        self._running = on
-        for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over,
-                                                 self.model_box, self.use_button]:
-            w.disabled = on  # when off, _refresh disables again what makes no sense
-        if not on:
-            self._refresh()  # gives back each control's own disabled state and reason
-
-    def _show(self, fig) -> None:
-        from .live import show
-
-        self.last_figure = fig
-        show(fig, self.plot_out)
-
-    def _on_run(self, _button=None) -> None:
-        from . import plot
-        from .live import LivePlot
-        from .track import Tracker
-
-        if self.problem or self.run_reason or self._running:
-            return
-        setup, tracker = self.setup(), Tracker()
-        self._lock(True)
-        self.status.value = f"running {self.steps} steps of {html.escape(setup['model'])}&hellip;"
-        live = LivePlot(tracker, plot.stage_bars, out=self.plot_out, min_interval_s=1.0)
-        try:
-            record, est, _ = panel_runs.measured_run(setup, steps=self.steps, tracker=tracker)
-        except KeyboardInterrupt:  # the notebook's stop button: the run has cleaned up (finally blocks)
-            record, est = dict(setup, status="stopped", error="interrupted; memory released"), None
-        except Exception as exc:  # never leave the panel locked; show what went wrong
-            record, est = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300]), None
-        finally:
-            live.close()
-            self._lock(False)
-        if est is not None and record["status"] != "refused":
-            on_cpu = record.get("reading") != "cuda_allocated"
-            label = "measured (CPU tensor peak, op by op)" if on_cpu else "measured (CUDA max allocated)"
-            self._show(plot.predicted_vs_measured(
-                est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
-                title=f"Predicted (as run here) vs measured: {setup['model']}, batch {setup['batch_size']} x "
-                      f"{setup['seq_len']}", measured_label=label))
-        self._finish(record)
-
-    def _on_sweep(self, _button=None) -> None:
-        from .track import Tracker
-
-        if self.problem or self.run_reason or self._running:
-            return
-        over, setup = self.sweep_over.value, self.setup()
-        sizes = self.sweep_sizes if over == "batch_size" else tuple(
-            s for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if s <= self.controls["seq_len"].max)
-        self._lock(True)
-        self.status.value = f"sweeping {over.replace('_', ' ')} over {', '.join(map(str, sizes))}&hellip;"
-        try:
-            res = panel_runs.sweep(setup, over, sizes, tracker=Tracker())
-            if res["points"]:  # else every size was refused before it ran: the history row says why
-                self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
-            record = panel_runs.sweep_record(res, setup)
-        except KeyboardInterrupt:
-            record = dict(setup, status="stopped", error="interrupted; memory released")
-        except Exception as exc:
-            record = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300])
-        finally:
-            self._lock(False)
-        self._finish(record)
-
-    def _finish(self, record: dict) -> None:
-        self.last_result = record
-        self.history.append(record)
-        self.status.value = views.status_html(record)
-        self.history_html.value = views.history_html(self.history)
 
     def _ipython_display_(self):
         display(self.widget)

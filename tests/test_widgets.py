@@ -362,3 +362,37 @@ def test_run_is_off_with_a_reason_where_a_typed_model_cannot_run_here(monkeypatc
     assert q.run_button.disabled and "no default LoRA targets for phi3" in q.run_why.value
     q.controls["quantization"].value, q.controls["lora_r"].value = "none", 0
     assert not q.run_button.disabled and q.run_why.value == ""
+
+
+def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
+    from kit.advise import limit_for
+    from kit.estimate import estimate
+
+    p = panel(scenario=1, model="distilgpt2+vocab-head")     # the user's setup, real size, on a T4
+    assert not p.verdict.fits and len(p.advice_view.rows) == 3
+    assert p.advice_view.widget.children, "the advice shows under the verdict"
+    top = p.advice_view.rows[0]
+    assert top.fits and top.changes["lora-targets"] == "custom_layer", top.cli    # a head change first
+    assert "not even batch 1 fits" in p.advice_view.largest_html.value
+    p.advice_view.apply(0)
+    # the head's LoRA has no control (LoRA is off for the custom head): kept as extra options, estimated
+    assert p.extra == {"lora_r": 256, "lora_targets": ("custom_layer",), "load_dtype": "fp16"}
+    assert p.verdict.fits and p.estimate.peak_bytes == top.peak_bytes
+    assert p.advice_view.rows == [] and "--lora-targets custom_layer" in p.advice_view.extra_html.value
+    assert p.run_button.disabled and "Clear" in p.run_why.value
+    assert p.estimate.peak_bytes <= limit_for("colab-t4").usable_bytes
+    p.clear_extra()
+    assert p.extra == {} and not p.verdict.fits and not p.advice_view.rows == []
+
+    q = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=16, seq_len=1024)
+    n = int(q.advice_view.largest_html.value.split("<b>")[1].split("</b>")[0])
+    s = {**q.setup(), "device": "cuda"}
+    usable = limit_for("colab-t4").usable_bytes
+    assert estimate(**{**s, "batch_size": n}).peak_bytes <= usable < estimate(**{**s, "batch_size": n + 1}).peak_bytes
+    split = next(r for r in q.advice_view.rows if "grad-accum" in r.changes)
+    q.advice_view.apply(q.advice_view.rows.index(split))
+    # the batch slider takes the smaller micro-batch; the accumulation has no control
+    assert q.controls["batch_size"].value == split.changes["batch-size"] and q.extra == {"grad_accum": 16 // n}
+    assert q.verdict.fits
+    q.controls["model"].value = "tiny-llama"
+    assert q.extra == {} and not q.run_button.disabled, "another model drops a suggestion's options"
