@@ -6,6 +6,7 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.notebook`'s.
 
 - :func:`breakdown_figure`: the original's estimate as a stacked bar (nothing measured).
 - :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.
+- :func:`advisor_text`: what the fit advisor (:mod:`kit.advise`) finds for the user's setup, unaided.
 - :func:`live_fix` / :func:`live_original`: a run with the live stage plot.
 - :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
 - :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
@@ -59,6 +60,18 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
                      f"{'fits' if verdict(est8, preset).fits else 'DOES NOT FIT'}.")
         lines.append(f"  Why not: {refused}")
     return "\n".join(lines)
+
+
+def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
+    """The fit advisor on the user's setup at real size: its ``top`` cheapest changes, ESTIMATED.
+
+    >>> "custom_layer" in advisor_text()
+    True
+    """
+    from ..advise import advise
+
+    return "ESTIMATED by the fit advisor (python -m kit fit), for the user's setup at real size:\n" + \
+        advise({"model": s1.NAMES["real"], **s1.USER}, preset).text(top=top)
 
 
 def _live(title: str) -> Tracker:

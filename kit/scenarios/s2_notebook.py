@@ -7,6 +7,7 @@ results and the estimator's into what a notebook cell shows, so that each cell s
 - :func:`weights_split` / :func:`four_gb_text`: the 4-bit model as loaded, its 16-bit parts
   named, against the advice's "about 4 GB".
 - :func:`two_models_text`: one fold, then fold 2 with fold 1's model still alive, against a GPU.
+- :func:`advisor_text`: the fit advisor on one fold, and on fold 2 beside fold 1's leftovers.
 - :class:`FoldChart`: the fold chart, redrawn live between folds (``on_fold_end``).
 - :func:`fold_table`, :func:`broken_text`, :func:`fixed_text`: the loops' records read aloud;
   :func:`simulate_crash`: a crash to resume from.
@@ -30,7 +31,7 @@ from .. import models as kmodels
 from .. import plot
 from ..estimate import estimate
 from ..live import LivePlot
-from ..presets import PRESETS
+from ..presets import PRESETS, Preset
 from ..track import Tracker
 from ..units import fmt_bytes
 from . import s2_cross_validation as cv
@@ -118,6 +119,23 @@ def two_models_text(est, preset: str = "colab-t4") -> str:
         f"  fold 2 starts: those + a freshly loaded model:     {fmt_bytes(start2):>10}  {verdict(start2)}",
         f"  fold 2 trains: those + one fold's peak:            {fmt_bytes(peak2):>10}  {verdict(peak2)}",
         "  (nvidia-smi shows more: the CUDA context and the allocator's cache come on top)"])
+
+
+def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
+    """The fit advisor (:mod:`kit.advise`) on one fold, then on fold 2 with fold 1's model and optimizer
+    state still alive: the device less those bytes. ESTIMATED.
+
+    >>> "fold 2" in advisor_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
+    True
+    """
+    from ..advise import advise
+
+    p = PRESETS[preset]
+    old = est.weights_bytes + est.optimizer_bytes
+    left = Preset(p.name, f"{p.label} less fold 1's {fmt_bytes(old)}", p.gpu_bytes - old, p.ram_bytes)
+    return "\n".join(["ESTIMATED by the fit advisor (python -m kit fit), one fold:", advise(est, p).text(top=top), "",
+                      "fold 2, with fold 1's model and optimizer state still alive:",
+                      advise(est, left).text(top=top)])
 
 
 class FoldChart:
