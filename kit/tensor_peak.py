@@ -22,17 +22,34 @@ class TensorPeak:
     memory that was alive at once, comparable to CUDA's peak allocated. It costs some
     Python per op: fine for the kit's short, measured runs, not for long training.
 
+    ``limit_bytes``: a memory cap. The moment an op's outputs take the live tensor bytes over it,
+    the op raises ``torch.OutOfMemoryError`` ("kit memory cap: live tensors would reach X, over the
+    cap of Y"), as CUDA's allocator would on a device of that size: the CPU's simulated small GPU.
+    The failed op's outputs are dropped, so ``peak_bytes`` stays under the cap, as CUDA's max
+    allocated never counts a failed allocation. Tensors alive at entry count towards it; ``hits``
+    counts the errors raised.
+
     >>> with TensorPeak() as p:
     ...     x = torch.ones(1024, dtype=torch.uint8); y = x + 1; del y
     >>> p.peak_bytes - p.start_bytes
     2048
+    >>> with TensorPeak(limit_bytes=p.current_bytes + 1536) as p:   # doctest: +ELLIPSIS
+    ...     y = x + 1; z = x + 2
+    Traceback (most recent call last):
+    torch.OutOfMemoryError: kit memory cap: live tensors would reach ..., over the cap of ... (aten.add.Tensor)
+    >>> p.hits, p.peak_bytes - p.start_bytes       # y was counted; z, over the cap, never was
+    (1, 1024)
     """
 
-    def __init__(self, device: str = "cpu"):
-        self.device = device
-        self.start_bytes = self.current_bytes = self.peak_bytes = 0
+    def __init__(self, device: str = "cpu", limit_bytes: int | None = None):
+        if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int)
+                                        or limit_bytes <= 0):
+            raise ValueError(f"limit_bytes must be a positive whole number of bytes or None, not {limit_bytes!r}.")
+        self.device, self.limit_bytes = device, limit_bytes
+        self.start_bytes = self.current_bytes = self.peak_bytes = self.hits = 0
         self._sizes: dict[int, int] = {}     # id(storage) -> bytes counted for it
-        self._mode = None
+        self._mode = self._would = None
+        self._armed = False                  # the cap holds from the first op on, not for what was alive at entry
 
     def _add(self, storage) -> None:
         # Seen again after an op: a storage can grow in place (``out=`` into an empty tensor, resize_).
@@ -44,7 +61,18 @@ class TensorPeak:
         if n != old:
             self._sizes[key] = n
             self.current_bytes += n - old
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+            if self._armed and self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+                self._would = self.current_bytes     # raised once the op's outputs are all counted
+            else:
+                self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    def _over(self, would: int, op) -> None:
+        # No tensor in this frame: the traceback keeps its frames (and their locals) alive.
+        from .units import fmt_bytes
+
+        self.hits += 1
+        raise torch.OutOfMemoryError(f"kit memory cap: live tensors would reach {fmt_bytes(would)}, "
+                                     f"over the cap of {fmt_bytes(self.limit_bytes)} ({op})")
 
     def _free(self, key: int) -> None:
         self.current_bytes -= self._sizes.pop(key, 0)
@@ -52,9 +80,10 @@ class TensorPeak:
     def _track(self, t) -> None:
         if issubclass(type(t), torch.Tensor) and str(t.device) == self.device and not t.is_sparse:
             try:
-                self._add(t.untyped_storage())
+                storage = t.untyped_storage()
             except Exception:  # tensor subclasses without a plain storage (bnb's quantized state)
-                pass
+                return
+            self._add(storage)
 
     def __enter__(self) -> "TensorPeak":
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -70,13 +99,19 @@ class TensorPeak:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 tree_map(tracker._track, out)
+                if tracker._would is not None:     # over the cap: the outputs are dropped, as never allocated
+                    would, tracker._would = tracker._would, None
+                    del out
+                    tracker._over(would, func)
                 return out
 
         self._mode = _Mode()
         self._mode.__enter__()
+        self._armed = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self._armed = False
         self._mode.__exit__(*exc)
         self._mode = None
 

@@ -67,6 +67,8 @@ class TrainReport:
     between_steps_bytes: int | None = None          # CPU: highest live-tensor reading between steps
     estimate_between_bytes: int | None = None       # weights + gradients + optimizer state
     notes: list = field(default_factory=list)
+    cap_bytes: int | None = None                    # kit.train(cap_bytes=...): the memory cap the run had
+    cap_how: str | None = None                      # how it was set (a CUDA memory fraction, or the CPU counter)
     tracker: object = field(default=None, repr=False)
     output: object = field(default=None, repr=False)  # trainer.train()'s TrainOutput when it completed
 
@@ -91,6 +93,8 @@ class TrainReport:
         when = "before the first step" if self.phase == "setup" else f"at step {self.step}"
         freed = "".join(f", the {k} ({fmt_bytes(v)})" for k, v in self.freed.items())
         out = [f"OUT OF MEMORY {when}, during {self.phase_text}.", f"  {self.error}",
+               *([f"  The run had a memory cap of {fmt_bytes(self.cap_bytes)}: {self.cap_how}."]
+                 if self.cap_bytes else []),
                f"  kit.train stopped the run and did not raise. It released the failed call's frames{freed}: "
                "the kernel is usable, and the Trainer can train again (from step 1)."]
         if self.measured:
@@ -125,6 +129,10 @@ class TrainReport:
             out.append(f"Peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
                 f", estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes): ratio {self.ratio:.3f}"
                 if self.ratio is not None else ", no estimate to compare"))
+        if self.cap_bytes:
+            peak = "" if self.measured_peak_bytes is None else \
+                f": the peak used {self.measured_peak_bytes / self.cap_bytes:.0%} of it"
+            out.append(f"Memory cap {fmt_bytes(self.cap_bytes)} ({self.cap_how}), not reached{peak}")
         if self.between_steps_bytes is not None and self.estimate_between_bytes:
             out.append(f"Between steps: measured {fmt_bytes(self.between_steps_bytes)}, estimated weights + gradients + "
                        f"optimizer state {fmt_bytes(self.estimate_between_bytes)}: ratio "

@@ -33,6 +33,7 @@ from transformers import TrainerCallback
 
 from . import device
 from .cleanup import _malloc_trim, _scrub, forget_exceptions
+from .memory_cap import check_cap, memory_cap
 from .track import Tracker
 from .units import fmt_bytes, gib
 from .watch_report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
@@ -142,14 +143,14 @@ class Watch:
 
 
 def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, every_n_steps: int | None = None,
-          live_tensors: bool | None = None, overhead: float = 0.01) -> Watch:
+          live_tensors: bool | None = None, overhead: float = 0.01, limit_label: str = "limit") -> Watch:
     """Attach the kit's tracker and a live memory plot to ``trainer``; ``trainer.train()`` then runs as usual.
 
     - ``plot``: None draws in a notebook only; a folder saves PNGs there; False draws nothing.
     - ``estimate``: True reads the Trainer (:func:`kit.from_trainer.estimate_trainer`, on this device's
       kernels); an Estimate is used as given; False draws no estimate lines. A Trainer the estimator
       cannot read is said so once, and the plot shows the measurement alone.
-    - ``limit_bytes``: the line the plot calls the limit (None: this GPU's memory, else this machine's RAM).
+    - ``limit_bytes``: the line the plot calls ``limit_label`` (None: this GPU's memory, else this machine's RAM).
     - ``every_n_steps`` / ``live_tensors`` / ``overhead``: as :meth:`kit.track.Tracker.callback`.
 
     A second ``watch`` of the same Trainer returns the first, attached once.
@@ -168,7 +169,7 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
         limit_bytes, label = ((hw["gpu_total_bytes"], f"GPU memory ({hw['gpu_name']})") if hw["gpu_name"]
                               else (hw["ram_total_bytes"], "this machine's RAM"))
     else:
-        label = "limit"
+        label = limit_label
     tracker = Tracker()
     callback = tracker.callback(every_n_steps, overhead=overhead, live_tensors=live_tensors)
     phases = PhaseCallback()
@@ -238,7 +239,7 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
 
 def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, history_entries: int = 100_000,
           tensor_peak: bool = False, advise_device=None, top: int = 5, train_kwargs: dict | None = None,
-          **watch_kwargs) -> TrainReport:
+          cap_bytes: int | None = None, **watch_kwargs) -> TrainReport:
     """Run ``trainer.train()`` under :func:`watch`; on an out-of-memory error return a report, never raise it.
 
     - The OOM (``torch.OutOfMemoryError``, the CPU allocator's error, ``MemoryError``) is caught, read
@@ -249,35 +250,46 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
     - ``history`` (CUDA only): the allocator's last ``history_entries`` events are recorded and saved to
       ``snapshot_path`` (default ``<output_dir>/kit-memory-history.pickle``) for pytorch.org/memory_viz.
     - ``tensor_peak``: on the CPU, watch every op, so the completed run's peak is exact (slower).
-    - ``advise_device``: what the advisor judges against (None: this GPU, or the ``cpu`` preset).
+    - ``advise_device``: what the advisor judges against (None: the cap when there is one, else this GPU,
+      or the ``cpu`` preset).
+    - ``cap_bytes``: run as on a device of that many bytes (:func:`kit.memory_cap.memory_cap`): on CUDA a
+      memory fraction, restored after; on a CPU a live-tensor counter that raises ``torch.OutOfMemoryError``
+      the moment an op's outputs pass it (a simulated cap; its count is then the run's exact peak). The
+      OOM goes through the same report. The plot's limit line is the cap.
     - ``train_kwargs``: passed to ``trainer.train`` (``resume_from_checkpoint=...``); the rest to :func:`watch`.
 
     >>> report = train(trainer); report.oom, report.step, report.phase      # doctest: +SKIP
     (True, 2, 'forward_backward')
     """
+    cap_bytes = check_cap(cap_bytes)
+    if cap_bytes is not None and "limit_bytes" not in watch_kwargs:
+        watch_kwargs.update(limit_bytes=cap_bytes, limit_label="memory cap")
     w = watch(trainer, plot=plot, **watch_kwargs)
     path = None
+    counting = cap_bytes is not None and not device.has_cuda()   # the cap's counter is the exact peak
     if history and device.has_cuda():
         path = Path(snapshot_path or Path(trainer.args.output_dir) / "kit-memory-history.pickle")
         path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    t0, cap = time.perf_counter(), None
     try:
         with (device.cuda_memory_history(path, max_entries=history_entries) if path else contextlib.nullcontext()), \
-                w.tracker.stage("train", tensor_peak=tensor_peak):
+                w.tracker.stage("train", tensor_peak=tensor_peak and not counting), memory_cap(cap_bytes) as cap:
             output = trainer.train(**(train_kwargs or {}))
     except BaseException as exc:
         if not device.is_oom(exc):
             _tidy(trainer, w)
             raise
         report = TrainReport(True, _error(exc), w.phases.step, w.phases.phase, device.best_reading(),
-                             time.perf_counter() - t0, tracker=w.tracker, snapshot_path=str(path) if path else None)
+                             time.perf_counter() - t0, tracker=w.tracker, snapshot_path=str(path) if path else None,
+                             cap_bytes=cap and cap.cap_bytes, cap_how=cap and cap.how)
         report.measured, report.cuda, report.tensors = read_alive(trainer, exc, top=top)
         _scrub(exc)
         exc = None  # noqa: F841 (the frames go with it)
         report.freed = _release(trainer, w, report.measured)
         report.estimated, report.estimate_field = estimated_for(w.estimate, report.phase)
         _tidy(trainer, w)
-        report.advice, fits = advice_text(w.estimate, trainer, advise_device or _advise_default())
+        report.advice, fits = advice_text(w.estimate, trainer,
+                                          advise_device or report.cap_bytes or _advise_default())
         if fits:
             report.notes.append("the estimate fits, yet the run ran out of memory: look for what it does not count: "
                                 "another model or Trainer alive in this process (the largest tensors above), other "
@@ -288,8 +300,12 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         return report
     report = TrainReport(False, None, trainer.state.global_step, w.phases.phase, device.best_reading(),
                          time.perf_counter() - t0, tracker=w.tracker, output=output,
-                         snapshot_path=str(path) if path else None)
-    set_peak(report, w.tracker.records[-1], w.tracker.samples, w.estimate)
+                         snapshot_path=str(path) if path else None, cap_bytes=cap.cap_bytes, cap_how=cap.how)
+    rec = w.tracker.records[-1]
+    if cap.counter is not None:   # what the stage's own TensorPeak would have counted: every op watched
+        rec.live_peak_bytes["cpu"] = max(rec.live_peak_bytes.get("cpu", 0), cap.counter.peak_bytes)
+        rec.live_peak_exact = True
+    set_peak(report, rec, w.tracker.samples, w.estimate)
     return report
 
 

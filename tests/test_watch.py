@@ -260,3 +260,61 @@ def test_load_ext_prints_each_cells_memory(shell, capsys):
     shell.run_cell("z = 2")
     assert "kit cell:" not in capsys.readouterr().out and cell_memory.current(shell) is None
     shell.run_line_magic("load_ext", "kit")                               # for the fixture's unload
+
+
+# -- kit.train(trainer, cap_bytes=N): a smaller device, on this CPU -------------------------------------------
+def test_a_cap_between_step_1_and_step_2_runs_out_at_step_2_and_is_reported(ds, tok, tmp_path):
+    from kit.from_trainer import estimate_trainer
+
+    model = models.build_model("tiny-llama")
+    base = leaks.take_baseline()
+    tr = _trainer(model, ds, tok, tmp_path)
+    est = estimate_trainer(tr, device="cpu")
+    # step 1 peaks without optimizer state in its backward; from step 2 AdamW's moments are alive
+    cap = (est.first_step_peak_bytes + est.peak_bytes) // 2
+    report = kit.train(tr, cap_bytes=cap)                       # a real OOM inside Trainer.train(), not raised
+    assert report.oom and (report.step, report.phase) == (2, "forward_backward")
+    assert report.error.startswith("OutOfMemoryError: kit memory cap: live tensors would reach ")
+    assert f"over the cap of {fmt_bytes(cap)}" in report.error and report.cap_bytes == cap
+    assert str(report).startswith(f"OUT OF MEMORY at step 2, during {PHASES['forward_backward']}.")
+    assert f"The run had a memory cap of {fmt_bytes(cap)}: CPU live-tensor counter" in str(report)
+    m = report.measured
+    assert m["total"] <= cap                                   # the failing op's outputs were never counted
+    assert m["weights"] / est.weights_bytes == 1.0 and 1.0 <= m["optimizer state"] / est.optimizer_bytes <= 1.0001
+    assert "DOES NOT FIT a GPU with" in report.advice          # the advisor judged the cap
+    assert leaks.check_returned(base).ok                       # the dead run's memory came back
+    assert tr._kit_watch.limit_bytes == cap and tr._kit_watch.limit_label == "memory cap"
+
+
+def test_a_cap_in_the_first_forward_is_reported_there(ds, tok, tmp_path):
+    model = models.build_model("tiny-llama")
+    tr = _trainer(model, ds, tok, tmp_path)
+    report = kit.train(tr, cap_bytes=int(1.2 * sum(p.numel() * 4 for p in model.parameters())))
+    assert report.oom and (report.step, report.phase) == (1, "first_forward_backward")
+    assert report.measured["gradients"] == 0 and report.estimate_field == "first_step_peak_bytes"
+
+
+def test_a_cap_above_the_estimate_lets_the_run_finish_with_an_exact_peak(ds, tok, tmp_path):
+    model = models.build_model("tiny-llama")
+    base = leaks.take_baseline()
+    tr = _trainer(model, ds, tok, tmp_path)
+    from kit.from_trainer import estimate_trainer
+
+    cap = int(1.1 * estimate_trainer(tr, device="cpu").peak_bytes)
+    r = kit.train(tr, cap_bytes=cap)
+    assert not r.oom and r.step == 3 and r.peak_exact       # the cap's counter watched every op
+    assert 0.995 <= r.ratio <= 1.005                           # measured 1.000, as with tensor_peak=True
+    assert r.measured_peak_bytes <= cap and "not reached: the peak used 9" in str(r)
+    del tr
+    assert leaks.check_returned(base).ok
+
+
+def test_a_bad_cap_is_one_clear_line(ds, tok, tmp_path):
+    from kit.tensor_peak import TensorPeak
+
+    tr = _trainer(models.build_model("tiny-llama"), ds, tok, tmp_path)
+    for bad in (-1, 0, 1.5, "1GiB", True):
+        with pytest.raises(ValueError, match=r"^cap_bytes must be a positive whole number of bytes \(or None"):
+            kit.train(tr, cap_bytes=bad)
+    with pytest.raises(ValueError, match="limit_bytes must be a positive whole number of bytes or None"):
+        TensorPeak(limit_bytes=0)

@@ -1,0 +1,86 @@
+"""A memory cap for one run: a smaller GPU, on any machine. ``kit.train(trainer, cap_bytes=N)`` uses it.
+
+- **On CUDA**, ``torch.cuda.set_per_process_memory_fraction(N / total)`` for the run, restored after
+  (in a ``finally``): the caching allocator then raises its own ``torch.OutOfMemoryError`` past N bytes
+  *reserved* (allocated plus cached blocks), as a device of that size would. The cache is emptied first.
+- **On a CPU**, no allocator can be told a size, so :class:`kit.tensor_peak.TensorPeak` counts the
+  live tensor bytes op by op and raises ``torch.OutOfMemoryError`` ("kit memory cap: ...") the moment
+  an op's outputs pass N. A simulated cap: the same error, at the same point, as a GPU of N bytes
+  that held only tensors (no cache, no fragmentation, no CUDA context). Its counter is the run's exact
+  peak too.
+
+Both count every tensor of the process (as CUDA's allocated does), not only the run's.
+
+>>> with memory_cap(None) as cap:
+...     cap.how
+'no cap'
+>>> import torch
+>>> with memory_cap(2**40) as cap:                    # doctest: +SKIP
+...     cap.how
+'CPU live-tensor counter (kit.tensor_peak.TensorPeak): a simulated cap'
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from . import device
+from .tensor_peak import TensorPeak
+from .units import fmt_bytes
+
+
+@dataclass
+class Cap:
+    """What :func:`memory_cap` set: ``cap_bytes`` (None: no cap), ``how`` in words, and on a CPU the
+    ``counter`` (a TensorPeak: its ``peak_bytes`` is the run's exact live-tensor peak)."""
+
+    cap_bytes: int | None
+    how: str
+    counter: TensorPeak | None = None
+
+
+def check_cap(cap_bytes) -> int | None:
+    """``cap_bytes`` as an int, or None; anything else is one clear ValueError.
+
+    >>> check_cap(1.5e9), check_cap(None)
+    (1500000000, None)
+    """
+    if cap_bytes is None:
+        return None
+    ok = not isinstance(cap_bytes, bool) and isinstance(cap_bytes, (int, float)) and cap_bytes >= 1 \
+        and float(cap_bytes) == int(cap_bytes)
+    if not ok:
+        raise ValueError(f"cap_bytes must be a positive whole number of bytes (or None: no cap), not {cap_bytes!r}.")
+    return int(cap_bytes)
+
+
+@contextlib.contextmanager
+def memory_cap(cap_bytes):
+    """Cap the memory of what runs inside (see the module doc); yields a :class:`Cap`.
+
+    A cap at or above the GPU's total memory sets nothing (there is nothing to cap) and says so.
+    """
+    n = check_cap(cap_bytes)
+    if n is None:
+        yield Cap(None, "no cap")
+        return
+    if not device.has_cuda():
+        with TensorPeak(limit_bytes=n) as counter:
+            yield Cap(n, "CPU live-tensor counter (kit.tensor_peak.TensorPeak): a simulated cap", counter)
+        return
+    import torch   # the fraction is the caching allocator's setting; device.py reads, this caps
+
+    dev = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if n >= total:
+        yield Cap(None, f"no cap: {fmt_bytes(n)} is not below this GPU's {fmt_bytes(total)}")
+        return
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
+    old = get(dev) if get is not None else 1.0
+    device.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(n / total, dev)
+    try:
+        yield Cap(n, f"CUDA memory fraction {n / total:.4f} of this GPU's {fmt_bytes(total)} "
+                     "(torch.cuda.set_per_process_memory_fraction; reserved memory counts)")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(old, dev)
