@@ -327,6 +327,27 @@ def explain(snap: Snapshot) -> str:
 
 
 @contextlib.contextmanager
+def cuda_memory_fraction(cap_bytes: int):
+    """Let the caching allocator hand out at most ``cap_bytes`` (reserved) inside the block, as a GPU of that
+    size would (``torch.cuda.set_per_process_memory_fraction``; the old fraction is restored in a finally).
+    Yields what was set, in words; a cap at or above the GPU's memory sets nothing and says so."""
+    dev = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if cap_bytes >= total:
+        yield f"no cap: {fmt_bytes(cap_bytes)} is not below this GPU's {fmt_bytes(total)}"
+        return
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
+    old = get(dev) if get is not None else 1.0
+    empty_cache()
+    torch.cuda.set_per_process_memory_fraction(cap_bytes / total, dev)
+    try:
+        yield (f"CUDA memory fraction {cap_bytes / total:.4f} of this GPU's {fmt_bytes(total)} "
+               "(torch.cuda.set_per_process_memory_fraction; reserved memory counts)")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(old, dev)
+
+
+@contextlib.contextmanager
 def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
     """Record every CUDA allocation inside the block; save a pickle for https://pytorch.org/memory_viz.
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from . import device
 from .tensor_peak import TensorPeak
-from .units import fmt_bytes
 
 
 @dataclass
@@ -68,19 +67,5 @@ def memory_cap(cap_bytes):
         with TensorPeak(limit_bytes=n) as counter:
             yield Cap(n, "CPU live-tensor counter (kit.tensor_peak.TensorPeak): a simulated cap", counter)
         return
-    import torch   # the fraction is the caching allocator's setting; device.py reads, this caps
-
-    dev = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(dev).total_memory
-    if n >= total:
-        yield Cap(None, f"no cap: {fmt_bytes(n)} is not below this GPU's {fmt_bytes(total)}")
-        return
-    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
-    old = get(dev) if get is not None else 1.0
-    device.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(n / total, dev)
-    try:
-        yield Cap(n, f"CUDA memory fraction {n / total:.4f} of this GPU's {fmt_bytes(total)} "
-                     "(torch.cuda.set_per_process_memory_fraction; reserved memory counts)")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(old, dev)
+    with device.cuda_memory_fraction(n) as how:
+        yield Cap(n if how.startswith("CUDA") else None, how)
