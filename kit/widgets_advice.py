@@ -2,9 +2,11 @@
 not fit, the advisor's top three changes under the verdict, each with an Apply button.
 
 :func:`kit.advise.max_batch_size` runs on every change (a few estimates, about a millisecond each);
-the full :func:`kit.advise.advise` only while the setup does not fit (4 to 40 ms warm:
+the full :func:`kit.advise.advise` only while the setup does not fit (4 to 80 ms warm:
 ``benchmarks/advisor_latency.py``; the panel's per-change time with it is in
-``benchmarks/panel_latency.py``). Both keep :data:`kit.advise.SAFETY` of the device free, as
+``benchmarks/panel_latency.py``). Where a model's search (after its first, cold one) takes more than
+:data:`LAZY_MS`, the panel stops running it on each change and shows a "What makes it fit?" button
+instead, saying why. Both keep :data:`kit.advise.SAFETY` of the device free, as
 ``python -m kit fit`` does, and say so.
 
 A suggestion may change options the panel has no control for (``--load-dtype``, ``--lora-targets``,
@@ -20,6 +22,7 @@ them, and Run stays off while they are set (a run measures the controls' setup).
 from __future__ import annotations
 
 import html
+import time
 
 import ipywidgets as W
 
@@ -29,6 +32,7 @@ from .advise_search import CLI, cli
 from .units import fmt_bytes
 
 TOP = 3
+LAZY_MS = 40.0   # of the panel's 50 ms per change; a model whose advice takes longer is advised on request
 
 
 def extra_text(extra: dict) -> str:
@@ -47,7 +51,9 @@ class AdviceView:
     called with a suggestion's estimate() options in full."""
 
     def __init__(self, apply, clear=None):
-        self._apply, self.advice, self.rows = apply, None, []
+        self._apply, self.advice, self.rows, self._asked, self._extra = apply, None, [], None, None
+        self.slow: dict = {}    # model -> ms of its last advise(), where over LAZY_MS
+        self._timed: set = set()
         self.largest_html = W.HTML(value="")
         self.header = W.HTML(value="")
         self.buttons = [W.Button(description="Apply", icon="check", layout=W.Layout(width="80px"))
@@ -62,6 +68,10 @@ class AdviceView:
             self.clear_button.on_click(lambda _b: clear())
         self._lines = [W.HBox([b, t]) for b, t in zip(self.buttons, self.texts)]
         self._extra_row = W.HBox([self.clear_button, self.extra_html])
+        self.ask_button = W.Button(description="What makes it fit?", icon="search", layout=W.Layout(width="180px"))
+        self.ask_button.on_click(self.ask)
+        self.lazy_html = W.HTML(value="")
+        self._ask_row = W.HBox([self.ask_button, self.lazy_html])
         self.widget = W.VBox([])
         self.widget.add_class("kit-advice")
 
@@ -72,7 +82,7 @@ class AdviceView:
 
     def update(self, options: dict | None, device, *, fits: bool, extra: dict | None = None) -> None:
         """Recompute for estimate() ``options`` (None: no estimate) on ``device`` (a Preset or bytes)."""
-        self.advice, self.rows, children = None, [], []
+        self.advice, self.rows, self._asked, self._extra = None, [], None, extra
         self.largest_html.value = ""
         if options is not None:
             try:
@@ -82,10 +92,37 @@ class AdviceView:
                     f" ({SAFETY:.0%} of the device kept free)</span>" if n else
                     "<span class='kit-largest' style='font-size:85%;color:#D55E00'>not even batch 1 fits</span>")
                 if not fits:
-                    self.advice = advise(options, device)
-                    self.rows = self.advice.suggestions[:TOP]
+                    self._asked = (options, device)
+                    if options["model"] not in self.slow:
+                        self.ask()
+                        return
             except (kin.InputError, ValueError) as exc:   # an option the advisor cannot take: said, not raised
                 self.largest_html.value = f"<span style='font-size:85%;color:#555'>advisor: {html.escape(str(exc))}</span>"
+        self._render(device if options is not None else None)
+
+    def ask(self, _button=None) -> None:
+        """Run the advisor on the setup that does not fit (each change does, unless it is slow for this model:
+        then the "what makes it fit?" button does)."""
+        if self._asked is None:
+            return
+        options, device = self._asked
+        t = time.perf_counter()
+        self.advice = advise(options, device)
+        ms = 1e3 * (time.perf_counter() - t)
+        model = options["model"]
+        if ms > LAZY_MS and model in self._timed:   # (a model's first search is cold: not judged by it)
+            self.slow[model] = ms                    # more than a panel change may take: on request from now on
+        self._timed.add(model)
+        self.rows = self.advice.suggestions[:TOP]
+        self._render(device)
+
+    def _render(self, device) -> None:
+        children = []
+        if self.advice is None and self._asked is not None:   # slow for this model: on request
+            self.lazy_html.value = (f"<span style='font-size:85%;color:#555'>the advisor took "
+                                 f"{self.slow[self._asked[0]['model']]:.0f} ms for this model, more than a panel "
+                                 f"change may take ({LAZY_MS:.0f} ms): it runs when asked</span>")
+            children.append(self._ask_row)
         if self.advice is not None:
             a, usable = self.advice, limit_for(device).usable_bytes
             head = ("what makes it fit, cheapest first" if self.rows and self.rows[0].fits else
@@ -103,6 +140,7 @@ class AdviceView:
                 children.append(line)
             children += [W.HTML(value=f"<span style='font-size:85%;color:#555'>note: {html.escape(n)}</span>")
                          for n in a.notes]
+        extra = self._extra
         if extra:
             self.extra_html.value = (f"<span class='kit-extra' style='font-size:85%'>also set by a suggestion (no "
                                      f"control here): <code>{html.escape(extra_text(extra))}</code>; Run is off "

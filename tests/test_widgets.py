@@ -396,3 +396,18 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     assert q.verdict.fits
     q.controls["model"].value = "tiny-llama"
     assert q.extra == {} and not q.run_button.disabled, "another model drops a suggestion's options"
+
+
+def test_a_slow_advisor_runs_on_request_and_says_why(monkeypatch):
+    from kit import widgets_advice
+
+    p = panel(scenario=1, model="distilgpt2+vocab-head")
+    assert p.advice_view.rows, "the first search runs at once"
+    monkeypatch.setattr(widgets_advice, "LAZY_MS", -1.0)      # every search now counts as slow
+    p.controls["seq_len"].value = 256                         # a second search: judged, found slow
+    assert p.advice_view.rows and "distilgpt2+vocab-head" in p.advice_view.slow
+    p.controls["seq_len"].value = 128                         # from now on: on request
+    v = p.advice_view
+    assert v.rows == [] and v._ask_row in v.widget.children and "more than a panel change" in v.lazy_html.value
+    v.ask_button.click()
+    assert len(v.rows) == 3 and v.rows[0].changes["lora-targets"] == "custom_layer"
