@@ -2,6 +2,7 @@
 phase give a report, not an exception; memory comes back; a completed run's peak sits beside the estimate.
 And `%load_ext kit` in a real IPython shell."""
 import re
+from pathlib import Path
 import warnings
 
 import pytest
@@ -318,3 +319,34 @@ def test_a_bad_cap_is_one_clear_line(ds, tok, tmp_path):
             kit.train(tr, cap_bytes=bad)
     with pytest.raises(ValueError, match="limit_bytes must be a positive whole number of bytes or None"):
         TensorPeak(limit_bytes=0)
+
+
+def test_load_ext_in_a_real_kernel_reads_a_known_tensor():
+    # a real Jupyter kernel (ipykernel over jupyter_client, as a notebook runs), not an in-process shell
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        def run(code):
+            msg_id, out = kc.execute(code), []
+            while True:
+                msg = kc.get_iopub_msg(timeout=120)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                if msg["msg_type"] == "error":
+                    raise AssertionError("\n".join(msg["content"]["traceback"]))
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    return "".join(out)
+
+        run("%load_ext kit")
+        run("import torch")
+        line = _line(run("x = torch.ones(64 * 2**20, dtype=torch.uint8)"))
+        delta = float(re.match(r"kit cell: RSS \+(\d+\.\d\d) MiB", line)[1])
+        assert 64 <= delta <= 68, line                       # the 64 MiB tensor, every page touched
+        run("%unload_ext kit")
+        assert "kit cell:" not in run("y = 1")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
