@@ -266,7 +266,7 @@ class Search:
 
     def changes(self, o) -> dict:
         b = self.base
-        changes = {CLI[k]: _cli_value(o[k]) for k in CLI if o[k] != b[k]}
+        changes = {CLI[k]: cli_value(o[k]) for k in CLI if o[k] != b[k]}
         if {"quantization", "kbit-recipe"} & set(changes):   # they change checkpointing's default: say it
             changes["gradient-checkpointing"] = o["gradient_checkpointing"]
         return changes
@@ -333,7 +333,7 @@ def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -
     return lo
 
 
-def _cli_value(v):
+def cli_value(v):
     return ",".join(v) if isinstance(v, tuple) else v
 
 

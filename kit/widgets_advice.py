@@ -28,7 +28,7 @@ import ipywidgets as W
 
 from . import inputs as kin
 from .advise import SAFETY, advise, limit_for, max_batch_size
-from .advise_search import CLI, cli
+from .advise_search import CLI, cli_value, cli
 from .units import fmt_bytes
 
 TOP = 3
@@ -41,7 +41,7 @@ def extra_text(extra: dict) -> str:
     >>> extra_text({"load_dtype": "fp16", "lora_targets": ("custom_layer",)})
     '--load-dtype fp16 --lora-targets custom_layer'
     """
-    return cli({CLI[k]: ",".join(v) if isinstance(v, (tuple, list)) else v for k, v in extra.items()})
+    return cli({CLI[k]: cli_value(v) for k, v in extra.items()})
 
 
 class AdviceView:
@@ -131,12 +131,11 @@ class AdviceView:
                                  f"<span style='font-size:85%;color:#555'>(estimated, against {fmt_bytes(usable)}: "
                                  f"the limit less {SAFETY:.0%} kept free)</span></div>")
             children.append(self.header)
-            for s, b, t, line in zip(self.rows, self.buttons, self.texts, self._lines):
+            for s, t, line in zip(self.rows, self.texts, self._lines):
                 margin = ("+" if s.margin_bytes >= 0 else "-") + fmt_bytes(abs(s.margin_bytes))
                 t.value = (f"<span class='kit-suggestion' style='font-size:85%'><code>{html.escape(s.cli)}</code>: "
                            f"peak {fmt_bytes(s.peak_bytes)} ({margin})<br><span style='color:#555'>"
                            + "<br>".join(html.escape(c) for c in s.costs) + "</span></span>")
-                b.disabled = False
                 children.append(line)
             children += [W.HTML(value=f"<span style='font-size:85%;color:#555'>note: {html.escape(n)}</span>")
                          for n in a.notes]

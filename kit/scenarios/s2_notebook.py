@@ -96,6 +96,12 @@ def four_gb_text(est, model_name: str | None = None) -> str:
         f"{fmt_bytes(est.weights_bytes)}"])
 
 
+def fold1_leftovers(est) -> int:
+    """What fold 1's Trainer still holds when fold 2 starts: its model (after the k-bit recipe) and its
+    optimizer state, in bytes, ESTIMATED."""
+    return est.weights_bytes + est.optimizer_bytes
+
+
 def two_models_text(est, preset: str = "colab-t4") -> str:
     """One fold's predicted peak, then fold 2 with fold 1's model and optimizer state still alive.
 
@@ -105,7 +111,7 @@ def two_models_text(est, preset: str = "colab-t4") -> str:
     >>> print(two_models_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)))  # doctest: +SKIP
     """
     gpu = PRESETS[preset].gpu_bytes
-    old = est.weights_bytes + est.optimizer_bytes
+    old = fold1_leftovers(est)
     start2 = old + est.loaded_weights_bytes
     peak2 = old + est.peak_bytes
 
@@ -131,7 +137,7 @@ def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
     from ..advise import advise
 
     p = PRESETS[preset]
-    old = est.weights_bytes + est.optimizer_bytes
+    old = fold1_leftovers(est)
     left = Preset(p.name, f"{p.label} less fold 1's {fmt_bytes(old)}", p.gpu_bytes - old, p.ram_bytes)
     return "\n".join(["ESTIMATED by the fit advisor (python -m kit fit), one fold:", advise(est, p).text(top=top), "",
                       "fold 2, with fold 1's model and optimizer state still alive:",
