@@ -215,6 +215,25 @@ def test_peak_matches_a_cpu_trainer_step(vocab, optimizer, moment):
     assert est.weights_bytes == got["weights"] and est.optimizer_bytes == pytest.approx(got["state"], abs=1024)
 
 
+@pytest.mark.parametrize("name,B,S,moment", [("tiny-gpt2", 1, 32, "backward (embeddings)"),
+                                             ("tiny-gpt2+vocab-head", 2, 64, "backward (head)")])
+def test_with_the_fused_step_the_backward_sets_the_peak(name, B, S, moment):
+    """Trainer's default fused AdamW makes no step temporaries, so a backward sets the peak: at GPT-2's tied
+    embedding (its two grads summed out of place) and at scenario 1's head (the V-wide grad of its input, the
+    frozen base's logits, which require grad under checkpointing). Both were hidden by foreach AdamW's step."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    from estimate_vs_measured import build, cpu_trainer_peak
+
+    from kit.models import get_config
+
+    torch.manual_seed(0)
+    est = estimate(name, batch_size=B, seq_len=S, padded=True, device="cpu")
+    got = cpu_trainer_peak(build(name, {}), B=B, S=S, V=get_config(name).vocab_size, steps=2, padded=True,
+                           optim=est.setup["optim"])
+    assert est.setup["optim"] == "adamw_torch_fused" and est.peak_moment == moment
+    assert est.peak_bytes == pytest.approx(got["peak"], rel=0.003)
+
+
 # ---- errors ------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,match", [
     (dict(model="no-such-model"), "distilgpt2"),

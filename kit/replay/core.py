@@ -42,6 +42,7 @@ class Replay:
     held: int = 0       # per block: 8-bit layers' inputs, kept as ctx attributes till backward ends (kit.quant)
     held_dup: int = 0   # ... of which also saved by another op (one storage, but for a checkpoint's recompute)
     reentrant: bool = False  # reentrant checkpointing (Setup.reentrant): see peak_moment
+    head_grad: int | None = None  # the last linear's input grad (None: one hidden state, lm_head's)
 
     @property
     def copies_saved(self) -> int:
@@ -116,6 +117,7 @@ def replay(st: Setup) -> Replay:
         tp.saved, tp.wsaved = {}, set()
         fin = V
         for name, fout in st.head:
+            ins = logits  # the last one's input: its grad is made in the head's backward where it requires one
             logits = tp.linear(logits, fin, fout, name, trainable=st.head_trainable, w=st.head_w, quant="none")
             fin = fout
         head_in, live = tp.total(), logits.n * logits.dt
@@ -129,7 +131,8 @@ def replay(st: Setup) -> Replay:
         embed = block = block_sum = shared = 0
     return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
-                  logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant)
+                  logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
+                  (ins.n * ins.dt if ins.rg else 0) if st.head else None)
 
 
 @dataclass
@@ -187,7 +190,7 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
         Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
         # the last linear: its saved input, the logits' grad, its weight grads and temporaries
         Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies - min(copies, head_half),
-               grads_before + grads_head, wtemp_head + rp.hidden),
+               grads_before + grads_head, wtemp_head + (rp.hidden if rp.head_grad is None else rp.head_grad)),
     ]
     keep = rp.kept()  # 8-bit inputs: no part of backward frees them (reentrant: a block's, in its own backward)
     # reentrant checkpointing runs each block's backward as its own: the recomputed output stays alive through
