@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= report
 
-.PHONY: demo test notebooks venv clean
+.PHONY: demo test notebooks gpu-check venv clean
 
 demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
@@ -22,6 +22,11 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	KIT_SMOKE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m jupyter nbconvert --to notebook \
 		--execute --inplace --ExecutePreprocessor.timeout=1800 notebooks/0*.ipynb
+
+# On one CUDA GPU, in at most 10 minutes: GPU tests, the GPU grid, the demo and notebooks 00-03 at real size
+# under a Colab T4's 14.56 GiB cap; writes benchmarks/results/gpu-check-<date>-<device>.md/.json. No GPU: one line.
+gpu-check: $(STAMP)
+	@$(PY) benchmarks/gpu_check.py
 
 venv: $(STAMP)
 

@@ -331,13 +331,17 @@ def cuda_memory_fraction(cap_bytes: int):
     """Let the caching allocator hand out at most ``cap_bytes`` (reserved) inside the block, as a GPU of that
     size would (``torch.cuda.set_per_process_memory_fraction``; the old fraction is restored in a finally).
     Yields what was set, in words; a cap at or above the GPU's memory sets nothing and says so."""
+    from .memory_cap import env_cap_bytes  # KIT_GPU_CAP_BYTES, the process's cap: a run's never lifts it
+
     dev = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(dev).total_memory
+    env = env_cap_bytes()
+    cap_bytes = min(cap_bytes, env) if env is not None else cap_bytes
     if cap_bytes >= total:
         yield f"no cap: {fmt_bytes(cap_bytes)} is not below this GPU's {fmt_bytes(total)}"
         return
     get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
-    old = get(dev) if get is not None else 1.0
+    old = get(dev) if get is not None else min(1.0, env / total) if env is not None else 1.0
     empty_cache()
     torch.cuda.set_per_process_memory_fraction(cap_bytes / total, dev)
     try:
@@ -369,3 +373,13 @@ def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
     finally:
         torch.cuda.memory._dump_snapshot(str(path))
         torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _apply_env_cap() -> str | None:
+    from .memory_cap import apply_env_cap
+
+    return apply_env_cap()
+
+
+# KIT_GPU_CAP_BYTES=N: this process's CUDA allocator is capped at N bytes from here on (kit.memory_cap).
+ENV_CAP = _apply_env_cap()

@@ -11,6 +11,11 @@
 
 Both count every tensor of the process (as CUDA's allocated does), not only the run's.
 
+**For a whole process**, ``KIT_GPU_CAP_BYTES=N`` in its environment caps CUDA at N bytes from the moment
+``kit.device`` is imported (:func:`apply_env_cap`), so a script, the demo or a notebook kernel runs as on
+a smaller GPU: ``KIT_GPU_CAP_BYTES=15633680957 python -m kit demo --out report/`` is a Colab T4's
+14.56 GiB. A run's own cap inside it never lifts it.
+
 >>> with memory_cap(None) as cap:
 ...     cap.how
 'no cap'
@@ -22,9 +27,10 @@ Both count every tensor of the process (as CUDA's allocated does), not only the 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from dataclasses import dataclass
 
-from . import device
 from .tensor_peak import TensorPeak
 
 
@@ -59,6 +65,8 @@ def memory_cap(cap_bytes):
 
     A cap at or above the GPU's total memory sets nothing (there is nothing to cap) and says so.
     """
+    from . import device  # here, not at the top: kit.device imports this module for apply_env_cap
+
     n = check_cap(cap_bytes)
     if n is None:
         yield Cap(None, "no cap")
@@ -69,3 +77,50 @@ def memory_cap(cap_bytes):
         return
     with device.cuda_memory_fraction(n) as how:
         yield Cap(n if how.startswith("CUDA") else None, how)
+
+
+CAP_ENV = "KIT_GPU_CAP_BYTES"
+
+
+def env_cap_bytes() -> int | None:
+    """``KIT_GPU_CAP_BYTES`` as a whole number of bytes, or None when it is unset or empty.
+
+    >>> os.environ[CAP_ENV] = "1.5e9"; env_cap_bytes()
+    1500000000
+    >>> del os.environ[CAP_ENV]; env_cap_bytes() is None
+    True
+    """
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return check_cap(float(raw) if any(c in raw for c in ".eE") else int(raw))
+    except ValueError:
+        raise ValueError(f"{CAP_ENV} must be a positive whole number of bytes, such as 15633680957 (a Colab "
+                         f"T4's 14.56 GiB), not {raw!r}.") from None
+
+
+def apply_env_cap() -> str | None:
+    """Cap this process's CUDA allocator at ``KIT_GPU_CAP_BYTES`` for the rest of its life; ``kit.device``
+    calls it once, on import. Says what it set on stderr and returns it, in words; None when the variable
+    is unset or there is no GPU (a CPU process runs uncapped: use :func:`memory_cap` there).
+
+    >>> apply_env_cap() is None                       # unset here
+    True
+    """
+    import torch
+
+    n = env_cap_bytes()
+    if n is None or not torch.cuda.is_available():
+        return None
+
+    dev = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if n >= total:
+        how = f"no cap: {n:,} bytes is not below this GPU's {total:,}"
+    else:
+        torch.cuda.set_per_process_memory_fraction(n / total, dev)
+        how = (f"CUDA capped at {n:,} bytes, fraction {n / total:.4f} of this GPU's {total:,} "
+               "(torch.cuda.set_per_process_memory_fraction; reserved memory counts)")
+    print(f"{CAP_ENV}={n}: {how}", file=sys.stderr, flush=True)
+    return how

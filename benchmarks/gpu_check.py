@@ -1,0 +1,273 @@
+"""``make gpu-check``: prove the GPU side in one call of at most 10 minutes; one line where there is no GPU.
+
+Run: ``python benchmarks/gpu_check.py [--work DIR] [--results benchmarks/results]``. On a machine with a
+CUDA GPU it runs these stages, each a subprocess with its own time budget (``BUDGETS``), its output
+kept in ``WORK/<stage>.log`` whatever happens to a later stage:
+
+1. the GPU-marked tests (``pytest -m gpu``);
+2. the GPU grid of ``benchmarks/estimate_vs_measured.py`` (estimated against measured peaks);
+3. at once, each in its own process capped at a Colab T4's 14.56 GiB (``KIT_GPU_CAP_BYTES``, which
+   ``kit.device`` applies on import with ``torch.cuda.set_per_process_memory_fraction``): the demo at
+   real size, one process per scenario (``python -m kit demo --out WORK/demo-sN --size real --scenario N``),
+   and notebooks 00-03, executed with
+   ``jupyter nbconvert --execute`` into ``WORK/notebooks`` (never in place). Every reading checked is
+   its own process's CUDA allocator, so the others running beside it do not enter it.
+
+Then it reads the two ``summary.json`` files (one per scenario, merged) and checks the predictions (``gpu_check_verdicts``), and writes
+``benchmarks/results/gpu-check-<date>-<device>.md`` and a ``.json`` of every figure beside it.
+
+>>> # make gpu-check          (on a CPU: "gpu-check: no CUDA GPU on this machine ... nothing to check.")
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GiB = 1024 ** 3
+CAP_BYTES = int(14.56 * GiB)      # what a Colab T4 lets torch allocate (DESIGN.md; kit.presets "colab-t4")
+CAP_ENV = "KIT_GPU_CAP_BYTES"     # kit.memory_cap.CAP_ENV
+NOTEBOOKS = ("00_check_your_setup", "01_distilgpt2_custom_head", "02_llama3_qlora_cross_validation",
+             "03_your_own_setup")
+# Seconds per stage. The capped stages run side by side, so the whole is 100 + 140 + 320 = 560 s at most.
+BUDGETS = {"gpu tests": 100, "estimate grid": 140, "demo s1": 320, "demo s2": 320,
+           **{f"notebook {n[:2]}": 320 for n in NOTEBOOKS}}
+DEMOS = ("demo s1", "demo s2")
+NO_GPU = "gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check."
+# Imported at each notebook kernel's start (IPython startup file): applies the cap and writes down what it set.
+STARTUP = ("import json, os\nfrom kit import device\nwith open(os.environ['GPU_CHECK_CAP_LOG'], 'a') as f:\n"
+           "    f.write(json.dumps({'pid': os.getpid(), 'cap': device.ENV_CAP}) + '\\n')\n")
+
+
+@dataclass
+class Stage:
+    name: str
+    cmd: list
+    budget_s: float
+    env: dict | None = None      # added to this process's environment
+
+
+@dataclass
+class StageResult:
+    name: str
+    cmd: list
+    budget_s: float
+    rc: int | None               # None when it was stopped at its budget
+    timed_out: bool
+    seconds: float
+    log: str
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop a stage and everything it started (a notebook's kernel too): TERM, then KILL."""
+    try:
+        import psutil
+
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:
+        family = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in [proc.pid] + [p.pid for p in family]:
+            try:
+                os.killpg(pid, sig) if pid == proc.pid else os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            proc.wait(timeout=5)
+            if sig == signal.SIGTERM and not any(p.is_running() for p in family):
+                return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _start(stage: Stage, log_dir: Path):
+    log = log_dir / (re.sub(r"[^A-Za-z0-9]+", "-", stage.name).strip("-") + ".log")
+    f = open(log, "w")
+    proc = subprocess.Popen([str(c) for c in stage.cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(stage.env or {})}, start_new_session=True)
+    return stage, proc, f, log, time.monotonic()
+
+
+def _finish(stage: Stage, proc, f, log: Path, started: float) -> StageResult:
+    try:
+        rc, timed_out = proc.wait(timeout=max(0.0, started + stage.budget_s - time.monotonic())), False
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        rc, timed_out = None, True
+    f.close()
+    seconds = round(time.monotonic() - started, 1)
+    output = log.read_text(errors="replace")
+    if timed_out:
+        output += f"\n[gpu-check: stopped at its budget of {stage.budget_s:g} s]\n"
+    return StageResult(stage.name, [str(c) for c in stage.cmd], stage.budget_s, rc, timed_out, seconds, str(log),
+                       output)
+
+
+def run_stages(stages: list[Stage], log_dir: Path, parallel: bool = False) -> list[StageResult]:
+    """Run each stage under its own budget, one after the other or (``parallel``) all at once.
+
+    A stage past its budget is stopped; its output so far is kept, and the next stages run.
+
+    >>> r = run_stages([Stage("hi", [sys.executable, "-c", "print('hi')"], 30)], Path(tempfile.mkdtemp()))
+    >>> r[0].ok, r[0].output
+    (True, 'hi\\n')
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if parallel:
+        started = [_start(s, log_dir) for s in stages]
+        return [_finish(*s) for s in started]
+    return [_finish(*_start(s, log_dir)) for s in stages]
+
+
+def stage_verdict(r: StageResult, what: str) -> dict:
+    from gpu_check_verdicts import FAILED, PASSED, verdict
+
+    if r.timed_out:
+        return verdict(what, FAILED, f"timed out after its budget of {r.budget_s:g} s (output kept: {r.log})")
+    return verdict(what, PASSED if r.rc == 0 else FAILED, f"exit {r.rc} in {r.seconds:g} s (log: {r.log})")
+
+
+GRID_ROW = re.compile(r"^(?P<label>.{40}) (?P<model>\S+)\s+predicted\s+(?P<est>[\d,]+) measured\s+(?P<got>[\d,]+) "
+                      r"\((?P<err>[+-]?[\d.]+)%\)")
+
+
+def grid_rows(output: str) -> list[dict]:
+    """The grid's printed rows: estimated and measured peak bytes per setup.
+
+    >>> grid_rows(f"{'full FT fp32':40s} distilgpt2               predicted  1,000 measured  1,010 (-0.99%) [3 s]")
+    [{'label': 'full FT fp32', 'model': 'distilgpt2', 'estimated_peak_bytes': 1000, 'measured_peak_bytes': 1010, 'error_pct': -0.99}]
+    """
+    rows = []
+    for line in output.splitlines():
+        m = GRID_ROW.match(line)
+        if m:
+            rows.append({"label": m["label"].strip(), "model": m["model"],
+                         "estimated_peak_bytes": int(m["est"].replace(",", "")),
+                         "measured_peak_bytes": int(m["got"].replace(",", "")), "error_pct": float(m["err"])})
+    return rows
+
+
+def device_slug(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"nvidia-h200"``.
+
+    >>> device_slug("Tesla T4 (PCIe)")
+    'tesla-t4-pcie'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def cap_seen(demos: list, cap_log: Path) -> dict:
+    """Where the cap was confirmed in force: each demo's output line, and one line per notebook kernel."""
+    lines = {d.name: next((x for x in d.output.splitlines() if x.startswith(f"{CAP_ENV}=")), None) for d in demos}
+    kernels = [json.loads(x) for x in cap_log.read_text().splitlines()] if cap_log.is_file() else []
+    return {"demos": lines, "kernels": kernels}
+
+
+def merged_summary(paths: list) -> dict | None:
+    """The demo runs' summary.json files as one: each scenario from the run that has it, errors joined.
+
+    >>> merged_summary([]) is None
+    True
+    """
+    parts = [json.loads(Path(p).read_text()) for p in paths if Path(p).is_file()]
+    if not parts:
+        return None
+    out = {**parts[0], "errors": [e for p in parts for e in p.get("errors") or []]}
+    for p in parts[1:]:
+        out.update({k: p[k] for k in ("scenario1", "scenario2") if k in p})
+        out["errors"] += [f"{k} differs between the demo runs: {out.get(k)!r} and {p.get(k)!r}"
+                          for k in ("size", "reading", "device") if p.get(k) != out.get(k)]
+    return out
+
+
+def stages_for(work: Path, py: str) -> tuple[list[Stage], list[Stage]]:
+    """The uncapped stages, run one after the other, and the capped ones, run side by side."""
+    capped_env = {CAP_ENV: str(CAP_BYTES), "KIT_SMOKE": "0", "KIT_CACHE": str(work / "twins"),
+                  "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                  "IPYTHONDIR": str(work / "ipython"), "GPU_CHECK_CAP_LOG": str(work / "kernel-caps.jsonl")}
+    first = [Stage("gpu tests", [py, "-m", "pytest", "tests", "-m", "gpu", "-p", "no:cacheprovider", "-q"],
+                   BUDGETS["gpu tests"]),
+             Stage("estimate grid", [py, "benchmarks/estimate_vs_measured.py", "--out", work / "grid.md"],
+                   BUDGETS["estimate grid"])]
+    side = [Stage(d, [py, "-m", "kit", "demo", "--out", work / d.replace(" ", "-"), "--size", "real", "--scenario",
+                      d[-1]], BUDGETS[d], capped_env) for d in DEMOS]
+    for n in NOTEBOOKS:
+        name = f"notebook {n[:2]}"
+        side.append(Stage(name, [py, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+                                 f"--ExecutePreprocessor.timeout={BUDGETS[name]}", "--output-dir",
+                                 work / "notebooks", ROOT / "notebooks" / f"{n}.ipynb"], BUDGETS[name], capped_env))
+    return first, side
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default=None, help="scratch folder for logs, the demo and the executed notebooks")
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="where the report goes")
+    a = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU)
+        return 0
+    from gpu_check_verdicts import NOT_TAKEN, verdicts
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")   # without a network each Hub attempt hangs; real-size twins
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    work = Path(a.work or tempfile.mkdtemp(prefix="gpu-check-"))
+    (work / "ipython" / "profile_default" / "startup").mkdir(parents=True, exist_ok=True)
+    (work / "ipython" / "profile_default" / "startup" / "00-kit-gpu-cap.py").write_text(STARTUP)
+    device = torch.cuda.get_device_name(0)
+    print(f"gpu-check on {device}: stages {BUDGETS} s; logs in {work}", flush=True)
+    first, side = stages_for(work, sys.executable)
+    results = run_stages(first, work)
+    print("gpu-check: " + ", ".join(f"{r.name} {'ok' if r.ok else 'FAILED'}" for r in results), flush=True)
+    results += run_stages(side, work, parallel=True)
+    by = {r.name: r for r in results}
+    out = [stage_verdict(by["gpu tests"], "the GPU-marked tests pass"),
+           stage_verdict(by["estimate grid"], "the GPU grid of estimate_vs_measured runs")]
+    out += [stage_verdict(by[f"notebook {n[:2]}"], f"notebook {n} runs at real size under the cap")
+            for n in NOTEBOOKS]
+    out += [stage_verdict(by[d], f"the demo's scenario {d[-1]} runs at real size under the cap") for d in DEMOS]
+    summary = merged_summary([work / d.replace(" ", "-") / "summary.json" for d in DEMOS])
+    out += verdicts(summary, CAP_BYTES, "no summary.json: " + "; ".join(
+        f"{d}: {stage_verdict(by[d], '')['detail']}" for d in DEMOS))
+    seen = cap_seen([by[d] for d in DEMOS], work / "kernel-caps.jsonl")
+    from gpu_check_verdicts import FAILED, PASSED, verdict
+
+    capped = all(line and "capped" in line for line in seen["demos"].values())
+    kernels = sum(1 for k in seen["kernels"] if "capped" in str(k.get("cap")))
+    out[2:2] = [verdict("the T4 cap is in force in both demo runs", PASSED if capped else FAILED,
+                        "; ".join(f"{d}: {line or f'no {CAP_ENV}= line in its output'}"
+                                  for d, line in seen["demos"].items())),
+                verdict("the T4 cap is in force in every notebook kernel",
+                        PASSED if kernels >= len(NOTEBOOKS) else FAILED,
+                        f"{kernels} of {len(NOTEBOOKS)} kernels wrote that they were capped "
+                        f"({work / 'kernel-caps.jsonl'})")]
+    from gpu_check_report import write
+
+    md, js = write(Path(a.results), device, device_slug(device), out, results, summary, grid_rows(
+        by["estimate grid"].output), seen, CAP_BYTES, work)
+    failed = [v for v in out if v["status"] in (FAILED, NOT_TAKEN)]
+    print(f"gpu-check: {len(out) - len(failed)} of {len(out)} verdicts passed or not checkable; wrote {md} and {js}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""``make gpu-check``'s verdicts: what the demo's ``summary.json`` says against what the kit predicted.
+
+Pure logic on dicts (no torch, no GPU), so it is unit-tested with summary.json dicts. Each verdict is
+``{"check", "status", "detail", "figures"}``; ``status`` is one of ``passed``, ``FAILED``,
+``not checked`` (the check cannot be made from what exists; ``detail`` says why) and ``not taken`` (a
+reading it needs is missing). Each figure is ``{"bytes", "kind"}`` with ``kind`` ``measured``,
+``estimated`` or ``set`` (the cap), so the report can label every number.
+
+>>> v = verdicts({"size": "real", "device": "NVIDIA T4", "reading": "cuda_allocated", "errors": []}, 2**30)
+>>> [(x["check"], x["status"]) for x in v][:2]
+[('demo ran at real size on the GPU', 'passed'), ('scenario 1', 'not taken')]
+"""
+from __future__ import annotations
+
+PASSED, FAILED, NOT_CHECKED, NOT_TAKEN = "passed", "FAILED", "not checked", "not taken"
+MEASURED, ESTIMATED, SET = "measured", "estimated", "set"
+FLAT = 0.01            # the fixed loop's fold peaks, and every fold's end, within 1% (kit's own tolerance)
+FIXED_FOLDS = 5        # kit/demo.py runs the fixed loop over 5 folds
+
+
+def fig(value, kind: str) -> dict:
+    """One labelled figure: ``{"bytes": int|None, "kind": "measured"|"estimated"|"set"}``."""
+    return {"bytes": value if isinstance(value, int) and not isinstance(value, bool) else None, "kind": kind}
+
+
+def verdict(check: str, status: str, detail: str, figures: dict | None = None) -> dict:
+    return {"check": check, "status": status, "detail": detail, "figures": figures or {}}
+
+
+def _gib(n) -> str:
+    return "not taken" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _demo(summary: dict) -> dict:
+    problems = []
+    if summary.get("size") != "real":
+        problems.append(f"size is {summary.get('size')!r}, not 'real'")
+    if summary.get("reading") != "cuda_allocated":
+        problems.append(f"reading is {summary.get('reading')!r}, not 'cuda_allocated'")
+    if summary.get("errors"):
+        problems.append("errors: " + "; ".join(map(str, summary["errors"])))
+    return verdict("demo ran at real size on the GPU", FAILED if problems else PASSED,
+                   "; ".join(problems) or f"{summary.get('device')}, reading {summary.get('reading')}")
+
+
+def _original(s1: dict, cap: int) -> dict:
+    o = s1.get("original") or {}
+    est, meas, oom = o.get("estimate_peak_bytes"), o.get("measured_peak_bytes"), o.get("oom")
+    figs = {"estimated peak": fig(est, ESTIMATED), "measured peak": fig(meas, MEASURED), "cap": fig(cap, SET)}
+    name = "scenario 1: the original runs out of memory and is caught (or is refused)"
+    if o.get("refused"):
+        return verdict(name, PASSED, f"refused before it ran: {o['refused']}", figs)
+    if est is None or oom is None:
+        return verdict(name, NOT_TAKEN, "the original's estimate or its oom flag is missing", figs)
+    if oom is True:
+        if est <= cap:
+            return verdict(name, FAILED, f"it ran out of memory, but was estimated to fit ({_gib(est)})", figs)
+        return verdict(name, PASSED, f"estimated at {_gib(est)} against the cap {_gib(cap)}; it ran out of "
+                                     "memory and the demo caught it and went on", figs)
+    if meas is None:
+        return verdict(name, NOT_TAKEN, "no out-of-memory error and no measured peak recorded", figs)
+    return verdict(name, FAILED, f"it fit: measured {_gib(meas)} under the cap {_gib(cap)} "
+                                 f"(estimated {_gib(est)})", figs)
+
+
+def _fix(s1: dict, letter: str, cap: int) -> dict:
+    fixes = [f for f in s1.get("fixes") or [] if str(f.get("name", "")).startswith(f"({letter})")]
+    name = f"scenario 1: fix ({letter}) fits"
+    if not fixes:
+        return verdict(name, NOT_TAKEN, f"fix ({letter}) is not in summary.json")
+    f = fixes[0]
+    est, meas = f.get("estimate_peak_bytes"), f.get("measured_peak_bytes")
+    figs = {"estimated peak": fig(est, ESTIMATED), "measured peak": fig(meas, MEASURED)}
+    if f.get("oom"):
+        return verdict(name, FAILED, f"{f['name']}: ran out of memory under the cap {_gib(cap)}", figs)
+    if meas is None:
+        return verdict(name, NOT_TAKEN, f"{f['name']}: no measured peak recorded", figs)
+    ratio = f", {meas / est:.2f}x the estimate" if est else ""
+    status = PASSED if meas <= cap else FAILED
+    return verdict(name, status, f"{f['name']}: measured {_gib(meas)}{ratio}, cap {_gib(cap)}", figs)
+
+
+def _fix_c(s1: dict, cap: int) -> dict:
+    """Fix (c) (the V x V head in bf16) is predicted NOT to fit a T4: the prediction must hold either way."""
+    fixes = [f for f in s1.get("fixes") or [] if str(f.get("name", "")).startswith("(c)")]
+    name = "scenario 1: fix (c) behaves as estimated"
+    if not fixes:
+        return verdict(name, NOT_TAKEN, "fix (c) is not in summary.json")
+    f = fixes[0]
+    est, meas, oom = f.get("estimate_peak_bytes"), f.get("measured_peak_bytes"), f.get("oom")
+    figs = {"estimated peak": fig(est, ESTIMATED), "measured peak": fig(meas, MEASURED)}
+    if est is None or oom is None or (not oom and meas is None):
+        return verdict(name, NOT_TAKEN, "its estimate, oom flag or measured peak is missing", figs)
+    predicted_oom = est > cap
+    said = "ran out of memory (caught)" if oom else f"fit, measured {_gib(meas)}"
+    return verdict(name, PASSED if predicted_oom == bool(oom) else FAILED,
+                   f"estimated {_gib(est)} ({'over' if predicted_oom else 'under'} the cap {_gib(cap)}); it {said}",
+                   figs)
+
+
+def _alive(fold: dict):
+    """Models alive when the fold's model had loaded: the newer field, else the older one."""
+    for key in ("models_alive_after_load", "models_alive_at_start"):
+        if fold.get(key) is not None:
+            return fold[key]
+    return None
+
+
+def _broken(s2: dict, cap: int) -> dict:
+    b, est = s2.get("broken") or {}, s2.get("estimate") or {}
+    folds, oom_at, model = b.get("folds") or [], b.get("oom_at_fold"), est.get("model", "the demo's model")
+    name = "scenario 2: the broken loop runs out of memory in fold 2, or shows two models alive"
+    figs = {"two models, estimated": fig(est.get("two_models_bytes"), ESTIMATED), "cap": fig(cap, SET)}
+    for i, f in enumerate(folds[:2], 1):
+        figs[f"fold {i} peak"] = fig(f.get("peak_bytes"), MEASURED)
+    if oom_at == 1:
+        return verdict(name, FAILED, "it ran out of memory in fold 1: one model alone did not fit", figs)
+    if oom_at == 2:
+        return verdict(name, PASSED, f"it ran out of memory in fold 2 ({model}), as predicted", figs)
+    if len(folds) < 2:
+        return verdict(name, NOT_TAKEN, "fold 2 has no record", figs)
+    alive = _alive(folds[1])
+    if alive is None:
+        return verdict(name, NOT_TAKEN, "fold 2's count of models alive is missing", figs)
+    if alive < 2:
+        return verdict(name, FAILED, f"fold 2 had {alive} model alive: the old model was freed, the bug did not "
+                                     "reproduce", figs)
+    two = est.get("two_models_bytes")
+    why = (f"two models alive did not run out of memory because the demo's real-size model is {model} in 4-bit: "
+           f"two of them are estimated at {_gib(two)}, under the cap {_gib(cap)}")
+    later = f"; it ran out of memory in fold {oom_at}" if oom_at else ""
+    return verdict(name, PASSED, f"two models alive: fold 2 had {alive} models alive after its load; {why}{later}",
+                   figs)
+
+
+def _llama3_8b(s2: dict, cap: int) -> dict:
+    est = s2.get("estimate") or {}
+    w = est.get("llama3_8b_nf4_training_weights_bytes")
+    figs = {"Llama-3-8B NF4 weights while training": fig(w, ESTIMATED), "cap": fig(cap, SET)}
+    return verdict("scenario 2 at Llama-3-8B size: out of memory in fold 2", NOT_CHECKED,
+                   f"the demo runs {est.get('model', 'Llama-3.2-1B')} at real size (kit/demo.py CV_MODEL), not "
+                   f"Llama-3-8B: two 8B models' weights are ESTIMATED at {_gib(2 * w if w else None)} against the "
+                   f"cap {_gib(cap)}, nothing measured", figs)
+
+
+def _fixed(s2: dict) -> list[dict]:
+    folds = (s2.get("fixed") or {}).get("folds") or []
+    flat, reset = ("scenario 2: the fixed loop's fold peaks stay within 1%",
+                   "scenario 2: the adapter reset is verified on every fold")
+    peaks = [f.get("peak_bytes") for f in folds]
+    figs = {f"fold {i} peak": fig(p, MEASURED) for i, p in enumerate(peaks, 1)}
+    if len(folds) < 2 or any(p is None for p in peaks):
+        out = [verdict(flat, NOT_TAKEN, f"{len(folds)} fold record(s), a peak missing or fewer than two", figs)]
+    else:
+        spread = (max(peaks) - min(peaks)) / min(peaks)
+        short = len(folds) < FIXED_FOLDS
+        ok = spread <= FLAT and not short
+        out = [verdict(flat, PASSED if ok else FAILED,
+                       f"peaks spread {100 * spread:.3f}% over {len(folds)} of {FIXED_FOLDS} folds"
+                       + (" (folds missing)" if short else ""), figs)]
+    resets = [f.get("adapter_reset_ok") for f in folds]
+    if not resets or any(r is None for r in resets):
+        out.append(verdict(reset, NOT_TAKEN, f"adapter_reset_ok missing ({resets})"))
+    else:
+        out.append(verdict(reset, PASSED if all(resets) else FAILED,
+                           f"adapter_reset_ok per fold: {resets}"))
+    return out
+
+
+def _baseline(s1: dict | None, s2: dict | None) -> list[dict]:
+    out = []
+    name = "memory back at baseline: scenario 1's fixes (kit.leaks.check_returned)"
+    fixes = (s1 or {}).get("fixes") or []
+    returned = {f.get("name", "?"): f.get("returned") for f in fixes}
+    if not fixes or any(v is None for v in returned.values()):
+        out.append(verdict(name, NOT_TAKEN, f"returned per fix: {returned or 'no fixes recorded'}"))
+    else:
+        out.append(verdict(name, PASSED if all(returned.values()) else FAILED, f"returned per fix: {returned}"))
+    o = (s1 or {}).get("original") or {}
+    name = "memory back at baseline: scenario 1's original"
+    if o.get("returned") is None:
+        out.append(verdict(name, NOT_CHECKED, "summary.json does not record it (kit/demo.py keeps the original's "
+                                              "estimate, measured peak and oom flag only)"))
+    else:
+        out.append(verdict(name, PASSED if o["returned"] else FAILED, f"returned: {o['returned']}"))
+    folds = ((s2 or {}).get("fixed") or {}).get("folds") or []
+    name = "memory back at baseline: every fixed fold's end within 1% of fold 1's start"
+    base, ends = (folds[0].get("start_bytes") if folds else None), [f.get("end_bytes") for f in folds]
+    figs = {"fold 1 start": fig(base, MEASURED), **{f"fold {i} end": fig(e, MEASURED) for i, e in enumerate(ends, 1)}}
+    if not base or not ends or any(e is None for e in ends):
+        out.append(verdict(name, NOT_TAKEN, "fold 1's start or a fold's end is missing", figs))
+    else:
+        worst = max(abs(e - base) for e in ends) / base
+        out.append(verdict(name, PASSED if worst <= FLAT else FAILED, f"worst fold end {100 * worst:+.3f}% "
+                                                                      "from fold 1's start", figs))
+    out.append(verdict("memory back at baseline: the broken loop", NOT_CHECKED,
+                       "by design its folds keep the old Trainer alive; its release after the loop is not recorded "
+                       "in summary.json"))
+    return out
+
+
+def verdicts(summary: dict | None, cap_bytes: int, missing: str = "") -> list[dict]:
+    """Every check that summary.json allows, in the order the report shows them."""
+    if summary is None:
+        return [verdict("the demo's summary.json", NOT_TAKEN, missing or "summary.json was not written")]
+    out = [_demo(summary)]
+    s1, s2 = summary.get("scenario1"), summary.get("scenario2")
+    if s1:
+        out += [_original(s1, cap_bytes), _fix(s1, "a", cap_bytes), _fix(s1, "b", cap_bytes), _fix_c(s1, cap_bytes)]
+    else:
+        out.append(verdict("scenario 1", NOT_TAKEN, "scenario 1 is not in summary.json (see the demo's errors)"))
+    if s2:
+        out += [_broken(s2, cap_bytes), _llama3_8b(s2, cap_bytes), *_fixed(s2)]
+        if s2.get("advice_reset_changed_nothing") is not None:
+            out.append(verdict("scenario 2: the advice's LoRA reset changes nothing",
+                               PASSED if s2["advice_reset_changed_nothing"] else FAILED,
+                               f"advice_reset_changed_nothing: {s2['advice_reset_changed_nothing']}"))
+    else:
+        out.append(verdict("scenario 2", NOT_TAKEN, "scenario 2 is not in summary.json (see the demo's errors)"))
+    return out + _baseline(s1, s2)
