@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def markdown(device: str, date: str, verdicts: list, results: list, grid: list, 
              "`torch.cuda.set_per_process_memory_fraction`; reserved memory counts). The GPU tests and the grid "
              "ran uncapped. The demo and notebooks ran side by side, each in its own process; every reading "
              "checked is its process's own CUDA allocator (`cuda_allocated`).", "",
+             f"Hub: `HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')}` (when 1, the real-size runs use the "
+             "kit's architecture twins: random weights, the real shapes, so the real memory).", "",
              f"Scratch folder (logs, demo report, executed notebooks): `{work}`", "",
              "| check | verdict | figures | detail |", "|---|---|---|---|"]
     for v in verdicts:

@@ -315,3 +315,14 @@ def test_the_two_demo_runs_merge_into_one_summary(tmp_path):
     assert _by_check(only_first)["scenario 2"]["status"] == gv.NOT_TAKEN
     paths[1].write_text(json.dumps({**json.loads(paths[1].read_text()), "size": "smoke"}))
     assert "size differs" in _status(gc.merged_summary(paths), "demo ran at real size")["detail"]
+
+
+def test_the_benchmark_modules_doctests_pass():
+    """``make test`` runs the doctests of kit/ only; these modules' examples are checked here."""
+    import doctest
+
+    import gpu_check_report
+
+    for module in (gc, gv, gpu_check_report):
+        result = doctest.testmod(module)
+        assert result.attempted and not result.failed, module.__name__
