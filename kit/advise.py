@@ -43,7 +43,7 @@ from .advise_search import BATCH_CAP, KW, SEQ_CAP, MOVES, Search, largest_fittin
 from .estimate import Estimate, estimate
 from .inventory import info_of
 from .presets import PRESETS, Preset
-from .units import GiB, fmt_bytes
+from .units import GiB, fmt_bytes, wrapped
 
 SAFETY = 0.05            # of the limit, kept free for reserved-above-allocated (fragmentation); see the doc
 BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
@@ -141,6 +141,7 @@ class Advice:
                 "max_eval_batch_size": self.max_eval_batch_size,
                 "suggestions": [s.to_json() for s in self.suggestions], "notes": self.notes}
 
+    @wrapped
     def text(self, top: int | None = None) -> str:
         """The verdict line, the ranked table (``top`` rows), then the largest batch and sequence that fit."""
         lim = self.limit

@@ -199,20 +199,22 @@ def _alive(n) -> str:
 
 
 def _second_fold(broken: list) -> str:
-    """What the broken loop's second fold started with, from the counted models (not from the bytes).
+    """Where the broken loop's second model came, from the counted models (not from the bytes).
 
-    >>> _second_fold([{"start_bytes": 2**20, "models_alive_at_start": 1},
-    ...               {"start_bytes": 2**21, "models_alive_at_start": 2}])
-    'starts with 2 models alive (the first with 1 model alive): 2.00 MiB at its start against 1.00 MiB.'
+    >>> _second_fold([{"load_peak_bytes": 2**20, "models_alive_after_load": 1},
+    ...               {"load_peak_bytes": 2**21, "models_alive_after_load": 2, "models_alive_in_training": 1}])
+    'loads with 2 models alive (the first with 1 model alive), a load peak of 2.00 MiB against 1.00 MiB; it trains with 1 model alive.'
     """
     if len(broken) < 2:
         return "never started."
     first, second = broken[0], broken[1]
-    where = f"{fmt_bytes(second['start_bytes'])} at its start against {fmt_bytes(first['start_bytes'])}."
-    if second.get("models_alive_at_start") is None:
-        return f"starts at {where} (the models alive were not counted)"
-    return (f"starts with {_alive(second['models_alive_at_start'])} (the first with "
-            f"{_alive(first.get('models_alive_at_start'))}): {where}")
+    where = f"a load peak of {fmt_bytes(second['load_peak_bytes'])} against {fmt_bytes(first['load_peak_bytes'])}"
+    if second.get("models_alive_after_load") is None:
+        return f"loads with {where} (the models alive were not counted)."
+    training = second.get("models_alive_in_training")
+    return (f"loads with {_alive(second['models_alive_after_load'])} (the first with "
+            f"{_alive(first.get('models_alive_after_load'))}), {where}"
+            + (f"; it trains with {_alive(training)}." if training is not None else "."))
 
 
 def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
@@ -220,6 +222,7 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance
     from .estimate import estimate
     from .presets import PRESETS
     from .scenarios import s2_cross_validation as s2
+    from .scenarios.s2_notebook import fold2_prediction
 
     model = CV_MODEL[size]
     p = {**s2.DEFAULTS, **CV_SETTINGS[size]}
@@ -233,12 +236,12 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance
     result = s2.run_scenario2(model, folds=5, broken_folds=3, output_dir=out / "cv-runs", **CV_SETTINGS[size])
     summary["scenario2"] = {**result, "estimate": {
         "model": model, "peak_bytes": est.peak_bytes, "weights_bytes": est.weights_bytes,
-        "two_models_bytes": est.peak_bytes + est.weights_bytes,
+        "two_models_bytes": fold2_prediction(est)["loaded_bytes"],
         "llama3_8b_nf4_loaded_weights_bytes": big.loaded_weights_bytes,
         "llama3_8b_nf4_training_weights_bytes": big.weights_bytes}}
     broken, fixed = result["broken"]["folds"], result["fixed"]["folds"]
-    labelled = [dict(f, label=f"fold {i + 1}" + (f" ({_alive(f['models_alive_at_start'])})"
-                                                  if f.get("models_alive_at_start") is not None else ""))
+    labelled = [dict(f, label=f"fold {i + 1}" + (f" ({_alive(f['models_alive_after_load'])} after load)"
+                                                  if f.get("models_alive_after_load") is not None else ""))
                 for i, f in enumerate(broken)]
     images = [_save(plot.folds(labelled, limit_bytes=t4 if size == "real" else None,
                                title="Broken loop: MEASURED per fold"), out, "s2_broken_folds"),
@@ -251,8 +254,8 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance
     spread = max(abs(f["end_bytes"] - fixed[0]["end_bytes"]) for f in fixed) / max(fixed[0]["end_bytes"], 1)
     sections.append(Section("Scenario 2: QLoRA cross-validation that dies on fold 2", [
         f"ESTIMATED for one fold of `{model}` ({p['quantization']}, LoRA r={p['lora_r']}): "
-        f"**{fmt_bytes(est.peak_bytes)}** peak, of which weights {fmt_bytes(est.weights_bytes)}; with the old "
-        f"fold's model still alive, about {fmt_bytes(est.peak_bytes + est.weights_bytes)}.",
+        f"**{fmt_bytes(est.peak_bytes)}** peak, of which weights {fmt_bytes(est.weights_bytes)}; when fold 2 loads "
+        f"beside the old fold's model and optimizer state, {fmt_bytes(fold2_prediction(est)['loaded_bytes'])}.",
         f"Llama-3-8B in NF4 with double quant is ESTIMATED at {fmt_bytes(big.loaded_weights_bytes)} of weights "
         f"as loaded ({big.loaded_weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and "
         f"lm_head stay 16-bit. peft's prepare_model_for_kbit_training then upcasts those to fp32: "

@@ -67,6 +67,19 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "meta-llama/Llama-3.2-3B": "tiny-llama", "HuggingFaceTB/SmolLM2-135M": "tiny-llama",
            "HuggingFaceTB/SmolLM2-360M-Instruct": "tiny-llama", "HuggingFaceTB/SmolLM2-1.7B-Instruct": "tiny-llama",
            "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama"}
+# Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
+_GATED_ORGS = ("meta-llama/", "google/", "mistralai/")
+
+
+def gated(name: str) -> bool:
+    """Whether a shipped model is gated on the Hub (its real weights need an accepted licence and a token).
+
+    >>> gated("meta-llama/Llama-3.2-1B"), gated("Qwen/Qwen3-8B")
+    (True, False)
+    """
+    return str(name).startswith(_GATED_ORGS)
+
+
 def known_models() -> list[str]:
     """Every name the offline registry knows.
 

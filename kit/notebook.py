@@ -14,9 +14,10 @@ from pathlib import Path  # noqa: F401 (the doctest of scratch_dir)
 
 from . import device as kdevice
 from . import runtime
-from .units import fmt_bytes
+from .units import fmt_bytes, wrapped
 
 
+@wrapped
 def run_note() -> str:
     """One line saying which run produced a notebook's outputs: mode, and the device it ran on.
 
@@ -40,6 +41,7 @@ def quiet() -> None:
 
     datasets.disable_progress_bars()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # transformers' advice to library authors (config fields, resized embeddings)
     # peft and Trainer call transformers 5's renamed checkpointing methods; nothing for a reader to do
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
     # bitsandbytes on an AVX512-bf16 CPU looks for an optional 4-bit kernel on the Hub and, without it, says so

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .units import GiB, fmt_bytes
+from .units import GiB, fmt_bytes, wrapped
 
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -115,6 +115,7 @@ class Verdict:
     ram_margin_bytes: int          # RAM - cpu_build_bytes (or - peak_bytes on "cpu")
     text: str
 
+    @wrapped
     def __str__(self) -> str:
         return self.text
 
@@ -155,6 +156,7 @@ def _margin(n: int) -> str:
     return f"{fmt_bytes(n)} to spare" if n >= 0 else f"{fmt_bytes(-n)} short"
 
 
+@wrapped
 def render(est, preset: str | Preset = "colab-t4") -> str:
     """The readable table of an estimate: components at the peak, offenders, a verdict.
 

@@ -18,6 +18,7 @@ import functools
 import os
 import socket
 
+from .units import wrapped
 
 HUB_HOST = "huggingface.co"
 
@@ -94,6 +95,7 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+@wrapped
 def describe() -> str:
     """What this runtime has, as a short text: GPU, RAM, libraries, Hub, and so real models or twins.
 

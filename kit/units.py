@@ -41,3 +41,46 @@ def fmt_bytes(n: int | float | None, unit: str | None = None, digits: int = 2) -
 def gib(n: int | float) -> float:
     """Bytes as a float number of GiB, for plot axes: ``gib(GiB) == 1.0``."""
     return n / GiB
+
+
+WIDTH = 110  # characters: what Colab's output column shows on a laptop screen without a scroll bar
+
+
+def wrap(text: str, width: int = WIDTH) -> str:
+    """Fold every line of ``text`` longer than ``width`` at its spaces, continuing under its own indent + 4.
+
+    Short lines, and so tables narrower than ``width``, pass through unchanged.
+
+    >>> print(wrap("  note: " + "word " * 30, width=40))
+      note: word word word word word word
+          word word word word word word word
+          word word word word word word word
+          word word word word word word word
+          word word word
+    """
+    import textwrap
+
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()))
+        out.extend(textwrap.wrap(line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + "    ",
+                                 break_long_words=True, break_on_hyphens=False))
+    return "\n".join(out)
+
+
+def wrapped(fn):
+    """Decorate a function that returns text, so that its lines fit :data:`WIDTH` (:func:`wrap`).
+
+    >>> wrapped(lambda: "x " * 80)().count("\\n")
+    1
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        return wrap(fn(*args, **kwargs))
+
+    return inner

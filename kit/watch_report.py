@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .units import fmt_bytes
+from .units import fmt_bytes, wrapped
 
 # phase key -> what it means, as the report says it
 PHASES = {
@@ -83,6 +83,7 @@ class TrainReport:
             return None
         return self.measured_peak_bytes / self.estimate_peak_bytes
 
+    @wrapped
     def text(self) -> str:
         return "\n".join(self._oom_lines() if self.oom else self._done_lines())
 

@@ -89,17 +89,18 @@ def test_original_compares_like_with_like(demo):
 def test_second_fold_text_counts_models(demo):
     out, s = demo
     broken = s["scenario2"]["broken"]["folds"]
-    n = broken[1]["models_alive_at_start"]
-    assert broken[0]["models_alive_at_start"] == 1 and n == 2
-    assert f"second fold starts with {n} models alive" in (out / "report.md").read_text()
+    n = broken[1]["models_alive_after_load"]
+    assert broken[0]["models_alive_after_load"] == 1 and n == 2
+    assert f"second fold loads with {n} models alive" in (out / "report.md").read_text()
 
 
 def test_second_fold_text_says_the_count_not_a_guess():
     from kit.demo import _second_fold
 
-    higher_but_one = [{"start_bytes": 1, "models_alive_at_start": 1}, {"start_bytes": 9, "models_alive_at_start": 1}]
-    assert _second_fold(higher_but_one).startswith("starts with 1 model alive")
-    three = [{"start_bytes": 1, "models_alive_at_start": 1}, {"start_bytes": 1, "models_alive_at_start": 3}]
+    higher_but_one = [{"load_peak_bytes": 1, "models_alive_after_load": 1},
+                      {"load_peak_bytes": 9, "models_alive_after_load": 1}]
+    assert _second_fold(higher_but_one).startswith("loads with 1 model alive")
+    three = [{"load_peak_bytes": 1, "models_alive_after_load": 1}, {"load_peak_bytes": 1, "models_alive_after_load": 3}]
     assert "3 models alive" in _second_fold(three) and "two" not in _second_fold(three)
 
 

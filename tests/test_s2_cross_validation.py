@@ -13,7 +13,7 @@ from kit.units import MiB
 from kit.scenarios import s2_cross_validation as cv
 from kit.scenarios.s2_folds import (ResultsFileError, append_result, k_fold_indices, read_results, repair_results,
                                      run_key)
-from kit.scenarios.s2_lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, restore_adapter,
+from kit.scenarios.s2_lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, lora_config, restore_adapter,
                                       save_adapter_init, states_equal, verify_adapter_reset)
 from kit.track import Tracker
 
@@ -61,7 +61,7 @@ def test_free_gpu_cache_frees_nothing_of_the_callers():
 
 def test_reset_check_catches_a_reset_that_does_nothing():
     assert "if 'lora' in model.named_modules():" in ADVICE_RESET_CODE
-    model = get_peft_model(models.load_model("tiny-llama", quantization="4bit"), cv.lora_config(4))
+    model = get_peft_model(models.load_model("tiny-llama", quantization="4bit"), lora_config(4))
     init = save_adapter_init(model)
     assert verify_adapter_reset(model, init).ok  # freshly wrapped: B = 0, A = init
     with torch.no_grad():                        # stand-in for a fold of training
@@ -101,7 +101,7 @@ def test_advice_reset_changes_nothing_after_real_training(tmp_path):
     assert not out["check"]["ok"] and out["tensors_compared"] == 8  # 2 layers x (q, v) x (A, B)
 
 
-def test_broken_loop_has_two_models_alive_at_fold_two_and_survives_oom(tmp_path, monkeypatch):
+def test_broken_loop_has_two_models_alive_while_fold_two_loads_and_survives_oom(tmp_path, monkeypatch):
     _count_train_calls(monkeypatch, fail_at=2)  # fold 2 loads its model, then training "runs out"
     before = cv.count_live_models()
     tracker = Tracker()
@@ -109,14 +109,34 @@ def test_broken_loop_has_two_models_alive_at_fold_two_and_survives_oom(tmp_path,
     out = cv.run_broken_loop("tiny-llama", folds=2, output_dir=tmp_path, tracker=tracker,
                              on_fold_end=seen.append, **SMALL)
     f1, f2 = out["folds"]
-    model_bytes = tracker.records[0].delta_bytes  # stage "broken: load model" #1
+    model_bytes = f1["loaded_bytes"] - f1["start_bytes"]
     assert model_bytes > 1_000_000
-    assert f1["models_alive_at_start"] == 1 and f2["models_alive_at_start"] == 2
-    assert f2["start_bytes"] >= f1["start_bytes"] + model_bytes
-    # The (faked) OOM in fold 2 is caught, recorded, and everything is freed.
-    assert out["oom_at_fold"] == 2 and f2["oom"] and not f1.get("oom")
+    assert f1["models_alive_after_load"] == 1 and f2["models_alive_after_load"] == 2
+    assert f1["models_alive_in_training"] == 1          # the faked OOM stops fold 2 before train() begins:
+    assert f2.get("models_alive_in_training") is None    # not counted, and not shown as 0
+    assert f2["loaded_bytes"] >= f2["start_bytes"] + model_bytes
+    # The (faked) OOM in fold 2's training is caught, recorded, and everything is freed.
+    assert out["oom_at_fold"] == 2 and f2["oom"] and f2["oom_during"] == "train" and not f1.get("oom")
     assert cv.count_live_models() == before
     assert [len(s) for s in seen] == [1, 2]      # the chart callback saw every fold, the OOM too
+
+
+def test_an_oom_while_loading_is_recorded_as_such(tmp_path, monkeypatch):
+    from kit.scenarios import s2_user_loop
+
+    real, calls = s2_user_loop.load_for_training, []
+
+    def load(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (faked by the test)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s2_user_loop, "load_for_training", load)
+    out = cv.run_broken_loop("tiny-llama", folds=3, output_dir=tmp_path, **SMALL)
+    assert out["oom_at_fold"] == 2 and len(out["folds"]) == 2
+    f2 = out["folds"][1]
+    assert f2["oom"] and f2["oom_during"] == "load" and "train_peak_bytes" not in f2
 
 
 def test_fixed_loop_is_flat_and_resets_the_adapter(tmp_path):
@@ -272,7 +292,7 @@ def test_settings_are_read_not_guessed():
         cv.run_fixed_loop("tiny-llama", folds=0, **SMALL)
     with pytest.raises(ValueError, match="^resume must be True or False"):
         cv.run_fixed_loop("tiny-llama", folds=3, resume="sometimes", **SMALL)
-    assert cv.lora_config(8, "all-linear").target_modules == "all-linear"
+    assert lora_config(8, "all-linear").target_modules == "all-linear"
 
 
 def test_a_comma_string_of_targets_trains(tmp_path):

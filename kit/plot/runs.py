@@ -114,7 +114,8 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
     """Start, peak and end memory per fold, with the baseline (before fold 1) drawn.
 
     Each fold is a dict with ``start_bytes``, ``peak_bytes``, ``end_bytes`` (None where
-    unknown), and optionally ``oom`` (True marks the fold) and ``label``.
+    unknown), and optionally ``oom`` (True marks the fold) and ``label``. Folds with
+    ``load_peak_bytes`` and ``train_peak_bytes`` (the user's loop) show both peaks apart.
 
     >>> fig = folds([{"start_bytes": 2**30, "peak_bytes": 2**31, "end_bytes": 2**30}], baseline_bytes=2**30)
     """
@@ -125,9 +126,15 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
         if missing:
             raise ValueError(f"fold {i + 1} lacks {sorted(missing)}; each fold needs start_bytes, peak_bytes, end_bytes")
     names = [f.get("label") or f"fold {i + 1}" for i, f in enumerate(fold_records)]
-    series = [("start", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
-              ("peak", OKABE_ITO["vermillion"], [f["peak_bytes"] for f in fold_records]),
-              ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
+    if any("load_peak_bytes" in f for f in fold_records):  # the user's loop: its load and its training apart
+        series = [("before load", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
+                  ("peak while loading", OKABE_ITO["orange"], [f.get("load_peak_bytes") for f in fold_records]),
+                  ("peak while training", OKABE_ITO["vermillion"], [f.get("train_peak_bytes") for f in fold_records]),
+                  ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
+    else:
+        series = [("start", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
+                  ("peak", OKABE_ITO["vermillion"], [f["peak_bytes"] for f in fold_records]),
+                  ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
     fig, ax = _fig(title=title)
     _grouped(ax, names, series)
     if baseline_bytes is not None:

@@ -22,8 +22,9 @@ from .. import data as kdata
 from .. import device as kdevice
 from .. import models as kmodels
 from ..estimate import estimate
+from ..inventory import UnsupportedModel
 from ..presets import PRESETS, verdict
-from ..units import fmt_bytes
+from ..units import fmt_bytes, wrapped
 
 NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
 # The user's Trainer: fp16 mixed precision, batch 1, accumulation 16, 128 tokens, Trainer's default AdamW
@@ -64,6 +65,7 @@ class Prediction:
     fits_t4: bool
     fits_ram: bool
 
+    @wrapped
     def text(self) -> str:
         return "\n".join([
             f"ESTIMATED for {self.name} (fp16 mixed precision, batch 1 x 128 tokens, accumulation 16, AdamW, "
@@ -111,6 +113,7 @@ class Advice:
     rows: list            # {"advice", "peak_bytes", "change_bytes", "modelled", "why"}
     data: dict            # {"max_length_bytes", "dynamic_bytes", "rows", "mean_len", "max_len"}
 
+    @wrapped
     def text(self) -> str:
         out = [f"ESTIMATED peak of the user's setup: {fmt_bytes(self.base_peak_bytes)}. Each change:"]
         for r in self.rows:
@@ -228,8 +231,9 @@ def _checkpointed(model):
     return model
 
 
-def fix_setup(which: str, size: str | None = None) -> dict:
-    """Fix ``which`` ("a", "b", "c"): its name, estimator settings and ``make(device)``.
+def fix_setup(which: str, size: str | None = None, rank: int | None = None) -> dict:
+    """Fix ``which`` ("a", "b", "c"): its name, estimator settings and ``make(device)``. ``rank``: fix (b)'s
+    rank (default ``RANK[size]``).
 
     >>> fix_setup("c", "real")["optimizer"]        # 8-bit AdamW refused on the 2.5e9-element head
     'adamw-fused'
@@ -237,7 +241,7 @@ def fix_setup(which: str, size: str | None = None) -> dict:
     size = _size(size)
     if which not in FIXES:
         raise ValueError(f"fix must be one of {sorted(FIXES)} ({FIXES}), not {which!r}.")
-    head, base, r = NAMES[size], NAMES[size].removesuffix(kmodels.VOCAB_HEAD), RANK[size]
+    head, base, r = NAMES[size], NAMES[size].removesuffix(kmodels.VOCAB_HEAD), RANK[size] if rank is None else rank
 
     def gpt2(dev):
         return kmodels.build_model(base, device="meta") if dev == "meta" else kmodels.load_model(base)
@@ -256,13 +260,13 @@ def fix_setup(which: str, size: str | None = None) -> dict:
                 else "adamw-8bit", precision="bf16", load_dtype="bf16", make=make, refused=problem)
 
 
-def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, **setup):
+def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, rank: int | None = None, **setup):
     """The estimate of fix ``which``: the Colab recipe, or (``as_run``) what this device runs.
 
     >>> estimate_fix("a", "real").peak_bytes < predict_original("real").peak_bytes / 10
     True
     """
-    s = fix_setup(which, size)
+    s = fix_setup(which, size, rank)
     precision = _run_precision(s["precision"]) if as_run else s["precision"]
     where = {"device": kdevice.device_name()} if as_run else {}  # CPU kernels save a little differently
     return _estimate(s["model"] or s["make"]("meta"), **{"precision": precision, "optimizer": s["optimizer"],
@@ -279,6 +283,7 @@ CHECKLIST = """Find your own culprit:
    it will not fix an out-of-memory error."""
 
 
+@wrapped
 def find_culprit(model, top: int = 5, **setup) -> str:
     """Modules ranked by trainable parameters, and by estimated training bytes (the estimator's offenders).
 
@@ -293,5 +298,8 @@ def find_culprit(model, top: int = 5, **setup) -> str:
     lines = ["By trainable parameters:"] + [f"  {n:<40} {c:>15,}" for n, c in sorted(
         (x for x in own if x[1]), key=lambda x: -x[1])[:top]]
     lines += ["By estimated training bytes (weights, grads, optimizer state):"]
-    lines += [f"  {n:<40} {fmt_bytes(b):>15}" for n, _, b in _estimate(model, **setup).offenders[:top]]
+    try:
+        lines += [f"  {n:<40} {fmt_bytes(b):>15}" for n, _, b in _estimate(model, **setup).offenders[:top]]
+    except UnsupportedModel as exc:  # a plain nn.Module: the ranking above still stands
+        lines.append(f"  not estimated: {exc}")
     return "\n".join(lines)

@@ -89,7 +89,7 @@ def grad_accum_for(which: str | None, grad_accum: int | None = None) -> int:
 
 
 def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None,
-            tracker: Tracker | None = None):
+            tracker: Tracker | None = None, rank: int | None = None):
     """Estimate, then measure, fix ``which`` with a short Trainer run. Returns ``(record, tracker)``.
 
     ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
@@ -101,8 +101,8 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: 
     >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
     """
     size, tracker, accum = _size(size), tracker or Tracker(), grad_accum_for(which, grad_accum)
-    steps, s = whole_number("steps", steps), fix_setup(which, size)
-    est = estimate_fix(which, size, as_run=True, grad_accum=accum)
+    steps, s = whole_number("steps", steps), fix_setup(which, size, rank)
+    est = estimate_fix(which, size, as_run=True, grad_accum=accum, rank=rank)
     record = {"name": s["name"], "which": which, "size": size, "steps": steps, "grad_accum": accum,
               "estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None,
               "reading": kdevice.best_reading(), "returned": None, "note": s.get("refused") or ""}

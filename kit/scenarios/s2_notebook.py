@@ -27,15 +27,16 @@ from pathlib import Path
 
 from .. import cleanup, leaks
 from .. import device as kdevice
+from .. import inputs as kin
 from .. import models as kmodels
 from .. import plot
 from ..estimate import estimate
 from ..live import LivePlot
 from ..presets import PRESETS, Preset
 from ..track import Tracker
-from ..units import fmt_bytes
-from . import s2_cross_validation as cv
-from .s2_lora_reset import lora_config
+from ..units import fmt_bytes, wrapped
+from .s2_folds import fold_data, read_results
+from .s2_training import _params, _trainer, load_for_training
 
 
 def weights_split(model_name: str) -> list[tuple[str, int]]:
@@ -65,6 +66,7 @@ def weights_split(model_name: str) -> list[tuple[str, int]]:
     return sorted(parts.items(), key=lambda kv: -kv[1])
 
 
+@wrapped
 def four_gb_text(est, model_name: str | None = None) -> str:
     """The advice's "about 4 GB" against the kit's arithmetic, for a 4-bit estimate.
 
@@ -96,37 +98,121 @@ def four_gb_text(est, model_name: str | None = None) -> str:
         f"{fmt_bytes(est.weights_bytes)}"])
 
 
+def upcast_moment_bytes(model_name: str) -> int:
+    """The bytes a 4-bit load holds for a moment beyond the loaded model, ESTIMATED: the 16-bit copy of the
+    last 16-bit parameter, alive beside its fp32 upcast (``prepare_model_for_kbit_training`` upcasts one
+    parameter at a time, in order, so the last one comes when all the others are fp32 already).
+
+    >>> upcast_moment_bytes("meta-llama/Meta-Llama-3-8B") == 2 * 525336576   # lm_head, last, in bf16
+    True
+    """
+    from torch import nn
+
+    last = 0
+    for name, mod in kmodels.build_model(model_name, device="meta").named_modules():
+        if isinstance(mod, nn.Linear) and name != "lm_head":
+            continue  # quantized: never upcast
+        for p in mod.parameters(recurse=False):
+            last = 2 * p.numel()
+    return last
+
+
 def fold1_leftovers(est) -> int:
     """What fold 1's Trainer still holds when fold 2 starts: its model (after the k-bit recipe) and its
     optimizer state, in bytes, ESTIMATED."""
     return est.weights_bytes + est.optimizer_bytes
 
 
+def fold2_prediction(est) -> dict:
+    """Where the user's loop doubles, ESTIMATED from one fold's estimate: bytes at three moments.
+
+    - ``leftover_bytes``: what fold 1's Trainer still holds when fold 2 starts loading;
+    - ``loaded_bytes``: fold 2's model loaded beside them (two models alive), and
+      ``load_peak_bytes``: that, plus the moment of the last fp32 upcast (:func:`upcast_moment_bytes`);
+    - ``train_peak_bytes``: fold 2 training, after ``trainer = ...`` let the old Trainer go:
+      one fold's peak, as in fold 1.
+
+    >>> p = fold2_prediction(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
+    >>> p["loaded_bytes"] > p["leftover_bytes"]
+    True
+    """
+    old = fold1_leftovers(est)
+    loaded = old + est.weights_bytes
+    return {"leftover_bytes": old, "loaded_bytes": loaded,
+            "load_peak_bytes": loaded + upcast_moment_bytes(est.setup["model"]), "train_peak_bytes": est.peak_bytes}
+
+
+def _verdict(n: int, limit: int) -> str:
+    return "fits" if n <= limit else f"DOES NOT FIT ({fmt_bytes(n - limit)} over)"
+
+
 def two_models_text(est, preset: str = "colab-t4") -> str:
-    """One fold's predicted peak, then fold 2 with fold 1's model and optimizer state still alive.
+    """One fold's predicted peak, then the moment fold 2 loads beside fold 1's leftovers, then fold 2 training.
 
     The user's loop loads fold 2's model while fold 1's Trainer still holds fold 1's model
-    (weights after the k-bit recipe) and its optimizer state. ESTIMATED, against ``preset``.
+    (after the k-bit recipe) and its optimizer state; ``trainer = ...`` lets them go only
+    after. ESTIMATED (allocated memory), against ``preset``.
 
     >>> print(two_models_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)))  # doctest: +SKIP
     """
-    gpu = PRESETS[preset].gpu_bytes
-    old = fold1_leftovers(est)
-    start2 = old + est.loaded_weights_bytes
-    peak2 = old + est.peak_bytes
-
-    def verdict(n: int) -> str:
-        return "fits" if n <= gpu else f"DOES NOT FIT ({fmt_bytes(n - gpu)} over)"
-
-    return "\n".join([
-        f"ESTIMATED against {PRESETS[preset].label}, allocated memory ({fmt_bytes(gpu)}):",
-        f"  one fold, peak of a training step:                 {fmt_bytes(est.peak_bytes):>10}  {verdict(est.peak_bytes)}",
-        f"  fold 1's model and optimizer state, still alive:   {fmt_bytes(old):>10}",
-        f"  fold 2 starts: those + a freshly loaded model:     {fmt_bytes(start2):>10}  {verdict(start2)}",
-        f"  fold 2 trains: those + one fold's peak:            {fmt_bytes(peak2):>10}  {verdict(peak2)}",
-        "  (nvidia-smi shows more: the CUDA context and the allocator's cache come on top)"])
+    gpu, f2 = PRESETS[preset].gpu_bytes, fold2_prediction(est)
+    rows = [("fold 1, peak of a training step", est.peak_bytes),
+            ("fold 2 loads: fold 1's model + optimizer state", f2["leftover_bytes"]),
+            ("  + fold 2's freshly loaded model (2 models)", f2["loaded_bytes"]),
+            ("  + the moment of its last fp32 upcast: peak of the load", f2["load_peak_bytes"]),
+            ("fold 2 trains, the old Trainer let go (1 model)", f2["train_peak_bytes"])]
+    return "\n".join([f"ESTIMATED, allocated memory, against {PRESETS[preset].label}:"]
+                     + [f"  {what:<56}{fmt_bytes(n):>11}  " + ("" if what.startswith("fold 2 loads") else
+                                                               _verdict(n, gpu)) for what, n in rows])
 
 
+def crash_models(preset: str = "colab-t4", **setup) -> list[dict]:
+    """Ungated 7B-class models in 4 bits: does one fold fit ``preset``, and does fold 2's load (ESTIMATED)?
+
+    Each row: ``model``, ``fold_peak_bytes``, ``loaded_bytes`` (the peak of fold 2's load, two models),
+    ``crashes`` (one fold fits and the load does not). Sorted, the surest crash first.
+
+    >>> crash_models(batch_size=4, seq_len=256, lora_r=8)[0]["model"]          # doctest: +SKIP
+    'Qwen/Qwen3-8B'
+    """
+    from ..model_configs import _REGISTRY, gated
+    from ..estimate import estimate as est_fn
+
+    gpu, rows = PRESETS[preset].gpu_bytes, []
+    for name in _REGISTRY:
+        if gated(name) or name.startswith("tiny-"):
+            continue
+        try:
+            est = est_fn(name, quantization="4bit", **setup)
+        except kin.InputError:  # the settings name modules this family lacks (gpt2's c_attn ...)
+            continue
+        if est.params < 6e9:  # 7B-class only
+            continue
+        loaded = fold2_prediction(est)["load_peak_bytes"]
+        rows.append({"model": name, "fold_peak_bytes": est.peak_bytes, "loaded_bytes": loaded,
+                     "crashes": est.peak_bytes <= gpu < loaded})
+    return sorted(rows, key=lambda r: (not r["crashes"], -(r["loaded_bytes"] - gpu)))
+
+
+def crash_models_text(preset: str = "colab-t4", **setup) -> str:
+    """:func:`crash_models` as a table, with the kit's pick named (ESTIMATED).
+
+    >>> print(crash_models_text(batch_size=4, seq_len=256, lora_r=8))          # doctest: +SKIP
+    """
+    rows, gpu = crash_models(preset, **setup), PRESETS[preset].gpu_bytes
+    lines = [f"ESTIMATED, ungated 7B-class models in 4 bits, against {PRESETS[preset].label}:",
+             f"  {'model':<26}{'one fold':>11}  {'':<6}{'fold 2 loads':>13}  verdict"]
+    for r in rows:
+        lines.append(f"  {r['model']:<26}{fmt_bytes(r['fold_peak_bytes']):>11}  "
+                     f"{'fits' if r['fold_peak_bytes'] <= gpu else 'NO':<6}{fmt_bytes(r['loaded_bytes']):>13}  "
+                     f"{_verdict(r['loaded_bytes'], gpu)}")
+    pick = next((r["model"] for r in rows if r["crashes"]), None)
+    lines.append(f"The kit's pick: {pick}: one fold fits, and fold 2's load does not." if pick else
+                 "None of them: no ungated model fits one fold and fails at fold 2's load with these settings.")
+    return "\n".join(lines)
+
+
+@wrapped
 def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
     """The fit advisor (:mod:`kit.advise`) on one fold, then on fold 2 with fold 1's model and optimizer
     state still alive: the device less those bytes. ESTIMATED.
@@ -166,8 +252,8 @@ class FoldChart:
 
     def figure(self):
         """The chart of the folds seen so far (a Figure)."""
-        recs = [dict(r, label=f"fold {r['fold']}" + (_alive(r['models_alive_at_start'])
-                                                     if "models_alive_at_start" in r else ""))
+        recs = [dict(r, label=f"fold {r['fold']}" + (_alive(r["models_alive_after_load"])
+                                                     if r.get("models_alive_after_load") is not None else ""))
                 for r in self.records]
         base = self.records[0].get("baseline_bytes") if self.records else None
         return plot.folds(recs, baseline_bytes=base, limit_bytes=self.limit_bytes,
@@ -175,25 +261,33 @@ class FoldChart:
 
 
 def _alive(n: int) -> str:
-    return f"\n{n} model{'' if n == 1 else 's'} alive at start"
+    return f"\n{n} model{'' if n == 1 else 's'} after load"
+
+
+def _cell(value, fmt) -> str:
+    return "-" if value is None else fmt(value)
 
 
 def fold_table(fold_records: list) -> str:
-    """The fold records as a table: start, peak, end, and what each loop adds.
+    """The fold records as a table (MEASURED): the user's loop by its load and its training, the fixed loop
+    by start, peak and end with its checks.
 
     >>> print(fold_table([{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}]))  # doctest: +SKIP
     """
-    cols = [("models_alive_at_start", "models alive", str), ("adapter_reset_ok", "adapter reset", str),
-            ("back_at_baseline", "back at baseline", str), ("eval_loss", "eval loss", lambda v: f"{v:.4f}"),
-            ("resumed", "from file", str)]
-    cols = [c for c in cols if any(c[0] in r for r in fold_records)]
-    head = f"{'fold':>4} {'start':>11} {'peak':>11} {'end':>11}" + "".join(f" {t:>16}" for _, t, _ in cols)
-    lines = [f"{kdevice.best_reading()}:", head]
+    b, txt = fmt_bytes, str
+    cols = [("start_bytes", "start", b), ("load_peak_bytes", "load peak", b), ("models_alive_after_load", "models", txt),
+            ("train_peak_bytes", "train peak", b), ("models_alive_in_training", "models", txt),
+            ("peak_bytes", "peak", b), ("end_bytes", "end", b), ("adapter_reset_ok", "reset ok", txt),
+            ("back_at_baseline", "at baseline", txt), ("eval_loss", "eval loss", lambda v: f"{v:.4f}"),
+            ("resumed", "from file", txt)]
+    user_loop = any("load_peak_bytes" in r for r in fold_records)
+    cols = [c for c in cols if any(c[0] in r for r in fold_records) and not (user_loop and c[0] == "peak_bytes")]
+    lines = [f"MEASURED, {kdevice.best_reading()}" + (" (models: loaded models in memory)" if user_loop else "") + ":",
+             f"{'fold':>4}" + "".join(f" {t:>11}" for _, t, _ in cols)]
     for r in fold_records:
-        lines.append(f"{r['fold']:>4} {fmt_bytes(r['start_bytes']):>11} {fmt_bytes(r['peak_bytes']):>11} "
-                     f"{fmt_bytes(r['end_bytes']):>11}" + "".join(
-                         f" {(f(r[k]) if k in r and r[k] is not None else '-'):>16}" for k, _, f in cols)
-                     + ("  OUT OF MEMORY" if r.get("oom") else ""))
+        lines.append(f"{r['fold']:>4}" + "".join(f" {_cell(r.get(k), f):>11}" for k, _, f in cols)
+                     + (f"  OUT OF MEMORY while {'loading' if r.get('oom_during') == 'load' else 'training'}"
+                        if r.get("oom") else ""))
     return "\n".join(lines)
 
 
@@ -209,7 +303,7 @@ def simulate_crash(results_path, keep_folds: int) -> list[int]:
         raise ValueError(f"{path} does not exist: run run_fixed_loop first.")
     lines = path.read_text(encoding="utf-8").splitlines()[:keep_folds]
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return sorted(int(k) for k in cv.read_results(path))
+    return sorted(int(k) for k in read_results(path))
 
 
 def recipe_estimates(model_name: str, **setup) -> dict:
@@ -224,33 +318,16 @@ def recipe_estimates(model_name: str, **setup) -> dict:
             for r in ("standard", "lean")}
 
 
-def _prepare(model, recipe: str):
-    from peft import prepare_model_for_kbit_training
-
-    if recipe == "standard":
-        # use_reentrant=False in both recipes (torch's recommendation), so that only the upcast differs
-        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=True,
-                                               gradient_checkpointing_kwargs={"use_reentrant": False})
-    # lean: what prepare_model_for_kbit_training does, minus the fp32 upcast of the 16-bit parts
-    for p in model.parameters():
-        p.requires_grad = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.enable_input_require_grads()  # checkpointing a frozen base needs inputs that want grad
-    return model
-
-
 def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> dict:
-    from peft import get_peft_model
     from transformers import set_seed
 
     baseline = leaks.take_baseline().snapshot.best_bytes
     set_seed(p["seed"])  # the same LoRA init and data order for both recipes
-    model = get_peft_model(_prepare(cv._load(model_name, p["quantization"]), recipe),
-                           lora_config(p["lora_r"], p["lora_targets"]))
+    model = load_for_training(model_name, p, recipe)
     gc.collect()
     weights_bytes = kdevice.snapshot().best_bytes - baseline
     tracker, out = Tracker(), tempfile.mkdtemp(prefix="kit-recipes-")
-    trainer = cv._trainer(model, train_ds, None, collate, p, out, 1, tracker)
+    trainer = _trainer(model, train_ds, None, collate, p, out, 1, tracker)
     with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False, tensor_peak=True) as stage:
         loss = trainer.train().training_loss
     trainer = cleanup.release(trainer)
@@ -271,11 +348,12 @@ def measure_kbit_recipes(model_name: str, **settings) -> list[dict]:
     >>> [r["recipe"] for r in measure_kbit_recipes("tiny-llama", steps_per_fold=1)]   # doctest: +SKIP
     ['standard', 'lean']
     """
-    p = cv._params(**settings)
-    _, collate, splits = cv.fold_data(model_name, 2, p["seq_len"], p["max_samples"])
+    p = _params(**settings)
+    _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
     return [_measure_one(model_name, r, p, collate, splits[0][0]) for r in ("standard", "lean")]
 
 
+@wrapped
 def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
     """Standard against lean: estimated weights and peak, and measured ones when given.
 
@@ -301,27 +379,40 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-def broken_text(broken: dict) -> str:
-    """The broken loop read aloud (MEASURED): models alive at fold 2's start, and the failure if any.
+@wrapped
+def broken_text(broken: dict, prediction: dict | None = None) -> str:
+    """The user's loop read aloud (MEASURED): where the second model came, and what the training saw.
+
+    ``prediction``, :func:`fold2_prediction` for the model that ran, sets the ESTIMATED moment
+    beside the measured one (both counted from the memory before fold 1's load).
 
     >>> print(broken_text({"folds": [], "oom_at_fold": None}))
     MEASURED: no fold finished.
     """
-    folds = broken["folds"]
+    folds, oom = broken["folds"], broken["oom_at_fold"]
     if not folds:
         return "MEASURED: no fold finished."
-    lines = []
+    lines = [f"MEASURED ({kdevice.best_reading()}):"]
     if len(folds) > 1:
         f1, f2 = folds[0], folds[1]
-        lines.append(f"MEASURED ({kdevice.best_reading()}): fold 2 started with {f2.get('models_alive_at_start')} "
-                     f"models alive, at {fmt_bytes(f2['start_bytes'])}, {f2['start_bytes'] / f1['start_bytes']:.2f}x "
-                     f"fold 1's start ({fmt_bytes(f1['start_bytes'])}).")
-    oom = broken["oom_at_fold"]
-    lines.append(f"Out of memory at fold {oom}: caught, recorded, and the memory freed." if oom else
-                 f"No fold ran out of memory on this device: {len(folds)} folds finished.")
+        lines.append(f"  fold 2's load: {f2.get('models_alive_after_load')} models in memory, peak "
+                     f"{fmt_bytes(f2['load_peak_bytes'])}; fold 1's load peaked at {fmt_bytes(f1['load_peak_bytes'])}")
+        if prediction is not None:
+            measured = f2["load_peak_bytes"] - f1["start_bytes"]
+            lines.append(f"    above the memory before fold 1: {fmt_bytes(measured)} MEASURED, "
+                         f"{fmt_bytes(prediction['load_peak_bytes'])} ESTIMATED "
+                         f"({measured / prediction['load_peak_bytes']:.3f}x)")
+        if f2.get("train_peak_bytes") is not None:
+            lines.append(f"  fold 2's training: {f2.get('models_alive_in_training')} model(s) in memory, peak "
+                         f"{fmt_bytes(f2['train_peak_bytes'])}, {f2['train_peak_bytes'] / f1['train_peak_bytes']:.3f}x "
+                         f"fold 1's: the old Trainer was let go at `trainer = ...`")
+    lines.append(f"  out of memory at fold {oom}, while {'loading' if folds[-1].get('oom_during') == 'load' else 'training'}:"
+                 f" caught, recorded, and the memory freed" if oom else
+                 f"  no fold ran out of memory on this device: {len(folds)} folds finished")
     return "\n".join(lines)
 
 
+@wrapped
 def fixed_text(fixed: dict, tolerance: float = 0.01) -> str:
     """The fixed loop read aloud (MEASURED): resets verified, memory back at the baseline, flat folds.
 

@@ -27,7 +27,7 @@ from .. import inputs as kin
 from .. import models as kmodels
 from ..estimate import OPTIMIZERS
 from ..presets import PRESETS
-from ..units import fmt_bytes
+from ..units import fmt_bytes, wrapped
 
 MIN_GAP = 0.2    # smoke mode: the advised twin's estimated peak must be this much under the original's
 
@@ -133,6 +133,7 @@ class YourSetup:
                 lines.append(f"  {name}: {a} -> {b}")
         return "\n".join(lines) or "  nothing"
 
+    @wrapped
     def __str__(self) -> str:
         a = self.args
         mixed = "fp16" if a.fp16 else "bf16" if a.bf16 else "fp32"
@@ -222,6 +223,7 @@ class CapChoice:
     advised_bytes: int | None = None
     simulated: bool = False
 
+    @wrapped
     def __str__(self) -> str:
         head = "no memory cap" if self.cap_bytes is None else \
             f"memory cap {fmt_bytes(self.cap_bytes)}{' (SIMULATED)' if self.simulated else ''}"
@@ -270,6 +272,7 @@ def memory_cap(setup: YourSetup, advice, device: str = "colab-t4") -> CapChoice:
                                        f"({fmt_bytes(hw['gpu_total_bytes'])}) through a CUDA memory fraction")
 
 
+@wrapped
 def read_aloud(est) -> str:
     """The estimate's peak split three ways: what batch and sequence scale (activations, logits and loss,
     temporaries) and what they do not (weights, gradients, optimizer state, autocast copies).
@@ -288,6 +291,7 @@ def read_aloud(est) -> str:
     return "\n".join(lines)
 
 
+@wrapped
 def sources(est) -> str:
     """Where ``estimate_from`` read each setting, so you can check it read your objects as you meant."""
     from ..from_trainer import _show
@@ -317,6 +321,7 @@ def release(trainer) -> None:
     cleanup.release(trainer, free_model=True)
 
 
+@wrapped
 def compare(runs: list) -> str:
     """``runs``: ``[(name, TrainReport)]``. A table, estimated beside measured, with the cap and the outcome."""
     reading = next((r.reading for _, r in runs), "")
