@@ -19,6 +19,7 @@ tier, in the order below; then fewer changed options, then the lower peak):
    parameters in one Linear, as scenario 1's V x V head: ``--lora-r 256 --lora-targets custom_layer``),
    LoRA (rank 16) on every linear layer or on peft's default targets in place of full fine-tuning;
 7. and 8. 8-bit, then 4-bit base weights with LoRA.
+9. where no change on one GPU fits: the fewest GPUs that do, sharded with FSDP (:mod:`kit.advise_gpus`).
 
 Single changes are tried first. Only when none fits: every pair, then a third change on the
 :data:`BEAM` pairs of lowest peak: a few hundred estimates at most, cached within the call.
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 
 from . import inputs as kin
 from .advise_search import BATCH_CAP, KW, SEQ_CAP, MOVES, Search, largest_fitting
+from .advise_gpus import shard_suggestion
 from .estimate import Estimate, estimate
 from .inventory import info_of
 from .presets import PRESETS, Preset
@@ -250,6 +252,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         found = sorted(level, key=lambda n: n[2].peak_bytes)[:3]
     best = sorted(found, key=s.rank)[:MAX_SUGGESTIONS]
     out = sorted((s.suggestion(*s.refine(*n)) for n in best), key=lambda x: x.rank)
+    if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
+        out += [x for x in [shard_suggestion(s, out)] if x]
     ev, mev, b = be.eval_peak_bytes, 0, s.base
     acc = {"eval_accumulation_steps": 1} if b["eval_gather"] != "loss" and not b["eval_accumulation_steps"] else {}
     if evaluates or ev > lim.usable_bytes:   # the largest eval batch (gathered logits moved off the GPU)

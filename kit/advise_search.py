@@ -29,7 +29,7 @@ CLI = {"batch_size": "batch-size", "seq_len": "seq-len", "grad_accum": "grad-acc
 KW = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "lora_targets", "optimizer",
       "gradient_checkpointing", "grad_accum", "load_dtype", "attn_implementation", "kbit_recipe", "lora_dropout",
       "padded", "device", "eval_batch_size", "eval_gather", "eval_samples", "eval_accumulation_steps",
-      "quant_type", "double_quant", "compute_dtype", "checkpoint_reentrant")
+      "quant_type", "double_quant", "compute_dtype", "checkpoint_reentrant", "strategy", "num_gpus", "cpu_offload")
 
 
 # -- the moves ----------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from . import inputs as kin
 from . import quant as kq
 from .eval_peak import GATHER, eval_peak
 from .presets import ALIASES as _ALIASES
+from .strategies import STRATEGIES, per_gpu
 from .units import fmt_bytes
 
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "logits & loss",
@@ -99,7 +100,8 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
              kbit_recipe: str = "standard", lora_dropout: float = 0.0, padded: bool = True,
              device: str = "cuda", eval_batch_size: int = 8, eval_gather: str = "loss", eval_samples=None,
              eval_accumulation_steps=None, quant_type: str = "nf4", double_quant: bool = True,
-             compute_dtype: str = "bf16", checkpoint_reentrant=None) -> Estimate:
+             compute_dtype: str = "bf16", checkpoint_reentrant=None, strategy: str = "single", num_gpus: int = 1,
+             cpu_offload: bool = False) -> Estimate:
     """Predict the memory of training ``model`` with Trainer in this setup. See the module doc.
 
     ``precision`` fp16/bf16 is Trainer mixed precision (autocast, weights stay in
@@ -120,6 +122,9 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     ``checkpoint_reentrant``: whether the checkpointing is reentrant; None: only the k-bit recipe's own
     (``gradient_checkpointing=None``) is, an explicit one is Trainer's. It matters with 8-bit weights,
     whose inputs non-reentrant checkpointing cannot free (:mod:`kit.quant`).
+
+    ``strategy`` ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3"), ``num_gpus`` and
+    ``cpu_offload``: the bytes are per GPU, as :mod:`kit.strategies` models each engine.
 
     >>> estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit",
     ...          lora_r=16).trainable_params
@@ -160,11 +165,14 @@ def estimate(model, *, batch_size: int, seq_len: int, precision: str = "fp32", q
     if info.max_positions and seq_len > info.max_positions:
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
-    return _assemble(info, model=model if isinstance(model, str) else type(model).__name__,
+    multi = kin.choice("strategy", strategy, STRATEGIES), kin.whole_number("num_gpus", num_gpus), \
+        kin.flag("cpu_offload", cpu_offload)
+    est = _assemble(info, model=model if isinstance(model, str) else type(model).__name__,
                     B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                     lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                     accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
                     lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb)
+    return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 
 def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt,
@@ -196,6 +204,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
                          "opt", "paged", "grads", "halves", "streamed"), 0)
     grads, groups, offenders = dict.fromkeys(("embed", "block", "head"), 0), {}, []
     wtemp, wnew = dict(grads), dict(grads)  # per part: backward temporaries; + a new grad (accumulating)
+    pw, po, pt = dict(grads), dict(grads), dict(grads)  # per part: weights, optimizer state, trainable params
     for l in leaves:
         n = l.weight + l.bias
         q = quant if l.quantizable else "none"
@@ -227,12 +236,14 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
             grads[l.part] += k * dt
             tot["trainable"] += k
             tot["opt"], tot["paged"] = tot["opt"] + o, tot["paged"] + p
+            po[l.part], pt[l.part] = po[l.part] + o + p, pt[l.part] + k
             groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
             half = 2 * k if ac and dt != ac else 0  # autocast: the grad of the half copy, then cast up
             wtemp[l.part], wnew[l.part] = max(wtemp[l.part], half), max(wnew[l.part], half + k * dt)
             tot["halves"] += half if l.kind == "linear" else 0  # autocast caches a half copy of each
             train_bytes += k * dt + o + p
         tot["weights"] += w_bytes
+        pw[l.part] += w_bytes
         offenders.append((l.name, n, train_bytes))
     moved = sum(l.fin * l.fout * other for l in leaves if l.tied and l.trainable and not lora_r)
     grads["embed"], grads["head"] = grads["embed"] - moved, grads["head"] + moved  # lm_head makes it first
@@ -296,7 +307,7 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
         notes.append("the evaluation peak is set by the blocks, where the kit counts at most what one block saves in "
                      "training: an upper bound (it is exact where the logits set it)")
     offenders.sort(key=lambda t: (t[2], t[1]), reverse=True)
-    return Estimate(
+    est = Estimate(
         params=tot["params"], trainable_params=tot["trainable"], weights_bytes=weights,
         gradients_bytes=tot["grads"], optimizer_bytes=tot["opt"] + tot["paged"],
         activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
@@ -317,6 +328,10 @@ def _assemble(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets
                                 eval_batch_size=ev["batch_size"], eval_gather=ev["gather"],
                                 eval_samples=ev["samples"], eval_accumulation_steps=ev["accumulation"]),
         _parts=parts)
+    # what kit.strategies needs to move the states between GPUs and replay the moments (not part of the JSON)
+    est._ctx = dict(rp=rp, grads=grads, wtemp=wtemp, moved=moved, inputs=inputs, step_temp=step_temp, L=shapes["L"],
+                    weights=pw, opt=po, trainable=pt, buffers=info.buffers_bytes, H=H, fwdbwd=fwdbwd, step=step)
+    return est
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

@@ -15,6 +15,7 @@ import sys
 from .estimate import DTYPES, OPTIMIZERS, QUANTIZATIONS
 from .model_configs import known_models
 from .presets import ALIASES
+from .strategies import STRATEGIES
 
 QUANT_OPTIONS = ("quant_type", "double_quant", "compute_dtype")  # estimate()'s 4-bit keywords, from their options
 _FLAGS: dict = {}  # estimate()'s keyword -> this command's option, to name the option in an error
@@ -49,8 +50,9 @@ def add_setup_options(p: argparse.ArgumentParser) -> None:
                    "or a path to a config.json")
     p.add_argument("--batch-size", type=int, required=True, help="per-device train batch size")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--precision", choices=list(DTYPES), default="fp32",
-                   help="fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype)")
+    p.add_argument("--precision", choices=list(DTYPES), default=None,
+                   help="fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default fp32, or the "
+                        "--accelerate-config file's mixed_precision")
     p.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
                    help="bitsandbytes; 4bit = NF4 + double quant, bf16 compute (see the three 4-bit options below)")
     p.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: no LoRA)")
@@ -81,6 +83,16 @@ def add_setup_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-samples", type=int, default=None, help="len(eval_dataset): gathered logits grow with it")
     p.add_argument("--eval-accumulation-steps", type=int, default=None,
                    help="move gathered predictions off the GPU every N eval steps")
+    # more than one GPU (kit.strategies): the bytes become per GPU
+    p.add_argument("--strategy", choices=list(STRATEGIES), default=None,
+                   help="single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), fsdp-grad-op "
+                        "(SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)")
+    p.add_argument("--num-gpus", type=int, default=None, help="GPUs the run is spread over (default 1)")
+    p.add_argument("--cpu-offload", action="store_true", default=None,
+                   help="fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer (zero3: and params)")
+    p.add_argument("--accelerate-config", default=None, metavar="PATH",
+                   help="the YAML `accelerate config` wrote: its distributed_type, num_processes, fsdp/deepspeed "
+                        "config and mixed_precision set the options above (flags given here win)")
     # 4-bit only (BitsAndBytesConfig's bnb_4bit_*): the defaults are the kit's 4bit, the QLoRA recipe
     p.add_argument("--quant-type", choices=["nf4", "fp4"], default="nf4",
                    help="4-bit: bnb_4bit_quant_type (the same bytes; BitsAndBytesConfig's own default is fp4)")
@@ -88,6 +100,33 @@ def add_setup_options(p: argparse.ArgumentParser) -> None:
                    help="4-bit: bnb_4bit_use_double_quant=False (each block's scale in 4 bytes, not 1)")
     p.add_argument("--compute-dtype", choices=list(DTYPES), default="bf16",
                    help="4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)")
+
+
+def resolve_launch(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill ``strategy``/``num_gpus``/``cpu_offload``/``precision`` (and what else the file sets) from
+    ``--accelerate-config``, where the flags left them unset; then the defaults. Idempotent.
+
+    >>> from kit.__main__ import build_parser
+    >>> a = resolve_launch(build_parser().parse_args(["estimate", "--model", "gpt2", "--batch-size", "1",
+    ...                                               "--seq-len", "8", "--strategy", "ddp", "--num-gpus", "2"]))
+    >>> a.strategy, a.num_gpus, a.cpu_offload, a.precision
+    ('ddp', 2, False, 'fp32')
+    """
+    if getattr(args, "accelerate_config", None):
+        from .accelerate_config import read_accelerate_config
+
+        for k, v in read_accelerate_config(args.accelerate_config).items():
+            if getattr(args, k, None) is None or (k == "grad_accum" and args.grad_accum == 1):
+                setattr(args, k, v)
+    for k, default in (("strategy", None), ("num_gpus", None), ("cpu_offload", False), ("precision", "fp32")):
+        if getattr(args, k, None) is None:
+            setattr(args, k, default)
+    if args.strategy is None:
+        args.strategy = "single" if (args.num_gpus or 1) == 1 and not args.cpu_offload else \
+            "fsdp" if args.cpu_offload else "ddp"  # accelerate launch --num_processes N alone: DDP
+    if args.num_gpus is None:
+        args.num_gpus = 1
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from .presets import verdict
 
     try:
+        resolve_launch(args)
         with _quiet():
             from .estimate import estimate
 
@@ -110,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                 attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
                 padded=getattr(args, "padded", True), eval_batch_size=args.eval_batch_size,
                 eval_gather=args.eval_gather, eval_samples=args.eval_samples,
-                eval_accumulation_steps=args.eval_accumulation_steps,
+                eval_accumulation_steps=args.eval_accumulation_steps, strategy=args.strategy,
+                num_gpus=args.num_gpus, cpu_offload=args.cpu_offload,
                 **{k: getattr(args, k) for k in QUANT_OPTIONS if hasattr(args, k)})
     except ValueError as exc:
         flag = _FLAGS.get(getattr(exc, "name", None))
@@ -131,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(est.table(preset))
+        if args.accelerate_config:
+            from .accelerate_config import launch_command
+
+            print(f"\nPer GPU, for: {launch_command(args.accelerate_config)}")
     return 0
 
 

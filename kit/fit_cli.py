@@ -52,7 +52,11 @@ def setup_of(args: argparse.Namespace) -> dict:
     keys = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "lora_targets", "optimizer",
             "gradient_checkpointing", "grad_accum", "load_dtype", "attn_implementation", "kbit_recipe", "padded",
             "eval_batch_size", "eval_gather", "eval_samples", "eval_accumulation_steps", "quant_type", "double_quant",
-            "compute_dtype", "checkpoint_reentrant")
+            "compute_dtype", "checkpoint_reentrant", "strategy", "num_gpus", "cpu_offload")
+    if hasattr(args, "strategy"):
+        from .estimate_cli import resolve_launch
+
+        resolve_launch(args)
     return {k: getattr(args, k) for k in keys if hasattr(args, k)}
 
 

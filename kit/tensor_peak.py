@@ -78,6 +78,13 @@ class TensorPeak:
         self.current_bytes -= self._sizes.pop(key, 0)
 
     def _track(self, t) -> None:
+        inner = getattr(t, "__tensor_flatten__", None)
+        if inner is not None and issubclass(type(t), torch.Tensor):
+            # A wrapper subclass (DTensor: FSDP2's sharded parameters, their grads and optimizer state) has no
+            # storage of its own (its storage() reports the global size with no data): count the tensors inside.
+            for name in inner()[0]:
+                self._track(getattr(t, name))
+            return
         if issubclass(type(t), torch.Tensor) and str(t.device) == self.device and not t.is_sparse:
             try:
                 storage = t.untyped_storage()
@@ -107,11 +114,23 @@ class TensorPeak:
 
         self._mode = _Mode()
         self._mode.__enter__()
+        # FSDP2 frees and re-allocates its unsharded parameters with ``untyped_storage().resize_``, which
+        # runs outside the dispatcher: count a storage's new size when a tensor seen before is resized
+        resize = self._resize = torch.UntypedStorage.resize_
+
+        def counted_resize(storage, nbytes):
+            out = resize(storage, nbytes)
+            if tracker._mode is not None and id(storage) in tracker._sizes:
+                tracker._add(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = counted_resize
         self._armed = True
         return self
 
     def __exit__(self, *exc) -> None:
         self._armed = False
+        torch.UntypedStorage.resize_ = self._resize
         self._mode.__exit__(*exc)
         self._mode = None
 

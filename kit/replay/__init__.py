@@ -41,7 +41,7 @@ Check it against autograd and a real Trainer step on a tiny CPU twin
 from __future__ import annotations
 
 from . import gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3
-from .core import Moment, Replay, peak_moment, replay
+from .core import Moment, Replay, moments, peak_moment, replay
 from .setup import BOOL, F32, HALF, I64, Setup, around
 from .tape import Tape
 
@@ -88,5 +88,5 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
     return out
 
 
-__all__ = ["FAMILIES", "LORA_TARGETS", "Setup", "Tape", "around", "replay", "Replay", "Moment", "peak_moment",
+__all__ = ["FAMILIES", "LORA_TARGETS", "Setup", "Tape", "around", "replay", "Replay", "Moment", "moments", "peak_moment",
            "config_shapes", "F32", "HALF", "BOOL", "I64"]

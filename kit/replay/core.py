@@ -151,10 +151,15 @@ class Moment:
         return self.activations + self.logits + self.copies + self.gradients + self.temporaries
 
 
-def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
-                wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0,
-                tied: int = 0) -> Moment:
-    """The largest moment of forward + backward.
+def peak_moment(rp: Replay, **kw) -> Moment:
+    """The largest moment of forward + backward: the largest of :func:`moments`."""
+    return max(moments(rp, **kw), key=lambda m: m.total)
+
+
+def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
+            wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0,
+            tied: int = 0) -> list:
+    """Every moment of forward + backward that can be the largest, in time order.
 
     Backward walks the parts in reverse: the loss and head first, then block L ... 1, then
     the embeddings. At each part, what the earlier parts saved is still held, the later
@@ -207,4 +212,4 @@ def peak_moment(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: i
     moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
                           grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
                           rp.hidden + (grads_embed + tied if acc else 2 * tied)))
-    return max(moments, key=lambda m: m.total)
+    return moments

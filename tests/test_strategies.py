@@ -1,0 +1,223 @@
+"""Per-GPU estimates (kit.strategies): one GPU unchanged, the states divided as each engine divides them,
+DeepSpeed's own estimator where it installs, the accelerate config files, and the CLI flags."""
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kit.accelerate_config import launch_command, read_accelerate_config
+from kit.estimate import estimate
+from kit.estimate_cli import register
+from kit.inputs import InputError
+
+DATA = Path(__file__).parent / "data" / "accelerate"
+SETUPS = [dict(model="tiny-llama", batch_size=2, seq_len=32),
+          dict(model="gpt2", batch_size=4, seq_len=256, precision="bf16"),
+          dict(model="meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit", lora_r=16),
+          dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, precision="fp16")]
+
+
+def _est(kw, **more):
+    kw = dict(kw)
+    return estimate(kw.pop("model"), **kw, **more)
+
+
+@pytest.mark.parametrize("kw", SETUPS)
+def test_one_gpu_is_the_single_gpu_estimate(kw):
+    one = _est(kw)
+    same = _est(kw, strategy="single", num_gpus=1, cpu_offload=False)
+    assert same.to_json() == one.to_json() and same.table() == one.table()
+    assert "strategy" not in one.to_json()  # the one-GPU JSON is unchanged
+
+
+@pytest.mark.parametrize("N", [2, 4, 8])
+def test_fsdp_divides_every_state_by_n_frozen_weights_too(N):
+    for kw in SETUPS[:3]:
+        one, f = _est(kw), _est(kw, strategy="fsdp", num_gpus=N)
+        c = one._ctx
+        params = sum(c["weights"].values())
+        assert f.weights_bytes == math.ceil(params / N) + c["buffers"]
+        assert f.gradients_bytes == math.ceil(one.gradients_bytes / N)
+        assert f.optimizer_bytes == math.ceil(one.optimizer_bytes / N)
+        assert sum(f.components().values()) == f.peak_bytes
+        # the root (embeddings, lm_head) is gathered from its forward till its reduce-scatter: at least that
+        assert f.unsharded_bytes >= c["weights"]["embed"] + c["weights"]["head"]
+        js = f.to_json()
+        assert js["strategy"] == "fsdp" and js["num_gpus"] == N and type(js["peak_bytes"]) is int
+
+
+def test_ddp_keeps_everything_and_adds_a_bucket_copy_of_the_trainable_grads():
+    for kw in SETUPS[:3]:
+        one, d = _est(kw), _est(kw, strategy="ddp", num_gpus=8)
+        assert (d.weights_bytes, d.gradients_bytes, d.optimizer_bytes) == \
+            (one.weights_bytes, one.gradients_bytes, one.optimizer_bytes)
+        assert d.comm_buffer_bytes == one.gradients_bytes  # QLoRA: the adapters' grads only, no frozen bucket
+        assert d.peak_bytes == one.peak_bytes + one.gradients_bytes
+
+
+def test_zero_stages_divide_what_deepspeed_divides():
+    kw = dict(model="meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16")
+    one = _est(kw)
+    T, N = one.trainable_params, 8
+    z = {s: _est(kw, strategy=f"zero{s}", num_gpus=N) for s in (1, 2, 3)}
+    half = sum(one._ctx["weights"].values()) // 2  # DeepSpeed casts the fp32 model to bf16
+    assert z[1].weights_bytes - one._ctx["buffers"] == half and z[1].gradients_bytes == 2 * T
+    assert z[1].optimizer_bytes == math.ceil(16 * T / N)  # fp32 master + fp32 grads + AdamW's two states
+    assert z[2].gradients_bytes == math.ceil(2 * T / N) and z[2].weights_bytes == z[1].weights_bytes
+    assert z[3].weights_bytes - one._ctx["buffers"] == math.ceil(half / N)
+    assert z[1].peak_bytes > z[2].peak_bytes > z[3].peak_bytes
+    lora = _est(kw, lora_r=16, strategy="zero3", num_gpus=N)  # frozen weights: sharded, no grad or state
+    assert lora.optimizer_bytes == math.ceil(16 * lora.trainable_params / N)
+
+
+def test_zero_model_states_against_deepspeeds_own_estimator():
+    """DeepSpeed's estimators count 2 + 18/N bytes a parameter (stage 2) and 4 x the largest layer + 18/N
+    (stage 3), all parameters as trainable. Full fine-tuning at stage 2: the kit's model states are the same
+    (its reduce bucket is a buffer beside them). LoRA: DeepSpeed counts the frozen base as trainable."""
+    s12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+    s3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    kw = dict(model="meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16")
+    P, N = _est(kw).params, 8
+    z2, z3 = _est(kw, strategy="zero2", num_gpus=N), _est(kw, strategy="zero3", num_gpus=N)
+    _, ds2 = s12.estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=N, cpu_offload=False)
+    assert z2.model_states_bytes == pytest.approx(ds2, abs=2)  # (ceil vs int of 2/N and 16/N)
+    block = max(n for name, n, _ in _est(kw).offenders if ".layers." in name)
+    _, ds3, largest = s3.estimate_zero3_model_states_mem_needs(P, block, num_gpus_per_node=N, cpu_offload=False)
+    # stage 3: DeepSpeed's function counts 18 bytes a parameter in 1/N where its stage-2 one counts 2 + 18 (the
+    # half weights now in 1/N too), so it leaves 2 out; the kit counts half weights and grads, fp32 master
+    # weights and grads and AdamW's two states (2 + 2 + 4 + 4 + 8 = 20) at every stage
+    assert largest == 4 * block
+    assert z3.model_states_bytes - (ds3 - largest) == pytest.approx(2 * P / N, abs=3)
+    lora = _est(kw, lora_r=16, strategy="zero2", num_gpus=N)
+    _, ds2_lora = s12.estimate_zero2_model_states_mem_needs(lora.params, num_gpus_per_node=N, cpu_offload=False)
+    frozen = lora.params - lora.trainable_params
+    assert ds2_lora - lora.model_states_bytes == pytest.approx(18 * frozen / N, abs=3)
+
+
+def test_cpu_offload_moves_the_shards_to_ram():
+    kw = dict(model="meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16")
+    on, off = _est(kw, strategy="fsdp", num_gpus=4), _est(kw, strategy="fsdp", num_gpus=4, cpu_offload=True)
+    assert off.optimizer_bytes == 0 and off.gradients_bytes == 0 and off.peak_bytes < on.peak_bytes
+    assert off.cpu_offload_bytes == on.weights_bytes - on._ctx["buffers"] + on.gradients_bytes + on.optimizer_bytes
+    z = _est(kw, strategy="zero2", num_gpus=4, cpu_offload=True)
+    assert z.optimizer_bytes == 0 and z.cpu_offload_bytes > 0
+    with pytest.raises(InputError, match="offload"):
+        _est(kw, strategy="ddp", num_gpus=2, cpu_offload=True)
+    with pytest.raises(InputError, match="single"):
+        _est(kw, num_gpus=2)
+    with pytest.raises(InputError, match="fsdp"):
+        _est(kw, strategy="tp", num_gpus=2)
+
+
+def test_fsdp_grad_op_keeps_the_blocks_gathered():
+    kw = dict(model="meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16")
+    full, op = _est(kw, strategy="fsdp", num_gpus=8), _est(kw, strategy="fsdp-grad-op", num_gpus=8)
+    assert op.peak_bytes > full.peak_bytes and op.unsharded_bytes > full.unsharded_bytes
+    assert "PER GPU: fsdp-grad-op over 8 GPUs" in op.table()
+
+
+# ---- accelerate config files (as `accelerate config` writes them) ------------------------------------
+@pytest.mark.parametrize("name,expected", [
+    ("fsdp2.yaml", dict(strategy="fsdp", num_gpus=4, cpu_offload=False, precision="bf16")),
+    ("fsdp1_grad_op.yaml", dict(strategy="fsdp-grad-op", num_gpus=2, cpu_offload=False, precision="fp16",
+                                gradient_checkpointing=True)),
+    ("deepspeed_zero3_offload.yaml", dict(strategy="zero3", num_gpus=8, cpu_offload=True, precision="bf16",
+                                          grad_accum=4)),
+    ("ddp.yaml", dict(strategy="ddp", num_gpus=2, cpu_offload=False, precision="fp16")),
+    ("deepspeed_file.yaml", dict(strategy="zero2", num_gpus=4, cpu_offload=False)),  # its ds_zero2.json
+])
+def test_reads_real_accelerate_config_files(name, expected):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    load_config_from_file(str(DATA / name))  # accelerate itself reads each file
+    assert read_accelerate_config(DATA / name) == expected
+
+
+def test_reads_what_accelerates_own_writer_writes(tmp_path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import ComputeEnvironment, DistributedType
+
+    path = tmp_path / "default_config.yaml"
+    ClusterConfig(compute_environment=ComputeEnvironment.LOCAL_MACHINE, distributed_type=DistributedType.FSDP,
+                  mixed_precision="bf16", use_cpu=False, debug=False, num_processes=8,
+                  fsdp_config={"fsdp_version": 2, "fsdp_reshard_after_forward": False,
+                               "fsdp_offload_params": False}).to_yaml_file(str(path))
+    assert read_accelerate_config(path) == dict(strategy="fsdp-grad-op", num_gpus=8, cpu_offload=False,
+                                                precision="bf16")
+    assert launch_command(path).startswith("accelerate launch --config_file ")
+
+
+def test_unreadable_or_unmodelled_files_say_so(tmp_path):
+    with pytest.raises(InputError, match="cannot read"):
+        read_accelerate_config(tmp_path / "missing.yaml")
+    (tmp_path / "tpu.yaml").write_text("distributed_type: XLA\nnum_processes: 8\n")
+    with pytest.raises(InputError, match="XLA"):
+        read_accelerate_config(tmp_path / "tpu.yaml")
+    (tmp_path / "bad.yaml").write_text("distributed_type: [FSDP\n")
+    with pytest.raises(InputError, match="YAML"):
+        read_accelerate_config(tmp_path / "bad.yaml")
+
+
+# ---- the CLI -------------------------------------------------------------------------------------------
+def _cli(argv, capsys):
+    parser = argparse.ArgumentParser(prog="kit")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["estimate", *argv])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+BASE = ["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32"]
+
+
+def test_cli_strategy_flags_give_per_gpu_json(capsys):
+    code, out, err = _cli(BASE + ["--strategy", "fsdp", "--num-gpus", "2", "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["strategy"] == "fsdp" and data["num_gpus"] == 2
+    assert data["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=32, strategy="fsdp",
+                                          num_gpus=2).peak_bytes
+    assert sum(data["components"].values()) == data["peak_bytes"]
+    for k in ("unsharded_bytes", "comm_buffer_bytes", "model_states_bytes", "cpu_offload_bytes"):
+        assert type(data[k]) is int
+
+
+def test_cli_accelerate_config_sets_the_launch_and_flags_win(capsys):
+    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "fsdp2.yaml"), "--json"], capsys)
+    data = json.loads(out)
+    assert (data["strategy"], data["num_gpus"], data["setup"]["precision"]) == ("fsdp", 4, "bf16")
+    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "fsdp2.yaml"), "--num-gpus", "2",
+                                "--precision", "fp32", "--json"], capsys)
+    data = json.loads(out)
+    assert (data["num_gpus"], data["setup"]["precision"]) == (2, "fp32")
+    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "ddp.yaml")], capsys)
+    assert "PER GPU: ddp over 2 GPUs" in out and f"accelerate launch --config_file {DATA / 'ddp.yaml'}" in out
+
+
+def test_cli_errors_name_the_flag(capsys):
+    code, _, err = _cli(BASE + ["--strategy", "ddp", "--num-gpus", "2", "--cpu-offload"], capsys)
+    assert code == 2 and err.startswith("error: argument --cpu-offload")
+    code, _, err = _cli(BASE + ["--accelerate-config", "/no/such.yaml"], capsys)
+    assert code == 2 and "--accelerate-config" in err
+
+
+# ---- the fit advisor: "shard over N GPUs" -------------------------------------------------------------
+def test_the_advisor_offers_the_fewest_gpus_only_when_nothing_fits_one():
+    from kit.advise import advise
+    from kit.advise_gpus import GPU_COUNTS
+
+    a = advise(dict(model="mistralai/Mistral-7B-v0.3", batch_size=1, seq_len=512), 4_000_000_000, safety=0)
+    *single, shard = a.suggestions
+    assert not a.fits and single and not any(x.fits for x in single)
+    n = shard.changes["num-gpus"]
+    assert shard.fits and shard.changes["strategy"] == "fsdp" and shard.cli.endswith(f"--strategy fsdp --num-gpus {n}")
+    assert shard.peak_bytes == estimate(**shard.options).peak_bytes <= 4_000_000_000
+    fewer = [c for c in GPU_COUNTS if c < n]
+    for near in [None, *single]:  # at fewer GPUs, neither the setup nor any of the closest single-GPU changes fits
+        o = dict(near.options) if near else dict(model="mistralai/Mistral-7B-v0.3", batch_size=1, seq_len=512)
+        for c in fewer:
+            assert estimate(**{**o, "strategy": "fsdp", "num_gpus": c}).peak_bytes > 4_000_000_000
+    fits = advise(dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu"), 80_000_000, safety=0)
+    assert fits.suggestions and all("num-gpus" not in x.changes for x in fits.suggestions)
