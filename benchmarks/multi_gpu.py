@@ -2,12 +2,13 @@
 
 Run: ``python benchmarks/multi_gpu.py [--out benchmarks/results/multi_gpu-DATE-cpu.md] [--nproc 2]``.
 
-Each row launches ``torchrun --nproc_per_node N`` (gloo on the CPU) on a tiny twin and trains three steps
-through **torch directly** (``DistributedDataParallel``, or FSDP2 ``fully_shard`` on each decoder block and
-then on the model, as accelerate's ``TRANSFORMER_BASED_WRAP`` does), with the step Trainer takes
-(forward with labels, backward, fused AdamW, ``zero_grad(set_to_none=True)``). Not through accelerate or
-Trainer: accelerate's FSDP and DDP paths on a CPU need its ``MULTI_CPU`` launch (and, for FSDP, a GPU
-device type), so the engines are driven as accelerate would set them up. Each rank measures its own
+Each row launches ``torchrun --nproc_per_node N`` (gloo on the CPU) on a tiny twin and trains three steps.
+``ddp-trainer`` goes **through Trainer** (``use_cpu=True``: accelerate's MULTI_CPU, which wraps the model in
+DistributedDataParallel). The others go **through torch directly** (``DistributedDataParallel``, or FSDP2
+``fully_shard`` on each decoder block and then on the model, as accelerate's ``TRANSFORMER_BASED_WRAP`` does),
+with the step Trainer takes (forward with labels, backward, fused AdamW, ``zero_grad(set_to_none=True)``):
+on a CPU, Trainer given ``fsdp=...`` still runs MULTI_CPU's DDP (checked with transformers 5.24 and
+accelerate 1.15: its FSDP path is for accelerators), so FSDP cannot go through it here. Each rank measures its own
 peak with :class:`kit.tensor_peak.TensorPeak`, entered before the model is built (so DDP's buckets,
 made in C++, are seen), and the steady-state step (the third) is compared with ``estimate(...,
 strategy=..., num_gpus=N, device="cpu")``.
@@ -31,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (model, strategy, estimate kwargs[, config overrides]): the same setup is built, wrapped and trained on every rank
 SMALL_VOCAB = {"vocab_size": 256, "num_hidden_layers": 4, "n_layer": 4}  # a block's backward sets the peak
 GRID = [
+    ("tiny-llama", "ddp-trainer", dict(batch_size=2, seq_len=32)),
     ("tiny-llama", "ddp", dict(batch_size=2, seq_len=32)),
     ("tiny-llama", "fsdp", dict(batch_size=2, seq_len=32)),
     ("tiny-llama", "fsdp-grad-op", dict(batch_size=2, seq_len=32)),
@@ -74,10 +76,49 @@ def wrap(model, strategy: str):
     return model
 
 
+def trainer_worker(spec: dict) -> dict:
+    """One rank of ``ddp-trainer``: Trainer under torchrun with ``use_cpu=True`` (accelerate's MULTI_CPU: it wraps
+    the model in DistributedDataParallel itself). TensorPeak is entered before ``train()`` wraps the model."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from estimate_vs_measured import _Batches, _ckpt_kw, _config, build
+    from kit.tensor_peak import TensorPeak
+
+    kw, name, overrides = spec["kw"], spec["model"], spec.get("overrides")
+    B, S, V = kw["batch_size"], kw["seq_len"], _config(name, overrides).vocab_size
+    steps, tp = [], TensorPeak()
+
+    class Meter(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            tp.peak_bytes = self.start = tp.current_bytes
+
+        def on_step_end(self, *a, **k):
+            steps.append({"start": self.start, "peak": tp.peak_bytes, "end": tp.current_bytes})
+
+    args = TrainingArguments(output_dir=os.path.join(spec["out"], "trainer"), per_device_train_batch_size=B,
+                             max_steps=3, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                             optim="adamw_torch_fused", learning_rate=1e-4, dataloader_num_workers=0,
+                             disable_tqdm=True, **_ckpt_kw(bool(kw.get("gradient_checkpointing"))))
+    import torch
+
+    torch.manual_seed(0)
+    trainer = Trainer(model=build(name, kw, overrides=overrides), args=args, callbacks=[Meter()],
+                      train_dataset=_Batches(3 * B * 2, S, V, padded=kw.get("padded", True)))
+    with tp:
+        trainer.train()
+    wrapped = type(trainer.model_wrapped).__name__
+    if wrapped != "DistributedDataParallel":
+        raise RuntimeError(f"Trainer did not wrap the model in DDP (it made a {wrapped})")
+    return {"rank": int(os.environ["RANK"]), "steps": steps}
+
+
 def worker(spec: dict) -> dict:
     """One rank: build, wrap, train three steps under TensorPeak; the peak of each step."""
     import torch
     import torch.distributed as dist
+
+    if spec["strategy"] == "ddp-trainer":
+        return trainer_worker(spec)
 
     from estimate_vs_measured import _Batches, _config, build
     from kit.tensor_peak import TensorPeak
@@ -130,7 +171,7 @@ def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, 
     ranks = [json.load(open(os.path.join(outdir, f))) for f in files]
     if out.returncode or len(ranks) != nproc:
         raise RuntimeError(f"torchrun failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    est = estimate(_config(model, overrides) if overrides else model, **kw, strategy=strategy, num_gpus=1 if strategy == "single" else nproc,
+    est = estimate(_config(model, overrides) if overrides else model, **kw, strategy=strategy.replace("-trainer", ""), num_gpus=1 if strategy == "single" else nproc,
                    device="cpu")
     rows = []
     for r in sorted(ranks, key=lambda r: r["rank"]):
@@ -176,10 +217,10 @@ def main(argv=None) -> int:
     md = (f"# Per-rank peak, predicted and measured: {args.nproc} processes, gloo on the CPU "
           f"({datetime.date.today()}, torch {torch.__version__})\n\n"
           "Measured: each rank's exact tensor peak (kit.tensor_peak.TensorPeak) over its third training step, "
-          "driven through torch directly (DistributedDataParallel; FSDP2 fully_shard per block, then the model; "
+          "driven through Trainer for `ddp-trainer` (use_cpu=True under torchrun: accelerate MULTI_CPU wraps the model in DistributedDataParallel) and through torch directly for the others (DistributedDataParallel; FSDP2 fully_shard per block, then the model; "
           "fsdp-grad-op = reshard_after_forward=False), fused AdamW. Estimate: "
           "`estimate(model, ..., strategy=S, num_gpus=N, device=\"cpu\")`.\n"
-          f"Reproduce: `python benchmarks/multi_gpu.py --out <file>`.\n\n{table(rows)}\n"
+          f"Reproduce: `python benchmarks/multi_gpu.py --out <file>`. FSDP cannot go through Trainer here: on a CPU, Trainer given fsdp=... still runs DDP. ZeRO is not measured (a DeepSpeed training run on this CPU was not attempted); its model states are checked against DeepSpeed's estimator in tests/test_strategies.py.\n\n{table(rows)}\n"
           f"Worst error: {100 * worst:.2f}% over {len(rows)} rank rows.\n")
     print(md)
     if args.out:

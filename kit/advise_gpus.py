@@ -30,7 +30,8 @@ def shard_suggestion(s, closest=()):
     for offload in (False, True):
         for n in (n for n in GPU_COUNTS if n > have or offload and n >= have):
             for near in (None, *closest):
-                o = {**(near.options if near else s.base), "strategy": "fsdp", "num_gpus": n, "cpu_offload": offload}
+                o = {**(near.options if near else s.base), "strategy": "fsdp", "num_gpus": n,
+                     **({"cpu_offload": True} if offload else {})}
                 e = s.estimate(o)
                 if not s.fits(e):
                     continue

@@ -23,7 +23,7 @@ with the engine's extra tensors at each moment:
   a reduce bucket of hidden² elements, accelerate's ``auto``, at 2 and 3) and, in 1/N, the fp32 master
   weights, fp32 grads and optimizer state: DeepSpeed's own 2 + 2 + 16 bytes a parameter for trainable
   ones. Frozen parameters get no grad or optimizer state (DeepSpeed's estimator counts them as trainable).
-  Not measured by the kit (DeepSpeed does not train on a CPU with gloo); its model states are checked
+  Not measured by the kit (no DeepSpeed run was attempted on the CPU); its model states are checked
   against DeepSpeed's estimator functions.
 
 ``cpu_offload``: FSDP's ``CPUOffloadPolicy`` (weights, grads and optimizer state in RAM, gathered per block);
@@ -199,7 +199,11 @@ def _fsdp(est, c, strategy, N, offload):
         model_states_bytes=Ws + c["buffers"] + Gs + Os, cpu_offload_bytes=off, step=max(fwd, sum(step.values())),
         notes=[f"{strategy}: 1/{N} of the weights, grads and optimizer state per GPU (frozen weights too); "
                "each parameter's first dimension is padded to a multiple of the GPUs (not counted: under "
-               f"{N} rows a parameter)"] + (["cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
+               f"{N} rows a parameter)"] + ([
+                   "fsdp with mixed precision: the gathered weights are counted in the load dtype and autocast "
+                   "as on one GPU; accelerate's MixedPrecisionPolicy gathers them in 16 bits instead (not modelled: "
+                   "an over-estimate of the gathered blocks)"] if est.setup["precision"] != "fp32"
+                   and est.setup["load_dtype"] == "fp32" else []) + (["cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
                                              "the GPU holds gathered blocks, grads and activations"] if offload else []))
 
 

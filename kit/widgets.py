@@ -42,6 +42,7 @@ from .widgets_advice import AdviceView, accepts
 from .estimate import OPTIMIZERS, estimate
 from .inputs import whole_number
 from .presets import PRESETS, Preset, verdict
+from .widgets_gpus import gpu_controls, launch, launch_problem
 from .widgets_runs import PanelRuns
 from .widgets_models import (GROUPS, MODELS, OWN_MODELS, max_positions, model_problem,  # noqa: F401 (MODELS: API)
                              model_type_and_vocab, run_problem)
@@ -59,7 +60,7 @@ DEFAULTS = {
 PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
                   ("H100", "h100"), ("this machine", "this")]
 SEQ_CAP = 32768                        # a slider over 131072 positions is unusable
-OPTIONS = ("model", "steps", "sweep_sizes") + tuple(k for k in DEFAULTS[1] if k != "model")
+OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
 
 
 def this_machine() -> Preset:
@@ -114,6 +115,7 @@ class Panel(PanelRuns):
                                options=[("0 (full fine-tune)", 0)] + [(str(r), r) for r in (4, 8, 16, 32, 64)]),
             "optimizer": _control(W.Dropdown, "optimizer", d["optimizer"], options=list(OPTIMIZERS)),
             "preset": _control(W.Dropdown, "device", d["preset"], options=PRESET_CHOICES),
+            **gpu_controls(_control, d),   # the estimate per GPU of N (kit.widgets_gpus)
         }
         self.reasons = {k: W.HTML(value="", layout=W.Layout(width="420px")) for k in c}
         # Any Hub id or config.json path. continuous_update=False: the value (and so the fetch) comes
@@ -291,14 +293,15 @@ class Panel(PanelRuns):
         self._why = why
 
     def _estimate(self) -> None:
-        s, why = {**self.setup(), **self.extra}, dict(self._why)
+        s, why = {**self.setup(), **launch(self.controls), **self.extra}, dict(self._why)
         try:
             self.estimate = estimate(**s, device=self._where())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
         except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
             msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
             self.estimate, self.verdict, self.problem = None, None, msg
-            key = "quantization" if "lora_r > 0" in msg else "seq_len" if "positions" in msg else "model"
+            key = "quantization" if "lora_r > 0" in msg else "seq_len" if "positions" in msg else "strategy" \
+                if getattr(exc, "name", None) in ("strategy", "num_gpus", "cpu_offload") else "model"
             why[key] = f"<span style='color:#D55E00'>&#9888; {html.escape(msg)}</span>"
         if self.estimate is not None and any("2^31" in n for n in self.estimate.notes):
             why["optimizer"] = "<span style='color:#D55E00'>&#9888; 8-bit AdamW kills the process on the " \
@@ -311,7 +314,8 @@ class Panel(PanelRuns):
         self.advice_view.update(None if self.problem else {**s, "device": self._where()}, self.preset(),
                                 fits=bool(self.verdict and self.verdict.fits), extra=self.extra)
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
-            else None if self.problem else run_problem(self.controls["model"].value, self.controls["lora_r"].value)
+            else None if self.problem else launch_problem(self.controls) or \
+            run_problem(self.controls["model"].value, self.controls["lora_r"].value)
         self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
             if self.run_reason else ""
         blocked = self.problem is not None or self.run_reason is not None or self._running
@@ -327,7 +331,8 @@ def panel(scenario: int = 1, **kw) -> Panel:
     Options override the scenario's defaults: ``model`` (a shipped name, a Hub id or a config.json
     path; more can be typed into the panel's box later), ``batch_size``, ``seq_len``,
     ``quantization``, ``precision``, ``gradient_checkpointing``, ``lora_r``, ``optimizer``,
-    ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), ``steps`` (per Run, default 3),
+    ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), ``strategy`` (single, ddp, fsdp, fsdp-grad-op,
+    zero1-3) and ``num_gpus`` (the estimate is then one GPU's), ``steps`` (per Run, default 3),
     ``sweep_sizes`` (batch sizes of a Sweep). Display the result (last line of a cell).
 
     >>> p = panel(2)                               # doctest: +SKIP

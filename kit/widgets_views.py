@@ -17,7 +17,8 @@ import re
 from .units import fmt_bytes
 
 COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
-           "logits & loss": "#56B4E9", "autocast weight copies": "#D55E00", "temporaries": "#999999"}
+           "logits & loss": "#56B4E9", "autocast weight copies": "#D55E00", "temporaries": "#999999",
+           "unsharded parameters": "#F0E442", "communication buffers": "#000000"}  # (the last two: kit.strategies)
 
 
 def estimate_html(e, v, p, problem: str | None = None) -> str:
@@ -43,6 +44,8 @@ def estimate_html(e, v, p, problem: str | None = None) -> str:
     legend = " ".join(f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
                       f"background:{COLOURS[k]}'></span> {k} {fmt_bytes(n)}</span>" for k, n in parts)
     colour, head = ("#009E73", "FITS") if v.fits else ("#D55E00", "DOES NOT FIT")
+    if getattr(e, "num_gpus", 1) > 1 or getattr(e, "strategy", "single") != "single":
+        head += f" EACH GPU ({e.num_gpus} x, {e.strategy})"
     where = "GPU" if p.gpu_bytes is not None else "RAM"
     margin = v.gpu_margin_bytes if v.gpu_margin_bytes is not None else v.ram_margin_bytes
     spare = f"{fmt_bytes(margin)} to spare" if margin >= 0 else f"{fmt_bytes(-margin)} short"

@@ -1,7 +1,8 @@
 """Two real processes (torchrun, gloo on the CPU): each rank's measured peak against the per-GPU estimate.
 
 benchmarks/multi_gpu.py trains three steps per rank through torch directly (DistributedDataParallel; FSDP2
-``fully_shard`` per block, then the model) and measures each rank's exact tensor peak with TensorPeak.
+``fully_shard`` per block, then the model), and DDP through Trainer too (accelerate's MULTI_CPU on a CPU), and
+measures each rank's exact tensor peak with TensorPeak.
 """
 import os
 import sys
@@ -16,7 +17,7 @@ def rows():
     import multi_gpu
 
     kw = dict(batch_size=2, seq_len=32)
-    out = {s: multi_gpu.run_row("tiny-llama", s, kw, nproc=2) for s in ("ddp", "fsdp")}
+    out = {s: multi_gpu.run_row("tiny-llama", s, kw, nproc=2) for s in ("ddp", "fsdp", "ddp-trainer")}
     # a block's backward sets the peak (small vocab, long eager attention): the gathered block and the prefetch
     out["fsdp-block"] = multi_gpu.run_row("tiny-llama", "fsdp", dict(batch_size=2, seq_len=256, padded=False,
                                                                     attn_implementation="eager"),
@@ -24,7 +25,7 @@ def rows():
     return out
 
 
-@pytest.mark.parametrize("which", ["ddp", "fsdp", "fsdp-block"])
+@pytest.mark.parametrize("which", ["ddp", "fsdp", "fsdp-block", "ddp-trainer"])
 def test_each_rank_within_5_percent_of_the_per_gpu_estimate(rows, which):
     assert [r["rank"] for r in rows[which]] == [0, 1]
     for r in rows[which]:
