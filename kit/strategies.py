@@ -82,8 +82,9 @@ def per_gpu(est, strategy: str = "single", num_gpus: int = 1, cpu_offload: bool 
                         peak_phase="optimizer step" if moment == "optimizer step" else "forward/backward",
                         peak_moment=moment, notes=notes, setup=setup, _parts=parts, strategy=strategy,
                         num_gpus=num_gpus, cpu_offload=cpu_offload, **extra)
-    out.eval_peak_bytes = max(0, est.eval_peak_bytes - est.weights_bytes - est.optimizer_bytes
-                              + states[0] + states[2] + parts.get("unsharded parameters", 0) * (strategy != "ddp"))
+    # evaluation: one GPU's, with this engine's states (DDP's buckets stay allocated; FSDP gathers as in training)
+    out.eval_peak_bytes = max(0, est.eval_peak_bytes - est.weights_bytes - est.optimizer_bytes + states[0]
+                              + states[2] + (out.comm_buffer_bytes if strategy == "ddp" else out.unsharded_bytes))
     out._ctx = est._ctx
     return out
 

@@ -55,6 +55,7 @@ def test_ddp_keeps_everything_and_adds_a_bucket_copy_of_the_trainable_grads():
             (one.weights_bytes, one.gradients_bytes, one.optimizer_bytes)
         assert d.comm_buffer_bytes == one.gradients_bytes  # QLoRA: the adapters' grads only, no frozen bucket
         assert d.peak_bytes == one.peak_bytes + one.gradients_bytes
+        assert d.eval_peak_bytes == one.eval_peak_bytes + one.gradients_bytes  # the buckets outlive training
 
 
 def test_zero_stages_divide_what_deepspeed_divides():
@@ -221,3 +222,17 @@ def test_the_advisor_offers_the_fewest_gpus_only_when_nothing_fits_one():
             assert estimate(**{**o, "strategy": "fsdp", "num_gpus": c}).peak_bytes > 4_000_000_000
     fits = advise(dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu"), 80_000_000, safety=0)
     assert fits.suggestions and all("num-gpus" not in x.changes for x in fits.suggestions)
+
+
+def test_fit_cli_takes_the_launch_options(capsys):
+    from kit.fit_cli import register as register_fit
+
+    parser = argparse.ArgumentParser(prog="kit")
+    register_fit(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["fit", "--model", "meta-llama/Llama-3.2-1B", "--batch-size", "1", "--seq-len", "512",
+                              "--accelerate-config", str(DATA / "fsdp2.yaml"), "--device", "a100-40", "--json"])
+    assert args.func(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    per_gpu = estimate("meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16", strategy="fsdp",
+                       num_gpus=4).peak_bytes
+    assert data["peak_bytes"] == per_gpu and data["fits"]
