@@ -204,7 +204,11 @@ def _fsdp(est, c, strategy, N, offload):
                    "fsdp with mixed precision: the gathered weights are counted in the load dtype and autocast "
                    "as on one GPU; accelerate's MixedPrecisionPolicy gathers them in 16 bits instead (not modelled: "
                    "an over-estimate of the gathered blocks)"] if est.setup["precision"] != "fp32"
-                   and est.setup["load_dtype"] == "fp32" else []) + (["cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
+                   and est.setup["load_dtype"] == "fp32" else []) + ([
+                   "QLoRA under FSDP (peft's guide): bnb_4bit_quant_storage=torch.bfloat16 lets FSDP shard the 4-bit "
+                   "weights (counted so); the guide loads the rest in bf16 (--kbit-recipe lean), where the standard "
+                   "recipe's fp32 upcast keeps fp32 embeddings and lm_head gathered in the root"]
+                   if est.setup["quantization"] == "4bit" else []) + (["cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
                                              "the GPU holds gathered blocks, grads and activations"] if offload else []))
 
 
