@@ -136,6 +136,35 @@ def _deepspeed(dc: dict, n: int, here: str) -> dict:
     return out
 
 
+def read_training_launch(args) -> tuple[dict, list]:
+    """(estimate keywords, notes) of a ``TrainingArguments``' ``fsdp``/``fsdp_config`` or ``deepspeed``; ``({}, [])``
+    for neither. The GPUs are the launch's ``WORLD_SIZE`` (torchrun and ``accelerate launch`` set it per rank).
+
+    >>> from types import SimpleNamespace as NS
+    >>> read_training_launch(NS(fsdp=True, fsdp_config={"version": 2, "reshard_after_forward": False},
+    ...                         deepspeed=None, world_size=4))[0]
+    {'strategy': 'fsdp-grad-op', 'num_gpus': 4, 'cpu_offload': False}
+    """
+    n = max(int(os.environ.get("WORLD_SIZE") or getattr(args, "world_size", 1) or 1), 1)
+    notes = [] if n > 1 else ["WORLD_SIZE is 1 in this process: the multi-GPU estimate is for one GPU; under "
+                              "torchrun or accelerate launch each rank sees the launch's number of GPUs"]
+    if getattr(args, "fsdp", None):
+        fc = dict(getattr(args, "fsdp_config", None) or {})
+        r = fc.get("reshard_after_forward", True)
+        return _fsdp({"fsdp_version": fc.get("version", 2 if isinstance(r, bool) else 1), "fsdp_reshard_after_forward": r,
+                      "fsdp_offload_params": fc.get("cpu_offload", False)}, n), notes
+    ds = getattr(args, "deepspeed", None)
+    if ds:
+        if not isinstance(ds, dict):
+            with open(ds, encoding="utf-8") as f:
+                ds = json.load(f)
+        zo = ds.get("zero_optimization", {})
+        return _deepspeed({"zero_stage": zo.get("stage", 0), "offload_optimizer_device": (zo.get(
+            "offload_optimizer") or {}).get("device"), "offload_param_device": (zo.get("offload_param") or {}).get(
+            "device")}, n, ""), notes
+    return {}, []
+
+
 def _yes(v) -> bool:
     return v is True or str(v).strip().lower() in ("true", "yes", "1")
 

@@ -5,8 +5,9 @@ verdict for this GPU and where each setting was read from.
 
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
-(DeepSpeed, FSDP, adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence
-(a ``ValueError``), never guessed.
+(adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence (a ``ValueError``),
+never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU (:mod:`kit.strategies`), over
+the launch's ``WORLD_SIZE`` GPUs.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)

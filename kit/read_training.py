@@ -18,7 +18,7 @@ SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to rea
 
 def read_args(args, name: str = "TrainingArguments"):
     """(estimate options, sources, notes) from a TrainingArguments; refuses what is not modeled."""
-    refuse = [("deepspeed", "DeepSpeed"), ("fsdp", "FSDP"), ("torch_compile", "torch.compile (it changes what "
+    refuse = [("torch_compile", "torch.compile (it changes what "
               "the forward saves)"), ("use_liger_kernel", "Liger kernels (they change the logits and loss)")]
     for attr, what in refuse:
         if getattr(args, attr, None):
@@ -57,6 +57,14 @@ def read_args(args, name: str = "TrainingArguments"):
     opts.update(eval_batch_size=args.per_device_eval_batch_size, eval_accumulation_steps=args.eval_accumulation_steps)
     src.update(eval_batch_size=(opts["eval_batch_size"], f"{name}.per_device_eval_batch_size"),
                eval_accumulation_steps=(opts["eval_accumulation_steps"], f"{name}.eval_accumulation_steps"))
+    from .accelerate_config import read_training_launch
+
+    launch, more = read_training_launch(args)   # fsdp / deepspeed: the estimate becomes per GPU (kit.strategies)
+    opts.update(launch)
+    src.update({k: (v, f"{name}.{'fsdp_config' if getattr(args, 'fsdp', None) else 'deepspeed'}"
+                + (" and WORLD_SIZE" if k == "num_gpus" else "")) for k, v in launch.items()
+                if k in ("strategy", "num_gpus", "cpu_offload")})
+    notes += more
     if getattr(args, "auto_find_batch_size", False):
         notes.append("auto_find_batch_size: the Trainer halves the batch after an out-of-memory error; this "
                      "estimate is for the batch size it starts with")

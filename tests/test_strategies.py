@@ -236,3 +236,25 @@ def test_fit_cli_takes_the_launch_options(capsys):
     per_gpu = estimate("meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16", strategy="fsdp",
                        num_gpus=4).peak_bytes
     assert data["peak_bytes"] == per_gpu and data["fits"]
+
+
+def test_training_arguments_fsdp_and_deepspeed_make_the_estimate_per_gpu(monkeypatch, tmp_path):
+    """estimate_from / estimate_trainer read TrainingArguments' fsdp_config and deepspeed (they were refused)."""
+    from transformers import TrainingArguments
+
+    from kit.estimate import estimate_from
+
+    monkeypatch.setenv("WORLD_SIZE", "4")   # what torchrun / accelerate launch set in each rank
+    out = str(tmp_path / "out")
+    fsdp = TrainingArguments(output_dir=out, report_to=[], per_device_train_batch_size=2, fsdp=True,
+                             fsdp_config={"version": 2, "reshard_after_forward": False, "cpu_offload": False})
+    e = estimate_from("tiny-llama", training_args=fsdp, seq_len=64)
+    assert (e.strategy, e.num_gpus) == ("fsdp-grad-op", 4)
+    assert e.peak_bytes == estimate("tiny-llama", batch_size=2, seq_len=64, strategy="fsdp-grad-op",
+                                    num_gpus=4).peak_bytes
+    assert e.sources["num_gpus"] == (4, "TrainingArguments.fsdp_config and WORLD_SIZE")
+    pytest.importorskip("deepspeed")   # TrainingArguments(deepspeed=...) needs it installed
+    ds = TrainingArguments(output_dir=out, report_to=[], per_device_train_batch_size=2, deepspeed={
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 2})
+    e = estimate_from("tiny-llama", training_args=ds, seq_len=64)
+    assert (e.strategy, e.num_gpus, e.cpu_offload) == ("zero2", 4, True)
