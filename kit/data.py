@@ -44,10 +44,10 @@ def load_text_dataset(source: str = "auto") -> DatasetDict:
 
         # The user's "wikitext" id now lives at Salesforce/wikitext (same data, parquet).
         wiki = load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1")
-        print("DATA: REAL wikitext-2-raw-v1 from the Hub", flush=True)
+        runtime.say("DATA: REAL wikitext-2-raw-v1 from the Hub")
         return DatasetDict(train=wiki["train"], test=wiki["test"])
     why = "the Hub is not reachable" if source == "auto" else "chosen: source='shipped'"
-    print(f"DATA: shipped sample, Pride and Prejudice ch. 1-23 (public domain) — {why}", flush=True)
+    runtime.say(f"DATA: shipped sample, Pride and Prejudice ch. 1-23 (public domain) — {why}")
     return DatasetDict(
         train=Dataset.from_dict({"text": TRAIN_TEXT.read_text(encoding="utf-8").split("\n")}),
         test=Dataset.from_dict({"text": TEST_TEXT.read_text(encoding="utf-8").split("\n")}),
@@ -83,7 +83,7 @@ def load_tokenizer(model_name: str | None = None):
         why = ("no model named" if base is None else "tiny twins use it" if _local_only(base)
                else "the Hub is not reachable")
         tok = shipped_tokenizer()
-        print(f"TOKENIZER: shipped byte-level BPE, {len(tok)} tokens — {why}", flush=True)
+        runtime.say(f"TOKENIZER: shipped byte-level BPE, {len(tok)} tokens — {why}")
         return tok
     tok = AutoTokenizer.from_pretrained(base)
     if tok.pad_token is None:
@@ -91,7 +91,7 @@ def load_tokenizer(model_name: str | None = None):
             tok.add_special_tokens({"pad_token": PAD_TOKEN})
         else:
             tok.pad_token = tok.eos_token
-    print(f"TOKENIZER: REAL {base} from the Hub, {len(tok)} tokens, pad {tok.pad_token!r}", flush=True)
+    runtime.say(f"TOKENIZER: REAL {base} from the Hub, {len(tok)} tokens, pad {tok.pad_token!r}")
     return tok
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from .units import fmt_bytes
+from .units import fmt_bytes, wrapped
 
 
 def has_cuda() -> bool:
@@ -40,6 +40,11 @@ def has_cuda() -> bool:
 def device_name() -> str:
     """``"cuda"`` when a GPU is there, else ``"cpu"``: the kit's default device."""
     return "cuda" if has_cuda() else "cpu"
+
+
+def compute_capability() -> tuple[int, int] | None:
+    """This GPU's CUDA compute capability, e.g. ``(7, 5)`` on a T4; None without a GPU."""
+    return tuple(torch.cuda.get_device_capability()) if has_cuda() else None
 
 
 def best_reading() -> str:
@@ -146,6 +151,7 @@ class Snapshot:
     def from_dict(cls, d: dict) -> "Snapshot":
         return cls(**d)
 
+    @wrapped
     def text(self) -> str:
         """One line for printing, each number labelled with its counter."""
         parts = []
@@ -290,6 +296,7 @@ def hardware() -> dict:
     return info
 
 
+@wrapped
 def explain(snap: Snapshot) -> str:
     """The snapshot read aloud: one sentence per number, saying what each counter means.
 

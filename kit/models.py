@@ -22,7 +22,7 @@ import torch.nn as nn
 import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
-from . import runtime
+from . import dtypes, runtime
 # Configs are model_configs' room; these names stay part of kit.models' API.
 from .model_configs import (_REGISTRY, _TINY, CONFIG_DIR, VOCAB_HEAD, _split, get_config,  # noqa: F401
                             known_models, smoke_twin)
@@ -233,8 +233,9 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     """The real model from the Hub when reachable, else its architecture twin, both through
     ``from_pretrained``. Prints which it is, and sets ``model.kit_source`` to "real" or "twin".
 
-    ``quantization``: "none", "8bit", "4bit" (:func:`bnb_config`), or a ``BitsAndBytesConfig``.
-    ``load_dtype`` defaults to fp32, or bf16 with quantization (for the unquantized parts).
+    ``quantization``: "none", "8bit", "4bit" (:func:`bnb_config`, computing in :mod:`kit.dtypes`' 16 bits:
+    fp16 on a GPU without native bf16, such as a T4, else bf16), or a ``BitsAndBytesConfig``.
+    ``load_dtype`` defaults to fp32, or with quantization to those 16 bits (for the unquantized parts).
     ``device`` defaults to CUDA when there is a GPU, else the CPU. For ``+vocab-head``
     names the base loads this way and is then wrapped (V = ``len(tokenizer)`` if given).
 
@@ -243,18 +244,20 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     """
     base, head = _split(name)
     get_config(base)  # fails early, with the known names, on a typo
+    quant = None
     if isinstance(quantization, BitsAndBytesConfig):
         quant = quantization
         quantization = "4bit" if quant.load_in_4bit else "8bit" if quant.load_in_8bit else "none"
         if quantization == "none":
             raise ValueError("The BitsAndBytesConfig loads neither in 4-bit nor in 8-bit: set load_in_4bit or "
                              "load_in_8bit, or pass quantization='none'.")
-    else:
-        quant = bnb_config(quantization, compute_dtype=torch.bfloat16)
-    dtype = as_dtype(load_dtype) if load_dtype is not None else (torch.bfloat16 if quant else torch.float32)
     from .device import device_name  # lazily: estimate imports models, and never device
 
     device = device or device_name()
+    sixteen = as_dtype(dtypes.for_this_device()[0] if str(device).startswith("cuda") else "bf16")  # a T4: fp16
+    if quant is None:
+        quant = bnb_config(quantization, compute_dtype=sixteen)
+    dtype = as_dtype(load_dtype) if load_dtype is not None else (sixteen if quant else torch.float32)
     if quant is not None:
         _check_bnb(device)
     kwargs = dict(_dtype_kw(dtype), device_map={"": device})
@@ -276,9 +279,9 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
         model = AutoModelForCausalLM.from_pretrained(_saved_twin(base, dtype), **kwargs)
         kind = "tiny TWIN" if base in _TINY else "architecture TWIN of"
         shapes = "random weights" if base in _TINY else "random weights, real shapes"
-        print(f"MODEL: {kind} {label} ({shapes}) — {why}", flush=True)
+        runtime.say(f"MODEL: {kind} {label} ({shapes}) — {why}")
     else:
-        print(f"MODEL: REAL {label}, pretrained weights from the Hub", flush=True)
+        runtime.say(f"MODEL: REAL {label}, pretrained weights from the Hub")
     if head:
         model = VocabHeadModel(model, len(tokenizer) if tokenizer is not None else None)
     model.kit_source = source

@@ -13,13 +13,14 @@ import warnings
 from pathlib import Path  # noqa: F401 (the doctest of scratch_dir)
 
 from . import device as kdevice
-from . import runtime
+from . import dtypes, runtime
 from .units import fmt_bytes, wrapped
 
 
 @wrapped
 def run_note() -> str:
-    """One line saying which run produced a notebook's outputs: mode, and the device it ran on.
+    """Which run produced a notebook's outputs: mode, the device it ran on, and the 16-bit dtype its runs take
+    (:mod:`kit.dtypes`: fp16 on a GPU without native bf16, such as a T4).
 
     >>> run_note().startswith("These outputs come from")
     True
@@ -27,7 +28,9 @@ def run_note() -> str:
     hw = kdevice.hardware()
     where = (f"a {hw['gpu_name']} GPU ({fmt_bytes(hw['gpu_total_bytes'])})" if hw["gpu_name"]
              else f"a {hw['cpu_cores']}-core CPU, no GPU")
-    return f"These outputs come from a run on {where}. {runtime.mode_reason()}"
+    dtype, why = dtypes.for_this_device()
+    return (f"These outputs come from a run on {where}. {runtime.mode_reason()}\n"
+            f"16-bit dtype of the runs: {dtype} ({why}).")
 
 
 def quiet() -> None:

@@ -74,12 +74,14 @@ def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: b
 
 @dataclass(frozen=True)
 class Preset:
-    """A machine: GPU memory (None for a CPU-only one) and CPU RAM, in bytes."""
+    """A machine: GPU memory (None for a CPU-only one) and CPU RAM, in bytes, and its GPU's CUDA compute
+    capability (None for a CPU), which says whether bf16 is native (8.0 and up)."""
 
     name: str
     label: str
     gpu_bytes: int | None
     ram_bytes: int
+    capability: tuple[int, int] | None = None
 
 
 def _this_machine_ram() -> int:
@@ -95,11 +97,11 @@ PRESETS: dict[str, Preset] = {
     for p in (
         # A T4 has 15 GB, but torch can allocate only about 14.56 GiB of it in Colab (the CUDA context
         # and the driver keep the rest): the verdicts use what torch can have.
-        Preset("colab-t4", "Colab T4 (14.56 GiB for torch, 12.7 GiB RAM)", int(14.56 * GiB), int(12.7 * GiB)),
-        Preset("l4", "L4 (24 GB GPU)", 24 * 10**9, 64 * GiB),
-        Preset("a100-40", "A100 40 GB", 40 * 10**9, 85 * 10**9),
-        Preset("a100-80", "A100 80 GB", 80 * 10**9, 170 * 10**9),
-        Preset("h100", "H100 80 GB", 80 * 10**9, 200 * 10**9),
+        Preset("colab-t4", "Colab T4 (14.56 GiB for torch, 12.7 GiB RAM)", int(14.56 * GiB), int(12.7 * GiB), (7, 5)),
+        Preset("l4", "L4 (24 GB GPU)", 24 * 10**9, 64 * GiB, (8, 9)),
+        Preset("a100-40", "A100 40 GB", 40 * 10**9, 85 * 10**9, (8, 0)),
+        Preset("a100-80", "A100 80 GB", 80 * 10**9, 170 * 10**9, (8, 0)),
+        Preset("h100", "H100 80 GB", 80 * 10**9, 200 * 10**9, (9, 0)),
         Preset("cpu", "this machine's CPU and RAM", None, _this_machine_ram()),
     )
 }
@@ -165,8 +167,8 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     """
     s = est.setup
     lines = [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
-             f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')}, optimizer {s.get('optimizer')}"
-             f" (optim={s.get('optim')!r})"
+             f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')},",
+             f"  optimizer {s.get('optimizer')} (optim={s.get('optim')!r})"
              f", checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
              f"params {est.params:,} ({est.trainable_params:,} trainable)",
              f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]
@@ -180,12 +182,11 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     lines.append(f"  {'step 2 on (the peak above)':<46}{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     ev = f"evaluation (batch {s.get('eval_batch_size')}, {_EVAL[s.get('eval_gather', 'loss')]})"
     lines.append(f"  {ev:<46}{fmt_bytes(est.eval_peak_bytes, 'GiB'):>12}")
-    lines.append("biggest modules by training bytes (their weights + grads + optimizer state):")
+    lines.append("biggest modules by training bytes (their weights + grads + optimizer state, and their share of all):")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
     for name, p, b in est.offenders[:5]:
         share = 100 * b / state if state else 0
-        lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}% of all weights,"
-                     " grads and state)")
+        lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}%)")
     lines += [f"note: {n}" for n in est.notes]
     v = verdict(est, preset)
     if v.preset.gpu_bytes is not None and est.eval_peak_bytes > v.preset.gpu_bytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from contextlib import contextmanager
 
 from .units import wrapped
 
@@ -116,3 +117,36 @@ def describe() -> str:
         f"Hugging Face Hub: {'reachable' if hub_reachable() else 'NOT reachable (offline: the kit uses shipped configs, text and tokenizer)'}",
         mode_reason(),
     ])
+
+
+_said: dict | None = None  # inside once_per_run(): kind -> the last line said of that kind
+
+
+def say(line: str) -> None:
+    """Print a loader's line (``"MODEL: ..."``, ``"DATA: ..."``); inside :func:`once_per_run`, a line
+    that repeats the last one of its kind is not printed again.
+
+    >>> with once_per_run():
+    ...     for fold in (1, 2):
+    ...         say("MODEL: tiny TWIN tiny-llama")
+    MODEL: tiny TWIN tiny-llama
+    """
+    if _said is not None:
+        kind = line.split(":", 1)[0]
+        if _said.get(kind) == line:
+            return
+        _said[kind] = line
+    print(line, flush=True)
+
+
+@contextmanager
+def once_per_run(seen: dict | None = None):
+    """Within this block (a loop of folds, a pair of runs), each loader line is said once. ``seen``: a dict
+    to share between blocks, so that a line said in one is not said again in the next."""
+    global _said
+    outer = _said
+    _said = outer if outer is not None else {} if seen is None else seen
+    try:
+        yield
+    finally:
+        _said = outer

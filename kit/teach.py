@@ -7,16 +7,17 @@
   (:mod:`kit.presets`), never typed in.
 
 >>> print(guess_text(4, 52 * 2**30, "the ESTIMATED peak"))
-Your guess: 4.00 GiB. The ESTIMATED peak: 52.00 GiB, 13.0x your guess: far off. Read on to see what you missed.
+Your guess: 4.00 GiB. The ESTIMATED peak: 52.00 GiB, 13.0x your guess: far off: read on.
 """
 from __future__ import annotations
 
 import math
 
 from .presets import int8_bytes, nf4_bytes, optimizer_state_bytes
-from .units import GiB, fmt_bytes
+from .units import GiB, fmt_bytes, wrapped
 
 
+@wrapped
 def guess_text(my_guess_gib, actual_bytes: int, what: str = "the answer") -> str:
     """The learner's guess (in GiB, as written in a prediction cell) beside the answer, in one line.
 
@@ -35,12 +36,13 @@ def guess_text(my_guess_gib, actual_bytes: int, what: str = "the answer") -> str
         raise ValueError(f"my_guess_gib must be a number of GiB above 0, such as 4 or 0.5, not {my_guess_gib!r}.")
     ratio = actual_bytes / (my_guess_gib * GiB)
     close = 0.8 <= ratio <= 1.25
-    verdict = "close" if close else ("far off. Read on to see what you missed" if ratio > 1
+    verdict = "close" if close else ("far off: read on" if ratio > 1
                                      else "far off: less than you thought")
     return (f"Your guess: {fmt_bytes(my_guess_gib * GiB)}. {answer}, {ratio:.{2 if close else 1}f}x your guess: "
             f"{verdict}.")
 
 
+@wrapped
 def answer_text(my_answer, actual, what: str = "the answer") -> str:
     """A learner's exact answer (a count, True/False, a name) beside the one the kit computed or measured.
 

@@ -111,7 +111,7 @@ def test_optimizer_takes_the_trainer_names_help_lists(capsys):
 
 def test_the_default_optimizer_is_trainers_and_the_table_names_it(capsys):
     _, out, _ = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8"], capsys)
-    assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.splitlines()[0]
+    assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.splitlines()[1]
 
 
 def test_the_evaluation_phase_in_json_and_table(capsys):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import runtime
+from .. import dtypes, runtime
 from .. import data as kdata
 from .. import device as kdevice
 from .. import models as kmodels
@@ -231,9 +231,11 @@ def _checkpointed(model):
     return model
 
 
-def fix_setup(which: str, size: str | None = None, rank: int | None = None) -> dict:
+def fix_setup(which: str, size: str | None = None, rank: int | None = None, dtype: str | None = None) -> dict:
     """Fix ``which`` ("a", "b", "c"): its name, estimator settings and ``make(device)``. ``rank``: fix (b)'s
-    rank (default ``RANK[size]``).
+    rank (default ``RANK[size]``). ``dtype``: fix (c)'s 16-bit dtype, by default :mod:`kit.dtypes`' rule for
+    this device (bf16 where native, fp16 on a T4). fp16 weights train without autocast: Trainer's
+    ``fp16=True`` would try to unscale their fp16 gradients, which its GradScaler refuses.
 
     >>> fix_setup("c", "real")["optimizer"]        # 8-bit AdamW refused on the 2.5e9-element head
     'adamw-fused'
@@ -252,21 +254,24 @@ def fix_setup(which: str, size: str | None = None, rank: int | None = None) -> d
     if which == "b":
         return dict(name=f"(b) low-rank head V->{r}->V", model=None, optimizer="adamw-fused", precision="fp16",
                     load_dtype="fp32", make=lambda dev: LowRankHeadModel(gpt2(dev), r))
-    make = (lambda dev: kmodels.build_model(head, device="meta", dtype=torch.bfloat16) if dev == "meta"
-            else kmodels.load_model(head, load_dtype="bf16"))
+    dtype = dtype or dtypes.for_this_device()[0]
+    make = (lambda dev: kmodels.build_model(head, device="meta", dtype=kmodels.as_dtype(dtype)) if dev == "meta"
+            else kmodels.load_model(head, load_dtype=dtype))
     problem = bnb_8bit_problem(make("meta"))
-    opt = "AdamW (8-bit AdamW refused: over 2**31 elements)" if problem else "8-bit AdamW"
-    return dict(name=f"(c) VxV head, bf16 weights, {opt}", model=head, optimizer="adamw-fused" if problem
-                else "adamw-8bit", precision="bf16", load_dtype="bf16", make=make, refused=problem)
+    opt = "AdamW (8-bit refused)" if problem else "8-bit AdamW"
+    return dict(name=f"(c) VxV head, {dtype} weights, {opt}", model=head, optimizer="adamw-fused" if problem
+                else "adamw-8bit", precision="bf16" if dtype == "bf16" else "fp32", load_dtype=dtype, make=make,
+                refused=problem)
 
 
-def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, rank: int | None = None, **setup):
+def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, rank: int | None = None,
+                 dtype: str | None = None, **setup):
     """The estimate of fix ``which``: the Colab recipe, or (``as_run``) what this device runs.
 
     >>> estimate_fix("a", "real").peak_bytes < predict_original("real").peak_bytes / 10
     True
     """
-    s = fix_setup(which, size, rank)
+    s = fix_setup(which, size, rank, dtype)
     precision = _run_precision(s["precision"]) if as_run else s["precision"]
     where = {"device": kdevice.device_name()} if as_run else {}  # CPU kernels save a little differently
     return _estimate(s["model"] or s["make"]("meta"), **{"precision": precision, "optimizer": s["optimizer"],

@@ -18,6 +18,7 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.notebook`'s.
 from __future__ import annotations
 
 from .. import device as kdevice
+from .. import dtypes
 from .. import inputs as kin
 from .. import models as kmodels
 from .. import plot
@@ -47,9 +48,9 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
     >>> "custom_layer" in fixes_at_real_size() or "(a)" in fixes_at_real_size()
     True
     """
-    pred = s1.predict_original("real")
+    pred, dtype = s1.predict_original("real"), dtypes.for_preset(preset)[0]  # fix (c) in the preset's 16 bits
     rows = [("the user's setup", pred.estimate)] + [
-        (s1.fix_setup(w, "real")["name"], s1.estimate_fix(w, "real")) for w in s1.FIXES]
+        (s1.fix_setup(w, "real", dtype=dtype)["name"], s1.estimate_fix(w, "real", dtype=dtype)) for w in s1.FIXES]
     w = max(len(name) for name, _ in rows) + 2
     lines = [f"ESTIMATED at real size, against {PRESETS[preset].label}:",
              f"  {'setup':<{w}}{'trainable':>15}{'GPU peak':>12}{'CPU build':>12}  verdict"]
@@ -57,9 +58,9 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
         fits = "fits" if verdict(est, preset).fits else "DOES NOT FIT"
         lines.append(f"  {name:<{w}}{est.trainable_params:>15,}{fmt_bytes(est.peak_bytes):>12}"
                      f"{fmt_bytes(est.cpu_build_bytes):>12}  {fits}")
-    refused = s1.fix_setup("c", "real").get("refused")
+    refused = s1.fix_setup("c", "real", dtype=dtype).get("refused")
     if refused:
-        est8 = s1.estimate_fix("c", "real", optimizer="adamw-8bit")
+        est8 = s1.estimate_fix("c", "real", dtype=dtype, optimizer="adamw-8bit")
         lines.append(f"  (c) with 8-bit AdamW, had bitsandbytes allowed it: GPU peak {fmt_bytes(est8.peak_bytes)}, "
                      f"{'fits' if verdict(est8, preset).fits else 'DOES NOT FIT'}.")
         lines.append(f"  Why not: {refused}")
@@ -295,3 +296,22 @@ def culprit_check(my_culprit, model) -> str:
     share = f"{own[my_culprit]:,} of {total:,} trainable parameters ({own[my_culprit] / total:.0%})"
     return f"Right: {my_culprit} holds {share}." if own[my_culprit] >= 0.9 * own[top] else \
         f"Not this one: {my_culprit} holds {share}. Look at the top line again."
+
+
+def stage_table(tracker) -> str:
+    """The stages of a run, MEASURED, in the columns the lesson reads: memory after each stage, what the
+    stage added, and its peak where it was read exactly ("-" where only a lower bound was seen: on a CPU
+    only the training is watched op by op). ``tracker.summary()`` has every column.
+
+    >>> print(stage_table(Tracker()))
+    no stages recorded
+    """
+    done = [r for r in tracker.records if r.end is not None]
+    if not done:
+        return "no stages recorded"
+    lines = [f"MEASURED per stage ({tracker.reading}):", f"  {'stage':<16}{'after it':>12}{'change':>12}{'peak':>12}"]
+    for r in done:
+        change = "-" if r.delta_bytes is None else ("+" if r.delta_bytes >= 0 else "-") + fmt_bytes(abs(r.delta_bytes))
+        peak = fmt_bytes(r.peak_bytes) if r.peak_bytes is not None and r.peak_exact else "-"
+        lines.append(f"  {r.name[:16]:<16}{fmt_bytes(r.end_bytes):>12}{change:>12}{peak:>12}")
+    return "\n".join(lines)

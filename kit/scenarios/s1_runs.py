@@ -29,7 +29,7 @@ from .s1_custom_head import NAMES, T4_BYTES, USER, _estimate, _run_precision, _s
 def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, accum: int,
                   tracker: Tracker) -> int | None:
     """tokenize -> build -> Trainer init -> train -> cleanup, each a tracker stage; returns train's peak."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments
 
     with tracker.stage("tokenize"):
         tok = kdata.load_tokenizer(NAMES[size])
@@ -50,6 +50,7 @@ def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, a
                 save_strategy="no", logging_steps=1, disable_tqdm=True)
             trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
                               callbacks=[tracker.callback()])
+            trainer.remove_callback(PrinterCallback)  # the live plot and the record say what matters
         with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import cleanup, leaks, oom
+from .. import cleanup, leaks, oom, runtime
 from .. import inputs as kin
 from ..track import Tracker
 from .s2_folds import append_result, fold_data, read_results, run_key, set_aside
@@ -95,6 +95,7 @@ def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir,
         _notify("fixed", state["folds"], on_fold_end)
 
 
+@runtime.once_per_run()
 def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir="cv-runs/fixed",
                    results_path=None, resume: bool = True, tolerance: float = 0.01,
                    tracker=None, on_fold_end=None, **settings) -> dict:

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import tempfile
 
-from .. import cleanup
+from .. import cleanup, runtime
 from ..track import Tracker
+from ..units import wrapped
 from .s2_folds import fold_data
 from .s2_lora_reset import save_adapter_init, verify_adapter_reset
 from .s2_training import _params, _trainer, count_live_models, load_for_training
 
 
+_SAID: dict = {}  # the loader lines, said once for all the checks of a notebook
+
+
+@runtime.once_per_run(_SAID)
 def _one_fold(model_name: str, settings: dict):
     p = _params(**{"steps_per_fold": 1, **settings})
     _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
@@ -32,6 +37,7 @@ def _one_fold(model_name: str, settings: dict):
     return model, init, trainer
 
 
+@wrapped
 def check_reset(my_reset, model_name: str, **settings) -> str:
     """Train one fold, run ``my_reset(model, init)`` (``init``: the adapter's saved initial state, a dict of
     tensors by name, as :func:`~kit.scenarios.s2_lora_reset.save_adapter_init` returns it), and check it."""
@@ -46,6 +52,7 @@ def check_reset(my_reset, model_name: str, **settings) -> str:
     return ("your reset works: " if check.ok else "your reset: ") + check.text()
 
 
+@wrapped
 def check_free(my_free, model_name: str, **settings) -> str:
     """Train one fold, run ``my_free(trainer)`` while this function still holds ``trainer`` (as the user's
     loop holds it until the next fold), and count the loaded models left in memory (MEASURED)."""

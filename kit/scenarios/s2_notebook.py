@@ -29,7 +29,7 @@ from .. import cleanup, leaks
 from .. import device as kdevice
 from .. import inputs as kin
 from .. import models as kmodels
-from .. import plot
+from .. import plot, runtime
 from ..estimate import estimate
 from ..live import LivePlot
 from ..presets import PRESETS, Preset
@@ -183,7 +183,7 @@ def crash_models(preset: str = "colab-t4", **setup) -> list[dict]:
         if gated(name) or name.startswith("tiny-"):
             continue
         try:
-            est = est_fn(name, quantization="4bit", **setup)
+            est = est_fn(name, **{**setup, "quantization": "4bit"})
         except kin.InputError:  # the settings name modules this family lacks (gpt2's c_attn ...)
             continue
         if est.params < 6e9:  # 7B-class only
@@ -338,6 +338,7 @@ def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> di
                 loss_finite=math.isfinite(loss))
 
 
+@runtime.once_per_run()
 def measure_kbit_recipes(model_name: str, **settings) -> list[dict]:
     """MEASURED: load, apply the standard or the lean recipe, wrap with LoRA and train a few steps.
 

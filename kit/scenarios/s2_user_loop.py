@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from transformers import TrainerCallback
 
-from .. import cleanup, oom
+from .. import cleanup, oom, runtime
 from .. import device as kdevice
 from ..track import Tracker
 from ..units import fmt_bytes
@@ -147,6 +147,7 @@ def fold_line(rec: dict) -> str:
     return line + ("; OUT OF MEMORY while training" if rec.get("oom") else f"; end {b('end_bytes')}")
 
 
+@runtime.once_per_run()  # the MODEL line once, not once per fold
 def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_dir="cv-runs/broken",
                     tracker=None, on_fold_end=None, **settings) -> dict:
     """The user's loop, tracked per fold, OOM-safe: ``{"folds": [...], "oom_at_fold": int|None}``.

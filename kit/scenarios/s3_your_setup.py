@@ -27,7 +27,7 @@ from .. import inputs as kin
 from .. import models as kmodels
 from ..estimate import OPTIMIZERS
 from ..presets import PRESETS
-from ..units import fmt_bytes, wrapped
+from ..units import fmt_bytes, wrap, wrapped
 
 MIN_GAP = 0.2    # smoke mode: the advised twin's estimated peak must be this much under the original's
 
@@ -321,24 +321,23 @@ def release(trainer) -> None:
     cleanup.release(trainer, free_model=True)
 
 
-@wrapped
 def compare(runs: list) -> str:
     """``runs``: ``[(name, TrainReport)]``. A table, estimated beside measured, with the cap and the outcome."""
     reading = next((r.reading for _, r in runs), "")
-    lines = [f"{'run':<28}{'estimated':>12}{'measured':>12}{'meas/est':>10}{'cap':>12}  outcome   ({reading})"]
+    lines = [f"({reading})", f"{'run':<22}{'estimated':>11}{'measured':>11}{'meas/est':>9}{'cap':>11}  outcome"]
     for name, r in runs:
         if r.oom:
             est, meas = r.estimated.get("total"), r.measured.get("total")
-            what = f"OUT OF MEMORY at step {r.step} ({r.phase})"
+            what = f"OUT OF MEMORY at step {r.step} ({r.phase})"  # phase: at most 22 characters
         else:
             est, meas, what = r.estimate_peak_bytes, r.measured_peak_bytes, f"completed {r.step} steps"
         ratio = f"{meas / est:.3f}" if est and meas is not None and not r.oom else "-"
-        lines.append(f"{name:<28}{fmt_bytes(est):>12}{fmt_bytes(meas):>12}{ratio:>10}"
-                     f"{fmt_bytes(r.cap_bytes) if r.cap_bytes else 'none':>12}  {what}")
+        lines.append(f"{name[:22]:<22}{fmt_bytes(est):>11}{fmt_bytes(meas):>11}{ratio:>9}"
+                     f"{fmt_bytes(r.cap_bytes) if r.cap_bytes else 'none':>11}  {what}")
     if any(r.oom for _, r in runs):
-        lines.append("(a run that ran out of memory: measured = what was alive at the failing op, which never "
-                     "ran; estimated = that phase's estimated peak, which the run never reached: no ratio)")
+        lines.append(wrap("(a run that ran out of memory: measured = what was alive at the failing op, which never "
+                          "ran; estimated = that phase's estimated peak, which the run never reached: no ratio)"))
     if reading == "live_tensor_bytes":
-        lines.append("(on a CPU a completed run's measured peak is the live tensor bytes counted op by op by the "
-                     "cap's counter, kit.tensor_peak.TensorPeak: the CPU's stand-in for CUDA's max allocated)")
-    return "\n".join(lines)
+        lines.append(wrap("(on a CPU a completed run's measured peak is the live tensor bytes counted op by op by the "
+                          "cap's counter, kit.tensor_peak.TensorPeak: the CPU's stand-in for CUDA's max allocated)"))
+    return "\n".join(lines)  # the rows stay whole (at most 114 characters): a table must not fold

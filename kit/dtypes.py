@@ -1,0 +1,49 @@
+"""Which 16-bit dtype a run takes: bf16 where the GPU computes it natively, fp16 where it does not.
+
+A T4 (compute capability 7.5) has no native bf16. ``torch.cuda.is_bf16_supported()`` counts
+emulation, so transformers accepts ``bf16=True`` there, and the work runs emulated and slowly;
+the popular Colab notebooks use fp16 on a T4. So wherever the kit chooses a 16-bit dtype for a run
+(the 4-bit compute dtype and the 16-bit load dtype of a quantized model, scenario 1's fix (c)), it
+takes :func:`run_dtype`: bf16 from compute capability 8.0 (Ampere) up, fp16 below. On a CPU it
+takes bf16 (bitsandbytes' CPU path computes in it; Trainer ignores ``fp16=True`` there). A
+memory estimate does not change with the choice (both are 2 bytes), only the words do.
+
+>>> run_dtype((7, 5))
+('fp16', 'compute capability 7.5 has no native bf16, so fp16 (as Colab notebooks do on a T4)')
+>>> run_dtype((9, 0))[0], run_dtype(None)[0]
+('bf16', 'bf16')
+"""
+from __future__ import annotations
+
+
+def run_dtype(capability: tuple[int, int] | None) -> tuple[str, str]:
+    """``(dtype, why)`` for a GPU of this compute capability (None: a CPU)."""
+    if capability is None:
+        return "bf16", "a CPU: bf16 (bitsandbytes' CPU kernels compute in it)"
+    major, minor = capability
+    if major >= 8:
+        return "bf16", f"compute capability {major}.{minor} has native bf16"
+    return "fp16", f"compute capability {major}.{minor} has no native bf16, so fp16 (as Colab notebooks do on a T4)"
+
+
+def for_this_device() -> tuple[str, str]:
+    """:func:`run_dtype` for the GPU this process sees (or the CPU).
+
+    >>> for_this_device()[0] in ("bf16", "fp16")
+    True
+    """
+    from .device import compute_capability  # lazily: the rule itself needs no GPU
+
+    return run_dtype(compute_capability())
+
+
+def for_preset(preset) -> tuple[str, str]:
+    """:func:`run_dtype` for a named machine (:data:`kit.presets.PRESETS`): what an estimate for it assumes.
+
+    >>> for_preset("colab-t4")[0], for_preset("a100-80")[0]
+    ('fp16', 'bf16')
+    """
+    from .presets import PRESETS
+
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    return run_dtype(p.capability)
