@@ -19,7 +19,7 @@ from __future__ import annotations
 def run_dtype(capability: tuple[int, int] | None) -> tuple[str, str]:
     """``(dtype, why)`` for a GPU of this compute capability (None: a CPU)."""
     if capability is None:
-        return "bf16", "a CPU: bf16 (bitsandbytes' CPU kernels compute in it)"
+        return "bf16", "a CPU, where bitsandbytes' kernels compute in bf16"
     major, minor = capability
     if major >= 8:
         return "bf16", f"compute capability {major}.{minor} has native bf16"

@@ -24,13 +24,13 @@ def guess_text(my_guess_gib, actual_bytes: int, what: str = "the answer") -> str
     ``my_guess_gib`` left at None says so: a reading of the answer with no guess to learn from.
 
     >>> print(guess_text(None, 2**30, "the ESTIMATED peak"))
-    No guess written (my_guess_gib is None). The ESTIMATED peak: 1.00 GiB. Next time, write a number first.
+    No guess written yet. The ESTIMATED peak: 1.00 GiB. Next time, write a number first.
     >>> print(guess_text(1.1, 2**30, "the ESTIMATED peak"))
     Your guess: 1.10 GiB. The ESTIMATED peak: 1.00 GiB, 0.91x your guess: close.
     """
     answer = f"{what[:1].upper()}{what[1:]}: {fmt_bytes(actual_bytes)}"
     if my_guess_gib is None:
-        return f"No guess written (my_guess_gib is None). {answer}. Next time, write a number first."
+        return f"No guess written yet. {answer}. Next time, write a number first."
     if isinstance(my_guess_gib, bool) or not isinstance(my_guess_gib, (int, float)) or \
             not math.isfinite(my_guess_gib) or my_guess_gib <= 0:
         raise ValueError(f"my_guess_gib must be a number of GiB above 0, such as 4 or 0.5, not {my_guess_gib!r}.")
@@ -49,11 +49,11 @@ def answer_text(my_answer, actual, what: str = "the answer") -> str:
     >>> print(answer_text(1, 2, "the MEASURED count of models"))
     Your answer: 1. The MEASURED count of models: 2. Not this time: see below why.
     >>> print(answer_text(None, True, "the guard's result"))
-    No answer written (None). The guard's result: True.
+    No answer written yet. The guard's result: True.
     """
     said = f"{what[:1].upper()}{what[1:]}: {actual}"
     if my_answer is None:
-        return f"No answer written (None). {said}."
+        return f"No answer written yet. {said}."
     return f"Your answer: {my_answer}. {said}. " + ("Right." if my_answer == actual else "Not this time: see below why.")
 
 

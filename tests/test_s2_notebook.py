@@ -7,6 +7,7 @@ import re
 import pytest
 
 from kit.estimate import estimate
+from kit.presets import PRESETS
 from kit.scenarios import s2_notebook as nb
 from kit.scenarios.s2_folds import append_result, read_results
 
@@ -57,7 +58,7 @@ def test_the_kit_picks_an_ungated_model_that_crashes_at_fold_two():
     rows = nb.crash_models("colab-t4", batch_size=4, seq_len=256, precision="fp16", lora_r=8,
                            lora_targets=["q_proj", "v_proj"])
     pick = rows[0]
-    t4 = nb.PRESETS["colab-t4"].gpu_bytes
+    t4 = PRESETS["colab-t4"].gpu_bytes
     assert pick["crashes"] and pick["fold_peak_bytes"] <= t4 < pick["loaded_bytes"]
     assert not any(r["model"].startswith(("meta-llama/", "google/", "mistralai/")) for r in rows)
     assert pick["model"] in nb.crash_models_text(batch_size=4, seq_len=256, lora_r=8).splitlines()[-1]
