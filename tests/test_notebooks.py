@@ -42,3 +42,65 @@ def test_code_cells_are_short_and_follow_prose(path):
         lines = [ln for ln in src.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         assert len(lines) <= 10, f"{path.name} cell {i + 1} has {len(lines)} lines; move logic into kit/"
         assert cells[i - 1][0] == "markdown", f"{path.name} cell {i + 1} has no sentence of prose before it"
+
+
+# -- workshop shape (issue 16): predict before the reveal, words before numbers, an exercise, a recap ----------
+def _nb(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def _src(cell):
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_prediction_is_written_before_its_reveal(path):
+    import re
+
+    cells = [(c["cell_type"], _src(c)) for c in _nb(path)]
+    assigned = {}
+    for i, (kind, src) in enumerate(cells):
+        for name in re.findall(r"^(my_\w+) = ", src, re.M):
+            assigned.setdefault(name, i)
+    assert assigned, f"{path.name} has no prediction cell (my_... = None)"
+    for name, i in assigned.items():
+        uses = [j for j, (kind, src) in enumerate(cells) if j >= i and kind == "code"  # the guess itself is no use
+                and re.search(rf"\b{name}\b", re.sub(rf"^{name} = .*$", "", src, flags=re.M))]
+        assert uses, f"{path.name}: {name} is never compared with an answer after cell {i + 1}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_glossary_comes_before_the_first_breakdown(path):
+    srcs = [_src(c) if c["cell_type"] == "code" else "" for c in _nb(path)]
+    glossary = next(i for i, s in enumerate(srcs) if "teach.glossary()" in s)
+    first = next(i for i, s in enumerate(srcs) if ".table(" in s or "snapshot()" in s or "print(pred)" in s)
+    assert glossary < first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_an_exercise_with_a_collapsed_solution_and_a_recap(path):
+    cells = _nb(path)
+    solutions = [c for c in cells if c["cell_type"] == "code" and _src(c).startswith("#@title Solution")]
+    assert solutions, f"{path.name} has no exercise solution"
+    for c in solutions:  # collapsed in Colab (a form) and in JupyterLab
+        assert c["metadata"].get("cellView") == "form" and c["metadata"]["jupyter"]["source_hidden"] is True
+    assert any(c["cell_type"] == "markdown" and _src(c).startswith("## Recap") for c in cells)
+    assert "Disconnect and delete runtime" in _src(cells[-1])
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] in ("01", "02")], ids=lambda p: p.name)
+def test_instructor_notes_with_timings_and_a_workshop_preset(path):
+    cells = _nb(path)
+    notes = next(_src(c) for c in cells if _src(c).startswith("## Instructor notes"))
+    assert "**Objectives.**" in notes and "| section | minutes | skip when short |" in notes
+    assert "WORKSHOP = True" in notes and any("WORKSHOP = True" in _src(c) for c in cells if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_output_lines_fit_colab(path):
+    long = []
+    for i, c in enumerate(_nb(path)):
+        for out in c.get("outputs", []):
+            text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+            long += [(i + 1, len(line)) for line in text.splitlines() if len(line) > 120]
+    assert not long, f"{path.name}: output lines over 120 characters (cell, length): {long[:5]}"
