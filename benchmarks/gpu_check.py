@@ -9,7 +9,8 @@ kept in ``WORK/<stage>.log`` whatever happens to a later stage:
 3. at once, each in its own process capped at a Colab T4's 14.56 GiB (``KIT_GPU_CAP_BYTES``, which
    ``kit.device`` applies on import with ``torch.cuda.set_per_process_memory_fraction``): the demo at
    real size, one process per scenario (``python -m kit demo --out WORK/demo-sN --size real --scenario N``),
-   and notebooks 00-03, executed with
+   the user's fold loop at Llama-3-8B size (``gpu_check_crash.py``: notebook 02's predicted crash at fold 2's
+   load), and notebooks 00-03, executed with
    ``jupyter nbconvert --execute`` into ``WORK/notebooks`` (never in place). Every reading checked is
    its own process's CUDA allocator, so the others running beside it do not enter it.
 
@@ -42,7 +43,7 @@ CAP_ENV = "KIT_GPU_CAP_BYTES"     # kit.memory_cap.CAP_ENV
 NOTEBOOKS = ("00_check_your_setup", "01_distilgpt2_custom_head", "02_llama3_qlora_cross_validation",
              "03_your_own_setup")
 # Seconds per stage. The capped stages run side by side, so the whole is 100 + 140 + 320 = 560 s at most.
-BUDGETS = {"gpu tests": 100, "estimate grid": 140, "demo s1": 320, "demo s2": 320,
+BUDGETS = {"gpu tests": 100, "estimate grid": 140, "demo s1": 320, "demo s2": 320, "crash loop": 320,
            **{f"notebook {n[:2]}": 320 for n in NOTEBOOKS}}
 DEMOS = ("demo s1", "demo s2")
 NO_GPU = "gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check."
@@ -208,6 +209,8 @@ def stages_for(work: Path, py: str) -> tuple[list[Stage], list[Stage]]:
                    BUDGETS["estimate grid"])]
     side = [Stage(d, [py, "-m", "kit", "demo", "--out", work / d.replace(" ", "-"), "--size", "real", "--scenario",
                       d[-1]], BUDGETS[d], capped_env) for d in DEMOS]
+    side.append(Stage("crash loop", [py, "benchmarks/gpu_check_crash.py", work / "crash.json"], BUDGETS["crash loop"],
+                      capped_env))
     for n in NOTEBOOKS:
         name = f"notebook {n[:2]}"
         side.append(Stage(name, [py, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
@@ -226,7 +229,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(NO_GPU)
         return 0
-    from gpu_check_verdicts import NOT_TAKEN, verdicts
+    from gpu_check_verdicts import NOT_TAKEN, crash_verdict, verdicts
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")   # without a network each Hub attempt hangs; real-size twins
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -248,6 +251,9 @@ def main(argv=None) -> int:
     summary = merged_summary([work / d.replace(" ", "-") / "summary.json" for d in DEMOS])
     out += verdicts(summary, CAP_BYTES, "no summary.json: " + "; ".join(
         f"{d}: {stage_verdict(by[d], '')['detail']}" for d in DEMOS))
+    crash = work / "crash.json"
+    out.append(crash_verdict(json.loads(crash.read_text()) if crash.is_file() else None, CAP_BYTES,
+                             stage_verdict(by["crash loop"], "")["detail"]))
     seen = cap_seen([by[d] for d in DEMOS], work / "kernel-caps.jsonl")
     from gpu_check_verdicts import FAILED, PASSED, verdict
 

@@ -47,8 +47,17 @@ PASSING = {
         "estimate": {"model": "meta-llama/Llama-3.2-1B", "two_models_bytes": 4 * GiB,
                      "llama3_8b_nf4_training_weights_bytes": 7 * GiB}},
 }
-NOT_CHECKABLE = {"scenario 2 at Llama-3-8B size: out of memory in fold 2",
-                 "memory back at baseline: scenario 1's original", "memory back at baseline: the broken loop"}
+NOT_CHECKABLE = {"memory back at baseline: scenario 1's original", "memory back at baseline: the broken loop"}
+# The crash stage's file (gpu_check_crash.py) where the prediction came true: out of memory at fold 2's load.
+CRASH = {"model": "meta-llama/Meta-Llama-3-8B",
+         "prediction": {"leftover_bytes": int(7.31 * GiB), "loaded_bytes": int(14.59 * GiB),
+                        "load_peak_bytes": int(15.57 * GiB), "train_peak_bytes": int(10.27 * GiB)},
+         "broken": {"folds": [{"fold": 1, "start_bytes": 0, "load_peak_bytes": 8 * GiB, "models_alive_after_load": 1,
+                               "train_peak_bytes": 10 * GiB, "end_bytes": 7 * GiB, "peak_bytes": 10 * GiB},
+                              {"fold": 2, "start_bytes": 7 * GiB, "load_peak_bytes": int(14.5 * GiB),
+                               "loaded_bytes": int(14.4 * GiB), "models_alive_after_load": 2, "oom": True,
+                               "oom_during": "load", "end_bytes": int(14.4 * GiB), "peak_bytes": int(14.5 * GiB)}],
+                    "oom_at_fold": 2}}
 
 
 def _by_check(summary) -> dict:
@@ -118,6 +127,24 @@ def test_out_of_memory_in_fold_2_passes_and_in_fold_1_fails():
     assert "fold 2" in _status(s, "broken loop runs out")["detail"]
     s["scenario2"]["broken"]["oom_at_fold"] = 1
     assert _status(s, "broken loop runs out")["status"] == gv.FAILED
+
+
+def test_the_8b_crash_passes_only_where_the_prediction_came_true():
+    assert gv.crash_verdict(CRASH, CAP)["status"] == gv.PASSED
+    figures = gv.crash_verdict(CRASH, CAP)["figures"]
+    assert figures["fold 2's load peak"]["kind"] == "measured" and figures["cap"]["kind"] == "set"
+    during_training = copy.deepcopy(CRASH)
+    during_training["broken"]["folds"][1]["oom_during"] = "train"   # predicted at the load: the moment is wrong
+    assert gv.crash_verdict(during_training, CAP)["status"] == gv.FAILED
+    no_oom = copy.deepcopy(CRASH)
+    no_oom["broken"]["oom_at_fold"] = None
+    no_oom["broken"]["folds"][1].update(oom=False, load_peak_bytes=14 * GiB)
+    assert "no out-of-memory error" in gv.crash_verdict(no_oom, CAP)["detail"]
+    assert gv.crash_verdict(no_oom, CAP)["status"] == gv.FAILED
+    fold1 = copy.deepcopy(CRASH)
+    fold1["broken"]["oom_at_fold"] = 1
+    assert gv.crash_verdict(fold1, CAP)["status"] == gv.FAILED
+    assert gv.crash_verdict(None, CAP, "timed out after 320 s")["status"] == gv.NOT_TAKEN
 
 
 def test_the_original_fitting_under_the_cap_fails_and_a_refusal_passes():
@@ -207,8 +234,9 @@ def _fake_stages(demo_summary: dict | None, demo_budget: float = 20):
                   "{'pid': 1, 'cap': 'CUDA capped at 15,633,680,957 bytes'}) + '\\n')")
         grid = f"print('{'full FT fp32':40s} distilgpt2               predicted  1,000 measured  1,010 (-0.99%) [3 s]')"
         first = [gc.Stage("gpu tests", _py("print('3 passed')"), 20), gc.Stage("estimate grid", _py(grid), 20)]
+        crash = f"import pathlib; pathlib.Path({str(work / 'crash.json')!r}).write_text({json.dumps(json.dumps(CRASH))})"
         side = [gc.Stage(f"demo s{n}", _py(demo(n)), demo_budget) for n in "12"] + \
-            [gc.Stage(f"notebook {n[:2]}", _py(kernel), 20) for n in gc.NOTEBOOKS]
+            [gc.Stage("crash loop", _py(crash), 20)] + [gc.Stage(f"notebook {n[:2]}", _py(kernel), 20) for n in gc.NOTEBOOKS]
         return first, side
     return stages_for
 
@@ -230,7 +258,9 @@ def test_main_on_a_faked_gpu_writes_the_report_and_passes(fake_gpu, monkeypatch,
     assert "(measured)" in text and "(estimated)" in text and "**FAILED**" not in text
     js = json.loads(md[0].with_suffix(".json").read_text())
     assert js["cap_bytes"] == gc.CAP_BYTES and js["grid"][0]["measured_peak_bytes"] == 1010
-    assert js["summary"] == PASSING and len(js["stages"]) == 2 + 2 + len(gc.NOTEBOOKS)
+    assert js["summary"] == PASSING and len(js["stages"]) == 2 + 2 + 1 + len(gc.NOTEBOOKS)
+    crash = next(v for v in js["verdicts"] if v["check"].startswith("scenario 2 at Llama-3-8B size"))
+    assert crash["status"] == gv.PASSED and "while loading" in crash["detail"]
 
 
 def test_main_keeps_going_when_the_demo_times_out(fake_gpu, monkeypatch, tmp_path):
@@ -248,8 +278,9 @@ def test_main_keeps_going_when_the_demo_times_out(fake_gpu, monkeypatch, tmp_pat
 
 def test_the_budgets_fit_in_ten_minutes():
     serial = gc.BUDGETS["gpu tests"] + gc.BUDGETS["estimate grid"]
-    side = max(v for k, v in gc.BUDGETS.items() if k.startswith(("demo", "notebook")))
-    assert set(gc.BUDGETS) == {"gpu tests", "estimate grid", *gc.DEMOS, *(f"notebook {n[:2]}" for n in gc.NOTEBOOKS)}
+    side = max(v for k, v in gc.BUDGETS.items() if k.startswith(("demo", "notebook", "crash")))
+    assert set(gc.BUDGETS) == {"gpu tests", "estimate grid", *gc.DEMOS, "crash loop",
+                               *(f"notebook {n[:2]}" for n in gc.NOTEBOOKS)}
     assert serial + side + 2 * 10 <= 600       # + the stop grace (TERM, then KILL, 5 s each)
 
 
