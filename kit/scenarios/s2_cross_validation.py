@@ -27,9 +27,9 @@ from ..track import Tracker
 from .s2_folds import append_result, fold_data, read_results, run_key, set_aside
 from .s2_lora_reset import (advice_reset, adapter_state, restore_adapter, save_adapter_init, states_equal,
                             verify_adapter_reset)
-from .s2_training import DEFAULTS  # noqa: F401 (the loops' settings, read here by callers)
+from .s2_training import DEFAULTS, count_live_models  # noqa: F401 (callers read them here)
 from .s2_training import _folds, _fold_record, _notify, _params, _trainer, load_for_training
-from .s2_user_loop import count_live_models, free_gpu_cache, run_broken_loop  # noqa: F401 (the notebook's names)
+from .s2_user_loop import free_gpu_cache, run_broken_loop  # noqa: F401 (the notebook reads them as cv.*)
 
 
 def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/advice", **settings) -> dict:
