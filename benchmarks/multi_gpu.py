@@ -110,6 +110,8 @@ def trainer_worker(spec: dict) -> dict:
     wrapped = type(trainer.model_wrapped).__name__
     if wrapped != "DistributedDataParallel":
         raise RuntimeError(f"Trainer did not wrap the model in DDP (it made a {wrapped})")
+    if torch.distributed.is_initialized():  # accelerate made the group: without this, gloo's threads can
+        torch.distributed.destroy_process_group()  # abort the exit ("terminate called without an active exception")
     return {"rank": int(os.environ["RANK"]), "steps": steps}
 
 
