@@ -18,13 +18,11 @@ cpu tensors 1.20 GiB | RSS 2.31 GiB (peak 2.40 GiB) | RAM free 19.8 GiB
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import psutil
 import torch
@@ -333,53 +331,9 @@ def explain(snap: Snapshot) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def cuda_memory_fraction(cap_bytes: int):
-    """Let the caching allocator hand out at most ``cap_bytes`` (reserved) inside the block, as a GPU of that
-    size would (``torch.cuda.set_per_process_memory_fraction``; the old fraction is restored in a finally).
-    Yields what was set, in words; a cap at or above the GPU's memory sets nothing and says so."""
-    from .memory_cap import env_cap_bytes  # KIT_GPU_CAP_BYTES, the process's cap: a run's never lifts it
-
-    dev = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(dev).total_memory
-    env = env_cap_bytes()
-    cap_bytes = min(cap_bytes, env) if env is not None else cap_bytes
-    if cap_bytes >= total:
-        yield f"no cap: {fmt_bytes(cap_bytes)} is not below this GPU's {fmt_bytes(total)}"
-        return
-    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)   # torch >= 2.9
-    old = get(dev) if get is not None else min(1.0, env / total) if env is not None else 1.0
-    empty_cache()
-    torch.cuda.set_per_process_memory_fraction(cap_bytes / total, dev)
-    try:
-        yield (f"CUDA memory fraction {cap_bytes / total:.4f} of this GPU's {fmt_bytes(total)} "
-               "(torch.cuda.set_per_process_memory_fraction; reserved memory counts)")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(old, dev)
-
-
-@contextlib.contextmanager
-def cuda_memory_history(path: str | Path, *, max_entries: int = 100_000):
-    """Record every CUDA allocation inside the block; save a pickle for https://pytorch.org/memory_viz.
-
-    Drag the saved file onto that page to see each allocation with its Python stack.
-    The pickle is written even when the block raises, so an OOM can be inspected. On a
-    CPU it records nothing and yields None.
-
-    >>> with tracker.stage("train"), cuda_memory_history("train.pickle"):   # doctest: +SKIP
-    ...     trainer.train()
-    """
-    if not has_cuda():
-        yield None
-        return
-    # torch's recorder is a private API (torch.cuda.memory._record_memory_history / _dump_snapshot),
-    # the one PyTorch's own memory tutorial uses.
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
-    try:
-        yield Path(path)
-    finally:
-        torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
+# The allocator's controls (a memory fraction for a block, the allocation history) live in
+# device_controls.py, and are read here as device.*.
+from .device_controls import cuda_memory_fraction, cuda_memory_history  # noqa: E402,F401
 
 
 def _apply_env_cap() -> str | None:
