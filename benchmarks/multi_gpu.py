@@ -111,7 +111,8 @@ def trainer_worker(spec: dict) -> dict:
     if wrapped != "DistributedDataParallel":
         raise RuntimeError(f"Trainer did not wrap the model in DDP (it made a {wrapped})")
     if torch.distributed.is_initialized():  # accelerate made the group: without this, gloo's threads can
-        torch.distributed.destroy_process_group()  # abort the exit ("terminate called without an active exception")
+        torch.distributed.barrier()            # abort the exit ("terminate called without an active exception");
+        torch.distributed.destroy_process_group()  # both ranks reach it together, so neither waits on a gone peer
     return {"rank": int(os.environ["RANK"]), "steps": steps}
 
 
