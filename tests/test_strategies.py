@@ -9,7 +9,6 @@ import pytest
 
 from kit.accelerate_config import launch_command, read_accelerate_config
 from kit.estimate import estimate
-from kit.estimate_cli import register
 from kit.inputs import InputError
 
 DATA = Path(__file__).parent / "data" / "accelerate"
@@ -162,13 +161,7 @@ def test_unreadable_or_unmodelled_files_say_so(tmp_path):
 
 
 # ---- the CLI -------------------------------------------------------------------------------------------
-def _cli(argv, capsys):
-    parser = argparse.ArgumentParser(prog="kit")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["estimate", *argv])
-    code = args.func(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from test_estimate_cli import _run as _cli  # noqa: E402 (the estimate CLI's own test runner)
 
 
 BASE = ["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32"]
