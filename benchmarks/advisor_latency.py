@@ -43,7 +43,7 @@ CASES = [  # (label, estimate() options, advise() keywords)
 
 
 def _clear_caches():
-    from kit import inventory
+    from kit.estimate import inventory
 
     inventory._cached.cache_clear()
     inventory._CONFIG_CACHE.clear()
@@ -57,7 +57,7 @@ def _ms(fn) -> float:
 
 
 def measure(label, opts, kw, repeats) -> dict:
-    from kit import advise_search
+    from kit.advise import search as advise_search
     from kit.advise import advise, max_batch_size, max_seq_len
 
     cold = []

@@ -33,10 +33,12 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from kit import data, device  # noqa: E402
-from kit.live import LivePlot  # noqa: E402
+from kit import data
+from kit import machine
+from kit.measure import device  # noqa: E402
+from kit.plot.live import LivePlot  # noqa: E402
 from kit.models import build_model  # noqa: E402
-from kit.track import Tracker  # noqa: E402
+from kit.measure.track import Tracker  # noqa: E402
 
 
 class StepTimer(TrainerCallback):
@@ -96,7 +98,7 @@ VARIANTS = {
 def run(model, ds, tok, variant, steps, bs, out_dir):
     tracker = Tracker()
     timer = StepTimer()
-    args = TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=bs, use_cpu=not device.has_cuda(),
+    args = TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=bs, use_cpu=not machine.has_cuda(),
                              report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
     extra = VARIANTS[variant](tracker, Path(out_dir) / "live")
     attach = extra if callable(extra) else None
@@ -118,7 +120,7 @@ def cells(n: int) -> list[str]:
     """The per-cell cost of `%load_ext kit`: run_cell wall time, and the extension's own readings."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from kit import cell_memory
+    from kit.measure import cells as cell_memory
 
     ip = InteractiveShell.instance()
     ip.run_cell("import torch")
@@ -168,7 +170,7 @@ def main(argv=None) -> str:
 
     tok = data.load_tokenizer(a.model)
     ds = data.tokenize(data.load_text_dataset(), tok, max_length=a.seq_len)["train"]
-    model = build_model(a.model, device=device.device_name())
+    model = build_model(a.model, device=machine.device_name())
     names = list(VARIANTS)
     res = {n: {"steps": [], "total": [], "cpu": [], "inside": [], "samples": 0, "live": 0} for n in names}
     load0 = os.getloadavg()[0]
@@ -186,10 +188,10 @@ def main(argv=None) -> str:
     load1 = os.getloadavg()[0]
     base = statistics.mean(res[names[0]]["steps"])
     base_cpu = statistics.mean(res[names[0]]["cpu"])
-    hw = device.hardware()
+    hw = machine.hardware()
     lines = [
         f"# Callback overhead: {a.model}, batch {a.batch_size} x {a.seq_len} tokens, fp32, "
-        f"{'CUDA ' + str(hw['gpu_name']) if device.has_cuda() else 'CPU'}",
+        f"{'CUDA ' + str(hw['gpu_name']) if machine.has_cuda() else 'CPU'}",
         "",
         f"`python benchmarks/callback_overhead.py --steps {a.steps} --reps {a.reps} --batch-size {a.batch_size} "
         f"--seq-len {a.seq_len} --threads {a.threads}` on {time.strftime('%Y-%m-%d')}: {hw['cpu_cores']} CPU cores "

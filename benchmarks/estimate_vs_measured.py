@@ -6,22 +6,24 @@ replay family's tiny twin (``kit/configs/tiny-<family>.json``) under the same se
 mixed-precision setups added).
 
 - With a CUDA GPU: each setup trains real Trainer steps on an architecture twin at real
-  size and reads ``torch.cuda.max_memory_allocated()`` (through ``kit.device``) over the
+  size and reads ``torch.cuda.max_memory_allocated()`` (through ``kit.measure.device``) over the
   steady-state steps; the prediction is ``estimate(..., device="cuda")``.
 - Without one (a CPU): the CUDA allocator does not exist, so this measures what a CPU
   can measure honestly, on real Trainer steps of tiny twins (and one real-size twin):
   * ``peak``: the most bytes held by tensors at any moment of a training step, counted by
-    :class:`kit.tensor_peak.TensorPeak` (a ``TorchDispatchMode`` that adds every storage an aten op
+    :class:`kit.measure.tensor_peak.TensorPeak` (a ``TorchDispatchMode`` that adds every storage an aten op
     creates and subtracts it when freed) on top of the weights and optimizer state
     alive when the step starts. This is the CPU analogue of max_memory_allocated; it is
     compared with ``estimate(..., device="cpu")``, which models CPU kernels.
   * ``saved``: the bytes autograd saves for backward, by ``saved_tensors_hooks``.
-  * ``weights/grads/state``: ``kit.device.live_tensor_bytes`` around real steps.
+  * ``weights/grads/state``: ``kit.measure.device.live_tensor_bytes`` around real steps.
   It also times an estimate of a cached model (the widget calls it on every change).
 """
 from __future__ import annotations
 
 import argparse
+
+from kit import machine
 import datetime
 import gc
 import os
@@ -100,13 +102,13 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
                  precision="fp32", cuda=False, workdir="/tmp/kit-bench/out") -> dict:
     """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
 
-    On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.device.reset_peak /
-    peak_allocated_bytes). On a CPU: the ``kit.tensor_peak.TensorPeak`` rise plus the weights and
+    On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.measure.device.reset_peak /
+    peak_allocated_bytes). On a CPU: the ``kit.measure.tensor_peak.TensorPeak`` rise plus the weights and
     optimizer state held when the step begins.
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from kit import device, tensor_peak
+    from kit.measure import device, tensor_peak
 
     peaks, held = [], {}
 
@@ -196,7 +198,7 @@ GPU_GRID = [
 
 # ---- the family grid: one tiny twin per replay family, the same setups on each --------------------
 # Each row trains real Trainer steps on the twin (on the CPU; with a GPU, on it, plus mixed-precision rows);
-# kit.replay has one block replay per family.
+# kit.estimate.replay has one block replay per family.
 FAMILY_TWINS = ("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",
                 "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox")
 BLOCKS_VOCAB = {"vocab_size": 256}  # a small vocabulary: the blocks, not the logits, set the peak
@@ -245,13 +247,13 @@ def family_report(rows, cuda=False) -> str:
     import peft
     import transformers
 
-    from kit import device
+    from kit.measure import device
     from kit.units import fmt_bytes
 
     where = torch.cuda.get_device_name(0) if cuda else "CPU"
     lines = [f"# Estimate vs measured, per replay family ({'GPU' if cuda else 'CPU'}, tiny twins)", "",
              f"- date: {datetime.date.today().isoformat()}",
-             f"- device: {where}; hardware: {device.hardware()}",
+             f"- device: {where}; hardware: {machine.hardware()}",
              f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, "
              f"peft {peft.__version__}",
              "- command: `python benchmarks/estimate_vs_measured.py --families`", "",
@@ -288,7 +290,7 @@ def family_report(rows, cuda=False) -> str:
 
 
 def _family(name):
-    from kit.inventory import info_of
+    from kit.estimate.inventory import info_of
 
     return info_of(name).family
 
@@ -330,7 +332,7 @@ def build(name, kw, cuda=False, overrides=None):
     if lora_r:
         from peft import LoraConfig, get_peft_model
 
-        from kit.inventory import default_targets, info_of
+        from kit.estimate.inventory import default_targets, info_of
 
         model.enable_input_require_grads()
         targets = kw.get("lora_targets") or list(default_targets(info_of(_config(name, overrides))))
@@ -339,8 +341,9 @@ def build(name, kw, cuda=False, overrides=None):
 
 
 def run_row(label, name, kw, cuda, overrides=None):
-    from kit.tensor_peak import saved_tensor_bytes
-    from kit.estimate import OPTIMIZERS, estimate
+    from kit.measure.tensor_peak import saved_tensor_bytes
+    from kit.estimate import estimate
+    from kit.presets import OPTIMIZERS
 
     torch.manual_seed(0)
     cfg = _config(name, overrides)
@@ -370,7 +373,7 @@ def run_row(label, name, kw, cuda, overrides=None):
     del model
     gc.collect()
     if cuda:
-        from kit import device
+        from kit.measure import device
 
         device.empty_cache()
     name = f"{name} ({', '.join(f'{k}={v}' for k, v in overrides.items() if k in cfg.to_dict())})" \
@@ -404,10 +407,10 @@ def report(rows, timing, cuda) -> str:
     import peft
     import transformers
 
-    from kit import device
+    from kit.measure import device
     from kit.units import fmt_bytes
 
-    hw = device.hardware()
+    hw = machine.hardware()
     lines = [f"# Estimate vs measured ({'GPU' if cuda else 'CPU, no GPU available'})", "",
              f"- date: {datetime.date.today().isoformat()}",
              f"- device: {torch.cuda.get_device_name(0) if cuda else 'CPU'}; hardware: {hw}",
@@ -466,7 +469,7 @@ def report(rows, timing, cuda) -> str:
 def main(argv=None) -> int:
     import tempfile
 
-    from kit import device
+    from kit.measure import device
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the markdown table here too")
@@ -477,7 +480,7 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="kit-bench-")
     os.environ.setdefault("KIT_CACHE", os.path.join(tmp, "twins"))
     os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
-    cuda = device.has_cuda()
+    cuda = machine.has_cuda()
     if a.families:
         return _publish(family_report(family_grid(a.only, cuda), cuda), a.out)
     grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]

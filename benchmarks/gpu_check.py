@@ -7,7 +7,7 @@ kept in ``WORK/<stage>.log`` whatever happens to a later stage:
 1. the GPU-marked tests (``pytest -m gpu``);
 2. the GPU grid of ``benchmarks/estimate_vs_measured.py`` (estimated against measured peaks);
 3. at once, each in its own process capped at a Colab T4's 14.56 GiB (``KIT_GPU_CAP_BYTES``, which
-   ``kit.device`` applies on import with ``torch.cuda.set_per_process_memory_fraction``): the demo at
+   ``kit.measure.device`` applies on import with ``torch.cuda.set_per_process_memory_fraction``): the demo at
    real size, one process per scenario (``python -m kit demo --out WORK/demo-sN --size real --scenario N``),
    the user's fold loop at Llama-3-8B size (``gpu_check_crash.py``: notebook 02's predicted crash at fold 2's
    load), and notebooks 00-03, executed with
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GiB = 1024 ** 3
 CAP_BYTES = int(14.56 * GiB)      # what a Colab T4 lets torch allocate (DESIGN.md; kit.presets "colab-t4")
-CAP_ENV = "KIT_GPU_CAP_BYTES"     # kit.memory_cap.CAP_ENV
+CAP_ENV = "KIT_GPU_CAP_BYTES"     # kit.measure.controls.CAP_ENV
 NOTEBOOKS = ("00_check_your_setup", "01_distilgpt2_custom_head", "02_llama3_qlora_cross_validation",
              "03_your_own_setup")
 # Seconds per stage. The capped stages run side by side, so the whole is 100 + 140 + 320 = 560 s at most.
@@ -48,8 +48,8 @@ BUDGETS = {"gpu tests": 100, "estimate grid": 140, "demo s1": 320, "demo s2": 32
 DEMOS = ("demo s1", "demo s2")
 NO_GPU = "gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check."
 # Imported at each notebook kernel's start (IPython startup file): applies the cap and writes down what it set.
-STARTUP = ("import json, os\nfrom kit import device\nwith open(os.environ['GPU_CHECK_CAP_LOG'], 'a') as f:\n"
-           "    f.write(json.dumps({'pid': os.getpid(), 'cap': device.ENV_CAP}) + '\\n')\n")
+STARTUP = ("import json, os\nfrom kit.measure import ENV_CAP\nwith open(os.environ['GPU_CHECK_CAP_LOG'], 'a') as f:\n"
+           "    f.write(json.dumps({'pid': os.getpid(), 'cap': ENV_CAP}) + '\\n')\n")
 
 
 @dataclass

@@ -197,7 +197,7 @@ def _fixed(s2: dict) -> list[dict]:
 
 def _baseline(s1: dict | None, s2: dict | None) -> list[dict]:
     out = []
-    name = "memory back at baseline: scenario 1's fixes (kit.leaks.check_returned)"
+    name = "memory back at baseline: scenario 1's fixes (kit.measure.leaks.check_returned)"
     fixes = (s1 or {}).get("fixes") or []
     returned = {f.get("name", "?"): f.get("returned") for f in fixes}
     if not fixes or any(v is None for v in returned.values()):

@@ -9,7 +9,7 @@ DistributedDataParallel). The others go **through torch directly** (``Distribute
 with the step Trainer takes (forward with labels, backward, fused AdamW, ``zero_grad(set_to_none=True)``):
 on a CPU, Trainer given ``fsdp=...`` still runs MULTI_CPU's DDP (checked with transformers 5.24 and
 accelerate 1.15: its FSDP path is for accelerators), so FSDP cannot go through it here. Each rank measures its own
-peak with :class:`kit.tensor_peak.TensorPeak`, entered before the model is built (so DDP's buckets,
+peak with :class:`kit.measure.tensor_peak.TensorPeak`, entered before the model is built (so DDP's buckets,
 made in C++, are seen), and the steady-state step (the third) is compared with ``estimate(...,
 strategy=..., num_gpus=N, device="cpu")``.
 
@@ -83,7 +83,7 @@ def trainer_worker(spec: dict) -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from estimate_vs_measured import _Batches, _ckpt_kw, _config, build
-    from kit.tensor_peak import TensorPeak
+    from kit.measure.tensor_peak import TensorPeak
 
     kw, name, overrides = spec["kw"], spec["model"], spec.get("overrides")
     B, S, V = kw["batch_size"], kw["seq_len"], _config(name, overrides).vocab_size
@@ -125,7 +125,7 @@ def worker(spec: dict) -> dict:
         return trainer_worker(spec)
 
     from estimate_vs_measured import _Batches, _config, build
-    from kit.tensor_peak import TensorPeak
+    from kit.measure.tensor_peak import TensorPeak
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -162,7 +162,7 @@ def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, 
     from estimate_vs_measured import _config
 
     from kit.estimate import estimate
-    from kit.strategies import model_states
+    from kit.estimate.strategies import model_states
 
     import tempfile
 
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     worst = max(abs(r["error"]) for r in rows)
     md = (f"# Per-rank peak, predicted and measured: {args.nproc} processes, gloo on the CPU "
           f"({datetime.date.today()}, torch {torch.__version__})\n\n"
-          "Measured: each rank's exact tensor peak (kit.tensor_peak.TensorPeak) over its third training step, "
+          "Measured: each rank's exact tensor peak (kit.measure.tensor_peak.TensorPeak) over its third training step, "
           "driven through Trainer for `ddp-trainer` (use_cpu=True under torchrun: accelerate MULTI_CPU wraps the model in DistributedDataParallel) and through torch directly for the others (DistributedDataParallel; FSDP2 fully_shard per block, then the model; "
           "fsdp-grad-op = reshard_after_forward=False), fused AdamW. Estimate: "
           "`estimate(model, ..., strategy=S, num_gpus=N, device=\"cpu\")`.\n"

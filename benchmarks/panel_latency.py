@@ -12,6 +12,8 @@ this is the kernel side of a change; the browser adds one websocket round trip.
 from __future__ import annotations
 
 import argparse
+
+from kit import machine
 import datetime
 import os
 import platform
@@ -61,11 +63,11 @@ def measure(scenario: int, model: str, repeats: int) -> dict:
 def report(rows: list, repeats: int) -> str:
     import ipywidgets
 
-    from kit import device
+    from kit.measure import device
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Panel latency: one control change -> estimate redrawn ({now})", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, device {device.device_name()}, "
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, device {machine.device_name()}, "
              f"Python {platform.python_version()}, ipywidgets {ipywidgets.__version__}. Budget {BUDGET_MS:.0f} ms "
              f"per change. Each control stepped through its values {repeats} times.", "",
              "Command: `python benchmarks/panel_latency.py --out benchmarks/results/panel_latency-....md`", "",

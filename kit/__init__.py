@@ -24,30 +24,30 @@ def __getattr__(name):
     # `kit.panel(scenario=1|2)` (the contract the README documents), imported on first use so that
     # `import kit` stays light (no ipywidgets, no torch.cuda).
     if name == "panel":
-        from .widgets import panel
+        from kit.widgets import panel
 
         return panel
     if name == "check":  # `kit.check(trainer)`: the estimate, its verdict and where each setting was read
-        from .from_trainer import check
+        from kit.advise import check
 
         return check
     if name in ("watch", "train"):  # `kit.watch(trainer)`, `report = kit.train(trainer)`: the user's own run
-        # (the module is kit.watching: a submodule named kit.watch would take the function's name on import)
-        from . import watching
+        # (the module is kit.watching.trainer: a submodule named kit.watch would take the function's name on import)
+        from kit.watching import trainer as watching
 
         return getattr(watching, name)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython):
-    """``%load_ext kit``: a one-line memory reading under each cell (see :mod:`kit.cell_memory`)."""
-    from .cell_memory import load
+    """``%load_ext kit``: a one-line memory reading under each cell (see :mod:`kit.measure.cells`)."""
+    from kit.measure.cells import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython):
     """``%unload_ext kit``: stop the cell readings."""
-    from .cell_memory import unload
+    from kit.measure.cells import unload
 
     unload(ipython)

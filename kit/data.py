@@ -14,8 +14,8 @@ from __future__ import annotations
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
-from . import runtime
-from .assets import TEST_TEXT, TOKENIZER_FILE, TRAIN_TEXT
+from kit import runtime
+from kit.assets import TEST_TEXT, TOKENIZER_FILE, TRAIN_TEXT
 
 PAD_TOKEN = "[PAD]"  # the user's pad token, trained into the shipped tokenizer
 EOS_TOKEN = "<|endoftext|>"

@@ -32,7 +32,7 @@ def for_this_device() -> tuple[str, str]:
     >>> for_this_device()[0] in ("bf16", "fp16")
     True
     """
-    from .device import compute_capability  # lazily: the rule itself needs no GPU
+    from kit.machine import compute_capability  # lazily: the rule itself needs no GPU
 
     return run_dtype(compute_capability())
 
@@ -43,7 +43,7 @@ def for_preset(preset) -> tuple[str, str]:
     >>> for_preset("colab-t4")[0], for_preset("a100-80")[0]
     ('fp16', 'bf16')
     """
-    from .presets import PRESETS
+    from kit.presets import PRESETS
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     return run_dtype(p.capability)

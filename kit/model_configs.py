@@ -17,7 +17,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Registry: name -> shipped config file. Hub ids keep their Hub spelling.
-_REGISTRY = {
+REGISTRY = {
     "distilgpt2": "distilgpt2.json",
     "gpt2": "gpt2.json",
     "meta-llama/Meta-Llama-3-8B": "Meta-Llama-3-8B.json",
@@ -53,8 +53,8 @@ _REGISTRY = {
 }
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
-_TINY = {"tiny-gpt2", "tiny-llama"}
-_TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
+TINY = {"tiny-gpt2", "tiny-llama"}
+TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama"}
@@ -86,7 +86,7 @@ def known_models() -> list[str]:
     >>> "distilgpt2+vocab-head" in known_models()
     True
     """
-    return list(_REGISTRY) + list(_VOCAB_HEAD_NAMES)
+    return list(REGISTRY) + list(_VOCAB_HEAD_NAMES)
 
 
 def smoke_twin(name: str) -> str:
@@ -95,15 +95,15 @@ def smoke_twin(name: str) -> str:
     >>> smoke_twin("meta-llama/Meta-Llama-3-8B"), smoke_twin("distilgpt2+vocab-head")
     ('tiny-llama', 'tiny-gpt2+vocab-head')
     """
-    base, head = _split(name)
-    if base in _TINY:
+    base, head = split_name(name)
+    if base in TINY:
         return name
     if base not in _SMOKE:
         raise ValueError(f"No tiny twin for {name!r}. Names with one: {', '.join(_SMOKE)}.")
     return _SMOKE[base] + (VOCAB_HEAD if head else "")
 
 
-def _split(name: str) -> tuple[str, bool]:
+def split_name(name: str) -> tuple[str, bool]:
     if isinstance(name, str) and name.endswith(VOCAB_HEAD):
         return name[: -len(VOCAB_HEAD)], True
     return name, False
@@ -124,11 +124,11 @@ def get_config(name_or_path: str) -> PretrainedConfig:
     """
     if isinstance(name_or_path, PretrainedConfig):
         return copy.deepcopy(name_or_path)
-    base, head = _split(str(name_or_path))
-    if base in _REGISTRY:
+    base, head = split_name(str(name_or_path))
+    if base in REGISTRY:
         if head and base + VOCAB_HEAD not in _VOCAB_HEAD_NAMES:
             raise ValueError(f"{name_or_path!r}: only {', '.join(_VOCAB_HEAD_NAMES)} carry the vocab head.")
-        cfg = AutoConfig.from_pretrained(CONFIG_DIR / _REGISTRY[base])
+        cfg = AutoConfig.from_pretrained(CONFIG_DIR / REGISTRY[base])
         cfg.kit_name = base
         if head:
             cfg.vocab_size += 1
@@ -169,7 +169,7 @@ def _hub_config(repo_id: str) -> PretrainedConfig:
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
                                         LocalEntryNotFoundError, RepositoryNotFoundError)
 
-    from . import runtime
+    from kit import runtime
 
     own_path = "or download its config.json and pass that file's path"
     online = runtime.hub_reachable()

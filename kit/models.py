@@ -22,10 +22,9 @@ import torch.nn as nn
 import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
-from . import dtypes, runtime
+from kit import dtypes, runtime
 # Configs are model_configs' room; these names stay part of kit.models' API.
-from .model_configs import (_REGISTRY, _TINY, CONFIG_DIR, VOCAB_HEAD, _split, get_config,  # noqa: F401
-                            known_models, smoke_twin)
+from kit.model_configs import REGISTRY, TINY, CONFIG_DIR, VOCAB_HEAD, split_name, get_config, known_models, smoke_twin
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
            "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -242,7 +241,7 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     >>> model = load_model("tiny-gpt2")                        # doctest: +SKIP
     MODEL: tiny TWIN tiny-gpt2 (random weights) — tiny twins never come from the Hub
     """
-    base, head = _split(name)
+    base, head = split_name(name)
     get_config(base)  # fails early, with the known names, on a typo
     quant = None
     if isinstance(quantization, BitsAndBytesConfig):
@@ -251,7 +250,7 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
         if quantization == "none":
             raise ValueError("The BitsAndBytesConfig loads neither in 4-bit nor in 8-bit: set load_in_4bit or "
                              "load_in_8bit, or pass quantization='none'.")
-    from .device import device_name  # lazily: estimate imports models, and never device
+    from kit.machine import device_name  # lazily: the estimate builds on meta and never needs torch.cuda
 
     device = device or device_name()
     sixteen = as_dtype(dtypes.for_this_device()[0] if str(device).startswith("cuda") else "bf16")  # a T4: fp16
@@ -265,8 +264,8 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
         kwargs["quantization_config"] = quant
     label = f"{base}{' ' + quantization if quant else ''}, {str(dtype).replace('torch.', '')}, on {device}"
     model, source, why = None, "twin", ""
-    if base in _TINY or base not in _REGISTRY:
-        why = "tiny twins never come from the Hub" if base in _TINY else f"built from {base}"
+    if base in TINY or base not in REGISTRY:
+        why = "tiny twins never come from the Hub" if base in TINY else f"built from {base}"
     elif not runtime.hub_reachable():
         why = "the Hub is not reachable"
     else:
@@ -277,8 +276,8 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
             why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(_saved_twin(base, dtype), **kwargs)
-        kind = "tiny TWIN" if base in _TINY else "architecture TWIN of"
-        shapes = "random weights" if base in _TINY else "random weights, real shapes"
+        kind = "tiny TWIN" if base in TINY else "architecture TWIN of"
+        shapes = "random weights" if base in TINY else "random weights, real shapes"
         runtime.say(f"MODEL: {kind} {label} ({shapes}) — {why}")
     else:
         runtime.say(f"MODEL: REAL {label}, pretrained weights from the Hub")

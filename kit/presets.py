@@ -9,9 +9,10 @@ True
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
-from .units import GiB, fmt_bytes, wrapped
+from kit.units import GiB, fmt_bytes, wrapped
 
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -85,7 +86,7 @@ class Preset:
 
 
 def _this_machine_ram() -> int:
-    # os.sysconf, not psutil: the estimate must not import kit.device, so prediction runs anywhere.
+    # os.sysconf, not psutil: the estimate must not read the machine, so prediction runs anywhere.
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -105,6 +106,62 @@ PRESETS: dict[str, Preset] = {
         Preset("cpu", "this machine's CPU and RAM", None, _this_machine_ram()),
     )
 }
+
+
+def parse_bytes(value) -> int | None:
+    """A positive number of bytes from ``16e9``, ``"16GiB"``, ``"24 GB"`` or ``"512MiB"``; None when it is not one.
+
+    >>> parse_bytes("16GiB"), parse_bytes(24e9), parse_bytes("l4")
+    (17179869184, 24000000000, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*(gib|gb|mib|mb|b)?\s*", str(value).lower())
+    n = int(float(m[1]) * {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}.get(m[2], 1)) if m else 0
+    return n if n > 0 else None
+
+
+def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | None]:
+    """The one reading of a device argument, for the advisor, ``kit.check``, the panel and ``kit.train``:
+    ``(Preset, a line to print or None)``. The Preset's compute capability decides the 16-bit dtype
+    (:func:`kit.dtypes.run_dtype`), never its name.
+
+    - a :class:`Preset`, or a preset's name (``"colab-t4"``, ``"l4"``, ...): that one;
+    - ``"this"``: this GPU now, what torch can have of it (the rest is the CUDA context's and other
+      processes'); with no GPU, the CPU and its RAM where ``cpu_ok``, else a refusal;
+    - ``None``: this GPU, or with none here the ``colab-t4`` preset, and a line that says so;
+    - a number of bytes (``16e9``, ``"16GiB"``): a GPU of that size.
+
+    >>> resolve_device("colab-t4")[0].capability, resolve_device("16GiB")[0].gpu_bytes
+    ((7, 5), 17179869184)
+    """
+    from kit import machine
+    from kit.inputs import InputError
+
+    if isinstance(device, Preset):
+        return device, None
+    key = device.strip().lower() if isinstance(device, str) else device
+    if key in PRESETS:
+        return PRESETS[key], None
+    if key is None or key in ("this", "this gpu"):
+        hw = machine.hardware()
+        if not hw["gpu_total_bytes"]:
+            if key is None:
+                return PRESETS["colab-t4"], ("no GPU was found here, so this was judged against the colab-t4 preset "
+                                             f"({PRESETS['colab-t4'].label})")
+            if cpu_ok:
+                return Preset("this", "this machine (CPU and RAM)", None, hw["ram_total_bytes"]), None
+            raise InputError("device", "device 'this' reads this machine's GPU, and no CUDA GPU was found here: "
+                                       f"name a preset ({', '.join(PRESETS)}) or a number of bytes (e.g. 16GiB).")
+        total, usable = hw["gpu_total_bytes"], machine.gpu_bytes_for_torch()
+        label = (f"this GPU ({hw['gpu_name']}: {fmt_bytes(usable)} for torch of {fmt_bytes(total)}"
+                 f"{', the rest used outside this torch' if usable < total else ''})")
+        return Preset("this", label, usable, hw["ram_total_bytes"], machine.compute_capability()), None
+    n = parse_bytes(device)
+    if n is not None:
+        return Preset("bytes", f"a GPU with {fmt_bytes(n)}", n, PRESETS["cpu"].ram_bytes), None
+    raise InputError("device", f"device must be a preset ({', '.join(PRESETS)}), 'this' (this GPU, now) "
+                               f"or a number of bytes (e.g. 16000000000 or 16GiB), not {device!r}.")
 
 
 @dataclass(frozen=True)

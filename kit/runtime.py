@@ -19,7 +19,7 @@ import os
 import socket
 from contextlib import contextmanager
 
-from .units import wrapped
+from kit.units import wrapped
 
 HUB_HOST = "huggingface.co"
 
@@ -41,8 +41,8 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
 
 
 def has_cuda() -> bool:
-    """Whether a GPU is there, asked of kit.device lazily, so that importing runtime loads no psutil/NVML."""
-    from .device import has_cuda as cuda
+    """Whether a GPU is there, asked of kit.machine lazily, so that importing runtime loads no psutil/NVML."""
+    from kit.machine import has_cuda as cuda
 
     return cuda()
 
@@ -104,8 +104,8 @@ def describe() -> str:
     GPU: none (CPU only)
     ...
     """
-    from .device import hardware
-    from .units import fmt_bytes
+    from kit.machine import hardware
+    from kit.units import fmt_bytes
 
     hw = hardware()
     gpu = f"{hw['gpu_name']}, {fmt_bytes(hw['gpu_total_bytes'])} total" if hw["gpu_name"] else "none (CPU only)"

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kit import advise_search
-from kit.__main__ import build_parser, main
+from kit.advise import search as advise_search
+from kit.cli.parser import build_parser, main
 from kit.advise import SAFETY, advise, limit_for, max_batch_size, max_seq_len
-from kit.estimate import OPTIMIZERS, estimate
-from kit.fit_cli import setup_of
+from kit.estimate import estimate
+from kit.presets import OPTIMIZERS
+from kit.cli.fit import setup_of
 from kit.inputs import InputError
-from kit.inventory import info_of
+from kit.estimate.inventory import info_of
 from kit.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,7 @@ def test_estimates_per_call_are_bounded(monkeypatch):
     monkeypatch.setattr(advise_search, "estimate", counted)
     advise(parsed(CASES[1][0]), "colab-t4")   # pairs searched, 8 suggestions with their largest batch and seq
     assert len(calls) <= 300
-    import kit.advise as A
+    import kit.advise.core as A
     monkeypatch.setattr(A, "estimate", counted)
     calls.clear()
     max_batch_size(parsed(CASES[1][0]), "colab-t4")
@@ -252,5 +253,5 @@ def test_measured_the_top_suggestion_and_the_largest_batch_fit_a_limit_the_setup
 
 
 def test_the_advisor_is_prediction_only():
-    code = "import sys, kit.advise; sys.exit('kit.device' in sys.modules or 'ipywidgets' in sys.modules)"
+    code = "import sys, kit.advise; sys.exit('kit.measure.device' in sys.modules or 'ipywidgets' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0

@@ -1,6 +1,6 @@
 """The panel in a real browser: JupyterLab on localhost, headless Debian Chromium, Playwright.
 
-It writes a one-cell-per-step notebook holding ``kit.widgets.panel(1)``, runs it in
+It writes a one-cell-per-step notebook holding ``kit.widgets.build(1)``, runs it in
 JupyterLab, drags the batch-size slider, checks that the estimate text and the
 breakdown bar changed, clicks Run and waits for the history row and the plot, types a Hub id
 into the model box (Enter) and then an unknown one (the kit's message, the estimate kept), and saves

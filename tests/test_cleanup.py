@@ -5,8 +5,10 @@ import sys
 import pytest
 import torch
 
-from kit import cleanup, device, leaks, oom, plot
-from kit.track import Tracker
+from kit.measure import cleanup, device, leaks, oom
+from kit import machine
+from kit import plot
+from kit.measure.track import Tracker
 from kit.units import MiB
 
 KEEP = {}   # a module global a leak can hide in
@@ -27,7 +29,7 @@ def _trainer(model, out_dir, steps=3, callbacks=()):
 
     tok, ds = _data()
     args = TrainingArguments(output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=4,
-                             use_cpu=not device.has_cuda(), report_to="none", save_strategy="no",
+                             use_cpu=not machine.has_cuda(), report_to="none", save_strategy="no",
                              logging_strategy="no", disable_tqdm=True)
     return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok), callbacks=list(callbacks))
 
@@ -35,7 +37,7 @@ def _trainer(model, out_dir, steps=3, callbacks=()):
 def _model():
     from kit.models import build_model
 
-    return build_model("tiny-gpt2", device=device.device_name())
+    return build_model("tiny-gpt2", device=machine.device_name())
 
 
 def _weights(model) -> int:

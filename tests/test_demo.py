@@ -1,5 +1,7 @@
 """`python -m kit demo` in smoke mode, end to end: the summary.json contract and what it must show."""
 import json
+
+from kit import machine
 import subprocess
 import sys
 
@@ -55,7 +57,7 @@ def test_first_figure_is_the_real_size_estimate(demo):
     assert images[0] == "![s1_breakdown](s1_breakdown.png)"                  # relative, beside report.md
     assert all("](" in i and "/" not in i.split("](")[1] for i in images)
     assert md.index("## At a glance") < md.index("![s1_breakdown]") < md.index("## Scenario 1")
-    from kit.demo import real_size_figure
+    from kit.cli.demo import real_size_figure
     from kit.units import gib
 
     ax = real_size_figure().axes[0]
@@ -69,16 +71,16 @@ def test_first_figure_is_the_real_size_estimate(demo):
 
 def test_original_compares_like_with_like(demo):
     """The original's estimate is the setup as it ran here (the run's record), not the Colab recipe."""
-    from kit import device
-    from kit.scenarios import s1_custom_head as s1
+    from kit.measure import device
+    from kit.scenarios.custom_head import scenario as s1
 
     _, s = demo
     original = s["scenario1"]["original"]
-    as_run = s1._estimate(s1.NAMES["smoke"], precision=original["precision"], device=device.device_name(),
+    as_run = s1.estimate_user(s1.NAMES["smoke"], precision=original["precision"], device=machine.device_name(),
                           grad_accum=original["grad_accum"])
     assert original["estimate_peak_bytes"] == as_run.peak_bytes
     assert original["recipe_estimate_peak_bytes"] == s1.predict_original("smoke").peak_bytes
-    if not device.has_cuda():                       # on a CPU the run is fp32 with 2 micro-batches
+    if not machine.has_cuda():                       # on a CPU the run is fp32 with 2 micro-batches
         assert original["estimate_peak_bytes"] != original["recipe_estimate_peak_bytes"]
     assert 0.9 <= original["measured_peak_bytes"] / original["estimate_peak_bytes"] <= 1.1
     for which, fix in zip("abc", s["scenario1"]["fixes"]):   # each ratio: the same setup, the same accumulation
@@ -95,7 +97,7 @@ def test_second_fold_text_counts_models(demo):
 
 
 def test_second_fold_text_says_the_count_not_a_guess():
-    from kit.demo import _second_fold
+    from kit.cli.demo import _second_fold
 
     higher_but_one = [{"load_peak_bytes": 1, "models_alive_after_load": 1},
                       {"load_peak_bytes": 9, "models_alive_after_load": 1}]

@@ -5,7 +5,8 @@ import gc
 import pytest
 import torch
 
-from kit import device, tensor_peak
+from kit.measure import controls, device, tensor_peak
+from kit import machine
 from kit.units import MiB, fmt_bytes
 
 
@@ -85,7 +86,7 @@ def test_is_oom(exc, expected):
 
 
 def test_hardware_has_ram():
-    hw = device.hardware()
+    hw = machine.hardware()
     assert hw["ram_total_bytes"] >= hw["ram_available_bytes"] > 0
 
 
@@ -175,7 +176,7 @@ def test_reset_peak_says_whether_the_rss_reset_took(monkeypatch):
 
 def test_cuda_memory_history_records_nothing_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(device, "has_cuda", lambda: False)
-    with device.cuda_memory_history(tmp_path / "h.pickle") as path:
+    with controls.cuda_memory_history(tmp_path / "h.pickle") as path:
         x = torch.ones(1000)
     assert path is None and not (tmp_path / "h.pickle").exists()
     del x
@@ -186,7 +187,7 @@ def test_cuda_memory_history_saves_a_snapshot_even_after_an_error(tmp_path):
     import pickle
 
     with pytest.raises(RuntimeError, match="boom"):
-        with device.cuda_memory_history(tmp_path / "h.pickle"):
+        with controls.cuda_memory_history(tmp_path / "h.pickle"):
             x = torch.ones(1024, 1024, device="cuda")
             raise RuntimeError("boom")
     snap = pickle.loads((tmp_path / "h.pickle").read_bytes())

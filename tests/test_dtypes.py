@@ -3,15 +3,16 @@ applied where the kit chooses a dtype for a run, with the GPU's compute capabili
 import pytest
 import torch
 
-from kit import dtypes, models, notebook
-from kit.scenarios import s1_custom_head as s1
-from kit.scenarios import s1_notebook as s1nb
+from kit import dtypes, models
+from kit.scenarios import notebook
+from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import notebook as s1nb
 
 
 @pytest.fixture
 def t4(monkeypatch):
     """This process sees a T4: CUDA present, compute capability 7.5 (no real GPU is touched)."""
-    from kit import device
+    from kit.measure import device
 
     monkeypatch.setattr(device, "compute_capability", lambda: (7, 5))
     return device

@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from kit import estimate as E
-from kit.tensor_peak import saved_tensor_bytes
-from kit.estimate import estimate, nf4_bytes, int8_bytes, optimizer_state_bytes
+from kit.estimate import core as E
+from kit.measure.tensor_peak import saved_tensor_bytes
+from kit.estimate import estimate
+from kit.presets import nf4_bytes, int8_bytes, optimizer_state_bytes
 from kit.presets import PRESETS, verdict
 
 LLAMA8 = "meta-llama/Meta-Llama-3-8B"
@@ -389,7 +390,7 @@ def test_all_linear_targets_what_peft_targets(name):
 def test_saved_tensor_bytes_leaves_no_graph_and_no_model_alive():
     """The count keeps nothing in the graph: a saved output kept there would be a cycle through C++
     that the gc cannot collect, and the model and its activations would outlive the call (seen: 111 MiB)."""
-    from kit import leaks
+    from kit.measure import leaks
     from kit.models import build_model, get_config
 
     base = leaks.take_baseline()

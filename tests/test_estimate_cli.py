@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.estimate_cli import register
+from kit.cli.estimate import register
 
 CONTRACT = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
             "activations_bytes", "peak_bytes", "cpu_build_bytes")
@@ -138,7 +138,7 @@ def test_input_errors_name_the_option(capsys):
 
 
 def test_an_estimator_bug_is_one_line_and_exit_1(capsys, monkeypatch):
-    import kit.estimate
+    import kit.estimate.core
 
     def broken(*args, **kwargs):
         raise KeyError("intermediate_size")

@@ -1,4 +1,4 @@
-"""The evaluation loop's peak (kit.eval_peak) against Trainer.evaluate() measured during training.
+"""The evaluation loop's peak (kit.estimate.evaluation) against Trainer.evaluate() measured during training.
 
 Real Trainer runs on tiny twins, on the CPU: two training steps with an evaluation after each; the
 last evaluation is measured with TensorPeak (the exact peak of live tensor bytes, with the weights
@@ -13,7 +13,7 @@ import torch
 from kit.estimate import estimate
 from kit.inputs import InputError
 from kit.models import build_model, get_config
-from kit.tensor_peak import TensorPeak
+from kit.measure.tensor_peak import TensorPeak
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 

@@ -5,8 +5,8 @@ import gc
 import pytest
 import torch
 
-from kit.scenarios import s1_notebook as s1nb
-from kit.scenarios.s2_exercises import check_free, check_reset
+from kit.scenarios.custom_head import notebook as s1nb
+from kit.scenarios.cross_validation.exercises import check_free, check_reset
 
 SMALL = dict(batch_size=2, seq_len=16, max_samples=8)
 
@@ -28,14 +28,14 @@ def solution_free(trainer):
 
 
 def test_the_reset_check_tells_a_working_reset_from_the_advice():
-    from kit.scenarios.s2_lora_reset import advice_reset
+    from kit.scenarios.cross_validation.lora_reset import advice_reset
 
     assert check_reset(solution_reset, "tiny-llama", **SMALL).startswith("your reset works")
     assert "NOT reset" in check_reset(lambda model, init: advice_reset(model), "tiny-llama", **SMALL)
 
 
 def test_the_free_check_tells_a_working_cleanup_from_the_users():
-    from kit.scenarios.s2_user_loop import free_gpu_cache
+    from kit.scenarios.cross_validation.user_loop import free_gpu_cache
 
     assert check_free(solution_free, "tiny-llama", **SMALL).startswith("your cleanup works")
     assert "left 1 model" in check_free(lambda trainer: free_gpu_cache(), "tiny-llama", **SMALL)

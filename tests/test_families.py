@@ -4,7 +4,7 @@ estimate against the CPU peak of real Trainer steps.
 One tiny twin per family (``kit/configs/tiny-<family>.json``: 2 layers, hidden 128, vocab 4096),
 under the setups of the family grid in ``benchmarks/estimate_vs_measured.py`` (its ``run_row``
 builds the model the way the estimate assumes, counts the saved bytes with
-``kit.tensor_peak.saved_tensor_bytes`` and trains two Trainer steps under ``cpu_trainer_peak``'s
+``kit.measure.tensor_peak.saved_tensor_bytes`` and trains two Trainer steps under ``cpu_trainer_peak``'s
 meter). Each (twin, setup) is measured once; both comparisons read it. Llama and GPT-2 have theirs
 in ``tests/test_estimate.py``.
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 import estimate_vs_measured as bench  # noqa: E402
 
 from kit.estimate import estimate  # noqa: E402
-from kit.inventory import default_targets, family_of, info_of  # noqa: E402
+from kit.estimate.inventory import default_targets, family_of, info_of  # noqa: E402
 from kit.model_configs import get_config  # noqa: E402
 from kit.models import build_model  # noqa: E402
 

@@ -13,7 +13,7 @@ from transformers import BitsAndBytesConfig, Trainer, TrainingArguments
 import kit
 from kit import data, models
 from kit.estimate import estimate
-from kit.from_trainer import check, estimate_from, estimate_trainer
+from kit.estimate.from_objects import check, estimate_from, estimate_trainer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
@@ -234,19 +234,18 @@ def test_check_prints_the_table_the_verdict_and_the_sources(ds, tok):
 
 
 def test_check_judges_against_this_gpu(monkeypatch):
-    """Faked readings: what torch can have is the total less what NVML sees used outside this torch."""
-    from kit import device as kdev
-    from kit.from_trainer import _preset
+    """Faked readings: what torch can have is the driver's free memory plus what this torch reserved."""
+    from kit import machine
+    from kit.presets import resolve_device
 
     GiB = 1024**3
-    monkeypatch.setattr(kdev, "has_cuda", lambda: True)
-    monkeypatch.setattr(kdev, "hardware", lambda: {"gpu_name": "Tesla T4", "gpu_total_bytes": 15 * GiB,
-                                                   "ram_total_bytes": 12 * GiB})
-    monkeypatch.setattr(kdev, "snapshot", lambda live_tensors=False: kdev.Snapshot(
-        time=0.0, rss_bytes=1, rss_peak_bytes=1, ram_available_bytes=1, cuda_reserved_bytes=2 * GiB,
-        nvml_used_bytes=3 * GiB))
-    preset, why = _preset(None)
-    assert (preset.gpu_bytes, preset.ram_bytes, why) == (14 * GiB, 12 * GiB, None)
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(machine, "compute_capability", lambda: (7, 5))
+    monkeypatch.setattr(machine, "hardware", lambda: {"gpu_name": "Tesla T4", "gpu_total_bytes": 15 * GiB,
+                                                      "ram_total_bytes": 12 * GiB})
+    monkeypatch.setattr(machine, "gpu_bytes_for_torch", lambda: 14 * GiB)   # 1 GiB used outside this torch
+    preset, why = resolve_device(None)
+    assert (preset.gpu_bytes, preset.ram_bytes, preset.capability, why) == (14 * GiB, 12 * GiB, (7, 5), None)
     assert "this GPU (Tesla T4: 14.00 GiB for torch of 15.00 GiB" in preset.label
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

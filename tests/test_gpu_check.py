@@ -287,7 +287,7 @@ def test_the_budgets_fit_in_ten_minutes():
 # ---- KIT_GPU_CAP_BYTES: the hook that caps a whole process ---------------------------------------------
 
 def test_env_cap_bytes_reads_the_variable(monkeypatch):
-    from kit import memory_cap
+    from kit.measure import controls as memory_cap
 
     monkeypatch.delenv(memory_cap.CAP_ENV, raising=False)
     assert memory_cap.env_cap_bytes() is None
@@ -309,7 +309,7 @@ def _fake_cuda(monkeypatch, total: int) -> list:
 
 
 def test_apply_env_cap_sets_the_fraction_of_the_gpu(monkeypatch, capsys):
-    from kit import memory_cap
+    from kit.measure import controls as memory_cap
 
     calls = _fake_cuda(monkeypatch, 80 * 10**9)
     monkeypatch.delenv(memory_cap.CAP_ENV, raising=False)
@@ -324,13 +324,14 @@ def test_apply_env_cap_sets_the_fraction_of_the_gpu(monkeypatch, capsys):
 
 
 def test_a_runs_cap_never_lifts_the_process_cap(monkeypatch):
-    from kit import device, memory_cap
+    from kit.measure import controls, device
+    memory_cap = controls
 
     total = 80 * 10**9
     calls = _fake_cuda(monkeypatch, total)
     monkeypatch.setattr(device, "empty_cache", lambda: None)
     monkeypatch.setenv(memory_cap.CAP_ENV, str(gc.CAP_BYTES))
-    with device.cuda_memory_fraction(40 * 10**9) as how:             # asks for more than the process cap
+    with controls.cuda_memory_fraction(40 * 10**9) as how:             # asks for more than the process cap
         assert how.startswith("CUDA memory fraction")
     assert calls == [gc.CAP_BYTES / total, 1.0]                       # set to the process cap, then restored
 

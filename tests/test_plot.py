@@ -6,8 +6,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from kit import plot
-from kit.device import Snapshot
-from kit.track import Sample, StageRecord, Tracker
+from kit.measure.device import Snapshot
+from kit.measure.track import Sample, StageRecord, Tracker
 from kit.units import GiB, MiB
 
 

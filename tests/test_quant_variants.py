@@ -5,7 +5,7 @@
   real Trainer steps (``benchmarks/estimate_vs_measured.py``'s ``run_row``: ``TensorPeak`` on top of the
   weights and optimizer state), with LoRA and checkpointing. Twins with a vocabulary of 256 put the peak in
   a block's backward, where the compute dtype changes the dequantization temporaries.
-- 8-bit: bitsandbytes keeps each 8-bit layer's input as a ctx attribute (``kit.quant``), so non-reentrant
+- 8-bit: bitsandbytes keeps each 8-bit layer's input as a ctx attribute (``kit.estimate.quantization``), so non-reentrant
   checkpointing cannot free it and it outlives its backward. Measured here on the CPU path
   (``MatMul8bitFp``); the CUDA path (``MatMul8bitLt``) keeps it the same way, which a test pins against
   the library's source and the arithmetic, not against a measurement.
@@ -27,9 +27,9 @@ import estimate_vs_measured as bench  # noqa: E402
 
 from kit import data, models  # noqa: E402
 from kit.estimate import estimate  # noqa: E402
-from kit.from_trainer import estimate_from, estimate_trainer  # noqa: E402
+from kit.estimate import estimate_from, estimate_trainer  # noqa: E402
 from kit.inputs import InputError  # noqa: E402
-from kit.inventory import info_of  # noqa: E402
+from kit.estimate.inventory import info_of  # noqa: E402
 from kit.model_configs import get_config  # noqa: E402
 from kit.presets import nf4_bytes  # noqa: E402
 

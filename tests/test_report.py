@@ -1,8 +1,8 @@
 """The report writer: Markdown and HTML from one structure, figures where the section puts them."""
 from pathlib import Path
 
-from kit import report
-from kit.report import Section
+from kit.cli import report
+from kit.cli.report import Section
 
 PNG = bytes.fromhex("89504e470d0a1a0a")          # enough of a PNG for an <img> data URL
 

@@ -46,7 +46,7 @@ def test_cli_help_and_info():
 
 def test_prediction_never_imports_the_readings():
     """estimate, plot and units never import device, so prediction runs anywhere."""
-    code = "import sys, kit.estimate, kit.plot, kit.units; print('kit.device' in sys.modules, 'psutil' in sys.modules)"
+    code = "import sys, kit.estimate, kit.plot, kit.units; print('kit.measure.device' in sys.modules, 'psutil' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "False"]
@@ -54,6 +54,6 @@ def test_prediction_never_imports_the_readings():
 
 def test_kit_panel_is_the_widget_panel():
     import kit
-    from kit import widgets
+    from kit.widgets import build as widgets
 
     assert kit.panel is widgets.panel  # the README's contract: kit.panel(scenario=1|2)

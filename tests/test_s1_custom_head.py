@@ -3,9 +3,11 @@ import pytest
 import torch
 import transformers
 
-from kit import device, models
-from kit.scenarios import s1_custom_head as ch
-from kit.scenarios import s1_runs
+from kit.measure import device
+from kit import machine
+from kit import models
+from kit.scenarios.custom_head import scenario as ch
+from kit.scenarios.custom_head import runs as s1_runs
 
 
 def test_the_original_names_custom_layer_and_misses_a_t4():
@@ -85,7 +87,7 @@ def test_the_original_recovers_from_an_oom(monkeypatch):
 def test_the_original_at_real_size_is_refused_where_ram_is_short():
     est = ch.estimate_fix("a", "real")  # warm the estimator's cache
     record, _ = s1_runs.run_original_safely("real")
-    if device.has_cuda():
+    if machine.has_cuda():
         pytest.skip("on a GPU the original runs (or its OOM is caught)")
     assert est.peak_bytes > 0 and record["refused"] and record["measured_peak_bytes"] is None
     assert not record["oom"]

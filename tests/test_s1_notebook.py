@@ -1,11 +1,12 @@
 """Scenario 1's notebook helpers: the real-size tables (meta device, no weights) and the read-aloud texts."""
 import pytest
 
-from kit import device as kdevice
+from kit.measure import device as kdevice
+from kit import machine
 from kit.presets import PRESETS
-from kit.scenarios import s1_custom_head as s1
-from kit.scenarios import s1_notebook as nb
-from kit.scenarios import s1_runs
+from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import notebook as nb
+from kit.scenarios.custom_head import runs as s1_runs
 from kit.units import fmt_bytes
 
 
@@ -37,7 +38,7 @@ def test_summary_table_marks_an_oom_and_ratios():
     assert "out of memory" in lines[1] and lines[2].rstrip().endswith("0.50")
 
 
-@pytest.mark.skipif(kdevice.has_cuda(), reason="the CPU's RAM check")
+@pytest.mark.skipif(machine.has_cuda(), reason="the CPU's RAM check")
 def test_original_at_real_size_refuses_on_a_cpu_without_the_ram_or_says_why_not_started(monkeypatch):
     real_snapshot = kdevice.snapshot
 

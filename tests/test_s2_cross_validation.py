@@ -8,14 +8,15 @@ import transformers
 from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 
-from kit import leaks, models
+from kit.measure import leaks
+from kit import models
 from kit.units import MiB
-from kit.scenarios import s2_cross_validation as cv
-from kit.scenarios.s2_folds import (ResultsFileError, append_result, k_fold_indices, read_results, repair_results,
-                                     run_key)
-from kit.scenarios.s2_lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, lora_config, restore_adapter,
-                                      save_adapter_init, states_equal, verify_adapter_reset)
-from kit.track import Tracker
+from kit.scenarios.cross_validation import fixed_loop as cv
+from kit.scenarios.cross_validation.folds import (ResultsFileError, append_result, k_fold_indices, read_results,
+    repair_results, run_key)
+from kit.scenarios.cross_validation.lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, lora_config,
+    restore_adapter, save_adapter_init, states_equal, verify_adapter_reset)
+from kit.measure.track import Tracker
 
 # Small and fast: 20 rows of at most 32 tokens, one step of batch 4 per fold.
 SMALL = dict(batch_size=4, seq_len=32, steps_per_fold=1, max_samples=20)
@@ -122,7 +123,7 @@ def test_broken_loop_has_two_models_alive_while_fold_two_loads_and_survives_oom(
 
 
 def test_an_oom_while_loading_is_recorded_as_such(tmp_path, monkeypatch):
-    from kit.scenarios import s2_user_loop
+    from kit.scenarios.cross_validation import user_loop as s2_user_loop
 
     real, calls = s2_user_loop.load_for_training, []
 

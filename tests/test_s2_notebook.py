@@ -8,8 +8,8 @@ import pytest
 
 from kit.estimate import estimate
 from kit.presets import PRESETS
-from kit.scenarios import s2_notebook as nb
-from kit.scenarios.s2_folds import append_result, read_results
+from kit.scenarios.cross_validation import notebook as nb
+from kit.scenarios.cross_validation.folds import append_result, read_results
 
 LLAMA8B = "meta-llama/Meta-Llama-3-8B"
 SETUP = dict(batch_size=4, seq_len=256, precision="fp16", quantization="4bit", lora_r=8,
@@ -132,7 +132,7 @@ def test_measured_upcast_matches_the_estimate():
 def test_the_predicted_moment_is_the_measured_one_on_the_tiny_twin(tmp_path):
     """Where the user's loop doubles: fold 2's load, two models alive, at the bytes the estimate predicts;
     then fold 2 trains with one model, at fold 1's peak."""
-    from kit.scenarios import s2_cross_validation as cv
+    from kit.scenarios.cross_validation import fixed_loop as cv
 
     settings = dict(batch_size=4, seq_len=32, steps_per_fold=2, max_samples=24)
     broken = cv.run_broken_loop("tiny-llama", folds=3, output_dir=tmp_path, **settings)

@@ -8,14 +8,15 @@ import torch
 from transformers import TrainingArguments
 
 import kit
-from kit import device, leaks
+from kit.measure import device, leaks
+from kit import machine
 from kit.advise import advise
-from kit.from_trainer import estimate_trainer
-from kit.memory_cap import memory_cap
-from kit.scenarios import s3_your_setup as s3
+from kit.estimate import estimate_trainer
+from kit.measure.controls import memory_cap
+from kit.scenarios import your_setup as s3
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-cpu_only = pytest.mark.skipif(device.has_cuda(), reason="CPU readings (live tensors); the GPU cap has its own test")
+cpu_only = pytest.mark.skipif(machine.has_cuda(), reason="CPU readings (live tensors); the GPU cap has its own test")
 MODEL = "Qwen/Qwen2.5-0.5B"          # the notebook's default; its twin is tiny-qwen2
 
 

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from kit.model_configs import CONFIG_DIR, _REGISTRY, get_config, known_models
+from kit.model_configs import CONFIG_DIR, REGISTRY, get_config, known_models
 from kit.models import build_model
 
 PUBLISHED = {
@@ -67,7 +67,7 @@ def test_a_shipped_model_builds_to_its_published_parameter_count(name):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_a_shipped_config_is_plain_config_json_that_autoconfig_reads(name):
-    path = CONFIG_DIR / _REGISTRY[name]
+    path = CONFIG_DIR / REGISTRY[name]
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["model_type"] in CONFIG_MAPPING                  # no remote code needed
     assert not {"auto_map", "transformers_version", "_name_or_path"} & set(data)

@@ -1,4 +1,4 @@
-"""Per-GPU estimates (kit.strategies): one GPU unchanged, the states divided as each engine divides them,
+"""Per-GPU estimates (kit.estimate.strategies): one GPU unchanged, the states divided as each engine divides them,
 DeepSpeed's own estimator where it installs, the accelerate config files, and the CLI flags."""
 import argparse
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.accelerate_config import launch_command, read_accelerate_config
+from kit.estimate.launch import launch_command, read_accelerate_config
 from kit.estimate import estimate
 from kit.inputs import InputError
 
@@ -200,7 +200,7 @@ def test_cli_errors_name_the_flag(capsys):
 # ---- the fit advisor: "shard over N GPUs" -------------------------------------------------------------
 def test_the_advisor_offers_the_fewest_gpus_only_when_nothing_fits_one():
     from kit.advise import advise
-    from kit.advise_gpus import GPU_COUNTS
+    from kit.advise.gpus import GPU_COUNTS
 
     a = advise(dict(model="mistralai/Mistral-7B-v0.3", batch_size=1, seq_len=512), 4_000_000_000, safety=0)
     *single, shard = a.suggestions
@@ -218,7 +218,7 @@ def test_the_advisor_offers_the_fewest_gpus_only_when_nothing_fits_one():
 
 
 def test_fit_cli_takes_the_launch_options(capsys):
-    from kit.fit_cli import register as register_fit
+    from kit.cli.fit import register as register_fit
 
     parser = argparse.ArgumentParser(prog="kit")
     register_fit(parser.add_subparsers(dest="command"))

@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from kit import device
-from kit.track import Tracker, _peak
+from kit.measure import device
+from kit import machine
+from kit.measure.track import Tracker, _peak
 from kit.units import MiB
 
 
@@ -19,11 +20,11 @@ def test_stage_records_exact_live_delta_of_a_known_allocation():
     with t.stage("free") as rec2:
         del x
     assert rec2.end.live("cpu") - rec2.start.live("cpu") == -64 * MiB
-    if not device.has_cuda():       # the best reading is CPU live tensors there
+    if not machine.has_cuda():       # the best reading is CPU live tensors there
         assert (rec.delta_bytes, rec2.delta_bytes) == (64 * MiB, -64 * MiB)
 
 
-@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+@pytest.mark.skipif(machine.has_cuda(), reason="CPU peak counters")
 def test_cpu_stage_peak_sees_a_temporary_allocation():
     t = Tracker()
     with t.stage("temporary") as rec:
@@ -36,7 +37,7 @@ def test_cpu_stage_peak_sees_a_temporary_allocation():
     assert rec.peak_bytes == rec.start.live("cpu") and not rec.peak_exact
 
 
-@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+@pytest.mark.skipif(machine.has_cuda(), reason="CPU peak counters")
 def test_tensor_peak_makes_the_cpu_peak_exact(tmp_path):
     t = Tracker()
     with t.stage("temporary", collect=False, tensor_peak=True) as rec:
@@ -197,11 +198,11 @@ def test_a_stage_without_a_live_reading_says_not_read_never_zero():
     with t.stage("quick", live_tensors=False, collect=False) as rec:
         pass
     assert rec.start.live("cpu") is None and rec.end.live_tensor_bytes is None
-    if not device.has_cuda():
+    if not machine.has_cuda():
         assert rec.start_bytes is None and rec.delta_bytes is None and rec.peak_bytes is None
         assert "not read" in t.summary().splitlines()[-1]
     assert "live tensors: not read" in rec.start.text()
-    if not device.has_cuda():
+    if not machine.has_cuda():
         from kit import plot
 
         ax = plot.stage_bars(t).axes[0]
@@ -210,7 +211,7 @@ def test_a_stage_without_a_live_reading_says_not_read_never_zero():
     del x
 
 
-@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+@pytest.mark.skipif(machine.has_cuda(), reason="CPU peak counters")
 def test_a_reset_inside_a_stage_means_its_peak_is_not_exact():
     t = Tracker(reset_peak=False)
     with t.stage("outer") as outer:
@@ -222,7 +223,7 @@ def test_a_reset_inside_a_stage_means_its_peak_is_not_exact():
     assert "reset inside the stage" in outer.peak_note
 
 
-@pytest.mark.skipif(device.has_cuda(), reason="CPU peak counters")
+@pytest.mark.skipif(machine.has_cuda(), reason="CPU peak counters")
 def test_a_failed_rss_reset_is_not_reported_as_exact(monkeypatch):
     big = torch.ones(256 * MiB, dtype=torch.uint8)    # an earlier, higher RSS peak
     del big

@@ -11,12 +11,14 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import kit
-from kit import data, device, leaks, models
+from kit import data, models
+from kit import machine
+from kit.measure import device, leaks
 from kit.units import MiB, fmt_bytes
-from kit.watch_report import PHASES
+from kit.watching.report import PHASES
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-pytestmark = pytest.mark.skipif(device.has_cuda(), reason="CPU readings (live tensors); the GPU path is in gpu-check")
+pytestmark = pytest.mark.skipif(machine.has_cuda(), reason="CPU readings (live tensors); the GPU path is in gpu-check")
 B, S = 4, 40          # every row 40 tokens: the logits of a batch are B x S x vocab
 
 
@@ -176,7 +178,7 @@ def test_watch_attaches_once_and_draws_the_estimate_lines(ds, tok, tmp_path):
     tr.train()                                     # the user's own call, unchanged
     assert [s.event for s in w.tracker.samples][::len(w.tracker.samples) - 1] == ["train_begin", "train_end"]
     assert w.live.paths and w.live.paths[-1].read_bytes()[:4] == b"\x89PNG"   # redrawn at the end of train()
-    fig = kit.watching.draw_watch(w.tracker, w.estimate, w.limit_bytes, w.limit_label)
+    fig = kit.watching.trainer.draw_watch(w.tracker, w.estimate, w.limit_bytes, w.limit_label)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert f"predicted peak {fmt_bytes(w.estimate.peak_bytes)}" in labels and "+ gradients" in " ".join(labels)
     assert "this machine's RAM: fits" in fig.axes[0].texts[-1].get_text()    # far above: said, not drawn
@@ -233,7 +235,7 @@ def _line(out: str) -> str:
 def test_load_ext_prints_each_cells_memory(shell, capsys):
     from IPython.core.error import UsageError
 
-    from kit import cell_memory
+    from kit.measure import cells as cell_memory
 
     cm = cell_memory.current(shell)
     shell.run_cell("import torch")
@@ -265,7 +267,7 @@ def test_load_ext_prints_each_cells_memory(shell, capsys):
 
 # -- kit.train(trainer, cap_bytes=N): a smaller device, on this CPU -------------------------------------------
 def test_a_cap_between_step_1_and_step_2_runs_out_at_step_2_and_is_reported(ds, tok, tmp_path):
-    from kit.from_trainer import estimate_trainer
+    from kit.estimate import estimate_trainer
 
     model = models.build_model("tiny-llama")
     base = leaks.take_baseline()
@@ -299,7 +301,7 @@ def test_a_cap_above_the_estimate_lets_the_run_finish_with_an_exact_peak(ds, tok
     model = models.build_model("tiny-llama")
     base = leaks.take_baseline()
     tr = _trainer(model, ds, tok, tmp_path)
-    from kit.from_trainer import estimate_trainer
+    from kit.estimate import estimate_trainer
 
     cap = int(1.1 * estimate_trainer(tr, device="cpu").peak_bytes)
     r = kit.train(tr, cap_bytes=cap)
@@ -311,7 +313,7 @@ def test_a_cap_above_the_estimate_lets_the_run_finish_with_an_exact_peak(ds, tok
 
 
 def test_a_bad_cap_is_one_clear_line(ds, tok, tmp_path):
-    from kit.tensor_peak import TensorPeak
+    from kit.measure.tensor_peak import TensorPeak
 
     tr = _trainer(models.build_model("tiny-llama"), ds, tok, tmp_path)
     for bad in (-1, 0, 1.5, "1GiB", True):

@@ -7,7 +7,7 @@ import ipywidgets
 import pytest
 import torch
 
-from kit import panel_runs
+from kit.widgets import runs as panel_runs
 from kit.widgets import panel
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -224,7 +224,7 @@ def _small_llama_config(tmp_path, **changes):
 
 def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
     from kit.model_configs import known_models
-    from kit.widgets import MODELS, OWN_MODELS
+    from kit.widgets.build import MODELS, OWN_MODELS
 
     p1, p2 = panel(scenario=1), panel(scenario=2)
     values1 = [v for _, v in p1.controls["model"].options]
@@ -283,7 +283,7 @@ def test_a_typed_config_path_works_and_runs(tmp_path):
 
 
 def test_a_typed_unknown_id_offline_says_why_and_keeps_the_last_estimate(monkeypatch, tmp_path):
-    import kit.widgets as kw
+    import kit.widgets.build as kw
 
     p = panel(scenario=1)
     p.controls["batch_size"].value = 4
@@ -399,7 +399,7 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
 
 
 def test_a_slow_advisor_runs_on_request_and_says_why(monkeypatch):
-    from kit import widgets_advice
+    from kit.widgets import advice as widgets_advice
 
     p = panel(scenario=1, model="distilgpt2+vocab-head")
     assert p.advice_view.rows, "the first search runs at once"

@@ -2,9 +2,6 @@
 (``austen_train.txt``, ``austen_test.txt``, see ``SOURCE.md``) and a byte-level BPE
 tokenizer trained from it (``tokenizer.json``; rebuild: ``python -m kit.assets.build_tokenizer``).
 """
-from pathlib import Path
+from kit.assets.paths import ASSETS_DIR, TEST_TEXT, TOKENIZER_FILE, TRAIN_TEXT
 
-ASSETS_DIR = Path(__file__).parent
-TRAIN_TEXT = ASSETS_DIR / "austen_train.txt"
-TEST_TEXT = ASSETS_DIR / "austen_test.txt"
-TOKENIZER_FILE = ASSETS_DIR / "tokenizer.json"
+__all__ = ["ASSETS_DIR", "TRAIN_TEXT", "TEST_TEXT", "TOKENIZER_FILE"]

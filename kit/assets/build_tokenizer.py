@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from . import TOKENIZER_FILE, TRAIN_TEXT
+from kit.assets import TOKENIZER_FILE, TRAIN_TEXT
 
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "[PAD]"]  # ids 0 and 1, in this order

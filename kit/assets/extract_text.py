@@ -16,7 +16,7 @@ import struct
 import sys
 import zlib
 
-from . import TEST_TEXT, TRAIN_TEXT
+from kit.assets import TEST_TEXT, TRAIN_TEXT
 
 BOOKS = ["emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice", "sensesensibility"]
 

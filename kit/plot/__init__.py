@@ -4,7 +4,7 @@ Figures are built with ``matplotlib.figure.Figure``, outside pyplot: a notebook 
 a returned figure once (no duplicate from the inline backend), and nothing piles up
 in pyplot's figure list. Axes are in GiB (1024**3 bytes) and say so. Colours are the
 Okabe-Ito palette, safe for colour-blind readers; the width fits Colab's output.
-This package never imports ``kit.device``: it draws whatever it is given. Its rooms: ``style`` (the
+This package never imports ``kit.measure.device``: it draws whatever it is given. Its rooms: ``style`` (the
 look), ``runs`` (what was measured: stages, time, folds, sweeps) and ``estimate`` (an estimate,
 alone or beside a measurement, against the device).
 
@@ -13,9 +13,9 @@ alone or beside a measurement, against the device).
 """
 from __future__ import annotations
 
-from .estimate import OFF_SCALE, breakdown, limit_text, predicted_vs_measured
-from .runs import folds, stage_bars, sweep, timeline
-from .style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN
+from kit.plot.estimate import OFF_SCALE, breakdown, limit_text, predicted_vs_measured
+from kit.plot.runs import folds, stage_bars, sweep, timeline
+from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN
 
 __all__ = ["OFF_SCALE", "breakdown", "limit_text", "predicted_vs_measured", "folds", "stage_bars", "sweep",
            "timeline", "CYCLE", "GIB_LABEL", "OKABE_ITO", "WIDTH_IN"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ..units import fmt_bytes, gib
-from .style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN, _fig, _limit
+from kit.units import fmt_bytes, gib
+from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN, new_figure, draw_limit
 
 
 OFF_SCALE = 2.0     # a limit over twice the highest bar is stated in text and drawn in a side panel
@@ -61,7 +61,7 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
         ax, side = fig.subplots(1, 2, width_ratios=[5, 1])
         ax.set_title(title)
     else:
-        (fig, ax), side = _fig(title=title), None
+        (fig, ax), side = new_figure(title=title), None
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     total = _stack(ax, 0, components)
@@ -75,7 +75,7 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
         ax.text(1, total / 2 if total else 0.5, "not run", ha="center", va="center", fontsize=11, color="0.4")
     top = gib(top_bytes)
     if limit_bytes is not None and not far:
-        _limit(ax, limit_bytes, "limit" if not device_label else f"{device_label}: limit")
+        draw_limit(ax, limit_bytes, "limit" if not device_label else f"{device_label}: limit")
         top = max(top, gib(limit_bytes))
     if limit_bytes is not None:
         ax.text(0.98, 0.03, limit_text(top_bytes, limit_bytes, device_label).replace(": ", ":\n", 1),

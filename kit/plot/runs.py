@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ..units import fmt_bytes, gib
-from .style import GIB_LABEL, OKABE_ITO, _fig, _limit, _short
+from kit.units import fmt_bytes, gib
+from kit.plot.style import GIB_LABEL, OKABE_ITO, new_figure, draw_limit, short_label
 
 
 def _records(obj):
@@ -31,7 +31,7 @@ def _grouped(ax, names, series, width=0.8):
         xs = [j + (i - (n - 1) / 2) * w for j, v in enumerate(vals) if v is not None]
         hs = [gib(v) for v in vals if v is not None]
         bars = ax.bar(xs, hs, w, label=label, color=colour)
-        ax.bar_label(bars, labels=[_short(v) for v in vals if v is not None], fontsize=7, padding=1)
+        ax.bar_label(bars, labels=[short_label(v) for v in vals if v is not None], fontsize=7, padding=1)
         for j, v in enumerate(vals):
             if v is None:
                 ax.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
@@ -56,7 +56,7 @@ def stage_bars(tracker_or_records, title: str = "Memory per stage") -> Figure:
         series = [("live CPU tensors (end)", OKABE_ITO["blue"], [r.end.live("cpu") for r in recs]),
                   ("process RSS (end)", OKABE_ITO["orange"], [r.end.rss_bytes for r in recs]),
                   ("peak RSS in stage", OKABE_ITO["vermillion"], [r.rss_peak_bytes for r in recs])]
-    fig, ax = _fig(title=title)
+    fig, ax = new_figure(title=title)
     _grouped(ax, _labels(recs), series)
     ax.set_ylabel(GIB_LABEL)
     ax.legend(loc="upper left", fontsize=8, ncols=2)
@@ -80,7 +80,7 @@ def timeline(tracker, title: str = "Memory over time") -> Figure:
     points.sort(key=lambda p: p[0].time)
     t0 = points[0][0].time
     on_cuda = points[0][0].cuda_allocated_bytes is not None
-    fig, ax = _fig(title=None)
+    fig, ax = new_figure(title=None)
     ax.set_title(title, pad=16)       # room for the stage names above the axes
 
     def line(label, colour, get, only_live=False, style="-"):
@@ -135,12 +135,12 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
         series = [("start", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
                   ("peak", OKABE_ITO["vermillion"], [f["peak_bytes"] for f in fold_records]),
                   ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
-    fig, ax = _fig(title=title)
+    fig, ax = new_figure(title=title)
     _grouped(ax, names, series)
     if baseline_bytes is not None:
         ax.axhline(gib(baseline_bytes), color=OKABE_ITO["black"], linestyle=":", linewidth=1.5,
                    label=f"baseline {fmt_bytes(baseline_bytes)}")
-    _limit(ax, limit_bytes)
+    draw_limit(ax, limit_bytes)
     for j, f in enumerate(fold_records):
         if f.get("oom"):
             ax.text(j, 0.5, "OOM", transform=ax.get_xaxis_transform(), ha="center", va="center",
@@ -169,7 +169,7 @@ def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str 
     pts = sorted((tuple(p)[:3] for p in points), key=lambda p: p[0])
     ok = [(s, gib(b)) for s, b, oom in pts if not oom and b is not None]
     failed = [s for s, _, oom in pts if oom]
-    fig, ax = _fig(title=title or f"Peak memory against {xlabel}")
+    fig, ax = new_figure(title=title or f"Peak memory against {xlabel}")
     if ok:
         ax.plot(*zip(*ok), "-o", color=OKABE_ITO["blue"], label="fits (measured peak)")
     top = max([y for _, y in ok] + [0])
@@ -180,7 +180,7 @@ def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str 
         for s in failed:
             ax.annotate("OOM", (s, y_oom), textcoords="offset points", xytext=(0, 8), ha="center",
                         color=OKABE_ITO["vermillion"], fontsize=8)
-    _limit(ax, limit_bytes)
+    draw_limit(ax, limit_bytes)
     sizes = [p[0] for p in pts]
     if len(sizes) > 2 and min(sizes) > 0 and max(sizes) / min(sizes) >= 16:
         ax.set_xscale("log", base=2)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ..units import gib
+from kit.units import gib
 
 # Okabe & Ito (2008), "Color Universal Design".
 OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
@@ -13,7 +13,7 @@ WIDTH_IN = 9.0          # Colab's output column shows about 9-10 inches at 100 d
 GIB_LABEL = "memory (GiB)"
 
 
-def _fig(height: float = 4.2, title: str | None = None):
+def new_figure(height: float = 4.2, title: str | None = None):
     fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
     ax = fig.subplots()
     if title:
@@ -23,10 +23,10 @@ def _fig(height: float = 4.2, title: str | None = None):
     return fig, ax
 
 
-def _short(n: int | float) -> str:
+def short_label(n: int | float) -> str:
     """A bar label: three significant digits in the unit that suits it.
 
-    >>> _short(2_372_164), _short(623_000_000), _short(1.01 * 2**30), _short(0)
+    >>> short_label(2_372_164), short_label(623_000_000), short_label(1.01 * 2**30), short_label(0)
     ('2.26 MiB', '594 MiB', '1.01 GiB', '0 B')
     """
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -35,7 +35,7 @@ def _short(n: int | float) -> str:
     return f"{n:.0f} B"
 
 
-def _limit(ax, limit_bytes, label="limit"):
+def draw_limit(ax, limit_bytes, label="limit"):
     if limit_bytes is not None:
         ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
                    label=f"{label} {gib(limit_bytes):.2f} GiB")

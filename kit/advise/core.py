@@ -1,0 +1,269 @@
+"""The fit advisor: which changes make a training setup fit a device, cheapest first, and the largest
+batch and sequence that fit. Prediction only: every number is an :func:`kit.estimate.estimate` call,
+nothing is loaded, and kit.measure.device is imported only for ``device="this"``. The moves and the search are
+:mod:`kit.advise.search`'s.
+
+Cost order (tiers; a suggestion of several changes ranks by its costliest change, then the next; within a
+tier, in the order below; then fewer changed options, then the lower peak):
+
+0. free: fused AdamW in place of the foreach step, sdpa in place of eager attention (the same math);
+1. slower, same result: a smaller per-device batch with more accumulation (the effective batch is kept);
+2. gradient checkpointing: about +33% step time. The checkpointed blocks run their forward again in the
+   backward; a backward costs about two forwards, so a step goes from 3 forward-costs to 4;
+3. numerics: fp16/bf16 mixed precision, the lean k-bit recipe, 16-bit frozen weights, 8-bit AdamW, paged
+   8-bit AdamW (never where a trainable tensor has more than 2^31 - 1 elements: bitsandbytes kills the
+   process there);
+4. 16-bit trained weights (no fp32 master copy);
+5. shorter sequences: what the model sees changes;
+6. a changed model or training: LoRA on an outsized trainable layer (more than half the trainable
+   parameters in one Linear, as scenario 1's V x V head: ``--lora-r 256 --lora-targets custom_layer``),
+   LoRA (rank 16) on every linear layer or on peft's default targets in place of full fine-tuning;
+7. and 8. 8-bit, then 4-bit base weights with LoRA.
+9. where no change on one GPU fits: the fewest GPUs that do, sharded with FSDP (:mod:`kit.advise.gpus`).
+
+Single changes are tried first. Only when none fits: every pair, then a third change on the
+:data:`BEAM` pairs of lowest peak: a few hundred estimates at most, cached within the call.
+
+The limit is what torch can allocate (a preset, this GPU now, or a number of bytes), less :data:`SAFETY`:
+the estimate predicts the allocated peak, and the caching allocator reserves more than it allocates
+(requests rounded up to 512 B, large ones carved from 2 MiB or 20 MiB segments, freed blocks a new size
+cannot reuse). The kit has not measured that gap here (no GPU), so 5% is a judgement; ``safety=0``
+turns it off. The model's CPU build must fit in RAM as well (it does not depend on batch or sequence).
+
+>>> a = advise(dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu"), 80_000_000, safety=0)
+>>> a.fits, a.suggestions[0].cli, a.max_batch_size
+(False, '--batch-size 4 --grad-accum 2', 6)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kit import inputs as kin
+from kit.advise.search import BATCH_CAP, KW, SEQ_CAP, MOVES, Search, largest_fitting
+from kit.advise.gpus import shard_suggestion
+from kit.estimate import Estimate, estimate
+from kit.estimate.inventory import info_of
+from kit.dtypes import run_dtype
+from kit.presets import PRESETS, Preset, resolve_device
+from kit.units import GiB, fmt_bytes, wrapped
+
+SAFETY = 0.05            # of the limit, kept free for reserved-above-allocated (fragmentation); see the doc
+BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a setup must fit: ``limit_bytes`` torch can allocate (RAM on the cpu preset) less the safety
+    fraction, and ``ram_bytes`` for building the model. ``half``: the 16-bit type to suggest there."""
+
+    name: str
+    label: str
+    limit_bytes: int
+    ram_bytes: int
+    safety_fraction: float = SAFETY
+    half: str = "bf16"
+    kernels: str = "cuda"   # estimate(device=...): "cpu" on the cpu preset
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.limit_bytes * (1 - self.safety_fraction))
+
+
+def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
+    """A preset name, ``"this"`` (this GPU, now), a number of bytes (``16e9``, ``"16GiB"``) or a Preset
+    (read by :func:`kit.presets.resolve_device`). The 16-bit type to suggest comes from the GPU's compute
+    capability (:func:`kit.dtypes.run_dtype`).
+
+    >>> limit_for("colab-t4").usable_bytes / 2**30, limit_for("colab-t4").half   # doctest: +ELLIPSIS
+    (13.83..., 'fp16')
+    """
+    safety = kin.fraction("safety", safety, maximum=0.5)
+    if isinstance(device, Limit):
+        return device
+    p, _ = resolve_device("this" if isinstance(device, str) and device.strip().lower() == "this gpu" else device)
+    if p.gpu_bytes is None:
+        return Limit(p.name, p.label, p.ram_bytes, p.ram_bytes, safety, "bf16", "cpu")
+    return Limit(p.name, p.label, p.gpu_bytes, p.ram_bytes, safety, run_dtype(p.capability)[0] if p.capability else "bf16")
+
+
+@dataclass
+class Advice:
+    """The verdict for a setup and device, the largest batch and sequence that fit, and the ranked suggestions."""
+
+    fits: bool
+    peak_bytes: int
+    limit: Limit
+    margin_bytes: int          # usable_bytes - peak_bytes (- eval_peak_bytes if evaluates and higher); < 0: short
+    cpu_build_bytes: int
+    max_batch_size: int        # 0: not even 1 fits (the peak judged; RAM does not depend on it)
+    max_seq_len: int
+    suggestions: list          # kit.advise.search.Suggestion, cheapest first
+    notes: list
+    evaluates: bool = False    # evaluate()'s peak is judged too (in ``fits``)
+    eval_peak_bytes: int = 0   # Trainer.evaluate() at the eval batch
+    max_eval_batch_size: int = 0   # 0: not computed (evaluates False and the eval peak fits) or none fits
+    options: dict = field(repr=False, default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The ``python -m kit fit --json`` object (DESIGN.md's contract, extended)."""
+        lim = self.limit
+        return {"fits": self.fits, "peak_bytes": self.peak_bytes, "limit_bytes": lim.limit_bytes,
+                "safety_fraction": lim.safety_fraction, "usable_bytes": lim.usable_bytes,
+                "margin_bytes": self.margin_bytes, "cpu_build_bytes": self.cpu_build_bytes,
+                "ram_bytes": lim.ram_bytes, "ram_fits": self.cpu_build_bytes <= lim.ram_bytes,
+                "device": lim.name, "device_label": lim.label, "max_batch_size": self.max_batch_size,
+                "max_seq_len": self.max_seq_len, "evaluates": self.evaluates, "eval_peak_bytes": self.eval_peak_bytes,
+                "max_eval_batch_size": self.max_eval_batch_size,
+                "suggestions": [s.to_json() for s in self.suggestions], "notes": self.notes}
+
+    @wrapped
+    def text(self, top: int | None = None) -> str:
+        """The verdict line, the ranked table (``top`` rows), then the largest batch and sequence that fit."""
+        lim = self.limit
+        f = lambda n: fmt_bytes(n, "GiB" if lim.limit_bytes >= GiB else None)  # noqa: E731 (one unit per column)
+        short = f"{f(self.margin_bytes)} to spare" if self.margin_bytes >= 0 else f"{f(-self.margin_bytes)} short"
+        ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
+            f"; CPU build {f(self.cpu_build_bytes)} does NOT fit {f(lim.ram_bytes)} of RAM"
+        if self.evaluates:
+            ram += f"; evaluate() {f(self.eval_peak_bytes)}" + (" does NOT fit" if self.eval_peak_bytes >
+                                                                lim.usable_bytes else "")
+        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {lim.label}: peak {f(self.peak_bytes)} of "
+               f"{f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a {lim.safety_fraction:.0%} safety margin): "
+               f"{short}{ram}"]
+        rows = self.suggestions[:top]
+        if rows:
+            out.append(("what makes it fit, cheapest first:" if rows[0].fits else "nothing tried fits; the closest:")
+                       + f"\n  {'#':>2} {'peak':>10} {'margin':>11}  changes (append to the command)")
+            for i, s in enumerate(rows, 1):
+                margin = ("+" if s.margin_bytes >= 0 else "-") + f(abs(s.margin_bytes))
+                out.append(f"  {i:>2} {f(s.peak_bytes):>10} {margin:>11}  {s.cli}"
+                           + "".join(f"\n{'':27}cost: {c}" for c in s.costs))
+        out += [f"note: {n}" for n in self.notes]
+        out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
+        return "\n".join(out)
+
+    __str__ = text
+
+
+def _options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
+    """estimate()'s keywords for an options dict, an Estimate or a Trainer; and notes."""
+    if isinstance(setup, dict):
+        bad = sorted(set(setup) - set(KW))
+        if bad:
+            raise kin.InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
+                                          f"{', '.join(KW)}.")
+        return {"device": lim.kernels, **setup}, []
+    if hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, Estimate):   # a Trainer
+        from kit.estimate.from_objects import estimate_trainer
+        from kit.estimate.read_model import read_model
+
+        est = trainer_estimate or estimate_trainer(setup)
+        o, notes = _from_estimate(est, model=False)
+        return {**o, "model": read_model(setup.model)[0]}, notes
+    if not isinstance(setup, Estimate):
+        raise kin.InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
+                                      f"not {type(setup).__name__}.")
+    return _from_estimate(setup)
+
+
+def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
+    o = {k: v for k, v in est.setup.items() if k in KW}
+    o.update({k: v[0] for k, v in getattr(est, "sources", {}).items()
+              if k in ("lora_targets", "lora_dropout", "padded")})
+    if not model:
+        return o, []
+    try:
+        info_of(o["model"])
+    except ValueError:
+        raise kin.InputError("setup", f"this Estimate's model ({o['model']!r}) cannot be rebuilt by name: pass a dict "
+                                      "of estimate() options (model=<the config or module>, ...) or the Trainer.")
+    again = estimate(**o).peak_bytes
+    return o, [] if again == est.peak_bytes else [
+        f"re-estimated from the Estimate's options, the peak is {fmt_bytes(again)}, not {fmt_bytes(est.peak_bytes)} "
+        "(an Estimate keeps neither lora_targets nor padding): pass the options as a dict to be exact"]
+
+
+def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None) -> Advice:
+    """Rank the changes that make ``setup`` fit ``device``, cheapest first (the module doc has the order).
+
+    ``setup``: a dict of :func:`kit.estimate.estimate` options, an Estimate (its ``.setup``) or a Trainer
+    (read by ``estimate_trainer``; ``trainer_estimate``: its estimate, when already made). ``device``: a
+    preset name, ``"this"`` (this GPU's memory for torch, now), a number of bytes or a :class:`Limit`.
+    ``safety``: the fraction of the limit kept free (0 turns it off). ``evaluates``: the run calls
+    ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
+    ``eval_strategy`` says, else False (the eval peak is then a note).
+
+    >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
+    >>> a.fits, a.suggestions[0].changes
+    (False, {'lora-r': 256, 'lora-targets': 'custom_layer', 'load-dtype': 'fp16'})
+    """
+    lim = limit_for(device, safety)
+    opts, notes = _options(setup, lim, trainer_estimate)
+    if evaluates is None:
+        strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
+        evaluates = getattr(setup, "eval_dataset", None) is not None and \
+            str(getattr(strategy, "value", strategy)) != "no"
+    s = Search(opts, lim, kin.flag("evaluates", evaluates))
+    be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
+    # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
+    builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
+              s.estimate({**s.base, **(MOVES["4bit"][0](s.base, s) or {})})]
+    impossible = min(e.cpu_build_bytes for e in [be, *builds] if e is not None) > lim.ram_bytes
+    for size in range(1, MAX_CHANGES + 1) if not s.fits(be) and not impossible else ():
+        sets = {names | {m} for names in frontier for m in MOVES if m not in names} - seen
+        seen |= sets
+        level = s.level(sets, MAX_SUGGESTIONS)
+        found = [n for n in level if s.fits(n[2])]
+        if found:
+            break   # every pair of single moves is tried; then the BEAM pairs of lowest peak grow a third
+        frontier = [n[0] for n in sorted(level, key=lambda n: n[2].peak_bytes)[:None if size == 1 else BEAM]]
+    if impossible:
+        notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of "
+                     f"{fmt_bytes(lim.ram_bytes)} RAM, and neither 16-bit nor 4-bit weights fit there: no change "
+                     "the advisor tries helps")
+    if not found:   # nothing fits: the closest tried, to show how far it is
+        found = sorted(level, key=lambda n: n[2].peak_bytes)[:3]
+    best = sorted(found, key=s.rank)[:MAX_SUGGESTIONS]
+    out = sorted((s.suggestion(*s.refine(*n)) for n in best), key=lambda x: x.rank)
+    if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
+        out += [x for x in [shard_suggestion(s, out)] if x]
+    ev, mev, b = be.eval_peak_bytes, 0, s.base
+    acc = {"eval_accumulation_steps": 1} if b["eval_gather"] != "loss" and not b["eval_accumulation_steps"] else {}
+    if evaluates or ev > lim.usable_bytes:   # the largest eval batch (gathered logits moved off the GPU)
+        mev = largest_fitting(lambda n: s.peak({**b, **acc, "eval_batch_size": n}, "eval_peak_bytes"), 1,
+                              b["eval_batch_size"], lim.usable_bytes)
+    if not s.evaluates and ev > lim.usable_bytes and s.fits(be):   # not judged: say it
+        notes.append(f"if the Trainer evaluates (judge it with evaluates=True, or --eval), evaluate() needs "
+                     f"{fmt_bytes(ev)} at eval batch {b['eval_batch_size']}: " + (
+                         f"use --eval-batch-size {mev}{' --eval-accumulation-steps 1' if acc else ''}" if mev else
+                         "no eval batch fits"))
+    mb, ms = s.largest(s.base)
+    return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
+                  out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base)
+
+
+def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
+    """The largest per-device batch whose peak fits the usable limit, the rest as in ``setup`` (0: not even 1).
+    The panel's cheap path: a handful of estimates, no search. RAM does not depend on the batch: not judged.
+
+    >>> max_batch_size(dict(model="tiny-llama", seq_len=128, device="cpu"), 80_000_000, safety=0)
+    6
+    """
+    lim = limit_for(device, safety)
+    o = _options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
+    return largest_fitting(lambda n: estimate(**{**o, "batch_size": n}).peak_bytes, 1, BATCH_CAP, lim.usable_bytes,
+                           o["batch_size"])
+
+
+def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
+    """The longest sequence whose peak fits, at most the model's positions, the rest as in ``setup`` (0: none).
+
+    >>> max_seq_len(dict(model="tiny-llama", batch_size=8, device="cpu"), 80_000_000, safety=0)
+    101
+    """
+    lim = limit_for(device, safety)
+    o = _options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
+    top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
+    return largest_fitting(lambda n: estimate(**{**o, "seq_len": n}).peak_bytes, 1, top, lim.usable_bytes,
+                           o["seq_len"])

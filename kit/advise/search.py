@@ -1,0 +1,349 @@
+"""The fit advisor's search space and search (:mod:`kit.advise` is its API): the moves, what each costs,
+the bounded search over them, and the largest batch and sequence under a limit.
+
+A move maps options (estimate()'s keywords) to the options it changes, or None where it does not apply.
+The searched moves (shorter sequences, a smaller micro-batch) are probed at their extreme, then refined
+to the least change that still fits.
+
+>>> cli({"batch-size": 1, "grad-accum": 32, "gradient-checkpointing": True})
+'--batch-size 1 --grad-accum 32 --gradient-checkpointing'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit import inputs as kin
+from kit.estimate import Estimate, estimate
+from kit.estimate.inventory import info_of
+from kit.units import fmt_bytes
+
+BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
+LORA_R = 16              # the rank of a suggested LoRA (an outsized layer gets more: see _head)
+INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (DESIGN.md)
+# estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
+CLI = {"batch_size": "batch-size", "seq_len": "seq-len", "grad_accum": "grad-accum", "precision": "precision",
+       "quantization": "quantization", "kbit_recipe": "kbit-recipe", "lora_r": "lora-r",
+       "lora_targets": "lora-targets", "load_dtype": "load-dtype", "optimizer": "optimizer",
+       "gradient_checkpointing": "gradient-checkpointing", "attn_implementation": "attn",
+       "eval_batch_size": "eval-batch-size", "eval_accumulation_steps": "eval-accumulation-steps"}
+KW = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "lora_targets", "optimizer",
+      "gradient_checkpointing", "grad_accum", "load_dtype", "attn_implementation", "kbit_recipe", "lora_dropout",
+      "padded", "device", "eval_batch_size", "eval_gather", "eval_samples", "eval_accumulation_steps",
+      "quant_type", "double_quant", "compute_dtype", "checkpoint_reentrant", "strategy", "num_gpus", "cpu_offload")
+
+
+# -- the moves ----------------------------------------------------------------------------------------------
+def _trains_weights(o) -> bool:  # weights are trained in the loaded dtype (full fine-tuning, scenario 1's head)
+    return not o["lora_r"]
+
+
+def _adam8(paged):
+    def move(o, c):
+        if o["optimizer"] in ("adamw-8bit", "paged-adamw-8bit", "sgd"):
+            return None
+        if c.too_big and _trains_weights(o):
+            c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
+                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; DESIGN.md)")
+            return None
+        return {"optimizer": "paged-adamw-8bit" if paged else "adamw-8bit"}
+    return move
+
+
+def _lora(targets):
+    return lambda o, c: None if o["lora_r"] or c.info.vocab_head or o["quantization"] != "none" else \
+        {"lora_r": LORA_R, "lora_targets": targets}
+
+
+def _quant(bits):
+    def move(o, c):
+        if o["quantization"] != "none":
+            return None
+        lora = {} if o["lora_r"] or c.info.vocab_head else {"lora_r": LORA_R, "lora_targets": kin.ALL_LINEAR}
+        return {"quantization": bits, **lora, "load_dtype": c.lim.half if o["lora_r"] or lora else o["load_dtype"]}
+    return move
+
+
+def _w16(o, c):
+    if o["load_dtype"] != "fp32" or o["quantization"] != "none":
+        return None
+    if _trains_weights(o):  # fp16 trained weights under fp16 autocast: Trainer's grad scaler refuses them
+        return {"load_dtype": "bf16", **({"precision": "bf16"} if o["precision"] == "fp16" else {})}
+    return {"load_dtype": c.lim.half}
+
+
+def _eval(o, c):   # probed at eval batch 1; the gathered logits leave the GPU every step
+    if not c.evaluates or o["eval_batch_size"] == 1 and (o["eval_gather"] == "loss" or o["eval_accumulation_steps"]):
+        return None
+    return {"eval_batch_size": 1, **({"eval_accumulation_steps": 1} if o["eval_gather"] != "loss"
+                                     and not o["eval_accumulation_steps"] else {})}
+
+
+def _head(o, c):
+    if o["lora_r"] or not c.outsized:
+        return None
+    name, fin, fout = c.outsized
+    return {"lora_r": max(8, min(256, min(fin, fout) // 64)), "lora_targets": (name,)}
+
+
+# name -> (move, tier). Moves apply in this order (structure, dtypes, optimizer, shapes); within a tier, the
+# earlier one ranks first.
+MOVES = {
+    "head-lora": (_head, 6), "lora-all": (_lora(kin.ALL_LINEAR), 6), "lora": (_lora(None), 6),
+    "8bit": (_quant("8bit"), 7), "4bit": (_quant("4bit"), 8),
+    "mixed": (lambda o, c: {"precision": c.lim.half} if o["precision"] == "fp32" else None, 3),
+    "lean": (lambda o, c: {"kbit_recipe": "lean"} if o["quantization"] != "none" and o["kbit_recipe"] == "standard"
+             else None, 3),
+    "w16": (_w16, 3), "adam8": (_adam8(False), 3), "paged-adam8": (_adam8(True), 3),
+    "fused": (lambda o, c: {"optimizer": "adamw-fused"} if o["optimizer"] == "adamw" else None, 0),
+    "sdpa": (lambda o, c: {"attn_implementation": "sdpa"} if o["attn_implementation"] == "eager" else None, 0),
+    "ckpt": (lambda o, c: None if o["gradient_checkpointing"] else {"gradient_checkpointing": True}, 2),
+    "eval": (_eval, 1),
+    # probed at their extreme (1/8 of the sequence, batch 1), then refined to the least change that fits
+    "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > 1 else None, 5),
+    "split": (lambda o, c: {"batch_size": 1, "grad_accum": o["grad_accum"] * o["batch_size"]}
+              if o["batch_size"] > 1 else None, 1),
+}
+
+
+def _tier(m, o) -> int:
+    return 4 if m == "w16" and _trains_weights(o) else MOVES[m][1]
+
+
+def _cost(m, b, o, be, e) -> str:
+    """What move ``m`` costs, taking base options ``b`` (estimate ``be``) to ``o`` (estimate ``e``)."""
+    f, bnb = fmt_bytes, "needs bitsandbytes (Colab lacks it)"
+    weights = f"weights {f(be.weights_bytes)} -> {f(e.weights_bytes)}"
+    trained = f"{e.trainable_params:,} trainable parameters instead of {be.trainable_params:,}"
+    lora = (f"; a rank-{LORA_R} LoRA on every linear layer trains, not the weights"
+            if o["lora_targets"] == kin.ALL_LINEAR and not b["lora_r"] else "") + (
+        f"; the other weights load in {o['load_dtype']}" if o["load_dtype"] != b["load_dtype"] else "")
+    evals = ([f"eval batches of {o['eval_batch_size']} instead of {b['eval_batch_size']}"]
+             if o["eval_batch_size"] != b["eval_batch_size"] else []) + (
+        [f"gathered predictions moved to the CPU every {o['eval_accumulation_steps']} eval step"]
+        if o["eval_accumulation_steps"] != b["eval_accumulation_steps"] else [])
+    words = {
+        "fused": lambda: "none: the same AdamW update in one fused kernel (optim='adamw_torch_fused'), no temporaries",
+        "sdpa": lambda: "none: the same attention through torch's sdpa, without the S x S scores",
+        "split": lambda: f"effective batch unchanged ({b['batch_size'] * b['grad_accum']}); {o['grad_accum']} "
+                         f"micro-batches of {o['batch_size']} per optimizer step instead of {b['grad_accum']} of "
+                         f"{b['batch_size']}: slower where the bigger batch kept the GPU busy",
+        "eval": lambda: "evaluation only: " + "; ".join(evals) + " (slower, same metrics)",
+        "ckpt": lambda: "about +33% step time: the blocks' forward runs again in the backward (a step costs about "
+                        "4 forwards instead of 3)",
+        "mixed": lambda: f"numerics: {o['precision']} autocast (fp32 master weights kept"
+                         f"{', loss scaling' if o['precision'] == 'fp16' else ''}); usually faster on a GPU",
+        "adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise; optimizer state {f(be.optimizer_bytes)} -> "
+                         f"{f(e.optimizer_bytes)}; {bnb}",
+        "paged-adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise, {f(e.paged_optimizer_bytes)} of it in "
+                               "CUDA managed memory, outside this peak: paged to RAM under pressure (slower then); "
+                               + bnb,
+        "lean": lambda: f"numerics: the non-quantized weights stay in {o['load_dtype']}, not upcast to fp32 (no "
+                        "prepare_model_for_kbit_training: turn on checkpointing and input grads yourself)",
+        "w16": lambda: (f"numerics: the trained weights, their gradients and AdamW state in bf16, no fp32 master copy "
+                        f"(small updates round away); {weights}") if _trains_weights(o) else
+                       f"numerics: the frozen weights in {o['load_dtype']}; {weights}",
+        "seq": lambda: f"changes what the model sees: sequences cut from {b['seq_len']} to {o['seq_len']} tokens "
+                       "(truncate or chunk longer texts)",
+        "lora": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on peft's default targets, {trained}",
+        "lora-all": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on every linear layer, {trained}",
+        "head-lora": lambda: f"changes the model: {o['lora_targets'][0]}'s weight is frozen and a rank-{o['lora_r']} "
+                             f"update trains ({trained}); zero the frozen weight first and the layer is a low-rank map "
+                             "(scenario 1's fix (b)), whose frozen weight still costs its bytes",
+        "8bit": lambda: f"changes the model: base weights in 8 bits (LLM.int8){lora}; {bnb}",
+        "4bit": lambda: f"changes the model: base weights in NF4 4-bit{lora}; {bnb}",
+    }
+    return words[m]()
+
+
+@dataclass
+class Suggestion:
+    """One way to fit: ``changes`` (the estimate CLI's options), its peak and margin, what it costs."""
+
+    changes: dict
+    cli: str
+    peak_bytes: int
+    fits: bool
+    margin_bytes: int
+    costs: list
+    tiers: tuple               # the cost tier of each change, costliest first (the module doc's order)
+    max_batch_size: int
+    max_seq_len: int
+    cpu_build_bytes: int
+    eval_peak_bytes: int
+    options: dict = field(repr=False, default_factory=dict)   # estimate()'s keywords, in full
+    rank: tuple = field(repr=False, default=())
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "fits", "margin_bytes", "costs",
+                                           "max_batch_size", "max_seq_len", "cpu_build_bytes", "eval_peak_bytes")}
+        return d | {"tiers": list(self.tiers)}
+
+
+class Search:
+    """One advise() call: the base options, the limit, and every estimate made (cached by options)."""
+
+    def __init__(self, base: dict, lim, evaluates: bool = False):
+        self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
+        base = {"lora_targets": None, "lora_dropout": 0.0, "padded": True, **base}
+        b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
+        base["lora_targets"] = kin.targets(base["lora_targets"])
+        self.info = info_of(base["model"])
+        self.base = {**base, **{k: b.setup[k] for k in KW if k in b.setup and k not in ("model",
+                                                                                        "checkpoint_reentrant")}}
+        self.base_est = b
+        big = [l for l in self.info.leaves if l.kind == "linear" and l.trainable]
+        top = max(big, key=lambda l: l.weight, default=None)
+        self.outsized = (top.name, top.fin, top.fout) if top and not self.base["lora_r"] and \
+            top.weight > b.trainable_params / 2 else None
+        self.too_big = next((l.name + ".weight" for l in self.info.leaves if l.trainable and l.weight > INT32_MAX),
+                            None)
+        self.maxpos = min(self.info.max_positions or SEQ_CAP, SEQ_CAP)
+
+    def estimate(self, o: dict) -> Estimate | None:
+        key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in o.items())
+        if key not in self.cache:
+            try:
+                self.cache[key] = estimate(**o)
+            except ValueError:   # a combination the estimator refuses (e.g. targets that match nothing)
+                self.cache[key] = None
+        return self.cache[key]
+
+    def peak(self, o: dict, what: str = "judged") -> float:
+        """The peak ``fits`` judges (training's; evaluation's too where it is judged), or one field."""
+        e = self.estimate(o)
+        if e is None:
+            return float("inf")
+        return max(e.peak_bytes, e.eval_peak_bytes if self.evaluates else 0) if what == "judged" else getattr(e, what)
+
+    def fits(self, e) -> bool:
+        return e is not None and self.margin(e) >= 0 and e.cpu_build_bytes <= self.lim.ram_bytes
+
+    def apply(self, names) -> dict | None:
+        o = dict(self.base)
+        for m in (m for m in MOVES if m in names):
+            ch = MOVES[m][0](o, self)
+            if ch is None:
+                return None
+            o.update(ch)
+        return o
+
+    def level(self, sets, enough: int) -> list:
+        """The nodes (names, options, estimate) of these move sets, the searched moves at their probe. They are
+        estimated cheapest first (the cost is known before the estimate); once ``enough`` fit, the costlier
+        ones are not estimated at all."""
+        todo = {}
+        for names in sorted(sets, key=lambda n: tuple(i for i, m in enumerate(MOVES) if m in n)):
+            o = self.apply(names)
+            if o is not None:   # the same options reached by two sets of moves: once
+                todo.setdefault(tuple(sorted((k, str(v)) for k, v in o.items() if k != "model")), (names, o))
+        out, fitting = [], []
+        for names, o in sorted(todo.values(), key=lambda n: self.prefix(*n)):
+            if len(fitting) >= enough and self.prefix(names, o) > fitting[enough - 1]:
+                break
+            e = self.estimate(o)
+            if e is not None:
+                out.append((names, o, e))
+                fitting += [self.prefix(names, o)] if self.fits(e) else []
+        return out
+
+    def refine(self, names, o, e):
+        """The probed moves of a node that fits, taken back to the least change that still fits."""
+        if not self.fits(e) or not {"seq", "split", "eval"} & names:
+            return names, o, e
+        use, b, o = self.lim.usable_bytes, self.base, dict(o)
+        if "seq" in names:   # costlier than the split: keep as much of the sequence as fits
+            o["seq_len"] = largest_fitting(lambda n: self.peak({**o, "seq_len": n}), o["seq_len"], b["seq_len"] - 1,
+                                           use)
+        if "split" in names:
+            divs = [d for d in range(1, b["batch_size"]) if b["batch_size"] % d == 0]
+            o["batch_size"] = divs[largest_fitting(lambda i: self.peak({**o, "batch_size": divs[i]}), 0,
+                                                   len(divs) - 1, use)]
+            o["grad_accum"] = b["grad_accum"] * b["batch_size"] // o["batch_size"]
+        if "eval" in names:
+            o["eval_batch_size"] = largest_fitting(lambda n: self.peak({**o, "eval_batch_size": n}, "eval_peak_bytes"),
+                                                   1, b["eval_batch_size"], use)
+        return names, o, self.estimate(o)
+
+    def changes(self, o) -> dict:
+        b = self.base
+        changes = {CLI[k]: cli_value(o[k]) for k in CLI if o[k] != b[k]}
+        if {"quantization", "kbit-recipe"} & set(changes):   # they change checkpointing's default: say it
+            changes["gradient-checkpointing"] = o["gradient_checkpointing"]
+        return changes
+
+    def prefix(self, names, o) -> tuple:
+        """The cost rank known before estimating: the tiers, costliest first; the moves' order; the options."""
+        return (tuple(sorted((_tier(m, o) for m in names), reverse=True)),
+                tuple(i for i, m in enumerate(MOVES) if m in names), len(self.changes(o)))
+
+    def rank(self, node) -> tuple:
+        """Cheapest first: fits, then the costliest change's tier (then the next), fewer options, lower peak."""
+        names, o, e = node
+        return (not self.fits(e),) + self.prefix(names, o) + (e.peak_bytes,)
+
+    def suggestion(self, names, o, e) -> Suggestion:
+        costs = [_cost(m, self.base, o, self.base_est, e) for m in MOVES if m in names]
+        changes, rank = self.changes(o), self.rank((names, o, e))
+        return Suggestion(changes, cli(changes), e.peak_bytes, self.fits(e), self.margin(e), costs, rank[1],
+                          *self.largest(o), e.cpu_build_bytes, e.eval_peak_bytes, o, rank)
+
+    def margin(self, e) -> int:
+        """The usable limit less the peak judged: training's, or evaluation's where it is judged and higher."""
+        return self.lim.usable_bytes - max(e.peak_bytes, e.eval_peak_bytes if self.evaluates else 0)
+
+    def largest(self, o) -> tuple[int, int]:
+        use = self.lim.usable_bytes
+        return (largest_fitting(lambda n: self.peak({**o, "batch_size": n}), 1, BATCH_CAP, use, o["batch_size"]),
+                largest_fitting(lambda n: self.peak({**o, "seq_len": n}), 1, self.maxpos, use, o["seq_len"]))
+
+
+def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:
+    """The largest x in [lo, hi] with ``peak(x) <= limit`` (``peak`` non-decreasing), or ``lo - 1``.
+
+    Peaks are piecewise linear in batch and sequence (quadratic with eager attention), so it interpolates
+    between the bracketing points, halving the weight of an end kept twice (regula falsi, Illinois): about
+    two estimates after the ends on a linear piece. ``at``: a point whose peak is known (cached), which
+    replaces one end.
+
+    >>> largest_fitting(lambda x: 10 * x + 5, 1, 1000, 4321), largest_fitting(lambda x: x * x, 1, 10**6, 2e6)
+    (431, 1414)
+    """
+    fat = peak(at) - limit if at is not None and lo < at < hi else None
+    if fat is not None and fat <= 0:
+        lo, fa = at, fat
+    else:
+        hi, fb = (at, fat) if fat is not None else (hi, None)
+        fa = peak(lo) - limit
+        if fa > 0:
+            return lo - 1
+    if fat is None or fat <= 0:
+        fb = (peak(hi) if hi > lo else fa + limit) - limit
+        if fb <= 0:
+            return hi
+    side = steps = 0
+    while hi - lo > 1:
+        steps += 1   # interpolate 8 times at most, then bisect: at most 8 + log2(hi - lo) estimates
+        x = lo + int((hi - lo) * -fa / (fb - fa)) if fb != float("inf") and steps <= 8 else (lo + hi) // 2
+        x = min(max(x, lo + 1), hi - 1)
+        fx = peak(x) - limit
+        if fx <= 0:
+            lo, fa, fb, side = x, fx, fb / 2 if side == -1 else fb, -1
+        else:
+            hi, fb, fa, side = x, fx, fa / 2 if side == 1 else fa, 1
+    return lo
+
+
+def cli_value(v):
+    return ",".join(v) if isinstance(v, tuple) else v
+
+
+def cli(changes: dict) -> str:
+    """The changes as options to append to ``python -m kit estimate`` / ``fit`` (argparse: the last one wins).
+
+    >>> cli({"batch-size": 1, "grad-accum": 32, "gradient-checkpointing": True})
+    '--batch-size 1 --grad-accum 32 --gradient-checkpointing'
+    """
+    return " ".join((f"--{k}" if v else "--no-" + k) if isinstance(v, bool) else f"--{k} {v}"
+                    for k, v in changes.items())
+
+

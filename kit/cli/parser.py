@@ -1,0 +1,76 @@
+"""The kit's command line: ``python -m kit {info,estimate,fit,demo} ...``.
+
+>>> # python -m kit info
+>>> # python -m kit estimate --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16
+>>> # python -m kit fit --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16 --device colab-t4
+>>> # python -m kit demo --out report/
+
+Every failure ends with one line on stderr that starts ``error:``: exit status 2 for bad
+input (argparse's own errors included), 1 for a run that failed. No traceback, unless
+``KIT_TRACEBACK=1`` is set.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (``error: ...``) instead of a usage block. Subcommand
+    parsers are made of the same class (``add_subparsers`` uses the parent's type)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _info(args: argparse.Namespace) -> int:
+    from kit.measure import device
+    from kit import runtime
+
+    print(runtime.describe())
+    print("Reading now:", device.snapshot().text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m kit",
+        description="Predict, measure and fix memory when fine-tuning language models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    info = sub.add_parser("info", help="what this runtime has: GPU, RAM, libraries, Hub, smoke or real sizes")
+    info.set_defaults(func=_info)
+    from kit.cli import demo, estimate as estimate_cli, fit as fit_cli
+
+    estimate_cli.register(sub)
+    fit_cli.register(sub)
+    demo.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit status (0 ok, 1 a failed run, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("KIT_TRACEBACK", "").strip().lower() in ("1", "true", "yes"):
+            raise
+        from kit.inputs import InputError
+
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, InputError):
+            print(f"error: {what}", file=sys.stderr)
+            return 2
+        print(f"error: `python -m kit {args.command}` failed ({type(exc).__name__}: {what}); set "
+              "KIT_TRACEBACK=1 to see where, and report it if it looks like the kit's fault.", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

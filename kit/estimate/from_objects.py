@@ -1,0 +1,159 @@
+"""Read the user's own objects into one :func:`kit.estimate.estimate` call: a built Trainer
+(:func:`estimate_trainer`), or the ``TrainingArguments``, ``BitsAndBytesConfig`` and ``LoraConfig``
+written before anything is loaded (:func:`estimate_from`). :func:`check` prints the estimate, the
+verdict for this GPU and where each setting was read from.
+
+Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
+``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
+(adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence (a ``ValueError``),
+never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU (:mod:`kit.estimate.strategies`), over
+the launch's ``WORLD_SIZE`` GPUs.
+
+>>> from transformers import TrainingArguments
+>>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
+>>> est.sources["batch_size"], est.sources["optimizer"][0]
+((2, 'TrainingArguments.per_device_train_batch_size'), 'adamw-fused')
+"""
+from __future__ import annotations
+
+from kit import inputs as kin
+from kit import machine
+from kit.estimate.core import estimate
+from kit.estimate.inventory import info_of
+from kit.presets import PRESETS, Preset, verdict
+from kit.estimate.read_model import (bnb_options, model_name, read_bnb, read_lora_config, read_model, targets_for,
+    trainer_reentrant)
+from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
+from kit.units import fmt_bytes
+
+_ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
+          "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
+          "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
+          "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
+
+
+def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
+    """Predict the memory of ``trainer.train()`` from the Trainer the user built; nothing trains.
+
+    Read: the model (parameter dtypes, bitsandbytes layers, peft LoRA adapters, what is trainable,
+    checkpointing, attention, tied weights), ``trainer.args`` (batch size, accumulation, fp16/bf16,
+    optim, checkpointing) and, unless ``seq_len`` is given, the longest batch
+    ``trainer.data_collator`` builds from the first 64 rows of ``trainer.train_dataset`` (and
+    whether it pads). ``est.sources[option] == (value, where it was read)``.
+
+    >>> est = estimate_trainer(trainer)                                 # doctest: +SKIP
+    >>> est.sources["batch_size"]                                       # doctest: +SKIP
+    (8, 'TrainingArguments.per_device_train_batch_size')
+    """
+    args = getattr(trainer, "args", None)
+    if args is None or not hasattr(trainer, "model"):
+        raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
+                         "the Trainer you built (or call estimate_from with your TrainingArguments).")
+    opts, src, notes = read_args(args)
+    eopts, esrc = read_eval(trainer)
+    opts.update(eopts), src.update(esrc)
+    target, mopts, msrc, mnotes = read_model(trainer.model)
+    opts.update(mopts), src.update(msrc), notes.extend(mnotes)
+    if args_ckpt := opts.pop("args_ckpt"):
+        opts["gradient_checkpointing"] = True
+        src["gradient_checkpointing"] = (True, args_ckpt)
+        reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
+    if seq_len is None:
+        seq_len, padded, rows = read_seq_len(trainer, opts["batch_size"])
+        src["seq_len"] = (seq_len, f"the longest batch trainer.data_collator builds from the first {rows} rows "
+                                   "of trainer.train_dataset")
+        src["padded"] = (padded, "a 0 in those batches' attention_mask")
+    else:
+        padded = True
+        src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
+        src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
+    return _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+
+
+def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
+                  seq_len=None, padded: bool = True, load_dtype=None, attn_implementation=None,
+                  device: str = "cuda"):
+    """Predict the memory of a setup from the objects users write, before anything is loaded.
+
+    ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
+    ``PretrainedConfig``). ``training_args``: a ``TrainingArguments`` (None: its defaults);
+    ``quantization_config``: a ``BitsAndBytesConfig``; ``peft_config``: a ``LoraConfig``;
+    ``seq_len``: the longest batch's length (needed). ``load_dtype`` is from_pretrained's ``dtype``
+    (None: ``"auto"``, the config's dtype, as transformers 5 loads); ``attn_implementation`` None:
+    the config's, else sdpa where the model supports it.
+
+    >>> from transformers import TrainingArguments
+    >>> from peft import LoraConfig
+    >>> estimate_from("meta-llama/Meta-Llama-3-8B", TrainingArguments(per_device_train_batch_size=1),
+    ...               peft_config=LoraConfig(r=16, target_modules="all-linear"), seq_len=512).sources["lora_r"]
+    (16, 'LoraConfig.r')
+    """
+    if seq_len is None:
+        raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
+                                        "estimate_trainer reads it from a built Trainer's data.")
+    name = "TrainingArguments"
+    if training_args is None:
+        from transformers import TrainingArguments
+
+        training_args, name = TrainingArguments(), "TrainingArguments()"
+    opts, src, notes = read_args(training_args, name)
+    ckpt = opts.pop("args_ckpt")
+    opts["gradient_checkpointing"] = bool(ckpt)
+    src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
+    if ckpt:
+        reentrant, where = trainer_reentrant(training_args, name)
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
+    if hasattr(model_id_or_config, "named_modules"):
+        cfg = model_id_or_config.config
+    else:
+        from kit.model_configs import get_config
+
+        cfg = get_config(model_id_or_config)
+    info = info_of(model_id_or_config)
+    src["model"] = (model_name(model_id_or_config, cfg), "estimate_from(model_id_or_config)")
+    quant = read_bnb(quantization_config, "BitsAndBytesConfig")
+    opts["quantization"] = quant
+    src["quantization"] = (quant, "BitsAndBytesConfig.load_in_4bit/8bit" if quantization_config is not None
+                           else "no quantization_config")
+    if quant == "4bit":
+        q4 = bnb_options(quantization_config)
+        opts.update(q4)
+        src.update({k: (v, f"BitsAndBytesConfig.bnb_4bit_{a}") for (k, v), a in
+                    zip(q4.items(), ("quant_type", "use_double_quant", "compute_dtype"))})
+    src["load_dtype"] = auto_dtype(cfg, load_dtype, quant)
+    src["attn_implementation"] = auto_attn(cfg, attn_implementation)
+    opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
+    if quant != "none":
+        opts["kbit_recipe"] = "standard"
+        src["kbit_recipe"] = ("standard", "assumed: prepare_model_for_kbit_training, the peft recipe")
+        if not opts["gradient_checkpointing"]:  # prepare_model_for_kbit_training turns it on
+            opts["gradient_checkpointing"] = True
+            src["gradient_checkpointing"] = (True, "prepare_model_for_kbit_training (use_gradient_checkpointing=True)")
+            opts["checkpoint_reentrant"] = True
+            src["checkpoint_reentrant"] = (True, "prepare_model_for_kbit_training passes no use_reentrant: torch's "
+                                                 "default, reentrant")
+    if peft_config is not None:
+        r, names, dropout = read_lora_config(peft_config, info)
+        targets, tnote = targets_for(info, names)
+        opts.update(lora_r=r, lora_targets=targets, lora_dropout=dropout)
+        src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
+                   "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
+        notes += tnote
+    src["seq_len"], src["padded"] = (seq_len, "estimate_from(seq_len=...)"), (padded, "estimate_from(padded=...)")
+    src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")
+    return _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+
+
+def _run(target, opts, src, notes):
+    est = estimate(target, **opts)
+    src["device"] = (opts["device"], "the device argument (whose kernels are predicted)")
+    trainable = src.get("trainable_params", (None,))[0]
+    if trainable is not None and trainable != est.trainable_params:
+        notes.append(f"the model has {trainable:,} trainable parameters now, the estimate counts "
+                     f"{est.trainable_params:,}: check what is frozen")
+    est.notes.extend(notes)
+    est.setup["model"] = src["model"][0]
+    first = [k for k in _ORDER if k in src]
+    est.sources = {k: src[k] for k in first + [k for k in src if k not in first]}
+    return est

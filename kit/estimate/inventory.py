@@ -1,0 +1,194 @@
+"""What a model is made of, for the estimator: its leaves (the modules that own parameters), counted
+on the meta device, and which replay family its blocks follow. Cached per model.
+
+>>> info = info_of("tiny-llama")
+>>> info.family, len([l for l in info.leaves if l.part == "block"]) > 0
+('llama', True)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Leaf:
+    name: str
+    kind: str            # "linear", "embedding", "norm", "other"
+    fin: int
+    fout: int
+    weight: int          # weight elements this module owns (0 when tied to an earlier one)
+    bias: int
+    trainable: bool      # as built (scenario 1 freezes the base)
+    quantizable: bool    # transformers would swap it for a bnb layer
+    part: str            # "embed", "block", "head"
+    short: str           # name inside its block ("self_attn.q_proj"), else the full name
+    tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
+
+
+@dataclass(frozen=True)
+class Info:
+    config: object
+    family: str
+    leaves: tuple
+    buffers_bytes: int
+    vocab_head: bool
+    max_positions: int | None
+    output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
+
+
+class UnsupportedModel(ValueError):
+    """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for)."""
+
+
+# The Llama-style replay reads these; a config without them has blocks of another shape.
+_LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, gemma, phi3, ...)"
+
+
+def family_of(cfg) -> str:
+    """The replay family of a config: its model_type where kit.estimate.replay has a block replay for it
+    ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
+    gemma3_text, "gpt_neox"), "llama" for any other Llama-style decoder, or UnsupportedModel in words."""
+    from kit.estimate.replay import FAMILIES
+
+    mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
+    if mt == "gpt2":
+        return "gpt2"
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
+                               f"{_COVERED}.")
+    experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
+               and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
+    if experts:
+        k, v = next(iter(experts.items()))
+        raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
+                               f"dense blocks only, so it would undercount the experts' activations: measure this "
+                               f"one on a real step with kit.measure.track.Tracker, or pass {_COVERED}.")
+    missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
+    text = getattr(cfg, "text_config", None)
+    if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
+        raise UnsupportedModel(f"{mt} ({cls}) is a multimodal model, and the estimator replays text decoders "
+                               f"only: pass its text_config ({text.model_type}) to estimate the language model "
+                               f"without the vision tower, or measure this one on a real step with "
+                               f"kit.measure.track.Tracker.")
+    if missing:
+        raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
+                               f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
+                               f"measure this one on a real step with kit.measure.track.Tracker.")
+    family = {"gemma3_text": "gemma3"}.get(mt, mt)  # model_type -> its kit.estimate.replay.FAMILIES key
+    return family if family in FAMILIES else "llama"
+
+
+def inventory(model, cfg) -> Info:
+    import torch.nn as nn
+    from transformers import PreTrainedModel
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    vocab_head = getattr(cfg, "kit_vocab_head", False) or hasattr(model, "custom_layer")
+    base, prefix = (model.gpt2, "gpt2.") if vocab_head else (model, "")
+    base_cfg = getattr(base, "config", cfg)
+    family = family_of(base_cfg)
+    what = f"{base_cfg.model_type} ({type(model).__name__})"
+    out = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
+    skip = [prefix + k for k in get_keys_to_not_convert(base)] if hasattr(base, "all_tied_weights_keys") else []
+    seen, leaves, blocks = set(), [], set()
+    for name, mod in model.named_modules():
+        params = list(mod.named_parameters(recurse=False))
+        if not params:
+            continue
+        w = dict(params).get("weight")
+        b = dict(params).get("bias")
+        tied = w is not None and id(w) in seen
+        seen.update(id(p) for _, p in params)
+        linear = isinstance(mod, (nn.Linear, Conv1D))  # bnb's Linear4bit/8bitLt are nn.Linear too
+        # count from the layer's shape: a 4-bit Params4bit's numel() is the packed, halved size
+        fin, fout = (w.shape[0], w.shape[1]) if isinstance(mod, Conv1D) else \
+            (mod.in_features, mod.out_features) if linear else (0, 0)
+        kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
+            "norm" if "norm" in type(mod).__name__.lower() else "other"
+        parts = name.split(".")
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
+        part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
+        if idx is not None:
+            blocks.add(".".join(parts[:idx + 1]))
+        leaves.append(Leaf(
+            name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
+            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
+            linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
+            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
+    if len(blocks) != base_cfg.num_hidden_layers:
+        raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
+                               f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
+                               f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
+    if isinstance(model, PreTrainedModel) and out is None:
+        raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
+                               "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
+                               "model, its config or a config.json path.")
+    head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
+    maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
+    bufs = sum(b.numel() * b.element_size() for b in model.buffers())
+    return Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos, head_name)
+
+
+@lru_cache(maxsize=32)
+def _cached(key: str) -> Info:
+    from kit import models
+
+    return inventory(models.build_model(key, device="meta"), models.get_config(key))
+
+
+_CONFIG_CACHE: dict = {}
+
+
+def _cached_config(key: str, cfg) -> Info:
+    from kit import models
+
+    if key not in _CONFIG_CACHE:
+        if len(_CONFIG_CACHE) > 32:
+            _CONFIG_CACHE.clear()
+        _CONFIG_CACHE[key] = inventory(models.build_model(cfg, device="meta"), cfg)
+    return _CONFIG_CACHE[key]
+
+
+def info_of(model) -> Info:
+    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if isinstance(model, str):
+        return _cached(model)
+    if isinstance(model, PretrainedConfig):
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
+    if hasattr(model, "named_modules"):
+        if not isinstance(getattr(model, "config", None), PretrainedConfig):
+            raise UnsupportedModel(f"a bare {type(model).__name__} has no transformers config, so the estimator "
+                                   "cannot read its architecture: pass a causal LM built by transformers "
+                                   "(AutoModelForCausalLM), its config, a config.json path or a registry name.")
+        return inventory(model, model.config)
+    raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
+                           f"nn.Module, not {type(model).__name__}.")
+
+
+@lru_cache(maxsize=256)
+def lora_matches(names: tuple, targets: tuple) -> tuple:
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    cfg = LoraConfig(target_modules=list(targets))
+    return tuple(n for n in names if check_target_module_exists(cfg, n))
+
+
+def default_targets(info: Info) -> tuple:
+    """peft's default LoRA targets for the architecture; where peft has none (Phi-3, OLMo-2), the
+    attention projections as ``LoraConfig(target_modules=...)`` must name them (kit.estimate.replay.LORA_TARGETS)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
+
+    from kit.estimate.replay import LORA_TARGETS
+
+    return tuple(M.get(info.config.model_type) or LORA_TARGETS.get(info.family, ["q_proj", "v_proj"]))

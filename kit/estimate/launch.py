@@ -1,0 +1,178 @@
+"""Read the YAML (or JSON) file ``accelerate config`` writes into the estimate's multi-GPU keywords.
+
+The fields are accelerate's ``ClusterConfig`` (``accelerate/commands/config/config_args.py``), as
+``accelerate config`` fills them (``commands/config/cluster.py``):
+
+- ``distributed_type``: ``NO`` (one GPU), ``MULTI_GPU`` (DDP), ``FSDP``, ``DEEPSPEED``; ``num_processes``
+  is the number of GPUs over all machines; ``mixed_precision`` ``no``/``fp16``/``bf16``.
+- ``fsdp_config``: ``fsdp_version`` (1 or 2); ``fsdp_reshard_after_forward``: a bool for FSDP2, a sharding
+  strategy for FSDP1 (``FULL_SHARD``, ``SHARD_GRAD_OP``, ``NO_SHARD``, ``HYBRID_SHARD``...; older files name it
+  ``fsdp_sharding_strategy``, also as 1-5); ``fsdp_offload_params``; ``fsdp_activation_checkpointing``.
+- ``deepspeed_config``: ``zero_stage``, ``offload_optimizer_device`` / ``offload_param_device``
+  (``none``, ``cpu``, ``nvme``), ``gradient_accumulation_steps``; or ``deepspeed_config_file``, a
+  DeepSpeed JSON (``zero_optimization.stage``, ``offload_optimizer.device``), read when it exists.
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "fsdp.yaml")
+>>> _ = open(path, "w").write("distributed_type: FSDP\\nnum_processes: 4\\nmixed_precision: bf16\\n"
+...                           "fsdp_config:\\n  fsdp_version: 2\\n  fsdp_reshard_after_forward: true\\n")
+>>> read_accelerate_config(path)
+{'strategy': 'fsdp', 'num_gpus': 4, 'cpu_offload': False, 'precision': 'bf16'}
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from kit.inputs import InputError
+
+# FSDP1's sharding strategies (accelerate's FSDP_SHARDING_STRATEGY, 1-based in old files) -> the kit's
+_FSDP1 = {"FULL_SHARD": "fsdp", "SHARD_GRAD_OP": "fsdp-grad-op", "NO_SHARD": "ddp", "HYBRID_SHARD": "fsdp",
+          "HYBRID_SHARD_ZERO2": "fsdp-grad-op"}
+_FSDP1_NUMBERS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+
+
+def read_accelerate_config(path) -> dict:
+    """The estimate keywords of an accelerate config file: ``strategy``, ``num_gpus``, ``cpu_offload``,
+    and where the file sets them ``precision``, ``grad_accum`` and ``gradient_checkpointing``.
+
+    Raises :class:`kit.inputs.InputError` (named ``accelerate_config``) for a file it cannot read or a
+    launch the kit does not model (TPU, Megatron-LM, a CPU-only launch).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InputError("accelerate_config", f"cannot read {path!r} ({exc.strerror or exc}): pass the file "
+                         "`accelerate config` wrote (default ~/.cache/huggingface/accelerate/default_config.yaml).")
+    cfg = _load(text, path)
+    kind = str(cfg.get("distributed_type", "NO")).upper().replace("DISTRIBUTEDTYPE.", "")
+    n = int(cfg.get("num_processes", 1) or 1)
+    n = max(n, 1)
+    out: dict = {}
+    if cfg.get("use_cpu") or kind == "MULTI_CPU":
+        raise InputError("accelerate_config", f"{path}: a CPU launch (use_cpu / MULTI_CPU) has no GPU to estimate.")
+    if kind == "NO" or (kind == "MULTI_GPU" and n == 1):
+        out.update(strategy="single", num_gpus=1, cpu_offload=False)
+    elif kind in ("MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU"):
+        out.update(strategy="ddp", num_gpus=n, cpu_offload=False)
+    elif kind == "FSDP":
+        out.update(_fsdp(cfg.get("fsdp_config") or {}, n))
+    elif kind == "DEEPSPEED":
+        out.update(_deepspeed(cfg.get("deepspeed_config") or {}, n, os.path.dirname(path)))
+    else:
+        raise InputError("accelerate_config", f"{path}: distributed_type {kind} is not modelled by the kit (it "
+                         "models NO, MULTI_GPU, FSDP and DEEPSPEED).")
+    mp = str(cfg.get("mixed_precision") or "no").lower()
+    if mp in ("fp16", "bf16"):
+        out["precision"] = mp
+    elif mp == "fp8":
+        out["precision"] = "bf16"  # fp8 runs its matmuls in fp8 inside bf16 autocast: bf16 is the closer estimate
+    return out
+
+
+def _load(text: str, path: str) -> dict:
+    try:
+        if path.endswith(".json"):
+            cfg = json.loads(text)
+        else:
+            import yaml
+
+            cfg = yaml.safe_load(text)
+    except Exception as exc:
+        raise InputError("accelerate_config", f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}:"
+                         f" {' '.join(str(exc).split())}")
+    if not isinstance(cfg, dict):
+        raise InputError("accelerate_config", f"{path}: expected the mapping `accelerate config` writes.")
+    return cfg
+
+
+def _fsdp(fc: dict, n: int) -> dict:
+    version = int(fc.get("fsdp_version", 1) or 1)
+    reshard = fc.get("fsdp_reshard_after_forward", fc.get("fsdp_sharding_strategy", True))
+    if version >= 2 and isinstance(reshard, bool):
+        strategy = "fsdp" if reshard else "fsdp-grad-op"
+    else:
+        name = _FSDP1_NUMBERS[int(reshard) - 1] if str(reshard).isdigit() else str(reshard).upper()
+        if isinstance(reshard, bool):
+            name = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+        if name not in _FSDP1:
+            raise InputError("accelerate_config", f"fsdp sharding strategy {reshard!r}: expected one of "
+                             f"{', '.join(_FSDP1)} (or true/false with fsdp_version: 2).")
+        strategy = _FSDP1[name]
+    offload = _yes(fc.get("fsdp_offload_params", False)) and strategy != "ddp"
+    out = dict(strategy=strategy if n > 1 or strategy != "ddp" else "single", num_gpus=n,
+               cpu_offload=offload and strategy == "fsdp")
+    if offload and strategy == "fsdp-grad-op":
+        out["strategy"] = "fsdp"  # offloading needs the parameters resharded: FSDP2's CPUOffloadPolicy does so
+    if _yes(fc.get("fsdp_activation_checkpointing", False)):
+        out["gradient_checkpointing"] = True
+    return out
+
+
+def _deepspeed(dc: dict, n: int, here: str) -> dict:
+    stage, opt_dev, param_dev, accum = dc.get("zero_stage"), dc.get("offload_optimizer_device"), \
+        dc.get("offload_param_device"), dc.get("gradient_accumulation_steps")
+    file = dc.get("deepspeed_config_file")
+    if file:
+        full = file if os.path.isabs(file) else os.path.join(here, file)
+        if os.path.isfile(full):
+            with open(full, encoding="utf-8") as f:
+                ds = json.load(f)
+            zo = ds.get("zero_optimization", {})
+            stage = zo.get("stage", stage)
+            opt_dev = (zo.get("offload_optimizer") or {}).get("device", opt_dev)
+            param_dev = (zo.get("offload_param") or {}).get("device", param_dev)
+            accum = ds.get("gradient_accumulation_steps", accum)
+    stage = int(stage if stage not in (None, "auto") else 2)
+    if stage == 0:
+        out = dict(strategy="ddp" if n > 1 else "single", num_gpus=n, cpu_offload=False)
+    else:
+        off = any(str(d or "none").lower() in ("cpu", "nvme") for d in (opt_dev, param_dev))
+        out = dict(strategy=f"zero{stage}", num_gpus=n, cpu_offload=off)
+    if isinstance(accum, int) and accum > 1:
+        out["grad_accum"] = accum
+    return out
+
+
+def read_training_launch(args) -> tuple[dict, list]:
+    """(estimate keywords, notes) of a ``TrainingArguments``' ``fsdp``/``fsdp_config`` or ``deepspeed``; ``({}, [])``
+    for neither. The GPUs are the launch's ``WORLD_SIZE`` (torchrun and ``accelerate launch`` set it per rank).
+
+    >>> from types import SimpleNamespace as NS
+    >>> read_training_launch(NS(fsdp=True, fsdp_config={"version": 2, "reshard_after_forward": False},
+    ...                         deepspeed=None, world_size=4))[0]
+    {'strategy': 'fsdp-grad-op', 'num_gpus': 4, 'cpu_offload': False}
+    """
+    n = max(int(os.environ.get("WORLD_SIZE") or getattr(args, "world_size", 1) or 1), 1)
+    notes = [] if n > 1 else ["WORLD_SIZE is 1 in this process: the multi-GPU estimate is for one GPU; under "
+                              "torchrun or accelerate launch each rank sees the launch's number of GPUs"]
+    if getattr(args, "fsdp", None):
+        fc = dict(getattr(args, "fsdp_config", None) or {})
+        r = fc.get("reshard_after_forward", True)
+        return _fsdp({"fsdp_version": fc.get("version", 2 if isinstance(r, bool) else 1), "fsdp_reshard_after_forward": r,
+                      "fsdp_offload_params": fc.get("cpu_offload", False)}, n), notes
+    ds = getattr(args, "deepspeed", None)
+    if ds:
+        if not isinstance(ds, dict):
+            with open(ds, encoding="utf-8") as f:
+                ds = json.load(f)
+        zo = ds.get("zero_optimization", {})
+        return _deepspeed({"zero_stage": zo.get("stage", 0), "offload_optimizer_device": (zo.get(
+            "offload_optimizer") or {}).get("device"), "offload_param_device": (zo.get("offload_param") or {}).get(
+            "device")}, n, ""), notes
+    return {}, []
+
+
+def _yes(v) -> bool:
+    return v is True or str(v).strip().lower() in ("true", "yes", "1")
+
+
+def launch_command(path, script: str = "train.py") -> str:
+    """The ``accelerate launch`` line an estimate made from ``path`` describes.
+
+    >>> launch_command("fsdp.yaml")
+    'accelerate launch --config_file fsdp.yaml train.py'
+    """
+    return f"accelerate launch --config_file {os.fspath(path)} {script}"

@@ -1,0 +1,343 @@
+"""Reading a built model for the estimator: its bitsandbytes layers, peft LoRA adapters, dtypes,
+checkpointing, attention and tied weights, and the ``BitsAndBytesConfig`` / ``LoraConfig`` objects
+users write. Each reader returns what it read and where from, and refuses in one sentence what the
+kit does not model. Used by :mod:`kit.estimate.from_objects`.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+
+from kit import inputs as kin
+from kit.estimate.inventory import default_targets, info_of, lora_matches
+
+_DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
+                "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def read_model(model):
+    """(what estimate() is given, options, sources, notes) from a built model."""
+    import torch.nn as nn
+    from transformers import PreTrainedModel
+
+    peft = sys.modules.get("peft")
+    base = model.get_base_model() if peft and isinstance(model, peft.PeftModel) else model
+    if not isinstance(base, nn.Module):
+        raise ValueError(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
+                         "built by transformers.")
+    cfg = getattr(base, "config", None)
+    opts, src, notes = {}, {}, []
+    adapters = _read_adapters(base)
+    quant, qlayers, qsrc = _read_quant(base, cfg)
+    if adapters and not isinstance(base, PreTrainedModel):
+        raise ValueError(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
+                         "causal LM (AutoModelForCausalLM).")
+    if adapters:  # peft's layers hide the Linear modules: estimate from the base config plus the options
+        target = copy.deepcopy(cfg)
+        if hasattr(target, "quantization_config"):
+            del target.quantization_config
+        tied = _tied(base)
+        if tied is not None and tied != bool(getattr(target, "tie_word_embeddings", False)):
+            target.tie_word_embeddings = tied
+        src["model"] = (model_name(model, cfg), f"{type(model).__name__}'s base config (with the options below)")
+    else:  # the module itself: what is trainable and what is tied come from it
+        target = model
+        src["model"] = (model_name(model, cfg), f"the {type(model).__name__} module")
+    info = info_of(target)
+    kit_q = {l.name for l in info.leaves if l.quantizable} if quant != "none" else set()
+    if kit_q != qlayers:
+        odd = sorted(kit_q ^ qlayers)[:3]
+        raise ValueError(f"the model's {quant} layers differ from the ones transformers quantizes by default "
+                         f"(e.g. {', '.join(odd)}; llm_int8_skip_modules?), which the kit does not model.")
+    opts["quantization"], src["quantization"] = quant, (quant, qsrc)
+    load, recipe, dsrc, rsrc = _read_dtypes(base, cfg, quant)
+    opts["load_dtype"], src["load_dtype"] = load, (load, dsrc)
+    if quant != "none":
+        opts["kbit_recipe"], src["kbit_recipe"] = recipe, (recipe, rsrc)
+    if quant == "4bit":
+        q4, q4src = read_4bit(base)
+        opts.update(q4), src.update(q4src)
+    if adapters:
+        r, names, dropout = adapters
+        targets, tnote = targets_for(info, names)
+        notes += tnote
+        opts.update(lora_r=r, lora_targets=targets, lora_dropout=dropout)
+        src.update(lora_r=(r, "the LoRA layers' r"), lora_targets=(targets, "the modules peft wrapped"),
+                   lora_dropout=(dropout, "the LoRA layers' lora_dropout"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in base.parameters() if p.dtype.is_floating_point)
+    src["trainable_params"] = (trainable, "parameters with requires_grad")
+    if not adapters and 0 < trainable < total and not info.vocab_head:
+        notes.append(f"{total - trainable:,} parameters are frozen: their weights, gradients and optimizer state "
+                     "are counted as they are, activations as for a full fine-tune (an upper bound)")
+    ckpt, csrc = _read_ckpt(model)
+    opts["gradient_checkpointing"], src["gradient_checkpointing"] = ckpt, (ckpt, csrc)
+    reentrant, where = read_reentrant(model) if ckpt else (None, None)
+    if reentrant is not None:  # (Trainer's activation_checkpointing turns its own on: see estimate_trainer)
+        opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
+    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    if attn not in ("sdpa", "eager"):
+        raise kin.InputError("attn_implementation", f"config._attn_implementation={attn!r} is not modeled: the "
+                                                    "kit replays 'sdpa' and 'eager'; load the model with one of them.")
+    opts["attn_implementation"], src["attn_implementation"] = attn, (attn, "model.config._attn_implementation")
+    src["tied_weights"] = (_tied(base), "get_output_embeddings().weight is get_input_embeddings().weight")
+    return target, opts, src, notes
+
+
+def _read_adapters(base):
+    """(r, {module names peft wrapped}, lora_dropout) of a model with LoRA layers, or None; refuses the rest."""
+    peft = sys.modules.get("peft")
+    if peft is None:
+        return None
+    import torch.nn as nn
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [(n, m) for n, m in base.named_modules() if isinstance(m, BaseTunerLayer)]
+    if not layers:
+        return None
+    ranks, drops, names = set(), set(), set()
+    for n, m in layers:
+        if not isinstance(m, LoraLayer):
+            raise ValueError(f"{n} is a peft {type(m).__name__} adapter, which the kit does not model: it models LoRA.")
+        if len(m.r) != 1:
+            raise ValueError(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
+                             "the others (delete_adapter) or estimate one setup at a time.")
+        a = next(iter(m.r))
+        if m.use_dora.get(a) or getattr(m, "lora_bias", {}).get(a):
+            raise ValueError(f"{n} uses DoRA or a LoRA bias, which the kit does not model: plain LoRA only.")
+        if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
+            raise ValueError(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
+                             "Linear layers only: leave it out of target_modules.")
+        d = m.lora_dropout[a]
+        ranks.add(m.r[a]), drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0), names.add(n)
+    if len(ranks) > 1 or len(drops) > 1:
+        raise ValueError(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
+                         "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
+    extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
+    if extra:
+        raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(extra[:3])}"
+                         f"{', ...' if len(extra) > 3 else ''}: modules_to_save?), which the kit does not model "
+                         "with LoRA: train the adapters alone.")
+    return ranks.pop(), names, drops.pop()
+
+
+def _read_quant(base, cfg):
+    """("none"|"4bit"|"8bit", {names of the bitsandbytes layers}, where it was read)."""
+    qc = getattr(cfg, "quantization_config", None)
+    if isinstance(qc, dict) and qc.get("quant_method") == "bitsandbytes":
+        from transformers import BitsAndBytesConfig
+
+        qc = BitsAndBytesConfig.from_dict(qc)
+    if qc is not None:
+        read_bnb(qc, "model.config.quantization_config")
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None:
+        return "none", set(), "no bitsandbytes layer in the model"
+    kinds = {}
+    for n, m in base.named_modules():
+        kind = "4bit" if isinstance(m, bnb.nn.Linear4bit) else "8bit" if isinstance(m, bnb.nn.Linear8bitLt) else None
+        if kind:
+            kinds[n.removesuffix(".base_layer")] = kind
+    if not kinds:
+        return "none", set(), "no bitsandbytes layer in the model"
+    if len(set(kinds.values())) > 1:
+        raise ValueError("the model mixes 4-bit and 8-bit bitsandbytes layers, which the kit does not model.")
+    quant = next(iter(kinds.values()))
+    kind_name = "Linear4bit" if quant == "4bit" else "Linear8bitLt"
+    return quant, set(kinds), f"the model's bitsandbytes {kind_name} layers"
+
+
+def _read_dtypes(base, cfg, quant):
+    """(load_dtype, kbit_recipe, where each was read) from the parameters and the config."""
+    from collections import Counter
+
+    floats = Counter()
+    for n, p in base.named_parameters():
+        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n:
+            floats[dtype_name(p.dtype)] += p.numel()
+    if quant == "none":
+        load = floats.most_common(1)[0][0] if floats else "fp32"
+        mixed = f" (most of them; also {', '.join(d for d in floats if d != load)})" if len(floats) > 1 else ""
+        return load, None, f"the model's parameter dtypes{mixed}", None
+    load = dtype_name(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "fp32")
+    where = "model.config.dtype (what from_pretrained loaded)"
+    if load == "fp32" or set(floats) == {"fp32"}:
+        return load, "standard", where, ("the unquantized parameters are fp32: prepare_model_for_kbit_training "
+                                         "upcast them" if load != "fp32" else "the model loaded in fp32")
+    if set(floats) == {load}:
+        return load, "lean", where, f"the unquantized parameters are still {load}: no fp32 upcast"
+    raise ValueError(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
+                     f"load dtype ({load}) or all in fp32 (prepare_model_for_kbit_training).")
+
+
+def _read_ckpt(model):
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers < 4.52
+        GradientCheckpointingLayer = ()
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    on = [m for m in layers if getattr(m, "gradient_checkpointing", False)]
+    if layers and on and len(on) != len(layers):
+        raise ValueError(f"{len(on)} of {len(layers)} blocks are checkpointed (every_n_layers?); the kit models "
+                         "every block or none.")
+    on = bool(on) or any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    return on, f"the model's layers (is_gradient_checkpointing {'on' if on else 'off'})"
+
+
+def _tied(base):
+    try:
+        inp, out = base.get_input_embeddings(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return None if inp is None or out is None else out.weight is inp.weight
+
+
+def read_bnb(qc, name: str) -> str:
+    """"none"|"4bit"|"8bit" from a BitsAndBytesConfig; refuses what the kit does not model."""
+    if qc is None:
+        return "none"
+    if type(qc).__name__ != "BitsAndBytesConfig":
+        raise ValueError(f"{type(qc).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
+                         "(BitsAndBytesConfig).")
+    if getattr(qc, "llm_int8_skip_modules", None) or getattr(qc, "llm_int8_enable_fp32_cpu_offload", False):
+        raise ValueError(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
+                         "quantizes the layers transformers quantizes by default, all on the GPU.")
+    if qc.load_in_4bit:
+        bnb_options(qc, name)  # refuses what is not modeled
+        return "4bit"
+    if qc.load_in_8bit:
+        if getattr(qc, "llm_int8_has_fp16_weight", False):
+            raise ValueError(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
+                             "model: leave it False.")
+        return "8bit"
+    return "none"
+
+
+def bnb_options(qc, name: str = "BitsAndBytesConfig") -> dict:
+    """estimate()'s 4-bit options (quant_type, double_quant, compute_dtype) from a 4-bit BitsAndBytesConfig.
+
+    >>> from transformers import BitsAndBytesConfig
+    >>> bnb_options(BitsAndBytesConfig(load_in_4bit=True))      # its defaults: FP4, no double quant, fp32
+    {'quant_type': 'fp4', 'double_quant': False, 'compute_dtype': 'fp32'}
+    """
+    qt = str(qc.bnb_4bit_quant_type)
+    if qt not in ("nf4", "fp4"):
+        raise kin.InputError("quant_type", f"{name}.bnb_4bit_quant_type={qt!r} is not a bitsandbytes 4-bit type: "
+                                           "pass 'nf4' or 'fp4'.")
+    cd = str(qc.bnb_4bit_compute_dtype)
+    if cd not in _DTYPE_NAMES:
+        raise kin.InputError("compute_dtype", f"{name}.bnb_4bit_compute_dtype={cd} is not modeled: pass "
+                                              "torch.float32, torch.float16 or torch.bfloat16.")
+    return dict(quant_type=qt, double_quant=bool(qc.bnb_4bit_use_double_quant), compute_dtype=_DTYPE_NAMES[cd])
+
+
+def read_4bit(base):
+    """(estimate()'s 4-bit options, where each was read) from a model's Linear4bit layers (their quant_state
+    and compute_dtype); refuses layers that differ. Empty for a model without them."""
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None:
+        return {}, {}
+    seen = set()
+    for m in base.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            qs = getattr(m.weight, "quant_state", None) or getattr(m, "quant_state", None)
+            if qs is None or m.compute_dtype is None:
+                raise ValueError("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
+                                 "built by hand): load the model with from_pretrained(quantization_config=...).")
+            seen.add((qs.quant_type, bool(qs.nested), dtype_name(m.compute_dtype)))
+    if len(seen) > 1:
+        raise ValueError(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
+                         "dtype), which the kit does not model: one BitsAndBytesConfig for all of them.")
+    if not seen:
+        return {}, {}
+    qt, dq, cd = seen.pop()
+    opts = dict(quant_type=qt, double_quant=dq, compute_dtype=cd)
+    where = dict(quant_type="the Linear4bit layers' quant_state.quant_type", double_quant="the Linear4bit "
+                 "layers' quant_state.nested", compute_dtype="the Linear4bit layers' compute_dtype")
+    return opts, {k: (v, where[k]) for k, v in opts.items()}
+
+
+def read_reentrant(model):
+    """(reentrant, where) of the checkpointing the model's layers run now: the keywords of their
+    ``_gradient_checkpointing_func``; torch's ``checkpoint`` runs reentrant when ``use_reentrant`` is not passed
+    (peft's ``prepare_model_for_kbit_training`` passes none). None when no layer is checkpointed."""
+    for m in model.modules():
+        f = getattr(m, "_gradient_checkpointing_func", None)
+        if getattr(m, "gradient_checkpointing", False) is True and f is not None:
+            kw = getattr(f, "keywords", None) or {}
+            if "use_reentrant" in kw:
+                return bool(kw["use_reentrant"]), "the layers' checkpoint function (use_reentrant=" \
+                                                  f"{kw['use_reentrant']})"
+            return True, "the layers' checkpoint function (no use_reentrant: torch's default, reentrant)"
+    return None, None
+
+
+def trainer_reentrant(args, name: str = "TrainingArguments"):
+    """(reentrant, where) of the checkpointing Trainer turns on for ``activation_checkpointing=True``: it passes
+    its ``activation_checkpointing_kwargs`` (less every_n_layers / offload), and none makes transformers 5
+    pass ``use_reentrant=False``."""
+    attr = "activation_checkpointing_kwargs" if getattr(args, "activation_checkpointing_kwargs", None) else \
+        "gradient_checkpointing_kwargs"
+    kw = {k: v for k, v in (getattr(args, attr, None) or {}).items() if k not in ("every_n_layers", "offload")}
+    if not kw:
+        return False, f"{name}.{attr} is empty: transformers passes use_reentrant=False"
+    if "use_reentrant" in kw:
+        return bool(kw["use_reentrant"]), f"{name}.{attr}['use_reentrant']"
+    return True, f"{name}.{attr} has no use_reentrant: torch's default, reentrant"
+
+
+def read_lora_config(lc, info):
+    """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    if not isinstance(lc, LoraConfig):
+        raise ValueError(f"peft_config is a {type(lc).__name__}: the kit models LoRA (a peft LoraConfig).")
+    bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
+                       "trainable_token_indices") if getattr(lc, k, None)]
+    if lc.bias != "none" or bad:
+        raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
+                         "LoRA (one r, bias='none', nothing else trainable).")
+    lc = copy.copy(lc)
+    linear = {l.name for l in info.leaves if l.kind == "linear"}
+    if isinstance(lc.target_modules, str) and lc.target_modules.lower() == kin.ALL_LINEAR:
+        lc.target_modules = linear - {info.output_head}
+    elif lc.target_modules is None:
+        lc.target_modules = set(default_targets(info))
+    found = {l.name: check_target_module_exists(lc, l.name) for l in info.leaves}
+    names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
+    if names - linear:
+        raise ValueError(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
+                         "Linear layer: the kit models LoRA on Linear layers only.")
+    if not names:
+        raise kin.InputError("lora_targets", f"LoraConfig.target_modules={lc.target_modules!r} matches no Linear "
+                                             "module of this model.")
+    return lc.r, names, float(lc.lora_dropout)
+
+
+def targets_for(info, names):
+    """The shortest lora_targets that make estimate() wrap exactly ``names`` (+ a note when blocks differ)."""
+    linear = tuple(l.name for l in info.leaves if l.kind == "linear")
+    if names == set(linear) - {info.output_head}:
+        return kin.ALL_LINEAR, []
+    for key in (lambda n: n.rsplit(".", 1)[-1], lambda n: next(l.short for l in info.leaves if l.name == n)):
+        short = tuple(sorted({key(n) for n in names}))
+        if set(lora_matches(linear, short)) == names:
+            return short, []
+    return tuple(sorted(names)), ["the LoRA targets differ between blocks: adapter weights, grads and state are "
+                                  "exact, activations are replayed as if every block had them"]
+
+
+def dtype_name(d) -> str:
+    name = str(d)
+    if name not in _DTYPE_NAMES and name not in ("fp32", "fp16", "bf16"):
+        raise kin.InputError("load_dtype", f"dtype {name} is not modeled: the kit models fp32, fp16 and bf16 weights.")
+    return _DTYPE_NAMES.get(name, name)
+
+
+def model_name(model, cfg) -> str:
+    if isinstance(model, str):
+        return model
+    return getattr(model, "kit_name", None) or getattr(cfg, "kit_name", None) or \
+        getattr(cfg, "_name_or_path", None) or type(model).__name__

@@ -1,0 +1,155 @@
+"""Reading the training side for the estimator: ``TrainingArguments`` (batch, accumulation, precision,
+optim, checkpointing), the sequence length the data collator really builds, and the dtype and
+attention ``from_pretrained`` would pick. Used by :mod:`kit.estimate.from_objects`.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+from kit import inputs as kin
+from kit.estimate.read_model import dtype_name
+
+# TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
+OPTIMS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw-fused", "adamw_bnb_8bit": "adamw-8bit",
+          "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit", "sgd": "sgd"}
+SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to read the sequence length
+
+
+def read_args(args, name: str = "TrainingArguments"):
+    """(estimate options, sources, notes) from a TrainingArguments; refuses what is not modeled."""
+    refuse = [("torch_compile", "torch.compile (it changes what "
+              "the forward saves)"), ("use_liger_kernel", "Liger kernels (they change the logits and loss)")]
+    for attr, what in refuse:
+        if getattr(args, attr, None):
+            raise ValueError(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
+                             "GPU with the plain Trainer step; estimate without it.")
+    if getattr(args, "label_smoothing_factor", 0):
+        raise ValueError("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
+                         "its own log-softmax over the logits): estimate with 0.")
+    kw = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs",
+                                                                           None) or {}
+    if isinstance(kw, dict) and (kw.get("every_n_layers", 1) != 1 or kw.get("offload")):
+        raise ValueError("activation_checkpointing_kwargs every_n_layers/offload are not modeled: the kit "
+                         "checkpoints every block in GPU memory or none; estimate without them.")
+    optim = str(getattr(args.optim, "value", args.optim))
+    if optim not in OPTIMS:
+        raise kin.InputError("optim", f"TrainingArguments.optim={optim!r} is not modeled by the kit, which models "
+                                      f"{', '.join(OPTIMS)} (sgd with a momentum): choose one of those.")
+    src, notes = {}, []
+    if optim == "sgd":
+        from transformers.trainer_optimizer import _parse_optim_args
+
+        momentum = float(_parse_optim_args(args.optim_args).get("momentum", 0) or 0)
+        if not momentum:
+            raise kin.InputError("optim", "TrainingArguments.optim='sgd' without a momentum keeps no state, and the "
+                                          "kit's sgd counts a momentum buffer: set optim_args='momentum=0.9'.")
+        src["optim_args"] = (f"momentum={momentum:g}", "TrainingArguments.optim_args")
+    prec = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    ckpt = bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
+    opts = dict(batch_size=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
+                precision=prec, optimizer=OPTIMS[optim],
+                args_ckpt=f"{name}.activation_checkpointing" if ckpt else None)
+    src.update(batch_size=(opts["batch_size"], f"{name}.per_device_train_batch_size"),
+               grad_accum=(opts["grad_accum"], f"{name}.gradient_accumulation_steps"),
+               precision=(prec, f"{name}.{prec}=True" if prec != "fp32" else f"{name}: neither fp16 nor bf16"),
+               optimizer=(OPTIMS[optim], f"{name}.optim={optim!r}"))
+    opts.update(eval_batch_size=args.per_device_eval_batch_size, eval_accumulation_steps=args.eval_accumulation_steps)
+    src.update(eval_batch_size=(opts["eval_batch_size"], f"{name}.per_device_eval_batch_size"),
+               eval_accumulation_steps=(opts["eval_accumulation_steps"], f"{name}.eval_accumulation_steps"))
+    from kit.estimate.launch import read_training_launch
+
+    launch, more = read_training_launch(args)   # fsdp / deepspeed: the estimate becomes per GPU (kit.estimate.strategies)
+    opts.update(launch)
+    src.update({k: (v, f"{name}.{'fsdp_config' if getattr(args, 'fsdp', None) else 'deepspeed'}"
+                + (" and WORLD_SIZE" if k == "num_gpus" else "")) for k, v in launch.items()
+                if k in ("strategy", "num_gpus", "cpu_offload")})
+    notes += more
+    if getattr(args, "auto_find_batch_size", False):
+        notes.append("auto_find_batch_size: the Trainer halves the batch after an out-of-memory error; this "
+                     "estimate is for the batch size it starts with")
+    return opts, src, notes
+
+
+def read_eval(trainer):
+    """(options, sources) of Trainer.evaluate(): what it gathers, and over how many rows."""
+    args, ds = trainer.args, trainer.eval_dataset
+    if args.prediction_loss_only or getattr(args, "batch_eval_metrics", False):
+        why = "TrainingArguments.prediction_loss_only" if args.prediction_loss_only else \
+            "TrainingArguments.batch_eval_metrics (metrics per batch, nothing gathered)"
+        gather = "loss"
+    elif trainer.compute_metrics is None:
+        gather, why = "loss", "trainer.compute_metrics is None (evaluate() then keeps the loss only)"
+    elif getattr(trainer, "preprocess_logits_for_metrics", None) is not None:
+        gather, why = "preprocessed", "trainer.preprocess_logits_for_metrics (one id per token assumed, as argmax)"
+    else:
+        gather, why = "logits", "trainer.compute_metrics, with no preprocess_logits_for_metrics"
+    parts = list(ds.values()) if isinstance(ds, dict) else [ds] if ds is not None else []
+    sizes = [len(d) for d in parts if hasattr(d, "__len__")]
+    samples = max(sizes) if sizes else None
+    src = {"eval_gather": (gather, why),
+           "eval_samples": (samples, "len(trainer.eval_dataset)" + (", the largest" if len(sizes) > 1 else "")
+                            if samples else "no eval_dataset with a length")}
+    if gather != "loss" and samples is None and args.eval_accumulation_steps is None:
+        gather = "loss"
+        src["eval_gather"] = (gather, f"{why}; but no eval_dataset length to count the gathered rows: loss only")
+    return {"eval_gather": gather, "eval_samples": samples}, src
+
+
+def read_seq_len(trainer, batch_size: int):
+    """(seq_len, padded, where) from the batches trainer.data_collator builds from the first rows."""
+    import torch
+
+    ds, collate = trainer.train_dataset, trainer.data_collator
+    if ds is None:
+        raise kin.InputError("seq_len", "the Trainer has no train_dataset to read the sequence length from: pass "
+                                        "seq_len=... (the longest batch's length in tokens).")
+    hf = sys.modules.get("datasets")
+    if hf and isinstance(ds, hf.Dataset):
+        part = ds.select(range(min(SAMPLE_ROWS, len(ds))))
+        if hasattr(trainer, "_remove_unused_columns"):  # as Trainer's dataloader does
+            part = trainer._remove_unused_columns(part, description="training")
+        rows = [part[i] for i in range(len(part))]
+    else:
+        if hasattr(trainer, "_get_collator_with_removed_columns"):
+            collate = trainer._get_collator_with_removed_columns(collate, description="training")
+        rows = list(itertools.islice(iter(ds), SAMPLE_ROWS)) if not hasattr(ds, "__getitem__") or \
+            isinstance(ds, torch.utils.data.IterableDataset) else [ds[i] for i in range(min(SAMPLE_ROWS, len(ds)))]
+    if not rows:
+        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+    seq, padded = 0, False
+    for i in range(0, len(rows), batch_size):  # every row is in one: the longest batch holds the longest row
+        out = collate(rows[i:i + batch_size])
+        if "input_ids" not in out:
+            raise kin.InputError("seq_len", "trainer.data_collator's batches have no input_ids: pass seq_len=....")
+        seq = max(seq, int(torch.as_tensor(out["input_ids"]).shape[-1]))
+        mask = out.get("attention_mask")
+        padded = padded or (mask is not None and not bool(torch.as_tensor(mask).bool().all()))
+    return seq, padded, len(rows)
+
+
+def auto_dtype(cfg, load_dtype, quant):
+    if load_dtype is not None:
+        return dtype_name(str(load_dtype)), "estimate_from(load_dtype=...)"
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return ("fp16", "from_pretrained's default with bitsandbytes (transformers 4)") if quant != "none" else \
+            ("fp32", "from_pretrained's default (transformers 4)")
+    d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    if d is None:
+        return "fp32", "the config names no dtype: fp32 assumed (from_pretrained's 'auto' reads the checkpoint)"
+    return dtype_name(d), "the config's dtype (from_pretrained's dtype='auto' in transformers 5)"
+
+
+def auto_attn(cfg, attn):
+    if attn is not None:
+        return attn, "estimate_from(attn_implementation=...)"
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn:
+        return attn, "config._attn_implementation"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)] if type(cfg) in MODEL_FOR_CAUSAL_LM_MAPPING else None
+    sdpa = getattr(cls, "_supports_sdpa", True)
+    return ("sdpa" if sdpa else "eager"), "transformers' default for this model"

@@ -1,0 +1,49 @@
+"""Activations, logits and the backward timeline, replayed op by op from the real forward.
+
+What autograd keeps for backward depends on what each op saves. :func:`replay` walks the
+training forward of a decoder block (one module per family: GPT-2, Llama, Mistral, Qwen2,
+Qwen3, OLMo-2, Phi-3, Gemma-2, Gemma-3, GPT-NeoX), of the head and of the loss, op by op, in
+the order and with the dtypes of transformers' code (``GPT2Block``, ``LlamaDecoderLayer``,
+..., ``ForCausalLMLoss``) and of torch's kernels, and adds up the tensors each op saves, as
+``torch.autograd.graph.saved_tensors_hooks`` counts them: unique storages, parameters
+excluded, and only what the grads that are needed use. Autocast follows the CUDA op lists
+(``linear``/``matmul``/sdpa in half; ``layer_norm``/``softmax``/``pow``/``rsqrt``/
+``cross_entropy`` in fp32). ``device="cpu"`` switches the two kernel choices that differ
+on a CPU (dropout keeps a float mask, not a bool one; sdpa with dropout takes the math
+path), so the tests can check the replay against autograd on tiny CPU twins.
+Korthikanti et al. 2022 count the same way for GELU MLPs without GQA; here GQA, SwiGLU,
+the vocab and the dtypes all come from the config.
+
+>>> s = Setup(family="llama", B=1, S=8, H=64, F=176, nh=4, kvh=2, hd=16, V=1000, L=2)
+>>> replay(s).saved_bytes() > 0
+True
+
+Layout: :mod:`.tape` holds :class:`Setup`, the :class:`~.tape.Tape` and the op rules every
+family shares (linear with quantization and LoRA, the norms (LayerNorm; RMSNorm as Llama,
+OLMo-2 or Gemma apply the weight, over the hidden size or a head for q/k norms), the gated
+and GELU MLPs, dropout, attention (sdpa or eager, soft-capped), rotary embeddings (partial
+too), fused projections as views, autocast casts); :mod:`.core` runs embeddings, blocks
+(one replay per kind: masked or not, with sliding windows), head (final-logit soft-capping)
+and loss and finds the backward peak; one module per family describes its block, and
+:func:`config_shapes` reads what besides the shapes a family's config decides.
+
+Adding a family: write ``kit/replay/<family>.py`` with one function ``block(tp, x)`` that
+replays one decoder layer with the tape's op rules, in the order of the transformers
+class it follows (name that class in the module docstring), and mark it with
+``@around(final_norm=..., positions=..., embd_dropout=..., embed_scale=...)`` for what the
+model does outside its blocks; then add one line to :data:`FAMILIES` (in :mod:`.registry`) (keyed by the config's
+``model_type``: ``kit.estimate.inventory.family_of`` picks ``Setup.family`` from it), and read any
+config field the block needs in :func:`config_shapes`. Reuse the tape's rules; a new kind of
+op goes into :mod:`.tape` (or :mod:`.core`, outside the blocks), not into the family module.
+Check it against autograd and a real Trainer step on a tiny CPU twin
+(``kit/configs/tiny-<family>.json``) as ``tests/test_families.py`` does for every family.
+"""
+from __future__ import annotations
+
+from kit.estimate.replay.core import Moment, Replay, moments, peak_moment, replay
+from kit.estimate.replay.registry import FAMILIES, LORA_TARGETS, config_shapes
+from kit.estimate.replay.setup import BOOL, F32, HALF, I64, Setup, around
+from kit.estimate.replay.tape import Tape
+
+__all__ = ["FAMILIES", "LORA_TARGETS", "Setup", "Tape", "around", "replay", "Replay", "Moment", "moments", "peak_moment",
+           "config_shapes", "F32", "HALF", "BOOL", "I64"]

@@ -1,0 +1,216 @@
+"""One training forward replayed: embeddings, L blocks, head and loss; and its backward peak.
+
+:func:`replay` takes the block function of ``Setup.family`` from :data:`kit.estimate.replay.FAMILIES`
+and runs it once on a :class:`~kit.estimate.replay.tape.Tape` per kind of block (the blocks are alike,
+but for whether their attention gets a mask: see ``Setup.layer_kinds``); the embeddings,
+the final norm, the head and the loss around it are the same for every family, save for
+what the block's :func:`~kit.estimate.replay.setup.around` mark says and the final logits' soft-capping.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.estimate.replay.setup import F32, I64, Setup
+from kit.estimate.replay.tape import Tape
+
+
+@dataclass
+class Replay:
+    """Bytes saved by each part of one training forward, and the temporaries around it."""
+
+    L: int
+    ckpt: bool
+    embed: int          # saved by the embeddings
+    block: int          # saved by one block without checkpointing
+    block_in: int       # one block's input: all checkpointing keeps of a block
+    shared: int         # saved once for all blocks (rotary cos/sin)
+    head: int           # final norm + lm_head: saved inputs
+    head_in: int        # scenario 1: custom_layer's saved input (the base's logits)
+    loss: int           # the loss's log-softmax output and targets
+    logits_live: int    # logits alive at the loss but not saved (model outputs, fp32 copy)
+    cache: int          # autocast's cached weight copies alive in the forward, not saved
+    block_bwd: int      # peak of one block's backward: saved (freed as it goes) + activation grads
+    block_bwd_grads: int  # ... and the block's weight grads made by then
+    hidden: int         # one (B, S, H) hidden-state tensor
+    copies_block: int   # saved autocast weight copies, per block (part of block)
+    copies_head: int    # ... in the final norm + lm_head (part of head)
+    copies_head_in: int  # ... in scenario 1's head (part of head_in)
+    last_logits: int    # the last (B, S, V) logits in their dtype (its grad has this size)
+    ls: int             # the log-softmax output alone
+    block_sum: int = 0  # saved by all L blocks without checkpointing, when they differ (0: L * block)
+    capped: int = 0     # the final logits' soft-capping: tanh's saved (B, S, V) output (Gemma-2)
+    held: int = 0       # per block: 8-bit layers' inputs, kept as ctx attributes till backward ends (kit.estimate.quantization)
+    held_dup: int = 0   # ... of which also saved by another op (one storage, but for a checkpoint's recompute)
+    reentrant: bool = False  # reentrant checkpointing (Setup.reentrant): see peak_moment
+    head_grad: int | None = None  # the last linear's input grad (None: one hidden state, lm_head's)
+
+    @property
+    def copies_saved(self) -> int:
+        """Saved autocast weight copies (part of :meth:`saved_bytes`)."""
+        return (0 if self.ckpt else self.L * self.copies_block) + self.copies_head + self.copies_head_in
+
+    @property
+    def logits_saved(self) -> int:
+        """Saved bytes that are logits or loss: scenario 1's head input, soft-capping, log-softmax, targets."""
+        return self.head_in + self.loss + self.capped
+
+    def blocks(self) -> int:
+        return (self.L * self.block_in if self.ckpt else (self.block_sum or self.L * self.block)) + self.kept()
+
+    def kept(self) -> int:
+        """The 8-bit layers' inputs of all blocks: alive from the forward till backward ends, through
+        non-reentrant checkpointing (a reentrant one runs the forward without a graph: none kept)."""
+        return 0 if self.ckpt and self.reentrant else self.L * self.held
+
+    def activation_bytes(self) -> int:
+        """Saved bytes that are neither logits/loss nor autocast weight copies."""
+        return self.saved_bytes() - self.logits_saved - self.copies_saved + self.copies_head_in
+
+    def logits_bytes(self) -> int:
+        """Logits and loss at the loss: saved (log-softmax, scenario 1's head input) and alive."""
+        return self.logits_saved - self.copies_head_in + self.logits_live
+
+    def saved_bytes(self) -> int:
+        """All bytes saved for backward when the forward ends (what the hooks count)."""
+        return self.embed + self.blocks() + self.shared + self.head + self.logits_saved
+
+
+def replay(st: Setup) -> Replay:
+    """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.estimate.replay`)."""
+    from kit.estimate.replay.registry import FAMILIES  # (the registry imports the family modules, which import this one's tape)
+
+    block_fn = FAMILIES[st.family]
+    T, H, V = st.T, st.H, st.V
+    tp = Tape(st)
+    rg = st.base_trainable or st.input_grad or bool(st.lora)  # (LoRA: as from layer 1 on)
+    if st.base_trainable:
+        tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
+        if block_fn.positions:
+            tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
+    x = tp.new(T * H, st.w_other, rg)
+    x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
+    x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
+    embed = tp.total()
+    kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads) per kind of block
+    held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
+    for masked, layers in st.layer_kinds().items():
+        tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
+        tp.masked = masked
+        y = block_fn(tp, x)
+        kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0))))
+        held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
+    block, _, copies_block, bwd, bwd_grads = max(kinds)  # the moments take the biggest block
+    block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
+    cache = st.L * (tp.copies if st.ckpt else tp.cache)
+    shared = tp.shared * st.rope_sets if y.rg else 0
+    if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
+        shared += st.kept_masks(x.dt)
+    tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
+    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
+    logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
+    capped = 0
+    if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
+        capped = logits.n * logits.dt if logits.rg else 0
+        logits = tp.new(logits.n, logits.dt, logits.rg)
+    head, head_in, live = tp.total(), 0, logits.n * logits.dt
+    copies_head, copies_head_in = tp.copies_saved(), 0
+    if st.head:  # scenario 1: custom_layer(logits), one linear or a chain; the user's CrossEntropyLoss
+        tp.saved, tp.wsaved = {}, set()
+        fin = V
+        for name, fout in st.head:
+            ins = logits  # the last one's input: its grad is made in the head's backward where it requires one
+            logits = tp.linear(logits, fin, fout, name, trainable=st.head_trainable, w=st.head_w, quant="none")
+            fin = fout
+        head_in, live = tp.total(), logits.n * logits.dt
+        copies_head_in = tp.copies_saved()
+    cache += tp.cache
+    # ForCausalLMLoss upcasts (logits.float()); the user's loss gets fp32 only from autocast.
+    ls_dt = F32 if (st.ac or not st.head) else logits.dt
+    ls = logits.n * ls_dt
+    live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
+    if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
+        embed = block = block_sum = shared = 0
+    return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
+                  ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
+                  logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
+                  (ins.n * ins.dt if ins.rg else 0) if st.head else None)
+
+
+@dataclass
+class Moment:
+    """Memory at one moment of forward/backward, beyond weights and optimizer state."""
+
+    where: str
+    activations: int
+    logits: int
+    copies: int         # autocast's half copies of weights (saved or cached)
+    gradients: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.logits + self.copies + self.gradients + self.temporaries
+
+
+def peak_moment(rp: Replay, **kw) -> Moment:
+    """The largest moment of forward + backward: the largest of :func:`moments`."""
+    return max(moments(rp, **kw), key=lambda m: m.total)
+
+
+def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
+            wtemp_block: int, wtemp_head: int, grads_before: int = 0, head_half: int = 0,
+            tied: int = 0) -> list:
+    """Every moment of forward + backward that can be the largest, in time order.
+
+    Backward walks the parts in reverse: the loss and head first, then block L ... 1, then
+    the embeddings. At each part, what the earlier parts saved is still held, the later
+    parts' grads are built, and the part holds its own saved tensors (recomputed, with
+    checkpointing), its new grads and its temporaries. ``wtemp_*`` are a part's largest
+    per-weight backward temporaries (autocast half grads, dequantization).
+
+    ``grads_before``: the grads alive from earlier micro-batches (gradient accumulation).
+    Then every grad already exists, and autograd's AccumulateGrad adds each new one in place
+    (``grad += new``): a new grad lives only until it is added, so the ``grads_*`` of this
+    backward are temporaries of one weight at a time (pass them in ``wtemp_*``), not a
+    growing sum.
+
+    ``head_half``: the autocast half copy of the head weight whose grad is being made. Its
+    matmul's backward frees it before the half grad is cast up to the weight's dtype, so it
+    is not alive beside the two grads (``wtemp_head``).
+
+    ``tied``: a trainable weight shared by the embeddings and the head (GPT-2's wte). The head's grad
+    of it waits in autograd's input buffer until the embedding's is made; the two are then summed out
+    of place (the head's arrives as a transposed view, which the engine does not add into), so the
+    embeddings' backward holds the new grad and the sum beside it.
+    """
+    acc = bool(grads_before)
+    if acc:
+        grads_block = grads_head = 0
+    cb = 0 if rp.ckpt else rp.L * rp.copies_block
+    copies = cb + rp.copies_head + rp.copies_head_in
+    acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
+    kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
+    moments = [
+        Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
+        # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
+        Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
+        # the last linear: its saved input, the logits' grad, its weight grads and temporaries
+        Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies - min(copies, head_half),
+               grads_before + grads_head, wtemp_head + (rp.hidden if rp.head_grad is None else rp.head_grad)),
+    ]
+    keep = rp.kept()  # 8-bit inputs: no part of backward frees them (reentrant: a block's, in its own backward)
+    # reentrant checkpointing runs each block's backward as its own: the recomputed output stays alive through
+    # it (torch.utils.checkpoint.CheckpointFunction.backward's ``outputs``), as do its 8-bit inputs
+    own = rp.held - rp.held_dup + rp.hidden if rp.ckpt and rp.reentrant else 0
+    each = rp.block_in if rp.ckpt else rp.block
+    for i in (rp.L, 1):
+        c = rp.copies_block * (1 if rp.ckpt else i)
+        before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
+        held = rp.embed + rp.shared + before + rp.block - c + keep + own
+        grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
+        moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
+                              rp.block_bwd - rp.block + wtemp_block))
+    moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
+                          grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
+                          rp.hidden + (grads_embed + tied if acc else 2 * tied)))
+    return moments

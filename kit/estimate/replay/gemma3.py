@@ -1,0 +1,18 @@
+"""Gemma-3 (text): ``transformers.models.gemma3.modeling_gemma3.Gemma3DecoderLayer`` (and
+``Gemma3TextModel``, ``Gemma3ForCausalLM``).
+
+The Gemma-2 block (:func:`kit.estimate.replay.gemma2.layer`) with ``q_norm``/``k_norm`` (Gemma
+RMSNorms over each head's hd, before the rotary embeddings) and without attention
+soft-capping (so sdpa runs). Sliding and full layers each get their own rotary cos/sin
+(``Setup.rope_sets``) and mask; final-logit soft-capping when the config sets it.
+"""
+from __future__ import annotations
+
+from kit.estimate.replay import gemma2
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+@around(final_norm="rms_norm_offset", embed_scale=True)
+def block(tp: Tape, x):
+    return gemma2.layer(tp, x, qk_norm=True)

@@ -1,0 +1,35 @@
+"""Llama: ``transformers.models.llama.modeling_llama.LlamaDecoderLayer`` (and ``LlamaModel``).
+
+Pre-RMSNorm; separate q/k/v projections with grouped-query attention; rotary embeddings
+(cos/sin shared by all layers); SwiGLU MLP; the eager softmax in fp32; ``norm`` before the
+head. ``MistralDecoderLayer`` and ``Qwen2DecoderLayer`` are this block op for op (Qwen2's
+q/k/v biases save nothing more; their sliding windows only decide which layers get a mask,
+``Setup.layer_kinds``), and an architecture with no replay of its own is estimated this way.
+"""
+from __future__ import annotations
+
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+def layer(tp: Tape, x, qk_norm: bool = False):
+    """One Llama-style decoder layer; ``qk_norm``: Qwen-3's RMSNorm of each head of q and k
+    (``q_norm``/``k_norm`` over hd, before the rotary embeddings)."""
+    st, H = tp.st, tp.st.H
+    h = tp.rms_norm(x, st.base_trainable)
+    q = tp.linear(h, H, st.nh * st.hd, "self_attn.q_proj")
+    if qk_norm:
+        q = tp.rms_norm(q, st.base_trainable, st.hd)
+    k = tp.linear(h, H, st.kvh * st.hd, "self_attn.k_proj")
+    if qk_norm:
+        k = tp.rms_norm(k, st.base_trainable, st.hd)
+    v = tp.linear(h, H, st.kvh * st.hd, "self_attn.v_proj")
+    q, k = tp.rope(q, k, x)  # cos/sin in the embeddings' dtype (fp32 under autocast)
+    o = tp.attention(q, k, v, st.nh * st.hd, repeat_kv=True, softmax_fp32=True)
+    x = tp.binary(tp.linear(o, st.nh * st.hd, H, "self_attn.o_proj"), x)
+    return tp.binary(tp.gated_mlp(tp.rms_norm(x, st.base_trainable)), x)
+
+
+@around(final_norm="rms_norm")
+def block(tp: Tape, x):
+    return layer(tp, x)

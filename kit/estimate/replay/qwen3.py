@@ -1,0 +1,17 @@
+"""Qwen-3: ``transformers.models.qwen3.modeling_qwen3.Qwen3DecoderLayer`` (and ``Qwen3Model``).
+
+The Llama block (:func:`kit.estimate.replay.llama.layer`) with ``q_norm``/``k_norm``: an RMSNorm
+over each head's hd of q and of k, after their projections and before the rotary
+embeddings. Each keeps its fp32 input, rsqrt's output and (for its weight's grad) the
+normalized q or k.
+"""
+from __future__ import annotations
+
+from kit.estimate.replay import llama
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+@around(final_norm="rms_norm")
+def block(tp: Tape, x):
+    return llama.layer(tp, x, qk_norm=True)

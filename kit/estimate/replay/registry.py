@@ -1,0 +1,48 @@
+"""The registry of families: which block replay each config's ``model_type`` takes, the LoRA targets of the
+families peft has no default for, and what besides the shapes a family's config decides. Adding a family is
+one module beside this one and one line in :data:`FAMILIES`."""
+from __future__ import annotations
+
+from kit.estimate.replay import gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3
+
+# Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay.
+# Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other
+# Llama-style architecture that has no replay of its own.
+FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "qwen2": llama.block,
+            "qwen3": qwen3.block, "olmo2": olmo2.block, "phi3": phi3.block, "gemma2": gemma2.block,
+            "gemma3": gemma3.block, "gpt_neox": gpt_neox.block}
+# LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
+# the fused qkv projection (Phi-3), q and v (OLMo-2, as peft's default for Llama).
+LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj")}
+
+
+def config_shapes(cfg, family: str, hd: int) -> dict:
+    """The :class:`Setup` fields a config decides besides the shapes (all defaults for Llama).
+
+    Partial rotary (``partial_rotary_factor``); sliding-window layers (``layer_types``, or a
+    ``sliding_window`` on every layer as Mistral and Phi-3 use it); Gemma's soft-capping
+    (attention scores: Gemma-2 only, Gemma-3 does not pass it; final logits: both) and
+    Gemma-3's cos/sin per layer type; residual and embedding dropout (Phi-3, GPT-NeoX);
+    GPT-NeoX's parallel residual.
+    """
+    out = {}
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0
+    if factor < 1:
+        out["rotary"] = int(hd * factor)
+    window, types = getattr(cfg, "sliding_window", None), getattr(cfg, "layer_types", None)
+    if window:
+        out["window"] = window
+        out["sliding"] = sum(t == "sliding_attention" for t in types) if types else cfg.num_hidden_layers
+    if family == "gemma3" and types:
+        out["rope_sets"] = len(set(types))
+    if family == "gemma2":
+        out["attn_cap"] = bool(getattr(cfg, "attn_logit_softcapping", None))
+    if family in ("gemma2", "gemma3"):
+        out["logit_cap"] = bool(getattr(cfg, "final_logit_softcapping", None))
+    if family == "phi3":
+        out["p_resid"] = getattr(cfg, "resid_pdrop", 0.0)
+    if family == "gpt_neox":
+        out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout", 0.0)
+        out["parallel"] = bool(getattr(cfg, "use_parallel_residual", True))
+    return out

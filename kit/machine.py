@@ -1,0 +1,65 @@
+"""What this machine is: its GPU (name, memory, compute capability), RAM and cores.
+
+The identity of the hardware, not a reading over time (those are :mod:`kit.measure.device`'s). It sits
+with the foundations so that the prediction can resolve ``device="this"`` and choose a 16-bit dtype
+without importing the measuring side. torch and psutil are imported on first use.
+
+>>> hardware()["ram_total_bytes"] > 0
+True
+"""
+from __future__ import annotations
+
+import os
+
+
+def has_cuda() -> bool:
+    """True when a CUDA GPU is usable by torch in this process."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """``"cuda"`` when a GPU is there, else ``"cpu"``: the kit's default device."""
+    return "cuda" if has_cuda() else "cpu"
+
+
+def compute_capability() -> tuple[int, int] | None:
+    """This GPU's CUDA compute capability, e.g. ``(7, 5)`` on a T4; None without a GPU."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if has_cuda() else None
+
+
+def hardware() -> dict:
+    """What this runtime has: GPU name and memory, RAM, CPU cores.
+
+    >>> sorted(hardware())
+    ['cpu_cores', 'gpu_name', 'gpu_total_bytes', 'ram_available_bytes', 'ram_total_bytes']
+    """
+    import psutil
+    import torch
+
+    info = {
+        "gpu_name": None,
+        "gpu_total_bytes": None,
+        "ram_total_bytes": psutil.virtual_memory().total,
+        "ram_available_bytes": psutil.virtual_memory().available,
+        "cpu_cores": os.cpu_count(),
+    }
+    if has_cuda():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info["gpu_name"] = props.name
+        info["gpu_total_bytes"] = props.total_memory
+    return info
+
+
+def gpu_bytes_for_torch() -> int | None:
+    """What torch can have of this GPU now: the driver's free memory plus what this torch already
+    reserved (the CUDA context and other processes keep the rest). None without a GPU."""
+    if not has_cuda():
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved()

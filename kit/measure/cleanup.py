@@ -1,0 +1,194 @@
+"""Free a finished run: the Trainer, the optimizer, the gradients, and the errors that hold frames.
+
+>>> from kit import leaks
+>>> base = leaks.take_baseline()                 # before the run
+>>> release(trainer, namespace=globals())        # doctest: +SKIP
+>>> print(leaks.check_returned(base))            # doctest: +ELLIPSIS
+Memory returned. ...
+
+Proving that the memory came back is :mod:`kit.measure.leaks`'s; surviving an out-of-memory error
+is :mod:`kit.measure.oom`'s.
+
+**Why a namespace.** A function cannot delete its caller's variables, and while a call
+runs the caller still holds its arguments. So ``release`` empties the heavy parts *in
+place* (the Trainer's model, optimizer and accelerator lists, the optimizer's state,
+the gradients, and with ``free_model=True`` the weights themselves, moved to the
+``meta`` device), and then deletes every name bound to a released object from the
+``namespace`` you pass: ``globals()`` in a notebook. Inside a function, rebind instead:
+``trainer = release(trainer)`` (it returns None).
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import sys
+import traceback
+import types
+
+import torch
+
+from kit.measure import device
+
+
+# -- release --------------------------------------------------------------------------
+def forget_exceptions() -> int:
+    """Drop stored exceptions and the frames their tracebacks keep alive; returns how many.
+
+    Python keeps the last uncaught error in ``sys.last_traceback`` (and ``last_value``,
+    ``last_type``, ``last_exc``); IPython keeps it in ``last_execution_result`` too. Each
+    traceback holds the frames of the failed call, with every tensor they referenced.
+    """
+    n = 0
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        obj = getattr(sys, name, None)
+        if obj is not None:
+            if isinstance(obj, BaseException):
+                scrub(obj)
+            elif isinstance(obj, types.TracebackType):
+                traceback.clear_frames(obj)
+            n += 1
+        if hasattr(sys, name):
+            delattr(sys, name)
+    ip = _ipython()
+    res = getattr(ip, "last_execution_result", None) if ip else None
+    for attr in ("error_in_exec", "error_before_exec"):
+        if getattr(res, attr, None) is not None:
+            scrub(getattr(res, attr))
+            setattr(res, attr, None)
+            n += 1
+    tb_holder = getattr(ip, "InteractiveTB", None)
+    if getattr(tb_holder, "tb", None) is not None:  # ultratb keeps the last traceback for %debug
+        tb_holder.tb = None
+        n += 1
+    return n
+
+
+def scrub(exc: BaseException) -> None:
+    """Clear the frames of an exception's traceback, its cause and context included."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # skips frames still running
+            exc.__traceback__ = None
+        nxt = exc.__cause__ or exc.__context__
+        exc.__cause__ = exc.__context__ = None
+        exc = nxt
+
+
+def _ipython():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+_HEAVY = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.utils.data.DataLoader)
+
+
+def _strip(obj, names=()) -> None:
+    """Set attributes holding modules, optimizers, schedulers, tensors or data loaders to None."""
+    for k, v in list(getattr(obj, "__dict__", {}).items()):
+        if k in names or isinstance(v, _HEAVY) or type(v).__name__.endswith(("Scheduler", "LR")):
+            setattr(obj, k, None)
+
+
+def _clear_optimizer(opt) -> None:
+    for o in (opt, getattr(opt, "optimizer", None)):   # accelerate's AcceleratedOptimizer wraps one
+        if isinstance(o, torch.optim.Optimizer):
+            o.state.clear()                            # Adam's moments: 2x the trainable weights
+            for g in o.param_groups:
+                g["params"] = []                       # else the optimizer keeps the weights alive
+
+
+def _free_weights(model) -> None:
+    """Move a model's weights to the meta device, so no leftover reference can hold them."""
+    try:
+        model.to("meta")
+    except Exception:  # quantized layers may refuse .to(); empty their storage instead
+        for t in list(model.parameters()) + list(model.buffers()):
+            try:
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            except Exception:
+                pass
+
+
+def release(trainer=None, model=None, optimizer=None, *, free_model: bool = False,
+            namespace: dict | None = None) -> None:
+    """Free a finished run: Trainer, accelerator references, optimizer, gradients, stored errors.
+
+    - ``trainer``: its model, optimizer, scheduler, data loaders and callback handler's
+      references are dropped, and ``trainer.accelerator.free_memory()`` empties the
+      accelerator's lists. The Trainer cannot train again afterwards.
+    - ``optimizer``: its state and parameter lists are emptied.
+    - ``model``: its gradients are dropped; with ``free_model=True`` (also for the
+      Trainer's model) its weights are moved to the meta device. Do not do that to a
+      base model you will reuse (scenario 2 reuses one across folds).
+    - ``namespace``: every name in it bound to the trainer, the optimizer or a freed model
+      is deleted; pass ``globals()`` in a notebook. IPython's output cache (``Out``, ``_``)
+      is cleaned of them in any case.
+
+    Then stored exceptions are dropped (:func:`forget_exceptions`), ``gc.collect()`` runs,
+    the CUDA cache is emptied and the C heap is trimmed. Returns None:
+    ``trainer = release(trainer)``.
+
+    >>> release(trainer, namespace=globals())          # doctest: +SKIP
+    """
+    models = [m for m in (model, getattr(trainer, "model", None), getattr(trainer, "model_wrapped", None))
+              if isinstance(m, torch.nn.Module)]
+    optimizers = [o for o in (optimizer, getattr(trainer, "optimizer", None)) if o is not None]
+    forget = [o for o in (trainer, optimizer) if o is not None] + (models if free_model else [])
+    if trainer is not None:
+        acc = getattr(trainer, "accelerator", None)
+        if acc is not None and hasattr(acc, "free_memory"):
+            # Empties the accelerator's _models/_optimizers/_schedulers/_dataloaders (and a
+            # DeepSpeed engine). Its own gc.collect() runs before it empties them, so ours
+            # below is still needed.
+            acc.free_memory()
+        del acc
+        _strip(getattr(trainer, "callback_handler", None), ("train_dataloader", "eval_dataloader"))
+        _strip(trainer, ("model", "model_wrapped", "optimizer", "lr_scheduler", "deepspeed"))
+    for o in optimizers:
+        _clear_optimizer(o)
+    for m in models:
+        m.zero_grad(set_to_none=True)
+        if free_model:
+            _free_weights(m)
+    _forget_names(forget, namespace)
+    del trainer, model, optimizer, models, optimizers, forget
+    forget_exceptions()
+    gc.collect()
+    device.empty_cache()
+    malloc_trim()
+
+
+def _forget_names(objs: list, namespace: dict | None) -> None:
+    ids = {id(o) for o in objs}
+
+    def drop(ns: dict, only=None) -> None:
+        for k in [k for k, v in ns.items() if id(v) in ids and (only is None or re.fullmatch(only, str(k)))]:
+            del ns[k]
+
+    if namespace is not None:
+        drop(namespace)
+    ip = _ipython()
+    if ip is not None:      # IPython's output cache: Out[n], _n, _, __, ___ (what %xdel cleans)
+        if isinstance(ip.user_ns.get("Out"), dict):
+            drop(ip.user_ns["Out"])
+        drop(ip.user_ns, r"_+|_\d+")
+        for name in ("_", "__", "___"):
+            if id(getattr(ip.displayhook, name, None)) in ids:
+                setattr(ip.displayhook, name, None)
+        res = getattr(ip, "last_execution_result", None)
+        if id(getattr(res, "result", None)) in ids:
+            res.result = None
+
+
+def malloc_trim() -> None:
+    # glibc keeps freed heap pages; malloc_trim gives them back, so RSS (Colab's RAM gauge) drops.
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,106 @@
+"""A tracker on disk: ``Tracker.to_csv`` / ``Tracker.load`` (JSON and CSV), one row per reading.
+
+>>> t = Tracker()                                             # doctest: +SKIP
+>>> t.to_csv("run.csv"); Tracker.load("run.csv")              # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from kit.measure.device import Snapshot
+from kit.measure.records import STAGE_FIELDS, Sample, StageRecord
+
+_SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes"]
+
+
+def write_csv(t, path: str | Path) -> None:
+    """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
+    devs = sorted({d for r in t.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes or {}}
+                  | {d for s in t.samples for d in s.snap.live_tensor_bytes or {}})
+    rows = []
+    for r in t.records:
+        base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth}
+        rows.append({"kind": "stage_start", **base, "has_live": r.start.live_tensor_bytes is not None,
+                     **_flat(r.start, devs)})
+        if r.end is not None:
+            peaks = {f"stage_{k}": getattr(r, k) for k in STAGE_FIELDS}
+            peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
+            rows.append({"kind": "stage_end", **base, "has_live": r.end.live_tensor_bytes is not None,
+                         **_flat(r.end, devs), **peaks})
+    for s in t.samples:
+        rows.append({"kind": "sample", "stage": s.stage, "stage_index": s.stage_index, "step": s.step,
+                     "event": s.event, "has_live": s.has_live, "cost_s": s.cost_s, **_flat(s.snap, devs)})
+    rows.sort(key=lambda row: row["time"])
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def load(t, path: Path):
+    """Fill the empty tracker ``t`` from a file written by ``Tracker.to_json`` or ``Tracker.to_csv``."""
+    if path.suffix == ".json":
+        d = json.loads(path.read_text())
+        if d.get("kit") != "track":
+            raise ValueError(f"{path} is not a kit tracker file (no 'kit': 'track' field)")
+        t.device, t.reading = d["device"], d["reading"]
+        t.records = [StageRecord.from_dict(r) for r in d["stages"]]
+        t.samples = [Sample.from_dict(s) for s in d["samples"]]
+    elif path.suffix == ".csv":
+        _load_csv(t, path)
+    else:
+        raise ValueError(f"Tracker.load reads .json or .csv files, not {path.name!r}")
+    for r in t.records:
+        t._counts[r.name] = max(t._counts.get(r.name, 0), r.index + 1)
+    if t.records and t.records[0].on_cuda:
+        t.device, t.reading = "cuda", "cuda_allocated"
+    return t
+
+
+def _flat(snap: Snapshot, devs: list[str]) -> dict:
+    d = {k: getattr(snap, k) for k in _SNAP_FIELDS}
+    d.update({f"live_{dev}_bytes": (snap.live_tensor_bytes or {}).get(dev) for dev in devs})
+    return d
+
+
+def _parse(key: str, v: str):
+    if v == "":
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    if key.endswith("_bytes") or key in ("stage_index", "order", "depth", "step"):
+        return int(v)
+    if key in ("time", "cost_s"):
+        return float(v)
+    return v
+
+
+def _load_csv(t, path: Path) -> None:
+    with open(path, newline="") as f:
+        rows = [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    open_recs: dict[int, StageRecord] = {}
+    for row in rows:
+        snap = Snapshot(**{k: row.get(k) for k in _SNAP_FIELDS})
+        if row["has_live"]:
+            snap.live_tensor_bytes = {k[5:-6]: v for k, v in row.items()
+                                      if k.startswith("live_") and k.endswith("_bytes") and v is not None}
+        if row["kind"] == "sample":
+            t.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
+                                    bool(row["has_live"]), row["cost_s"] or 0.0))
+        elif row["kind"] == "stage_start":
+            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap, depth=row["depth"])
+        else:
+            r = open_recs.pop(row["order"])
+            r.end = snap
+            for k in STAGE_FIELDS:
+                setattr(r, k, row.get(f"stage_{k}"))
+            r.reset_peak, r.live_peak_exact, r.peak_note = bool(r.reset_peak), bool(r.live_peak_exact), r.peak_note or ""
+            r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
+                                 if k.startswith("stage_live_peak_") and k.endswith("_bytes") and v is not None}
+            t.records.append(r)
+    t.records += list(open_recs.values())
+    t.records.sort(key=lambda r: r.order)

@@ -1,0 +1,169 @@
+"""Exact tensor bytes on the CPU: the peak of a run (:class:`TensorPeak`) and what autograd saves.
+
+A CPU has no ``torch.cuda.max_memory_allocated``; these are its stand-ins, so that a CPU run
+can be compared with the estimate. They read no device counter (``kit.measure.device`` does that).
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+
+
+class TensorPeak:
+    """Exact peak of tensor bytes on the CPU, where PyTorch keeps no allocator statistics.
+
+    ``torch.cuda.max_memory_allocated`` has no CPU twin, and a gc walk cannot see the
+    activations autograd saves. Inside ``with TensorPeak() as p:`` a
+    ``TorchDispatchMode`` sees every tensor an op creates, forward, backward and
+    optimizer step alike; a ``weakref.finalize`` on each storage sees it freed. Tensors
+    alive at entry are counted too (one gc walk), so ``p.peak_bytes`` is the most tensor
+    memory that was alive at once, comparable to CUDA's peak allocated. It costs some
+    Python per op: fine for the kit's short, measured runs, not for long training.
+
+    ``limit_bytes``: a memory cap. The moment an op's outputs take the live tensor bytes over it,
+    the op raises ``torch.OutOfMemoryError`` ("kit memory cap: live tensors would reach X, over the
+    cap of Y"), as CUDA's allocator would on a device of that size: the CPU's simulated small GPU.
+    The failed op's outputs are dropped, so ``peak_bytes`` stays under the cap, as CUDA's max
+    allocated never counts a failed allocation. Tensors alive at entry count towards it; ``hits``
+    counts the errors raised.
+
+    >>> with TensorPeak() as p:
+    ...     x = torch.ones(1024, dtype=torch.uint8); y = x + 1; del y
+    >>> p.peak_bytes - p.start_bytes
+    2048
+    >>> with TensorPeak(limit_bytes=p.current_bytes + 1536) as p:   # doctest: +ELLIPSIS
+    ...     y = x + 1; z = x + 2
+    Traceback (most recent call last):
+    torch.OutOfMemoryError: kit memory cap: live tensors would reach ..., over the cap of ... (aten.add.Tensor)
+    >>> p.hits, p.peak_bytes - p.start_bytes       # y was counted; z, over the cap, never was
+    (1, 1024)
+    """
+
+    def __init__(self, device: str = "cpu", limit_bytes: int | None = None):
+        if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int)
+                                        or limit_bytes <= 0):
+            raise ValueError(f"limit_bytes must be a positive whole number of bytes or None, not {limit_bytes!r}.")
+        self.device, self.limit_bytes = device, limit_bytes
+        self.start_bytes = self.current_bytes = self.peak_bytes = self.hits = 0
+        self._sizes: dict[int, int] = {}     # id(storage) -> bytes counted for it
+        self._mode = self._would = None
+        self._armed = False                  # the cap holds from the first op on, not for what was alive at entry
+
+    def _add(self, storage) -> None:
+        # Seen again after an op: a storage can grow in place (``out=`` into an empty tensor, resize_).
+        key, n = id(storage), storage.nbytes()
+        old = self._sizes.get(key)
+        if old is None:
+            weakref.finalize(storage, self._free, key)
+            old = 0
+        if n != old:
+            self._sizes[key] = n
+            self.current_bytes += n - old
+            if self._armed and self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+                self._would = self.current_bytes     # raised once the op's outputs are all counted
+            else:
+                self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    def _over(self, would: int, op) -> None:
+        # No tensor in this frame: the traceback keeps its frames (and their locals) alive.
+        from kit.units import fmt_bytes
+
+        self.hits += 1
+        raise torch.OutOfMemoryError(f"kit memory cap: live tensors would reach {fmt_bytes(would)}, "
+                                     f"over the cap of {fmt_bytes(self.limit_bytes)} ({op})")
+
+    def _free(self, key: int) -> None:
+        self.current_bytes -= self._sizes.pop(key, 0)
+
+    def _track(self, t) -> None:
+        inner = getattr(t, "__tensor_flatten__", None)
+        if inner is not None and issubclass(type(t), torch.Tensor):
+            # A wrapper subclass (DTensor: FSDP2's sharded parameters, their grads and optimizer state) has no
+            # storage of its own (its storage() reports the global size with no data): count the tensors inside.
+            for name in inner()[0]:
+                self._track(getattr(t, name))
+            return
+        if issubclass(type(t), torch.Tensor) and str(t.device) == self.device and not t.is_sparse:
+            try:
+                storage = t.untyped_storage()
+            except Exception:  # tensor subclasses without a plain storage (bnb's quantized state)
+                return
+            self._add(storage)
+
+    def __enter__(self) -> "TensorPeak":
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_map
+
+        for obj in gc.get_objects():
+            if issubclass(type(obj), torch.Tensor) and not obj.is_meta:
+                self._track(obj)
+        self.start_bytes = self.current_bytes
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tree_map(tracker._track, out)
+                if tracker._would is not None:     # over the cap: the outputs are dropped, as never allocated
+                    would, tracker._would = tracker._would, None
+                    del out
+                    tracker._over(would, func)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        # FSDP2 frees and re-allocates its unsharded parameters with ``untyped_storage().resize_``, which
+        # runs outside the dispatcher: count a storage's new size when a tensor seen before is resized
+        resize = self._resize = torch.UntypedStorage.resize_
+
+        def counted_resize(storage, nbytes):
+            out = resize(storage, nbytes)
+            if tracker._mode is not None and id(storage) in tracker._sizes:
+                tracker._add(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = counted_resize
+        self._armed = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._armed = False
+        torch.UntypedStorage.resize_ = self._resize
+        self._mode.__exit__(*exc)
+        self._mode = None
+
+
+def saved_tensor_bytes(model, batch: dict) -> int:
+    """Bytes autograd saves for backward in one forward of ``model(**batch)``: unique storages, weights excluded.
+
+    Counted with ``torch.autograd.graph.saved_tensors_hooks``, so it is what the forward
+    really keeps, for any architecture; the estimator's activation replay is checked
+    against it.
+
+    >>> saved_tensor_bytes(torch.nn.Linear(8, 8), {"input": torch.ones(4, 8)})   # its input, for the weight's grad
+    128
+    """
+    params = {p.untyped_storage().data_ptr() for p in getattr(model, "parameters", lambda: [])()}
+    seen, held = {}, []
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        held.append(t)   # alive till the count ends, so that no freed storage's address is counted twice
+        # The graph keeps nothing: a saved output kept by its own graph is a reference cycle through
+        # C++, which Python's gc cannot see, so the graph, its activations and the model would leak.
+        return None
+
+    def unpack(_):
+        raise RuntimeError("saved_tensor_bytes only counts what a forward saves; that forward cannot run backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = model(**batch)
+    del out
+    held.clear()
+    return sum(seen.values())
+
+

@@ -1,0 +1,166 @@
+"""Scenario 2: k-fold QLoRA cross-validation. The second-fold OOM, found and fixed.
+
+- :func:`run_broken_loop` (in :mod:`.s2_user_loop`): the user's loop. A fresh ``from_pretrained``
+  every fold while the old Trainer still holds fold 1's model, so two models are alive while
+  fold 2 loads; and a ``free_gpu_cache()`` whose ``del trainer`` frees nothing.
+- :func:`show_advice_reset`: the advice's LoRA reset, run and checked. It resets nothing.
+- :func:`run_fixed_loop`: the base loaded and wrapped once, the adapter restored to
+  its saved init and *verified* at each fold start, a new Trainer (so a fresh
+  optimizer) per fold, memory released and checked against the baseline, and each
+  fold's metrics appended to a results file as soon as the fold ends (a rerun resumes).
+- :func:`run_scenario2`: all three, shaped like summary.json's ``"scenario2"``.
+
+Byte figures are the best reading here (``kit.measure.device.best_reading()``): CUDA
+allocated on a GPU, live-tensor bytes on a CPU.
+
+>>> s2 = run_scenario2("tiny-llama", folds=3, steps_per_fold=2)       # doctest: +SKIP
+>>> s2["advice_reset_changed_nothing"]                                  # doctest: +SKIP
+True
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.measure import cleanup, leaks, oom
+from kit import runtime
+from kit import inputs as kin
+from kit.measure.track import Tracker
+from kit.scenarios.cross_validation.folds import append_result, fold_data, read_results, run_key, set_aside
+from kit.scenarios.cross_validation.lora_reset import (advice_reset, adapter_state, restore_adapter,
+    save_adapter_init, states_equal, verify_adapter_reset)
+from kit.scenarios.cross_validation.training import DEFAULTS, count_live_models  # noqa: F401 (callers read them here)
+from kit.scenarios.cross_validation.training import (fold_count, fold_record, notify_fold, loop_params, fold_trainer,
+    load_for_training)
+from kit.scenarios.cross_validation.user_loop import free_gpu_cache, run_broken_loop  # noqa: F401 (the notebook reads them as cv.*)
+
+
+def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/advice", **settings) -> dict:
+    """Train fold 1, run the advice's reset, and compare the adapter before and after.
+
+    Returns ``changed_nothing`` (fold 2 would start from fold 1's trained adapter:
+    ``torch.equal`` over every adapter tensor), ``fold1_changed_adapter`` (training did
+    move it, so the comparison means something) and ``check``, the verdict of
+    :func:`~kit.scenarios.cross_validation.lora_reset.verify_adapter_reset` (``check["ok"]`` is False).
+
+    >>> show_advice_reset("tiny-llama")["changed_nothing"]      # doctest: +SKIP
+    True
+    """
+    p = loop_params(**settings)
+    _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
+    model = load_for_training(model_name, p)
+    init = save_adapter_init(model)
+    trainer = fold_trainer(model, *splits[0], collate, p, output_dir, 1, Tracker())
+    trainer.train()
+    trainer = cleanup.release(trainer)
+    end_of_fold1 = adapter_state(model)
+    advice_reset(model)  # the advice's reset, at the start of fold 2
+    start_of_fold2 = adapter_state(model)
+    check = verify_adapter_reset(model, init)
+    out = {"changed_nothing": states_equal(start_of_fold2, end_of_fold1),
+           "fold1_changed_adapter": not states_equal(end_of_fold1, init),
+           "tensors_compared": len(end_of_fold1), "check": check.to_dict()}
+    del model, init, end_of_fold1, start_of_fold2
+    cleanup.release()
+    return out
+
+
+def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir, tracker, on_fold_end,
+                 done: dict, path: Path, key: str, tolerance: float):
+    """The fixed loop body. Runs inside kit.measure.oom.oom_safe."""
+    baseline = leaks.take_baseline()
+    state["baseline_bytes"] = baseline.snapshot.best_bytes
+    for fold, (train_ds, eval_ds) in enumerate(splits, 1):
+        state["fold"] = fold
+        if fold in done:
+            state["folds"].append({**done[fold], "resumed": True})
+            continue
+        # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
+        with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
+            restore_adapter(model, init)
+            check = verify_adapter_reset(model, init)
+            if not check.ok:  # training on would contaminate the score: stop, loudly
+                raise RuntimeError(f"fold {fold}: {check.text()}")
+            trainer = fold_trainer(model, train_ds, eval_ds, collate, p, output_dir, fold, tracker)
+            train_loss = trainer.train().training_loss
+            eval_loss = trainer.evaluate()["eval_loss"]
+            trainer = cleanup.release(trainer)  # optimizer, gradients, data loaders; the base stays
+        back = abs(stage.end_bytes - state["baseline_bytes"]) <= tolerance * state["baseline_bytes"]
+        if not back:  # name what holds the excess (a slow walk, so only when it is needed)
+            print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
+                                         raise_on_leak=False).text(), flush=True)
+        rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back,
+                           baseline_bytes=state["baseline_bytes"], eval_loss=eval_loss, train_loss=train_loss,
+                           run_key=key)
+        append_result(path, rec)  # on disk before anything else can fail
+        state["folds"].append(rec)
+        state["trained"].append(fold)
+        notify_fold("fixed", state["folds"], on_fold_end)
+
+
+@runtime.once_per_run()
+def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir="cv-runs/fixed",
+                   results_path=None, resume: bool = True, tolerance: float = 0.01,
+                   tracker=None, on_fold_end=None, **settings) -> dict:
+    """The fixed loop. Returns ``{"folds", "baseline_bytes", "results_path", "trained_folds", "oom_at_fold"}``.
+
+    The base model is loaded and wrapped with peft once; at each fold start the adapter
+    is restored to its saved init and verified; each fold gets a new Trainer and is
+    released with ``kit.measure.cleanup.release``. Each fold record has ``start_bytes``,
+    ``peak_bytes``, ``end_bytes``, ``adapter_reset_ok``, ``back_at_baseline`` (within
+    ``tolerance`` of the memory before fold 1), ``eval_loss`` and ``train_loss``, and is
+    appended to ``results_path`` (default ``output_dir/cv_results.jsonl``) as soon as the
+    fold ends. With ``resume=True`` folds already in that file are not trained again; a file
+    of other settings, or with an unreadable line, is refused in words and left as it is.
+    With ``resume=False`` an existing file is moved aside (``cv_results.before-N.jsonl``),
+    never deleted, and the run starts a new one.
+
+    >>> fixed = run_fixed_loop("tiny-llama", folds=5)            # doctest: +SKIP
+    >>> [f["adapter_reset_ok"] for f in fixed["folds"]]           # doctest: +SKIP
+    [True, True, True, True, True]
+    """
+    p, folds = loop_params(**settings), fold_count(folds)
+    resume, tolerance = kin.flag("resume", resume), kin.fraction("tolerance", tolerance)
+    tracker = tracker if tracker is not None else Tracker()
+    path = Path(results_path or Path(output_dir) / "cv_results.jsonl")
+    key = run_key(model_name, {"folds": folds, **p})
+    done = read_results(path, key, folds) if resume else {}
+    if not resume and (aside := set_aside(path)) is not None:
+        print(f"resume=False: the earlier folds in {path} are kept in {aside}; this run starts a new file.",
+              flush=True)
+    _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
+    model = init = None
+    if len(done) < len(splits):
+        model = load_for_training(model_name, p)  # once, outside the loop: 4-bit, the k-bit recipe, LoRA
+        init = save_adapter_init(model)
+    state = {"fold": 0, "folds": [], "trained": [], "baseline_bytes": None}
+    try:
+        result = oom.oom_safe(_fixed_folds, state, model, init, splits, collate, p, output_dir, tracker,
+                                  on_fold_end, done, path, key, tolerance, setup={"model": model_name, **p})
+    finally:  # on any error too: the finished folds are on disk, the base model goes
+        del model, init
+        cleanup.release()
+    if result.oom:
+        print(f"OUT OF MEMORY at fold {state['fold']}; the folds before it are kept in {path}", flush=True)
+    return {"folds": state["folds"], "baseline_bytes": state["baseline_bytes"], "results_path": str(path),
+            "trained_folds": state["trained"], "oom_at_fold": state["fold"] if result.oom else None}
+
+
+def run_scenario2(model_name: str = "tiny-llama", *, folds: int = 5, broken_folds: int = 3,
+                  output_dir="cv-runs", tracker=None, **settings) -> dict:
+    """Broken loop, advice reset and fixed loop, shaped like summary.json's ``"scenario2"``.
+
+    >>> s2 = run_scenario2("tiny-llama", folds=3, steps_per_fold=2)   # doctest: +SKIP
+    """
+    out = Path(output_dir)
+    broken = run_broken_loop(model_name, folds=broken_folds, output_dir=out / "broken", tracker=tracker, **settings)
+    advice = show_advice_reset(model_name, output_dir=out / "advice", **settings)
+    fixed = run_fixed_loop(model_name, folds=folds, output_dir=out / "fixed", resume=False, tracker=tracker,
+                           **settings)
+    keep = ("start_bytes", "peak_bytes", "end_bytes")
+    extra = ("load_peak_bytes", "loaded_bytes", "models_alive_after_load", "train_peak_bytes",
+             "models_alive_in_training", "oom", "oom_during")
+    return {"broken": {"folds": [{k: f[k] for k in keep + extra if k in f} for f in broken["folds"]],
+                       "oom_at_fold": broken["oom_at_fold"]},
+            "fixed": {"folds": [{**{k: f[k] for k in keep}, "adapter_reset_ok": f["adapter_reset_ok"]}
+                                for f in fixed["folds"]]},
+            "advice_reset_changed_nothing": bool(advice["changed_nothing"] and advice["fold1_changed_adapter"])}

@@ -1,0 +1,183 @@
+"""Scenario 2, the user's fold loop: where the second model comes from, and when.
+
+:func:`user_fold_loop` is the loop of the write-up, short enough to read in a notebook
+(``inspect.getsource``). Every fold loads a fresh 4-bit model while ``trainer`` still holds
+fold 1's Trainer, with fold 1's model and optimizer state. So the doubling happens while
+fold 2 *loads*: two models are alive until the line ``trainer = make_trainer(...)`` lets go
+of the old Trainer. ``free_gpu_cache()`` frees nothing at all.
+
+:func:`run_broken_loop` runs it OOM-safe, with the kit's readings around its two halves
+(:class:`FoldWatch`): per fold, the memory before the load, the peak while loading and the
+models alive after it; the peak while training and the models alive then; the end.
+
+>>> broken = run_broken_loop("tiny-llama", folds=2)                  # doctest: +SKIP
+>>> broken["folds"][1]["models_alive_after_load"], broken["folds"][1]["models_alive_in_training"]  # doctest: +SKIP
+(2, 1)
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+
+from transformers import TrainerCallback
+
+from kit.measure import cleanup, oom
+from kit import runtime
+from kit.measure import device as kdevice
+from kit.measure.track import Tracker
+from kit.units import fmt_bytes
+from kit.scenarios.cross_validation.folds import fold_data
+from kit.scenarios.cross_validation.training import fold_count, loop_params, fold_trainer, count_live_models, load_for_training
+
+
+def free_gpu_cache() -> None:
+    """The user's cleanup helper, as the advice wrote it. It frees nothing.
+
+    ``del trainer`` makes ``trainer`` a *local* name of this function, so it raises
+    ``UnboundLocalError`` (a ``NameError``), which is swallowed. The caller's
+    ``trainer``, which holds the model, the optimizer and the data, lives on.
+    """
+    try:
+        del trainer  # noqa: F821 (the bug, on purpose)
+    except NameError:
+        pass
+    gc.collect()
+    kdevice.empty_cache()  # torch.cuda.empty_cache(), through the kit's one CUDA module
+
+
+def user_fold_loop(splits, load_model, make_trainer, watch) -> None:
+    """The user's loop (``SFTTrainer`` written as ``Trainer``), with the kit's ``watch`` around its halves."""
+    trainer = None
+    for fold, (training_data, test_data) in enumerate(splits, 1):
+        with watch("load", fold):
+            model = load_model()  # from_pretrained in 4 bits + LoRA, every fold; `trainer` still holds the last one
+        with watch("train", fold):
+            trainer = make_trainer(model, training_data, test_data)  # only now is the old Trainer let go
+            trainer.train()
+            free_gpu_cache()  # frees nothing: see its source above
+
+
+class _CountAtTrainBegin(TrainerCallback):
+    """Counts the models in memory when ``train()`` begins (after the old Trainer was let go)."""
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.record["models_alive_in_training"] = count_live_models()
+
+
+class FoldWatch:
+    """The kit's readings around the two halves of each fold of :func:`user_fold_loop`.
+
+    A fold record holds ``start_bytes`` (before the load: what fold 1 left), ``load_peak_bytes``,
+    ``loaded_bytes`` and ``models_alive_after_load``; then ``train_peak_bytes``,
+    ``models_alive_in_training`` and ``end_bytes``; ``peak_bytes`` is the fold's highest.
+    Models are counted as they sit in memory: nothing is collected first (``free_gpu_cache``
+    collected at the end of the last fold), so a model only garbage waits for counts too.
+    """
+
+    def __init__(self, tracker: Tracker, on_fold_end=None):
+        self.tracker, self.on_fold_end = tracker, on_fold_end
+        self.folds: list[dict] = []
+        self.current: dict = {}
+
+    @contextmanager
+    def __call__(self, half: str, fold: int):
+        if half == "load":
+            self.current = {"fold": fold}
+        rec = self.current
+        try:
+            with self.tracker.stage(f"broken: {half}", reset_peak=True, collect=False, tensor_peak=True) as stage:
+                yield
+        except BaseException:
+            rec.update(self._readings(half, stage), oom_during=half)
+            raise
+        finally:
+            if half == "load" and "oom_during" not in rec:
+                rec.update(self._readings(half, stage), models_alive_after_load=count_live_models())
+        if half == "train":
+            rec.update(self._readings(half, stage))
+            self._close(rec)
+
+    def make_trainer(self, *args, **kwargs):
+        """The kit's Trainer for a fold, with a callback that counts the models when training begins."""
+        return fold_trainer(*args, **kwargs, callbacks=[_CountAtTrainBegin(self.current)])
+
+    @staticmethod
+    def _readings(half: str, stage) -> dict:
+        if half == "load":
+            return {"start_bytes": stage.start_bytes, "load_peak_bytes": stage.peak_bytes,
+                    "loaded_bytes": stage.end_bytes}
+        return {"train_peak_bytes": stage.peak_bytes, "end_bytes": stage.end_bytes}
+
+    def _close(self, rec: dict) -> None:
+        peaks = [rec.get(k) for k in ("load_peak_bytes", "train_peak_bytes") if rec.get(k) is not None]
+        rec["peak_bytes"] = max(peaks) if peaks else None
+        rec.setdefault("end_bytes", rec.get("loaded_bytes"))
+        self.folds.append(rec)
+        print(fold_line(rec), flush=True)
+        if self.on_fold_end is not None:
+            self.on_fold_end(list(self.folds))
+
+    def close_failed(self) -> None:
+        """Record the fold an out-of-memory error cut short (``oom=True``), once."""
+        if self.current and self.current not in self.folds:
+            self.current["oom"] = True
+            self._close(self.current)
+
+
+def fold_line(rec: dict) -> str:
+    """One fold of the user's loop, read aloud in a line (MEASURED).
+
+    >>> print(fold_line({"fold": 2, "start_bytes": 2**20, "load_peak_bytes": 3 * 2**20, "models_alive_after_load": 2,
+    ...                  "train_peak_bytes": 2**21, "models_alive_in_training": 1, "end_bytes": 2**20}))
+    fold 2: loading 1.00 MiB -> 3.00 MiB peak (2 models alive); training peak 2.00 MiB (1 model alive); end 1.00 MiB
+    """
+    def b(key):
+        return fmt_bytes(rec[key]) if rec.get(key) is not None else "not read"
+
+    def alive(key):
+        n = rec.get(key)
+        return "models not counted" if n is None else f"{n} model{'' if n == 1 else 's'} alive"
+
+    line = f"fold {rec['fold']}: loading {b('start_bytes')} -> {b('load_peak_bytes')} peak ({alive('models_alive_after_load')})"
+    if rec.get("oom_during") == "load":
+        return line + "; OUT OF MEMORY while loading"
+    line += f"; training peak {b('train_peak_bytes')} ({alive('models_alive_in_training')})"
+    return line + ("; OUT OF MEMORY while training" if rec.get("oom") else f"; end {b('end_bytes')}")
+
+
+@runtime.once_per_run()  # the MODEL line once, not once per fold
+def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_dir="cv-runs/broken",
+                    tracker=None, on_fold_end=None, **settings) -> dict:
+    """The user's loop, tracked per fold, OOM-safe: ``{"folds": [...], "oom_at_fold": int|None}``.
+
+    Each fold record is :class:`FoldWatch`'s. An out-of-memory error is caught
+    (``kit.measure.oom.oom_safe``), its fold recorded with ``oom=True`` and ``oom_during`` ("load" or
+    "train"), and the memory freed. ``on_fold_end(folds)`` gets the fold records so far, to
+    redraw a chart. ``settings``: batch_size, seq_len, steps_per_fold, lora_r, lora_targets,
+    quantization, max_samples, seed (see ``s2_training.DEFAULTS``).
+
+    >>> broken = run_broken_loop("tiny-llama", folds=2)        # doctest: +SKIP
+    >>> broken["folds"][1]["models_alive_after_load"]            # doctest: +SKIP
+    2
+    """
+    p, folds = loop_params(**settings), fold_count(folds)
+    tracker = tracker if tracker is not None else Tracker()
+    _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
+    watch = FoldWatch(tracker, on_fold_end)
+    gc.collect()  # an earlier run's garbage must not be counted as this loop's
+
+    def make_trainer(model, train_ds, eval_ds):
+        return watch.make_trainer(model, train_ds, eval_ds, collate, p, output_dir, watch.current["fold"], tracker)
+
+    result = oom.oom_safe(user_fold_loop, splits, lambda: load_for_training(model_name, p), make_trainer, watch,
+                          setup={"model": model_name, **p})
+    cleanup.release()  # the loop's models die with its frame; collect them and empty the CUDA cache
+    if result.oom:
+        fold = watch.current.get("fold")
+        print(f"OUT OF MEMORY at fold {fold}, while {'loading' if watch.current.get('oom_during') == 'load' else 'training'}"
+              f": {result.error}", flush=True)
+        watch.close_failed()
+    return {"folds": watch.folds, "oom_at_fold": watch.current.get("fold") if result.oom else None}

@@ -1,0 +1,211 @@
+"""Notebook-facing helpers of scenario 1 (``notebooks/01_distilgpt2_custom_head.ipynb``).
+
+The logic is in :mod:`kit.scenarios.custom_head.scenario`; this module only wraps its runs in a live
+stage plot and reads its records aloud, so that each notebook cell stays short. The helpers
+every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'s.
+
+- :func:`breakdown_figure`: the original's estimate as a stacked bar (nothing measured).
+- :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.
+- :func:`advisor_text`: what the fit advisor (:mod:`kit.advise`) finds for the user's setup, unaided.
+- :func:`live_fix` / :func:`live_original`: a run with the live stage plot.
+- :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
+- :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
+- :func:`stage_table`: a run's stages in the columns the lesson reads. The exercises and the checks of the
+  learner's answers are :mod:`.s1_exercises`' (imported here, so that the notebook reads them as ``nb.*``).
+
+>>> print(fixes_at_real_size())                       # doctest: +SKIP
+>>> record, tracker = live_fix("a", "smoke")          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from kit.measure import device as kdevice
+from kit import machine
+from kit import dtypes
+from kit import plot
+from kit.plot.live import LivePlot
+from kit.presets import PRESETS, verdict
+from kit.measure.track import Tracker
+from kit.units import fmt_bytes, wrapped
+from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import runs as s1_runs
+from kit.scenarios.custom_head.exercises import (culprit_check, fits_answer_text, largest_rank, rank_check,
+    toy_model, twin_rank)  # noqa: F401
+
+
+def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
+    """The prediction's components stacked in one bar, against the preset's GPU memory (an estimate:
+    nothing is measured, so nothing is drawn as "not run").
+
+    >>> fig = breakdown_figure(s1.predict_original("real"))
+    """
+    p = PRESETS[preset]
+    return plot.breakdown(pred.estimate.components(), p.gpu_bytes, device_label=p.label.split(" (")[0],
+                          title=f"ESTIMATED peak of a training step: {pred.name}")
+
+
+@wrapped
+def fixes_at_real_size(preset: str = "colab-t4") -> str:
+    """The original and the three fixes at real size (the Colab recipe: fp16 or bf16 on a GPU), ESTIMATED.
+
+    >>> "custom_layer" in fixes_at_real_size() or "(a)" in fixes_at_real_size()
+    True
+    """
+    pred, dtype = s1.predict_original("real"), dtypes.for_preset(preset)[0]  # fix (c) in the preset's 16 bits
+    rows = [("the user's setup", pred.estimate)] + [
+        (s1.fix_setup(w, "real", dtype=dtype)["name"], s1.estimate_fix(w, "real", dtype=dtype)) for w in s1.FIXES]
+    w = max(len(name) for name, _ in rows) + 2
+    lines = [f"ESTIMATED at real size, against {PRESETS[preset].label}:",
+             f"  {'setup':<{w}}{'trainable':>15}{'GPU peak':>12}{'CPU build':>12}  verdict"]
+    for name, est in rows:
+        fits = "fits" if verdict(est, preset).fits else "DOES NOT FIT"
+        lines.append(f"  {name:<{w}}{est.trainable_params:>15,}{fmt_bytes(est.peak_bytes):>12}"
+                     f"{fmt_bytes(est.cpu_build_bytes):>12}  {fits}")
+    refused = s1.fix_setup("c", "real", dtype=dtype).get("refused")
+    if refused:
+        est8 = s1.estimate_fix("c", "real", dtype=dtype, optimizer="adamw-8bit")
+        lines.append(f"  (c) with 8-bit AdamW, had bitsandbytes allowed it: GPU peak {fmt_bytes(est8.peak_bytes)}, "
+                     f"{'fits' if verdict(est8, preset).fits else 'DOES NOT FIT'}.")
+        lines.append(f"  Why not: {refused}")
+    return "\n".join(lines)
+
+
+@wrapped
+def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
+    """The fit advisor on the user's setup at real size: its ``top`` cheapest changes, ESTIMATED.
+
+    >>> "custom_layer" in advisor_text()
+    True
+    """
+    from kit.advise import advise
+
+    return "ESTIMATED by the fit advisor (python -m kit fit), for the user's setup at real size:\n" + \
+        advise({"model": s1.NAMES["real"], **s1.USER}, preset).text(top=top)
+
+
+def _live(title: str) -> Tracker:
+    tracker = Tracker()
+    LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})"))
+    return tracker
+
+
+def live_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None,
+             rank: int | None = None):
+    """:func:`kit.scenarios.custom_head.runs.run_fix` with the live stage plot. Returns ``(record, tracker)``.
+
+    After an out-of-memory error (caught and freed) ``record`` has ``oom=True``, ``error`` and no
+    measured peak.
+
+    >>> record, tracker = live_fix("b", "smoke")      # doctest: +SKIP
+    """
+    tracker = _live(f"Fix ({which}): MEASURED per stage")
+    return s1_runs.run_fix(which, size, steps=steps, grad_accum=grad_accum, tracker=tracker, rank=rank)  # OOM-safe
+
+
+def live_original(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """:func:`kit.scenarios.custom_head.runs.run_original_safely` with the live stage plot.
+
+    >>> record, tracker = live_original("smoke")      # doctest: +SKIP
+    """
+    return s1_runs.run_original_safely(size, steps=steps, grad_accum=grad_accum,
+                                       tracker=_live("The user's setup, OOM-safe: MEASURED per stage"))
+
+
+@wrapped
+def record_text(record: dict) -> str:
+    """A run's ESTIMATED peak (the setup as it ran here) against its MEASURED peak, read aloud.
+
+    >>> print(record_text({"name": "x", "estimate_peak_bytes": 2**20, "measured_peak_bytes": None,
+    ...                    "reading": "live_tensor_bytes", "note": "Not run."}))   # doctest: +NORMALIZE_WHITESPACE
+    x
+      ESTIMATED peak, as run here: 1.00 MiB
+      MEASURED peak (live_tensor_bytes): not run. Not run.
+    """
+    est, meas = record["estimate_peak_bytes"], record["measured_peak_bytes"]
+    lines = [record.get("name", "the user's setup"), f"  ESTIMATED peak, as run here: {fmt_bytes(est)}"]
+    if meas is None:
+        why = record.get("refused") or record.get("note") or ""
+        if record.get("oom"):
+            why = f"OUT OF MEMORY, caught by the kit and freed: {record.get('error')}"
+        lines.append(f"  MEASURED peak ({record['reading']}): not run. {why}".rstrip())
+        return "\n".join(lines)
+    lines.append(f"  MEASURED peak ({record['reading']}): {fmt_bytes(meas)}, {meas / est:.2f}x the estimate")
+    if record["reading"] == "live_tensor_bytes":
+        lines.append("  (on a CPU the peak is the tensor bytes counted op by op by kit.measure.tensor_peak.TensorPeak, "
+                     "activations included: the CPU's stand-in for CUDA's max allocated)")
+    returned = {True: "yes", False: "NO", None: "not checked"}[record.get("returned")]
+    lines.append(f"  memory back at the baseline after cleanup: {returned}")
+    if record.get("note"):
+        lines.append(f"  note: {record['note']}")
+    return "\n".join(lines)
+
+
+def record_figure(record: dict):
+    """Predicted (the estimate's components, as run) against measured, for a :func:`live_fix` record.
+
+    >>> fig = record_figure(live_fix("a", "smoke")[0])      # doctest: +SKIP
+    """
+    est = s1.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
+    return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], PRESETS["colab-t4"].gpu_bytes,
+                                      title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})",
+                                      device_label="Colab T4")
+
+
+@wrapped
+def summary_table(original: dict, fixes: list) -> str:
+    """Every measured run of the notebook in one table: ESTIMATED (as run) against MEASURED peak.
+
+    >>> print(summary_table({"estimate_peak_bytes": 2**30, "measured_peak_bytes": None, "oom": True,
+    ...                      "reading": "cuda_allocated"}, []))      # doctest: +NORMALIZE_WHITESPACE
+    run                           estimated      measured  meas/est  (cuda_allocated)
+    the user's setup, OOM-safe     1.00 GiB out of memory
+    """
+    runs = [dict(original, name="the user's setup, OOM-safe")] + list(fixes)
+    w = max(len(r["name"]) for r in runs) + 2
+    lines = [f"{'run':<{w}}{'estimated':>11}{'measured':>14}{'meas/est':>10}  ({original['reading']})"]
+    for r in runs:
+        m = r["measured_peak_bytes"]
+        shown = fmt_bytes(m) if m is not None else ("out of memory" if r.get("oom") else "not run")
+        ratio = f"{m / r['estimate_peak_bytes']:.2f}" if m is not None else ""
+        lines.append(f"{r['name']:<{w}}{fmt_bytes(r['estimate_peak_bytes']):>11}{shown:>14}{ratio:>10}")
+    return "\n".join(lines)
+
+
+@wrapped
+def original_at_real_size(size: str | None = None) -> str:
+    """What running the user's real-size setup here would do, without starting it when it cannot fit.
+
+    On a CPU, exhausting RAM kills the kernel instead of raising, so the kit refuses; on a GPU the
+    OOM-safe wrapper would catch the error, but in smoke mode the notebook does not spend the time.
+
+    >>> original_at_real_size("smoke").startswith(("Refused", "Not started"))
+    True
+    """
+    if (size or s1.runtime.mode()) == "real":
+        return "The run above was the user's setup at real size."
+    est = s1.predict_original("real").estimate
+    if not machine.has_cuda():
+        problem = s1_runs._ram_problem(s1.estimate_user(s1.NAMES["real"], precision="fp32", device="cpu",
+                                                    grad_accum=s1_runs.grad_accum_for(None)))
+        if problem:
+            return f"Refused at real size on this machine. {problem}"
+    return ("Not started at real size in smoke mode (ESTIMATED GPU peak "
+            f"{fmt_bytes(est.peak_bytes)}); set KIT_SMOKE=0 on a GPU to run it OOM-safe.")
+
+
+def stage_table(tracker) -> str:
+    """The stages of a run, MEASURED, in the columns the lesson reads: memory after each stage, what the
+    stage added, and its peak where it was read exactly ("-" where only a lower bound was seen: on a CPU
+    only the training is watched op by op). ``tracker.summary()`` has every column.
+
+    >>> print(stage_table(Tracker()))
+    no stages recorded
+    """
+    done = [r for r in tracker.records if r.end is not None]
+    if not done:
+        return "no stages recorded"
+    lines = [f"MEASURED per stage ({tracker.reading}):", f"  {'stage':<16}{'after it':>12}{'change':>12}{'peak':>12}"]
+    for r in done:
+        change = "-" if r.delta_bytes is None else ("+" if r.delta_bytes >= 0 else "-") + fmt_bytes(abs(r.delta_bytes))
+        peak = fmt_bytes(r.peak_bytes) if r.peak_bytes is not None and r.peak_exact else "-"
+        lines.append(f"  {r.name[:16]:<16}{fmt_bytes(r.end_bytes):>12}{change:>12}{peak:>12}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Scenario 1's measured runs: each fix, and the user's original, trained for a few steps, OOM-safe.
+
+The setups are :mod:`kit.scenarios.custom_head.scenario`'s; this module runs them (tokenize, build,
+Trainer init, train, cleanup, each a tracker stage) and sets each measured peak beside the
+estimate of the same setup as it ran here (the device's precision and accumulation, and the
+steady state: at least two optimizer steps, so AdamW's state exists during backward as the
+estimate assumes).
+
+>>> record, tracker = run_fix("b", "smoke")       # doctest: +SKIP
+>>> record["measured_peak_bytes"] / record["estimate_peak_bytes"]   # doctest: +SKIP
+0.99...
+"""
+from __future__ import annotations
+
+import gc
+import tempfile
+
+from kit.measure import cleanup, leaks
+from kit import machine
+from kit.measure.oom import oom_safe
+from kit import data as kdata
+from kit.measure import device as kdevice
+from kit import models as kmodels
+from kit.inputs import whole_number
+from kit.presets import OPTIMIZERS
+from kit.measure.track import Tracker
+from kit.units import fmt_bytes
+from kit.scenarios.custom_head.scenario import (NAMES, T4_BYTES, USER, estimate_user, run_precision, size_name,
+    estimate_fix, fix_setup)
+
+def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, accum: int,
+                  tracker: Tracker) -> int | None:
+    """tokenize -> build -> Trainer init -> train -> cleanup, each a tracker stage; returns train's peak."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    with tracker.stage("tokenize"):
+        tok = kdata.load_tokenizer(NAMES[size])
+        train = kdata.load_text_dataset()["train"]
+        # The user's 100 rows, padded to 128 as they did: the run has the estimate's shapes.
+        ds = kdata.tokenize(train.select(range(min(100, len(train)))), tok, max_length=USER["seq_len"],
+                            padding="max_length")
+    cuda, trainer, model = machine.has_cuda(), None, None
+    try:
+        with tracker.stage("build"):
+            model = make(machine.device_name())
+        with tracker.stage("Trainer init"):
+            args = TrainingArguments(
+                output_dir=tempfile.mkdtemp(prefix="kit-s1-"), max_steps=steps, per_device_train_batch_size=1,
+                gradient_accumulation_steps=accum, learning_rate=5e-5, warmup_steps=0, use_cpu=not cuda,
+                fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
+                optim=OPTIMIZERS[optimizer],
+                save_strategy="no", logging_steps=1, disable_tqdm=True)
+            trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
+                              callbacks=[tracker.callback()])
+            trainer.remove_callback(PrinterCallback)  # the live plot and the record say what matters
+        with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
+            trainer.train()
+        return rec.peak_bytes
+    finally:  # also after an OOM: free the weights and optimizer state before the error travels on
+        with tracker.stage("cleanup"):
+            trainer = cleanup.release(trainer, model, free_model=model is not None)
+            model = None
+
+
+def _ram_problem(est) -> str | None:
+    """Why a run must not start on this CPU: exhausting RAM kills the kernel instead of raising."""
+    if machine.has_cuda():
+        return None          # a GPU OOM raises, and the OOM-safe wrapper catches it
+    need, free = max(est.peak_bytes, est.cpu_build_bytes), kdevice.snapshot(live_tensors=False).ram_available_bytes
+    if need > 0.8 * free:
+        return (f"Not run: it needs about {fmt_bytes(need)} of RAM and {fmt_bytes(free)} is free; running out of "
+                "RAM kills the kernel instead of raising.")
+    return None
+
+
+def grad_accum_for(which: str | None, grad_accum: int | None = None) -> int:
+    """Micro-batches per optimizer step for a run of fix ``which`` (None: the original) on this device.
+
+    The one rule, used by the notebook and the demo alike. A GPU runs the user's 16. On a CPU the
+    peak is reached by the second micro-batch (the first one's gradients are alive), so 2 are
+    enough; fix (c)'s bf16 matmuls are slow on a CPU (about 30 s per backward of the tiny twin's
+    head), so it runs one. The estimate is made for the same number.
+
+    >>> grad_accum_for("a", 4)
+    4
+    """
+    if grad_accum is not None:
+        return whole_number("grad_accum", grad_accum)
+    if machine.has_cuda():
+        return USER["grad_accum"]
+    return 1 if which == "c" else 2
+
+
+def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None,
+            tracker: Tracker | None = None, rank: int | None = None):
+    """Estimate, then measure, fix ``which`` with a short Trainer run. Returns ``(record, tracker)``.
+
+    ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
+    ``measured_peak_bytes`` (the train stage's peak of ``kit.measure.device.best_reading()``: CUDA max
+    allocated on a GPU; on a CPU the peak of tensor bytes counted op by op by
+    ``kit.measure.tensor_peak.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
+    ``which``, ``size``, ``steps`` and ``grad_accum`` (what ran), and ``oom`` / ``error`` (an out-of-memory error is caught, recorded and freed).
+
+    >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
+    """
+    size, tracker, accum = size_name(size), tracker or Tracker(), grad_accum_for(which, grad_accum)
+    steps, s = whole_number("steps", steps), fix_setup(which, size, rank)
+    est = estimate_fix(which, size, as_run=True, grad_accum=accum, rank=rank)
+    record = {"name": s["name"], "which": which, "size": size, "steps": steps, "grad_accum": accum,
+              "estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None,
+              "reading": kdevice.best_reading(), "returned": None, "note": s.get("refused") or ""}
+    if s.get("refused"):  # what 8-bit AdamW would have needed, had it not crashed
+        est8 = estimate_fix(which, size, optimizer="adamw-8bit").peak_bytes
+        record["note"] += f" With it the estimate would be {fmt_bytes(est8)} (a T4 has {fmt_bytes(T4_BYTES)})."
+    problem = _ram_problem(est)
+    if problem:
+        record["note"] = f"{record['note']} {problem}".strip()
+        return record, tracker
+    base = leaks.take_baseline()
+    # OOM-safe like the original: fix (c) at real size runs out of memory on a T4, and the
+    # caller (a notebook, the demo) must go on to the next fix.
+    result = oom_safe(_measured_run, s["make"], size, run_precision(s["precision"]), s["optimizer"],
+                      steps, accum, tracker, setup={"fix": which, "size": size, "grad_accum": accum})
+    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
+    record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
+    return record, tracker
+
+
+def run_original_safely(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None,
+                        tracker: Tracker | None = None):
+    """Run the user's setup for ``steps`` optimizer steps inside ``kit.measure.oom.oom_safe``. Returns ``(record, tracker)``.
+
+    ``record``: ``estimate_peak_bytes``, ``measured_peak_bytes`` (None unless it ran), ``oom``,
+    ``refused`` (why it was not started: on a CPU, a run that would exhaust RAM), ``error``,
+    ``returned``, ``reading``. After an OOM the memory is freed and the caller goes on.
+
+    >>> record, _ = run_original_safely("real")      # doctest: +SKIP
+    """
+    size, tracker, accum = size_name(size), tracker or Tracker(), grad_accum_for(None, grad_accum)
+    steps, name, precision = whole_number("steps", steps), NAMES[size], run_precision(USER["precision"])
+    est = estimate_user(name, precision=precision, device=machine.device_name(), grad_accum=accum)
+    record = {"estimate_peak_bytes": est.peak_bytes, "measured_peak_bytes": None, "oom": False,
+              "refused": _ram_problem(est), "error": None, "returned": None, "reading": kdevice.best_reading()}
+    if record["refused"]:
+        return record, tracker
+    base = leaks.take_baseline()
+    result = oom_safe(_measured_run, lambda dev: kmodels.load_model(name), size, precision, USER["optimizer"],
+                      steps, accum, tracker, setup={"model": name, **USER, "grad_accum": accum})
+    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
+    gc.collect()
+    record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
+    return record, tracker

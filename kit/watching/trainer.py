@@ -1,0 +1,347 @@
+"""Your own Trainer, watched: ``kit.watch(trainer)`` adds the kit's tracker and a live memory plot;
+``report = kit.train(trainer)`` runs ``trainer.train()`` and, on an out-of-memory error, returns a
+report instead of raising it.
+
+>>> w = kit.watch(trainer)          # doctest: +SKIP
+>>> trainer.train()                 # doctest: +SKIP
+>>> report = kit.train(trainer)     # doctest: +SKIP
+>>> print(report)                   # doctest: +SKIP
+OUT OF MEMORY at step 2, during a later step's forward/backward (the optimizer state is alive).
+
+**The live plot** is :func:`kit.plot.timeline` (the readings against time) with the estimate's lines
+(weights, + gradients, + optimizer state, the predicted peak) and the device limit, redrawn between
+steps by :class:`kit.plot.live.LivePlot` inside an ``ipywidgets.Output`` (inline backend: works in Colab).
+Outside a notebook nothing is displayed (``plot=folder`` saves PNGs there instead).
+
+**Phases.** What transformers 5 calls (5.24 read): ``on_step_begin`` before the first micro-batch
+of each optimizer step, ``on_pre_optimizer_step`` / ``on_optimizer_step`` around
+``optimizer.step()``, ``on_step_end`` after ``zero_grad``. Evaluation has no begin event
+(``on_prediction_step`` follows each batch, ``on_evaluate`` the end), so ``trainer.evaluate`` is
+wrapped on the instance. The phase callback goes first in the handler's list, so that another
+callback that raises finds its phase already set.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import time
+import weakref
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from kit.measure import controls, device
+from kit import machine
+from kit.measure.cleanup import malloc_trim, scrub, forget_exceptions
+from kit.measure.controls import check_cap, memory_cap
+from kit.measure.track import Tracker
+from kit.units import fmt_bytes, gib
+from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
+
+
+class PhaseCallback(TrainerCallback):
+    """Knows which optimizer step (1 = the first of this ``train()``) and which phase is running. A step is
+    "first" while the optimizer has no state yet (a resumed run's state is loaded: no first step then)."""
+
+    def __init__(self):
+        self.step, self.phase, self._first = 0, "setup", 1
+
+    def _fresh(self, kwargs) -> bool:
+        state = getattr(kwargs.get("optimizer"), "state", None)
+        return len(state) == 0 if state is not None else self.step == self._first
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step, self.phase, self._first = state.global_step, "setup", state.global_step + 1
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step + 1
+        self.phase = "first_forward_backward" if self._fresh(kwargs) else "forward_backward"
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.phase = "first_optimizer_step" if self._fresh(kwargs) else "optimizer_step"
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.phase = "after_step"
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step, self.phase = state.global_step, "after_step"
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.phase = "end"
+
+
+class _Evaluate:
+    """``trainer.evaluate``, marked for the phase callback. Holds the Trainer weakly (no cycle); not
+    restored when it raises, so the report sees "evaluation"."""
+
+    def __init__(self, trainer, phases: PhaseCallback):
+        self.trainer, self.phases = weakref.ref(trainer), phases
+        self.inner = trainer.__dict__.get("evaluate")      # someone else's wrapper, kept
+
+    def __call__(self, *args, **kwargs):
+        tr, p = self.trainer(), self.phases
+        before = (p.step, p.phase)
+        p.step, p.phase = tr.state.global_step, "evaluation"
+        out = self.inner(*args, **kwargs) if self.inner else type(tr).evaluate(tr, *args, **kwargs)
+        p.step, p.phase = before
+        return out
+
+
+class _Redraw:
+    """The LivePlot's listener: throttled redraws between steps (LivePlot's rule), and always one at an
+    evaluation and at the end of train(), so the plot shows the whole run."""
+
+    def __init__(self, live):
+        self.live = live
+
+    def __call__(self, event, tracker):
+        if event == "sample" and tracker.samples[-1].event in ("evaluate", "train_end"):
+            self.live.update()
+        else:
+            self.live._on_event(event, tracker)
+
+
+class Watch:
+    """What :func:`watch` attached: ``tracker`` (the readings; ``tracker.samples`` grow between steps),
+    ``callback`` (its TrainerCallback), ``phases``, ``live`` (the LivePlot, or None), ``estimate`` (or
+    None, with ``estimate_error``) and the device ``limit_bytes``. ``close()`` detaches it all."""
+
+    def __init__(self, trainer, tracker, callback, phases, live, est, est_error, limit_bytes, limit_label):
+        self.trainer = weakref.ref(trainer)
+        self.tracker, self.callback, self.phases, self.live = tracker, callback, phases, live
+        self.estimate, self.estimate_error = est, est_error
+        self.limit_bytes, self.limit_label = limit_bytes, limit_label
+        # a Trainer-made optimizer and scheduler are dropped after an OOM, so that a retry makes fresh ones
+        self.made_optimizer = getattr(trainer, "optimizer", None) is None
+        self.made_scheduler = getattr(trainer, "lr_scheduler", None) is None
+
+    @property
+    def attached(self) -> bool:
+        tr = self.trainer()
+        return tr is not None and self.callback in tr.callback_handler.callbacks
+
+    def close(self) -> None:
+        """Detach the callbacks, the evaluate marker and the live plot from the Trainer."""
+        tr = self.trainer()
+        if tr is not None:
+            for cb in (self.phases, self.callback):
+                if cb in tr.callback_handler.callbacks:
+                    tr.callback_handler.callbacks.remove(cb)
+            ev = tr.__dict__.get("evaluate")
+            if isinstance(ev, _Evaluate):
+                if ev.inner is None:
+                    del tr.evaluate
+                else:
+                    tr.evaluate = ev.inner
+            tr.__dict__.pop("_kit_watch", None)
+        self.tracker.listeners[:] = [f for f in self.tracker.listeners if not isinstance(f, _Redraw)]
+
+    def __repr__(self) -> str:
+        est = f"estimate peak {fmt_bytes(self.estimate.peak_bytes)}" if self.estimate else "no estimate"
+        return (f"<kit.watch: {len(self.tracker.samples)} readings, {est}, limit {fmt_bytes(self.limit_bytes)}"
+                f"{'' if self.attached else ', detached'}>")
+
+
+def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, every_n_steps: int | None = None,
+          live_tensors: bool | None = None, overhead: float = 0.01, limit_label: str = "limit") -> Watch:
+    """Attach the kit's tracker and a live memory plot to ``trainer``; ``trainer.train()`` then runs as usual.
+
+    - ``plot``: None draws in a notebook only; a folder saves PNGs there; False draws nothing.
+    - ``estimate``: True reads the Trainer (:func:`kit.estimate.from_objects.estimate_trainer`, on this device's
+      kernels); an Estimate is used as given; False draws no estimate lines. A Trainer the estimator
+      cannot read is said so once, and the plot shows the measurement alone.
+    - ``limit_bytes``: the line the plot calls ``limit_label`` (None: this GPU's memory, else this machine's RAM).
+    - ``every_n_steps`` / ``live_tensors`` / ``overhead``: as :meth:`kit.measure.track.Tracker.callback`.
+
+    A second ``watch`` of the same Trainer returns the first, attached once.
+
+    >>> w = watch(trainer); trainer.train(); w.tracker.samples[-1].event     # doctest: +SKIP
+    'train_end'
+    """
+    if not (hasattr(trainer, "callback_handler") and hasattr(trainer, "train") and hasattr(trainer, "state")):
+        raise ValueError(f"kit.watch takes a transformers Trainer (the one you built), not a {type(trainer).__name__}.")
+    old = trainer.__dict__.get("_kit_watch")
+    if old is not None and old.attached:
+        return old
+    est, why = _estimate(trainer, estimate)
+    if limit_bytes is None:
+        hw = machine.hardware()
+        limit_bytes, label = ((hw["gpu_total_bytes"], f"GPU memory ({hw['gpu_name']})") if hw["gpu_name"]
+                              else (hw["ram_total_bytes"], "this machine's RAM"))
+    else:
+        label = limit_label
+    tracker = Tracker()
+    callback = tracker.callback(every_n_steps, overhead=overhead, live_tensors=live_tensors)
+    phases = PhaseCallback()
+    trainer.callback_handler.callbacks.insert(0, phases)
+    trainer.callback_handler.add_callback(callback)
+    trainer.evaluate = _Evaluate(trainer, phases)
+    live = None
+    if plot is not False:
+        from kit.plot.live import LivePlot, in_notebook
+
+        draw = functools.partial(draw_watch, est=est, limit_bytes=limit_bytes, limit_label=label)
+        if plot is not None or in_notebook():
+            live = LivePlot(None, draw, folder=None if plot is None else Path(plot), prefix="watch")
+            live.tracker = tracker
+            tracker.add_listener(_Redraw(live))
+    w = Watch(trainer, tracker, callback, phases, live, est, why, limit_bytes, label)
+    trainer._kit_watch = w
+    return w
+
+
+def _estimate(trainer, estimate):
+    if estimate is False or estimate is None:
+        return None, "not asked for"
+    if estimate is not True:
+        return estimate, None
+    from kit.estimate import estimate_trainer
+
+    try:
+        return estimate_trainer(trainer, device=machine.device_name()), None
+    except ValueError as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    print(f"kit.watch: no estimate of this Trainer ({why}); the plot shows the measurement alone.", flush=True)
+    return None, why
+
+
+def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
+    """:func:`kit.plot.timeline` with the estimate's lines and the device limit (stated in words when it is
+    far above the readings). Returns a Figure.
+
+    >>> t = Tracker(); _ = t.sample(live_tensors=False)
+    >>> len(draw_watch(t, limit_bytes=2**40).axes[0].texts) >= 1
+    True
+    """
+    from kit.plot import OKABE_ITO, timeline
+    from kit.plot.estimate import OFF_SCALE, limit_text
+
+    fig = timeline(tracker, title="Memory while training (kit.watch)")
+    ax = fig.axes[0]
+    top = ax.get_ylim()[1] * 2**30
+    if est is not None:
+        w, g, o = est.weights_bytes, est.gradients_bytes, est.optimizer_bytes
+        for label, n, colour, style in (("estimate: weights", w, "green", ":"), ("+ gradients", w + g, "purple", ":"),
+                                        ("+ optimizer state", w + g + o, "black", "-."),
+                                        ("predicted peak", est.peak_bytes, "black", "--")):
+            ax.axhline(gib(n), color=OKABE_ITO[colour], linestyle=style, linewidth=1.2, label=f"{label} {fmt_bytes(n)}")
+        top = max(top, est.peak_bytes)
+    if limit_bytes:
+        if limit_bytes <= OFF_SCALE * top:
+            ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
+                       label=f"{limit_label} {fmt_bytes(limit_bytes)}")
+        else:
+            ax.text(0.99, 0.97, limit_text(est.peak_bytes if est else top, limit_bytes, limit_label),
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8, color=OKABE_ITO["vermillion"])
+    ax.legend(loc="upper left", fontsize=7, ncols=2)
+    return fig
+
+
+def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, history_entries: int = 100_000,
+          tensor_peak: bool = False, advise_device=None, top: int = 5, train_kwargs: dict | None = None,
+          cap_bytes: int | None = None, **watch_kwargs) -> TrainReport:
+    """Run ``trainer.train()`` under :func:`watch`; on an out-of-memory error return a report, never raise it.
+
+    - The OOM (``torch.OutOfMemoryError``, the CPU allocator's error, ``MemoryError``) is caught, read
+      (step, phase, what was alive by component beside the estimate, the largest tensors and their
+      holders, the advisor's top changes), then the failed frames, the gradients and the optimizer
+      state are released (a Trainer-made optimizer and scheduler are dropped, so a retry starts
+      fresh). Any other exception propagates, after the same cleanup of the watch.
+    - ``history`` (CUDA only): the allocator's last ``history_entries`` events are recorded and saved to
+      ``snapshot_path`` (default ``<output_dir>/kit-memory-history.pickle``) for pytorch.org/memory_viz.
+    - ``tensor_peak``: on the CPU, watch every op, so the completed run's peak is exact (slower).
+    - ``advise_device``: what the advisor judges against (None: the cap when there is one, else this GPU,
+      or the ``cpu`` preset).
+    - ``cap_bytes``: run as on a device of that many bytes (:func:`kit.measure.controls.memory_cap`): on CUDA a
+      memory fraction, restored after; on a CPU a live-tensor counter that raises ``torch.OutOfMemoryError``
+      the moment an op's outputs pass it (a simulated cap; its count is then the run's exact peak). The
+      OOM goes through the same report. The plot's limit line is the cap.
+    - ``train_kwargs``: passed to ``trainer.train`` (``resume_from_checkpoint=...``); the rest to :func:`watch`.
+
+    >>> report = train(trainer); report.oom, report.step, report.phase      # doctest: +SKIP
+    (True, 2, 'forward_backward')
+    """
+    cap_bytes = check_cap(cap_bytes)
+    if cap_bytes is not None and "limit_bytes" not in watch_kwargs:
+        watch_kwargs.update(limit_bytes=cap_bytes, limit_label="memory cap")
+    w = watch(trainer, plot=plot, **watch_kwargs)
+    path = None
+    counting = cap_bytes is not None and not machine.has_cuda()   # the cap's counter is the exact peak
+    if history and machine.has_cuda():
+        path = Path(snapshot_path or Path(trainer.args.output_dir) / "kit-memory-history.pickle")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    t0, cap = time.perf_counter(), None
+    try:
+        with (controls.cuda_memory_history(path, max_entries=history_entries) if path else contextlib.nullcontext()), \
+                w.tracker.stage("train", tensor_peak=tensor_peak and not counting), memory_cap(cap_bytes) as cap:
+            output = trainer.train(**(train_kwargs or {}))
+    except BaseException as exc:
+        if not device.is_oom(exc):
+            _tidy(trainer, w)
+            raise
+        report = TrainReport(True, _error(exc), w.phases.step, w.phases.phase, device.best_reading(),
+                             time.perf_counter() - t0, tracker=w.tracker, snapshot_path=str(path) if path else None,
+                             cap_bytes=cap and cap.cap_bytes, cap_how=cap and cap.how)
+        report.measured, report.cuda, report.tensors = read_alive(trainer, exc, top=top)
+        scrub(exc)
+        exc = None  # noqa: F841 (the frames go with it)
+        report.freed = _release(trainer, w, report.measured)
+        report.estimated, report.estimate_field = estimated_for(w.estimate, report.phase)
+        _tidy(trainer, w)
+        report.advice, fits = advice_text(w.estimate, trainer,
+                                          advise_device or report.cap_bytes or _advise_default())
+        if fits:
+            report.notes.append("the estimate fits, yet the run ran out of memory: look for what it does not count: "
+                                "another model or Trainer alive in this process (the largest tensors above), other "
+                                "processes on the device, or fragmentation (reserved above allocated)")
+        if w.estimate is None:
+            report.notes.append(f"no estimate beside the measurement: {w.estimate_error}")
+        show_history(report)
+        return report
+    report = TrainReport(False, None, trainer.state.global_step, w.phases.phase, device.best_reading(),
+                         time.perf_counter() - t0, tracker=w.tracker, output=output,
+                         snapshot_path=str(path) if path else None, cap_bytes=cap.cap_bytes, cap_how=cap.how)
+    rec = w.tracker.records[-1]
+    if cap.counter is not None:   # what the stage's own TensorPeak would have counted: every op watched
+        rec.live_peak_bytes["cpu"] = max(rec.live_peak_bytes.get("cpu", 0), cap.counter.peak_bytes)
+        rec.live_peak_exact = True
+    set_peak(report, rec, w.tracker.samples, w.estimate)
+    return report
+
+
+def _error(exc) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]
+
+
+def _advise_default():
+    return "this" if machine.has_cuda() else "cpu"
+
+
+def _release(trainer, w: Watch, measured: dict) -> dict:
+    """Drop the dead run's gradients and optimizer state; returns what was freed, by name."""
+    model = getattr(trainer, "model", None)
+    if model is not None:
+        model.zero_grad(set_to_none=True)
+    opt = getattr(trainer, "optimizer", None)
+    for o in (opt, getattr(opt, "optimizer", None)):
+        if hasattr(o, "state") and hasattr(o.state, "clear"):
+            o.state.clear()
+    if w.made_optimizer:
+        trainer.optimizer = None
+    if w.made_scheduler:
+        trainer.lr_scheduler = None
+    acc = getattr(trainer, "accelerator", None)
+    if acc is not None and hasattr(acc, "free_memory"):
+        acc.free_memory()       # its lists of prepared models, optimizers and loaders (train() empties them too)
+    return {k: measured[k] for k in ("gradients", "optimizer state") if measured.get(k)}
+
+
+def _tidy(trainer, w: Watch) -> None:
+    forget_exceptions()
+    gc.collect()
+    device.empty_cache()
+    malloc_trim()
+    if w.live is not None:
+        w.live.update()

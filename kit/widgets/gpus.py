@@ -1,0 +1,50 @@
+"""The panel's GPUs control and strategy choice (kit.estimate.strategies): the estimate becomes one GPU's of N.
+
+The two controls go beside the device: ``controls["strategy"]`` (one GPU, DDP, FSDP, FSDP grad-op,
+ZeRO-1/2/3) and ``controls["num_gpus"]`` (1 to 64). A Run stays one process on this machine, so it is
+refused while they describe more than one GPU (``benchmarks/multi_gpu.py`` measures those).
+
+>>> import ipywidgets as W
+>>> c = gpu_controls(lambda kind, label, value, **kw: kind(value=value, description=label, **kw), {})
+>>> c["num_gpus"].value = 4
+>>> launch(c), launch_problem(c)[:30]
+({'strategy': 'ddp', 'num_gpus': 4}, 'a Run here is one process: the')
+"""
+from __future__ import annotations
+
+STRATEGY_CHOICES = [("one GPU", "single"), ("DDP (replicated)", "ddp"), ("FSDP (full shard)", "fsdp"),
+                    ("FSDP grad-op (SHARD_GRAD_OP)", "fsdp-grad-op"), ("DeepSpeed ZeRO-1", "zero1"),
+                    ("DeepSpeed ZeRO-2", "zero2"), ("DeepSpeed ZeRO-3", "zero3")]
+GPU_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def gpu_controls(control, d: dict) -> dict:
+    """``{"strategy": Dropdown, "num_gpus": Dropdown}``, made with the panel's ``control`` factory; ``d``: the
+    panel's options (``strategy``, ``num_gpus``). More than one GPU on "one GPU" switches to DDP, as
+    ``accelerate launch --num_processes N`` does; back to one GPU, DDP switches back."""
+    import ipywidgets as W
+
+    c = {"strategy": control(W.Dropdown, "multi-GPU strategy", d.get("strategy", "single"), options=STRATEGY_CHOICES),
+         "num_gpus": control(W.Dropdown, "GPUs", d.get("num_gpus", 1), options=list(GPU_CHOICES))}
+
+    def follow(change):
+        if change["new"] > 1 and c["strategy"].value == "single":
+            c["strategy"].value = "ddp"
+        elif change["new"] == 1 and c["strategy"].value == "ddp":
+            c["strategy"].value = "single"
+    c["num_gpus"].observe(follow, names="value")
+    return c
+
+
+def launch(c: dict) -> dict:
+    """estimate()'s ``strategy`` and ``num_gpus`` from the controls."""
+    return {"strategy": c["strategy"].value, "num_gpus": c["num_gpus"].value}
+
+
+def launch_problem(c: dict) -> str | None:
+    """Why a Run cannot measure this setup here (more than one GPU), or None."""
+    s, n = c["strategy"].value, c["num_gpus"].value
+    if s == "single" and n == 1:
+        return None
+    return (f"a Run here is one process: the estimate is per GPU of {n} under {s} (benchmarks/multi_gpu.py "
+            "measures DDP and FSDP ranks)")

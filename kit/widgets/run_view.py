@@ -1,0 +1,85 @@
+"""The panel's Run and Sweep: a few measured steps of the controls' setup, or a peak against batch size or
+sequence length, through :mod:`kit.widgets.runs`; the controls are locked while one goes.
+
+:class:`PanelRuns` is a part of :class:`kit.widgets.Panel` (its controls, buttons and outputs are the panel's).
+"""
+from __future__ import annotations
+
+import html
+
+from kit.widgets import runs as panel_runs
+from kit.widgets import views as views
+
+
+class PanelRuns:
+    def _lock(self, on: bool) -> None:
+        self._running = on
+        for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over,
+                                                 self.model_box, self.use_button]:
+            w.disabled = on  # when off, _refresh disables again what makes no sense
+        if not on:
+            self._refresh()  # gives back each control's own disabled state and reason
+
+    def _show(self, fig) -> None:
+        from kit.plot.live import show
+
+        self.last_figure = fig
+        show(fig, self.plot_out)
+
+    def _on_run(self, _button=None) -> None:
+        from kit import plot
+        from kit.plot.live import LivePlot
+        from kit.measure.track import Tracker
+
+        if self.problem or self.run_reason or self._running:
+            return
+        setup, tracker = self.setup(), Tracker()
+        self._lock(True)
+        self.status.value = f"running {self.steps} steps of {html.escape(setup['model'])}&hellip;"
+        live = LivePlot(tracker, plot.stage_bars, out=self.plot_out, min_interval_s=1.0)
+        try:
+            record, est, _ = panel_runs.measured_run(setup, steps=self.steps, tracker=tracker)
+        except KeyboardInterrupt:  # the notebook's stop button: the run has cleaned up (finally blocks)
+            record, est = dict(setup, status="stopped", error="interrupted; memory released"), None
+        except Exception as exc:  # never leave the panel locked; show what went wrong
+            record, est = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300]), None
+        finally:
+            live.close()
+            self._lock(False)
+        if est is not None and record["status"] != "refused":
+            on_cpu = record.get("reading") != "cuda_allocated"
+            label = "measured (CPU tensor peak, op by op)" if on_cpu else "measured (CUDA max allocated)"
+            self._show(plot.predicted_vs_measured(
+                est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
+                title=f"Predicted (as run here) vs measured: {setup['model']}, batch {setup['batch_size']} x "
+                      f"{setup['seq_len']}", measured_label=label))
+        self._finish(record)
+
+    def _on_sweep(self, _button=None) -> None:
+        from kit.measure.track import Tracker
+
+        if self.problem or self.run_reason or self._running:
+            return
+        over, setup = self.sweep_over.value, self.setup()
+        sizes = self.sweep_sizes if over == "batch_size" else tuple(
+            s for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if s <= self.controls["seq_len"].max)
+        self._lock(True)
+        self.status.value = f"sweeping {over.replace('_', ' ')} over {', '.join(map(str, sizes))}&hellip;"
+        try:
+            res = panel_runs.sweep(setup, over, sizes, tracker=Tracker())
+            if res["points"]:  # else every size was refused before it ran: the history row says why
+                self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
+            record = panel_runs.sweep_record(res, setup)
+        except KeyboardInterrupt:
+            record = dict(setup, status="stopped", error="interrupted; memory released")
+        except Exception as exc:
+            record = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            self._lock(False)
+        self._finish(record)
+
+    def _finish(self, record: dict) -> None:
+        self.last_result = record
+        self.history.append(record)
+        self.status.value = views.status_html(record)
+        self.history_html.value = views.history_html(self.history)

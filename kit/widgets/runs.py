@@ -1,0 +1,280 @@
+"""Measured runs behind the widget panel: a few Trainer steps of one setup, and a size sweep.
+
+A *setup* is the panel's settings as a dict: ``model``, ``batch_size``, ``seq_len``,
+``precision``, ``quantization``, ``lora_r``, ``optimizer``, ``gradient_checkpointing``.
+Each run goes through a :class:`~kit.measure.track.Tracker` (stages: tokenize, build, Trainer
+init, train, cleanup), is OOM-safe (:func:`kit.measure.oom.oom_safe`) and frees what it built
+(:func:`kit.measure.cleanup.release`), then checks that memory came back to its baseline.
+
+>>> setup = dict(model="tiny-gpt2", batch_size=2, seq_len=64, precision="fp32", quantization="none",
+...              lora_r=0, optimizer="adamw-fused", gradient_checkpointing=False)
+>>> record, est, tracker = measured_run(setup, steps=2)          # doctest: +SKIP
+>>> record["status"], record["measured_peak_bytes"] > 0         # doctest: +SKIP
+('ok', True)
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+
+from kit.measure import cleanup, leaks, oom
+from kit import machine
+from kit import data as kdata
+from kit.measure import device as kdevice
+from kit import models as kmodels
+from kit.estimate import estimate
+from kit.presets import OPTIMIZERS
+from kit.inputs import whole_number
+from kit.measure.track import Tracker
+from kit.units import fmt_bytes, gib
+
+SETUP_KEYS = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "optimizer",
+              "gradient_checkpointing")
+
+
+def check_setup(setup: dict) -> dict:
+    """The setup with exactly :data:`SETUP_KEYS`; a ValueError names what is missing."""
+    missing = [k for k in SETUP_KEYS if k not in setup]
+    if missing:
+        raise ValueError(f"setup lacks {missing}; a setup has {', '.join(SETUP_KEYS)}.")
+    return {k: setup[k] for k in SETUP_KEYS}
+
+
+def run_precision(precision: str) -> str:
+    """What Trainer really runs: it silently ignores ``fp16=True`` on a CPU, so that is fp32."""
+    return "fp32" if precision == "fp16" and not machine.has_cuda() else precision
+
+
+@functools.lru_cache(maxsize=None)
+def bnb_problem() -> str | None:
+    """Why bitsandbytes (4-bit/8-bit weights, 8-bit optimizers) cannot run here, or None.
+
+    >>> bnb_problem() is None or "bitsandbytes" in bnb_problem()
+    True
+    """
+    try:
+        import bitsandbytes
+    except Exception as exc:  # ImportError, or a broken native library
+        return f"bitsandbytes is not usable here ({type(exc).__name__}): pip install bitsandbytes"
+    version = tuple(int(x) for x in bitsandbytes.__version__.split(".")[:2] if x.isdigit())
+    if not machine.has_cuda() and version < (0, 46):
+        return f"bitsandbytes {bitsandbytes.__version__} has no CPU backend (needs >= 0.46, or a GPU)"
+    return None
+
+
+def estimate_as_run(setup: dict, **override):
+    """The estimate of ``setup`` as this machine runs it (CPU kernels, fp16 ignored on a CPU)."""
+    s = {**check_setup(setup), **override}
+    return estimate(s["model"], batch_size=s["batch_size"], seq_len=s["seq_len"],
+                    precision=run_precision(s["precision"]), quantization=s["quantization"],
+                    lora_r=s["lora_r"], optimizer=s["optimizer"],
+                    gradient_checkpointing=s["gradient_checkpointing"], device=machine.device_name())
+
+
+def refusal(setup: dict, est) -> str | None:
+    """Why a run of ``setup`` must not start here, or None. Checked before anything is built.
+
+    A CPU out-of-memory kills the kernel instead of raising, and bitsandbytes' 8-bit AdamW kills
+    the process on a tensor over 2**31 elements: neither can be caught, so both are refused.
+    """
+    needs_bnb = setup["quantization"] != "none" or "8bit" in setup["optimizer"]
+    if needs_bnb and bnb_problem():
+        return bnb_problem()
+    if any("2^31" in n for n in est.notes):
+        return "8-bit AdamW would kill the process on a tensor over 2^31 elements: use adamw"
+    need = max(est.cpu_build_bytes, 0 if machine.has_cuda() else est.peak_bytes)
+    free = kdevice.snapshot(live_tensors=False).ram_available_bytes
+    if need > 0.8 * free:
+        return (f"needs about {fmt_bytes(need)} of RAM and {fmt_bytes(free)} is free: a CPU out-of-memory "
+                "kills the kernel, so it is not run")
+    return None
+
+
+def _data(name: str, seq_len: int, rows: int):
+    tok = kdata.load_tokenizer(name)
+    train = kdata.load_text_dataset()["train"]
+    # Padded to seq_len, as the estimate assumes (padded=True): measured shapes = predicted shapes.
+    ds = kdata.tokenize(train.select(range(min(len(train), max(4 * rows, 32)))), tok, max_length=seq_len,
+                        padding="max_length")
+    return tok, ds
+
+
+def build(setup: dict):
+    """Load the model of ``setup`` (real or twin), with LoRA and checkpointing as set."""
+    model = kmodels.load_model(setup["model"], quantization=setup["quantization"])
+    vocab_head = isinstance(model, kmodels.VocabHeadModel)
+    model.config.use_cache = False  # the KV cache is useless in training
+    ckpt, r = setup["gradient_checkpointing"], setup["lora_r"]
+    if r:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if setup["quantization"] != "none":  # the standard QLoRA recipe, as the estimator assumes
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(ckpt))
+        elif ckpt:
+            model.gradient_checkpointing_enable()
+            model.enable_input_require_grads()  # checkpointing a frozen base needs inputs with grad
+        # target_modules=None: peft's default per model type, as the estimator's default targets
+        model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    elif ckpt:
+        model.gradient_checkpointing_enable()
+    elif vocab_head:  # VocabHeadModel checkpoints its base itself, as the user's code did
+        model.gpt2.gradient_checkpointing_disable()
+    return model
+
+
+def trainer_for(model, tok, ds, setup: dict, steps: int, callbacks=()):
+    """A Trainer for ``steps`` optimizer steps of ``setup`` (no saving, no logging)."""
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    cuda, precision = machine.has_cuda(), run_precision(setup["precision"])
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="kit-panel-"), max_steps=steps,
+        per_device_train_batch_size=setup["batch_size"], learning_rate=1e-4, warmup_steps=0,
+        fp16=cuda and precision == "fp16", bf16=precision == "bf16", use_cpu=not cuda,
+        optim=OPTIMIZERS[setup["optimizer"]], optim_args="momentum=0.9" if setup["optimizer"] == "sgd" else None,
+        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
+                      callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _train_once(setup: dict, steps: int, tracker: Tracker) -> int | None:
+    # gc.collect() costs ~1 s with transformers loaded: only the cleanup stage (which proves
+    # that memory came back) collects; the others read what is there.
+    with tracker.stage("tokenize", collect=False, live_tensors=False):
+        tok, ds = _data(setup["model"], setup["seq_len"], setup["batch_size"] * steps)
+    trainer = model = None
+    try:
+        with tracker.stage("build", collect=False):
+            model = build(setup)
+        with tracker.stage("Trainer init", collect=False, live_tensors=False):
+            trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
+        # The panel owns the peak while it runs. On a CPU, TensorPeak counts every op's tensors (activations
+        # included), the stand-in for CUDA's max allocated that the estimate predicts.
+        with tracker.stage("train", reset_peak=True, collect=False, tensor_peak=True) as rec:
+            trainer.train()
+        return rec.peak_bytes
+    finally:
+        out = getattr(getattr(trainer, "args", None), "output_dir", None)
+        with tracker.stage("cleanup"):
+            trainer = cleanup.release(trainer, model, free_model=model is not None)
+            model = None
+        if out:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None):
+    """Train ``steps`` steps of ``setup``, OOM-safe; returns ``(record, estimate_as_run, tracker)``.
+
+    ``record``: the setup plus ``status`` ("ok", "OOM", "refused"), ``predicted_peak_bytes``,
+    ``measured_peak_bytes`` (the train stage's peak of the best reading: CUDA max allocated,
+    or on a CPU the tensor bytes counted op by op by ``kit.measure.tensor_peak.TensorPeak``),
+    ``reading``, ``returned`` (memory back at the baseline), ``error`` and ``seconds``.
+    """
+    setup, tracker, steps = check_setup(setup), tracker or Tracker(), whole_number("steps", steps)
+    est = estimate_as_run(setup)
+    record = dict(setup, status="refused", predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
+                  reading=kdevice.best_reading(), returned=None, error=refusal(setup, est), seconds=0.0)
+    if record["error"]:
+        return record, est, tracker
+    base = leaks.take_baseline()
+    result = oom.oom_safe(_train_once, setup, steps, tracker, setup=setup)
+    record.update(status="ok" if result.ok else "OOM", measured_peak_bytes=result.value if result.ok else None,
+                  error=result.error, seconds=round(result.seconds, 1))
+    record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
+    return record, est, tracker
+
+
+def _point(model, tok, ds, setup: dict, steps: int, tracker: Tracker, name: str) -> int | None:
+    trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
+    out = trainer.args.output_dir
+    try:
+        with tracker.stage(name, reset_peak=True, collect=False, tensor_peak=True) as rec:
+            trainer.train()
+        return rec.peak_bytes
+    finally:
+        trainer = cleanup.release(trainer)  # keeps the model's weights: the next size reuses them
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: int = 2,
+          tracker: Tracker | None = None) -> dict:
+    """Peak against ``over`` ("batch_size" or "seq_len"), ascending, stopping at the first OOM.
+
+    The model is built once. Each size trains ``steps`` optimizer steps (from the second, AdamW's
+    state is alive, as the estimate assumes). A size the estimate says would exhaust this
+    machine's RAM is not run (a CPU OOM kills the kernel): it is listed in ``refused``, never
+    drawn as a measurement. Returns ``{"points": [(size, peak_bytes or None, oom)] (the sizes
+    that ran), "predicted": [(size, peak_bytes)], "refused": [size], "largest": size or None,
+    "over": over}``; ``points`` is ready for :func:`kit.plot.sweep`.
+
+    >>> result = sweep(setup, "batch_size", (1, 2, 4))          # doctest: +SKIP
+    """
+    if over not in ("batch_size", "seq_len"):
+        raise ValueError(f"over must be 'batch_size' or 'seq_len', not {over!r}.")
+    setup, tracker, steps = check_setup(setup), tracker or Tracker(), whole_number("steps", steps)
+    sizes = sorted({whole_number(over, s) for s in sizes})
+    if not sizes:
+        raise ValueError(f"sizes is empty: pass the {over.replace('_', ' ')}s to try, e.g. (1, 2, 4, 8).")
+    result = {"points": [], "predicted": [], "refused": [], "largest": None, "over": over}
+    first = {**setup, over: sizes[-1]}
+    why = refusal(first, estimate_as_run(first))
+    if why and "of RAM" not in why:  # RAM is checked per size below: the small sizes may still run
+        raise ValueError(f"cannot sweep this setup here: {why}")
+    base, model, data = leaks.take_baseline(), None, {}
+    try:
+        for size in sizes:
+            s = {**setup, over: size}
+            est = estimate_as_run(s)
+            result["predicted"].append((size, est.peak_bytes))
+            if refusal(s, est):
+                result["refused"].append(size)
+                break
+            if model is None:
+                with tracker.stage("build", collect=False):
+                    model = build(setup)
+            key = s["seq_len"]
+            if key not in data:
+                data = {key: _data(setup["model"], key, sizes[-1] * steps if over == "batch_size" else
+                                   setup["batch_size"] * steps)}
+            tok, ds = data[key]
+            r = oom.oom_safe(_point, model, tok, ds, s, steps, tracker, f"{over} {size}", setup={over: size})
+            result["points"].append((size, r.value if r.ok else None, r.oom))
+            if r.oom:
+                break
+            result["largest"] = size
+    finally:
+        data = None
+        model = cleanup.release(None, model, free_model=model is not None)
+    result["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
+    return result
+
+
+def sweep_figure(result: dict, model: str, limit_bytes: int | None = None):
+    """:func:`kit.plot.sweep` of a :func:`sweep` result, with the predicted peaks as a dashed line."""
+    from kit import plot
+
+    label = result["over"].replace("_", " ")
+    title = f"Peak against {label}: {model} (measured here)"
+    if result["refused"]:
+        title += f"\nnot run, predicted over this machine's RAM: {label} {', '.join(map(str, result['refused']))}"
+    fig = plot.sweep(result["points"], label, limit_bytes=limit_bytes, title=title)
+    ax, top = fig.axes[0], max(gib(b) for _, b in result["predicted"])
+    ax.plot(*zip(*[(s, gib(b)) for s, b in result["predicted"]]), "--", color="0.5", label="predicted peak")
+    ax.set_ylim(top=max(ax.get_ylim()[1], 1.1 * top))
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def sweep_record(result: dict, setup: dict) -> dict:
+    """One history row for a sweep: the largest size that ran, and what was not run."""
+    sizes = [p[0] for p in result["points"]] + result["refused"]
+    peaks = [p for _, p, _ in result["points"] if p]
+    note = f"largest that ran: {result['largest']}"
+    if result["refused"]:
+        note += f"; not run (predicted over RAM): {result['refused']}"
+    return dict(setup, **{result["over"]: f"sweep {sizes[0]}-{sizes[-1]}"}, status="sweep", note=note,
+                predicted_peak_bytes=None, measured_peak_bytes=max(peaks) if peaks else None,
+                returned=result.get("returned"))

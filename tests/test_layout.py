@@ -1,0 +1,174 @@
+"""The house's rules, read from the source (ast): the import graph of ``kit/`` has no circle, layers point
+down only, prediction never reaches the measuring side, no module imports another's private names, and every
+package's ``__init__`` is its public list and a docstring."""
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections import defaultdict
+
+import pytest
+
+KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
+
+# Each package's layer: an import may point to a lower layer or within its own package, never up or sideways.
+LAYERS = {
+    "kit.units": 0, "kit.inputs": 0, "kit.machine": 0, "kit.presets": 0, "kit.dtypes": 0, "kit.runtime": 0,
+    "kit.model_configs": 0, "kit.models": 0, "kit.data": 0, "kit.assets": 0,
+    "kit.estimate": 1, "kit.measure": 1, "kit.plot": 1,
+    "kit.advise": 2,
+    "kit.watching": 3, "kit.widgets": 3,
+    "kit.scenarios": 4,
+    "kit.cli": 5, "kit.__main__": 6, "kit": 6,
+}
+PREDICTION = ("kit.estimate", "kit.advise")
+NOT_FOR_PREDICTION = ("kit.measure", "kit.widgets", "kit.plot", "kit.watching", "kit.scenarios", "kit.cli")
+
+
+def modules(root: pathlib.Path = KIT) -> dict[str, pathlib.Path]:
+    out = {}
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def imports(mods: dict[str, pathlib.Path]) -> dict[str, set[tuple[str, str | None, int]]]:
+    """module -> {(imported module, name imported from it or None, line)}, function-level imports included."""
+    out = defaultdict(set)
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:
+                    if f"{base}.{a.name}" in mods:
+                        out[mod].add((f"{base}.{a.name}", None, node.lineno))
+                    elif base in mods:
+                        out[mod].add((base, a.name, node.lineno))
+            elif isinstance(node, ast.Import):
+                out[mod] |= {(a.name, None, node.lineno) for a in node.names if a.name in mods}
+    return out
+
+
+def package_of(mod: str) -> str:
+    best = max((p for p in LAYERS if mod == p or mod.startswith(p + ".")), key=len, default=None)
+    assert best is not None, f"{mod} is in no layer: add its package to LAYERS"
+    return best
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each a circle of imports."""
+    index, low, stack, on, found, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def module_edges(mods) -> dict[str, set[str]]:
+    # A package's __init__ imports its own rooms to re-export them; a room importing the package's face
+    # imports a sibling. Both are package-internal, so an edge to a package is an edge to what its face names.
+    edges = defaultdict(set)
+    for mod, targets in imports(mods).items():
+        for target, _name, _line in targets:
+            if target != mod and not (mod.startswith(target + ".") and mods[target].name == "__init__.py"):
+                edges[mod].add(target)
+    return edges
+
+
+def problems(root: pathlib.Path = KIT) -> list[str]:
+    mods = modules(root)
+    found = []
+    edges = module_edges(mods)
+    found += [f"import circle: {' <-> '.join(c)}" for c in cycles(edges)]
+    for mod, targets in sorted(imports(mods).items()):
+        for target, name, line in sorted(targets, key=str):
+            if name and name.startswith("_") and not name.startswith("__") and target != mod:
+                found.append(f"{mod}:{line} imports the private {target}.{name}")
+            src, dst = package_of(mod), package_of(target)
+            if src != dst and (LAYERS[dst] > LAYERS[src] or LAYERS[dst] == LAYERS[src] != 0) \
+                    and not mod.startswith(target + "."):
+                found.append(f"{mod}:{line} imports {target}: layer {LAYERS[dst]} from layer {LAYERS[src]}, "
+                             "not below")
+    for mod in mods:  # prediction never reaches the measuring side, however far the imports go
+        if package_of(mod) in PREDICTION:
+            seen, todo = set(), [mod]
+            while todo:
+                m = todo.pop()
+                for t in edges.get(m, ()):
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            bad = sorted(t for t in seen if package_of(t) in NOT_FOR_PREDICTION)
+            if bad:
+                found.append(f"prediction module {mod} reaches {', '.join(bad)}")
+    for mod, path in mods.items():
+        if path.name == "__init__.py" and mod != "kit":
+            for node in ast.parse(path.read_text()).body:
+                ok = isinstance(node, (ast.ImportFrom, ast.Import)) or (
+                    isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or (
+                    isinstance(node, (ast.Assign, ast.AnnAssign)) and "__all__" in ast.dump(node))
+                if not ok:
+                    found.append(f"{mod}'s __init__ holds more than a docstring and its public list "
+                                 f"(line {node.lineno})")
+    return found
+
+
+def test_the_house_keeps_its_rules():
+    assert problems() == []
+
+
+def test_every_package_names_its_public_face():
+    for mod, path in modules().items():
+        if path.name == "__init__.py" and mod not in ("kit", "kit.assets"):
+            assert "__all__" in path.read_text(), f"{mod} has no __all__"
+
+
+def test_no_module_is_over_350_lines():
+    long = {str(p.relative_to(KIT)): n for p in KIT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 350}
+    assert long == {}
+
+
+@pytest.mark.parametrize("plant, expected", [
+    ({"kit/units.py": "from kit.estimate import estimate\n"}, "import circle"),
+    ({"kit/estimate/core.py": "from kit.measure import device\n"}, "prediction module kit.estimate.core reaches"),
+    ({"kit/advise/core.py": "from kit.estimate.core import _assemble\n"}, "imports the private"),
+    ({"kit/estimate/inventory.py": "from kit.advise import advise\n"}, "not below"),
+])
+def test_the_rules_catch_a_planted_breach(tmp_path, plant, expected):
+    """Copy the tree, plant one bad import, and the check names it."""
+    import shutil
+
+    shutil.copytree(KIT, tmp_path / "kit", ignore=shutil.ignore_patterns("*.json", "*.txt", "__pycache__"))
+    for rel, line in plant.items():
+        p = tmp_path / rel
+        p.write_text(p.read_text() + "\n" + line)
+    assert any(expected in p for p in problems(tmp_path / "kit")), problems(tmp_path / "kit")
