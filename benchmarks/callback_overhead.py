@@ -35,7 +35,6 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 
 from kit import data
 from kit import machine
-from kit.measure import device  # noqa: E402
 from kit.plot.live import LivePlot  # noqa: E402
 from kit.models import build_model  # noqa: E402
 from kit.measure.track import Tracker  # noqa: E402

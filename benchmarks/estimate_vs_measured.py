@@ -247,7 +247,6 @@ def family_report(rows, cuda=False) -> str:
     import peft
     import transformers
 
-    from kit.measure import device
     from kit.units import fmt_bytes
 
     where = torch.cuda.get_device_name(0) if cuda else "CPU"
@@ -407,7 +406,6 @@ def report(rows, timing, cuda) -> str:
     import peft
     import transformers
 
-    from kit.measure import device
     from kit.units import fmt_bytes
 
     hw = machine.hardware()
@@ -469,7 +467,6 @@ def report(rows, timing, cuda) -> str:
 def main(argv=None) -> int:
     import tempfile
 
-    from kit.measure import device
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None, help="write the markdown table here too")

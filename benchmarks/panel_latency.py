@@ -63,7 +63,6 @@ def measure(scenario: int, model: str, repeats: int) -> dict:
 def report(rows: list, repeats: int) -> str:
     import ipywidgets
 
-    from kit.measure import device
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Panel latency: one control change -> estimate redrawn ({now})", "",

@@ -27,15 +27,48 @@ _FALSE = ("false", "no", "n", "off", "0")
 
 
 class InputError(ValueError):
-    """A value that cannot be read. ``name`` is the control (keyword) it was passed for.
+    """A value that cannot be read, or a combination refused. ``name`` is the control (keyword) it was passed
+    for; ``code`` says which refusal it is, so callers route on it, never on the message's words.
 
-    >>> InputError("steps", "steps must be a whole number >= 1, not 0.").name
-    'steps'
+    >>> e = InputError("steps", "steps must be a whole number >= 1, not 0.")
+    >>> e.name, e.code
+    ('steps', 'invalid')
     """
 
-    def __init__(self, name: str, message: str):
+    def __init__(self, name: str, message: str, code: str = "invalid"):
         super().__init__(message)
-        self.name = name
+        self.name, self.code = name, code
+
+
+class Note(str):
+    """A note on an estimate: its text, with the ``field`` it is about and a ``code`` to route on. It is a
+    ``str``, so it prints and serialises as its text.
+
+    >>> n = Note("8-bit AdamW kills the process here", field="optimizer", code="int32-optimizer")
+    >>> n, n.code, n.field
+    ('8-bit AdamW kills the process here', 'int32-optimizer', 'optimizer')
+    """
+
+    def __new__(cls, text: str, *, field: str | None = None, code: str = "note"):
+        self = super().__new__(cls, text)
+        self.field, self.code = field, code
+        return self
+
+    def __reduce__(self):  # copies (the estimate's JSON deep-copies its notes) keep the field and code
+        return (_note, (str(self), self.field, self.code))
+
+
+def _note(text, field, code):
+    return Note(text, field=field, code=code)
+
+
+def has_note(notes, code: str) -> bool:
+    """Whether any of ``notes`` carries ``code``.
+
+    >>> has_note([Note("x", code="a"), "plain text"], "a"), has_note(["plain text"], "a")
+    (True, False)
+    """
+    return any(getattr(n, "code", None) == code for n in notes)
 
 
 def whole_number(name: str, value, minimum: int | None = 1, maximum: int | None = None) -> int:

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from kit.measure import cleanup, device, leaks, oom
+from kit.measure import cleanup, leaks, oom
 from kit import machine
 from kit import plot
 from kit.measure.track import Tracker

@@ -71,7 +71,6 @@ def test_first_figure_is_the_real_size_estimate(demo):
 
 def test_original_compares_like_with_like(demo):
     """The original's estimate is the setup as it ran here (the run's record), not the Colab recipe."""
-    from kit.measure import device
     from kit.scenarios.custom_head import scenario as s1
 
     _, s = demo

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from kit.estimate import core as E
+import kit.estimate as E
+from kit.estimate.inventory import info_of
 from kit.measure.tensor_peak import saved_tensor_bytes
 from kit.estimate import estimate
 from kit.presets import nf4_bytes, int8_bytes, optimizer_state_bytes
@@ -90,7 +91,7 @@ def test_full_finetune_fp32_totals():
     est = estimate("distilgpt2", batch_size=2, seq_len=64)
     n = 81_912_576
     assert est.trainable_params == n
-    assert est.weights_bytes == 4 * n + E.info_of("distilgpt2").buffers_bytes
+    assert est.weights_bytes == 4 * n + info_of("distilgpt2").buffers_bytes
     assert est.gradients_bytes == 4 * n and est.optimizer_bytes == 8 * n
     sgd = estimate("distilgpt2", batch_size=2, seq_len=64, optimizer="sgd")
     assert sgd.optimizer_bytes == 4 * n
@@ -316,13 +317,39 @@ def test_modules_that_are_not_causal_lms_are_refused():
     from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
 
     for module in (torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4))):
-        with pytest.raises(E.UnsupportedModel, match="has no transformers config"):
+        with pytest.raises(E.UnsupportedModel, match="holds no transformers causal LM"):
             estimate(module, batch_size=1, seq_len=8)
     tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
     with pytest.raises(E.UnsupportedModel, match=r"^bert \(BertModel\) is not a decoder-only causal LM"):
         estimate(BertModel(BertConfig(**tiny)), batch_size=1, seq_len=8)   # it makes no vocabulary logits
     with pytest.raises(E.UnsupportedModel, match=r"LlamaModel\) has no language-model head.*ForCausalLM"):
         estimate(LlamaModel(LlamaConfig(**tiny)), batch_size=1, seq_len=8)
+
+
+def test_a_head_on_the_logits_is_found_by_its_shapes_in_the_users_own_module():
+    """Scenario 1's model as its user wrote it: a plain nn.Module with no .config, and the head under another
+    name. The estimate is the registry model's to the byte; a layer that is not on the logits is refused."""
+    from kit.models import build_model
+
+    class Custom_GPT2_Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = build_model("tiny-gpt2", device="meta")
+            self.gpt2.resize_token_embeddings(self.gpt2.config.vocab_size + 1, mean_resizing=False)  # the pad token
+            for p in self.gpt2.parameters():
+                p.requires_grad = False
+            V = self.gpt2.config.vocab_size
+            self.vocab_projection = torch.nn.Linear(V, V, device="meta")
+
+    kw = dict(batch_size=2, seq_len=32, precision="fp16", gradient_checkpointing=True)
+    mine, shipped = estimate(Custom_GPT2_Model(), **kw), estimate("tiny-gpt2+vocab-head", **kw)
+    assert (mine.peak_bytes, mine.trainable_params, mine.peak_moment) == \
+        (shipped.peak_bytes, shipped.trainable_params, shipped.peak_moment)
+    assert mine.offenders[0][0] == "vocab_projection"
+    extra = Custom_GPT2_Model()
+    extra.classifier = torch.nn.Linear(extra.gpt2.config.n_embd, 2, device="meta")
+    with pytest.raises(E.UnsupportedModel, match="adds classifier on top of its language model"):
+        estimate(extra, **kw)
 
 
 def test_llama_style_families_still_estimate(tmp_path):

@@ -14,7 +14,7 @@ KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
 # Each package's layer: an import may point to a lower layer or within its own package, never up or sideways.
 LAYERS = {
     "kit.units": 0, "kit.inputs": 0, "kit.machine": 0, "kit.presets": 0, "kit.dtypes": 0, "kit.runtime": 0,
-    "kit.model_configs": 0, "kit.models": 0, "kit.data": 0, "kit.assets": 0,
+    "kit.model_configs": 0, "kit.models": 0, "kit.data": 0, "kit.assets": 0, "kit.training_setup": 0,
     "kit.estimate": 1, "kit.measure": 1, "kit.plot": 1,
     "kit.advise": 2,
     "kit.watching": 3, "kit.widgets": 3,
@@ -56,7 +56,7 @@ def imports(mods: dict[str, pathlib.Path]) -> dict[str, set[tuple[str, str | Non
 
 
 def package_of(mod: str) -> str:
-    best = max((p for p in LAYERS if mod == p or mod.startswith(p + ".")), key=len, default=None)
+    best = max((p for p in LAYERS if mod == p or (p != "kit" and mod.startswith(p + "."))), key=len, default=None)
     assert best is not None, f"{mod} is in no layer: add its package to LAYERS"
     return best
 

@@ -3,7 +3,6 @@ import pytest
 import torch
 import transformers
 
-from kit.measure import device
 from kit import machine
 from kit import models
 from kit.scenarios.custom_head import scenario as ch

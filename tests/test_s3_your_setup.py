@@ -8,7 +8,7 @@ import torch
 from transformers import TrainingArguments
 
 import kit
-from kit.measure import device, leaks
+from kit.measure import leaks
 from kit import machine
 from kit.advise import advise
 from kit.estimate import estimate_trainer

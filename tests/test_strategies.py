@@ -35,14 +35,14 @@ def test_one_gpu_is_the_single_gpu_estimate(kw):
 def test_fsdp_divides_every_state_by_n_frozen_weights_too(N):
     for kw in SETUPS[:3]:
         one, f = _est(kw), _est(kw, strategy="fsdp", num_gpus=N)
-        c = one._ctx
-        params = sum(c["weights"].values())
-        assert f.weights_bytes == math.ceil(params / N) + c["buffers"]
+        c = one.context
+        params = sum(c.weights.values())
+        assert f.weights_bytes == math.ceil(params / N) + c.buffers
         assert f.gradients_bytes == math.ceil(one.gradients_bytes / N)
         assert f.optimizer_bytes == math.ceil(one.optimizer_bytes / N)
         assert sum(f.components().values()) == f.peak_bytes
         # the root (embeddings, lm_head) is gathered from its forward till its reduce-scatter: at least that
-        assert f.unsharded_bytes >= c["weights"]["embed"] + c["weights"]["head"]
+        assert f.unsharded_bytes >= c.weights["embed"] + c.weights["head"]
         js = f.to_json()
         assert js["strategy"] == "fsdp" and js["num_gpus"] == N and type(js["peak_bytes"]) is int
 
@@ -62,11 +62,11 @@ def test_zero_stages_divide_what_deepspeed_divides():
     one = _est(kw)
     T, N = one.trainable_params, 8
     z = {s: _est(kw, strategy=f"zero{s}", num_gpus=N) for s in (1, 2, 3)}
-    half = sum(one._ctx["weights"].values()) // 2  # DeepSpeed casts the fp32 model to bf16
-    assert z[1].weights_bytes - one._ctx["buffers"] == half and z[1].gradients_bytes == 2 * T
+    half = sum(one.context.weights.values()) // 2  # DeepSpeed casts the fp32 model to bf16
+    assert z[1].weights_bytes - one.context.buffers == half and z[1].gradients_bytes == 2 * T
     assert z[1].optimizer_bytes == math.ceil(16 * T / N)  # fp32 master + fp32 grads + AdamW's two states
     assert z[2].gradients_bytes == math.ceil(2 * T / N) and z[2].weights_bytes == z[1].weights_bytes
-    assert z[3].weights_bytes - one._ctx["buffers"] == math.ceil(half / N)
+    assert z[3].weights_bytes - one.context.buffers == math.ceil(half / N)
     assert z[1].peak_bytes > z[2].peak_bytes > z[3].peak_bytes
     lora = _est(kw, lora_r=16, strategy="zero3", num_gpus=N)  # frozen weights: sharded, no grad or state
     assert lora.optimizer_bytes == math.ceil(16 * lora.trainable_params / N)
@@ -100,7 +100,7 @@ def test_cpu_offload_moves_the_shards_to_ram():
     kw = dict(model="meta-llama/Llama-3.2-1B", batch_size=1, seq_len=512, precision="bf16")
     on, off = _est(kw, strategy="fsdp", num_gpus=4), _est(kw, strategy="fsdp", num_gpus=4, cpu_offload=True)
     assert off.optimizer_bytes == 0 and off.gradients_bytes == 0 and off.peak_bytes < on.peak_bytes
-    assert off.cpu_offload_bytes == on.weights_bytes - on._ctx["buffers"] + on.gradients_bytes + on.optimizer_bytes
+    assert off.cpu_offload_bytes == on.weights_bytes - on.context.buffers + on.gradients_bytes + on.optimizer_bytes
     z = _est(kw, strategy="zero2", num_gpus=4, cpu_offload=True)
     assert z.optimizer_bytes == 0 and z.cpu_offload_bytes > 0
     with pytest.raises(InputError, match="offload"):

@@ -8,7 +8,8 @@ import torch
 
 from kit.measure import device
 from kit import machine
-from kit.measure.track import Tracker, _peak
+from kit.measure.records import stage_peak
+from kit.measure.track import Tracker
 from kit.units import MiB
 
 
@@ -69,14 +70,14 @@ def test_repeated_stages_are_indexed_and_errors_kept():
 
 def test_peak_rule_without_resetting_the_global_counter():
     # the peak rose during the stage: its end value is the stage's peak, exactly
-    assert _peak(False, 100, 150, [120]) == (150, True, "the process peak rose during the stage")
+    assert stage_peak(False, 100, 150, [120]) == (150, True, "the process peak rose during the stage")
     # stayed under an earlier peak: the highest reading seen, not exact
-    peak, exact, _ = _peak(False, 200, 200, [120, 130])
+    peak, exact, _ = stage_peak(False, 200, 200, [120, 130])
     assert (peak, exact) == (130, False)
     # someone (Trainer's memory metrics) reset it inside the stage
-    peak, exact, note = _peak(False, 200, 90, [120])
+    peak, exact, note = stage_peak(False, 200, 90, [120])
     assert (peak, exact) == (120, False) and "another tool" in note
-    assert _peak(True, 100, 110, [105])[:2] == (110, True)
+    assert stage_peak(True, 100, 110, [105])[:2] == (110, True)
 
 
 def test_export_json_and_csv_read_back(tmp_path):

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 import kit
 from kit import data, models
 from kit import machine
-from kit.measure import device, leaks
+from kit.measure import leaks
 from kit.units import MiB, fmt_bytes
 from kit.watching.report import PHASES
 

@@ -36,7 +36,6 @@ turns it off. The model's CPU build must fit in RAM as well (it does not depend 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
@@ -45,7 +44,7 @@ from kit.advise.gpus import shard_suggestion
 from kit.estimate import Estimate, estimate
 from kit.estimate.inventory import info_of
 from kit.dtypes import run_dtype
-from kit.presets import PRESETS, Preset, resolve_device
+from kit.presets import resolve_device
 from kit.units import GiB, fmt_bytes, wrapped
 
 SAFETY = 0.05            # of the limit, kept free for reserved-above-allocated (fragmentation); see the doc

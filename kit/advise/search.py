@@ -15,21 +15,15 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.estimate import Estimate, estimate
 from kit.estimate.inventory import info_of
+from kit.training_setup import KEYWORDS, SUGGESTED, flag_of
 from kit.units import fmt_bytes
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
 LORA_R = 16              # the rank of a suggested LoRA (an outsized layer gets more: see _head)
 INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (DESIGN.md)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
-CLI = {"batch_size": "batch-size", "seq_len": "seq-len", "grad_accum": "grad-accum", "precision": "precision",
-       "quantization": "quantization", "kbit_recipe": "kbit-recipe", "lora_r": "lora-r",
-       "lora_targets": "lora-targets", "load_dtype": "load-dtype", "optimizer": "optimizer",
-       "gradient_checkpointing": "gradient-checkpointing", "attn_implementation": "attn",
-       "eval_batch_size": "eval-batch-size", "eval_accumulation_steps": "eval-accumulation-steps"}
-KW = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "lora_targets", "optimizer",
-      "gradient_checkpointing", "grad_accum", "load_dtype", "attn_implementation", "kbit_recipe", "lora_dropout",
-      "padded", "device", "eval_batch_size", "eval_gather", "eval_samples", "eval_accumulation_steps",
-      "quant_type", "double_quant", "compute_dtype", "checkpoint_reentrant", "strategy", "num_gpus", "cpu_offload")
+CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
+KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
 
 
 # -- the moves ----------------------------------------------------------------------------------------------

@@ -12,13 +12,12 @@ import json
 import logging
 import sys
 
-from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
 from kit.model_configs import known_models
 from kit.presets import ALIASES
-from kit.estimate.strategies import STRATEGIES
+from kit.training_setup import add_arguments, flag_of, from_arguments
 
-QUANT_OPTIONS = ("quant_type", "double_quant", "compute_dtype")  # estimate()'s 4-bit keywords, from their options
-_FLAGS: dict = {}  # estimate()'s keyword -> this command's option, to name the option in an error
+_FLAGS: dict = {}  # this command's other options (--model, --preset ...), to name one in an error
+
 
 
 def _optimizer(value: str) -> str:
@@ -39,67 +38,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
     _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
-    _FLAGS.update(padded="--no-padding", gradient_checkpointing="--gradient-checkpointing")
     return p
 
 
 def add_setup_options(p: argparse.ArgumentParser) -> None:
-    """The options that describe one training setup: ``estimate`` and ``fit`` (:mod:`kit.cli.fit`) add them."""
+    """The options that describe one training setup (:mod:`kit.training_setup` declares them): ``estimate`` and
+    ``fit`` (:mod:`kit.cli.fit`) add them."""
     p.add_argument("--model", required=True, help="a shipped name (" + ", ".join(known_models()) + "), any "
                    "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
                    "or a path to a config.json")
-    p.add_argument("--batch-size", type=int, required=True, help="per-device train batch size")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--precision", choices=list(DTYPES), default=None,
-                   help="fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default fp32, or the "
-                        "--accelerate-config file's mixed_precision")
-    p.add_argument("--quantization", choices=list(QUANTIZATIONS), default="none",
-                   help="bitsandbytes; 4bit = NF4 + double quant, bf16 compute (see the three 4-bit options below)")
-    p.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: no LoRA)")
-    p.add_argument("--lora-targets", default=None, help="comma-separated module names, e.g. q_proj,v_proj "
-                   "(default: peft's for the architecture)")
-    p.add_argument("--optimizer", type=_optimizer, choices=list(OPTIMIZERS), default="adamw-fused",
-                   help="adamw-fused (adamw_torch_fused, Trainer's default), adamw (adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
-                        "sgd (with momentum); the TrainingArguments.optim names in brackets work too")
-    p.add_argument("--gradient-checkpointing", dest="gradient_checkpointing", action="store_true",
-                   default=None, help="checkpoint the blocks (default: the model's own default)")
-    p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
-                   help="turn it off even where the model's default is on")
-    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
-    p.add_argument("--load-dtype", choices=list(DTYPES), default=None,
-                   help="dtype the weights load in (default fp32; bf16 for the unquantized parts with "
-                        "quantization)")
-    p.add_argument("--attn", dest="attn_implementation", choices=["sdpa", "eager"], default="sdpa",
-                   help="attention implementation")
-    p.add_argument("--kbit-recipe", choices=["standard", "lean"], default="standard",
-                   help="standard: peft's prepare_model_for_kbit_training (fp32 upcast); lean: no upcast")
-    p.add_argument("--no-padding", dest="padded", action="store_false",
-                   help="batches have no padding (no attention mask is built)")
-    p.add_argument("--eval-batch-size", type=int, default=8,
-                   help="per_device_eval_batch_size, for the evaluation phase (default 8, as TrainingArguments)")
-    p.add_argument("--eval-gather", choices=["loss", "logits", "preprocessed"], default="loss",
-                   help="what evaluate() keeps: loss (no compute_metrics), logits (compute_metrics), preprocessed "
-                        "(preprocess_logits_for_metrics returning one id per token)")
-    p.add_argument("--eval-samples", type=int, default=None, help="len(eval_dataset): gathered logits grow with it")
-    p.add_argument("--eval-accumulation-steps", type=int, default=None,
-                   help="move gathered predictions off the GPU every N eval steps")
-    # more than one GPU (kit.estimate.strategies): the bytes become per GPU
-    p.add_argument("--strategy", choices=list(STRATEGIES), default=None,
-                   help="single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), fsdp-grad-op "
-                        "(SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)")
-    p.add_argument("--num-gpus", type=int, default=None, help="GPUs the run is spread over (default 1)")
-    p.add_argument("--cpu-offload", action="store_true", default=None,
-                   help="fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer (zero3: and params)")
+    add_arguments(p, optimizer_type=_optimizer)
     p.add_argument("--accelerate-config", default=None, metavar="PATH",
                    help="the YAML `accelerate config` wrote: its distributed_type, num_processes, fsdp/deepspeed "
                         "config and mixed_precision set the options above (flags given here win)")
-    # 4-bit only (BitsAndBytesConfig's bnb_4bit_*): the defaults are the kit's 4bit, the QLoRA recipe
-    p.add_argument("--quant-type", choices=["nf4", "fp4"], default="nf4",
-                   help="4-bit: bnb_4bit_quant_type (the same bytes; BitsAndBytesConfig's own default is fp4)")
-    p.add_argument("--no-double-quant", dest="double_quant", action="store_false",
-                   help="4-bit: bnb_4bit_use_double_quant=False (each block's scale in 4 bytes, not 1)")
-    p.add_argument("--compute-dtype", choices=list(DTYPES), default="bf16",
-                   help="4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)")
 
 
 def resolve_launch(args: argparse.Namespace) -> argparse.Namespace:
@@ -142,19 +93,9 @@ def run(args: argparse.Namespace) -> int:
         with quiet():
             from kit.estimate import estimate
 
-            est = estimate(
-                args.model, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                quantization=args.quantization, lora_r=args.lora_r, lora_targets=args.lora_targets,
-                optimizer=args.optimizer, gradient_checkpointing=args.gradient_checkpointing,
-                grad_accum=args.grad_accum, load_dtype=args.load_dtype,
-                attn_implementation=args.attn_implementation, kbit_recipe=args.kbit_recipe,
-                padded=getattr(args, "padded", True), eval_batch_size=args.eval_batch_size,
-                eval_gather=args.eval_gather, eval_samples=args.eval_samples,
-                eval_accumulation_steps=args.eval_accumulation_steps, strategy=args.strategy,
-                num_gpus=args.num_gpus, cpu_offload=args.cpu_offload,
-                **{k: getattr(args, k) for k in QUANT_OPTIONS if hasattr(args, k)})
+            est = estimate(args.model, **from_arguments(args))
     except ValueError as exc:
-        flag = _FLAGS.get(getattr(exc, "name", None))
+        flag = flag_of(getattr(exc, "name", None)) or _FLAGS.get(getattr(exc, "name", None))
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug of the estimator: say so in one line, with what to do

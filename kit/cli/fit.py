@@ -14,7 +14,9 @@ import argparse
 import json
 import sys
 
-_FLAGS: dict = {}   # estimate()'s / advise()'s keyword -> this command's option, to name it in an error
+from kit.training_setup import flag_of, from_arguments
+
+_FLAGS: dict = {}   # this command's other options (--device, --safety ...), to name one in an error
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -36,8 +38,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="the run evaluates: Trainer.evaluate()'s peak (at --eval-batch-size) must fit too")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
-    _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
-    _FLAGS.update(padded="--no-padding", gradient_checkpointing="--gradient-checkpointing", setup="--model")
+    _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings}, setup="--model")
     return p
 
 
@@ -49,15 +50,11 @@ def setup_of(args: argparse.Namespace) -> dict:
     ...                                     "--attn", "eager"]))["attn_implementation"]
     'eager'
     """
-    keys = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "lora_targets", "optimizer",
-            "gradient_checkpointing", "grad_accum", "load_dtype", "attn_implementation", "kbit_recipe", "padded",
-            "eval_batch_size", "eval_gather", "eval_samples", "eval_accumulation_steps", "quant_type", "double_quant",
-            "compute_dtype", "checkpoint_reentrant", "strategy", "num_gpus", "cpu_offload")
     if hasattr(args, "strategy"):
         from kit.cli.estimate import resolve_launch
 
         resolve_launch(args)
-    return {k: getattr(args, k) for k in keys if hasattr(args, k)}
+    return {"model": args.model, **from_arguments(args)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
             advice = advise(setup_of(args), args.device, safety=args.safety, evaluates=args.evaluates)
     except ValueError as exc:
-        flag = _FLAGS.get(getattr(exc, "name", None))
+        name = getattr(exc, "name", None)
+        flag = flag_of(name) or _FLAGS.get(name)
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug of the estimator or the advisor: one line, with what to do

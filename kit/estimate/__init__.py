@@ -9,11 +9,11 @@ forward saves, op by op). It never imports :mod:`kit.measure`, :mod:`kit.widgets
 >>> estimate("tiny-gpt2", batch_size=1, seq_len=16).peak_phase in ("forward/backward", "optimizer step")
 True
 """
-from kit.estimate.core import estimate
+from kit.estimate.core import INT32_OPTIMIZER, estimate
 from kit.estimate.from_objects import estimate_from, estimate_trainer
 from kit.estimate.inventory import UnsupportedModel
 from kit.estimate.result import COMPONENTS, Estimate, ShardedEstimate
 from kit.estimate.strategies import STRATEGIES
 
 __all__ = ["estimate", "estimate_from", "estimate_trainer", "Estimate", "ShardedEstimate", "COMPONENTS",
-           "STRATEGIES", "UnsupportedModel"]
+           "STRATEGIES", "UnsupportedModel", "INT32_OPTIMIZER"]

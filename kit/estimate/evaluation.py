@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GATHER = ("loss", "logits", "preprocessed")   # no compute_metrics; its logits; preprocess_logits_for_metrics
+from kit.training_setup import GATHER  # noqa: F401 (loss: no compute_metrics; logits; preprocess_logits_for_metrics)
 
 
 @dataclass(frozen=True)

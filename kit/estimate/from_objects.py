@@ -17,14 +17,11 @@ the launch's ``WORLD_SIZE`` GPUs.
 from __future__ import annotations
 
 from kit import inputs as kin
-from kit import machine
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
-from kit.presets import PRESETS, Preset, verdict
 from kit.estimate.read_model import (bnb_options, model_name, read_bnb, read_lora_config, read_model, targets_for,
     trainer_reentrant)
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
-from kit.units import fmt_bytes
 
 _ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
           "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",

@@ -33,9 +33,14 @@ class Info:
     family: str
     leaves: tuple
     buffers_bytes: int
-    vocab_head: bool
+    head_layers: tuple               # Linear modules added on top of the LM's logits, in forward order (V->..->V)
     max_positions: int | None
     output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
+
+    @property
+    def vocab_head(self) -> bool:
+        """A head on the logits sits on top of the LM (scenario 1's ``Linear(V, V)`` is one)."""
+        return bool(self.head_layers)
 
 
 class UnsupportedModel(ValueError):
@@ -89,9 +94,8 @@ def inventory(model, cfg) -> Info:
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    vocab_head = getattr(cfg, "kit_vocab_head", False) or hasattr(model, "custom_layer")
-    base, prefix = (model.gpt2, "gpt2.") if vocab_head else (model, "")
-    base_cfg = getattr(base, "config", cfg)
+    base, prefix = base_lm(model)
+    base_cfg = base.config
     family = family_of(base_cfg)
     what = f"{base_cfg.model_type} ({type(model).__name__})"
     out = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
@@ -129,10 +133,51 @@ def inventory(model, cfg) -> Info:
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
                                "model, its config or a config.json path.")
+    head_layers = _head_on_logits(leaves, prefix, base_cfg.vocab_size, what)
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    return Info(base_cfg, family, tuple(leaves), bufs, vocab_head, maxpos, head_name)
+    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name)
+
+
+def base_lm(model):
+    """``(base, prefix)``: the transformers causal LM a module is or holds (the outermost one with an LM
+    head), and the prefix of its parameters' names; ``(None, "")`` when there is none.
+
+    >>> from kit.models import build_model
+    >>> base_lm(build_model("tiny-gpt2+vocab-head", device="meta"))[1]
+    'gpt2.'
+    """
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return model, ""
+    for name, mod in model.named_modules():
+        if isinstance(mod, PreTrainedModel) and mod.get_output_embeddings() is not None:
+            return mod, name + "."
+    return None, ""
+
+
+def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
+    """The Linear layers outside the LM, recognised by their shapes: a chain that takes the logits (in width
+    V) and gives logits back (out width V), V->V or V->r->V, in the order the forward runs them. Any other
+    layer outside the LM has no place in the replay, so it is refused."""
+    outside = [l for l in leaves if prefix and not l.name.startswith(prefix)]
+    linears = [l for l in outside if l.kind == "linear"]
+    chain = [l for l in linears if l.fin == V][:1]
+    while chain and chain[-1].fout != V:
+        nxt = [l for l in linears if l.fin == chain[-1].fout and l not in chain]
+        if not nxt:
+            break
+        chain.append(nxt[0])
+    if chain and chain[-1].fout != V:
+        chain = []
+    rest = [l.name for l in outside if l not in chain]
+    if rest:
+        raise UnsupportedModel(f"{what} adds {', '.join(rest)} on top of its language model, and the estimator "
+                               f"replays only layers on the logits (Linear(V, V), or V->r->V, with V = {V}): "
+                               "measure this one on a real step with kit.measure.track.Tracker, or pass the LM.")
+    return tuple(l.name for l in chain)
 
 
 @lru_cache(maxsize=32)
@@ -166,11 +211,13 @@ def info_of(model) -> Info:
     if isinstance(model, PretrainedConfig):
         return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
     if hasattr(model, "named_modules"):
-        if not isinstance(getattr(model, "config", None), PretrainedConfig):
-            raise UnsupportedModel(f"a bare {type(model).__name__} has no transformers config, so the estimator "
+        base, _ = base_lm(model)
+        if base is None:
+            raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM, so the estimator "
                                    "cannot read its architecture: pass a causal LM built by transformers "
-                                   "(AutoModelForCausalLM), its config, a config.json path or a registry name.")
-        return inventory(model, model.config)
+                                   "(AutoModelForCausalLM), a module that holds one, its config, a config.json path "
+                                   "or a registry name.")
+        return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
 

@@ -12,7 +12,6 @@ import tempfile
 import warnings
 from pathlib import Path  # noqa: F401 (the doctest of scratch_dir)
 
-from kit.measure import device as kdevice
 from kit import machine
 from kit import dtypes, runtime
 from kit.units import fmt_bytes, wrapped

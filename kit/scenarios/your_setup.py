@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from kit.measure import cleanup
 from kit import machine
 from kit import data as kdata
-from kit.measure import device as kdevice
 from kit import inputs as kin
 from kit import models as kmodels
 from kit.presets import OPTIMIZERS

@@ -34,16 +34,15 @@ from pathlib import Path
 import ipywidgets as W
 from IPython.display import display
 
-from kit.measure import device as kdevice
 from kit import machine
 from kit import models as kmodels
 from kit.widgets import runs as panel_runs
 from kit import runtime
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
-from kit.estimate import estimate
+from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.presets import OPTIMIZERS
-from kit.inputs import whole_number
+from kit.inputs import has_note, whole_number
 from kit.presets import PRESETS, Preset, resolve_device, verdict
 from kit.widgets.gpus import gpu_controls, launch, launch_problem
 from kit.widgets.run_view import PanelRuns
@@ -300,10 +299,11 @@ class Panel(PanelRuns):
         except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
             msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
             self.estimate, self.verdict, self.problem = None, None, msg
-            key = "quantization" if "lora_r > 0" in msg else "seq_len" if "positions" in msg else "strategy" \
-                if getattr(exc, "name", None) in ("strategy", "num_gpus", "cpu_offload") else "model"
+            name = {"num_gpus": "strategy", "cpu_offload": "strategy"}.get(getattr(exc, "name", None),
+                                                                           getattr(exc, "name", None))
+            key = name if name in self.reasons else "model"   # the refusal names its field
             why[key] = f"<span style='color:#D55E00'>&#9888; {html.escape(msg)}</span>"
-        if self.estimate is not None and any("2^31" in n for n in self.estimate.notes):
+        if self.estimate is not None and has_note(self.estimate.notes, INT32_OPTIMIZER):
             why["optimizer"] = "<span style='color:#D55E00'>&#9888; 8-bit AdamW kills the process on the " \
                                "over-2^31-element head: Run refused</span>"
         for k, w in self.reasons.items():

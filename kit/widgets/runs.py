@@ -23,9 +23,9 @@ from kit import machine
 from kit import data as kdata
 from kit.measure import device as kdevice
 from kit import models as kmodels
-from kit.estimate import estimate
+from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.presets import OPTIMIZERS
-from kit.inputs import whole_number
+from kit.inputs import has_note, whole_number
 from kit.measure.track import Tracker
 from kit.units import fmt_bytes, gib
 
@@ -81,7 +81,7 @@ def refusal(setup: dict, est) -> str | None:
     needs_bnb = setup["quantization"] != "none" or "8bit" in setup["optimizer"]
     if needs_bnb and bnb_problem():
         return bnb_problem()
-    if any("2^31" in n for n in est.notes):
+    if has_note(est.notes, INT32_OPTIMIZER):
         return "8-bit AdamW would kill the process on a tensor over 2^31 elements: use adamw"
     need = max(est.cpu_build_bytes, 0 if machine.has_cuda() else est.peak_bytes)
     free = kdevice.snapshot(live_tensors=False).ram_available_bytes

@@ -20,6 +20,17 @@ class _T:
     sn: int = 0  # elements of its storage, when it is a view of a bigger one
 
 
+@dataclass
+class Output:
+    """One op output in the graph, as the backward walk needs it."""
+
+    saves_before: int             # how many tensors were saved before it (its position in Tape.order)
+    nbytes: int                   # its bytes: backward makes a grad this size for it
+    weight_grad: int = 0          # bytes of its weight's grad (0: none, or frozen)
+    input_grad: int | None = None  # bytes of its inputs' grads (None: about the previous output's)
+    temporaries: int = 0          # its backward's temporaries (a quantized weight, dequantized)
+
+
 class Tape:
     """A forward replay: makes symbolic tensors and records what each op saves."""
 
@@ -38,9 +49,7 @@ class Tape:
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it
-            # [saves so far, bytes, its weight's grad, its inputs' grads (None: like the last output),
-            #  temporaries of its backward (a quantized weight, dequantized)]
-            self.outs.append([len(self.order), n * dt, 0, gin, 0])
+            self.outs.append(Output(len(self.order), n * dt, input_grad=gin))
         return _T(next(self._ids), n, dt, rg)
 
     def split(self, t, parts):
@@ -65,15 +74,15 @@ class Tape:
         of its output, the grad of its input (about the previous output's size), the
         residual stream's grad ``flowing`` and the weight grads made so far (ops >= k).
         """
-        prefix, grads = [0], sum(o[2] for o in self.outs)
+        prefix, grads = [0], sum(o.weight_grad for o in self.outs)
         for b in self.order:
             prefix.append(prefix[-1] + b)
         best = (prefix[-1] + flowing, 0)  # (saved + grads of activations, weight grads)
-        for k, (pos, b, pg, gin, tmp) in enumerate(self.outs):
-            gin = gin if gin is not None else self.outs[k - 1][1] if k else flowing
-            here = (prefix[pos] + b + gin + flowing + tmp, grads)
+        for k, o in enumerate(self.outs):
+            gin = o.input_grad if o.input_grad is not None else self.outs[k - 1].nbytes if k else flowing
+            here = (prefix[o.saves_before] + o.nbytes + gin + flowing + o.temporaries, grads)
             best = max(best, here, key=sum)
-            grads -= pg
+            grads -= o.weight_grad
         return best
 
     def cast(self, t, dt):
@@ -108,14 +117,14 @@ class Tape:
         if quant == "4bit":  # Linear4bit: x.to(compute dtype); MatMul4Bit keeps no activation ...
             out = self.new(rows * fout, st.compute, x.rg)
             if x.rg:  # ... and its backward dequantizes the weight for x's grad (kit.estimate.quantization.dequant_bytes)
-                self.outs[-1][4] = fin * fout * st.dequant
+                self.outs[-1].temporaries = fin * fout * st.dequant
             out = self.cast(out, x.dt)
         elif quant == "8bit":  # MatMul8bitLt keeps its input A for A's grad as a ctx attribute, not a saved
             if x.rg and (st.ckpt or x.uid not in self.saved):  # tensor: alive till the graph goes (kit.estimate.quantization)
                 self.held[x.uid] = (x.sn or x.n) * x.dt
             out = self.new(rows * fout, x.dt, x.rg)
             if x.rg:  # its backward copies the int8 weight into x's dtype, scaled by the row scales / 127
-                self.outs[-1][4] = fin * fout * x.dt + 4 * fout
+                self.outs[-1].temporaries = fin * fout * x.dt + 4 * fout
         else:
             xin, dt = x, max(x.dt, w)
             if st.ac:  # autocast: half copies of the input and of the weight
@@ -131,7 +140,7 @@ class Tape:
             self.save(xin, when=trainable)
             out = self.new(rows * fout, dt, x.rg or trainable)
             if out.rg:  # only an output in the graph has an entry in outs to carry its weight's grad
-                self.outs[-1][2] = fin * fout * w if trainable else 0
+                self.outs[-1].weight_grad = fin * fout * w if trainable else 0
         r = st.lora.get(name, 0)
         if r:  # peft: result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling
             xl = self.dropout(self.cast(x, F32), st.lora_dropout)

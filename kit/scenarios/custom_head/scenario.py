@@ -20,7 +20,7 @@ from torch import nn
 from kit import dtypes, runtime
 from kit import machine
 from kit import data as kdata
-from kit.measure import device as kdevice
+
 from kit import models as kmodels
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel

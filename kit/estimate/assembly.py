@@ -1,0 +1,269 @@
+"""How :func:`kit.estimate.estimate` puts an estimate together, in three stages:
+
+1. :func:`count_parameters` walks the model's layers once: weights as loaded and as trained (4-bit, 8-bit,
+   LoRA adapters, the k-bit recipe's fp32 upcast), gradients, optimizer state and the CPU RAM to build it;
+2. :func:`replay_setup` turns the config and those counts into the :class:`~kit.estimate.replay.Setup` the
+   activation replay runs on;
+3. :func:`phases` finds the peak of the forward/backward phase (from the replay's backward timeline) and of
+   the optimizer step, and of ``Trainer.evaluate()``, and writes the :class:`~kit.estimate.result.Estimate`.
+
+:class:`Plan` is what the options decide before anything is counted. Bytes are ints, per part of the model
+(``"embed"``, ``"block"``, ``"head"``) where a dict.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit import inputs as kin
+from kit.estimate import quantization as kq
+from kit.estimate import replay as act
+from kit.estimate.evaluation import eval_peak
+from kit.estimate.inventory import Info, default_targets, lora_matches
+from kit.estimate.result import Context, Estimate
+from kit.presets import DTYPES, OPTIMIZERS, int8_bytes, nf4_bytes, optimizer_state_bytes
+
+PARTS = ("embed", "block", "head")
+
+
+@dataclass
+class Plan:
+    """The options as read, and what they decide before anything is counted."""
+
+    model: str
+    batch: int
+    seq: int
+    precision: str
+    quant: str
+    lora_r: int
+    lora: set                 # names of the Linear modules that get adapters
+    optimizer: str
+    ckpt: bool                # checkpointing on, the model's default resolved
+    reentrant: bool           # ... and reentrant
+    kbit_recipe: bool         # prepare_model_for_kbit_training runs (quantized, standard recipe, no head on logits)
+    accum: int
+    load: str                 # the load dtype's name
+    attn: str
+    recipe: str
+    lora_dropout: float
+    padded: bool
+    device: str
+    ev: dict                  # evaluate()'s batch size, gather, samples and accumulation
+    bnb: kq.Bnb
+
+    @property
+    def load_bytes(self) -> int:           # bytes per loaded weight
+        return DTYPES[self.load]
+
+    @property
+    def half(self) -> int | None:          # autocast's bytes per element (None: fp32, no autocast)
+        return 2 if self.precision != "fp32" else None
+
+    @property
+    def trained_bytes(self) -> int:        # bytes per parameter that is not 4-bit/8-bit, after the recipe
+        return 4 if self.kbit_recipe else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
+
+
+def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
+         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb()) -> Plan:
+    """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
+    run; refuse what cannot be trained."""
+    vh, leaves = info.vocab_head, info.leaves
+    if quant != "none" and not lora_r and not vh:
+        raise kin.InputError("quantization", "4-bit/8-bit weights cannot be trained directly (Trainer refuses a "
+                             "purely quantized model): add LoRA adapters with lora_r > 0.", code="quantized-needs-lora")
+    if lora_targets and not lora_r:
+        raise kin.InputError("lora_targets", "lora_targets needs lora_r > 0: set lora_r (e.g. 16), or leave "
+                                             "lora_targets out.", code="targets-need-lora")
+    lora = set()
+    if lora_r and lora_targets == kin.ALL_LINEAR:  # peft: every Linear/Conv1D but a PreTrainedModel's output
+        lora = {l.name for l in leaves if l.kind == "linear" and l.name != info.output_head}
+    elif lora_r:
+        targets = lora_targets or tuple(default_targets(info))
+        lora = set(lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
+        if not lora:
+            names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
+            raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
+                                 f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
+                                 f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
+    std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
+    reentrant = bnb.reentrant_for(ckpt, std)  # (8-bit layers keep their inputs through non-reentrant checkpointing)
+    ckpt = (vh or std) if ckpt is None else bool(ckpt)
+    return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
+                recipe, lora_dropout, padded, device, ev, bnb)
+
+
+@dataclass
+class Counts:
+    """Stage 1: what the layers hold, summed over the model and per part."""
+
+    params: int = 0
+    trainable: int = 0
+    weights: int = 0            # on the device, as trained
+    loaded: int = 0             # as from_pretrained leaves them, before the k-bit recipe
+    quantized: int = 0          # parameters in 4-bit/8-bit layers
+    unquantized: int = 0
+    build: int = 0              # CPU RAM for what is built in RAM
+    streamed: int = 0           # ... and the largest tensor a k-bit load streams through it
+    optimizer: int = 0
+    paged: int = 0              # optimizer state outside the allocator (paged 8-bit AdamW)
+    halves: int = 0             # autocast's half copies of trainable Linear weights
+    moved: int = 0              # a tied weight's grad, made first by the head
+    grads: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    wtemp: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))      # backward temporaries
+    wnew: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))       # ... plus a new grad (accumulating)
+    part_weights: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    part_optimizer: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    part_trainable: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    groups: dict = field(default_factory=dict)   # (decays, dtype bytes) -> trainable tensors' bytes, as Trainer
+    offenders: list = field(default_factory=list)  # (module, params, training bytes)
+
+    @property
+    def gradients(self) -> int:
+        return sum(self.grads.values())
+
+
+def count_parameters(info: Info, p: Plan) -> Counts:
+    """Stage 1: one pass over the layers."""
+    c, other = Counts(), p.trained_bytes
+    for l in info.leaves:
+        n = l.weight + l.bias
+        q = p.quant if l.quantizable else "none"
+        packed = nf4_bytes(l.weight, double_quant=p.bnb.double_quant) if q == "4bit" else \
+            int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
+        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, p.bnb, other)
+        c.params += n
+        # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
+        # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
+        # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
+        if p.quant == "none" or l.name in info.head_layers:
+            c.build += n * p.load_bytes
+        else:
+            c.streamed = max(c.streamed, l.weight * p.load_bytes)
+        c.loaded += n * p.load_bytes if packed is None else packed + l.bias * p.load_bytes
+        if packed is not None:
+            c.quantized += l.weight
+        else:
+            c.unquantized += n
+        pieces = []   # (trainable elements, bytes per element)
+        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True)
+            pieces = [(p.lora_r * l.fin, 4), (p.lora_r * l.fout, 4)]
+            w_bytes += 4 * p.lora_r * (l.fin + l.fout)
+            c.params += p.lora_r * (l.fin + l.fout)
+        elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
+            pieces = [(l.weight, other), (l.bias, other)]
+        train_bytes = w_bytes
+        for k, dt in pieces:
+            if not k:
+                continue
+            state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
+            c.grads[l.part] += k * dt
+            c.trainable += k
+            c.optimizer, c.paged = c.optimizer + state, c.paged + paged
+            c.part_optimizer[l.part] += state + paged
+            c.part_trainable[l.part] += k
+            c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
+            half = 2 * k if p.half and dt != p.half else 0  # autocast: the grad of the half copy, then cast up
+            c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
+            c.halves += half if l.kind == "linear" else 0  # autocast caches a half copy of each
+            train_bytes += k * dt + state + paged
+        c.weights += w_bytes
+        c.part_weights[l.part] += w_bytes
+        c.offenders.append((l.name, n, train_bytes))
+    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not p.lora_r)
+    c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
+    c.grads["head"] += c.moved
+    if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
+        c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
+        c.halves += c.moved // other * 2 if p.half and other != p.half else 0  # lm_head casts the tied weight
+    return c
+
+
+def replay_setup(info: Info, p: Plan) -> act.Setup:
+    """Stage 2: the shapes, dtypes and layers the activation replay runs on."""
+    cfg = info.config
+    if info.family == "gpt2":
+        H, nh = cfg.n_embd, cfg.n_head
+        shapes = dict(H=H, F=cfg.n_inner or 4 * H, nh=nh, kvh=nh, hd=H // nh, L=cfg.n_layer,
+                      p_attn=cfg.attn_pdrop, p_resid=cfg.resid_pdrop, p_embd=cfg.embd_pdrop)
+    else:
+        H, nh = cfg.hidden_size, cfg.num_attention_heads
+        shapes = dict(H=H, F=cfg.intermediate_size, nh=nh, kvh=getattr(cfg, "num_key_value_heads", None) or nh,
+                      hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
+                      p_attn=getattr(cfg, "attention_dropout", 0.0))
+        shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
+    # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
+    head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
+    lora = {l.short: p.lora_r for l in info.leaves if l.name in p.lora and l.part == "block"} \
+        | {l.name.split(".")[-1]: p.lora_r for l in info.leaves if l.name in p.lora and l.part == "head"}
+    return act.Setup(family=info.family, B=p.batch, S=p.seq, V=cfg.vocab_size, w=p.load_bytes,
+                     w_other=p.trained_bytes, ac=p.half, base_trainable=not p.lora_r and not info.vocab_head,
+                     quant=p.quant, compute=DTYPES[p.bnb.compute_dtype],
+                     dequant=kq.dequant_bytes(p.bnb, p.load),  # (the replay puts each layer's at its backward)
+                     reentrant=p.reentrant, lora=lora, lora_dropout=p.lora_dropout,
+                     input_grad=p.ckpt or p.kbit_recipe, attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
+                     head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
+                     head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r, **shapes)
+
+
+def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estimate:
+    """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
+    is the peak."""
+    rp = act.replay(st)
+    g, L = c.grads, st.L
+    m = act.peak_moment(rp, grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
+                        wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"],
+                        tied=c.moved)
+    if p.accum > 1 and c.gradients:  # the later micro-batches: every grad alive, each new one added in place
+        m = max(m, act.peak_moment(rp, grads_embed=c.wnew["embed"], grads_block=0, grads_head=0,
+                                   wtemp_block=max(c.wtemp["block"], c.wnew["block"]), wtemp_head=c.wnew["head"],
+                                   grads_before=c.gradients, head_half=c.wtemp["head"], tied=c.moved),
+                key=lambda x: x.total)
+    weights = c.weights + info.buffers_bytes
+    inputs = 3 * p.batch * p.seq * 8  # input_ids, attention_mask, labels: [B, S] int64 each
+    fwdbwd = weights + c.optimizer + m.total + inputs
+    step_temp = 0  # AdamW's sqrt(exp_avg_sq) / bias_correction, per (weight-decay group, dtype)
+    if p.optimizer == "adamw" and c.groups:  # CUDA: foreach, all at once; CPU: per tensor, + the last denom
+        # (adamw-fused makes none: one kernel per step, element by element, on CUDA and on the CPU)
+        step_temp = max(sum(gr) if p.device == "cuda" else max(2 * b + (gr[i - 1] if i else 0)
+                                                               for i, b in enumerate(gr)) for gr in c.groups.values())
+    step = weights + c.gradients + c.optimizer + step_temp
+    ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.V, held=weights + c.optimizer,
+                   copies=c.halves, inputs_per_row=3 * p.seq * 8, gather=p.ev["gather"], samples=p.ev["samples"],
+                   accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half))
+    if fwdbwd >= step:
+        phase, moment = "forward/backward", m.where
+        parts = {"weights": weights, "gradients": m.gradients, "optimizer state": c.optimizer,
+                 "activations": m.activations, "logits & loss": m.logits, "autocast weight copies": m.copies,
+                 "temporaries": m.temporaries + inputs}
+    else:
+        phase = moment = "optimizer step"
+        parts = {"weights": weights, "gradients": c.gradients, "optimizer state": c.optimizer,
+                 "temporaries": step_temp}
+    notes = notes + kq.notes(rp)
+    if ev.moment == "forward (a block)":
+        notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
+                              "saves in training: an upper bound (it is exact where the logits set it)",
+                              field="eval_batch_size", code="eval-upper-bound"))
+    by_bytes = sorted(c.offenders, key=lambda t: (t[2], t[1]), reverse=True)
+    return Estimate(
+        params=c.params, trainable_params=c.trainable, weights_bytes=weights, gradients_bytes=c.gradients,
+        optimizer_bytes=c.optimizer + c.paged, activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
+        peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(fwdbwd - c.optimizer, step),
+        eval_peak_bytes=ev.peak_bytes, eval_moment=ev.moment,
+        cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
+        loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,
+        autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=rp.saved_bytes(),
+        quantized_params=c.quantized, unquantized_params=c.unquantized,
+        offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda t: t[1], reverse=True)[:5]
+                                   if o not in by_bytes[:10]],
+        notes=notes, setup=dict(model=p.model, batch_size=p.batch, seq_len=p.seq, precision=p.precision,
+                                quantization=p.quant, lora_r=p.lora_r, optimizer=p.optimizer,
+                                optim=OPTIMIZERS[p.optimizer], gradient_checkpointing=p.ckpt, grad_accum=p.accum,
+                                load_dtype=p.load, attn_implementation=p.attn, kbit_recipe=p.recipe,
+                                device=p.device, **p.bnb.setup(p.quant, p.ckpt, p.reentrant),
+                                eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
+                                eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"]),
+        _parts=parts,
+        context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,
+                        L=L, weights=c.part_weights, opt=c.part_optimizer, trainable=c.part_trainable,
+                        buffers=info.buffers_bytes, H=st.H, fwdbwd=fwdbwd, step=step))

@@ -1,0 +1,165 @@
+"""One declared description of a training setup: every option the estimator takes, in one place.
+
+Each field of :class:`TrainingSetup` carries its name, type, default and help, and, in its metadata, its
+command-line flag and whether the fit advisor may change it (``suggest``) or the panel shows it (``panel``).
+``estimate()``'s keywords, the ``estimate``/``fit`` flags, the advisor's options and the names in its
+``changes``, the panel's setup and the scenarios' settings are all read from here, so a new option is one
+field below, plus the code that models it.
+
+>>> TrainingSetup(batch_size=2, seq_len=64).changed()
+{'batch_size': 2, 'seq_len': 64}
+>>> flag_of("attn_implementation"), "lora_dropout" in KEYWORDS
+('--attn', True)
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
+
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
+GATHER = ("loss", "logits", "preprocessed")  # what Trainer.evaluate() keeps (kit.estimate.evaluation)
+_UNSET = dataclasses.MISSING
+
+
+def option(default, help: str, *, flag: str | None = None, kind=None, choices=None, required: bool = False,
+           cli_default=_UNSET, negative: str | None = None, suggest: int = 0, panel: bool = False,
+           metavar: str | None = None):
+    """A field of :class:`TrainingSetup`. ``flag``: its command-line option (None: no flag); ``kind``: the
+    flag's type (int, str; ``bool`` is a switch); ``negative``: a flag that sets it False; ``cli_default``:
+    the flag's default where it differs (None: filled in later, e.g. from an accelerate config);
+    ``suggest``: the fit advisor may change it, and where it comes in a suggestion's ``changes`` (1 first);
+    ``panel``: the widget panel holds it."""
+    return field(default=default, metadata=dict(help=help, flag=flag, kind=kind, choices=choices,
+                                                required=required, cli_default=cli_default, negative=negative,
+                                                suggest=suggest, panel=panel, metavar=metavar))
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything but the model that decides a Trainer step's memory. Values are the kit's names
+    (``"fp16"``, ``"4bit"``, ``"adamw-8bit"``); ``estimate(model, **setup.changed())`` predicts it."""
+
+    batch_size: int = option(None, "per-device train batch size", flag="--batch-size", kind=int, required=True,
+                             suggest=1, panel=True)
+    seq_len: int = option(None, "tokens per sequence", flag="--seq-len", kind=int, required=True, suggest=2,
+                          panel=True)
+    precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "
+                            "fp32, or the --accelerate-config file's mixed_precision", flag="--precision",
+                            choices=tuple(DTYPES), cli_default=None, suggest=4, panel=True)
+    quantization: str = option("none", "bitsandbytes; 4bit = NF4 + double quant, bf16 compute (see the three "
+                               "4-bit options below)", flag="--quantization", choices=tuple(QUANTIZATIONS),
+                               suggest=5, panel=True)
+    lora_r: int = option(0, "LoRA rank (0: no LoRA)", flag="--lora-r", kind=int, suggest=7, panel=True)
+    lora_targets: object = option(None, "comma-separated module names, e.g. q_proj,v_proj (default: peft's for "
+                                  "the architecture)", flag="--lora-targets", kind=str, suggest=8)
+    optimizer: str = option("adamw-fused", "adamw-fused (adamw_torch_fused, Trainer's default), adamw "
+                            "(adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
+                            "sgd (with momentum); the TrainingArguments.optim names in brackets work too",
+                            flag="--optimizer", kind="optimizer", choices=tuple(OPTIMIZERS), suggest=10,
+                            panel=True)
+    gradient_checkpointing: object = option(None, "checkpoint the blocks (default: the model's own default)",
+                                            flag="--gradient-checkpointing", kind=bool,
+                                            negative="--no-gradient-checkpointing", suggest=11, panel=True)
+    grad_accum: int = option(1, "gradient accumulation steps", flag="--grad-accum", kind=int, suggest=3)
+    load_dtype: object = option(None, "dtype the weights load in (default fp32; bf16 for the unquantized parts "
+                                "with quantization)", flag="--load-dtype", choices=tuple(DTYPES), suggest=9)
+    attn_implementation: str = option("sdpa", "attention implementation", flag="--attn", choices=("sdpa", "eager"),
+                                      suggest=12)
+    kbit_recipe: str = option("standard", "standard: peft's prepare_model_for_kbit_training (fp32 upcast); lean: "
+                              "no upcast", flag="--kbit-recipe", choices=("standard", "lean"), suggest=6)
+    lora_dropout: float = option(0.0, "LoraConfig.lora_dropout (its masks are saved for backward)",
+                                 flag="--lora-dropout", kind=float)
+    padded: bool = option(True, "batches have no padding (no attention mask is built)", negative="--no-padding")
+    device: str = option("cuda", "whose kernels are predicted: cuda, or cpu", choices=("cuda", "cpu"))
+    eval_batch_size: int = option(8, "per_device_eval_batch_size, for the evaluation phase (default 8, as "
+                                  "TrainingArguments)", flag="--eval-batch-size", kind=int, suggest=13)
+    eval_gather: str = option("loss", "what evaluate() keeps: loss (no compute_metrics), logits (compute_metrics), "
+                              "preprocessed (preprocess_logits_for_metrics returning one id per token)",
+                              flag="--eval-gather", choices=GATHER)
+    eval_samples: object = option(None, "len(eval_dataset): gathered logits grow with it", flag="--eval-samples",
+                                  kind=int)
+    eval_accumulation_steps: object = option(None, "move gathered predictions off the GPU every N eval steps",
+                                             flag="--eval-accumulation-steps", kind=int, suggest=14)
+    quant_type: str = option("nf4", "4-bit: bnb_4bit_quant_type (the same bytes; BitsAndBytesConfig's own default "
+                             "is fp4)", flag="--quant-type", choices=("nf4", "fp4"))
+    double_quant: bool = option(True, "4-bit: bnb_4bit_use_double_quant=False (each block's scale in 4 bytes, not "
+                                "1)", negative="--no-double-quant")
+    compute_dtype: str = option("bf16", "4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)",
+                                flag="--compute-dtype", choices=tuple(DTYPES))
+    checkpoint_reentrant: object = option(None, "whether checkpointing is reentrant (None: only the k-bit "
+                                          "recipe's own is)")
+    strategy: str = option("single", "single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), "
+                           "fsdp-grad-op (SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)", flag="--strategy",
+                           choices=STRATEGIES, cli_default=None)
+    num_gpus: int = option(1, "GPUs the run is spread over (default 1)", flag="--num-gpus", kind=int,
+                           cli_default=None)
+    cpu_offload: bool = option(False, "fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer "
+                               "(zero3: and params)", flag="--cpu-offload", kind=bool, cli_default=None)
+
+    def changed(self) -> dict:
+        """The options that differ from their defaults, as ``estimate()`` keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    def replace(self, **changes) -> "TrainingSetup":
+        """A copy with ``changes`` (unknown names refused, as :func:`options` does)."""
+        return dataclasses.replace(self, **options(changes))
+
+
+FIELDS = {f.name: f for f in fields(TrainingSetup)}
+KEYWORDS = tuple(FIELDS)                                                     # estimate()'s keywords, model aside
+DEFAULTS = {k: f.default for k, f in FIELDS.items()}
+SUGGESTED = tuple(sorted((k for k, f in FIELDS.items() if f.metadata["suggest"]),  # what the fit advisor may change,
+                         key=lambda k: FIELDS[k].metadata["suggest"]))             # in the order its changes list them
+PANEL = tuple(k for k, f in FIELDS.items() if f.metadata["panel"])           # what the widget panel holds
+
+
+def flag_of(name: str) -> str | None:
+    """The command-line option that sets ``name`` (its switch-off flag where it has only that)."""
+    f = FIELDS.get(name)
+    return None if f is None else f.metadata["flag"] or f.metadata["negative"]
+
+
+def options(given: dict, *, required: bool = False) -> dict:
+    """``given`` with every other option at its default; an unknown name is refused, naming the known ones.
+
+    >>> options({"batch_size": 1, "seq_len": 8})["optimizer"]
+    'adamw-fused'
+    """
+    from kit.inputs import InputError
+
+    unknown = sorted(set(given) - set(FIELDS))
+    if unknown:
+        raise InputError(unknown[0], f"unknown setup option{'s' if len(unknown) > 1 else ''} "
+                                     f"{', '.join(unknown)}: the options are {', '.join(KEYWORDS)}.")
+    missing = [k for k, f in FIELDS.items() if required and f.metadata["required"] and given.get(k) is None]
+    if missing:
+        raise InputError(missing[0], f"{', '.join(missing)} must be given.")
+    return {**DEFAULTS, **given}
+
+
+def add_arguments(parser, optimizer_type=None) -> None:
+    """Add one flag per declared option (in declaration order) to an argparse parser: what ``estimate`` and
+    ``fit`` take. ``optimizer_type`` reads ``--optimizer`` (the TrainingArguments.optim aliases)."""
+    for name, f in FIELDS.items():
+        m = f.metadata
+        default = f.default if m["cli_default"] is _UNSET else m["cli_default"]
+        if m["kind"] is bool and m["flag"]:
+            parser.add_argument(m["flag"], dest=name, action="store_true", default=default, help=m["help"])
+        elif m["flag"]:
+            kind = optimizer_type if m["kind"] == "optimizer" else m["kind"]
+            extra = {"type": kind} if kind else {}
+            extra |= {"choices": list(m["choices"])} if m["choices"] else {}
+            extra |= {"required": True} if m["required"] else {"default": default}
+            parser.add_argument(m["flag"], dest=name, help=m["help"], metavar=m["metavar"], **extra)
+        if m["negative"]:
+            what = "turn it off even where the model's default is on" if m["flag"] else m["help"]
+            parser.add_argument(m["negative"], dest=name, action="store_false", help=what,
+                                **({} if m["flag"] else {"default": default}))
+
+
+def from_arguments(args) -> dict:
+    """estimate()'s keywords from parsed ``estimate``/``fit`` flags: every declared option that has a flag."""
+    return {k: getattr(args, k) for k, f in FIELDS.items() if (f.metadata["flag"] or f.metadata["negative"])
+            and hasattr(args, k)}
