@@ -102,6 +102,10 @@ class TrainingSetup:
         """The options that differ from their defaults, as ``estimate()`` keywords."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
+    def panel_values(self) -> dict:
+        """The options the widget panel holds (:data:`PANEL`), with this setup's values."""
+        return {k: getattr(self, k) for k in PANEL}
+
     def replace(self, **changes) -> "TrainingSetup":
         """A copy with ``changes`` (unknown names refused, as :func:`options` does)."""
         return dataclasses.replace(self, **options(changes))
@@ -113,6 +117,17 @@ DEFAULTS = {k: f.default for k, f in FIELDS.items()}
 SUGGESTED = tuple(sorted((k for k, f in FIELDS.items() if f.metadata["suggest"]),  # what the fit advisor may change,
                          key=lambda k: FIELDS[k].metadata["suggest"]))             # in the order its changes list them
 PANEL = tuple(k for k, f in FIELDS.items() if f.metadata["panel"])           # what the widget panel holds
+
+
+def declared(**given) -> dict:
+    """``given``, checked against the declaration: a scenario's own settings, refused by name if one is not an
+    option.
+
+    >>> declared(batch_size=1, seq_len=128)
+    {'batch_size': 1, 'seq_len': 128}
+    """
+    options(given)
+    return given
 
 
 def flag_of(name: str) -> str | None:

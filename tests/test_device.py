@@ -175,7 +175,7 @@ def test_reset_peak_says_whether_the_rss_reset_took(monkeypatch):
 
 
 def test_cuda_memory_history_records_nothing_without_a_gpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(device, "has_cuda", lambda: False)
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
     with controls.cuda_memory_history(tmp_path / "h.pickle") as path:
         x = torch.ones(1000)
     assert path is None and not (tmp_path / "h.pickle").exists()

@@ -12,10 +12,10 @@ from kit.scenarios.custom_head import notebook as s1nb
 @pytest.fixture
 def t4(monkeypatch):
     """This process sees a T4: CUDA present, compute capability 7.5 (no real GPU is touched)."""
-    from kit.measure import device
+    from kit import machine
 
-    monkeypatch.setattr(device, "compute_capability", lambda: (7, 5))
-    return device
+    monkeypatch.setattr(machine, "compute_capability", lambda: (7, 5))
+    return machine
 
 
 def test_the_rule_by_compute_capability():

@@ -164,7 +164,8 @@ RUN = textwrap.dedent("""
     from kit import runtime
     runtime.hub_reachable = lambda *a, **k: True   # the branch Colab takes; HF_HUB_OFFLINE=1 keeps it on the cache
     from kit import data as kdata, models as kmodels
-    from kit.scenarios import s1_runs, s2_cross_validation as s2
+    from kit.scenarios.custom_head import runs as s1_runs
+    from kit.scenarios.cross_validation import fixed_loop as s2
 
     out = {}
     # Notebook 01's order: tokenizer, dataset, model, then a Trainer run (fix (a), the base LM fine-tuned).

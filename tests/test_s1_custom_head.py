@@ -120,9 +120,9 @@ def test_the_advice_tables_data_bytes_are_those_of_the_users_rows():
 
 
 def test_one_accumulation_rule_for_the_notebook_and_the_demo(monkeypatch):
-    monkeypatch.setattr(s1_runs.kdevice, "has_cuda", lambda: False)
+    monkeypatch.setattr(s1_runs.machine, "has_cuda", lambda: False)
     assert [s1_runs.grad_accum_for(w) for w in (None, "a", "b", "c")] == [2, 2, 2, 1]
-    monkeypatch.setattr(s1_runs.kdevice, "has_cuda", lambda: True)
+    monkeypatch.setattr(s1_runs.machine, "has_cuda", lambda: True)
     assert s1_runs.grad_accum_for("c") == ch.USER["grad_accum"] == 16
     assert s1_runs.grad_accum_for("c", 3) == 3
     with pytest.raises(ValueError, match="grad_accum"):

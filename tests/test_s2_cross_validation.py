@@ -255,7 +255,7 @@ def _stop_before_training(monkeypatch):
 @pytest.mark.parametrize("bad", ["[1, 2]", "null", '{"fold": 9, "run_key": "KEY"}'])
 def test_fixed_loop_refuses_a_bad_results_file_before_training(tmp_path, monkeypatch, bad):
     _stop_before_training(monkeypatch)
-    key = run_key("tiny-llama", {"folds": 3, **cv._params(**SMALL)})
+    key = run_key("tiny-llama", {"folds": 3, **cv.loop_params(**SMALL)})
     path = tmp_path / "cv.jsonl"
     path.write_text(json.dumps({"fold": 1, "run_key": key}) + "\n" + bad.replace("KEY", key) + "\n")
     with pytest.raises(ResultsFileError, match="line 2: .*repair_results"):
@@ -265,7 +265,7 @@ def test_fixed_loop_refuses_a_bad_results_file_before_training(tmp_path, monkeyp
 def test_other_settings_keep_the_file_and_resume_false_moves_it_aside(tmp_path, monkeypatch):
     _stop_before_training(monkeypatch)
     path = tmp_path / "cv.jsonl"
-    key = run_key("tiny-llama", {"folds": 3, **cv._params(**SMALL)})
+    key = run_key("tiny-llama", {"folds": 3, **cv.loop_params(**SMALL)})
     append_result(path, {"fold": 1, "run_key": key})
     before = path.read_text()
     with pytest.raises(ResultsFileError, match="other settings.*left as it is.*another output_dir"):
@@ -280,15 +280,15 @@ def test_other_settings_keep_the_file_and_resume_false_moves_it_aside(tmp_path, 
 def test_settings_are_read_not_guessed():
     import numpy as np
 
-    p = cv._params(lora_targets="q_proj,v_proj", batch_size=np.int64(2), steps_per_fold="3")
+    p = cv.loop_params(lora_targets="q_proj,v_proj", batch_size=np.int64(2), steps_per_fold="3")
     assert p["lora_targets"] == ["q_proj", "v_proj"] and p["batch_size"] == 2 and p["steps_per_fold"] == 3
-    assert cv._params(lora_targets="all-linear")["lora_targets"] == "all-linear"
-    assert cv._params()["lora_targets"] == ["q_proj", "v_proj"]     # the run key of old files stays the same
+    assert cv.loop_params(lora_targets="all-linear")["lora_targets"] == "all-linear"
+    assert cv.loop_params()["lora_targets"] == ["q_proj", "v_proj"]     # the run key of old files stays the same
     for steps in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="^steps_per_fold must be a whole number >= 1"):
-            cv._params(steps_per_fold=steps)
+            cv.loop_params(steps_per_fold=steps)
     with pytest.raises(ValueError, match="^lora_targets must be module names"):
-        cv._params(lora_targets=[1, 2])
+        cv.loop_params(lora_targets=[1, 2])
     with pytest.raises(ValueError, match="^folds must be a whole number >= 2"):
         cv.run_fixed_loop("tiny-llama", folds=0, **SMALL)
     with pytest.raises(ValueError, match="^resume must be True or False"):

@@ -57,7 +57,7 @@ def resolve_launch(args: argparse.Namespace) -> argparse.Namespace:
     """Fill ``strategy``/``num_gpus``/``cpu_offload``/``precision`` (and what else the file sets) from
     ``--accelerate-config``, where the flags left them unset; then the defaults. Idempotent.
 
-    >>> from kit.__main__ import build_parser
+    >>> from kit.cli import build_parser
     >>> a = resolve_launch(build_parser().parse_args(["estimate", "--model", "gpt2", "--batch-size", "1",
     ...                                               "--seq-len", "8", "--strategy", "ddp", "--num-gpus", "2"]))
     >>> a.strategy, a.num_gpus, a.cpu_offload, a.precision

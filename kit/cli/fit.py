@@ -45,7 +45,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 def setup_of(args: argparse.Namespace) -> dict:
     """estimate()'s keywords from parsed ``estimate``/``fit`` options (the same mapping as ``estimate``'s run).
 
-    >>> from kit.__main__ import build_parser
+    >>> from kit.cli import build_parser
     >>> setup_of(build_parser().parse_args(["fit", "--model", "gpt2", "--batch-size", "2", "--seq-len", "64",
     ...                                     "--attn", "eager"]))["attn_implementation"]
     'eager'

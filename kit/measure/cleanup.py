@@ -1,6 +1,6 @@
 """Free a finished run: the Trainer, the optimizer, the gradients, and the errors that hold frames.
 
->>> from kit import leaks
+>>> from kit.measure import leaks
 >>> base = leaks.take_baseline()                 # before the run
 >>> release(trainer, namespace=globals())        # doctest: +SKIP
 >>> print(leaks.check_returned(base))            # doctest: +ELLIPSIS

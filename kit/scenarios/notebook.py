@@ -1,6 +1,6 @@
 """Helpers every notebook calls in its first cells: which run made the outputs, quiet output, scratch space.
 
->>> from kit import notebook
+>>> from kit.scenarios import notebook
 >>> notebook.quiet()
 >>> notebook.run_note().startswith("These outputs come from")
 True

@@ -36,6 +36,7 @@ from kit import machine
 from kit.measure.cleanup import malloc_trim, scrub, forget_exceptions
 from kit.measure.controls import check_cap, memory_cap
 from kit.measure.track import Tracker
+from kit.presets import resolve_device
 from kit.units import fmt_bytes, gib
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
 
@@ -166,9 +167,8 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
         return old
     est, why = _estimate(trainer, estimate)
     if limit_bytes is None:
-        hw = machine.hardware()
-        limit_bytes, label = ((hw["gpu_total_bytes"], f"GPU memory ({hw['gpu_name']})") if hw["gpu_name"]
-                              else (hw["ram_total_bytes"], "this machine's RAM"))
+        here, _ = resolve_device("this", cpu_ok=True)   # this GPU, what torch can have of it; or the RAM
+        limit_bytes, label = (here.gpu_bytes, here.label) if here.gpu_bytes else (here.ram_bytes, "this machine's RAM")
     else:
         label = limit_label
     tracker = Tracker()

@@ -43,6 +43,7 @@ from kit.widgets.advice import AdviceView, accepts
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.presets import OPTIMIZERS
 from kit.inputs import has_note, whole_number
+from kit.training_setup import TrainingSetup
 from kit.presets import PRESETS, Preset, resolve_device, verdict
 from kit.widgets.gpus import gpu_controls, launch, launch_problem
 from kit.widgets.run_view import PanelRuns
@@ -51,13 +52,12 @@ from kit.widgets.models import (GROUPS, MODELS, OWN_MODELS, max_positions, model
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
-DEFAULTS = {
-    1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, batch_size=1,
-            seq_len=128, quantization="none", precision="fp16", gradient_checkpointing=True, lora_r=0,
-            optimizer="adamw-fused", preset="colab-t4"),
-    2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, batch_size=4, seq_len=64,
-            quantization="4bit", precision="fp16", gradient_checkpointing=True, lora_r=8, optimizer="adamw-fused",
-            preset="colab-t4"),
+DEFAULTS = {   # each scenario's model (by size), device preset and setup (the panel's options: kit.training_setup.PANEL)
+    1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, preset="colab-t4",
+            **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True).panel_values()),
+    2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, preset="colab-t4",
+            **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16", gradient_checkpointing=True,
+                            lora_r=8).panel_values()),
 }
 PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
                   ("H100", "h100"), ("this machine", "this")]

@@ -26,11 +26,11 @@ from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.presets import OPTIMIZERS
 from kit.inputs import has_note, whole_number
+from kit.training_setup import PANEL
 from kit.measure.track import Tracker
 from kit.units import fmt_bytes, gib
 
-SETUP_KEYS = ("model", "batch_size", "seq_len", "precision", "quantization", "lora_r", "optimizer",
-              "gradient_checkpointing")
+SETUP_KEYS = ("model",) + PANEL   # what a panel run's setup holds
 
 
 def check_setup(setup: dict) -> dict:

@@ -25,14 +25,15 @@ from kit import models as kmodels
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel
 from kit.presets import PRESETS, verdict
+from kit.training_setup import declared
 from kit.units import fmt_bytes, wrapped
 
 NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
 # The user's Trainer: fp16 mixed precision, batch 1, accumulation 16, 128 tokens, Trainer's default AdamW
 # (no optim given: adamw_torch_fused in transformers 5); the base is
 # frozen and checkpointed (VocabHeadModel does that). Warmup 2500 and lr 0.1 change no tensor size.
-USER = dict(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw-fused",
-            gradient_checkpointing=True)
+USER = declared(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw-fused",
+                gradient_checkpointing=True)   # the seed user's TrainingArguments, as the kit names them
 T4_BYTES, COLAB_RAM_BYTES = PRESETS["colab-t4"].gpu_bytes, PRESETS["colab-t4"].ram_bytes
 INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (see bnb_8bit_problem)
 RANK = {"real": 256, "smoke": 16}    # fix (b)'s rank
