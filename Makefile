@@ -8,6 +8,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    ?= report
+# pytest-xdist workers for make test; each test file runs whole in one worker (--dist loadfile)
+JOBS   ?= 2
 
 .PHONY: demo test notebooks gpu-check venv clean
 
@@ -15,7 +17,8 @@ demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
 
 test: $(STAMP)
-	$(PY) -m pytest tests notebooks kit --doctest-modules --nbval-lax --nbval-current-env -p no:cacheprovider
+	$(PY) -m pytest tests notebooks kit --doctest-modules --nbval-lax --nbval-current-env -p no:cacheprovider \
+		-n $(JOBS) --dist loadfile
 	PY=$(PY) tests/ipywidgets7.sh
 
 # Re-run the notebooks in place, in smoke mode and offline, to refresh their committed outputs.

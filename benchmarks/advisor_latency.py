@@ -57,8 +57,8 @@ def _ms(fn) -> float:
 
 
 def measure(label, opts, kw, repeats) -> dict:
-    from kit.advise import search as advise_search
     from kit.advise import advise, max_batch_size, max_seq_len
+    from kit.advise import search as advise_search
 
     cold = []
     for _ in range(1 + max(3, repeats // 3)):   # the first one imports

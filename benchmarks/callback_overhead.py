@@ -33,11 +33,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from kit import data
-from kit import machine
-from kit.plot.live import LivePlot  # noqa: E402
-from kit.models import build_model  # noqa: E402
+from kit import data, machine
 from kit.measure.track import Tracker  # noqa: E402
+from kit.models import build_model  # noqa: E402
+from kit.plot.live import LivePlot  # noqa: E402
 
 
 class StepTimer(TrainerCallback):

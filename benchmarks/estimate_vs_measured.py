@@ -22,14 +22,14 @@ mixed-precision setups added).
 from __future__ import annotations
 
 import argparse
-
-from kit import machine
 import datetime
 import gc
 import os
 import statistics
 import sys
 import time
+
+from kit import machine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -340,8 +340,8 @@ def build(name, kw, cuda=False, overrides=None):
 
 
 def run_row(label, name, kw, cuda, overrides=None):
-    from kit.measure.tensor_peak import saved_tensor_bytes
     from kit.estimate import estimate
+    from kit.measure.tensor_peak import saved_tensor_bytes
     from kit.presets import OPTIMIZERS
 
     torch.manual_seed(0)

@@ -24,8 +24,8 @@ SETTINGS = dict(batch_size=4, seq_len=256, steps_per_fold=2, max_samples=24, lor
 
 
 def main(out: str) -> int:
-    from kit.measure import device  # noqa: F401 (applies KIT_GPU_CAP_BYTES before anything is allocated)
     from kit.estimate import estimate
+    from kit.measure import device  # noqa: F401 (applies KIT_GPU_CAP_BYTES before anything is allocated)
     from kit.scenarios.cross_validation import fixed_loop as cv
     from kit.scenarios.cross_validation.predict import fold2_prediction
 

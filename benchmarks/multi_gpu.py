@@ -80,9 +80,9 @@ def wrap(model, strategy: str):
 def trainer_worker(spec: dict) -> dict:
     """One rank of ``ddp-trainer``: Trainer under torchrun with ``use_cpu=True`` (accelerate's MULTI_CPU: it wraps
     the model in DistributedDataParallel itself). TensorPeak is entered before ``train()`` wraps the model."""
+    from estimate_vs_measured import _Batches, _ckpt_kw, _config, build
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from estimate_vs_measured import _Batches, _ckpt_kw, _config, build
     from kit.measure.tensor_peak import TensorPeak
 
     kw, name, overrides = spec["kw"], spec["model"], spec.get("overrides")
@@ -125,6 +125,7 @@ def worker(spec: dict) -> dict:
         return trainer_worker(spec)
 
     from estimate_vs_measured import _Batches, _config, build
+
     from kit.measure.tensor_peak import TensorPeak
 
     dist.init_process_group("gloo")
@@ -159,12 +160,12 @@ def worker(spec: dict) -> dict:
 def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, nproc: int = 2,
             timeout: int = 300) -> list:
     """Launch one row under torchrun; each rank's result, with the estimate and the error."""
+    import tempfile
+
     from estimate_vs_measured import _config
 
     from kit.estimate import estimate
     from kit.estimate.strategies import model_states
-
-    import tempfile
 
     outdir = tempfile.mkdtemp(prefix="kit-multi-gpu-")
     spec = json.dumps({"model": model, "strategy": strategy, "kw": kw, "overrides": overrides, "out": outdir})

@@ -12,14 +12,14 @@ this is the kernel side of a change; the browser adds one websocket round trip.
 from __future__ import annotations
 
 import argparse
-
-from kit import machine
 import datetime
 import os
 import platform
 import statistics
 import sys
 import time
+
+from kit import machine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,6 +15,9 @@ memory estimate does not change with the choice (both are 2 bytes), only the wor
 """
 from __future__ import annotations
 
+from kit.machine import compute_capability
+from kit.presets import PRESETS
+
 
 def run_dtype(capability: tuple[int, int] | None) -> tuple[str, str]:
     """``(dtype, why)`` for a GPU of this compute capability (None: a CPU)."""
@@ -32,7 +35,6 @@ def for_this_device() -> tuple[str, str]:
     >>> for_this_device()[0] in ("bf16", "fp16")
     True
     """
-    from kit.machine import compute_capability  # lazily: the rule itself needs no GPU
 
     return run_dtype(compute_capability())
 
@@ -43,7 +45,6 @@ def for_preset(preset) -> tuple[str, str]:
     >>> for_preset("colab-t4")[0], for_preset("a100-80")[0]
     ('fp16', 'bf16')
     """
-    from kit.presets import PRESETS
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     return run_dtype(p.capability)

@@ -15,6 +15,8 @@ from pathlib import Path
 import transformers
 from transformers import AutoConfig, PretrainedConfig
 
+from kit import runtime
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Registry: name -> shipped config file. Hub ids keep their Hub spelling.
 REGISTRY = {
@@ -166,10 +168,14 @@ def _hub_config(repo_id: str) -> PretrainedConfig:
     network and nothing cached, gets one sentence saying what to do.
     """
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
-    from kit import runtime
 
     own_path = "or download its config.json and pass that file's path"
     online = runtime.hub_reachable()

@@ -23,8 +23,9 @@ import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
 from kit import dtypes, runtime
+
 # Configs are model_configs' room; these names stay part of kit.models' API.
-from kit.model_configs import REGISTRY, TINY, CONFIG_DIR, VOCAB_HEAD, split_name, get_config, known_models, smoke_twin
+from kit.model_configs import CONFIG_DIR, REGISTRY, TINY, VOCAB_HEAD, get_config, known_models, smoke_twin, split_name
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
            "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}

@@ -12,8 +12,9 @@ import os
 import re
 from dataclasses import dataclass
 
+from kit import machine
+from kit.inputs import InputError
 from kit.units import GiB, fmt_bytes, wrapped
-
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 QUANTIZATIONS = ("none", "8bit", "4bit")
@@ -135,8 +136,6 @@ def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | 
     >>> resolve_device("colab-t4")[0].capability, resolve_device("16GiB")[0].gpu_bytes
     ((7, 5), 17179869184)
     """
-    from kit import machine
-    from kit.inputs import InputError
 
     if isinstance(device, Preset):
         return device, None

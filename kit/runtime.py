@@ -19,7 +19,9 @@ import os
 import socket
 from contextlib import contextmanager
 
-from kit.units import wrapped
+from kit.machine import hardware
+from kit.machine import has_cuda as cuda
+from kit.units import fmt_bytes, wrapped
 
 HUB_HOST = "huggingface.co"
 
@@ -41,8 +43,7 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
 
 
 def has_cuda() -> bool:
-    """Whether a GPU is there, asked of kit.machine lazily, so that importing runtime loads no psutil/NVML."""
-    from kit.machine import has_cuda as cuda
+    """Whether a GPU is there (kit.machine asks torch on first use, so importing runtime loads no torch)."""
 
     return cuda()
 
@@ -104,8 +105,6 @@ def describe() -> str:
     GPU: none (CPU only)
     ...
     """
-    from kit.machine import hardware
-    from kit.units import fmt_bytes
 
     hw = hardware()
     gpu = f"{hw['gpu_name']}, {fmt_bytes(hw['gpu_total_bytes'])} total" if hw["gpu_name"] else "none (CPU only)"

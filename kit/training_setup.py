@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
+from kit.inputs import InputError
 from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
@@ -142,7 +143,6 @@ def options(given: dict, *, required: bool = False) -> dict:
     >>> options({"batch_size": 1, "seq_len": 8})["optimizer"]
     'adamw-fused'
     """
-    from kit.inputs import InputError
 
     unknown = sorted(set(given) - set(FIELDS))
     if unknown:

@@ -17,12 +17,21 @@ for var, sub in [
     ("XDG_CACHE_HOME", "cache"),
 ]:
     os.environ.setdefault(var, os.path.join(_tmp, sub))
+# Under pytest-xdist (make test runs one worker per core), one torch thread per worker: two workers of two
+# threads each on two cores would fight over them. Notebook kernels and subprocesses inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
 import pytest  # noqa: E402
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped without one")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # in case a plugin imported torch before the variables were set
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kit.advise import search as advise_search
-from kit.cli.parser import build_parser, main
 from kit.advise import SAFETY, advise, limit_for, max_batch_size, max_seq_len
-from kit.estimate import estimate
-from kit.presets import OPTIMIZERS
+from kit.advise import search as advise_search
 from kit.cli.fit import setup_of
-from kit.inputs import InputError
+from kit.cli.parser import build_parser, main
+from kit.estimate import estimate
 from kit.estimate.inventory import info_of
-from kit.presets import PRESETS
+from kit.inputs import InputError
+from kit.presets import OPTIMIZERS, PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 S1 = ["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128", "--precision", "fp16",

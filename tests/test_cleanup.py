@@ -5,9 +5,8 @@ import sys
 import pytest
 import torch
 
+from kit import machine, plot
 from kit.measure import cleanup, leaks, oom
-from kit import machine
-from kit import plot
 from kit.measure.track import Tracker
 from kit.units import MiB
 

@@ -8,11 +8,11 @@ admit it. No network: the files are read and compared with ``packaging``.
 from __future__ import annotations
 
 import re
-import tomllib
 from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name

@@ -1,11 +1,11 @@
 """`python -m kit demo` in smoke mode, end to end: the summary.json contract and what it must show."""
 import json
-
-from kit import machine
 import subprocess
 import sys
 
 import pytest
+
+from kit import machine
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import gc
 import pytest
 import torch
 
-from kit.measure import controls, device, tensor_peak
 from kit import machine
+from kit.measure import controls, device, tensor_peak
 from kit.units import MiB, fmt_bytes
 
 

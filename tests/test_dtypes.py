@@ -5,8 +5,8 @@ import torch
 
 from kit import dtypes, models
 from kit.scenarios import notebook
-from kit.scenarios.custom_head import scenario as s1
 from kit.scenarios.custom_head import notebook as s1nb
+from kit.scenarios.custom_head import scenario as s1
 
 
 @pytest.fixture

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import kit.estimate as E
+from kit.estimate import estimate
 from kit.estimate.inventory import info_of
 from kit.measure.tensor_peak import saved_tensor_bytes
-from kit.estimate import estimate
-from kit.presets import nf4_bytes, int8_bytes, optimizer_state_bytes
-from kit.presets import PRESETS, verdict
+from kit.presets import PRESETS, int8_bytes, nf4_bytes, optimizer_state_bytes, verdict
 
 LLAMA8 = "meta-llama/Meta-Llama-3-8B"
 

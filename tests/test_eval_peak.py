@@ -12,8 +12,8 @@ import torch
 
 from kit.estimate import estimate
 from kit.inputs import InputError
-from kit.models import build_model, get_config
 from kit.measure.tensor_peak import TensorPeak
+from kit.models import build_model, get_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 

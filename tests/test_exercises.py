@@ -5,8 +5,8 @@ import gc
 import pytest
 import torch
 
-from kit.scenarios.custom_head import notebook as s1nb
 from kit.scenarios.cross_validation.exercises import check_free, check_reset
+from kit.scenarios.custom_head import notebook as s1nb
 
 SMALL = dict(batch_size=2, seq_len=16, max_samples=8)
 

@@ -12,9 +12,8 @@ from transformers import BitsAndBytesConfig, Trainer, TrainingArguments
 
 import kit
 from kit import data, models
-from kit.estimate import estimate
 from kit.advise import check
-from kit.estimate import estimate_from, estimate_trainer
+from kit.estimate import estimate, estimate_from, estimate_trainer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",

@@ -102,8 +102,7 @@ def _parquet(rows: list[str]) -> bytes:
 
 def _prepare_arrow(snapshot: Path, datasets_cache: Path) -> Path:
     """What ``load_dataset`` writes after downloading: the parquet builder, configured from the README."""
-    from datasets.load import configure_builder_class, create_builder_configs_from_metadata_configs, \
-        import_main_class
+    from datasets.load import configure_builder_class, create_builder_configs_from_metadata_configs, import_main_class
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCard

@@ -5,8 +5,8 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from kit.plot import live
 from kit.measure.track import Tracker
+from kit.plot import live
 from kit.units import MiB
 
 

@@ -26,10 +26,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 import estimate_vs_measured as bench  # noqa: E402
 
 from kit import data, models  # noqa: E402
-from kit.estimate import estimate  # noqa: E402
-from kit.estimate import estimate_from, estimate_trainer  # noqa: E402
-from kit.inputs import InputError  # noqa: E402
+from kit.estimate import (  # noqa: E402
+    estimate,  # noqa: E402
+    estimate_from,
+    estimate_trainer,
+)
 from kit.estimate.inventory import info_of  # noqa: E402
+from kit.inputs import InputError  # noqa: E402
 from kit.model_configs import get_config  # noqa: E402
 from kit.presets import nf4_bytes  # noqa: E402
 

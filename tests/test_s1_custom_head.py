@@ -3,10 +3,9 @@ import pytest
 import torch
 import transformers
 
-from kit import machine
-from kit import models
-from kit.scenarios.custom_head import scenario as ch
+from kit import machine, models
 from kit.scenarios.custom_head import runs as s1_runs
+from kit.scenarios.custom_head import scenario as ch
 
 
 def test_the_original_names_custom_layer_and_misses_a_t4():

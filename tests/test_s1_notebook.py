@@ -1,12 +1,12 @@
 """Scenario 1's notebook helpers: the real-size tables (meta device, no weights) and the read-aloud texts."""
 import pytest
 
-from kit.measure import device as kdevice
 from kit import machine
+from kit.measure import device as kdevice
 from kit.presets import PRESETS
-from kit.scenarios.custom_head import scenario as s1
 from kit.scenarios.custom_head import notebook as nb
 from kit.scenarios.custom_head import runs as s1_runs
+from kit.scenarios.custom_head import scenario as s1
 from kit.units import fmt_bytes
 
 

@@ -8,15 +8,29 @@ import transformers
 from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 
-from kit.measure import leaks
 from kit import models
-from kit.units import MiB
-from kit.scenarios.cross_validation import fixed_loop as cv
-from kit.scenarios.cross_validation.folds import (ResultsFileError, append_result, k_fold_indices, read_results,
-    repair_results, run_key)
-from kit.scenarios.cross_validation.lora_reset import (ADVICE_RESET_CODE, adapter_state, advice_reset, lora_config,
-    restore_adapter, save_adapter_init, states_equal, verify_adapter_reset)
+from kit.measure import leaks
 from kit.measure.track import Tracker
+from kit.scenarios.cross_validation import fixed_loop as cv
+from kit.scenarios.cross_validation.folds import (
+    ResultsFileError,
+    append_result,
+    k_fold_indices,
+    read_results,
+    repair_results,
+    run_key,
+)
+from kit.scenarios.cross_validation.lora_reset import (
+    ADVICE_RESET_CODE,
+    adapter_state,
+    advice_reset,
+    lora_config,
+    restore_adapter,
+    save_adapter_init,
+    states_equal,
+    verify_adapter_reset,
+)
+from kit.units import MiB
 
 # Small and fast: 20 rows of at most 32 tokens, one step of batch 4 per fold.
 SMALL = dict(batch_size=4, seq_len=32, steps_per_fold=1, max_samples=20)

@@ -8,10 +8,10 @@ import torch
 from transformers import TrainingArguments
 
 import kit
-from kit.measure import leaks
 from kit import machine
 from kit.advise import advise
 from kit.estimate import estimate_trainer
+from kit.measure import leaks
 from kit.measure.controls import memory_cap
 from kit.scenarios import your_setup as s3
 

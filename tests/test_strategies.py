@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.estimate.launch import launch_command, read_accelerate_config
 from kit.estimate import estimate
+from kit.estimate.launch import launch_command, read_accelerate_config
 from kit.inputs import InputError
 
 DATA = Path(__file__).parent / "data" / "accelerate"
@@ -162,7 +162,6 @@ def test_unreadable_or_unmodelled_files_say_so(tmp_path):
 
 # ---- the CLI -------------------------------------------------------------------------------------------
 from test_estimate_cli import _run as _cli  # noqa: E402 (the estimate CLI's own test runner)
-
 
 BASE = ["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32"]
 

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from kit.measure import device
 from kit import machine
+from kit.measure import device
 from kit.measure.records import stage_peak
 from kit.measure.track import Tracker
 from kit.units import MiB

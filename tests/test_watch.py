@@ -2,8 +2,8 @@
 phase give a report, not an exception; memory comes back; a completed run's peak sits beside the estimate.
 And `%load_ext kit` in a real IPython shell."""
 import re
-from pathlib import Path
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +11,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import kit
-from kit import data, models
-from kit import machine
+from kit import data, machine, models
 from kit.measure import leaks
 from kit.units import MiB, fmt_bytes
 from kit.watching.report import PHASES

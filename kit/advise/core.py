@@ -39,11 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
-from kit.advise.search import BATCH_CAP, KW, SEQ_CAP, MOVES, Search, largest_fitting
 from kit.advise.gpus import shard_suggestion
-from kit.estimate import Estimate, estimate
-from kit.estimate.inventory import info_of
+from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search, largest_fitting
 from kit.dtypes import run_dtype
+from kit.estimate import Estimate, estimate
+from kit.estimate.from_objects import estimate_trainer
+from kit.estimate.inventory import info_of
+from kit.estimate.read_model import read_model
 from kit.presets import resolve_device
 from kit.units import GiB, fmt_bytes, wrapped
 
@@ -154,8 +156,6 @@ def _options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
                                           f"{', '.join(KW)}.")
         return {"device": lim.kernels, **setup}, []
     if hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, Estimate):   # a Trainer
-        from kit.estimate.from_objects import estimate_trainer
-        from kit.estimate.read_model import read_model
 
         est = trainer_estimate or estimate_trainer(setup)
         o, notes = _from_estimate(est, model=False)

@@ -13,6 +13,7 @@ than full fine-tuning): the shard adds the hardware and the launch to those chan
 """
 from __future__ import annotations
 
+from kit.advise.search import Suggestion, cli
 from kit.units import fmt_bytes
 
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)   # the counts tried, in order (one node, then several)
@@ -24,7 +25,6 @@ def shard_suggestion(s, closest=()):
     :class:`kit.advise.search.Suggestion`; None when none of :data:`GPU_COUNTS` does. ``s``: the Search;
     the setups tried are ``s.base`` as it is, then each of ``closest`` (the suggestions that came nearest on
     one GPU); the fewest GPUs win, then the setup tried first."""
-    from kit.advise.search import Suggestion, cli
 
     have = s.base.get("num_gpus", 1) or 1
     for offload in (False, True):

@@ -17,10 +17,9 @@ import time
 import traceback
 from pathlib import Path
 
-from kit.measure import device
-from kit import machine
-from kit import runtime
+from kit import machine, runtime
 from kit.cli.report import Section
+from kit.measure import device
 from kit.units import fmt_bytes
 
 CV_MODEL = {"smoke": "tiny-llama", "real": "meta-llama/Llama-3.2-1B"}
@@ -106,8 +105,8 @@ def real_size_figure(real=None):
 
 def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
     from kit import plot
-    from kit.scenarios.custom_head import scenario as s1
     from kit.scenarios.custom_head import runs as s1_runs
+    from kit.scenarios.custom_head import scenario as s1
 
     t4, t4_name = _t4()
     step("scenario 1: predict the original")

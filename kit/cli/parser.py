@@ -25,8 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _info(args: argparse.Namespace) -> int:
-    from kit.measure import device
     from kit import runtime
+    from kit.measure import device
 
     print(runtime.describe())
     print("Reading now:", device.snapshot().text())
@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     info = sub.add_parser("info", help="what this runtime has: GPU, RAM, libraries, Hub, smoke or real sizes")
     info.set_defaults(func=_info)
-    from kit.cli import demo, estimate as estimate_cli, fit as fit_cli
+    from kit.cli import demo
+    from kit.cli import estimate as estimate_cli
+    from kit.cli import fit as fit_cli
 
     estimate_cli.register(sub)
     fit_cli.register(sub)

@@ -19,9 +19,17 @@ from __future__ import annotations
 from kit import inputs as kin
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
-from kit.estimate.read_model import (bnb_options, model_name, read_bnb, read_lora_config, read_model, targets_for,
-    trainer_reentrant)
+from kit.estimate.read_model import (
+    bnb_options,
+    model_name,
+    read_bnb,
+    read_lora_config,
+    read_model,
+    targets_for,
+    trainer_reentrant,
+)
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
+from kit.model_configs import get_config
 
 _ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
           "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
@@ -104,7 +112,6 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     if hasattr(model_id_or_config, "named_modules"):
         cfg = model_id_or_config.config
     else:
-        from kit.model_configs import get_config
 
         cfg = get_config(model_id_or_config)
     info = info_of(model_id_or_config)

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kit.estimate.replay import FAMILIES, LORA_TARGETS
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -57,7 +59,6 @@ def family_of(cfg) -> str:
     """The replay family of a config: its model_type where kit.estimate.replay has a block replay for it
     ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
     gemma3_text, "gpt_neox"), "llama" for any other Llama-style decoder, or UnsupportedModel in words."""
-    from kit.estimate.replay import FAMILIES
 
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     if mt == "gpt2":
@@ -236,6 +237,5 @@ def default_targets(info: Info) -> tuple:
     attention projections as ``LoraConfig(target_modules=...)`` must name them (kit.estimate.replay.LORA_TARGETS)."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
 
-    from kit.estimate.replay import LORA_TARGETS
 
     return tuple(M.get(info.config.model_type) or LORA_TARGETS.get(info.family, ["q_proj", "v_proj"]))

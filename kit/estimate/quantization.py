@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from kit import inputs as kin
 from kit.presets import DTYPES, int8_bytes, nf4_bytes
+from kit.units import fmt_bytes
 
 QUANT_TYPES = ("nf4", "fp4")
 _DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "torch.float32": "fp32",
@@ -113,7 +114,6 @@ def dequant_bytes(bnb: Bnb, load: str) -> int:
 
 def notes(rp) -> list:
     """What the estimate says about the formats: the 8-bit inputs that checkpointing keeps."""
-    from kit.units import fmt_bytes
 
     if not (rp.ckpt and rp.kept()):
         return []

@@ -8,6 +8,7 @@ import itertools
 import sys
 
 from kit import inputs as kin
+from kit.estimate.launch import read_training_launch
 from kit.estimate.read_model import dtype_name
 
 # TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
@@ -57,7 +58,6 @@ def read_args(args, name: str = "TrainingArguments"):
     opts.update(eval_batch_size=args.per_device_eval_batch_size, eval_accumulation_steps=args.eval_accumulation_steps)
     src.update(eval_batch_size=(opts["eval_batch_size"], f"{name}.per_device_eval_batch_size"),
                eval_accumulation_steps=(opts["eval_accumulation_steps"], f"{name}.eval_accumulation_steps"))
-    from kit.estimate.launch import read_training_launch
 
     launch, more = read_training_launch(args)   # fsdp / deepspeed: the estimate becomes per GPU (kit.estimate.strategies)
     opts.update(launch)

@@ -5,10 +5,11 @@ A leaf: it imports nothing of the estimator, so :mod:`kit.estimate.core` makes a
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 import copy
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 
+from kit.presets import render
 from kit.units import fmt_bytes
 
 COMPONENTS = ("weights", "gradients", "optimizer state", "activations", "logits & loss",
@@ -91,7 +92,6 @@ class Estimate:
 
     def table(self, preset: str = "colab-t4") -> str:
         """A readable table: one row per component, the offenders and a device verdict."""
-        from kit.presets import render  # (presets renders any estimate; it imports nothing of this package)
 
         return render(self, preset)
 

@@ -44,8 +44,10 @@ import dataclasses
 import math
 from collections import OrderedDict
 
+from kit.estimate import replay as act
 from kit.estimate.result import ShardedEstimate
 from kit.inputs import InputError
+from kit.presets import optimizer_state_bytes
 from kit.training_setup import STRATEGIES  # noqa: F401 (declared with the other options; kit.estimate names it)
 
 
@@ -109,7 +111,6 @@ def _ddp(est, c, strategy, N, offload):
 
 
 def _fsdp(est, c, strategy, N, offload):
-    from kit.estimate import replay as act
 
     rp, L, g, w = c.rp, c.L, c.grads, c.weights
     W, G, O = _states(est, c)
@@ -170,8 +171,6 @@ def _fsdp(est, c, strategy, N, offload):
 
 def _zero(est, c, strategy, N, offload):
     """DeepSpeed ZeRO: model states as DeepSpeed keeps them; activations as one GPU's forward/backward."""
-    from kit.estimate import replay as act
-    from kit.presets import optimizer_state_bytes
 
     stage = int(strategy[-1])
     w, L, rp = c.weights, c.L, c.rp

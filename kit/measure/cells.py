@@ -134,7 +134,7 @@ class CellMemory:
         if arg == "on":
             arg = "cheap"
         if arg and arg not in MODES:
-            from IPython.core.error import UsageError   # IPython prints it in one line, no traceback
+            from IPython.core.error import UsageError  # IPython prints it in one line, no traceback
 
             raise UsageError(f"%kit_cells takes one of cheap, live, off, on; not {line.strip()!r}")
         if arg:

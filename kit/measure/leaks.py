@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kit.measure import device
 from kit import machine
+from kit.measure import device
 from kit.measure.device import Snapshot
 from kit.units import MiB, fmt_bytes
 

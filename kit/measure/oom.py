@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import torch
 
 from kit.measure import device
-from kit.measure.cleanup import scrub, forget_exceptions
+from kit.measure.cleanup import forget_exceptions, scrub
+from kit.measure.track import Tracker
 
 
 @dataclass
@@ -115,7 +116,6 @@ def largest_batch_size(train_fn, start: int, *, min_size: int = 1, refine: bool 
     """
     from accelerate.utils import find_executable_batch_size
 
-    from kit.measure.track import Tracker
 
     if not isinstance(start, int) or start < min_size or min_size < 1:
         raise ValueError(f"need integers start >= min_size >= 1, got start={start!r}, min_size={min_size!r}")

@@ -10,6 +10,8 @@ import weakref
 
 import torch
 
+from kit.units import fmt_bytes
+
 
 class TensorPeak:
     """Exact peak of tensor bytes on the CPU, where PyTorch keeps no allocator statistics.
@@ -68,7 +70,6 @@ class TensorPeak:
 
     def _over(self, would: int, op) -> None:
         # No tensor in this frame: the traceback keeps its frames (and their locals) alive.
-        from kit.units import fmt_bytes
 
         self.hits += 1
         raise torch.OutOfMemoryError(f"kit memory cap: live tensors would reach {fmt_bytes(would)}, "

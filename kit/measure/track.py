@@ -47,9 +47,11 @@ import json
 import time
 from pathlib import Path
 
-from kit.measure import device
 from kit import machine
+from kit.measure import device
+from kit.measure.callback import MemoryCallback
 from kit.measure.device import Snapshot
+from kit.measure.files import load, write_csv
 from kit.measure.records import Sample, StageRecord, stage_peak  # noqa: F401 (StageRecord: part of the API)
 from kit.measure.tensor_peak import TensorPeak
 from kit.units import GiB, fmt_bytes
@@ -255,7 +257,6 @@ class Tracker:
             raise ValueError(f"overhead is a fraction of training time (e.g. 0.01), not {overhead!r}")
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0 seconds, not {min_interval_s!r}")
-        from kit.measure.callback import MemoryCallback
 
         return MemoryCallback(self, every_n_steps, overhead, live_tensors, min_interval_s)
 
@@ -299,13 +300,11 @@ class Tracker:
 
     def to_csv(self, path: str | Path) -> None:
         """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
-        from kit.measure.files import write_csv
 
         write_csv(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Tracker":
         """Read back a tracker written by ``to_json`` (``.json``) or ``to_csv`` (``.csv``)."""
-        from kit.measure.files import load
 
         return load(cls(), Path(path))

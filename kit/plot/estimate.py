@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
+from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN, draw_limit, new_figure
 from kit.units import fmt_bytes, gib
-from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN, new_figure, draw_limit
-
 
 OFF_SCALE = 2.0     # a limit over twice the highest bar is stated in text and drawn in a side panel
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kit.plot.runs import timeline
+
 try:
     from IPython import get_ipython
     from IPython.display import clear_output as _clear_output
@@ -55,8 +57,7 @@ class LivePlot:
 
     def __init__(self, tracker=None, draw=None, *, out=None, folder=None, min_interval_s: float = 2.0,
                  max_overhead: float = 0.02, prefix: str = "live", dpi: int = 90):
-        if draw is None:
-            from kit.plot import timeline as draw
+        draw = timeline if draw is None else draw
         if not callable(draw):
             raise ValueError(f"draw must be a function tracker -> Figure, not {draw!r}")
         if min_interval_s < 0 or not 0 < max_overhead <= 1:

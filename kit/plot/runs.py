@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
+from kit.plot.style import GIB_LABEL, OKABE_ITO, draw_limit, new_figure, short_label
 from kit.units import fmt_bytes, gib
-from kit.plot.style import GIB_LABEL, OKABE_ITO, new_figure, draw_limit, short_label
 
 
 def _records(obj):

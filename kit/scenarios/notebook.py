@@ -12,8 +12,7 @@ import tempfile
 import warnings
 from pathlib import Path  # noqa: F401 (the doctest of scratch_dir)
 
-from kit import machine
-from kit import dtypes, runtime
+from kit import dtypes, machine, runtime
 from kit.units import fmt_bytes, wrapped
 
 

@@ -20,14 +20,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kit.measure import cleanup
-from kit import machine
 from kit import data as kdata
 from kit import inputs as kin
+from kit import machine
 from kit import models as kmodels
-from kit.presets import OPTIMIZERS
-from kit.presets import PRESETS
+from kit.advise.check import show_value as _show
+from kit.estimate import estimate_from
+from kit.measure import cleanup
+from kit.presets import OPTIMIZERS, PRESETS
 from kit.units import fmt_bytes, wrap, wrapped
+from kit.watching.trainer import draw_watch
 
 MIN_GAP = 0.2    # smoke mode: the advised twin's estimated peak must be this much under the original's
 
@@ -72,7 +74,6 @@ class YourSetup:
     def estimate(self, *, as_run: bool = False):
         """``estimate_from`` of these objects: the model on the GPU's kernels, or (``as_run``) what runs here
         (the twin in smoke mode, this device's kernels, the args as run)."""
-        from kit.estimate import estimate_from
 
         return estimate_from(self.run_model if as_run else self.model, self.run_args if as_run else self.args,
                              self.quantization_config, self.peft_config, seq_len=self.seq_len,
@@ -294,7 +295,6 @@ def read_aloud(est) -> str:
 @wrapped
 def sources(est) -> str:
     """Where ``estimate_from`` read each setting, so you can check it read your objects as you meant."""
-    from kit.advise.check import show_value as _show
 
     return "\n".join(f"  {k:<24}{_show(v):<22}{where}" for k, (v, where) in getattr(est, "sources", {}).items())
 
@@ -307,7 +307,6 @@ def figure(trainer, title: str | None = None):
         raise ValueError("this Trainer was not run with kit.train or kit.watch: there is no plot to draw.")
     import matplotlib.pyplot as plt
 
-    from kit.watching.trainer import draw_watch
 
     fig = draw_watch(w.tracker, w.estimate, w.limit_bytes, w.limit_label)
     if title:

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kit.units import fmt_bytes, wrapped
 from kit import machine
+from kit.measure import device, leaks
+from kit.plot.live import in_notebook
+from kit.units import fmt_bytes, wrapped
 
 # phase key -> what it means, as the report says it
 PHASES = {
@@ -232,7 +234,6 @@ def read_alive(trainer, exc, *, top: int = 5, holders: int = 3) -> tuple[dict, d
     frame's local that held them, else (for the ``holders`` largest left) by climbing the garbage
     collector's referrers with :mod:`kit.measure.leaks`.
     """
-    from kit.measure import device, leaks
 
     on = "cuda" if machine.has_cuda() else "cpu"
     gc.collect()
@@ -317,7 +318,6 @@ def set_peak(report: TrainReport, rec, samples, est) -> None:
 
 def show_history(report: TrainReport) -> None:
     """In a notebook, draw the saved CUDA allocator history inline (torch's trace plot). Untested on a GPU here."""
-    from kit.plot.live import in_notebook
 
     if not report.snapshot_path or not in_notebook():
         return

@@ -31,11 +31,14 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from kit.measure import controls, device
 from kit import machine
-from kit.measure.cleanup import malloc_trim, scrub, forget_exceptions
+from kit.estimate import estimate_trainer
+from kit.measure import controls, device
+from kit.measure.cleanup import forget_exceptions, malloc_trim, scrub
 from kit.measure.controls import check_cap, memory_cap
 from kit.measure.track import Tracker
+from kit.plot import OKABE_ITO, timeline
+from kit.plot.estimate import OFF_SCALE, limit_text
 from kit.presets import resolve_device
 from kit.units import fmt_bytes, gib
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
@@ -196,7 +199,6 @@ def _estimate(trainer, estimate):
         return None, "not asked for"
     if estimate is not True:
         return estimate, None
-    from kit.estimate import estimate_trainer
 
     try:
         return estimate_trainer(trainer, device=machine.device_name()), None
@@ -214,8 +216,6 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
     >>> len(draw_watch(t, limit_bytes=2**40).axes[0].texts) >= 1
     True
     """
-    from kit.plot import OKABE_ITO, timeline
-    from kit.plot.estimate import OFF_SCALE, limit_text
 
     fig = timeline(tracker, title="Memory while training (kit.watch)")
     ax = fig.axes[0]

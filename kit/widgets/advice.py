@@ -28,7 +28,7 @@ import ipywidgets as W
 
 from kit import inputs as kin
 from kit.advise.core import SAFETY, advise, limit_for, max_batch_size
-from kit.advise.search import CLI, cli_value, cli
+from kit.advise.search import CLI, cli, cli_value
 from kit.units import fmt_bytes
 
 TOP = 3

@@ -34,21 +34,26 @@ from pathlib import Path
 import ipywidgets as W
 from IPython.display import display
 
-from kit import machine
+from kit import machine, runtime
 from kit import models as kmodels
+from kit.estimate import INT32_OPTIMIZER, estimate
+from kit.inputs import has_note, whole_number
+from kit.presets import OPTIMIZERS, PRESETS, Preset, resolve_device, verdict
+from kit.training_setup import TrainingSetup
 from kit.widgets import runs as panel_runs
-from kit import runtime
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
-from kit.estimate import INT32_OPTIMIZER, estimate
-from kit.presets import OPTIMIZERS
-from kit.inputs import has_note, whole_number
-from kit.training_setup import TrainingSetup
-from kit.presets import PRESETS, Preset, resolve_device, verdict
 from kit.widgets.gpus import gpu_controls, launch, launch_problem
+from kit.widgets.models import (
+    GROUPS,
+    MODELS,
+    OWN_MODELS,
+    max_positions,
+    model_problem,
+    model_type_and_vocab,
+    run_problem,
+)
 from kit.widgets.run_view import PanelRuns
-from kit.widgets.models import (GROUPS, MODELS, OWN_MODELS, max_positions, model_problem, model_type_and_vocab,
-    run_problem)
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from kit import models as kmodels
 from kit import runtime
+from kit.data import shipped_tokenizer
+from kit.estimate import estimate
+from kit.estimate.inventory import info_of
 
 OWN_MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
               2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
@@ -49,8 +52,6 @@ def model_problem(model: str, setup: dict, seq_cap: int, device: str, with_setup
     >>> model_problem("/no/such/config.json", {}, 32768, "cuda")     # doctest: +ELLIPSIS
     "Unknown model '/no/such/config.json': it is no known name, no file and no Hub id. Known names: ..."
     """
-    from kit.estimate import estimate
-    from kit.estimate.inventory import info_of
 
     try:
         info_of(model)
@@ -67,7 +68,6 @@ def model_problem(model: str, setup: dict, seq_cap: int, device: str, with_setup
 
 @functools.lru_cache(maxsize=1)
 def _shipped_vocab() -> int:
-    from kit.data import shipped_tokenizer
 
     return len(shipped_tokenizer())
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import html
 
+from kit import plot
+from kit.measure.track import Tracker
+from kit.plot.live import LivePlot, show
 from kit.widgets import runs as panel_runs
 from kit.widgets import views as views
 
@@ -21,15 +24,11 @@ class PanelRuns:
             self._refresh()  # gives back each control's own disabled state and reason
 
     def _show(self, fig) -> None:
-        from kit.plot.live import show
 
         self.last_figure = fig
         show(fig, self.plot_out)
 
     def _on_run(self, _button=None) -> None:
-        from kit import plot
-        from kit.plot.live import LivePlot
-        from kit.measure.track import Tracker
 
         if self.problem or self.run_reason or self._running:
             return
@@ -56,7 +55,6 @@ class PanelRuns:
         self._finish(record)
 
     def _on_sweep(self, _button=None) -> None:
-        from kit.measure.track import Tracker
 
         if self.problem or self.run_reason or self._running:
             return

@@ -18,16 +18,16 @@ import functools
 import shutil
 import tempfile
 
-from kit.measure import cleanup, leaks, oom
-from kit import machine
 from kit import data as kdata
-from kit.measure import device as kdevice
+from kit import machine, plot
 from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
-from kit.presets import OPTIMIZERS
 from kit.inputs import has_note, whole_number
-from kit.training_setup import PANEL
+from kit.measure import cleanup, leaks, oom
+from kit.measure import device as kdevice
 from kit.measure.track import Tracker
+from kit.presets import OPTIMIZERS
+from kit.training_setup import PANEL
 from kit.units import fmt_bytes, gib
 
 SETUP_KEYS = ("model",) + PANEL   # what a panel run's setup holds
@@ -254,7 +254,6 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
 
 def sweep_figure(result: dict, model: str, limit_bytes: int | None = None):
     """:func:`kit.plot.sweep` of a :func:`sweep` result, with the predicted peaks as a dashed line."""
-    from kit import plot
 
     label = result["over"].replace("_", " ")
     title = f"Peak against {label}: {model} (measured here)"

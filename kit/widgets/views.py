@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import re
 
+from kit.plot import OFF_SCALE
 from kit.units import fmt_bytes
 
 COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
@@ -26,7 +27,6 @@ def estimate_html(e, v, p, problem: str | None = None) -> str:
     if e is None:
         return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
                 f"{html.escape(problem or '')}</div>")
-    from kit.plot import OFF_SCALE  # the charts' rule: a limit far above the bar is stated, not drawn
 
     limit = p.gpu_bytes if p.gpu_bytes is not None else p.ram_bytes
     own_scale = limit > OFF_SCALE * e.peak_bytes    # else a small model's bar is a sliver

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.estimate.replay.registry import FAMILIES
 from kit.estimate.replay.setup import F32, I64, Setup
 from kit.estimate.replay.tape import Tape
 
@@ -77,7 +78,6 @@ class Replay:
 
 def replay(st: Setup) -> Replay:
     """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.estimate.replay`)."""
-    from kit.estimate.replay.registry import FAMILIES  # (the registry imports the family modules, which import this one's tape)
 
     block_fn = FAMILIES[st.family]
     T, H, V = st.T, st.H, st.V

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kit.estimate.replay.setup import BOOL, F32, Setup
 
+
 @dataclass
 class _T:
     uid: int

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import tempfile
 
-from kit.measure import cleanup
 from kit import runtime
+from kit.measure import cleanup
 from kit.measure.track import Tracker
-from kit.units import wrapped
 from kit.scenarios.cross_validation.folds import fold_data
 from kit.scenarios.cross_validation.lora_reset import save_adapter_init, verify_adapter_reset
-from kit.scenarios.cross_validation.training import loop_params, fold_trainer, count_live_models, load_for_training
-
+from kit.scenarios.cross_validation.training import count_live_models, fold_trainer, load_for_training, loop_params
+from kit.units import wrapped
 
 _SAID: dict = {}  # the loader lines, said once for all the checks of a notebook
 

@@ -21,16 +21,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.measure import cleanup, leaks, oom
-from kit import runtime
 from kit import inputs as kin
+from kit import runtime
+from kit.measure import cleanup, leaks, oom
 from kit.measure.track import Tracker
 from kit.scenarios.cross_validation.folds import append_result, fold_data, read_results, run_key, set_aside
-from kit.scenarios.cross_validation.lora_reset import (advice_reset, adapter_state, restore_adapter,
-    save_adapter_init, states_equal, verify_adapter_reset)
-from kit.scenarios.cross_validation.training import DEFAULTS, count_live_models  # noqa: F401 (callers read them here)
-from kit.scenarios.cross_validation.training import (fold_count, fold_record, notify_fold, loop_params, fold_trainer,
-    load_for_training)
+from kit.scenarios.cross_validation.lora_reset import (
+    adapter_state,
+    advice_reset,
+    restore_adapter,
+    save_adapter_init,
+    states_equal,
+    verify_adapter_reset,
+)
+from kit.scenarios.cross_validation.training import (  # noqa: F401 (callers read them here)
+    DEFAULTS,
+    count_live_models,
+    fold_count,
+    fold_record,
+    fold_trainer,
+    load_for_training,
+    loop_params,
+    notify_fold,
+)
 from kit.scenarios.cross_validation.user_loop import free_gpu_cache, run_broken_loop  # noqa: F401 (the notebook reads them as cv.*)
 
 

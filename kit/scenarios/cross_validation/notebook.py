@@ -21,17 +21,26 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kit import machine, plot, runtime
 from kit.measure import cleanup, leaks
-from kit import machine
 from kit.measure import device as kdevice
-from kit import plot, runtime
-from kit.plot.live import LivePlot
 from kit.measure.track import Tracker
-from kit.units import fmt_bytes, wrapped
+from kit.plot.live import LivePlot
 from kit.scenarios.cross_validation.folds import fold_data, read_results
-from kit.scenarios.cross_validation.predict import (advisor_text, crash_models, crash_models_text, four_gb_text,
-    fold1_leftovers, fold2_prediction, recipe_estimates, two_models_text, upcast_moment_bytes, weights_split)
-from kit.scenarios.cross_validation.training import loop_params, fold_trainer, load_for_training
+from kit.scenarios.cross_validation.predict import (
+    advisor_text,
+    crash_models,
+    crash_models_text,
+    fold1_leftovers,
+    fold2_prediction,
+    four_gb_text,
+    recipe_estimates,
+    two_models_text,
+    upcast_moment_bytes,
+    weights_split,
+)
+from kit.scenarios.cross_validation.training import fold_trainer, load_for_training, loop_params
+from kit.units import fmt_bytes, wrapped
 
 
 class FoldChart:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from kit import inputs as kin
 from kit import models as kmodels
+from kit.advise import advise
 from kit.estimate import estimate
+from kit.estimate import estimate as est_fn
+from kit.model_configs import REGISTRY, gated
 from kit.presets import PRESETS, Preset
 from kit.units import fmt_bytes, wrapped
 
@@ -155,8 +158,6 @@ def crash_models(preset: str = "colab-t4", **setup) -> list[dict]:
     >>> crash_models(batch_size=4, seq_len=256, lora_r=8)[0]["model"]          # doctest: +SKIP
     'Qwen/Qwen3-8B'
     """
-    from kit.model_configs import REGISTRY, gated
-    from kit.estimate import estimate as est_fn
 
     gpu, rows = PRESETS[preset].gpu_bytes, []
     for name in REGISTRY:
@@ -200,7 +201,6 @@ def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
     >>> "fold 2" in advisor_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
     True
     """
-    from kit.advise import advise
 
     p = PRESETS[preset]
     old = fold1_leftovers(est)

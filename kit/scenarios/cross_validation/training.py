@@ -17,12 +17,12 @@ from peft import get_peft_model
 from torch import nn
 from transformers import PrinterCallback, Trainer, TrainingArguments
 
-from kit.measure import device as kdevice
-from kit import machine
 from kit import inputs as kin
+from kit import machine
 from kit import models as kmodels
-from kit.units import fmt_bytes
+from kit.measure import device as kdevice
 from kit.scenarios.cross_validation.lora_reset import lora_config
+from kit.units import fmt_bytes
 
 DEFAULTS = dict(batch_size=4, seq_len=64, steps_per_fold=4, lora_r=8,
                 lora_targets=("q_proj", "v_proj"), quantization="4bit", max_samples=200, seed=0)

@@ -21,13 +21,19 @@ from contextlib import contextmanager
 
 from transformers import TrainerCallback
 
-from kit.measure import cleanup, oom
 from kit import runtime
+from kit.measure import cleanup, oom
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
-from kit.units import fmt_bytes
 from kit.scenarios.cross_validation.folds import fold_data
-from kit.scenarios.cross_validation.training import fold_count, loop_params, fold_trainer, count_live_models, load_for_training
+from kit.scenarios.cross_validation.training import (
+    count_live_models,
+    fold_count,
+    fold_trainer,
+    load_for_training,
+    loop_params,
+)
+from kit.units import fmt_bytes
 
 
 def free_gpu_cache() -> None:

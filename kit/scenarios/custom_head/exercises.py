@@ -9,8 +9,8 @@ from __future__ import annotations
 from kit import inputs as kin
 from kit import models as kmodels
 from kit.presets import PRESETS
-from kit.units import fmt_bytes, wrapped
 from kit.scenarios.custom_head import scenario as s1
+from kit.units import fmt_bytes, wrapped
 
 
 # -- the exercise: the largest low-rank head that fits -----------------------------------------

@@ -18,18 +18,23 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 """
 from __future__ import annotations
 
+from kit import dtypes, machine, plot
+from kit.advise import advise
 from kit.measure import device as kdevice
-from kit import machine
-from kit import dtypes
-from kit import plot
+from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
 from kit.presets import PRESETS, verdict
-from kit.measure.track import Tracker
-from kit.units import fmt_bytes, wrapped
-from kit.scenarios.custom_head import scenario as s1
 from kit.scenarios.custom_head import runs as s1_runs
-from kit.scenarios.custom_head.exercises import (culprit_check, fits_answer_text, largest_rank, rank_check,
-    toy_model, twin_rank)  # noqa: F401
+from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head.exercises import (
+    culprit_check,
+    fits_answer_text,
+    largest_rank,
+    rank_check,
+    toy_model,  # noqa: F401
+    twin_rank,
+)
+from kit.units import fmt_bytes, wrapped
 
 
 def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
@@ -76,7 +81,6 @@ def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
     >>> "custom_layer" in advisor_text()
     True
     """
-    from kit.advise import advise
 
     return "ESTIMATED by the fit advisor (python -m kit fit), for the user's setup at real size:\n" + \
         advise({"model": s1.NAMES["real"], **s1.USER}, preset).text(top=top)

@@ -15,18 +15,27 @@ from __future__ import annotations
 import gc
 import tempfile
 
-from kit.measure import cleanup, leaks
-from kit import machine
-from kit.measure.oom import oom_safe
 from kit import data as kdata
-from kit.measure import device as kdevice
+from kit import machine
 from kit import models as kmodels
 from kit.inputs import whole_number
-from kit.presets import OPTIMIZERS
+from kit.measure import cleanup, leaks
+from kit.measure import device as kdevice
+from kit.measure.oom import oom_safe
 from kit.measure.track import Tracker
+from kit.presets import OPTIMIZERS
+from kit.scenarios.custom_head.scenario import (
+    NAMES,
+    T4_BYTES,
+    USER,
+    estimate_fix,
+    estimate_user,
+    fix_setup,
+    run_precision,
+    size_name,
+)
 from kit.units import fmt_bytes
-from kit.scenarios.custom_head.scenario import (NAMES, T4_BYTES, USER, estimate_user, run_precision, size_name,
-    estimate_fix, fix_setup)
+
 
 def _measured_run(make, size: str, precision: str, optimizer: str, steps: int, accum: int,
                   tracker: Tracker) -> int | None:

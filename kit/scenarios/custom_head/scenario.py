@@ -17,10 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kit import dtypes, runtime
-from kit import machine
 from kit import data as kdata
-
+from kit import dtypes, machine, runtime
 from kit import models as kmodels
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel
