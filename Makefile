@@ -11,7 +11,7 @@ OUT    ?= report
 # pytest-xdist workers for make test; each test file runs whole in one worker (--dist loadfile)
 JOBS   ?= 2
 
-.PHONY: demo test notebooks gpu-check venv clean
+.PHONY: demo test notebooks gpu-check gpu-wheels venv clean
 
 demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
@@ -26,10 +26,21 @@ notebooks: $(STAMP)
 	KIT_SMOKE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m jupyter nbconvert --to notebook \
 		--execute --inplace --ExecutePreprocessor.timeout=1800 notebooks/0*.ipynb
 
-# On one CUDA GPU, in at most 10 minutes: GPU tests, the GPU grid, the demo and notebooks 00-03 at real size
-# under a Colab T4's 14.56 GiB cap; writes benchmarks/results/gpu-check-<date>-<device>.md/.json. No GPU: one line.
-gpu-check: $(STAMP)
-	@$(PY) benchmarks/gpu_check.py
+# On one CUDA GPU, in at most 9 minutes, setup included: a preflight (torch, CUDA, the driver, the GPU, its free
+# memory, the packages, the plan), the GPU tests, the GPU grid, the demo and notebooks 00-03 at real size under a
+# Colab T4's 14.56 GiB cap; writes benchmarks/results/gpu-check-<date>-<device>.md/.json. No GPU: one line.
+# It creates no venv and pulls nothing from a registry: it runs with the first Python that holds a CUDA torch
+# (GPU_PY=... to choose), installing what it lacks from wheels/ when that folder is there (make gpu-wheels).
+GPU_PY ?= $(shell for p in "$(PY)" python3 python; do "$$p" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' \
+	>/dev/null 2>&1 && { echo "$$p"; exit 0; }; done; if [ -x "$(PY)" ]; then echo "$(PY)"; else echo $(PYTHON); fi)
+gpu-check:
+	@$(GPU_PY) benchmarks/gpu_check.py
+
+# Where a registry is reachable: the wheels a GPU box without one lacks (bitsandbytes, datasets, ipywidgets, nbval,
+# nbclient, ipykernel, trl and their dependencies), for Python $(WHEELS_PY) on manylinux x86_64, into wheels/.
+WHEELS_PY ?= 3.12
+gpu-wheels:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) benchmarks/gpu_check_wheels.py --python-version $(WHEELS_PY) --out wheels
 
 venv: $(STAMP)
 

@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from results_file import dated_path
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -111,11 +113,12 @@ def report(rows, repeats) -> str:
 def main(argv=None) -> int:
     import torch
 
-    day, dev = datetime.date.today().isoformat(), "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default=f"benchmarks/results/advisor_latency-{day}-{dev}.md",
-                   help="write the markdown table here too ('' not to write)")
+    p.add_argument("--out", default=str(dated_path("advisor_latency", dev)),
+                   help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not "
+                        "to write)")
     args = p.parse_args(argv)
     rows = []
     for label, opts, kw in CASES:

@@ -27,6 +27,8 @@ import gc
 import os
 import statistics
 import sys
+
+from results_file import dated_path
 import time
 
 from kit import machine
@@ -469,7 +471,7 @@ def main(argv=None) -> int:
 
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the markdown table here too")
+    p.add_argument("--out", default=None, help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not to write)")
     p.add_argument("--only", default=None, help="run the rows whose label contains this")
     p.add_argument("--families", action="store_true",
                    help="the family grid instead: every replay family's tiny twin x the same setups (CPU)")
@@ -479,7 +481,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
     cuda = machine.has_cuda()
     if a.families:
-        return _publish(family_report(family_grid(a.only, cuda), cuda), a.out)
+        out = dated_path("families", "cuda" if cuda else "cpu") if a.out is None else a.out
+        return _publish(family_report(family_grid(a.only, cuda), cuda), out)
     grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
     if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths
         grid += [g for g in CPU_GRID if "REAL SIZE" not in g[0]]
@@ -489,7 +492,8 @@ def main(argv=None) -> int:
         print(f"{label:40s} {name:24s} predicted {r['est'].peak_bytes:>14,} measured {r['got']['peak']:>14,} "
               f"({_pct(r['est'].peak_bytes, r['got']['peak']):+.2f}%) [{r['seconds']:.0f} s]", flush=True)
         rows.append(r)
-    return _publish(report(rows, time_cached_estimate(), cuda), a.out)
+    out = dated_path("estimate_vs_measured", "cuda" if cuda else "cpu") if a.out is None else a.out
+    return _publish(report(rows, time_cached_estimate(), cuda), out)
 
 
 def _publish(text: str, out: str | None) -> int:

@@ -38,15 +38,22 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GiB = 1024 ** 3
-CAP_BYTES = int(14.56 * GiB)      # what a Colab T4 lets torch allocate (DESIGN.md; kit.presets "colab-t4")
+CAP_BYTES = int(14.56 * GiB)      # what a Colab T4 lets torch allocate (kit.presets "colab-t4")
 CAP_ENV = "KIT_GPU_CAP_BYTES"     # kit.measure.controls.CAP_ENV
 NOTEBOOKS = ("00_check_your_setup", "01_distilgpt2_custom_head", "02_llama3_qlora_cross_validation",
              "03_your_own_setup")
-# Seconds per stage. The capped stages run side by side, so the whole is 100 + 140 + 320 = 560 s at most.
-BUDGETS = {"gpu tests": 100, "estimate grid": 140, "demo s1": 320, "demo s2": 320, "crash loop": 320,
-           **{f"notebook {n[:2]}": 320 for n in NOTEBOOKS}}
+# Seconds per stage, and for the whole run, setup included: 9 minutes, 30 (preflight) + 90 + 100 + 290, plus 10 s of
+# stop grace per step = 540 s at most. The capped stages run side by side where the card's free memory holds them
+# all; on a smaller card in batches, and what does not fit the time is skipped, with its reason.
+TOTAL_S, SETUP_S = 540, 30
+BUDGETS = {"gpu tests": 90, "estimate grid": 100, "demo s1": 290, "demo s2": 290, "crash loop": 290,
+           **{f"notebook {n[:2]}": 290 for n in NOTEBOOKS}}
 DEMOS = ("demo s1", "demo s2")
 NO_GPU = "gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check."
+# A notebook run with nbclient alone (nbconvert is not on every GPU box): python -c RUN_NOTEBOOK IN OUT TIMEOUT
+RUN_NOTEBOOK = ("import sys, nbformat, nbclient; nb = nbformat.read(sys.argv[1], as_version=4); "
+                "nbclient.NotebookClient(nb, timeout=int(sys.argv[3]), kernel_name='python3').execute(); "
+                "nbformat.write(nb, sys.argv[2])")
 # Imported at each notebook kernel's start (IPython startup file): applies the cap and writes down what it set.
 STARTUP = ("import json, os\nfrom kit.measure import ENV_CAP\nwith open(os.environ['GPU_CHECK_CAP_LOG'], 'a') as f:\n"
            "    f.write(json.dumps({'pid': os.getpid(), 'cap': ENV_CAP}) + '\\n')\n")
@@ -70,6 +77,7 @@ class StageResult:
     seconds: float
     log: str
     output: str
+    skipped: str | None = None   # why it did not run (the preflight's plan)
 
     @property
     def ok(self) -> bool:
@@ -140,6 +148,10 @@ def run_stages(stages: list[Stage], log_dir: Path, parallel: bool = False) -> li
 def stage_verdict(r: StageResult, what: str) -> dict:
     from gpu_check_verdicts import FAILED, PASSED, verdict
 
+    if r.skipped:
+        from gpu_check_verdicts import NOT_TAKEN
+
+        return verdict(what, NOT_TAKEN, f"skipped: {r.skipped}")
     if r.timed_out:
         return verdict(what, FAILED, f"timed out after its budget of {r.budget_s:g} s (output kept: {r.log})")
     return verdict(what, PASSED if r.rc == 0 else FAILED, f"exit {r.rc} in {r.seconds:g} s (log: {r.log})")
@@ -200,23 +212,66 @@ def merged_summary(paths: list) -> dict | None:
 
 def stages_for(work: Path, py: str) -> tuple[list[Stage], list[Stage]]:
     """The uncapped stages, run one after the other, and the capped ones, run side by side."""
-    capped_env = {CAP_ENV: str(CAP_BYTES), "KIT_SMOKE": "0", "KIT_CACHE": str(work / "twins"),
-                  "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    from gpu_check_preflight import site_env
+
+    capped_env = {CAP_ENV: str(CAP_BYTES), "KIT_SMOKE": "0", "KIT_CACHE": str(work / "twins"), **site_env(),
                   "IPYTHONDIR": str(work / "ipython"), "GPU_CHECK_CAP_LOG": str(work / "kernel-caps.jsonl")}
-    first = [Stage("gpu tests", [py, "-m", "pytest", "tests", "-m", "gpu", "-p", "no:cacheprovider", "-q"],
-                   BUDGETS["gpu tests"]),
+    gpu_files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                       if "mark.gpu" in p.read_text())   # only these: the others may import what the box lacks
+    first = [Stage("gpu tests", [py, "-m", "pytest", *gpu_files, "-m", "gpu", "-p", "no:cacheprovider", "-q"],
+                   BUDGETS["gpu tests"], site_env()),
              Stage("estimate grid", [py, "benchmarks/estimate_vs_measured.py", "--out", work / "grid.md"],
-                   BUDGETS["estimate grid"])]
+                   BUDGETS["estimate grid"], site_env())]
     side = [Stage(d, [py, "-m", "kit", "demo", "--out", work / d.replace(" ", "-"), "--size", "real", "--scenario",
                       d[-1]], BUDGETS[d], capped_env) for d in DEMOS]
     side.append(Stage("crash loop", [py, "benchmarks/gpu_check_crash.py", work / "crash.json"], BUDGETS["crash loop"],
                       capped_env))
     for n in NOTEBOOKS:
         name = f"notebook {n[:2]}"
-        side.append(Stage(name, [py, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
-                                 f"--ExecutePreprocessor.timeout={BUDGETS[name]}", "--output-dir",
-                                 work / "notebooks", ROOT / "notebooks" / f"{n}.ipynb"], BUDGETS[name], capped_env))
+        (work / "notebooks").mkdir(parents=True, exist_ok=True)
+        side.append(Stage(name, [py, "-c", RUN_NOTEBOOK, ROOT / "notebooks" / f"{n}.ipynb",
+                                 work / "notebooks" / f"{n}.ipynb", BUDGETS[name]], BUDGETS[name], capped_env))
     return first, side
+
+
+def run_planned(first: list[Stage], side: list[Stage], work: Path, torch_mod) -> list[StageResult]:
+    """The preflight (printed), the wheels installed where something is missing, then the stages as planned:
+    the first ones in turn, the capped ones in batches side by side; a skipped stage gets a result saying why."""
+    import gpu_check_preflight as pf
+
+    box = read_box(torch_mod)
+    names = [*pf.BOX, *pf.EXTRA]
+    have = pf.packages(names)
+    missing = [n for n, v in have.items() if v is None]
+    if missing:
+        done = pf.install_missing(missing)
+        sys.path.insert(0, str(pf.SITE))
+        have = pf.packages(names)
+        print(f"gpu-check: {done}", flush=True)
+    p = pf.plan({s.name: s.budget_s for s in first}, {s.name: s.budget_s for s in side}, pf.NEEDS,
+                {n for n, v in have.items() if v is None}, free_bytes=box["free_bytes"], cap_bytes=CAP_BYTES,
+                total_s=TOTAL_S, setup_s=SETUP_S)
+    print(pf.plan_text(box, have, p, {s.name: s.budget_s for s in first}, {s.name: s.budget_s for s in side}),
+          flush=True)
+    print(f"gpu-check: logs in {work}", flush=True)
+    stages = {s.name: s for s in [*first, *side]}
+    results = run_stages([stages[n] for n in p["first"]], work)
+    print("gpu-check: " + ", ".join(f"{r.name} {'ok' if r.ok else 'FAILED'}" for r in results), flush=True)
+    for batch in p["batches"]:
+        results += run_stages([stages[n] for n in batch], work, parallel=True)
+    for n, why in p["skipped"].items():
+        print(f"gpu-check: skipped {n}: {why}", flush=True)
+        results.append(StageResult(n, [str(c) for c in stages[n].cmd], stages[n].budget_s, None, False, 0.0, "",
+                                   "", skipped=why))
+    order = list(stages)
+    return sorted(results, key=lambda r: order.index(r.name))
+
+
+def read_box(torch_mod) -> dict:
+    """What the preflight reads of this box (a test replaces it to plan for another card)."""
+    from gpu_check_preflight import read_box as read
+
+    return read(torch_mod)
 
 
 def main(argv=None) -> int:
@@ -227,8 +282,11 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print(NO_GPU)
-        return 0
+        from gpu_check_preflight import nvidia_smi_gpus, torch_blind_reason
+
+        gpus = nvidia_smi_gpus()
+        print(torch_blind_reason(torch, gpus) if gpus else NO_GPU)
+        return 2 if gpus else 0
     from gpu_check_verdicts import NOT_TAKEN, crash_verdict, verdicts
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")   # without a network each Hub attempt hangs; real-size twins
@@ -237,16 +295,21 @@ def main(argv=None) -> int:
     (work / "ipython" / "profile_default" / "startup").mkdir(parents=True, exist_ok=True)
     (work / "ipython" / "profile_default" / "startup" / "00-kit-gpu-cap.py").write_text(STARTUP)
     device = torch.cuda.get_device_name(0)
-    print(f"gpu-check on {device}: stages {BUDGETS} s; logs in {work}", flush=True)
     first, side = stages_for(work, sys.executable)
-    results = run_stages(first, work)
-    print("gpu-check: " + ", ".join(f"{r.name} {'ok' if r.ok else 'FAILED'}" for r in results), flush=True)
-    results += run_stages(side, work, parallel=True)
+    results = run_planned(first, side, work, torch)
     by = {r.name: r for r in results}
+    from gpu_check_verdicts import grid_verdict, notebook_verdict
+
+    def ran(r):  # (exit code, or None where the stage did not finish; its detail)
+        v = stage_verdict(r, "")
+        return (None if r.skipped or r.timed_out else r.rc), v["detail"]
+
     out = [stage_verdict(by["gpu tests"], "the GPU-marked tests pass"),
-           stage_verdict(by["estimate grid"], "the GPU grid of estimate_vs_measured runs")]
-    out += [stage_verdict(by[f"notebook {n[:2]}"], f"notebook {n} runs at real size under the cap")
-            for n in NOTEBOOKS]
+           grid_verdict(*(lambda rc, d: (rc, grid_rows(by["estimate grid"].output), d))(*ran(by["estimate grid"])))]
+    for n in NOTEBOOKS:   # each verdict checks its subject: the executed notebook's outputs say REAL sizes
+        executed = work / "notebooks" / f"{n}.ipynb"
+        rc, detail = ran(by[f"notebook {n[:2]}"])
+        out.append(notebook_verdict(n, rc, executed.read_text() if executed.is_file() else None, detail))
     out += [stage_verdict(by[d], f"the demo's scenario {d[-1]} runs at real size under the cap") for d in DEMOS]
     summary = merged_summary([work / d.replace(" ", "-") / "summary.json" for d in DEMOS])
     out += verdicts(summary, CAP_BYTES, "no summary.json: " + "; ".join(

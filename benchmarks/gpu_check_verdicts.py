@@ -117,6 +117,9 @@ def _broken(s2: dict, cap: int) -> dict:
         return verdict(name, FAILED, "it ran out of memory in fold 1: one model alone did not fit", figs)
     if oom_at == 2:
         return verdict(name, PASSED, f"it ran out of memory in fold 2 ({model}), as predicted", figs)
+    if oom_at is not None and oom_at > 2:
+        return verdict(name, FAILED, f"it ran out of memory in fold {oom_at}, not in fold 2: something the "
+                                     "prediction does not count grew after fold 2", figs)
     if len(folds) < 2:
         return verdict(name, NOT_TAKEN, "fold 2 has no record", figs)
     alive = _alive(folds[1])
@@ -126,11 +129,51 @@ def _broken(s2: dict, cap: int) -> dict:
         return verdict(name, FAILED, f"fold 2 had {alive} model alive: the old model was freed, the bug did not "
                                      "reproduce", figs)
     two = est.get("two_models_bytes")
+    if two is not None and two > cap:
+        return verdict(name, FAILED, f"fold 2 had {alive} models alive, estimated at {_gib(two)}, over the cap "
+                                     f"{_gib(cap)}, and yet it did not run out of memory", figs)
     why = (f"two models alive did not run out of memory because the demo's real-size model is {model} in 4-bit: "
            f"two of them are estimated at {_gib(two)}, under the cap {_gib(cap)}")
-    later = f"; it ran out of memory in fold {oom_at}" if oom_at else ""
-    return verdict(name, PASSED, f"two models alive: fold 2 had {alive} models alive after its load; {why}{later}",
-                   figs)
+    return verdict(name, PASSED, f"two models alive: fold 2 had {alive} models alive after its load; {why}", figs)
+
+
+GRID_TOLERANCE_PCT = 2.0   # the error a GPU grid row may have: the kit's claim for the setups it builds itself
+
+
+def grid_verdict(rc: int | None, rows: list[dict], stage_detail: str) -> dict:
+    """The GPU grid passes on its numbers, not its exit code: every row parsed, each within
+    :data:`GRID_TOLERANCE_PCT` of its measurement.
+
+    >>> grid_verdict(0, [{"label": "a", "model": "m", "error_pct": -3.1}], "exit 0")["status"]
+    'FAILED'
+    >>> grid_verdict(0, [], "exit 0")["status"]
+    'not taken'
+    """
+    name = f"the GPU grid: every estimate within {GRID_TOLERANCE_PCT:g}% of its measured peak"
+    if not rows:
+        return verdict(name, NOT_TAKEN, f"no grid row was printed ({stage_detail})")
+    worst = max(rows, key=lambda r: abs(r["error_pct"]))
+    figs = {"worst error, percent": fig(worst["error_pct"], MEASURED)}
+    bad = [r for r in rows if abs(r["error_pct"]) > GRID_TOLERANCE_PCT]
+    detail = (f"{len(rows)} rows, worst {worst['error_pct']:+.2f}% ({worst['label'].strip()}, {worst['model']})"
+              + (f"; {len(bad)} over {GRID_TOLERANCE_PCT:g}%" if bad else "") + (f"; {stage_detail}" if rc else ""))
+    return verdict(name, FAILED if bad or rc else PASSED, detail, figs)
+
+
+def notebook_verdict(name: str, rc: int | None, outputs: str | None, stage_detail: str) -> dict:
+    """A notebook run at real size passes when it ran to its end *and* its run note says REAL sizes.
+
+    >>> notebook_verdict("nb", 0, "These outputs come from a run on ... SMOKE mode: tiny twins", "exit 0")["status"]
+    'FAILED'
+    """
+    what = f"notebook {name} runs at real size under the cap"
+    if outputs is None:
+        return verdict(what, NOT_TAKEN, f"no executed notebook was written ({stage_detail})")
+    if rc:
+        return verdict(what, FAILED, stage_detail)
+    if "REAL sizes" not in outputs:
+        return verdict(what, FAILED, "it ran, but its run note does not say REAL sizes: it ran in smoke mode")
+    return verdict(what, PASSED, f"ran to its end, and its run note says REAL sizes ({stage_detail})")
 
 
 def crash_verdict(crash: dict | None, cap: int, missing: str = "") -> dict:

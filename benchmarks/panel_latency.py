@@ -17,6 +17,8 @@ import os
 import platform
 import statistics
 import sys
+
+from results_file import dated_path
 import time
 
 from kit import machine
@@ -88,7 +90,7 @@ def report(rows: list, repeats: int) -> str:
 
 def main(argv=None) -> int:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    a.add_argument("--out", default=None, help="write the markdown table here too")
+    a.add_argument("--out", default=None, help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not to write)")
     a.add_argument("--repeats", type=int, default=5)
     args = a.parse_args(argv)
     rows = []
@@ -99,9 +101,10 @@ def main(argv=None) -> int:
         rows.append(r)
     text = report(rows, args.repeats)
     print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
+    out = str(dated_path("panel_latency", "cuda" if machine.has_cuda() else "cpu")) if args.out is None else args.out
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
             f.write(text)
     worst = max(sorted(r["all"])[int(0.95 * (len(r["all"]) - 1))] for r in rows)
     return 0 if worst <= BUDGET_MS else 1

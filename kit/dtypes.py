@@ -15,7 +15,7 @@ memory estimate does not change with the choice (both are 2 bytes), only the wor
 """
 from __future__ import annotations
 
-from kit.machine import compute_capability
+from kit import machine
 from kit.presets import PRESETS
 
 
@@ -36,7 +36,7 @@ def for_this_device() -> tuple[str, str]:
     True
     """
 
-    return run_dtype(compute_capability())
+    return run_dtype(machine.compute_capability())
 
 
 def for_preset(preset) -> tuple[str, str]:

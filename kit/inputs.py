@@ -219,3 +219,55 @@ def targets(value, name: str = "lora_targets"):
                                    f"head; pass it alone, not with {others}.")
         return ALL_LINEAR
     return names or None
+
+
+def byte_count(name: str, value, none_means: str | None = None) -> int | None:
+    """``value`` as a positive whole number of bytes: ints, numpy integers, whole floats (``1.5e9``) and digit
+    strings; ``None`` stays None where ``none_means`` says what None is. Infinity, NaN, fractions, booleans and
+    other text are refused in one sentence.
+
+    >>> import numpy as np
+    >>> byte_count("cap_bytes", np.int64(2**30)), byte_count("cap_bytes", 1.5e9), byte_count("cap_bytes", None, "no cap")
+    (1073741824, 1500000000, None)
+    >>> byte_count("cap_bytes", float("inf"), "no cap")
+    Traceback (most recent call last):
+    ...
+    kit.inputs.InputError: cap_bytes must be a positive whole number of bytes (or None: no cap), not inf.
+    """
+    if value is None and none_means is not None:
+        return None
+    n = _as_int(value)
+    if n is None or n < 1:
+        also = f" (or None: {none_means})" if none_means is not None else ""
+        raise InputError(name, f"{name} must be a positive whole number of bytes{also}, not {value!r}.")
+    return n
+
+
+def training_arguments(name: str, value):
+    """``value`` as a ``transformers.TrainingArguments``: one as given; a dict of its keywords built into one
+    (``report_to`` defaults to none); anything else refused in one sentence, named ``name``.
+
+    >>> training_arguments("training_args", {"per_device_train_batch_size": 4}).per_device_train_batch_size
+    4
+    >>> training_arguments("training_args", {"batch_size": 4})            # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    kit.inputs.InputError: training_args: TrainingArguments takes no keyword 'batch_size' ...
+    """
+    from transformers import TrainingArguments
+
+    if isinstance(value, TrainingArguments):
+        return value
+    if isinstance(value, dict):
+        try:
+            return TrainingArguments(**{"report_to": "none", **value})
+        except TypeError as exc:
+            bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+            raise InputError(name, f"{name}: TrainingArguments takes no keyword {bad[1] if bad else '?'!r} (did you "
+                                   "mean per_device_train_batch_size, gradient_accumulation_steps, ...?): pass "
+                                   "TrainingArguments(...) or a dict of its keywords.") from None
+        except ValueError as exc:
+            raise InputError(name, f"{name}: TrainingArguments refused these keywords: "
+                                   f"{' '.join(str(exc).split())[:300]}") from None
+    raise InputError(name, f"{name} must be a transformers TrainingArguments (or a dict of its keywords), not "
+                           f"{type(value).__name__}.")

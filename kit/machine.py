@@ -54,12 +54,40 @@ def hardware() -> dict:
     return info
 
 
+CAP_ENV = "KIT_GPU_CAP_BYTES"   # the process cap kit.measure.controls applies (read here too: a foundation)
+
+
+def memory_fraction(dev: int | None = None) -> float:
+    """The caching allocator's per-process memory fraction on this GPU (1.0: no cap). Read from torch
+    (``torch.cuda.get_per_process_memory_fraction``, torch >= 2.9); on an older torch, from
+    ``KIT_GPU_CAP_BYTES`` when it is set. 1.0 without a GPU."""
+    if not has_cuda():
+        return 1.0
+    import torch
+
+    dev = torch.cuda.current_device() if dev is None else dev
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get is not None:
+        return float(get(dev))
+    raw = os.environ.get(CAP_ENV, "").strip()
+    try:
+        cap = int(float(raw)) if raw else None
+    except ValueError:
+        cap = None
+    total = torch.cuda.get_device_properties(dev).total_memory
+    return min(1.0, cap / total) if cap else 1.0
+
+
 def gpu_bytes_for_torch() -> int | None:
     """What torch can have of this GPU now: the driver's free memory plus what this torch already
-    reserved (the CUDA context and other processes keep the rest). None without a GPU."""
+    reserved (the CUDA context and other processes keep the rest), and never more than the allocator's
+    memory fraction lets it reserve (``set_per_process_memory_fraction``, ``KIT_GPU_CAP_BYTES``). None
+    without a GPU."""
     if not has_cuda():
         return None
     import torch
 
-    free, _total = torch.cuda.mem_get_info()
-    return free + torch.cuda.memory_reserved()
+    dev = torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(dev)
+    capped = int(memory_fraction(dev) * torch.cuda.get_device_properties(dev).total_memory)
+    return min(free + torch.cuda.memory_reserved(dev), capped)

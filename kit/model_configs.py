@@ -16,6 +16,7 @@ import transformers
 from transformers import AutoConfig, PretrainedConfig
 
 from kit import runtime
+from kit.inputs import InputError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Registry: name -> shipped config file. Hub ids keep their Hub spelling.
@@ -126,7 +127,8 @@ def get_config(name_or_path: str) -> PretrainedConfig:
     """
     if isinstance(name_or_path, PretrainedConfig):
         return copy.deepcopy(name_or_path)
-    base, head = split_name(str(name_or_path))
+    name_or_path = model_name(name_or_path)
+    base, head = split_name(name_or_path)
     if base in REGISTRY:
         if head and base + VOCAB_HEAD not in _VOCAB_HEAD_NAMES:
             raise ValueError(f"{name_or_path!r}: only {', '.join(_VOCAB_HEAD_NAMES)} carry the vocab head.")
@@ -155,6 +157,51 @@ def get_config(name_or_path: str) -> PretrainedConfig:
 
 
 _HUB_CONFIGS: dict = {}   # Hub id -> its config, fetched once per process
+
+
+def model_name(value) -> str:
+    """A model name or path as text, surrounding spaces dropped (a pasted ``"gpt2 "`` is ``"gpt2"``); anything
+    but text or a path is refused in one sentence, named ``model``.
+
+    >>> model_name(" tiny-llama "), model_name(Path("cfg/config.json"))
+    ('tiny-llama', 'cfg/config.json')
+    >>> model_name(None)
+    Traceback (most recent call last):
+    ...
+    kit.inputs.InputError: model must be a shipped name, a Hub id, a config.json path, a PretrainedConfig or an nn.Module, not None.
+    """
+    from os import PathLike, fspath
+
+    if isinstance(value, PathLike):
+        value = fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError("model", "model must be a shipped name, a Hub id, a config.json path, a PretrainedConfig or "
+                                  f"an nn.Module, not {value!r}.")
+    return value.strip()
+
+
+def config_stamp(name_or_path) -> str:
+    """What a cache of a model's build must key on besides its name: for a config.json path, a hash of the
+    file's content (an edited file is a new model, however fast the edit); for a shipped name or a Hub id, nothing.
+
+    >>> config_stamp("tiny-llama")
+    ''
+    """
+    try:
+        name = model_name(name_or_path)
+    except InputError:
+        return ""
+    if split_name(name)[0] in REGISTRY:
+        return ""
+    path = Path(name).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        data = path.read_bytes() if path.is_file() else b""
+    except OSError:
+        return ""
+    import hashlib
+
+    return hashlib.sha1(data).hexdigest() if data else ""
 
 
 # A Hub repository id: "org/name", or a legacy one-part name such as "gpt2".

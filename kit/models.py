@@ -1,17 +1,18 @@
 """Models: the real one from the Hub when it is reachable, else an architecture twin.
 
-An *architecture twin* has random weights and exactly the real model's shapes, so
-exactly its memory. Its config ships in ``kit/configs/``. Tiny twins (2 layers, small
-width) make CPU smoke runs fast. Twin and real models load through the same
-``from_pretrained`` call: the twin is saved once into a cache folder and loaded
-from there with the user's own arguments (dtype, quantization, device map).
+An *architecture twin* has random weights and exactly the real model's shapes, so exactly its memory. Its config
+ships in ``kit/configs/``. Tiny twins (2 layers, small width) make CPU smoke runs fast. Twin and real models load
+through the same ``from_pretrained`` call: the twin is saved once into a cache folder (:func:`write_twin`, a shard
+at a time) and loaded from there with the user's own arguments (dtype, quantization, device map).
 
 >>> build_model("distilgpt2", device="meta").num_parameters()
 81912576
 """
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import torch.nn as nn
 import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
-from kit import dtypes, runtime
+from kit import dtypes, machine, runtime
 
 # Configs are model_configs' room; these names stay part of kit.models' API.
 from kit.model_configs import CONFIG_DIR, REGISTRY, TINY, VOCAB_HEAD, get_config, known_models, smoke_twin, split_name
@@ -32,15 +33,9 @@ _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float1
 
 
 def as_dtype(dtype) -> torch.dtype:
-    """``torch.float32`` / ``"fp32"`` / ``"bf16"`` ... -> a ``torch.dtype``.
-
-    >>> as_dtype("bf16")
-    torch.bfloat16
-    """
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
+    """``torch.float32`` / ``"fp32"`` / ``"bf16"`` ... -> a ``torch.dtype``: ``as_dtype("bf16")`` is torch.bfloat16."""
+    if isinstance(dtype, torch.dtype) or (isinstance(dtype, str) and dtype.lower() in _DTYPES):
+        return dtype if isinstance(dtype, torch.dtype) else _DTYPES[dtype.lower()]
     raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(_DTYPES)} or a torch.dtype.")
 
 
@@ -83,46 +78,51 @@ class VocabHeadModel(nn.Module):
             self.gpt2.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
-        """Older name of :meth:`activation_checkpointing_enable` (transformers 4.x Trainer calls it)."""
-        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)   # transformers 4.x's name
 
     def state_dict(self, *args, **kwargs):
-        """The usual state dict, less the GPT-2 LM head's weight when it is tied to the embeddings.
-
-        Why: Trainer saves a plain ``nn.Module`` with ``safetensors.save_file``, which refuses
-        tensors that share memory. Trainer reloads with ``strict=False``, sees the missing key
-        is in ``_keys_to_ignore_on_save`` and calls :meth:`tie_weights`.
-        """
+        """The usual state dict, less the GPT-2 LM head's weight when tied to the embeddings: Trainer saves a plain
+        ``nn.Module`` with ``safetensors.save_file``, which refuses shared tensors; it reloads with ``strict=False``,
+        sees the key in ``_keys_to_ignore_on_save`` and calls :meth:`tie_weights`."""
         sd = super().state_dict(*args, **kwargs)
         for key in [k for k in sd if any(k.endswith(i) for i in self._keys_to_ignore_on_save or ())]:
             del sd[key]
         return sd
 
     def tie_weights(self):
-        """Re-tie the base's LM head to its embeddings (Trainer calls it after loading a checkpoint)."""
-        self.gpt2.tie_weights()
+        self.gpt2.tie_weights()   # re-ties the base's LM head to its embeddings (Trainer, after loading a checkpoint)
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
         outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
         logits = self.custom_layer(outputs.logits)
         loss = None
-        if labels is not None:
-            # The user's loss, unshifted, kept as written: memory is what we study here.
-            loss_func = nn.CrossEntropyLoss()
-            loss = loss_func(logits.view(-1, logits.size(-1)), labels.view(-1))
+        if labels is not None:   # the user's loss, unshifted, kept as written: memory is what we study here
+            loss = nn.CrossEntropyLoss()(logits.view(-1, logits.size(-1)), labels.view(-1))
         return {"loss": loss, "logits": logits}
 
 
+def _build_device(device) -> str:
+    """``device`` for :func:`build_model`: "cpu", "meta", "cuda" or "cuda:N", refused in one sentence otherwise
+    (and "cuda" where torch sees no GPU)."""
+    text = str(device)
+    if not re.fullmatch(r"cpu|meta|cuda(:\d+)?", text):
+        raise ValueError(f"build_model builds on 'cpu', 'meta' or 'cuda' (or 'cuda:N'), not {device!r}.")
+    if text.startswith("cuda") and not machine.has_cuda():
+        raise ValueError(f"build_model(device={text!r}) needs a CUDA GPU, and torch sees none here: "
+                         "pass device='cpu' (or machine.device_name()).")
+    return text
+
+
 def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> nn.Module:
-    """A random-weight twin built from a config, on ``"cpu"`` or ``"meta"`` (no memory, instant).
+    """A random-weight twin built from a config, on ``"cpu"``, ``"cuda"`` (built where it runs: no copy in RAM)
+    or ``"meta"`` (no memory, instant).
 
     >>> build_model("meta-llama/Meta-Llama-3-8B", device="meta").num_parameters()
     8030261248
     >>> build_model("tiny-gpt2+vocab-head").custom_layer        # doctest: +ELLIPSIS
     Linear(in_features=4097, out_features=4097, bias=True)
     """
-    if device not in ("cpu", "meta"):
-        raise ValueError(f"build_model builds on 'cpu' or 'meta', not {device!r}; use load_model for a GPU.")
+    device = _build_device(device)
     dtype = as_dtype(dtype)
     cfg = get_config(name_or_config)
     head = getattr(cfg, "kit_vocab_head", False)
@@ -142,14 +142,7 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> 
 
 
 def _check_causal_lm(cfg: PretrainedConfig) -> None:
-    """Refuse, in one sentence, a config that transformers cannot build as a causal LM (T5, an encoder).
-
-    >>> from transformers import T5Config
-    >>> _check_causal_lm(T5Config())                     # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: t5 (T5Config) is not a causal language model (transformers has no ...): ...
-    """
+    """Refuse, in one sentence, a config that transformers cannot build as a causal LM (T5, an encoder)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING:
@@ -164,24 +157,22 @@ def _dtype_kw(dtype: torch.dtype) -> dict:
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
-def bnb_config(quantization: str = "none", compute_dtype=torch.bfloat16, quant_type: str = "nf4",
+def bnb_config(quantization: str = "none", compute_dtype=None, quant_type: str = "nf4",
                double_quant: bool = True) -> BitsAndBytesConfig | None:
-    """The ``BitsAndBytesConfig`` of a quantization choice: 4bit = NF4 + double quant, bf16 compute by
-    default; ``quant_type``, ``double_quant`` and ``compute_dtype`` are estimate()'s 4-bit options.
+    """The ``BitsAndBytesConfig`` of a quantization choice: 4bit = NF4 + double quant, computing by default
+    in :mod:`kit.dtypes`' 16 bits for this GPU (fp16 below compute capability 8.0, such as a T4; else bf16,
+    and bf16 on a CPU); ``quant_type``, ``double_quant`` and ``compute_dtype`` are estimate()'s 4-bit options.
 
-    >>> bnb_config("4bit").bnb_4bit_quant_type
-    'nf4'
     >>> c = bnb_config("4bit", compute_dtype="fp32", quant_type="fp4", double_quant=False)
     >>> c.bnb_4bit_quant_type, c.bnb_4bit_use_double_quant, c.bnb_4bit_compute_dtype
     ('fp4', False, torch.float32)
-    >>> bnb_config("none") is None
-    True
     """
     if quantization in (None, "none"):
         return None
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     if quantization == "4bit":
+        compute_dtype = dtypes.for_this_device()[0] if compute_dtype is None else compute_dtype
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
                                   bnb_4bit_use_double_quant=bool(double_quant),
                                   bnb_4bit_compute_dtype=as_dtype(compute_dtype))
@@ -212,20 +203,97 @@ def twin_dir(name: str, dtype) -> Path:
     return Path(root) / f"{safe}-{str(as_dtype(dtype)).replace('torch.', '')}-{digest}"
 
 
+SHARD_BYTES = 512 * 2**20   # a twin is written one safetensors shard of about this size at a time
+_FILL = 1_000_003          # the repeated block of random values: a prime length, so rows never align with it
+
+
+def _twin_tensors(cfg: PretrainedConfig, dtype: torch.dtype) -> tuple[nn.Module, dict]:
+    """A model with its parameters on ``meta`` (no memory, no init; buffers real), and name -> tensor of its
+    state dict, each storage once (a tied weight under its first name)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), **_dtype_kw(dtype))
+    seen, out = set(), {}
+    for k, v in model.state_dict(keep_vars=True).items():
+        if id(v) not in seen:
+            seen.add(id(v))
+            out[k] = v
+    return model, out
+
+
+def twin_bytes(cfg: PretrainedConfig, dtype: torch.dtype) -> int:
+    """Bytes of a twin's weights on disk (and in memory once loaded unquantized), from the shapes alone."""
+    return sum(t.numel() * t.element_size() for t in _twin_tensors(cfg, dtype)[1].values())
+
+
+def write_twin(cfg: PretrainedConfig, folder: Path, dtype: torch.dtype) -> Path:
+    """Save an architecture twin for ``from_pretrained`` without building it: the shapes come from a ``meta``
+    model and each shard of about :data:`SHARD_BYTES` is filled and written in turn, so RAM holds one shard,
+    never the model. The fill is cheap (a block of N(0, 0.02) values repeated; norm weights 1, biases 0):
+    memory depends on shapes and dtypes, not values. transformers' ``normal_`` init of every element runs at
+    64-76 M elements/s on a 2-core CPU, 2 minutes for an 8B model."""
+    from safetensors.torch import save_file
+
+    model, tensors = _twin_tensors(cfg, dtype)
+    shards, size, block, gen = [{}], 0, {}, torch.Generator().manual_seed(0)
+    for name, t in tensors.items():
+        shards, size = (shards + [{}], 0) if shards[-1] and size + t.numel() * t.element_size() > SHARD_BYTES \
+            else (shards, size)
+        shards[-1][name], size = t, size + t.numel() * t.element_size()
+    folder.mkdir(parents=True, exist_ok=True)
+    index: dict = {}
+    for i, shard in enumerate(shards, 1):
+        fname, out = f"model-{i:05d}-of-{len(shards):05d}.safetensors", {}
+        for name, t in shard.items():
+            if not t.is_meta:                                   # a real buffer keeps its values
+                out[name] = t.detach().to(dtype if t.is_floating_point() else t.dtype).contiguous()
+                continue
+            x = out[name] = torch.empty(t.shape, dtype=t.dtype)   # [*shape] in the twin's dtype
+            if t.dim() < 2:
+                x.fill_(1.0 if "norm" in name or ".ln" in name else 0.0)
+                continue
+            b = block.setdefault(t.dtype, torch.randn(_FILL, generator=gen).mul_(0.02).to(t.dtype))
+            for j in range(0, x.numel(), _FILL):
+                x.view(-1)[j:j + _FILL].copy_(b[:min(_FILL, x.numel() - j)])
+        save_file(out, str(folder / fname), metadata={"format": "pt"})
+        index.update(dict.fromkeys(out, fname))
+        del out
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+    model.config.save_pretrained(folder)
+    return folder
+
+
 def _saved_twin(name: str, dtype: torch.dtype) -> Path:
     folder = twin_dir(name, dtype)
     if not (folder / "config.json").is_file():
-        # Save into a temporary folder, then rename: an interrupted save leaves no half twin.
+        if problem := twin_problem(name, dtype):
+            raise RuntimeError(problem)
+        # Written into a temporary folder, then renamed: an interrupted save leaves no half twin.
         tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        model = build_model(name, device="cpu", dtype=dtype)
-        model.save_pretrained(tmp)
-        del model
+        write_twin(get_config(name), tmp, as_dtype(dtype))
         try:
             tmp.rename(folder)
         except OSError:  # another process saved it first
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def twin_problem(name: str, dtype) -> str | None:
+    """Why the twin of ``name`` cannot be written here (not enough free disk for its weights), or None,
+    also when it is saved already. It is written one shard at a time, so RAM holds one shard
+    (:data:`SHARD_BYTES`), never the model."""
+    folder = twin_dir(name, dtype)
+    if (folder / "config.json").is_file():
+        return None
+    need = twin_bytes(get_config(name), as_dtype(dtype))
+    free = shutil.disk_usage(next(p for p in [folder, *folder.parents] if p.exists())).free
+    if need + SHARD_BYTES > free:
+        return (f"the architecture twin of {name} needs {need / 2**30:.1f} GiB of disk in {folder.parent} and "
+                f"{free / 2**30:.1f} GiB is free: set KIT_CACHE to a folder with more room, or pick a smaller model.")
+    return None
 
 
 def load_model(name: str, *, quantization="none", load_dtype=None, device: str | None = None,
@@ -237,11 +305,7 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     fp16 on a GPU without native bf16, such as a T4, else bf16), or a ``BitsAndBytesConfig``.
     ``load_dtype`` defaults to fp32, or with quantization to those 16 bits (for the unquantized parts).
     ``device`` defaults to CUDA when there is a GPU, else the CPU. For ``+vocab-head``
-    names the base loads this way and is then wrapped (V = ``len(tokenizer)`` if given).
-
-    >>> model = load_model("tiny-gpt2")                        # doctest: +SKIP
-    MODEL: tiny TWIN tiny-gpt2 (random weights) — tiny twins never come from the Hub
-    """
+    names the base loads this way and is then wrapped (V = ``len(tokenizer)`` if given)."""
     base, head = split_name(name)
     get_config(base)  # fails early, with the known names, on a typo
     quant = None
@@ -258,11 +322,9 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     if quant is None:
         quant = bnb_config(quantization, compute_dtype=sixteen)
     dtype = as_dtype(load_dtype) if load_dtype is not None else (sixteen if quant else torch.float32)
+    kwargs = dict(_dtype_kw(dtype), device_map={"": device}, **({"quantization_config": quant} if quant else {}))
     if quant is not None:
         _check_bnb(device)
-    kwargs = dict(_dtype_kw(dtype), device_map={"": device})
-    if quant is not None:
-        kwargs["quantization_config"] = quant
     label = f"{base}{' ' + quantization if quant else ''}, {str(dtype).replace('torch.', '')}, on {device}"
     model, source, why = None, "twin", ""
     if base in TINY or base not in REGISTRY:
@@ -277,13 +339,12 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
             why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(_saved_twin(base, dtype), **kwargs)
-        kind = "tiny TWIN" if base in TINY else "architecture TWIN of"
-        shapes = "random weights" if base in TINY else "random weights, real shapes"
+        kind, shapes = ("tiny TWIN", "random weights") if base in TINY else ("architecture TWIN of",
+                                                                             "random weights, real shapes")
         runtime.say(f"MODEL: {kind} {label} ({shapes}) — {why}")
     else:
         runtime.say(f"MODEL: REAL {label}, pretrained weights from the Hub")
     if head:
         model = VocabHeadModel(model, len(tokenizer) if tokenizer is not None else None)
-    model.kit_source = source
-    model.kit_name = name
+    model.kit_source, model.kit_name = source, name
     return model

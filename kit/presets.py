@@ -238,8 +238,15 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     lines.append(f"  {'step 2 on (the peak above)':<46}{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     ev = f"evaluation (batch {s.get('eval_batch_size')}, {_EVAL[s.get('eval_gather', 'loss')]})"
     lines.append(f"  {ev:<46}{fmt_bytes(est.eval_peak_bytes, 'GiB'):>12}")
-    lines.append("biggest modules by training bytes (their weights + grads + optimizer state, and their share of all):")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
+    c = getattr(est, "context", None)
+    if getattr(est, "num_gpus", 1) > 1 and c is not None:  # a module's bytes are the whole model's, not one GPU's
+        state = sum(c.weights.values()) + sum(c.grads.values()) + sum(c.opt.values())
+        lines.append("biggest modules by training bytes, the whole model's before sharding (their weights + grads + "
+                     "optimizer state, and their share of the whole model's):")
+    else:
+        lines.append("biggest modules by training bytes (their weights + grads + optimizer state, and their share of "
+                     "all):")
     for name, p, b in est.offenders[:5]:
         share = 100 * b / state if state else 0
         lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}%)")

@@ -19,8 +19,7 @@ import os
 import socket
 from contextlib import contextmanager
 
-from kit.machine import hardware
-from kit.machine import has_cuda as cuda
+from kit import machine
 from kit.units import fmt_bytes, wrapped
 
 HUB_HOST = "huggingface.co"
@@ -45,7 +44,7 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
 def has_cuda() -> bool:
     """Whether a GPU is there (kit.machine asks torch on first use, so importing runtime loads no torch)."""
 
-    return cuda()
+    return machine.has_cuda()
 
 
 def mode() -> str:
@@ -106,7 +105,7 @@ def describe() -> str:
     ...
     """
 
-    hw = hardware()
+    hw = machine.hardware()
     gpu = f"{hw['gpu_name']}, {fmt_bytes(hw['gpu_total_bytes'])} total" if hw["gpu_name"] else "none (CPU only)"
     libs = ", ".join(f"{k} {v or 'MISSING'}" for k, v in versions().items())
     return "\n".join([

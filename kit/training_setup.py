@@ -96,6 +96,13 @@ class TrainingSetup:
                            choices=STRATEGIES, cli_default=None)
     num_gpus: int = option(1, "GPUs the run is spread over (default 1)", flag="--num-gpus", kind=int,
                            cli_default=None)
+    fused_lm_head: bool = option(False, "TRL's SFTTrainer: the LM head computes the labels' log-probs in tiles "
+                                 "(add_fused_lm_head), never the (batch, seq, vocab) logits")
+    padding_free: bool = option(False, "the micro-batch is ONE flattened row of sequences (TRL's padding_free / "
+                                "bfd packing): batch_size 1, seq_len its tokens; position ids restart per sequence, "
+                                "so seq_len may pass the model's positions")
+    adapter_dtype: str = option("fp32", "the LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), bf16 (TRL's "
+                                "SFTTrainer casts them on a quantized model)", choices=("fp32", "bf16"))
     cpu_offload: bool = option(False, "fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer "
                                "(zero3: and params)", flag="--cpu-offload", kind=bool, cli_default=None)
 

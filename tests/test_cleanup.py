@@ -211,3 +211,48 @@ def test_cuda_release_after_training_returns_to_baseline(tmp_path):
     report = leaks.check_returned(base, tolerance_frac=0.01)
     assert report.ok, report.text()
     print(f"CUDA release after training: {report.text()}")
+
+
+# -- the cuBLAS workspaces (issue 26, item 2) -------------------------------------------------------------
+def test_item2_the_leak_check_clears_the_cublas_workspaces_before_it_compares(monkeypatch):
+    """CUDA faked: the allocator's count holds two workspaces (a real first run's) until they are cleared."""
+    from kit.measure import device
+
+    workspaces = {"bytes": 0}
+    clears = []
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda d=None: workspaces["bytes"])
+    monkeypatch.setattr(device, "_nvml_used_bytes", lambda d=None: None)
+    monkeypatch.setattr(device, "empty_cache", lambda: None)
+
+    def clear():
+        clears.append(workspaces["bytes"])
+        workspaces["bytes"] = 0
+
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear, raising=False)
+    base = leaks.take_baseline()
+    workspaces["bytes"] = 2 * 8_519_680            # a T4's: the forward thread's and autograd's
+    report = leaks.check_returned(base, tolerance_bytes=0, tolerance_frac=0)
+    assert report.ok and report.now_bytes == report.baseline_bytes == 0, report.text()
+    assert clears[-1] == 2 * 8_519_680
+
+
+@pytest.mark.gpu
+def test_item2_gpu_a_training_step_leaves_exactly_two_cublas_workspaces():
+    import os
+
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        pytest.skip("CUBLAS_WORKSPACE_CONFIG sets another workspace size")
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    w = torch.randn(256, 256, device="cuda", requires_grad=True)
+    x = torch.randn(256, 256, device="cuda")
+    (x @ w).sum().backward()                      # a matmul on this thread and one on autograd's
+    del w, x
+    size = 8_519_680 if torch.cuda.get_device_capability() < (9, 0) else 32 * MiB
+    assert torch.cuda.memory_allocated() - before == 2 * size
+    torch._C._cuda_clearCublasWorkspaces()
+    assert torch.cuda.memory_allocated() == before

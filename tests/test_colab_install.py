@@ -1,6 +1,6 @@
 """Colab's install, checked without Colab: installing the kit there must upgrade nothing Colab ships.
 
-Colab (August 2026, its published package list; see DESIGN.md's Colab facts) has the versions in
+Colab (August 2026, its published package list) has the versions in
 ``COLAB`` on Python 3.12 (3.13 on the newest images), and no bitsandbytes. ``pip install`` of the
 kit upgrades a package when the kit's specifier excludes Colab's version, so every specifier must
 admit it. No network: the files are read and compared with ``packaging``.

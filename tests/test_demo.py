@@ -1,4 +1,5 @@
 """`python -m kit demo` in smoke mode, end to end: the summary.json contract and what it must show."""
+import argparse
 import json
 import subprocess
 import sys
@@ -118,3 +119,63 @@ def test_bad_option_is_a_clear_error():
     run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", "x", "--size", "huge"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "invalid choice" in run.stderr and "Traceback" not in run.stderr
+
+
+# ---- --out never writes over, or loses, the user's files ------------------------------------------------
+def _fake_scenarios(monkeypatch):
+    """The two scenarios replaced by one plot and one summary field each: the folder rules, in a second."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kit.cli import demo as demo_cli
+
+    def fake(key):
+        def run(size, out, summary, sections, step, glance):
+            fig = plt.figure()
+            summary[f"scenario{key}"] = {"ran": True}
+            sections.append(demo_cli.Section(f"Scenario {key}", ["faked"],
+                                             images=[demo_cli._save(fig, out, f"s{key}_plot")]))
+        return run
+
+    monkeypatch.setattr(demo_cli, "_scenario1", fake("1"))
+    monkeypatch.setattr(demo_cli, "_scenario2", fake("2"))
+    return lambda out, scenario: demo_cli.run(argparse.Namespace(out=str(out), size="smoke", scenario=scenario))
+
+
+def test_a_folder_of_the_users_files_is_refused_before_the_run_and_left_as_it_was(tmp_path, monkeypatch, capsys):
+    run = _fake_scenarios(monkeypatch)
+    mine = {"report.md": "my notes", "summary.json": "{}", "s1_plot.png": "my plot", "holiday.png": "x"}
+    for name, text in mine.items():
+        (tmp_path / name).write_text(text)
+    assert run(tmp_path, "all") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path} holds files the kit did not write (holiday.png, report.md, ")
+    assert "never writes over them" in err and "Traceback" not in err
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == mine           # nothing written, nothing lost
+
+
+def test_a_second_run_moves_the_earlier_one_aside_and_counts_only_its_own_plots(tmp_path, monkeypatch, capsys):
+    run = _fake_scenarios(monkeypatch)
+    out = tmp_path / "report"
+    assert run(out, "1") == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert "scenario1" in first and "and 1 PNG plots" in capsys.readouterr().out
+    assert run(out, "2") == 0                       # --scenario 2 after --scenario 1
+    said = capsys.readouterr().out
+    assert f"{out} held an earlier demo run: moved it to {out / 'earlier-1'} (nothing deleted)" in said
+    assert "and 1 PNG plots" in said                # its own plot, not the earlier run's
+    assert json.loads((out / "earlier-1" / "summary.json").read_text()) == first          # scenario 1's, kept
+    assert (out / "earlier-1" / "s1_plot.png").is_file() and "s1_plot.png" in (out / "earlier-1" / "report.md").read_text()
+    assert (out / "s2_plot.png").is_file() and not (out / "s1_plot.png").exists()
+    assert run(out, "1") == 0 and (out / "earlier-2" / "s2_plot.png").is_file()    # and again: earlier-2
+
+
+def test_a_file_as_out_is_refused(tmp_path, capsys):
+    from kit.cli import demo as demo_cli
+
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    assert demo_cli.run(argparse.Namespace(out=str(f), size="smoke", scenario="all")) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err and f.read_text() == "mine"

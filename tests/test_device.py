@@ -194,3 +194,70 @@ def test_cuda_memory_history_saves_a_snapshot_even_after_an_error(tmp_path):
     sizes = [e.get("size") for seg in snap["device_traces"] for e in seg if e.get("action") == "alloc"]
     assert 1024 * 1024 * 4 in sizes      # the tensor above, recorded
     del x
+
+
+# ---- CUDA faked where the arithmetic is the kit's own (issue 26) ---------------------------------------------
+
+def _fake_gpus(monkeypatch, allocated: dict, total=80 * 10**9, free=70 * 10**9, fraction=1.0, current=0):
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(allocated))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: allocated[current if d is None else d])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 2 * allocated[current if d is None else d])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 3 * allocated[current if d is None else d])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: type("P", (), {"total_memory": total}))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: fraction)
+    monkeypatch.setattr(device, "_nvml_used_bytes", lambda d=None: None)
+
+
+def test_item8_the_nvml_index_follows_cuda_visible_devices():
+    assert device.nvml_index(1, "2,3") == 3 and device.nvml_index(0, "2,3") == 2
+    assert device.nvml_index(1, "") == 1
+    with pytest.raises(ValueError, match="not among CUDA_VISIBLE_DEVICES"):
+        device.nvml_index(2, "2,3")
+
+
+def test_item8_each_gpu_gets_its_own_nvml_handle(monkeypatch):
+    import sys
+    import types
+
+    got = []
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: got.append(i) or i,
+                                 nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=1000 + h))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    monkeypatch.setattr(device, "_nvml_handles", {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert device._nvml_used_bytes() == 1003                # torch's 1 is NVML's 3
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert device._nvml_used_bytes() == 1002                # not the handle cached for the first device
+    assert got == [3, 2]
+
+
+def test_item9_this_gpu_is_what_the_memory_fraction_lets_torch_have(monkeypatch):
+    from kit.presets import resolve_device
+
+    _fake_gpus(monkeypatch, {0: 0}, total=80 * 10**9, free=70 * 10**9, fraction=0.2)
+    monkeypatch.setattr(machine, "hardware", lambda: {"gpu_name": "Fake", "gpu_total_bytes": 80 * 10**9,
+                                                      "ram_total_bytes": 10**11})
+    monkeypatch.setattr(machine, "compute_capability", lambda: (9, 0))
+    assert machine.gpu_bytes_for_torch() == 16 * 10**9      # 0.2 x 80 GB, not the 70 GB free
+    assert resolve_device("this")[0].gpu_bytes == 16 * 10**9
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d=None: 1.0)
+    assert machine.gpu_bytes_for_torch() == 70 * 10**9      # uncapped: free + reserved (0)
+
+
+def test_item10_readings_sum_every_visible_gpu(monkeypatch):
+    _fake_gpus(monkeypatch, {0: 5 * MiB, 1: 7 * MiB})
+    snap = device.snapshot(live_tensors=False)
+    assert snap.cuda_allocated_bytes == 12 * MiB and snap.cuda_reserved_bytes == 24 * MiB
+    assert snap.cuda_peak_allocated_bytes == 36 * MiB and snap.cuda_per_device == {0: 5 * MiB, 1: 7 * MiB}
+    assert device.peak_allocated_bytes() == 36 * MiB
+
+
+def test_item10_a_models_devices_come_from_its_device_map():
+    m = torch.nn.Linear(2, 2)
+    m.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1, "lm_head": "cuda:1", "model.norm": "cpu"}
+    assert device.model_devices(m) == [0, 1]

@@ -1,4 +1,4 @@
-"""The ``python -m kit estimate`` contract (DESIGN.md): flags, JSON integer fields, exit codes."""
+"""The ``python -m kit estimate`` contract (the README's "Command line"): flags, JSON integer fields, exit codes."""
 import argparse
 import json
 import os
@@ -86,7 +86,6 @@ def test_unknown_choice_is_argparse_exit_2(capsys):
     assert exc.value.code == 2
 
 
-@pytest.mark.skipif(not (ROOT / "kit" / "demo.py").exists(), reason="kit/__main__.py needs kit/demo.py")
 def test_python_m_kit_estimate():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "kit", "estimate", "--model", "distilgpt2", "--batch-size", "2",
@@ -156,7 +155,6 @@ def _cli(*argv, tmp_path):
                           timeout=120)
 
 
-@pytest.mark.skipif(not (ROOT / "kit" / "demo.py").exists(), reason="kit/__main__.py needs kit/demo.py")
 def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
     from transformers import T5Config
 
@@ -184,3 +182,52 @@ def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
         assert res.stderr.startswith(start) and res.stderr.count("\n") == 1, (argv, res.stderr)
     res = _cli(tmp_path=tmp_path)  # no command at all
     assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
+
+
+# ---- careless command lines: a closed pipe, a pasted space, an edited config.json, no model at all ----------
+def test_fit_json_into_a_closed_pipe_exits_quietly():
+    """`python -m kit fit --json | head`: the reader closes the pipe; no BrokenPipeError, no 'please report it'."""
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-m", "kit", "fit", "--model", "tiny-llama", "--batch-size", "1",
+                          "--seq-len", "8", "--json"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "KIT_SMOKE": "1"})
+    p.stdout.close()                 # closed before the command writes a byte: its first write hits a closed pipe
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 0 and err == "", err
+
+
+def test_a_model_name_with_a_pasted_space_is_the_model(capsys):
+    base = ["--batch-size", "1", "--seq-len", "8", "--json"]
+    code, out, err = _run(["--model", " tiny-llama ", *base], capsys)
+    code2, out2, _ = _run(["--model", "tiny-llama", *base], capsys)
+    assert (code, err) == (0, "") and out == out2                 # the same bytes as the name typed cleanly
+
+
+def test_an_edited_config_json_is_read_again(tmp_path):
+    from kit.estimate import estimate
+    from kit.model_configs import CONFIG_DIR
+
+    path = tmp_path / "config.json"
+    cfg = json.loads((CONFIG_DIR / "tiny-llama.json").read_text())
+    path.write_text(json.dumps(cfg))
+    before = estimate(str(path), batch_size=1, seq_len=32)
+    cfg["num_hidden_layers"] *= 2                                  # the same file, twice the layers, at once
+    path.write_text(json.dumps(cfg))
+    after = estimate(str(path), batch_size=1, seq_len=32)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.json").write_text(json.dumps(cfg))           # the edited file, never seen before
+    assert after.params > before.params and after.peak_bytes > before.peak_bytes
+    assert (after.params, after.peak_bytes) == (lambda e: (e.params, e.peak_bytes))(
+        estimate(str(fresh / "config.json"), batch_size=1, seq_len=32))
+    assert estimate(str(tmp_path), batch_size=1, seq_len=32).params == after.params    # its folder: the same file
+
+
+def test_no_model_at_all_is_one_sentence_named_model():
+    from kit.estimate import estimate_from
+    from kit.inputs import InputError
+
+    with pytest.raises(InputError, match=r"^model must be a shipped name, a Hub id, a config.json path, a "
+                                         r"PretrainedConfig or an nn.Module, not None\.$") as e:
+        estimate_from(None, seq_len=32)
+    assert e.value.name == "model"

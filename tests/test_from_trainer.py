@@ -14,6 +14,7 @@ import kit
 from kit import data, models
 from kit.advise import check
 from kit.estimate import estimate, estimate_from, estimate_trainer
+from kit.inputs import InputError
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
@@ -251,3 +252,52 @@ def test_check_judges_against_this_gpu(monkeypatch):
     with contextlib.redirect_stdout(out):
         check(estimate_from("tiny-gpt2", seq_len=32))
     assert "fits this GPU (Tesla T4" in out.getvalue()
+
+
+def test_seq_len_reads_the_longest_row_of_the_whole_dataset(tok):
+    """Issue 25 item 21: a 250-token row at index 150, past the first 64 rows, sets the longest batch."""
+    ids = [[5 + (i + j) % 4000 for j in range(10)] for i in range(200)]
+    ids[150] = [7] * 250
+    ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(r) for r in ids]})
+    est = estimate_trainer(trainer(models.load_model("tiny-gpt2", device="cpu"), ds, tok,
+                                   per_device_train_batch_size=4))
+    assert est.setup["seq_len"] == 250 and est.sources["padded"][0] is True and "of all 200 rows" in \
+        est.sources["seq_len"][1]
+
+
+@pytest.mark.parametrize("make,kind", [
+    (lambda: __import__("peft").IA3Config(task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj", "down_proj"],
+                                          feedforward_modules=["down_proj"]), "IA3"),
+    (lambda: __import__("peft").PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=8), "PROMPT_TUNING"),
+])
+def test_other_peft_methods_are_refused_for_what_they_are(ds, tok, make, kind):
+    """Issue 25 item 19: IA3 was refused as 'a peft Linear adapter', prompt tuning estimated as a frozen model."""
+    model = get_peft_model(models.load_model("tiny-llama", device="cpu"), make())
+    with pytest.raises(kit.inputs.InputError) as e:
+        estimate_trainer(trainer(model, ds, tok, per_device_train_batch_size=2))
+    assert kind in str(e.value) and "LoRA" in str(e.value) and e.value.code == "peft-not-lora"
+
+
+def test_each_source_names_what_really_set_it():
+    """Issue 25 item 9: a setting the user did not pass is credited to an assumption, never to their argument."""
+    assumed = estimate_from("tiny-gpt2", seq_len=64)
+    assert assumed.sources["padded"][1].startswith("assumed")
+    assert estimate_from("tiny-gpt2", seq_len=64, padded=False).sources["padded"] == (False, "estimate_from(padded=...)")
+    from kit.estimate.read_model import read_model
+    from kit.models import build_model
+
+    model = build_model("tiny-gpt2", device="meta")
+    src = read_model(model)[2]
+    assert src["attn_implementation"] == (model.config._attn_implementation, "model.config._attn_implementation")
+    model.config._attn_implementation = None      # a config that names no attention
+    src = read_model(model)[2]
+    assert src["attn_implementation"][0] == "sdpa" and src["attn_implementation"][1].startswith("assumed")
+
+
+def test_a_dict_of_training_arguments_is_read_and_a_wrong_keyword_is_named():
+    """Issue 25 item 20: a dict as TrainingArguments was an AttributeError from deep inside the reader."""
+    est = estimate_from("tiny-gpt2", {"per_device_train_batch_size": 2}, seq_len=64)
+    assert est.sources["batch_size"][0] == 2 and est.setup["batch_size"] == 2
+    with pytest.raises(InputError, match="batch_size") as exc:
+        estimate_from("tiny-gpt2", {"batch_size": 2}, seq_len=64)
+    assert exc.value.name == "training_args"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check as gc  # noqa: E402
+import gpu_check_preflight as pf  # noqa: E402
 import gpu_check_verdicts as gv  # noqa: E402
 
 GiB = 1024 ** 3
 CAP = gc.CAP_BYTES
 MiB = 2 ** 20
 
-# A summary.json as a real-size demo on a GPU writes it (fields as kit/demo.py writes them).
+# A summary.json as a real-size demo on a GPU writes it (fields as kit/cli/demo.py writes them).
 PASSING = {
     "device": "NVIDIA H200", "size": "real", "reading": "cuda_allocated", "errors": [],
     "scenario1": {"offender": "custom_layer",
@@ -231,11 +233,16 @@ def _fake_stages(demo_summary: dict | None, demo_budget: float = 20):
                        else "import time; time.sleep(60)"))
         kernel = (f"import json; open({str(cap_log)!r}, 'a').write(json.dumps("
                   "{'pid': 1, 'cap': 'CUDA capped at 15,633,680,957 bytes'}) + '\\n')")
+        def executed(n: str) -> str:  # the executed notebook, whose run note says which sizes ran
+            path = work / "notebooks" / f"{n}.ipynb"
+            return (f"; import pathlib; pathlib.Path({str(path)!r}).parent.mkdir(parents=True, exist_ok=True); "
+                    f"pathlib.Path({str(path)!r}).write_text('These outputs come from a run on a GPU. REAL sizes: ...')")
         grid = f"print('{'full FT fp32':40s} distilgpt2               predicted  1,000 measured  1,010 (-0.99%) [3 s]')"
         first = [gc.Stage("gpu tests", _py("print('3 passed')"), 20), gc.Stage("estimate grid", _py(grid), 20)]
         crash = f"import pathlib; pathlib.Path({str(work / 'crash.json')!r}).write_text({json.dumps(json.dumps(CRASH))})"
         side = [gc.Stage(f"demo s{n}", _py(demo(n)), demo_budget) for n in "12"] + \
-            [gc.Stage("crash loop", _py(crash), 20)] + [gc.Stage(f"notebook {n[:2]}", _py(kernel), 20) for n in gc.NOTEBOOKS]
+            [gc.Stage("crash loop", _py(crash), 20)] + [gc.Stage(f"notebook {n[:2]}", _py(kernel + executed(n)), 20)
+                                                        for n in gc.NOTEBOOKS]
         return first, side
     return stages_for
 
@@ -244,6 +251,10 @@ def _fake_stages(demo_summary: dict | None, demo_budget: float = 20):
 def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 80GB")
+    # the preflight's readings of a card whose free memory holds every capped stage at once
+    monkeypatch.setattr(gc, "read_box", lambda t: {"python": sys.executable, "torch": "2.13.0", "cuda": "12.8",
+                                                   "driver": "570.1", "gpu": "Fake GPU 80GB",
+                                                   "free_bytes": 139 * GiB, "total_bytes": 140 * GiB})
 
 
 def test_main_on_a_faked_gpu_writes_the_report_and_passes(fake_gpu, monkeypatch, tmp_path, capsys):
@@ -262,6 +273,29 @@ def test_main_on_a_faked_gpu_writes_the_report_and_passes(fake_gpu, monkeypatch,
     assert crash["status"] == gv.PASSED and "while loading" in crash["detail"]
 
 
+def test_a_notebook_that_ran_in_smoke_mode_fails_its_real_size_verdict():
+    assert gv.notebook_verdict("01", 0, "SMOKE mode: tiny twins", "exit 0")["status"] == gv.FAILED
+    assert gv.notebook_verdict("01", 0, "REAL sizes: real-size architecture twins", "exit 0")["status"] == gv.PASSED
+    assert gv.notebook_verdict("01", None, None, "timed out")["status"] == gv.NOT_TAKEN
+
+
+def test_the_grid_fails_on_its_numbers_not_its_exit_code():
+    row = {"label": "full FT", "model": "gpt2", "error_pct": 0.4}
+    assert gv.grid_verdict(0, [row], "exit 0")["status"] == gv.PASSED
+    assert gv.grid_verdict(0, [row, dict(row, error_pct=-2.5)], "exit 0")["status"] == gv.FAILED
+    assert gv.grid_verdict(1, [row], "exit 1")["status"] == gv.FAILED
+
+
+def test_the_broken_loop_fails_when_the_oom_comes_after_fold_two():
+    est = {"two_models_bytes": 10 * GiB, "model": "m"}
+    folds = [{"peak_bytes": 1, "models_alive_after_load": 1}, {"peak_bytes": 2, "models_alive_after_load": 2},
+             {"peak_bytes": 3}]
+    late = {"broken": {"folds": folds, "oom_at_fold": 3}, "estimate": est}
+    assert gv._broken(late, CAP)["status"] == gv.FAILED and "fold 3" in gv._broken(late, CAP)["detail"]
+    over = {"broken": {"folds": folds[:2], "oom_at_fold": None}, "estimate": dict(est, two_models_bytes=2 * CAP)}
+    assert gv._broken(over, CAP)["status"] == gv.FAILED
+
+
 def test_main_keeps_going_when_the_demo_times_out(fake_gpu, monkeypatch, tmp_path):
     monkeypatch.setattr(gc, "stages_for", _fake_stages(None, demo_budget=1.5))
     rc = gc.main(["--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")])
@@ -275,12 +309,87 @@ def test_main_keeps_going_when_the_demo_times_out(fake_gpu, monkeypatch, tmp_pat
     assert demo["timed_out"] and "CUDA capped" in demo["output_tail"]
 
 
-def test_the_budgets_fit_in_ten_minutes():
+def test_the_budgets_fit_in_nine_minutes_setup_included():
     serial = gc.BUDGETS["gpu tests"] + gc.BUDGETS["estimate grid"]
     side = max(v for k, v in gc.BUDGETS.items() if k.startswith(("demo", "notebook", "crash")))
     assert set(gc.BUDGETS) == {"gpu tests", "estimate grid", *gc.DEMOS, "crash loop",
                                *(f"notebook {n[:2]}" for n in gc.NOTEBOOKS)}
-    assert serial + side + 2 * 10 <= 600       # + the stop grace (TERM, then KILL, 5 s each)
+    assert gc.SETUP_S + serial + side + 3 * 10 <= gc.TOTAL_S == 540   # + the stop grace (TERM, then KILL)
+    first, side_stages = gc.stages_for(Path("/tmp/w"), sys.executable)
+    p = pf.plan({s.name: s.budget_s for s in first}, {s.name: s.budget_s for s in side_stages}, pf.NEEDS, set(),
+                free_bytes=139 * GiB, cap_bytes=CAP, total_s=gc.TOTAL_S, setup_s=gc.SETUP_S)
+    assert p["skipped"] == {} and len(p["batches"]) == 1 and p["seconds"] <= 540
+
+
+# ---- the preflight and the plan on a simulated box -----------------------------------------------------
+
+def _plan_for(free_bytes, missing=()):
+    first, side = gc.stages_for(Path("/tmp/w"), sys.executable)
+    return pf.plan({s.name: s.budget_s for s in first}, {s.name: s.budget_s for s in side}, pf.NEEDS, set(missing),
+                   free_bytes=free_bytes, cap_bytes=CAP, total_s=gc.TOTAL_S, setup_s=gc.SETUP_S)
+
+
+def test_an_80_gb_card_runs_what_fits_side_by_side_and_skips_the_rest_with_its_reason():
+    p = _plan_for(79 * GiB)                          # holds 5 capped stages (14.56 GiB + a 1 GiB context each)
+    assert p["at_once"] == 5 and p["batches"] == [["demo s1", "demo s2", "crash loop", "notebook 00", "notebook 01"]]
+    assert set(p["skipped"]) == {"notebook 02", "notebook 03"}
+    assert all("holds 5 capped stage(s) at once" in why for why in p["skipped"].values())
+    assert p["seconds"] <= gc.TOTAL_S
+
+
+def test_a_t4_sized_card_runs_capped_stages_one_at_a_time():
+    p = _plan_for(int(14.5 * GiB))
+    assert p["at_once"] == 1 and p["batches"] == [["demo s1"]] and p["seconds"] <= gc.TOTAL_S
+    assert "demo s2" in p["skipped"] and "crash loop" in p["skipped"]
+
+
+def test_missing_packages_skip_only_the_stages_that_need_them():
+    p = _plan_for(139 * GiB, missing=["bitsandbytes", "nbclient"])
+    assert p["skipped"]["crash loop"] == "needs bitsandbytes, missing here"
+    assert p["skipped"]["notebook 00"] == "needs nbclient, missing here"
+    assert p["skipped"]["notebook 02"] == "needs bitsandbytes, nbclient, missing here"
+    assert p["first"] == ["gpu tests", "estimate grid"] and p["batches"] == [["demo s1"]]
+
+
+def test_the_preflight_prints_the_box_the_missing_packages_and_the_plan(fake_gpu, monkeypatch, tmp_path, capsys):
+    real = pf.packages
+    monkeypatch.setattr(pf, "packages", lambda names: {**real(names), "bitsandbytes": None, "trl": None})
+    monkeypatch.setattr(pf, "install_missing", lambda missing: f"missing {', '.join(missing)}, and no wheels")
+    monkeypatch.setattr(gc, "stages_for", _fake_stages(PASSING))
+    gc.main(["--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")])
+    out = capsys.readouterr().out
+    assert "torch 2.13.0 (CUDA 12.8), driver 570.1, Fake GPU 80GB: 139.00 GiB free of 140.00 GiB" in out
+    assert "bitsandbytes MISSING" in out and "trl MISSING" in out and "missing bitsandbytes, trl" in out
+    assert "skipped: crash loop: needs bitsandbytes, missing here" in out
+    js = json.loads(next((tmp_path / "results").glob("gpu-check-*.json")).read_text())
+    crash = next(v for v in js["verdicts"] if v["check"].startswith("scenario 2 at Llama-3-8B size"))
+    assert crash["status"] == gv.NOT_TAKEN and "needs bitsandbytes" in crash["detail"]
+
+
+def test_the_wheels_install_offline_into_their_own_folder(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pf.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
+                        types.SimpleNamespace(returncode=0, stderr=""))
+    assert "no wheels in" in pf.install_missing(["trl"], tmp_path / "none", tmp_path / "site")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "trl-1.16.0-py3-none-any.whl").write_text("")
+    assert pf.install_missing(["trl"], tmp_path / "w", tmp_path / "site").startswith("installed 1 wheels")
+    cmd = calls[-1]
+    assert {"--no-index", "--no-deps"} <= set(cmd) and cmd[cmd.index("--target") + 1] == str(tmp_path / "site")
+    assert pf.install_missing([], tmp_path / "w") == "nothing missing"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no GPU")
+def test_make_gpu_check_fails_loudly_when_nvidia_smi_sees_a_gpu_torch_cannot(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: GPU-0000)'\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    p = subprocess.run(["make", "-s", "-o", ".venv/.installed", f"PY={sys.executable}", f"GPU_PY={sys.executable}",
+                        "gpu-check"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode != 0
+    assert "nvidia-smi lists 1 GPU(s) (GPU 0: Tesla T4 (UUID: GPU-0000)), but torch" in p.stdout
+    assert "this torch is a CPU build" in p.stdout
 
 
 # ---- KIT_GPU_CAP_BYTES: the hook that caps a whole process ---------------------------------------------
@@ -354,6 +463,6 @@ def test_the_benchmark_modules_doctests_pass():
 
     import gpu_check_report
 
-    for module in (gc, gv, gpu_check_report):
+    for module in (gc, gv, gpu_check_report, pf):
         result = doctest.testmod(module)
         assert result.attempted and not result.failed, module.__name__

@@ -80,3 +80,30 @@ def test_targets_refuses(value, match):
     with pytest.raises(InputError, match=match) as exc:
         inputs.targets(value)
     assert exc.value.name == "lora_targets"
+
+
+def test_byte_count_reads_numpy_and_refuses_infinity():
+    import numpy as np
+
+    from kit.inputs import InputError, byte_count
+
+    assert byte_count("cap_bytes", np.int64(2**30)) == 2**30 and byte_count("cap_bytes", 1.5e9) == 1_500_000_000
+    assert byte_count("cap_bytes", None, "no cap") is None
+    for bad in (float("inf"), float("-inf"), float("nan"), 0, -1, 1.5, True, "1GiB", None):
+        with pytest.raises(InputError, match=r"^cap_bytes must be a positive whole number of bytes"):
+            byte_count("cap_bytes", bad)
+
+
+def test_a_dict_of_training_arguments_is_read_and_a_wrong_keyword_named():
+    from transformers import TrainingArguments
+
+    from kit.inputs import InputError, training_arguments
+
+    args = training_arguments("training_args", {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2})
+    assert isinstance(args, TrainingArguments) and (args.per_device_train_batch_size, args.gradient_accumulation_steps) \
+        == (4, 2)
+    with pytest.raises(InputError, match=r"^training_args: TrainingArguments takes no keyword 'batch_size'") as e:
+        training_arguments("training_args", {"batch_size": 4})
+    assert e.value.name == "training_args"
+    with pytest.raises(InputError, match=r"^training_args must be a transformers TrainingArguments .*not list\.$"):
+        training_arguments("training_args", [4])

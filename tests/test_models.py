@@ -221,3 +221,108 @@ def test_a_pad_id_beyond_the_vocabulary_is_one_sentence_not_an_assertion(tmp_pat
                num_key_value_heads=2).to_json_file(tmp_path / "config.json")   # pad id 32000 by default
     with pytest.raises(ValueError, match=r"could not build a phi3 model.*Padding_idx must be within num_embeddings"):
         build_model(tmp_path / "config.json", device="meta")
+
+
+# ---- issue 26 ------------------------------------------------------------------------------------------------
+
+def test_item1_build_model_takes_cuda_and_says_so_where_there_is_no_gpu(monkeypatch):
+    from kit import machine
+
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
+    with pytest.raises(ValueError, match=r"build_model\(device='cuda'\) needs a CUDA GPU"):
+        models.build_model("tiny-gpt2", device="cuda")
+    with pytest.raises(ValueError, match="builds on 'cpu', 'meta' or 'cuda'"):
+        models.build_model("tiny-gpt2", device="tpu")
+
+
+@pytest.mark.gpu
+def test_item1_gpu_build_model_builds_on_the_gpu():
+    m = models.build_model("tiny-gpt2", device="cuda")
+    assert {p.device.type for p in m.parameters()} == {"cuda"}
+
+
+def test_item3_a_trainable_fp16_head_trains_without_fp16_autocast_and_its_scaler_unscales():
+    """Scenario 1's head in fp16 (a quantized load on a T4). With fp16=True Trainer's GradScaler raises
+    'Attempting to unscale FP16 gradients'; with the panel's flags the step goes through."""
+    from kit.widgets.runs import amp_flags
+
+    model = models.build_model("tiny-gpt2+vocab-head")
+    model.custom_layer.half()
+    flags = amp_flags(model, "fp16", cuda=True)
+    assert flags == {"fp16": False, "bf16": False}
+    for p in model.custom_layer.parameters():
+        p.grad = torch.zeros_like(p)              # fp16 gradients, as backward leaves them
+    opt = torch.optim.SGD(model.custom_layer.parameters(), lr=1e-3)
+
+    def unscale(enabled: bool) -> None:           # what Trainer's fp16=True does before clipping and stepping
+        scaler = torch.amp.GradScaler("cpu", enabled=enabled)
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(opt)
+
+    unscale(flags["fp16"])                        # the panel's flags: no scaler, no error
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        unscale(True)                             # fp16=True, what the panel set before
+    assert amp_flags(models.build_model("tiny-gpt2+vocab-head"), "fp16", cuda=True)["fp16"] is True
+
+
+def _shards(monkeypatch, shard_bytes):
+    import safetensors.torch
+
+    sizes = []
+    real = safetensors.torch.save_file
+    monkeypatch.setattr(models, "SHARD_BYTES", shard_bytes)
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda t, *a, **k: sizes.append(
+        sum(x.numel() * x.element_size() for x in t.values())) or real(t, *a, **k))
+    return sizes
+
+
+def test_item4_and_7_the_twin_is_written_a_shard_at_a_time_without_normal_init(monkeypatch, tmp_path):
+    from kit.measure.tensor_peak import TensorPeak
+
+    real_normal, real_init = torch.Tensor.normal_, torch.nn.init.normal_
+
+    def guard(real):
+        def normal_(t, *a, **k):                 # on meta it costs nothing; on real memory it is the slow init
+            if not t.is_meta:
+                raise AssertionError("normal_ ran on real memory: the twin was initialised element by element")
+            return real(t, *a, **k)
+        return normal_
+
+    monkeypatch.setattr(torch.Tensor, "normal_", guard(real_normal))
+    monkeypatch.setattr(torch.nn.init, "normal_", guard(real_init))
+    cfg = models.get_config("distilgpt2")
+    total = models.twin_bytes(cfg, torch.float32)
+    sizes = _shards(monkeypatch, 32 * 2**20)
+    with TensorPeak() as peak:
+        models.write_twin(cfg, tmp_path / "twin", torch.float32)
+    largest = 50257 * 768 * 4                                # wte: one tensor bigger than a shard
+    assert sum(sizes) == total and total >= REAL_COUNTS["distilgpt2"] * 4   # every weight, once (wte is tied)
+    assert len(sizes) > 3 and max(sizes) <= largest
+    assert peak.peak_bytes - peak.start_bytes <= 32 * 2**20 + largest + 4 * 1_000_003, peak.peak_bytes
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.undo()                                       # loading may initialise as it likes
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "twin")
+    assert m.num_parameters() == REAL_COUNTS["distilgpt2"]
+    x = torch.randint(0, 1000, (1, 16))
+    assert torch.isfinite(m(input_ids=x, labels=x).loss)
+
+
+def test_item4_a_twin_that_does_not_fit_the_disk_is_refused_in_one_sentence(monkeypatch):
+    import collections
+
+    monkeypatch.setattr(models.shutil, "disk_usage", lambda p: collections.namedtuple("U", "total used free")(
+        10**12, 10**12 - 10**9, 10**9))
+    why = models.twin_problem("meta-llama/Meta-Llama-3-8B", "bf16")
+    assert why.startswith("the architecture twin of meta-llama/Meta-Llama-3-8B needs 15.0 GiB of disk"), why
+    assert "set KIT_CACHE" in why
+    with pytest.raises(RuntimeError, match="needs 15.0 GiB of disk"):
+        models._saved_twin("meta-llama/Meta-Llama-3-8B", torch.bfloat16)
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16)])
+def test_item11_the_4bit_compute_dtype_follows_the_compute_capability(monkeypatch, capability, dtype):
+    from kit import machine
+
+    monkeypatch.setattr(machine, "compute_capability", lambda: capability)
+    assert models.bnb_config("4bit").bnb_4bit_compute_dtype == dtype

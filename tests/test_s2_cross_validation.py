@@ -207,22 +207,32 @@ def _lines(path):
     return path.read_text().splitlines()
 
 
+def _rec(fold, key="k", **kw):
+    """A finished fold's record, as the fixed loop writes it (the figures the table and the plot read)."""
+    return {"fold": fold, "run_key": key, "start_bytes": 100, "peak_bytes": 300, "end_bytes": 100,
+            "eval_loss": 2.0, **kw}
+
+
+def _line(fold, key="k", **kw):
+    return json.dumps(_rec(fold, key, **kw))
+
+
 def test_a_torn_last_line_does_not_swallow_the_next_fold(tmp_path):
     path = tmp_path / "r.jsonl"
-    append_result(path, {"fold": 1, "run_key": "k", "eval_loss": 2.0})
+    append_result(path, _rec(1, eval_loss=2.0))
     with open(path, "a") as f:
         f.write('{"fold": 2, "run_k')          # the crash hit mid-write
     assert list(read_results(path, "k")) == [1]
-    append_result(path, {"fold": 2, "run_key": "k", "eval_loss": 1.9})   # the rerun's fold 2
-    append_result(path, {"fold": 3, "run_key": "k", "eval_loss": 1.8})
+    append_result(path, _rec(2, eval_loss=1.9))   # the rerun's fold 2
+    append_result(path, _rec(3, eval_loss=1.8))
     assert sorted(read_results(path, "k", folds=3)) == [1, 2, 3]
     assert [json.loads(line)["fold"] for line in _lines(path)] == [1, 2, 3]
 
 
 def test_a_whole_last_record_without_its_newline_is_kept(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_text('{"fold": 1, "run_key": "k"}')   # e.g. saved by an editor without the final newline
-    append_result(path, {"fold": 2, "run_key": "k"})
+    path.write_text(_line(1))                    # e.g. saved by an editor without the final newline
+    append_result(path, _rec(2))
     assert sorted(read_results(path, "k")) == [1, 2]
 
 
@@ -233,7 +243,7 @@ def test_a_whole_last_record_without_its_newline_is_kept(tmp_path):
 ])
 def test_an_unreadable_middle_line_is_refused_by_number(tmp_path, bad, problem):
     path = tmp_path / "r.jsonl"
-    path.write_text('{"fold": 1, "run_key": "k"}\n' + bad + '\n{"fold": 2, "run_key": "k"}\n')
+    path.write_text(_line(1) + "\n" + bad + "\n" + _line(2) + "\n")
     with pytest.raises(ResultsFileError) as exc:
         read_results(path, "k")
     msg = str(exc.value)
@@ -248,7 +258,7 @@ def test_an_unreadable_middle_line_is_refused_by_number(tmp_path, bad, problem):
 def test_a_fold_beyond_folds_is_refused(tmp_path):
     path = tmp_path / "r.jsonl"
     for fold in (1, 7):
-        append_result(path, {"fold": fold, "run_key": "k"})
+        append_result(path, _rec(fold))
     assert sorted(read_results(path, "k")) == [1, 7]
     with pytest.raises(ResultsFileError, match=r"line 2: fold 7 is outside this run's folds 1..3.*folds=3"):
         read_results(path, "k", folds=3)
@@ -266,12 +276,13 @@ def _stop_before_training(monkeypatch):
     monkeypatch.setattr(cv, "fold_data", stop)
 
 
-@pytest.mark.parametrize("bad", ["[1, 2]", "null", '{"fold": 9, "run_key": "KEY"}'])
+@pytest.mark.parametrize("bad", ["[1, 2]", "null", _line(9, "KEY"), _line(1, "KEY"), _line(2, "KEY", eval_loss="nan?"),
+                                 json.dumps({"fold": 2, "run_key": "KEY", "eval_loss": 1.5})])
 def test_fixed_loop_refuses_a_bad_results_file_before_training(tmp_path, monkeypatch, bad):
     _stop_before_training(monkeypatch)
     key = run_key("tiny-llama", {"folds": 3, **cv.loop_params(**SMALL)})
     path = tmp_path / "cv.jsonl"
-    path.write_text(json.dumps({"fold": 1, "run_key": key}) + "\n" + bad.replace("KEY", key) + "\n")
+    path.write_text(_line(1, key) + "\n" + bad.replace("KEY", key) + "\n")
     with pytest.raises(ResultsFileError, match="line 2: .*repair_results"):
         cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, **SMALL)
 
@@ -280,7 +291,7 @@ def test_other_settings_keep_the_file_and_resume_false_moves_it_aside(tmp_path, 
     _stop_before_training(monkeypatch)
     path = tmp_path / "cv.jsonl"
     key = run_key("tiny-llama", {"folds": 3, **cv.loop_params(**SMALL)})
-    append_result(path, {"fold": 1, "run_key": key})
+    append_result(path, _rec(1, key))
     before = path.read_text()
     with pytest.raises(ResultsFileError, match="other settings.*left as it is.*another output_dir"):
         cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, **{**SMALL, "lora_r": 16})
@@ -313,3 +324,67 @@ def test_settings_are_read_not_guessed():
 def test_a_comma_string_of_targets_trains(tmp_path):
     out = cv.show_advice_reset("tiny-llama", output_dir=tmp_path, **{**SMALL, "lora_targets": "q_proj, v_proj"})
     assert out["tensors_compared"] == 8          # 2 layers x (q, v) x (A, B), not one adapter per character
+
+
+# ---- the results file's bad cases: one sentence each, nothing lost ------------------------------------
+def _read_only(monkeypatch, path):
+    """The OS refusing to write ``path`` (as a read-only file or mount does; chmod alone does not stop root)."""
+    import builtins
+
+    from kit.scenarios.cross_validation import folds
+
+    def guarded(file, mode="r", *a, **kw):
+        if str(file) == str(path) and any(c in mode for c in "aw+"):
+            raise PermissionError(13, "Permission denied", str(file))
+        return builtins.open(file, mode, *a, **kw)
+
+    monkeypatch.setattr(folds, "open", guarded, raising=False)
+
+
+def test_a_read_only_results_file_is_refused_before_any_fold_trains(tmp_path, monkeypatch):
+    calls = _count_train_calls(monkeypatch)
+    path = tmp_path / "cv.jsonl"
+    path.write_text("")
+    _read_only(monkeypatch, path)
+    with pytest.raises(ResultsFileError, match=r"cannot write the results file .*cv.jsonl \(Permission denied\)"
+                                               r".*nothing was trained") as e:
+        cv.run_fixed_loop("tiny-llama", folds=3, results_path=path, output_dir=tmp_path, **SMALL)
+    assert calls == [] and e.value.name == "results_path"
+
+
+def test_a_fold_that_cannot_be_written_keeps_its_figures_in_the_message(tmp_path, monkeypatch):
+    path = tmp_path / "cv.jsonl"
+    _read_only(monkeypatch, path)
+    with pytest.raises(ResultsFileError, match=r"cannot write fold 2's record") as e:
+        append_result(path, _rec(2, eval_loss=1.25))
+    assert json.loads(str(e.value).split("once it is writable: ", 1)[1]) == _rec(2, eval_loss=1.25)
+
+
+@pytest.mark.parametrize("bad,problem", [
+    (json.dumps({"fold": 2, "run_key": "k", "eval_loss": 1.9}), "fold 2 lacks start_bytes, peak_bytes, end_bytes"),
+    (_line(2, eval_loss="1.9"), "fold 2's eval_loss is '1.9', not a number"),
+    (_line(2, peak_bytes=-5), "fold 2's peak_bytes is -5, not a whole number of bytes"),
+    (_line(1, eval_loss=1.7), "fold 1 is there a second time (first at line 1)"),
+])
+def test_an_incomplete_or_repeated_fold_is_refused_and_repair_keeps_the_good_ones(tmp_path, bad, problem):
+    from kit.scenarios.cross_validation.notebook import fold_table
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line(1) + "\n" + bad + "\n" + _line(3) + "\n")
+    with pytest.raises(ResultsFileError) as e:
+        read_results(path, "k")
+    assert str(e.value).startswith(f"{path}, line 2: {problem}") and "repair_results(" in str(e.value)
+    assert repair_results(path)["set_aside"] == 1 and (tmp_path / "r.jsonl.unreadable").read_text() == bad + "\n"
+    done = read_results(path, "k")
+    assert sorted(done) == [1, 3] and done[1]["eval_loss"] == 2.0          # the first fold 1 is the one kept
+    assert "2.0000" in fold_table(list(done.values()))                     # what is accepted, the table can show
+
+
+def test_a_folder_as_the_results_path_is_one_sentence(tmp_path):
+    for call in (lambda: read_results(tmp_path, "k"), lambda: read_results(tmp_path),
+                 lambda: repair_results(tmp_path)):
+        with pytest.raises(ResultsFileError, match=r"is a folder, not a results file: pass the file's path"):
+            call()
+    with pytest.raises(ResultsFileError, match=r"cannot write fold 1's record .* is a folder") as e:
+        append_result(tmp_path, _rec(1))
+    assert '"eval_loss": 2.0' in str(e.value)

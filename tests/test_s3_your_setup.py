@@ -45,14 +45,14 @@ def test_the_advisors_changes_land_in_your_objects(tmp_path):
         s3.YourSetup("gpt-j", s.args, size="smoke")
 
 
-def test_the_smoke_cap_sits_between_the_twins_estimates(tmp_path):
+def test_the_smoke_cap_is_simulated_only_where_the_advice_moves_the_peak_enough(tmp_path):
     s = _setup(tmp_path)
     advice = advise(s.estimate(), "colab-t4")              # at real size: does not fit a T4
     assert not advice.fits and advice.suggestions[0].changes == {"batch-size": 4, "grad-accum": 2}
     cap = s3.memory_cap(s, advice, "colab-t4")
     orig, adv = s.estimate(as_run=True).peak_bytes, s.advised(advice).estimate(as_run=True).peak_bytes
     assert cap.simulated and (cap.original_bytes, cap.advised_bytes) == (orig, adv)
-    assert cap.cap_bytes == int((orig * adv) ** 0.5) and adv < cap.cap_bytes < orig
+    # (that the cap really parts the two runs is measured in test_the_notebooks_flow_oom_then_the_advised_change_fits)
     assert str(cap).startswith(f"memory cap {kit.units.fmt_bytes(cap.cap_bytes)} (SIMULATED): a tiny twin")
     fits = _setup(tmp_path, bs=4)                          # fits the T4 by the estimate: nothing to simulate
     a = advise(fits.estimate(), "colab-t4")
@@ -74,9 +74,11 @@ def test_the_notebooks_flow_oom_then_the_advised_change_fits(tmp_path):
     trainer = s.trainer()
     # what kit.train's own estimate of the built Trainer says is what the cap was placed from
     assert estimate_trainer(trainer, device="cpu").peak_bytes == cap.original_bytes
+    first_step = estimate_trainer(trainer, device="cpu").first_step_peak_bytes
     report = kit.train(trainer, cap_bytes=cap.cap_bytes)
+    # the estimate put step 1 over the cap, and step 1's forward/backward is where the measured run ran out
+    assert first_step > cap.cap_bytes
     assert report.oom and (report.step, report.phase) == (1, "first_forward_backward")
-    assert report.measured["total"] <= cap.cap_bytes
     s3.release(trainer)
     del trainer
     assert leaks.check_returned(base).ok

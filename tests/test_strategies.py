@@ -250,3 +250,58 @@ def test_training_arguments_fsdp_and_deepspeed_make_the_estimate_per_gpu(monkeyp
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 2})
     e = estimate_from("tiny-llama", training_args=ds, seq_len=64)
     assert (e.strategy, e.num_gpus, e.cpu_offload) == ("zero2", 4, True)
+
+
+# ---- launch fields a careless user gets wrong: one sentence each, named, never a raw error ------------------
+@pytest.mark.parametrize("text,match", [
+    ("distributed_type: FSDP\nnum_processes: 2\nfsdp_config: full_shard\n", r"fsdp_config must be a mapping"),
+    ("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: 9\n",
+     r"fsdp sharding strategy 9: expected one of FULL_SHARD"),
+    ("distributed_type: MULTI_GPU\nnum_processes: four\n", r"num_processes must be a whole number >= 0, not 'four'"),
+    ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 7\n",
+     r"ZeRO stage 7 is not one DeepSpeed has"),
+    ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: torn.json\n",
+     r"torn.json' is not valid JSON"),
+    ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  deepspeed_config_file: gone.json\n",
+     r"cannot read the DeepSpeed config .*gone.json' \(No such file"),
+    ("name: my-env\nchannels:\n  - conda-forge\ndependencies:\n  - python=3.11\n",   # a conda environment file
+     r"is not an accelerate config: it has none of"),
+])
+def test_a_bad_accelerate_config_field_is_one_sentence_named_accelerate_config(tmp_path, text, match):
+    (tmp_path / "torn.json").write_text('{"zero_optimization": {"st')
+    path = tmp_path / "launch.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=match) as e:
+        read_accelerate_config(path)
+    assert e.value.name == "accelerate_config"
+
+
+def test_a_bad_zero_stage_is_blamed_on_the_file_not_on_strategy(tmp_path, capsys):
+    path = tmp_path / "ds.yaml"
+    path.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 7\n")
+    code, _, err = _cli(BASE + ["--accelerate-config", str(path)], capsys)
+    assert code == 2 and err.startswith("error: argument --accelerate-config: ") and "--strategy" not in err
+    assert "ZeRO stage 7" in err and "Traceback" not in err
+
+
+def test_training_arguments_launch_fields_are_read_or_refused_by_name(monkeypatch, tmp_path):
+    from types import SimpleNamespace as NS
+
+    from kit.estimate.launch import read_training_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(InputError, match=r"WORLD_SIZE is 'abc', not a number of processes") as e:
+        read_training_launch(NS(fsdp=True, fsdp_config={}, deepspeed=None, world_size=1))
+    assert e.value.name == "WORLD_SIZE"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InputError, match=r"fsdp_config must be a dict") as e:
+        read_training_launch(NS(fsdp=True, fsdp_config="full_shard", deepspeed=None))
+    assert e.value.name == "fsdp_config"
+    with pytest.raises(InputError, match=r"ZeRO stage 7 is not one DeepSpeed has") as e:
+        read_training_launch(NS(fsdp=None, deepspeed={"zero_optimization": {"stage": 7}}))
+    assert e.value.name == "deepspeed"
+    (tmp_path / "torn.json").write_text("{")
+    for bad, match in ((tmp_path / "torn.json", "is not valid JSON"), (tmp_path / "gone.json", "cannot read")):
+        with pytest.raises(InputError, match=match) as e:
+            read_training_launch(NS(fsdp=None, deepspeed=str(bad)))
+        assert e.value.name == "deepspeed"

@@ -411,3 +411,67 @@ def test_a_slow_advisor_runs_on_request_and_says_why(monkeypatch):
     assert v.rows == [] and v._ask_row in v.widget.children and "more than a panel change" in v.lazy_html.value
     v.ask_button.click()
     assert len(v.rows) == 3 and v.rows[0].changes["lora-targets"] == "custom_layer"
+
+
+# ---- careless panel options: read, or refused by name in one sentence; never a TraitError, never clamped --------
+def test_panel_options_outside_the_lists_are_used_not_trait_errors():
+    p = panel(scenario=2, lora_r=12)                             # a rank the list does not offer: it joins the list
+    assert p.controls["lora_r"].value == 12 and p.estimate is not None
+    from kit.estimate import estimate
+
+    assert p.estimate.peak_bytes == estimate(**{**p.setup(), "strategy": "single", "num_gpus": 1},
+                                             device=p._where()).peak_bytes
+    p = panel(preset="16GiB")                                    # a size, as `kit fit --device 16GiB` takes it
+    assert p.preset().gpu_bytes == 16 * 2**30 and p.verdict is not None
+    p = panel(num_gpus=3)
+    assert (p.controls["num_gpus"].value, p.controls["strategy"].value, p.estimate.num_gpus) == (3, "ddp", 3)
+    p = panel(batch_size=100)                                    # above the slider's 64: the slider stretches
+    assert p.controls["batch_size"].value == 100 and p.controls["batch_size"].max >= 100
+
+
+@pytest.mark.parametrize("kw,name,says", [
+    ({"quantization": "3bit"}, "quantization", "quantization must be one of none, 8bit, 4bit, not '3bit'."),
+    ({"preset": "my laptop"}, "preset", "preset must be one of colab-t4"),
+    ({"batch_size": 0}, "batch_size", "batch_size must be a whole number >= 1, not 0."),
+    ({"lora_r": 2.5}, "lora_r", "lora_r must be a whole number >= 0, not 2.5."),
+    ({"num_gpus": "four"}, "num_gpus", "num_gpus must be a whole number >= 1, not 'four'."),
+    ({"gradient_checkpointing": "maybe"}, "gradient_checkpointing", "gradient_checkpointing must be True or False"),
+    ({"model": None}, "model", "model must be a shipped name"),
+    ({"seq_len": 10**6}, "seq_len", "seq_len 1,000,000 is beyond what the panel's slider takes"),
+])
+def test_a_bad_panel_option_is_one_sentence_naming_it(kw, name, says):
+    from kit.inputs import InputError
+
+    with pytest.raises(InputError) as e:
+        panel(scenario=2, **kw)
+    assert e.value.name == name and str(e.value).startswith(says) and "\n" not in str(e.value)
+
+
+def test_enter_on_the_same_path_after_fixing_the_file_clears_the_stale_error(tmp_path, monkeypatch):
+    import json
+    import time
+
+    from kit.model_configs import CONFIG_DIR
+
+    p = panel(scenario=2)
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "llama", ')                 # cut short
+    p.model_box.value = str(path)                                # Enter: the value arrives
+    assert "is not a readable config.json" in p.model_message.value
+    path.write_text((CONFIG_DIR / "tiny-llama.json").read_text())   # the user fixes the file
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + 5)   # a few seconds later
+    p.model_box._handle_custom_msg({"event": "submit"}, [])      # Enter again, on the same text: no value change
+    assert p.controls["model"].value == str(path) and "kit-error" not in p.model_message.value
+    assert "using " in p.model_message.value and p.estimate is not None
+    assert json.loads(path.read_text())["model_type"] == "llama"
+
+
+def test_kit_check_takes_a_device_size_as_kit_fit_does(capsys):
+    import kit
+    from kit.estimate import estimate
+
+    est = estimate("tiny-llama", batch_size=1, seq_len=32)
+    kit.check(est, device="16GiB")
+    out = capsys.readouterr().out
+    assert "fits a GPU with 16.00 GiB" in out and "Traceback" not in out

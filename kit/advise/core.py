@@ -8,8 +8,10 @@ tier, in the order below; then fewer changed options, then the lower peak):
 
 0. free: fused AdamW in place of the foreach step, sdpa in place of eager attention (the same math);
 1. slower, same result: a smaller per-device batch with more accumulation (the effective batch is kept);
-2. gradient checkpointing: about +33% step time. The checkpointed blocks run their forward again in the
-   backward; a backward costs about two forwards, so a step goes from 3 forward-costs to 4;
+2. gradient checkpointing, slower by a rule of thumb (not measured): the checkpointed blocks run their forward
+   again in the backward. With every weight trained a backward costs about two forwards, so a step goes from
+   about 3 forward-costs to 4 (+33%); with the blocks frozen (LoRA, a head on top) it makes no weight grads
+   there, about one forward, so 2 to 3 (+50%);
 3. numerics: fp16/bf16 mixed precision, the lean k-bit recipe, 16-bit frozen weights, 8-bit AdamW, paged
    8-bit AdamW (never where a trainable tensor has more than 2^31 - 1 elements: bitsandbytes kills the
    process there);
@@ -107,7 +109,7 @@ class Advice:
     options: dict = field(repr=False, default_factory=dict)
 
     def to_json(self) -> dict:
-        """The ``python -m kit fit --json`` object (DESIGN.md's contract, extended)."""
+        """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields)."""
         lim = self.limit
         return {"fits": self.fits, "peak_bytes": self.peak_bytes, "limit_bytes": lim.limit_bytes,
                 "safety_fraction": lim.safety_fraction, "usable_bytes": lim.usable_bytes,

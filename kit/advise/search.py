@@ -20,7 +20,7 @@ from kit.units import fmt_bytes
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
 LORA_R = 16              # the rank of a suggested LoRA (an outsized layer gets more: see _head)
-INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (DESIGN.md)
+INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (README, Known failures)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
 CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
 KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
@@ -37,7 +37,7 @@ def _adam8(paged):
             return None
         if c.too_big and _trains_weights(o):
             c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
-                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; DESIGN.md)")
+                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: README, Known failures)")
             return None
         return {"optimizer": "paged-adamw-8bit" if paged else "adamw-8bit"}
     return move
@@ -106,6 +106,7 @@ def _tier(m, o) -> int:
 def _cost(m, b, o, be, e) -> str:
     """What move ``m`` costs, taking base options ``b`` (estimate ``be``) to ``o`` (estimate ``e``)."""
     f, bnb = fmt_bytes, "needs bitsandbytes (Colab lacks it)"
+    frozen = bool(o["lora_r"]) or not be.context.trainable["block"]   # the blocks' weights get no grads
     weights = f"weights {f(be.weights_bytes)} -> {f(e.weights_bytes)}"
     trained = f"{e.trainable_params:,} trainable parameters instead of {be.trainable_params:,}"
     lora = (f"; a rank-{LORA_R} LoRA on every linear layer trains, not the weights"
@@ -122,8 +123,10 @@ def _cost(m, b, o, be, e) -> str:
                          f"micro-batches of {o['batch_size']} per optimizer step instead of {b['grad_accum']} of "
                          f"{b['batch_size']}: slower where the bigger batch kept the GPU busy",
         "eval": lambda: "evaluation only: " + "; ".join(evals) + " (slower, same metrics)",
-        "ckpt": lambda: "about +33% step time: the blocks' forward runs again in the backward (a step costs about "
-                        "4 forwards instead of 3)",
+        "ckpt": lambda: ("slower, by a rule of thumb (not measured): the blocks' forward runs again in the backward; "
+                         + ("with the blocks frozen their backward makes no weight grads, about one forward, so a step "
+                            "goes from about 2 forward-costs to 3 (+50%)" if frozen else "a backward costs about two forwards, so a step goes from about 3 "
+                            "forward-costs to 4 (+33%)")),
         "mixed": lambda: f"numerics: {o['precision']} autocast (fp32 master weights kept"
                          f"{', loss scaling' if o['precision'] == 'fp16' else ''}); usually faster on a GPU",
         "adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise; optimizer state {f(be.optimizer_bytes)} -> "

@@ -18,7 +18,9 @@ import traceback
 from pathlib import Path
 
 from kit import machine, runtime
+from kit.cli import outputs
 from kit.cli.report import Section
+from kit.inputs import InputError
 from kit.measure import device
 from kit.units import fmt_bytes
 
@@ -62,7 +64,7 @@ def register(subparsers) -> None:
 def _save(fig, out: Path, name: str) -> Path:
     import matplotlib.pyplot as plt
 
-    path = out / f"{name}.png"
+    path = outputs.claim(out, f"{name}.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -234,7 +236,8 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance
                    lora_targets=("q_proj", "v_proj"))
     t4 = PRESETS["colab-t4"].gpu_bytes
     step("scenario 2: broken loop, advice reset, fixed loop")
-    result = s2.run_scenario2(model, folds=5, broken_folds=3, output_dir=out / "cv-runs", **CV_SETTINGS[size])
+    result = s2.run_scenario2(model, folds=5, broken_folds=3, output_dir=outputs.claim(out, "cv-runs"),
+                              **CV_SETTINGS[size])
     summary["scenario2"] = {**result, "estimate": {
         "model": model, "peak_bytes": est.peak_bytes, "weights_bytes": est.weights_bytes,
         "two_models_bytes": fold2_prediction(est)["loaded_bytes"],
@@ -288,15 +291,14 @@ def _at_a_glance(glance: dict) -> Section:
 def run(args: argparse.Namespace) -> int:
     from kit.cli import report
 
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / ".write-test").write_text("ok")
-        (out / ".write-test").unlink()
-    except OSError as e:
-        print(f"error: cannot write the report into {out}: {e.strerror or e}. "
-              "Pass --out with a folder you can write to, e.g. --out report/", file=sys.stderr)
+    out = Path(args.out).expanduser()
+    try:   # before the run: a folder of the user's files is refused, an earlier demo run moved aside
+        moved = outputs.prepare(out)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    if moved:
+        print(moved, flush=True)
     size = args.size or runtime.mode()
     hw = machine.hardware()
     summary = {"device": hw["gpu_name"] or "cpu", "size": size, "reading": device.best_reading()}
@@ -320,8 +322,17 @@ def run(args: argparse.Namespace) -> int:
         sections.insert(1, _at_a_glance(glance))
     summary["errors"] = failures
     summary["seconds"] = round(time.time() - started, 1)
-    paths = report.write(out, "Memory kit demo report", sections, summary)
-    print(f"\nWrote {', '.join(str(p) for p in paths)} and {len(list(out.glob('*.png')))} PNG plots "
+    for name in report.NAMES:
+        outputs.claim(out, name)
+    try:
+        paths = report.write(out, "Memory kit demo report", sections, summary)
+    except OSError as e:   # blocked since the start: the figures go to a fresh folder, never lost
+        import tempfile
+
+        failures.append(f"writing the report into {out}: {e.strerror or e}")
+        paths = report.write(tempfile.mkdtemp(prefix="kit-demo-"), "Memory kit demo report", sections, summary)
+    pngs = [n for n in outputs.written(out) if n.endswith(".png")]   # this run's plots, no one else's
+    print(f"\nWrote {', '.join(str(p) for p in paths)} and {len(pngs)} PNG plots in {out} "
           f"in {summary['seconds']} s.")
     for f in failures:
         print(f"FAILED {f}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``python -m kit estimate``: predict one training setup's memory (DESIGN.md, "Contracts").
+"""``python -m kit estimate``: predict one training setup's memory (the README's "Command line").
 
 >>> # python -m kit estimate --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16
 >>> # python -m kit estimate --model meta-llama/Meta-Llama-3-8B --batch-size 1 --seq-len 512 \\
@@ -44,7 +44,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 def add_setup_options(p: argparse.ArgumentParser) -> None:
     """The options that describe one training setup (:mod:`kit.training_setup` declares them): ``estimate`` and
     ``fit`` (:mod:`kit.cli.fit`) add them."""
-    p.add_argument("--model", required=True, help="a shipped name (" + ", ".join(known_models()) + "), any "
+    p.add_argument("--model", required=True, type=str.strip, help="a shipped name (" + ", ".join(known_models()) + "), any "
                    "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
                    "or a path to a config.json")
     add_arguments(p, optimizer_type=_optimizer)

@@ -1,4 +1,4 @@
-"""``python -m kit fit``: what makes a training setup fit a device, cheapest first (DESIGN.md, "Contracts").
+"""``python -m kit fit``: what makes a training setup fit a device, cheapest first (the README's "What will make it fit").
 
 It takes every ``estimate`` option, plus ``--device`` (a preset, ``this`` for this GPU now, or a number of
 bytes such as ``16GiB``), ``--safety`` (the fraction of the limit kept free, default 0.05) and ``--eval``

@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit status (0 ok, 1 a failed run, 2 bad input)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()   # a closed pipe shows here, not at exit (where Python would print its own error)
+        return code
+    except BrokenPipeError:  # `python -m kit fit --json | head`: the reader has what it wanted
+        _stdout_to_devnull()
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
@@ -72,6 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: `python -m kit {args.command}` failed ({type(exc).__name__}: {what}); set "
               "KIT_TRACEBACK=1 to see where, and report it if it looks like the kit's fault.", file=sys.stderr)
         return 1
+
+
+def _stdout_to_devnull() -> None:
+    """After a closed pipe, point stdout at /dev/null, so that Python's flush at exit finds nothing to complain
+    about (the recipe of Python's own documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # a stdout without a file descriptor (a notebook, a test)
+        pass
 
 
 if __name__ == "__main__":

@@ -91,10 +91,13 @@ def to_html(title: str, sections: list[Section]) -> str:
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
 
 
+NAMES = ("summary.json", "report.md", "report.html")   # what write() writes
+
+
 def write(out_dir: str | Path, title: str, sections: list[Section], summary: dict) -> list[Path]:
     """Write report.md, report.html and summary.json into ``out_dir``; return their paths."""
     out = Path(out_dir)
-    paths = [out / "summary.json", out / "report.md", out / "report.html"]
+    paths = [out / n for n in NAMES]
     paths[0].write_text(json.dumps(summary, indent=2) + "\n")
     paths[1].write_text(to_markdown(title, sections))
     paths[2].write_text(to_html(title, sections))

@@ -49,6 +49,8 @@ class Plan:
     device: str
     ev: dict                  # evaluate()'s batch size, gather, samples and accumulation
     bnb: kq.Bnb
+    fused: bool = False       # TRL's fused LM head (kit.estimate.replay.fused_head)
+    adapter: int = 4          # bytes per LoRA adapter element (fp32; TRL casts them to bf16 on k-bit models)
 
     @property
     def load_bytes(self) -> int:           # bytes per loaded weight
@@ -64,7 +66,7 @@ class Plan:
 
 
 def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
-         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb()) -> Plan:
+         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32") -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -88,8 +90,17 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
     std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
     reentrant = bnb.reentrant_for(ckpt, std)  # (8-bit layers keep their inputs through non-reentrant checkpointing)
     ckpt = (vh or std) if ckpt is None else bool(ckpt)
+    head_trains = vh and not set(info.head_layers) & lora   # a head on the logits, not adapted, trains as loaded
+    if precision == "fp16" and load == "fp16" and device == "cuda" and not std and (not lora_r or head_trains):
+        raise kin.InputError("load_dtype", "fp16 trainable weights under fp16 mixed precision fail at the first "
+                             "optimizer step (GradScaler: 'Attempting to unscale FP16 gradients'): load the model in "
+                             "fp32, or in bf16 on a GPU that has it.", code="fp16-trainable-weights")
+    if fused and (vh or getattr(info.config, "final_logit_softcapping", None)):
+        raise kin.InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
+                             "soft-capping or a head on the logits: estimate this model without it.",
+                             code="fused-head-not-modeled")
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb)
+                recipe, lora_dropout, padded, device, ev, bnb, fused, DTYPES[adapter])
 
 
 @dataclass
@@ -145,9 +156,9 @@ def count_parameters(info: Info, p: Plan) -> Counts:
         else:
             c.unquantized += n
         pieces = []   # (trainable elements, bytes per element)
-        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True)
-            pieces = [(p.lora_r * l.fin, 4), (p.lora_r * l.fout, 4)]
-            w_bytes += 4 * p.lora_r * (l.fin + l.fout)
+        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
+            pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
+            w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
         elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
             pieces = [(l.weight, other), (l.bias, other)]
@@ -162,7 +173,8 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
             c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
-            half = 2 * k if p.half and dt != p.half else 0  # autocast: the grad of the half copy, then cast up
+            half = 2 * k if p.half and dt != p.half and not (p.fused and l.name == info.output_head) else 0
+            # (autocast: the grad of the half copy, then cast up; the fused head makes an fp32 grad directly)
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
             c.halves += half if l.kind == "linear" else 0  # autocast caches a half copy of each
             train_bytes += k * dt + state + paged
@@ -202,7 +214,8 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      reentrant=p.reentrant, lora=lora, lora_dropout=p.lora_dropout,
                      input_grad=p.ckpt or p.kbit_recipe, attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
-                     head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r, **shapes)
+                     head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
+                     fused_head=p.fused, adapter=p.adapter, **shapes)
 
 
 def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estimate:
@@ -262,7 +275,9 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estima
                                 load_dtype=p.load, attn_implementation=p.attn, kbit_recipe=p.recipe,
                                 device=p.device, **p.bnb.setup(p.quant, p.ckpt, p.reentrant),
                                 eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
-                                eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"]),
+                                eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
+                                **({"fused_lm_head": True} if p.fused else {}),
+                                **({"adapter_dtype": "bf16"} if p.adapter == 2 else {})),
         _parts=parts,
         context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,
                         L=L, weights=c.part_weights, opt=c.part_optimizer, trainable=c.part_trainable,

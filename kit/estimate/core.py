@@ -99,7 +99,7 @@ def estimate(model, **setup) -> Estimate:
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
-    if info.max_positions and seq_len > info.max_positions:
+    if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
     multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \
@@ -108,7 +108,9 @@ def estimate(model, **setup) -> Estimate:
                          B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                          lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                          accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
-                         lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb)
+                         lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb,
+                         fused=kin.flag("fused_lm_head", o["fused_lm_head"]),
+                         adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")))
     counts = assembly.count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization)
     est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes)

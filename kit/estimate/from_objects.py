@@ -17,17 +17,18 @@ the launch's ``WORLD_SIZE`` GPUs.
 from __future__ import annotations
 
 from kit import inputs as kin
+from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
 from kit.estimate.read_model import (
+    dtype_name,
     bnb_options,
     model_name,
     read_bnb,
-    read_lora_config,
     read_model,
-    targets_for,
     trainer_reentrant,
 )
+from kit.estimate.read_peft import read_lora_config, targets_for
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
 from kit.model_configs import get_config
 
@@ -54,21 +55,33 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if args is None or not hasattr(trainer, "model"):
         raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
-    opts, src, notes = read_args(args)
+    sft = kt.is_sft(trainer)
+    if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
+        topts, tsrc, tnotes, _ = kt.read_sft_config(args, trainer=trainer)
+    opts, src, notes = read_args(args, "SFTConfig" if sft else "TrainingArguments")
     eopts, esrc = read_eval(trainer)
     opts.update(eopts), src.update(esrc)
     target, mopts, msrc, mnotes = read_model(trainer.model)
     opts.update(mopts), src.update(msrc), notes.extend(mnotes)
+    if sft:
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        notes.append(kin.Note("SFTTrainer's evaluation (a second, full-logits forward unless prediction_loss_only) "
+                              "is not modeled: eval_peak_bytes is its fused forward's alone", field="eval_batch_size",
+                              code="trl-eval-unmodeled"))
+    notes += cpu_fp16(opts, src, device, args)
     if args_ckpt := opts.pop("args_ckpt"):
         opts["gradient_checkpointing"] = True
         src["gradient_checkpointing"] = (True, args_ckpt)
         reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if seq_len is None:
-        seq_len, padded, rows = read_seq_len(trainer, opts["batch_size"])
-        src["seq_len"] = (seq_len, f"the longest batch trainer.data_collator builds from the first {rows} rows "
-                                   "of trainer.train_dataset")
-        src["padded"] = (padded, "a 0 in those batches' attention_mask")
+        seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
+        src["seq_len"] = (seq_len, where)
+        src["padded"] = (padded, "rows of different lengths in a batch, or a 0 in its attention_mask" if batch > 1
+                         else "the flattened row's position_ids restart (sdpa builds a block-diagonal mask)")
+        if batch != opts["batch_size"]:
+            src["batch_size"] = (1, f"{opts['batch_size']} rows flattened into one (padding-free)")
+            opts.update(batch_size=1, padding_free=True)
     else:
         padded = True
         src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
@@ -77,8 +90,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
 
 
 def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
-                  seq_len=None, padded: bool = True, load_dtype=None, attn_implementation=None,
-                  device: str = "cuda"):
+                  seq_len=None, padded: bool | None = None, load_dtype=None, attn_implementation=None,
+                  device: str = "cuda", sft_config=None):
     """Predict the memory of a setup from the objects users write, before anything is loaded.
 
     ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
@@ -94,14 +107,34 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     ...               peft_config=LoraConfig(r=16, target_modules="all-linear"), seq_len=512).sources["lora_r"]
     (16, 'LoraConfig.r')
     """
+    sft, dsrc, ssrc = sft_config is not None, None, None
+    if sft and training_args is not None:
+        raise kin.InputError("sft_config", "pass the SFTConfig alone: it is SFTTrainer's TrainingArguments.")
+    if sft and not kt.is_sft(sft_config):
+        raise kin.InputError("sft_config", f"sft_config is a {type(sft_config).__name__}, not a trl SFTConfig.")
+    if sft:
+        topts, tsrc, tnotes, free = kt.read_sft_config(sft_config)
+        d, a, q, where = kt.read_sft_model(sft_config)
+        if load_dtype is None and d is not None:
+            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
+        if attn_implementation is None and a is not None:
+            attn_implementation = a
+        quantization_config = q if quantization_config is None else quantization_config
+        if seq_len is None and sft_config.max_length:
+            seq_len, ssrc = sft_config.max_length, ("SFTConfig.max_length: rows are truncated (or packed) to it, so "
+                                                    "it is the longest a row can be")  # (an upper bound)
     if seq_len is None:
         raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
                                         "estimate_trainer reads it from a built Trainer's data.")
     name = "TrainingArguments"
+    if sft:
+        training_args, name = sft_config, "SFTConfig"
     if training_args is None:
         from transformers import TrainingArguments
 
         training_args, name = TrainingArguments(), "TrainingArguments()"
+    elif not sft:   # a dict of TrainingArguments' keywords is read into one; anything else refused by name
+        training_args = kin.training_arguments("training_args", training_args)
     opts, src, notes = read_args(training_args, name)
     ckpt = opts.pop("args_ckpt")
     opts["gradient_checkpointing"] = bool(ckpt)
@@ -126,9 +159,13 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src.update({k: (v, f"BitsAndBytesConfig.bnb_4bit_{a}") for (k, v), a in
                     zip(q4.items(), ("quant_type", "use_double_quant", "compute_dtype"))})
     src["load_dtype"] = auto_dtype(cfg, load_dtype, quant)
+    if dsrc:
+        src["load_dtype"] = dsrc
     src["attn_implementation"] = auto_attn(cfg, attn_implementation)
     opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
-    if quant != "none":
+    if quant != "none" and sft:
+        opts["quantization"] = quant
+    elif quant != "none":
         opts["kbit_recipe"] = "standard"
         src["kbit_recipe"] = ("standard", "assumed: prepare_model_for_kbit_training, the peft recipe")
         if not opts["gradient_checkpointing"]:  # prepare_model_for_kbit_training turns it on
@@ -144,9 +181,35 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
-    src["seq_len"], src["padded"] = (seq_len, "estimate_from(seq_len=...)"), (padded, "estimate_from(padded=...)")
+    src["seq_len"] = (seq_len, "estimate_from(seq_len=...)")
+    src["padded"] = (True, "assumed, as estimate() does: padded batches (pass padded=False for none)") \
+        if padded is None else (padded, "estimate_from(padded=...)")
+    padded = True if padded is None else padded
+    if sft:
+        if ssrc:
+            src["seq_len"] = (seq_len, ssrc)
+        kt.quantized_recipe(opts, src, "SFTTrainer")
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        if free:  # one flattened row of batch x seq_len tokens at most; a block-diagonal mask from position_ids
+            B = opts["batch_size"]
+            seq_len, padded = B * seq_len, True
+            opts.update(batch_size=1, padding_free=True)
+            src["batch_size"] = (1, f"{B} rows flattened into one (padding-free)")
+            src["seq_len"] = (seq_len, f"{B} x {src['seq_len'][0]} ({src['seq_len'][1]}): the flattened row")
+            src["padded"] = (True, "the flattened row's position_ids restart: sdpa builds a block-diagonal mask")
+    notes += cpu_fp16(opts, src, device, training_args)
     src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")
     return _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+
+
+def cpu_fp16(opts, src, device, args) -> list:
+    """On a CPU, Trainer ignores fp16=True (no CUDA GradScaler): the estimate is of the fp32 run that happens."""
+    if opts.get("precision") == "fp16" and (device == "cpu" or getattr(args, "use_cpu", False)):
+        opts["precision"] = "fp32"
+        src["precision"] = ("fp32", f"{src['precision'][1]}, which Trainer ignores on a CPU: the run is fp32")
+        return [kin.Note("fp16=True: Trainer ignores it on a CPU, so this is the estimate of the fp32 run that "
+                         "happens", field="precision", code="cpu-ignores-fp16")]
+    return []
 
 
 def _run(target, opts, src, notes):

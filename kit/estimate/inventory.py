@@ -182,7 +182,7 @@ def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
 
 
 @lru_cache(maxsize=32)
-def _cached(key: str) -> Info:
+def _cached(key: str, stamp: str = "") -> Info:   # stamp: a config.json's content hash (edited: new)
     from kit import models
 
     return inventory(models.build_model(key, device="meta"), models.get_config(key))
@@ -208,7 +208,9 @@ def info_of(model) -> Info:
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if isinstance(model, str):
-        return _cached(model)
+        from kit.model_configs import config_stamp
+
+        return _cached(model, config_stamp(model))
     if isinstance(model, PretrainedConfig):
         return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
     if hasattr(model, "named_modules"):

@@ -9,7 +9,8 @@ import copy
 import sys
 
 from kit import inputs as kin
-from kit.estimate.inventory import default_targets, info_of, lora_matches
+from kit.estimate.inventory import info_of
+from kit.estimate.read_peft import targets_for
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
                 "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -21,6 +22,11 @@ def read_model(model):
     from transformers import PreTrainedModel
 
     peft = sys.modules.get("peft")
+    if peft and isinstance(model, peft.PeftModel):
+        kinds = {str(getattr(c.peft_type, "value", c.peft_type)) for c in model.peft_config.values()}
+        if kinds - {"LORA"}:
+            raise kin.InputError("peft_config", f"the model carries a peft {', '.join(sorted(kinds - {'LORA'}))} "
+                                 "adapter, which the kit does not model: it models LoRA.", code="peft-not-lora")
     base = model.get_base_model() if peft and isinstance(model, peft.PeftModel) else model
     if not isinstance(base, nn.Module):
         raise ValueError(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
@@ -59,6 +65,13 @@ def read_model(model):
         opts.update(q4), src.update(q4src)
     if adapters:
         r, names, dropout = adapters
+        dts = {dtype_name(p.dtype) for n, p in base.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+        if dts not in ({"fp32"}, {"bf16"}):
+            raise kin.InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
+                                 "them in fp32 (peft's default) or bf16 (TRL's cast on a quantized model).",
+                                 code="adapter-dtype")
+        opts["adapter_dtype"] = dts.pop()
+        src["adapter_dtype"] = (opts["adapter_dtype"], "the LoRA layers' parameter dtype")
         targets, tnote = targets_for(info, names)
         notes += tnote
         opts.update(lora_r=r, lora_targets=targets, lora_dropout=dropout)
@@ -75,11 +88,14 @@ def read_model(model):
     reentrant, where = read_reentrant(model) if ckpt else (None, None)
     if reentrant is not None:  # (Trainer's activation_checkpointing turns its own on: see estimate_trainer)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
-    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    attn = getattr(cfg, "_attn_implementation", None)
+    where = "model.config._attn_implementation" if attn else "assumed: the model's config names none, and sdpa " \
+        "is transformers' default"
+    attn = attn or "sdpa"
     if attn not in ("sdpa", "eager"):
         raise kin.InputError("attn_implementation", f"config._attn_implementation={attn!r} is not modeled: the "
                                                     "kit replays 'sdpa' and 'eager'; load the model with one of them.")
-    opts["attn_implementation"], src["attn_implementation"] = attn, (attn, "model.config._attn_implementation")
+    opts["attn_implementation"], src["attn_implementation"] = attn, (attn, where)
     src["tied_weights"] = (_tied(base), "get_output_embeddings().weight is get_input_embeddings().weight")
     return target, opts, src, notes
 
@@ -99,7 +115,9 @@ def _read_adapters(base):
     ranks, drops, names = set(), set(), set()
     for n, m in layers:
         if not isinstance(m, LoraLayer):
-            raise ValueError(f"{n} is a peft {type(m).__name__} adapter, which the kit does not model: it models LoRA.")
+            tuner = type(m).__module__.split("peft.tuners.")[-1].split(".")[0].upper()
+            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}), which the kit "
+                                 "does not model: it models LoRA.", code="peft-not-lora")
         if len(m.r) != 1:
             raise ValueError(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
@@ -153,8 +171,10 @@ def _read_dtypes(base, cfg, quant):
     from collections import Counter
 
     floats = Counter()
-    for n, p in base.named_parameters():
-        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n:
+    bnb = sys.modules.get("bitsandbytes")
+    packed = (bnb.nn.Params4bit, bnb.nn.Int8Params) if bnb else ()
+    for n, p in base.named_parameters():  # (4-bit weights stored as bf16, bnb_4bit_quant_storage, are packed bytes)
+        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n and not isinstance(p, packed):
             floats[dtype_name(p.dtype)] += p.numel()
     if quant == "none":
         load = floats.most_common(1)[0][0] if floats else "fp32"
@@ -285,48 +305,6 @@ def trainer_reentrant(args, name: str = "TrainingArguments"):
     if "use_reentrant" in kw:
         return bool(kw["use_reentrant"]), f"{name}.{attr}['use_reentrant']"
     return True, f"{name}.{attr} has no use_reentrant: torch's default, reentrant"
-
-
-def read_lora_config(lc, info):
-    """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
-    from peft import LoraConfig
-    from peft.tuners.tuners_utils import check_target_module_exists
-
-    if not isinstance(lc, LoraConfig):
-        raise ValueError(f"peft_config is a {type(lc).__name__}: the kit models LoRA (a peft LoraConfig).")
-    bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
-                       "trainable_token_indices") if getattr(lc, k, None)]
-    if lc.bias != "none" or bad:
-        raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
-                         "LoRA (one r, bias='none', nothing else trainable).")
-    lc = copy.copy(lc)
-    linear = {l.name for l in info.leaves if l.kind == "linear"}
-    if isinstance(lc.target_modules, str) and lc.target_modules.lower() == kin.ALL_LINEAR:
-        lc.target_modules = linear - {info.output_head}
-    elif lc.target_modules is None:
-        lc.target_modules = set(default_targets(info))
-    found = {l.name: check_target_module_exists(lc, l.name) for l in info.leaves}
-    names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
-    if names - linear:
-        raise ValueError(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
-                         "Linear layer: the kit models LoRA on Linear layers only.")
-    if not names:
-        raise kin.InputError("lora_targets", f"LoraConfig.target_modules={lc.target_modules!r} matches no Linear "
-                                             "module of this model.")
-    return lc.r, names, float(lc.lora_dropout)
-
-
-def targets_for(info, names):
-    """The shortest lora_targets that make estimate() wrap exactly ``names`` (+ a note when blocks differ)."""
-    linear = tuple(l.name for l in info.leaves if l.kind == "linear")
-    if names == set(linear) - {info.output_head}:
-        return kin.ALL_LINEAR, []
-    for key in (lambda n: n.rsplit(".", 1)[-1], lambda n: next(l.short for l in info.leaves if l.name == n)):
-        short = tuple(sorted({key(n) for n in names}))
-        if set(lora_matches(linear, short)) == names:
-            return short, []
-    return tuple(sorted(names)), ["the LoRA targets differ between blocks: adapter weights, grads and state are "
-                                  "exact, activations are replayed as if every block had them"]
 
 
 def dtype_name(d) -> str:

@@ -97,7 +97,14 @@ def read_eval(trainer):
 
 
 def read_seq_len(trainer, batch_size: int):
-    """(seq_len, padded, where) from the batches trainer.data_collator builds from the first rows."""
+    """(seq_len, padded, where, batch) of the longest micro-batch ``trainer.data_collator`` builds.
+
+    Every row's length is scanned (a column read); the collator is then run on the ``batch_size`` longest rows,
+    the largest batch the shuffled sampler can draw. A padding-free collator (TRL) flattens them into one row:
+    ``batch`` is 1 and ``seq_len`` that row's tokens, and its ``position_ids`` restarting per sequence make
+    sdpa build a mask. Rows without ``input_ids`` (the collator tokenizes) are collated in batches, all of them;
+    an iterable dataset, its first :data:`SAMPLE_ROWS` rows.
+    """
     import torch
 
     ds, collate = trainer.train_dataset, trainer.data_collator
@@ -105,27 +112,48 @@ def read_seq_len(trainer, batch_size: int):
         raise kin.InputError("seq_len", "the Trainer has no train_dataset to read the sequence length from: pass "
                                         "seq_len=... (the longest batch's length in tokens).")
     hf = sys.modules.get("datasets")
+    lengths, scanned = None, "all"
     if hf and isinstance(ds, hf.Dataset):
-        part = ds.select(range(min(SAMPLE_ROWS, len(ds))))
-        if hasattr(trainer, "_remove_unused_columns"):  # as Trainer's dataloader does
-            part = trainer._remove_unused_columns(part, description="training")
-        rows = [part[i] for i in range(len(part))]
+        part = trainer._remove_unused_columns(ds, description="training") if hasattr(
+            trainer, "_remove_unused_columns") else ds   # as Trainer's dataloader does
+        get, n = part.__getitem__, len(part)
+        if "input_ids" in part.column_names:
+            lengths = [len(r) for r in part["input_ids"]]
     else:
         if hasattr(trainer, "_get_collator_with_removed_columns"):
             collate = trainer._get_collator_with_removed_columns(collate, description="training")
-        rows = list(itertools.islice(iter(ds), SAMPLE_ROWS)) if not hasattr(ds, "__getitem__") or \
-            isinstance(ds, torch.utils.data.IterableDataset) else [ds[i] for i in range(min(SAMPLE_ROWS, len(ds)))]
-    if not rows:
+        if not hasattr(ds, "__getitem__") or isinstance(ds, torch.utils.data.IterableDataset):
+            first = list(itertools.islice(iter(ds), SAMPLE_ROWS))
+            get, n, scanned = first.__getitem__, len(first), f"the first {len(first)}"
+        else:
+            get, n = ds.__getitem__, len(ds)
+    if not n:
         raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
-    seq, padded = 0, False
-    for i in range(0, len(rows), batch_size):  # every row is in one: the longest batch holds the longest row
-        out = collate(rows[i:i + batch_size])
+    if lengths is None and n and isinstance(get(0), dict) and "input_ids" in get(0):
+        lengths = [len(get(i)["input_ids"]) for i in range(n)]
+    if lengths is not None:
+        top = sorted(range(n), key=lambda i: -lengths[i])[:batch_size]
+        batches = [[get(i) for i in top]]
+    else:
+        batches = [[get(i) for i in range(j, min(j + batch_size, n))] for j in range(0, n, batch_size)]
+    seq, padded, batch, free = 0, False, batch_size, False
+    for rows in batches:
+        out = collate(rows)
         if "input_ids" not in out:
             raise kin.InputError("seq_len", "trainer.data_collator's batches have no input_ids: pass seq_len=....")
-        seq = max(seq, int(torch.as_tensor(out["input_ids"]).shape[-1]))
-        mask = out.get("attention_mask")
+        ids = torch.as_tensor(out["input_ids"])
+        mask, pos = out.get("attention_mask"), out.get("position_ids")
+        if mask is None and pos is not None and ids.shape[0] == 1:   # padding-free: one flattened row
+            free, batch = True, 1
+            padded = padded or int((torch.as_tensor(pos)[0] == 0).sum()) > 1   # several sequences: a mask
         padded = padded or (mask is not None and not bool(torch.as_tensor(mask).bool().all()))
-    return seq, padded, len(rows)
+        seq = max(seq, int(ids.shape[-1]))
+    if lengths is not None and not free and batch_size > 1 and len(set(lengths)) > 1:
+        padded = True   # batches of rows of different lengths are padded
+    where = (f"the {len(batches[0])} longest of {scanned} {n} rows of trainer.train_dataset, as trainer.data_collator "
+             f"builds them" + (" (padding-free: one flattened row)" if free else "")) if lengths is not None else \
+        f"the longest batch trainer.data_collator builds from {scanned} {n} rows of trainer.train_dataset"
+    return seq, padded, where, batch
 
 
 def auto_dtype(cfg, load_dtype, quant):

@@ -115,7 +115,7 @@ class CellMemory:
         self._start = None
         snap = device.snapshot(live_tensors=False)
         seconds = t - t0
-        end_live = self._live()
+        end_live = self._live() if live is not None else None   # `%kit_cells live` in this cell: from the next one
         again = device.peak_resets() != resets
         r = CellReading(seconds, start.rss_bytes, snap.rss_bytes,
                         # the kernel syncs its RSS counters lazily: a peak a few pages under a reading is that reading

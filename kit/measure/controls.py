@@ -9,9 +9,12 @@ fraction for one block (:func:`cuda_memory_fraction`), the allocation history fo
   *reserved* (allocated plus cached blocks), as a device of that size would. The cache is emptied first.
 - **On a CPU**, no allocator can be told a size, so :class:`kit.measure.tensor_peak.TensorPeak` counts the
   live tensor bytes op by op and raises ``torch.OutOfMemoryError`` ("kit memory cap: ...") the moment
-  an op's outputs pass N. A simulated cap: the same error, at the same point, as a GPU of N bytes
-  that held only tensors (no cache, no fragmentation, no CUDA context). Its counter is the run's exact
-  peak too.
+  an op's outputs pass N. A simulated cap, and what it proves is limited: it raises where the CPU
+  kernels' live tensors pass N. A GPU of N bytes caps *reserved* memory (the cache and fragmentation
+  count), runs other kernels (their saved tensors and temporaries differ: for tiny-gpt2 the kit's own
+  CPU estimate is 0.887x its CUDA one) and keeps a CUDA context, so it can fail earlier, or at another op.
+  It shows the OOM path (the error, the report, the cleanup) on any machine; it does not show that a GPU
+  of N bytes fails at that point. Its counter is the run's exact CPU peak too.
 
 Both count every tensor of the process (as CUDA's allocated does), not only the run's.
 

@@ -84,21 +84,63 @@ def _rss_peak_bytes() -> int | None:
     return None
 
 
-_nvml_handle = None
+_nvml_handles: dict = {}        # NVML index -> handle: one per GPU, never one for the whole process
 
 
-def _nvml_used_bytes() -> int | None:
-    """GPU memory used as NVML (nvidia-smi) sees it, or None without NVML."""
-    global _nvml_handle
+def nvml_index(torch_index: int, visible: str | None = None) -> int:
+    """The NVML (nvidia-smi) index of torch's CUDA device ``torch_index``. Under ``CUDA_VISIBLE_DEVICES=2,3``
+    torch's device 1 is NVML's 3: torch numbers the visible GPUs from 0, NVML numbers them all. UUIDs in the
+    variable are mapped by torch (``torch.cuda._get_nvml_device_index``).
+
+    >>> nvml_index(1, "2,3"), nvml_index(0, None), nvml_index(0, "")
+    (3, 0, 0)
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if not visible or not visible.strip():
+        return torch_index
+    parts = [x.strip() for x in visible.split(",")]
+    if all(x.lstrip("+").isdigit() for x in parts):
+        if torch_index >= len(parts):
+            raise ValueError(f"CUDA device {torch_index} is not among CUDA_VISIBLE_DEVICES={visible!r}: "
+                             "pick a device below the number listed there.")
+        return int(parts[torch_index])
+    return torch.cuda._get_nvml_device_index(torch_index)   # UUIDs: torch asks NVML for them
+
+
+def cuda_devices() -> list[int]:
+    """torch's indices of every visible CUDA GPU (``[]`` without one). With more than one, Trainer wraps a
+    model that is not quantized in DataParallel, so every visible GPU holds a copy: the readings sum them."""
+    return list(range(torch.cuda.device_count())) if machine.has_cuda() else []
+
+
+def model_devices(model) -> list[int]:
+    """The CUDA indices a model was placed on by ``device_map`` (its ``hf_device_map``), else those its
+    parameters are on.
+
+    >>> model_devices(torch.nn.Linear(2, 2))
+    []
+    """
+    placed = getattr(model, "hf_device_map", None) or {}
+    found = {d for d in placed.values() if isinstance(d, int)}
+    found |= {int(str(d).split(":")[1]) for d in placed.values() if str(d).startswith("cuda:")}
+    if not placed:
+        found = {p.device.index for p in model.parameters() if p.device.type == "cuda" and p.device.index is not None}
+    return sorted(found)
+
+
+def _nvml_used_bytes(dev: int | None = None) -> int | None:
+    """GPU memory used as NVML (nvidia-smi) sees it on torch's device ``dev`` (default: the current one),
+    or None without NVML."""
     if not machine.has_cuda():
         return None
     try:
         import pynvml  # from nvidia-ml-py
 
-        if _nvml_handle is None:
+        index = nvml_index(torch.cuda.current_device() if dev is None else dev)
+        if index not in _nvml_handles:
             pynvml.nvmlInit()
-            _nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        return int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle).used)
+            _nvml_handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(_nvml_handles[index]).used)
     except Exception:  # no driver library, or a sandbox without NVML
         return None
 
@@ -117,6 +159,7 @@ class Snapshot:
     cuda_reserved_bytes: int | None = None
     cuda_peak_allocated_bytes: int | None = None
     nvml_used_bytes: int | None = None
+    cuda_per_device: dict | None = None    # with more than one visible GPU: torch index -> allocated bytes
 
     def live(self, device: str = "cpu") -> int | None:
         """Live-tensor bytes on one device (``"cpu"``, ``"cuda:0"``); None when the walk was not taken."""
@@ -172,11 +215,15 @@ def snapshot(live_tensors: bool = True) -> Snapshot:
         ram_available_bytes=psutil.virtual_memory().available,
         live_tensor_bytes=live_tensor_bytes() if live_tensors else None,
     )
-    if machine.has_cuda():
-        snap.cuda_allocated_bytes = torch.cuda.memory_allocated()
-        snap.cuda_reserved_bytes = torch.cuda.memory_reserved()
-        snap.cuda_peak_allocated_bytes = torch.cuda.max_memory_allocated()
-        snap.nvml_used_bytes = _nvml_used_bytes()
+    devs = cuda_devices()
+    if devs:   # summed over every visible GPU: one GPU is that GPU; DataParallel's copies all count
+        snap.cuda_allocated_bytes = sum(torch.cuda.memory_allocated(d) for d in devs)
+        snap.cuda_reserved_bytes = sum(torch.cuda.memory_reserved(d) for d in devs)
+        snap.cuda_peak_allocated_bytes = sum(torch.cuda.max_memory_allocated(d) for d in devs)
+        used = [_nvml_used_bytes(d) for d in devs]
+        snap.nvml_used_bytes = None if None in used else sum(used)
+        if len(devs) > 1:
+            snap.cuda_per_device = {d: torch.cuda.memory_allocated(d) for d in devs}
     return snap
 
 
@@ -224,7 +271,8 @@ def reset_peak() -> dict:
     """
     done = {"cuda": None, "rss": False}
     if machine.has_cuda():
-        torch.cuda.reset_peak_memory_stats()   # counted by the wrapper above
+        for d in cuda_devices():
+            torch.cuda.reset_peak_memory_stats(d)   # counted by the wrapper above
         done["cuda"] = True
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -237,8 +285,8 @@ def reset_peak() -> dict:
 
 
 def peak_allocated_bytes() -> int | None:
-    """CUDA's max allocated since the last reset, or None without CUDA."""
-    return torch.cuda.max_memory_allocated() if machine.has_cuda() else None
+    """CUDA's max allocated since the last reset (summed over the visible GPUs), or None without CUDA."""
+    return sum(torch.cuda.max_memory_allocated(d) for d in cuda_devices()) if machine.has_cuda() else None
 
 
 def empty_cache() -> None:

@@ -259,7 +259,10 @@ def memory_cap(setup: YourSetup, advice, device: str = "colab-t4") -> CapChoice:
         return CapChoice(cap, f"a tiny twin cannot run out of memory on this machine, so kit.train caps it at the "
                               f"geometric mean of its estimated peaks (as run here) with the advisor's change "
                               f"({fmt_bytes(adv)}) and without it ({fmt_bytes(orig)}); the CPU counts live tensor "
-                              "bytes op by op and raises torch.OutOfMemoryError past it", orig, adv, True)
+                              "bytes op by op and raises torch.OutOfMemoryError past it. The cap sits "
+                              f"{math.sqrt(orig / adv):.2f}x from each estimate, so it shows the report, the "
+                              "advised change and the cleanup; it tests the estimate only that far, and proves "
+                              "nothing about a GPU of that size", orig, adv, True)
     if preset.gpu_bytes is None:
         return CapChoice(None, f"the {device} preset has no GPU memory to cap to")
     hw = machine.hardware()

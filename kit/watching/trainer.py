@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import time
 import weakref
 from pathlib import Path
@@ -33,14 +32,16 @@ from transformers import TrainerCallback
 
 from kit import machine
 from kit.estimate import estimate_trainer
+from kit.inputs import byte_count
 from kit.measure import controls, device
-from kit.measure.cleanup import forget_exceptions, malloc_trim, scrub
+from kit.measure.cleanup import scrub
 from kit.measure.controls import check_cap, memory_cap
 from kit.measure.track import Tracker
 from kit.plot import OKABE_ITO, timeline
 from kit.plot.estimate import OFF_SCALE, limit_text
 from kit.presets import resolve_device
 from kit.units import fmt_bytes, gib
+from kit.watching import recover
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
 
 
@@ -247,7 +248,8 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
       (step, phase, what was alive by component beside the estimate, the largest tensors and their
       holders, the advisor's top changes), then the failed frames, the gradients and the optimizer
       state are released (a Trainer-made optimizer and scheduler are dropped, so a retry starts
-      fresh). Any other exception propagates, after the same cleanup of the watch.
+      fresh). Ctrl-C (``KeyboardInterrupt``) is cleaned up the same way, said in one line, then re-raised
+      (:func:`kit.watching.recover.interrupted`). Any other exception propagates, after the watch's cleanup.
     - ``history`` (CUDA only): the allocator's last ``history_entries`` events are recorded and saved to
       ``snapshot_path`` (default ``<output_dir>/kit-memory-history.pickle``) for pytorch.org/memory_viz.
     - ``tensor_peak``: on the CPU, watch every op, so the completed run's peak is exact (slower).
@@ -262,7 +264,7 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
     >>> report = train(trainer); report.oom, report.step, report.phase      # doctest: +SKIP
     (True, 2, 'forward_backward')
     """
-    cap_bytes = check_cap(cap_bytes)
+    cap_bytes = check_cap(byte_count("cap_bytes", cap_bytes, none_means="no cap"))
     if cap_bytes is not None and "limit_bytes" not in watch_kwargs:
         watch_kwargs.update(limit_bytes=cap_bytes, limit_label="memory cap")
     w = watch(trainer, plot=plot, **watch_kwargs)
@@ -277,8 +279,11 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
                 w.tracker.stage("train", tensor_peak=tensor_peak and not counting), memory_cap(cap_bytes) as cap:
             output = trainer.train(**(train_kwargs or {}))
     except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):   # Ctrl-C: memory back, said so, then the interrupt goes on
+            print(recover.interrupted(trainer, w, exc), flush=True)
+            raise
         if not device.is_oom(exc):
-            _tidy(trainer, w)
+            recover.tidy(trainer, w)
             raise
         report = TrainReport(True, _error(exc), w.phases.step, w.phases.phase, device.best_reading(),
                              time.perf_counter() - t0, tracker=w.tracker, snapshot_path=str(path) if path else None,
@@ -286,9 +291,9 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         report.measured, report.cuda, report.tensors = read_alive(trainer, exc, top=top)
         scrub(exc)
         exc = None  # noqa: F841 (the frames go with it)
-        report.freed = _release(trainer, w, report.measured)
+        report.freed = recover.release(trainer, w, report.measured)
         report.estimated, report.estimate_field = estimated_for(w.estimate, report.phase)
-        _tidy(trainer, w)
+        recover.tidy(trainer, w)
         report.advice, fits = advice_text(w.estimate, trainer,
                                           advise_device or report.cap_bytes or _advise_default())
         if fits:
@@ -317,31 +322,3 @@ def _error(exc) -> str:
 
 def _advise_default():
     return "this" if machine.has_cuda() else "cpu"
-
-
-def _release(trainer, w: Watch, measured: dict) -> dict:
-    """Drop the dead run's gradients and optimizer state; returns what was freed, by name."""
-    model = getattr(trainer, "model", None)
-    if model is not None:
-        model.zero_grad(set_to_none=True)
-    opt = getattr(trainer, "optimizer", None)
-    for o in (opt, getattr(opt, "optimizer", None)):
-        if hasattr(o, "state") and hasattr(o.state, "clear"):
-            o.state.clear()
-    if w.made_optimizer:
-        trainer.optimizer = None
-    if w.made_scheduler:
-        trainer.lr_scheduler = None
-    acc = getattr(trainer, "accelerator", None)
-    if acc is not None and hasattr(acc, "free_memory"):
-        acc.free_memory()       # its lists of prepared models, optimizers and loaders (train() empties them too)
-    return {k: measured[k] for k in ("gradients", "optimizer state") if measured.get(k)}
-
-
-def _tidy(trainer, w: Watch) -> None:
-    forget_exceptions()
-    gc.collect()
-    device.empty_cache()
-    malloc_trim()
-    if w.live is not None:
-        w.live.update()

@@ -37,9 +37,10 @@ from IPython.display import display
 from kit import machine, runtime
 from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
-from kit.inputs import has_note, whole_number
+from kit.inputs import InputError, has_note, whole_number
 from kit.presets import OPTIMIZERS, PRESETS, Preset, resolve_device, verdict
 from kit.training_setup import TrainingSetup
+from kit.widgets import options as panel_options
 from kit.widgets import runs as panel_runs
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
@@ -53,6 +54,7 @@ from kit.widgets.models import (
     model_type_and_vocab,
     run_problem,
 )
+from kit.widgets.options import PRESET_CHOICES, SEQ_CAP, control, this_machine
 from kit.widgets.run_view import PanelRuns
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
@@ -64,21 +66,7 @@ DEFAULTS = {   # each scenario's model (by size), device preset and setup (the p
             **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16", gradient_checkpointing=True,
                             lora_r=8).panel_values()),
 }
-PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
-                  ("H100", "h100"), ("this machine", "this")]
-SEQ_CAP = 32768                        # a slider over 131072 positions is unusable
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
-
-
-def this_machine() -> Preset:
-    """The "this machine" preset: this GPU's memory for torch, or (no GPU) the CPU's RAM."""
-    return resolve_device("this", cpu_ok=True)[0]
-
-
-def _control(kind, label: str, value, **kw):
-    # description_width and Layout(width) mean the same in ipywidgets 7.7 and 8
-    return kind(value=value, description=label, style={"description_width": "150px"},
-                layout=W.Layout(width="440px"), **kw)
 
 
 class Panel(PanelRuns):
@@ -92,10 +80,14 @@ class Panel(PanelRuns):
         unknown = set(kw) - set(OPTIONS)
         if unknown:
             raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
-        d = {**DEFAULTS[scenario], **kw}
+        d = {**DEFAULTS[scenario], **panel_options.read_all(kw)}   # each read, or refused by name
         model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
         self.scenario, self.steps = scenario, whole_number("steps", d.get("steps", 3))
         self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
+        n_gpus, d["num_gpus"] = d.get("num_gpus", 1), 1    # the GPUs list takes any count (set below)
+        if "seq_len" in kw and d["seq_len"] > (top := min(max_positions(model), SEQ_CAP)):   # never clamped silently
+            raise InputError("seq_len", f"seq_len {d['seq_len']:,} is beyond what the panel's slider takes for {model} "
+                             f"({top:,}): pass at most {top:,}, or estimate longer ones with kit.estimate.estimate.")
         self.machine = this_machine()
         self.history: list[dict] = []
         self.estimate = self.problem = self.verdict = self.last_figure = self.last_result = None
@@ -106,30 +98,38 @@ class Panel(PanelRuns):
         self.advice_view = AdviceView(self.apply_options, self.clear_extra)
         self._last_failure = ("", 0.0)
         c = self.controls = {
-            "model": _control(W.Dropdown, "model", model, options=self._model_options()),
-            "batch_size": _control(W.IntSlider, "batch size", d["batch_size"], min=1, max=64),
-            "seq_len": _control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
+            "model": control(W.Dropdown, "model", model, options=self._model_options()),
+            "batch_size": control(W.IntSlider, "batch size", d["batch_size"], min=1,
+                                   max=max(panel_options.BATCH_MAX, d["batch_size"])),
+            "seq_len": control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
                                 max=max(d["seq_len"], max_positions(model))),
-            "quantization": _control(W.Dropdown, "quantization", d["quantization"],
+            "quantization": control(W.Dropdown, "quantization", d["quantization"],
                                      options=[("none", "none"), ("8-bit", "8bit"), ("4-bit (NF4)", "4bit")]),
-            "precision": _control(W.Dropdown, "precision", d["precision"],
+            "precision": control(W.Dropdown, "precision", d["precision"],
                                   options=[("fp32", "fp32"), ("fp16 mixed", "fp16"), ("bf16 mixed", "bf16")]),
-            "gradient_checkpointing": _control(W.Checkbox, "gradient checkpointing", d["gradient_checkpointing"]),
-            "lora_r": _control(W.Dropdown, "LoRA rank", d["lora_r"],
-                               options=[("0 (full fine-tune)", 0)] + [(str(r), r) for r in (4, 8, 16, 32, 64)]),
-            "optimizer": _control(W.Dropdown, "optimizer", d["optimizer"], options=list(OPTIMIZERS)),
-            "preset": _control(W.Dropdown, "device", d["preset"], options=PRESET_CHOICES),
-            **gpu_controls(_control, d),   # the estimate per GPU of N (kit.widgets.gpus)
+            "gradient_checkpointing": control(W.Checkbox, "gradient checkpointing", d["gradient_checkpointing"]),
+            "lora_r": control(W.Dropdown, "LoRA rank", d["lora_r"],
+                               options=panel_options.with_value([("0 (full fine-tune)", 0)] + [
+                                   (str(r), r) for r in panel_options.LORA_RANKS[1:]], d["lora_r"])),
+            "optimizer": control(W.Dropdown, "optimizer", d["optimizer"], options=list(OPTIMIZERS)),
+            "preset": control(W.Dropdown, "device", d["preset"],
+                               options=panel_options.with_value(PRESET_CHOICES, d["preset"])),
+            **gpu_controls(control, d),   # the estimate per GPU of N (kit.widgets.gpus)
         }
+        c["num_gpus"].options = panel_options.with_value(list(c["num_gpus"].options), n_gpus)
+        c["num_gpus"].value = n_gpus
         self.reasons = {k: W.HTML(value="", layout=W.Layout(width="420px")) for k in c}
         # Any Hub id or config.json path. continuous_update=False: the value (and so the fetch) comes
         # on Enter or leaving the box, never per keystroke (ipywidgets 7.7 and 8 alike; on_submit is deprecated).
-        self.model_box = _control(W.Text, "or your model", "", continuous_update=False,
+        self.model_box = control(W.Text, "or your model", "", continuous_update=False,
                                   placeholder="Hub id (Qwen/Qwen2.5-3B) or path to a config.json, then Enter")
         self.use_button = W.Button(description="Use", icon="check", layout=W.Layout(width="80px"),
                                    tooltip="estimate this model: only its config.json is read (from the Hub if needed)")
         self.model_message = W.HTML(value="")
         self.model_box.observe(lambda change: self.use_model(change["new"]), names="value")
+        # Enter on the same text (the file fixed since) changes no value: the box's submit event retries it
+        self.model_box.on_msg(lambda _w, content, _b: content.get("event") == "submit" and self.use_model(
+            self.model_box.value))
         self.use_button.on_click(self._on_use)
         c["model"].observe(self._model_picked, names="value")
         self.estimate_html = W.HTML(value="")
@@ -188,7 +188,7 @@ class Panel(PanelRuns):
 
     def preset(self) -> Preset:
         key = self.controls["preset"].value
-        return self.machine if key == "this" else PRESETS[key]
+        return self.machine if key == "this" else PRESETS.get(key) or resolve_device(key)[0]   # or "16GiB"
 
     def _where(self) -> str:
         return "cpu" if self.preset().gpu_bytes is None else "cuda"

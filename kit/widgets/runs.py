@@ -18,6 +18,8 @@ import functools
 import shutil
 import tempfile
 
+import torch
+
 from kit import data as kdata
 from kit import machine, plot
 from kit import models as kmodels
@@ -123,6 +125,19 @@ def build(setup: dict):
     return model
 
 
+def amp_flags(model, precision: str, cuda: bool) -> dict:
+    """Trainer's ``fp16`` / ``bf16`` for ``precision`` on this model. Trainable fp16 weights (scenario 1's
+    V x V head takes the embedding's dtype, and a quantized load on a T4 is fp16) train without fp16
+    autocast: its GradScaler refuses to unscale fp16 gradients (``ValueError: Attempting to unscale FP16
+    gradients``), as scenario 1's fix (c) does.
+
+    >>> amp_flags(torch.nn.Linear(2, 2).half(), "fp16", cuda=True)
+    {'fp16': False, 'bf16': False}
+    """
+    fp16_weights = any(p.requires_grad and p.dtype == torch.float16 for p in model.parameters())
+    return {"fp16": cuda and precision == "fp16" and not fp16_weights, "bf16": precision == "bf16"}
+
+
 def trainer_for(model, tok, ds, setup: dict, steps: int, callbacks=()):
     """A Trainer for ``steps`` optimizer steps of ``setup`` (no saving, no logging)."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
@@ -131,7 +146,7 @@ def trainer_for(model, tok, ds, setup: dict, steps: int, callbacks=()):
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="kit-panel-"), max_steps=steps,
         per_device_train_batch_size=setup["batch_size"], learning_rate=1e-4, warmup_steps=0,
-        fp16=cuda and precision == "fp16", bf16=precision == "bf16", use_cpu=not cuda,
+        **amp_flags(model, precision, cuda), use_cpu=not cuda,
         optim=OPTIMIZERS[setup["optimizer"]], optim_args="momentum=0.9" if setup["optimizer"] == "sgd" else None,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),

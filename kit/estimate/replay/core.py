@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.estimate.replay.fused_head import chunked_head
 from kit.estimate.replay.registry import FAMILIES
 from kit.estimate.replay.setup import F32, I64, Setup
 from kit.estimate.replay.tape import Tape
@@ -107,6 +108,14 @@ def replay(st: Setup) -> Replay:
         shared += st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
+    if st.fused_head:  # TRL's SFTTrainer: log-probs in tiles, no logits (kit.estimate.replay.fused_head)
+        fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
+                          head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device)
+        if not (y.rg or st.lora):
+            embed = block = block_sum = shared = 0
+        return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, tp.total() + fh["saved"], 0,
+                      0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
+                      block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0)
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits

@@ -51,6 +51,8 @@ class Setup:
     attn_cap: bool = False       # attention logits soft-capped (Gemma-2): sdpa cannot, so eager runs
     logit_cap: bool = False      # final logits soft-capped (Gemma-2): tanh keeps a (B, S, V) output
     parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
+    adapter: int = F32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
+    fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
 
     @property
     def T(self) -> int:

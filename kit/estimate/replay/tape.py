@@ -143,10 +143,10 @@ class Tape:
             if out.rg:  # only an output in the graph has an entry in outs to carry its weight's grad
                 self.outs[-1].weight_grad = fin * fout * w if trainable else 0
         r = st.lora.get(name, 0)
-        if r:  # peft: result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling
-            xl = self.dropout(self.cast(x, F32), st.lora_dropout)
-            a = self.linear(xl, fin, r, trainable=True, w=F32, quant="none")
-            lo = self.linear(a, r, fout, trainable=True, w=F32, quant="none")
+        if r:  # peft: result + lora_B(lora_A(dropout(x.to(the adapters' dtype)))) * scaling
+            xl = self.dropout(self.cast(x, st.adapter), st.lora_dropout)
+            a = self.linear(xl, fin, r, trainable=True, w=st.adapter, quant="none")
+            lo = self.linear(a, r, fout, trainable=True, w=st.adapter, quant="none")
             out = self.cast(self.binary(out, lo), out.dt)  # result.to(torch_result_dtype)
         return out
 

@@ -25,7 +25,8 @@ from kit import inputs as kin
 from kit import runtime
 from kit.measure import cleanup, leaks, oom
 from kit.measure.track import Tracker
-from kit.scenarios.cross_validation.folds import append_result, fold_data, read_results, run_key, set_aside
+from kit.scenarios.cross_validation.folds import (append_result, check_writable, fold_data, read_results, run_key,
+                                                 set_aside)
 from kit.scenarios.cross_validation.lora_reset import (
     adapter_state,
     advice_reset,
@@ -140,6 +141,7 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     if not resume and (aside := set_aside(path)) is not None:
         print(f"resume=False: the earlier folds in {path} are kept in {aside}; this run starts a new file.",
               flush=True)
+    check_writable(path)   # before any fold trains: a finished fold's figures always have somewhere to go
     _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
     model = init = None
     if len(done) < len(splits):

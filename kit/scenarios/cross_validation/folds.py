@@ -7,7 +7,11 @@
   Each line carries a :func:`run_key` of the settings, so a resume never mixes two runs.
   A last line cut short by a crash is dropped before the next append (it holds no finished
   fold); any other unreadable line is refused by its number, never skipped, and
-  :func:`repair_results` keeps every readable fold while setting the rest aside.
+  :func:`repair_results` keeps every readable fold while setting the rest aside. A fold
+  record of a run (one with a ``run_key``) must carry the measured figures the table and the
+  plot read (``start_bytes``, ``peak_bytes``, ``end_bytes`` as whole numbers of bytes, and a
+  numeric ``eval_loss``), and a fold may appear once; a run checks that it can write the file
+  before its first fold trains.
 
 >>> [test for _, test in k_fold_indices(5, 2)]
 [[0, 1, 2], [3, 4]]
@@ -20,6 +24,11 @@ import os
 from pathlib import Path
 
 from kit import data as kdata
+from kit.inputs import InputError
+
+# what a finished fold of a run must carry (the table, the plot and summary.json read them): field -> kind
+RUN_FIELDS = {"start_bytes": "bytes", "peak_bytes": "bytes", "end_bytes": "bytes", "eval_loss": "number"}
+_NUMBERS = {"train_loss": "number", "baseline_bytes": "bytes"}   # read when present
 
 
 def k_fold_indices(n: int, k: int) -> list[tuple[list[int], list[int]]]:
@@ -48,8 +57,40 @@ def run_key(model_name: str, p: dict) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-class ResultsFileError(ValueError):
-    """A results file this run cannot resume from; the message names the file, the line and what to do."""
+class ResultsFileError(InputError):
+    """A results file this run cannot resume from or write to; the message names the file, the line and what to
+    do. An :class:`kit.inputs.InputError` named ``results_path`` (a ``ValueError``)."""
+
+    def __init__(self, message: str, name: str = "results_path", code: str = "results-file"):
+        super().__init__(name, message, code)
+
+
+def _not_a_folder(path: Path) -> None:
+    if path.is_dir():
+        raise ResultsFileError(f"{path} is a folder, not a results file: pass the file's path "
+                               f"(such as {path / 'cv_results.jsonl'}).")
+
+
+def check_writable(path) -> None:
+    """Raise :class:`ResultsFileError` now, before any fold trains, if ``path`` cannot take a fold's line: a
+    folder, a read-only file or folder. A missing file is created empty (and removed again), so the check is
+    the write itself, also where permissions are not what decides (root, read-only mounts).
+
+    >>> import tempfile; check_writable(Path(tempfile.mkdtemp()) / "cv_results.jsonl")
+    """
+    path = Path(path)
+    _not_a_folder(path)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ResultsFileError(f"cannot write the results file {path} ({exc.strerror or type(exc).__name__}), "
+                               "so no finished fold could be kept: make it writable, or pass another "
+                               "output_dir (or results_path); nothing was trained.") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def append_result(path, record: dict) -> None:
@@ -68,12 +109,19 @@ def append_result(path, record: dict) -> None:
     [1, 2]
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _end_torn_line(path)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    line = json.dumps(record)
+    try:
+        _not_a_folder(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _end_torn_line(path)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, ResultsFileError) as exc:   # the fold's figures are in the message: never lost
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ResultsFileError(f"cannot write fold {record.get('fold')}'s record to {path} ({why}). Its figures, "
+                               f"to paste into the file as one line once it is writable: {line}") from None
 
 
 def _end_torn_line(path: Path) -> None:
@@ -84,14 +132,22 @@ def _end_torn_line(path: Path) -> None:
         if not data or data.endswith(b"\n"):
             return
         start = data.rfind(b"\n") + 1
-        if _problem(data[start:].decode("utf-8", "replace"), None)[1] is None:
-            f.write(b"\n")  # a whole record, only its newline is missing
+        if _whole_json(data[start:].decode("utf-8", "replace")):
+            f.write(b"\n")  # a whole line, only its newline is missing: kept (read_results judges it)
         else:
             f.truncate(start)
             print(f"{path}: dropped a half-written last line ({len(data) - start} bytes, a write cut short by a "
                   f"crash); the finished folds before it are kept.", flush=True)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _whole_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _problem(line: str, folds: int | None) -> tuple[dict | None, str | None]:
@@ -107,12 +163,31 @@ def _problem(line: str, folds: int | None) -> tuple[dict | None, str | None]:
         return None, f"its \"fold\" is {fold!r}, not a whole number"
     if fold < 1 or (folds is not None and fold > folds):
         return None, f"fold {fold} is outside this run's folds 1..{folds}" if folds else f"fold {fold} is below 1"
+    missing = [k for k in RUN_FIELDS if k not in rec] if "run_key" in rec else []
+    if missing:
+        return None, f"fold {fold} lacks {', '.join(missing)}, so it is no finished fold of a run"
+    for k, kind in {**RUN_FIELDS, **_NUMBERS}.items():
+        if k in rec and not _is(rec[k], kind):
+            return None, f"fold {fold}'s {k} is {rec[k]!r}, not {'a whole number of bytes' if kind == 'bytes' else 'a number'}"
     return rec, None
+
+
+def _is(v, kind: str) -> bool:
+    if v is None and kind == "number":   # a run that did not evaluate
+        return True
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return (isinstance(v, int) and v >= 0) if kind == "bytes" else v == v and abs(v) != float("inf")
 
 
 def _lines(path: Path) -> tuple[list[str], bool]:
     """The file's lines, and whether the last one is torn (no newline: a crash cut the write short)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    _not_a_folder(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ResultsFileError(f"cannot read the results file {path} ({exc.strerror or type(exc).__name__}): make "
+                               "it readable, or pass another output_dir (or results_path).") from None
     return text.splitlines(), bool(text) and not text.endswith(("\n", "\r"))
 
 
@@ -121,27 +196,34 @@ def read_results(path, key: str | None = None, folds: int | None = None) -> dict
 
     A half-written last line (a crash mid-write) is skipped; :func:`append_result` cuts it
     off before the next record. Any other line that is not a fold record, or (with
-    ``folds``) a fold beyond ``folds``, raises :class:`ResultsFileError` naming the line
-    and the remedy that keeps the good folds (:func:`repair_results`). With ``key``, a
-    record of other settings raises it too, rather than being mixed into this run; the
-    file is never touched.
+    ``folds``) a fold beyond ``folds``, or a fold a second time, raises :class:`ResultsFileError`
+    naming the line and the remedy that keeps the good folds (:func:`repair_results`). With
+    ``key`` (a run that will append its folds here), a record of other settings raises it too,
+    rather than being mixed into this run, and so does a file (or folder) it cannot write
+    (:func:`check_writable`); the file's content is never touched.
 
     >>> import tempfile; path = Path(tempfile.mkdtemp()) / "cv_results.jsonl"
-    >>> append_result(path, {"fold": 1, "run_key": "k", "eval_loss": 2.5})
+    >>> append_result(path, {"fold": 1, "run_key": "k", "start_bytes": 10, "peak_bytes": 30, "end_bytes": 10,
+    ...                      "eval_loss": 2.5})
     >>> read_results(path, "k")[1]["eval_loss"]
     2.5
     """
     path = Path(path)
+    if key is not None:
+        check_writable(path)
+    _not_a_folder(path)
     if not path.exists():
         return {}
     lines, torn = _lines(path)
-    done = {}
+    done, first = {}, {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         rec, problem = _problem(line, folds)
         if problem and torn and number == len(lines):
             continue  # the crash this file exists for: that fold never finished
+        if rec is not None and rec["fold"] in first:
+            problem = f"fold {rec['fold']} is there a second time (first at line {first[rec['fold']]})"
         if problem:
             shown = line if len(line) <= 60 else line[:57] + "..."
             raise ResultsFileError(
@@ -156,13 +238,14 @@ def read_results(path, key: str | None = None, folds: int | None = None) -> dict
                 "is lost: give this run its own file with another output_dir (or results_path), or rerun with "
                 "the earlier settings to resume that run.")
         done[rec["fold"]] = rec
+        first[rec["fold"]] = number
     return done
 
 
 def repair_results(path, folds: int | None = None) -> dict:
     """Keep every readable fold record of a results file, in order, and move the unreadable
-    lines (and, with ``folds``, folds beyond it) to ``<file>.unreadable`` beside it, so that
-    nothing is deleted. Returns ``{"kept", "set_aside", "aside_path"}``.
+    lines (and, with ``folds``, folds beyond it; and a fold's later repeats) to ``<file>.unreadable``
+    beside it, so that nothing is deleted. Returns ``{"kept", "set_aside", "aside_path"}``.
 
     >>> import tempfile; path = Path(tempfile.mkdtemp()) / "cv_results.jsonl"
     >>> _ = path.write_text('{"fold": 1}\\n[1, 2]\\n{"fold": 2}\\n')
@@ -173,10 +256,12 @@ def repair_results(path, folds: int | None = None) -> dict:
     if not path.exists():
         raise ResultsFileError(f"{path} does not exist: there is nothing to repair (check the path).")
     lines, _ = _lines(path)
-    keep, aside = [], []
+    keep, aside, seen = [], [], set()
     for line in lines:
         if line.strip():
-            (keep if _problem(line, folds)[1] is None else aside).append(line)
+            rec, problem = _problem(line, folds)
+            (keep if problem is None and rec["fold"] not in seen else aside).append(line)
+            seen |= {rec["fold"]} if problem is None else set()
     aside_path = path.with_name(path.name + ".unreadable")
     if aside:
         with open(aside_path, "a", encoding="utf-8") as f:
@@ -200,6 +285,7 @@ def set_aside(path) -> Path | None:
     ('cv_results.before-1.jsonl', False)
     """
     path = Path(path)
+    _not_a_folder(path)
     if not path.exists():
         return None
     if path.stat().st_size == 0:

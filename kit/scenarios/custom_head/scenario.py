@@ -207,8 +207,9 @@ class LowRankHeadModel(kmodels.VocabHeadModel):
 def bnb_8bit_problem(model: nn.Module) -> str | None:
     """Why bitsandbytes' 8-bit optimizer must not train ``model``, or None when it is safe.
 
-    On scenario 1's head it prints ``Error invalid argument ... ops.cu`` and kills the process
-    (checked on an H200): no exception, so no ``try`` helps. Works on meta models.
+    On scenario 1's head it printed ``Error invalid argument ... ops.cu`` and killed the process when this
+    project tried it on an H200 (the README's Known failures): no exception, so no ``try`` helps. Works on meta
+    models.
 
     >>> bnb_8bit_problem(kmodels.build_model("distilgpt2+vocab-head", device="meta")).split(" elements")[0]
     'custom_layer.weight has 2,525,866,564'

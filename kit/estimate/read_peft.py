@@ -1,0 +1,52 @@
+"""Reading peft's ``LoraConfig`` for the estimator: which modules it wraps on a model, matched as peft matches
+them, and the shortest ``lora_targets`` that name them. Used by :mod:`kit.estimate.read_model` and
+:mod:`kit.estimate.from_objects`.
+"""
+from __future__ import annotations
+
+import copy
+
+from kit import inputs as kin
+from kit.estimate.inventory import default_targets, lora_matches
+
+
+def read_lora_config(lc, info):
+    """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    if not isinstance(lc, LoraConfig):
+        raise ValueError(f"peft_config is a {type(lc).__name__}: the kit models LoRA (a peft LoraConfig).")
+    bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
+                       "trainable_token_indices") if getattr(lc, k, None)]
+    if lc.bias != "none" or bad:
+        raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
+                         "LoRA (one r, bias='none', nothing else trainable).")
+    lc = copy.copy(lc)
+    linear = {l.name for l in info.leaves if l.kind == "linear"}
+    if isinstance(lc.target_modules, str) and lc.target_modules.lower() == kin.ALL_LINEAR:
+        lc.target_modules = linear - {info.output_head}
+    elif lc.target_modules is None:
+        lc.target_modules = set(default_targets(info))
+    found = {l.name: check_target_module_exists(lc, l.name) for l in info.leaves}
+    names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
+    if names - linear:
+        raise ValueError(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
+                         "Linear layer: the kit models LoRA on Linear layers only.")
+    if not names:
+        raise kin.InputError("lora_targets", f"LoraConfig.target_modules={lc.target_modules!r} matches no Linear "
+                                             "module of this model.")
+    return lc.r, names, float(lc.lora_dropout)
+
+
+def targets_for(info, names):
+    """The shortest lora_targets that make estimate() wrap exactly ``names`` (+ a note when blocks differ)."""
+    linear = tuple(l.name for l in info.leaves if l.kind == "linear")
+    if names == set(linear) - {info.output_head}:
+        return kin.ALL_LINEAR, []
+    for key in (lambda n: n.rsplit(".", 1)[-1], lambda n: next(l.short for l in info.leaves if l.name == n)):
+        short = tuple(sorted({key(n) for n in names}))
+        if set(lora_matches(linear, short)) == names:
+            return short, []
+    return tuple(sorted(names)), ["the LoRA targets differ between blocks: adapter weights, grads and state are "
+                                  "exact, activations are replayed as if every block had them"]

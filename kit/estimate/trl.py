@@ -1,0 +1,110 @@
+"""TRL's ``SFTTrainer`` and ``SFTConfig`` for the estimator (the behaviour of TRL 1.16, read from its source).
+
+What SFTTrainer (TRL 1.16) does that a plain Trainer does not, and how each is estimated:
+
+- the loss comes from its fused LM head (``add_fused_lm_head``): log-probs in tiles, no ``(B, S, V)`` logits
+  (modeled: ``fused_lm_head=True``, :mod:`kit.estimate.replay.fused_head`);
+- ``packing`` with the ``bfd``/``bfd_split`` strategy, or ``padding_free``: the collator flattens a micro-batch
+  into ONE row whose ``position_ids`` restart per sequence; sdpa then builds a block-diagonal mask from them
+  (modeled: batch 1, the row's tokens, a mask); ``wrapped`` packing: full rows, no padding (modeled);
+- on a quantized model it casts the trainable adapter weights to bf16 and does not run
+  ``prepare_model_for_kbit_training`` (modeled: ``adapter_dtype="bf16"``, ``kbit_recipe="lean"``); with a PEFT
+  model and checkpointing it calls ``enable_input_require_grads`` (as the kit assumes under checkpointing);
+- ``SFTConfig.gradient_checkpointing`` defaults to True (read as TrainingArguments');
+- ``loss_type`` "nll" and "dft" (a product of ``N``-vectors: the same memory) are modeled ("chunked_nll" is
+  "nll" since 1.x); ``dataset_text_field``, ``completion_only_loss`` and ``assistant_only_loss`` only choose
+  which tokens are scored (CUDA scores the labelled ones only: the estimate counts every position, the most);
+- refused, each in one sentence: ``use_liger_kernel``, ``activation_offloading``, selective checkpointing,
+  ``compute_loss_func`` and label smoothing (a second, full-logits forward), ``model_init_kwargs`` beyond
+  ``dtype``/``attn_implementation``/``quantization_config``/``device_map``.
+"""
+from __future__ import annotations
+
+import sys
+
+from kit import inputs as kin
+
+MODELED = "1.16"   # the TRL version whose SFTTrainer the kit models
+_INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
+            "revision")
+
+
+def is_sft(obj) -> bool:
+    """Whether ``obj`` is TRL's SFTTrainer or SFTConfig (TRL imported or not)."""
+    trl = sys.modules.get("trl")
+    return trl is not None and isinstance(obj, (getattr(trl, "SFTTrainer", ()), getattr(trl, "SFTConfig", ())))
+
+
+def version_note():
+    """One line when the installed TRL's major version is not the one modeled, else None."""
+    import trl
+
+    if trl.__version__.split(".")[0] != MODELED.split(".")[0]:
+        return kin.Note(f"TRL {trl.__version__} is installed; the kit models SFTTrainer as TRL {MODELED} runs it",
+                        field="trl", code="trl-version")
+    return None
+
+
+def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
+    """(estimate options, sources, notes) of what an SFTConfig changes; refuses in one sentence what is not modeled.
+
+    ``trainer``: the built SFTTrainer, whose ``padding_free`` and ``compute_loss_func`` are read as it resolved them.
+    """
+    def refuse(field, what, code):
+        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
+                             code=code)
+
+    if getattr(cfg, "use_liger_kernel", False):
+        refuse("use_liger_kernel", "swaps in Liger's kernels for the norms, MLP and rotary embeddings", "trl-liger")
+    if getattr(cfg, "activation_offloading", False):
+        refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
+    if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
+        refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
+    if getattr(cfg, "label_smoothing_factor", 0) or (trainer is not None and trainer.compute_loss_func is not None):
+        refuse("label_smoothing_factor" if getattr(cfg, "label_smoothing_factor", 0) else "compute_loss_func",
+               "runs a second forward that builds the full logits", "trl-full-logits")
+    if cfg.loss_type not in ("nll", "dft"):
+        raise kin.InputError("loss_type", f"{name}.loss_type={cfg.loss_type!r} is not one TRL {MODELED} runs "
+                                          "('nll' or 'dft').", code="trl-loss-type")
+    extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
+    if extra:
+        refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
+    free = trainer.padding_free if trainer is not None else \
+        cfg.padding_free or (cfg.packing and cfg.packing_strategy in ("bfd", "bfd_split"))
+    how = ("padding_free=True" if cfg.padding_free else f"packing=True, packing_strategy={cfg.packing_strategy!r}")
+    src = {"fused_lm_head": (True, "SFTTrainer's add_fused_lm_head (log-probs in tiles, no logits)"),
+           "loss_type": (cfg.loss_type, f"{name}.loss_type"),
+           "packing": ((cfg.packing, cfg.packing_strategy) if cfg.packing else False, f"{name}.packing"),
+           "padding_free": (bool(free), f"{name}.{how}: one flattened row per micro-batch" if free
+                            else f"{name}: neither padding_free nor bfd packing")}
+    if cfg.dataset_text_field:
+        src["dataset_text_field"] = (cfg.dataset_text_field, f"{name}.dataset_text_field (which column is "
+                                     "tokenized: no memory of its own)")
+    notes = []
+    if cfg.completion_only_loss or cfg.assistant_only_loss:
+        notes.append(kin.Note("completion_only_loss / assistant_only_loss: on CUDA the fused head scores the labelled "
+                              "positions only; the estimate counts every position (the most it can be)",
+                              field="completion_only_loss", code="trl-scored-positions"))
+    if v := version_note():
+        notes.append(v)
+    return {"fused_lm_head": True}, src, notes, bool(free)
+
+
+def read_sft_model(cfg, name: str = "SFTConfig"):
+    """(load_dtype, attn_implementation, quantization_config) that ``SFTTrainer(model="id")`` loads with, and where
+    each comes from: ``model_init_kwargs``, whose dtype defaults to float32 in TRL (not transformers' "auto")."""
+    kw = cfg.model_init_kwargs if isinstance(cfg.model_init_kwargs, dict) else {}
+    dtype = kw.get("dtype", kw.get("torch_dtype", "float32"))
+    return (None if dtype in ("auto", None) else str(dtype).replace("torch.", ""), kw.get("attn_implementation"),
+            kw.get("quantization_config"), f"{name}.model_init_kwargs")
+
+
+def quantized_recipe(opts: dict, src: dict, name: str = "SFTTrainer") -> None:
+    """What SFTTrainer does to a quantized model: no prepare_model_for_kbit_training, bf16 adapters."""
+    if opts.get("quantization", "none") == "none":
+        return
+    opts["kbit_recipe"] = "lean"
+    src["kbit_recipe"] = ("lean", f"{name} (TRL {MODELED}) does not run prepare_model_for_kbit_training")
+    if opts.get("lora_r"):
+        opts["adapter_dtype"] = "bf16"
+        src["adapter_dtype"] = ("bf16", f"{name} casts the trainable adapter weights to bf16 on a quantized model")
