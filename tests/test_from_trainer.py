@@ -301,3 +301,27 @@ def test_a_dict_of_training_arguments_is_read_and_a_wrong_keyword_is_named():
     with pytest.raises(InputError, match="batch_size") as exc:
         estimate_from("tiny-gpt2", {"batch_size": 2}, seq_len=64)
     assert exc.value.name == "training_args"
+
+
+def test_4bit_weights_stored_as_bf16_are_read_as_4bit(tmp_path):
+    """Issue 25 item 19: with bnb_4bit_quant_storage=bfloat16 (peft's FSDP-QLoRA recipe) the packed weights are
+    bf16 tensors; they are still 4-bit layers, counted as such, not unquantized parameters of mixed dtypes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from kit.estimate import estimate
+    from kit.estimate.read_model import read_model
+    from kit.models import build_model
+
+    build_model("tiny-llama").save_pretrained(tmp_path)
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+    base = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=q, dtype=torch.bfloat16, device_map="cpu")
+    model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    target, opts, src, _ = read_model(model)
+    assert opts["quantization"] == "4bit"
+    mine = estimate(target, batch_size=1, seq_len=32, **opts)
+    shipped = estimate("tiny-llama", batch_size=1, seq_len=32, quantization="4bit", lora_r=8,
+                       lora_targets="q_proj,v_proj", load_dtype="bf16")
+    assert (mine.quantized_params, mine.trainable_params) == (shipped.quantized_params, shipped.trainable_params)

@@ -87,7 +87,8 @@ def test_texts_and_table_read_the_records():
 def test_simulate_crash_keeps_the_first_folds(tmp_path):
     path = tmp_path / "cv_results.jsonl"
     for fold in (1, 2, 3):
-        append_result(path, {"fold": fold, "run_key": "k"})
+        append_result(path, {"fold": fold, "run_key": "k", "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1,
+                             "eval_loss": 2.5})   # a finished fold's record
     assert nb.simulate_crash(path, 2) == [1, 2]
     assert sorted(read_results(path, "k")) == [1, 2]
     assert [json.loads(line)["fold"] for line in path.read_text().splitlines()] == [1, 2]

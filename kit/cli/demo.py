@@ -201,8 +201,9 @@ def _alive(n) -> str:
     return f"{n} model{'' if n == 1 else 's'} alive"
 
 
-def _second_fold(broken: list) -> str:
-    """Where the broken loop's second model came, from the counted models (not from the bytes).
+def _second_fold(broken: list, prediction: dict | None = None) -> str:
+    """Where the broken loop's second model came, from the counted models (not from the bytes); with
+    ``prediction`` (``fold2_prediction``), fold 2's measured bytes beside the estimate of the same moment.
 
     >>> _second_fold([{"load_peak_bytes": 2**20, "models_alive_after_load": 1},
     ...               {"load_peak_bytes": 2**21, "models_alive_after_load": 2, "models_alive_in_training": 1}])
@@ -215,9 +216,17 @@ def _second_fold(broken: list) -> str:
     if second.get("models_alive_after_load") is None:
         return f"loads with {where} (the models alive were not counted)."
     training = second.get("models_alive_in_training")
-    return (f"loads with {_alive(second['models_alive_after_load'])} (the first with "
+    text = (f"loads with {_alive(second['models_alive_after_load'])} (the first with "
             f"{_alive(first.get('models_alive_after_load'))}), {where}"
             + (f"; it trains with {_alive(training)}." if training is not None else "."))
+    if prediction:   # each measurement beside the estimate of the same moment, counted from before fold 1
+        base, pairs = first.get("start_bytes") or 0, []
+        for what, k in (("fold 2 loaded", "loaded_bytes"), ("its load peak", "load_peak_bytes")):
+            got = None if second.get(k) is None else second[k] - base
+            pairs.append(f"{what}: MEASURED {fmt_bytes(got)}, ESTIMATED {fmt_bytes(prediction.get(k))}"
+                         + (f" ({got / prediction[k]:.4f}x)" if got and prediction.get(k) else ""))
+        text += " Counted from before fold 1, " + "; ".join(pairs) + "."
+    return text
 
 
 def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
@@ -264,7 +273,7 @@ def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance
         f"as loaded ({big.loaded_weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and "
         f"lm_head stay 16-bit. peft's prepare_model_for_kbit_training then upcasts those to fp32: "
         f"{fmt_bytes(big.weights_bytes)} while training.",
-        "MEASURED: in the broken loop the second fold " + _second_fold(broken) +
+        "MEASURED: in the broken loop the second fold " + _second_fold(broken, fold2_prediction(est)) +
         (f" It ran out of memory at fold {result['broken']['oom_at_fold']}." if result["broken"]["oom_at_fold"] else ""),
         "The advice's LoRA reset (`if 'lora' in model.named_modules()`) " + (
             "**changed nothing**: fold 2 trained on from fold 1's adapter." if result["advice_reset_changed_nothing"]

@@ -182,7 +182,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
     src["seq_len"] = (seq_len, "estimate_from(seq_len=...)")
-    src["padded"] = (True, "assumed, as estimate() does: padded batches (pass padded=False for none)") \
+    src["padded"] = (True, "assumed: padded, as estimate() does") \
         if padded is None else (padded, "estimate_from(padded=...)")
     padded = True if padded is None else padded
     if sft:

@@ -64,7 +64,8 @@ class TrainReport:
     freed: dict = field(default_factory=dict)       # what kit.train released after the error
     advice: str | None = None
     snapshot_path: str | None = None                # the CUDA allocator history, for pytorch.org/memory_viz
-    measured_peak_bytes: int | None = None          # a completed run: the stage's peak of the best reading
+    measured_peak_bytes: int | None = None          # a completed run's peak: CUDA max allocated, or the exact
+                                                    # CPU count; None where no reading saw the peak moment
     peak_exact: bool = False
     estimate_peak_bytes: int | None = None
     between_steps_bytes: int | None = None          # CPU: highest live-tensor reading between steps
@@ -126,9 +127,11 @@ class TrainReport:
 
     def _done_lines(self) -> list:
         out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."]
-        what = ("CUDA max allocated" if self.reading == "cuda_allocated" else
-                "CPU live tensors, exact (every op watched)" if self.peak_exact else
-                "CPU live tensors, highest reading seen: a lower bound, activations live inside a step")
+        what = "CUDA max allocated" if self.reading == "cuda_allocated" else "CPU live tensors, exact (every op watched)"
+        if self.measured_peak_bytes is None and self.estimate_peak_bytes:
+            out.append(f"Peak: not taken (the CPU's live tensors were read between steps only, after the activations "
+                       f"were freed: pass tensor_peak=True, or a cap, for the exact peak); estimated "
+                       f"{fmt_bytes(self.estimate_peak_bytes)} (peak_bytes)")
         if self.measured_peak_bytes is not None:
             out.append(f"Peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
                 f", estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes): ratio {self.ratio:.3f}"
@@ -300,7 +303,10 @@ def advice_text(est, trainer, device_name: str) -> tuple[str, bool | None]:
 def set_peak(report: TrainReport, rec, samples, est) -> None:
     """A completed run: the ``train`` stage's peak (``rec``) beside the estimate's, and on the CPU the highest
     live-tensor reading between steps beside weights + gradients + optimizer state."""
-    report.measured_peak_bytes, report.peak_exact = rec.peak_bytes, rec.peak_exact
+    report.peak_exact = rec.peak_exact
+    # a CPU reading taken between steps is not the peak's moment: it is set beside its own estimate below, and the
+    # peak is not taken (never a lower bound set beside the peak's estimate)
+    report.measured_peak_bytes = rec.peak_bytes if rec.on_cuda or rec.peak_exact else None
     report.estimate_peak_bytes = est.peak_bytes if est is not None else None
     if rec.on_cuda:
         if not rec.peak_exact:
