@@ -112,10 +112,19 @@ def trainer_worker(spec: dict) -> dict:
     wrapped = type(trainer.model_wrapped).__name__
     if wrapped != "DistributedDataParallel":
         raise RuntimeError(f"Trainer did not wrap the model in DDP (it made a {wrapped})")
+    result = {"rank": int(os.environ["RANK"]), "steps": steps}
+    _publish_rank(spec, result)
     if torch.distributed.is_initialized():  # accelerate made the group: without this, gloo's threads can
         torch.distributed.barrier()            # abort the exit ("terminate called without an active exception");
         torch.distributed.destroy_process_group()  # both ranks reach it together, so neither waits on a gone peer
-    return {"rank": int(os.environ["RANK"]), "steps": steps}
+    return result
+
+
+def _publish_rank(spec: dict, result: dict) -> None:
+    """Write a rank's readings before the process group is torn down: the measurement is then complete
+    whatever gloo's threads do at the exit."""
+    with open(os.path.join(spec["out"], f"rank{result['rank']}.json"), "w") as f:
+        json.dump(result, f)
 
 
 def worker(spec: dict) -> dict:
@@ -155,8 +164,11 @@ def worker(spec: dict) -> dict:
             del loss, batch
             gc.collect()  # FSDP2's last reduce-scatter input can sit in a reference cycle: read what is held
             steps.append({"start": start, "peak": tp.peak_bytes, "end": tp.current_bytes})
+    result = {"rank": rank, "steps": steps}
+    _publish_rank(spec, result)
+    dist.barrier()   # both ranks tear down together (a lone rank's gloo threads can abort its exit)
     dist.destroy_process_group()
-    return {"rank": rank, "steps": steps}
+    return result
 
 
 def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, nproc: int = 2,
@@ -177,7 +189,10 @@ def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, 
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     files = sorted(f for f in os.listdir(outdir) if f.startswith("rank"))
     ranks = [json.load(open(os.path.join(outdir, f))) for f in files]
-    if out.returncode or len(ranks) != nproc:
+    # gloo's background threads can abort a rank's exit after its readings are written ("terminate called
+    # without an active exception", a teardown race in gloo on the CPU): complete readings from every rank stand
+    teardown_only = out.returncode and "terminate called without an active exception" in out.stderr
+    if (out.returncode and not teardown_only) or len(ranks) != nproc:
         raise RuntimeError(f"torchrun failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
     est = estimate(_config(model, overrides) if overrides else model, **kw, strategy=strategy.replace("-trainer", ""), num_gpus=1 if strategy == "single" else nproc,
                    device="cpu")
@@ -211,9 +226,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
-        result = worker(spec)
-        with open(os.path.join(spec["out"], f"rank{result['rank']}.json"), "w") as f:  # ranks print at once
-            json.dump(result, f)
+        worker(spec)   # each rank writes its own file (ranks print at once)
         return 0
     import torch
 

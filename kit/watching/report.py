@@ -128,10 +128,11 @@ class TrainReport:
     def _done_lines(self) -> list:
         out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."]
         what = "CUDA max allocated" if self.reading == "cuda_allocated" else "CPU live tensors, exact (every op watched)"
-        if self.measured_peak_bytes is None and self.estimate_peak_bytes:
-            out.append(f"Peak: not taken (the CPU's live tensors were read between steps only, after the activations "
-                       f"were freed: pass tensor_peak=True, or a cap, for the exact peak); estimated "
-                       f"{fmt_bytes(self.estimate_peak_bytes)} (peak_bytes)")
+        if self.measured_peak_bytes is None:
+            # (no CPU reading saw the peak's moment: the activations live inside a step)
+            out.append("Peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak)"
+                       + (f"; estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes)"
+                          if self.estimate_peak_bytes else ", no estimate to compare"))
         if self.measured_peak_bytes is not None:
             out.append(f"Peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
                 f", estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes): ratio {self.ratio:.3f}"
