@@ -162,6 +162,7 @@ def worker(spec: dict) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
             del loss, batch
+            dist.barrier()  # both ranks done with the step: no collective of it still holds its tensors
             gc.collect()  # FSDP2's last reduce-scatter input can sit in a reference cycle: read what is held
             steps.append({"start": start, "peak": tp.peak_bytes, "end": tp.current_bytes})
     result = {"rank": rank, "steps": steps}

@@ -1,17 +1,13 @@
 """The memory kit: predict, measure and fix memory when fine-tuning language models.
 
-Submodules, one concern each: ``units`` (bytes), ``device`` (readings) and ``tensor_peak`` (exact
-CPU tensor bytes), ``runtime`` (smoke or real sizes), ``models`` and ``model_configs`` (real models
-or offline twins), ``data`` (text and tokenizer), ``estimate`` with ``inventory`` and ``replay``
-(prediction), ``inputs`` (what users pass), ``track`` (stages; ``track_records``,
-``track_callback``, ``track_files``), ``plot`` / ``live`` (draw), ``cleanup`` / ``leaks`` / ``oom``
-(free, prove it came back, survive an OOM), ``widgets`` (the panel), ``notebook`` (what every
-notebook calls first), ``scenarios`` (the two worked cases), ``demo`` / ``report``
-(``python -m kit demo``). Import what you need:
-``from kit import estimate``; ``kit.panel(scenario=1)`` builds the widget panel; ``kit.check(trainer)``
-(``from_trainer``) prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot
-to it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error (``watching``);
-``%load_ext kit`` prints a memory reading under each notebook cell (``cell_memory``).
+One package per concept (the README's "Layout" is the map): ``estimate`` (the prediction), ``measure`` (the
+readings, stages, cleanup and leaks), ``advise`` (what fits, and ``check``), ``plot``, ``watching`` (the
+user's own run), ``widgets`` (the panel), ``scenarios`` (the worked cases), ``cli`` (``python -m kit``), over
+the foundations (``units``, ``inputs``, ``training_setup``, ``presets``, ``dtypes``, ``machine``, ``runtime``,
+``models``, ``model_configs``, ``data``). The faces: ``kit.panel(scenario=1)`` builds the widget panel;
+``kit.check(trainer)`` prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot to
+it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error; ``%load_ext kit`` prints a
+memory reading under each notebook cell. ``from kit.estimate import estimate`` predicts one setup.
 """
 __version__ = "0.1.0"
 

@@ -127,3 +127,17 @@ def test_fp16_trainable_weights_under_fp16_are_refused_with_the_fix():
         estimate("tiny-llama", batch_size=1, seq_len=32, precision="fp16", load_dtype="fp16")
     assert e.value.code == "fp16-trainable-weights" and "fp32" in str(e.value) and "bf16" in str(e.value)
     estimate("tiny-llama", batch_size=1, seq_len=32, precision="fp16", load_dtype="fp16", lora_r=8)  # fp32 adapters: runs
+
+
+def test_kit_train_and_watch_take_an_sft_trainer(tmp_path):
+    """kit.train runs the user's SFTTrainer itself: its completed peak (every op counted on the CPU) beside
+    estimate_trainer's estimate of the same trainer, and kit.watch attaches to it once."""
+    import kit
+
+    tr = _sft(tmp_path, packing=True, max_length=64, gradient_checkpointing=False)
+    w = kit.watch(tr, plot=False)
+    assert kit.watch(tr) is w
+    report = kit.train(tr, tensor_peak=True, plot=False)
+    assert not report.oom and report.step == 3 and report.peak_exact
+    assert report.estimate_peak_bytes == estimate_trainer(tr, device="cpu").peak_bytes
+    assert 0.98 <= report.ratio <= 1.02, report
