@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from results_file import dated_path
+from results_file import OUT_HELP, write_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -116,9 +116,7 @@ def main(argv=None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--out", default=str(dated_path("advisor_latency", dev)),
-                   help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not "
-                        "to write)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     args = p.parse_args(argv)
     rows = []
     for label, opts, kw in CASES:
@@ -126,10 +124,7 @@ def main(argv=None) -> int:
         print(f"{label}: warm median {statistics.median(rows[-1]['warm']):.1f} ms", flush=True)
     text = report(rows, args.repeats)
     print(text)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+    write_table(text, args.out, "advisor_latency", dev)
     return 0
 
 

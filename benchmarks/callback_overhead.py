@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from results_file import OUT_HELP, write_table  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from kit import data, machine
@@ -155,7 +156,7 @@ def main(argv=None) -> str:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 keeps step times steady on a shared machine (0: torch's default)")
-    p.add_argument("--out", help="also write the table to this Markdown file")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.add_argument("--cells", type=int, default=200, help="`pass` cells per mode for the %%load_ext kit table")
     p.add_argument("--cells-only", action="store_true", help="only the %%load_ext kit table")
     a = p.parse_args(argv)
@@ -223,9 +224,7 @@ def main(argv=None) -> str:
     lines += cells(a.cells)
     table = "\n".join(lines) + "\n"
     print(table)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(table)
+    write_table(table, a.out, "callback_overhead", "cuda" if machine.has_cuda() else "cpu")
     return table
 
 

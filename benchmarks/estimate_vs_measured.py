@@ -27,9 +27,9 @@ import gc
 import os
 import statistics
 import sys
-
-from results_file import dated_path
 import time
+
+from results_file import OUT_HELP, write_table
 
 from kit import machine
 
@@ -471,7 +471,7 @@ def main(argv=None) -> int:
 
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not to write)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     p.add_argument("--only", default=None, help="run the rows whose label contains this")
     p.add_argument("--families", action="store_true",
                    help="the family grid instead: every replay family's tiny twin x the same setups (CPU)")
@@ -481,8 +481,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HOME", os.path.join(tmp, "hf"))
     cuda = machine.has_cuda()
     if a.families:
-        out = dated_path("families", "cuda" if cuda else "cpu") if a.out is None else a.out
-        return _publish(family_report(family_grid(a.only, cuda), cuda), out)
+        return _publish(family_report(family_grid(a.only, cuda), cuda), a.out, "families", cuda)
     grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
     if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths
         grid += [g for g in CPU_GRID if "REAL SIZE" not in g[0]]
@@ -492,17 +491,13 @@ def main(argv=None) -> int:
         print(f"{label:40s} {name:24s} predicted {r['est'].peak_bytes:>14,} measured {r['got']['peak']:>14,} "
               f"({_pct(r['est'].peak_bytes, r['got']['peak']):+.2f}%) [{r['seconds']:.0f} s]", flush=True)
         rows.append(r)
-    out = dated_path("estimate_vs_measured", "cuda" if cuda else "cpu") if a.out is None else a.out
-    return _publish(report(rows, time_cached_estimate(), cuda), out)
+    return _publish(report(rows, time_cached_estimate(), cuda), a.out, "estimate_vs_measured", cuda)
 
 
-def _publish(text: str, out: str | None) -> int:
-    """Print the table, and write it to ``out`` too when given."""
+def _publish(text: str, out: str | None, name: str, cuda: bool) -> int:
+    """Print the table, and write it where ``--out`` says (:func:`results_file.write_table`)."""
     print(text)
-    if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
+    write_table(text, out, name, "cuda" if cuda else "cpu")
     return 0
 
 

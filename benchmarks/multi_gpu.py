@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 
-from results_file import dated_path
+from results_file import OUT_HELP, write_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--out", default=None, help="write the markdown table here (default: a new dated file in benchmarks/results; '' not to write)")
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     args = ap.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
@@ -245,10 +245,7 @@ def main(argv=None) -> int:
           f"Reproduce: `python benchmarks/multi_gpu.py --out <file>`. FSDP cannot go through Trainer here: on a CPU, Trainer given fsdp=... still runs DDP. ZeRO is not measured (a DeepSpeed training run on this CPU was not attempted); its model states are checked against DeepSpeed's estimator in tests/test_strategies.py.\n\n{table(rows)}\n"
           f"Worst error: {100 * worst:.2f}% over {len(rows)} rank rows.\n")
     print(md)
-    out = dated_path("multi_gpu", "cpu") if args.out is None else args.out
-    if out:
-        with open(out, "w") as f:
-            f.write(md)
+    write_table(md, args.out, "multi_gpu", "cpu")
     return 0
 
 

@@ -17,9 +17,9 @@ import os
 import platform
 import statistics
 import sys
-
-from results_file import dated_path
 import time
+
+from results_file import OUT_HELP, write_table
 
 from kit import machine
 
@@ -90,7 +90,7 @@ def report(rows: list, repeats: int) -> str:
 
 def main(argv=None) -> int:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    a.add_argument("--out", default=None, help="write the markdown table here too (default: a new dated file in benchmarks/results; '' not to write)")
+    a.add_argument("--out", default=None, help=OUT_HELP)
     a.add_argument("--repeats", type=int, default=5)
     args = a.parse_args(argv)
     rows = []
@@ -101,11 +101,7 @@ def main(argv=None) -> int:
         rows.append(r)
     text = report(rows, args.repeats)
     print(text)
-    out = str(dated_path("panel_latency", "cuda" if machine.has_cuda() else "cpu")) if args.out is None else args.out
-    if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
+    write_table(text, args.out, "panel_latency", "cuda" if machine.has_cuda() else "cpu")
     worst = max(sorted(r["all"])[int(0.95 * (len(r["all"]) - 1))] for r in rows)
     return 0 if worst <= BUDGET_MS else 1
 

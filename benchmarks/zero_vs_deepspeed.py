@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from results_file import dated_path
+from results_file import OUT_HELP, write_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,15 +67,11 @@ def report(rs: list[dict]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="write the table here (default: a new dated file in "
-                                               "benchmarks/results; '' not to write)")
+    p.add_argument("--out", default=None, help=OUT_HELP)
     args = p.parse_args(argv)
     text = report(rows())
     print(text)
-    out = str(dated_path("zero_vs_deepspeed", "cpu")) if args.out is None else args.out
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
+    write_table(text, args.out, "zero_vs_deepspeed", "cpu")
     return 0
 
 

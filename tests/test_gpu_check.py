@@ -462,7 +462,8 @@ def test_the_benchmark_modules_doctests_pass():
     import doctest
 
     import gpu_check_report
+    import results_file
 
-    for module in (gc, gv, gpu_check_report, pf):
+    for module in (gc, gv, gpu_check_report, pf, results_file):
         result = doctest.testmod(module)
         assert result.attempted and not result.failed, module.__name__
