@@ -9,6 +9,7 @@ True
 """
 from __future__ import annotations
 
+import math
 import os
 
 
@@ -54,7 +55,29 @@ def hardware() -> dict:
     return info
 
 
-CAP_ENV = "KIT_GPU_CAP_BYTES"   # the process cap kit.measure.controls applies (read here too: a foundation)
+CAP_ENV = "KIT_GPU_CAP_BYTES"   # the process cap kit.measure.controls applies
+
+
+def env_cap_bytes() -> int | None:
+    """``KIT_GPU_CAP_BYTES`` as a whole number of bytes, or None when it is unset or empty; a ValueError
+    that names the variable when it is not a positive whole number.
+
+    >>> os.environ[CAP_ENV] = "1.5e9"; env_cap_bytes()
+    1500000000
+    >>> del os.environ[CAP_ENV]; env_cap_bytes() is None
+    True
+    """
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        n = float(raw) if any(c in raw for c in ".eE") else int(raw)
+    except ValueError:
+        n = None
+    if n is None or not math.isfinite(n) or n < 1 or float(n) != int(n):
+        raise ValueError(f"{CAP_ENV} must be a positive whole number of bytes, such as 15633680957 (a Colab "
+                         f"T4's 14.56 GiB), not {raw!r}.")
+    return int(n)
 
 
 def memory_fraction(dev: int | None = None) -> float:
@@ -69,11 +92,7 @@ def memory_fraction(dev: int | None = None) -> float:
     get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     if get is not None:
         return float(get(dev))
-    raw = os.environ.get(CAP_ENV, "").strip()
-    try:
-        cap = int(float(raw)) if raw else None
-    except ValueError:
-        cap = None
+    cap = env_cap_bytes()
     total = torch.cuda.get_device_properties(dev).total_memory
     return min(1.0, cap / total) if cap else 1.0
 

@@ -34,7 +34,6 @@ a smaller GPU: ``KIT_GPU_CAP_BYTES=15633680957 python -m kit demo --out report/`
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 
 from kit import machine
+from kit.machine import CAP_ENV, env_cap_bytes  # one reading of KIT_GPU_CAP_BYTES, with "this GPU"'s
 from kit.measure import device
 from kit.measure.tensor_peak import TensorPeak
 from kit.units import fmt_bytes
@@ -90,25 +90,6 @@ def memory_cap(cap_bytes):
         yield Cap(n if how.startswith("CUDA") else None, how)
 
 
-CAP_ENV = "KIT_GPU_CAP_BYTES"
-
-
-def env_cap_bytes() -> int | None:
-    """``KIT_GPU_CAP_BYTES`` as a whole number of bytes, or None when it is unset or empty.
-
-    >>> os.environ[CAP_ENV] = "1.5e9"; env_cap_bytes()
-    1500000000
-    >>> del os.environ[CAP_ENV]; env_cap_bytes() is None
-    True
-    """
-    raw = os.environ.get(CAP_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        return check_cap(float(raw) if any(c in raw for c in ".eE") else int(raw))
-    except ValueError:
-        raise ValueError(f"{CAP_ENV} must be a positive whole number of bytes, such as 15633680957 (a Colab "
-                         f"T4's 14.56 GiB), not {raw!r}.") from None
 
 
 def apply_env_cap() -> str | None:
