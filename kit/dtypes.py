@@ -29,6 +29,16 @@ def run_dtype(capability: tuple[int, int] | None) -> tuple[str, str]:
     return "fp16", f"compute capability {major}.{minor} has no native bf16, so fp16 (as Colab notebooks do on a T4)"
 
 
+def run_precision(precision: str) -> str:
+    """The mixed precision Trainer really runs here: it silently ignores ``fp16=True`` on a CPU (no CUDA
+    GradScaler), so a CPU run is fp32, and is estimated as such.
+
+    >>> run_precision("bf16")
+    'bf16'
+    """
+    return "fp32" if precision == "fp16" and not machine.has_cuda() else precision
+
+
 def for_this_device() -> tuple[str, str]:
     """:func:`run_dtype` for the GPU this process sees (or the CPU).
 

@@ -114,10 +114,6 @@ class TrainingSetup:
         """The options the widget panel holds (:data:`PANEL`), with this setup's values."""
         return {k: getattr(self, k) for k in PANEL}
 
-    def replace(self, **changes) -> "TrainingSetup":
-        """A copy with ``changes`` (unknown names refused, as :func:`options` does)."""
-        return dataclasses.replace(self, **options(changes))
-
 
 FIELDS = {f.name: f for f in fields(TrainingSetup)}
 KEYWORDS = tuple(FIELDS)                                                     # estimate()'s keywords, model aside

@@ -17,17 +17,16 @@ from __future__ import annotations
 import os
 
 from kit import inputs as kin
-from kit.presets import ALIASES, OPTIMIZERS, PRESETS, Preset, resolve_device
-from kit.training_setup import STRATEGIES
+from kit.presets import ALIASES, PRESETS, Preset, resolve_device
+from kit.training_setup import FIELDS
 
 PRESET_CHOICES = [("Colab T4", "colab-t4"), ("L4", "l4"), ("A100 40 GB", "a100-40"), ("A100 80 GB", "a100-80"),
                   ("H100", "h100"), ("this machine", "this")]
 SEQ_CAP = 32768                        # a slider over 131072 positions is unusable
 LORA_RANKS = (0, 4, 8, 16, 32, 64)
 BATCH_MAX = 64     # the batch slider's end, unless the panel is given more
-_CHOICES = {"quantization": ("none", "8bit", "4bit"), "precision": ("fp32", "fp16", "bf16"),
-            "optimizer": tuple(OPTIMIZERS),
-            "strategy": STRATEGIES}
+# the panel's choices are the declared setup's (kit.training_setup)
+_CHOICES = {k: FIELDS[k].metadata["choices"] for k in ("quantization", "precision", "optimizer", "strategy")}
 
 
 def this_machine() -> Preset:

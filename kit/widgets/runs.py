@@ -23,6 +23,7 @@ import torch
 from kit import data as kdata
 from kit import machine, plot
 from kit import models as kmodels
+from kit.dtypes import run_precision
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.inputs import has_note, whole_number
 from kit.measure import cleanup, leaks, oom
@@ -41,11 +42,6 @@ def check_setup(setup: dict) -> dict:
     if missing:
         raise ValueError(f"setup lacks {missing}; a setup has {', '.join(SETUP_KEYS)}.")
     return {k: setup[k] for k in SETUP_KEYS}
-
-
-def run_precision(precision: str) -> str:
-    """What Trainer really runs: it silently ignores ``fp16=True`` on a CPU, so that is fp32."""
-    return "fp32" if precision == "fp16" and not machine.has_cuda() else precision
 
 
 @functools.lru_cache(maxsize=None)

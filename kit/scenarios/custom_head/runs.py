@@ -18,6 +18,7 @@ import tempfile
 from kit import data as kdata
 from kit import machine
 from kit import models as kmodels
+from kit.dtypes import run_precision
 from kit.inputs import whole_number
 from kit.measure import cleanup, leaks
 from kit.measure import device as kdevice
@@ -31,7 +32,6 @@ from kit.scenarios.custom_head.scenario import (
     estimate_fix,
     estimate_user,
     fix_setup,
-    run_precision,
     size_name,
 )
 from kit.units import fmt_bytes

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from kit import data as kdata
 from kit import dtypes, machine, runtime
 from kit import models as kmodels
+from kit.dtypes import run_precision  # noqa: F401 (read as s1.run_precision too)
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel
 from kit.presets import PRESETS, verdict
@@ -219,11 +219,6 @@ def bnb_8bit_problem(model: nn.Module) -> str | None:
             return (f"{pname} has {p.numel():,} elements, over 2**31 - 1: bitsandbytes' 8-bit optimizer "
                     "would kill the process (not raise). Refused.")
     return None
-
-
-def run_precision(precision: str) -> str:
-    # Trainer silently ignores fp16=True on a CPU, so a CPU run is fp32 and is estimated as such.
-    return "fp32" if precision == "fp16" and not machine.has_cuda() else precision
 
 
 def _checkpointed(model):
