@@ -72,7 +72,8 @@ def load_tokenizer(model_name: str | None = None):
     A Hub tokenizer without a pad token gets one: ``[PAD]`` added for GPT-2 models, as
     the user did (distilgpt2 then has 50258 tokens), the eos token for the others
     (the usual Llama recipe, which adds no token). Tiny twins and ``None`` always get
-    the shipped tokenizer.
+    the shipped tokenizer, and so does a model the Hub refuses (gated without a token, or
+    missing): it says why and how to get in, and never stops the notebook.
 
     >>> len(load_tokenizer("tiny-gpt2"))
     TOKENIZER: shipped byte-level BPE, 4096 tokens — tiny twins use it
@@ -85,7 +86,15 @@ def load_tokenizer(model_name: str | None = None):
         tok = shipped_tokenizer()
         runtime.say(f"TOKENIZER: shipped byte-level BPE, {len(tok)} tokens — {why}")
         return tok
-    tok = AutoTokenizer.from_pretrained(base)
+    try:
+        tok = AutoTokenizer.from_pretrained(base)
+    except OSError as exc:  # gated (every Meta Llama needs an accepted licence and a token) or missing
+        tok = shipped_tokenizer()
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        runtime.say(f"TOKENIZER: shipped byte-level BPE, {len(tok)} tokens — the Hub refused {base} ({first}); "
+                    "memory depends on the shapes, not on which tokens, so the run goes on. For the real one: "
+                    "accept the licence on the model's Hub page, then huggingface_hub.login()")
+        return tok
     if tok.pad_token is None:
         if "gpt2" in base:
             tok.add_special_tokens({"pad_token": PAD_TOKEN})

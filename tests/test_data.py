@@ -90,3 +90,20 @@ def test_bad_input_is_a_clear_error(text, tok):
         data.load_text_dataset("wiki")
     with pytest.raises(ValueError, match="'text' column"):
         data.tokenize(data.tokenize(text["test"], tok), tok)
+
+
+def test_a_gated_tokenizer_without_a_token_falls_back_and_says_how_to_get_in(monkeypatch, capsys):
+    # As the Hub answers meta-llama/* without a token; the notebook must go on (memory needs only the shapes).
+    import transformers
+
+    def gated(name, *a, **kw):
+        raise OSError(f"You are trying to access a gated repo.\nMake sure to have access to it at "
+                      f"https://huggingface.co/{name}.")
+
+    monkeypatch.setattr(data.runtime, "hub_reachable", lambda: True)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", gated)
+    tok = data.load_tokenizer("meta-llama/Llama-3.2-1B")
+    out = capsys.readouterr().out
+    assert len(tok) == len(data.shipped_tokenizer()) and tok.pad_token == data.PAD_TOKEN
+    assert "refused meta-llama/Llama-3.2-1B (You are trying to access a gated repo.)" in out
+    assert "huggingface_hub.login()" in out
