@@ -265,7 +265,13 @@ def write_twin(cfg: PretrainedConfig, folder: Path, dtype: torch.dtype) -> Path:
     return folder
 
 
-def _saved_twin(name: str, dtype: torch.dtype) -> Path:
+def saved_twin(name: str, dtype: torch.dtype) -> Path:
+    """The folder holding the saved architecture twin of ``name`` in ``dtype``, written first if it is not there
+    (:func:`write_twin`): what ``from_pretrained`` loads in place of the real model.
+
+    >>> (saved_twin("tiny-llama", torch.float32) / "config.json").is_file()
+    True
+    """
     folder = twin_dir(name, dtype)
     if not (folder / "config.json").is_file():
         if problem := twin_problem(name, dtype):
@@ -294,6 +300,36 @@ def twin_problem(name: str, dtype) -> str | None:
         return (f"the architecture twin of {name} needs {need / 2**30:.1f} GiB of disk in {folder.parent} and "
                 f"{free / 2**30:.1f} GiB is free: set KIT_CACHE to a folder with more room, or pick a smaller model.")
     return None
+
+
+def pretrained_source(name: str, dtype=None) -> tuple[str, str]:
+    """``(what to pass to from_pretrained, the line that says which it is)`` for a user's own
+    ``AutoModelForCausalLM.from_pretrained(model_name, ...)``: the Hub id where the Hub serves it, else
+    the folder of its architecture twin (gated without a token, unreachable, or a tiny twin). Asking for the
+    model's ``config.json`` is the check: a gated repo refuses it as it would refuse the weights.
+
+    >>> path, line = pretrained_source("tiny-llama")
+    >>> line
+    'MODEL: tiny TWIN tiny-llama (random weights) — tiny twins never come from the Hub'
+    """
+    base, _ = split_name(name)
+    get_config(base)  # fails early, with the known names, on a typo
+    if base in TINY or base not in REGISTRY:
+        why = "tiny twins never come from the Hub" if base in TINY else f"built from {base}"
+    elif not runtime.hub_reachable():
+        why = "the Hub is not reachable"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            hf_hub_download(base, "config.json")
+            return base, f"MODEL: REAL {base}, pretrained weights from the Hub"
+        except OSError as exc:  # GatedRepoError and every other Hub refusal are OSErrors
+            why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+    kind = "tiny TWIN" if base in TINY else "architecture TWIN of"
+    shapes = "random weights" if base in TINY else "random weights, real shapes"
+    folder = saved_twin(base, as_dtype(dtype) if dtype is not None else torch.float32)
+    return str(folder), f"MODEL: {kind} {base} ({shapes}) — {why}"
 
 
 def load_model(name: str, *, quantization="none", load_dtype=None, device: str | None = None,
@@ -338,7 +374,7 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
         except OSError as exc:  # gated (Llama needs a login) or missing: say so, use the twin
             why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(_saved_twin(base, dtype), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(saved_twin(base, dtype), **kwargs)
         kind, shapes = ("tiny TWIN", "random weights") if base in TINY else ("architecture TWIN of",
                                                                              "random weights, real shapes")
         runtime.say(f"MODEL: {kind} {label} ({shapes}) — {why}")

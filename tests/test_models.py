@@ -317,7 +317,7 @@ def test_item4_a_twin_that_does_not_fit_the_disk_is_refused_in_one_sentence(monk
     assert why.startswith("the architecture twin of meta-llama/Meta-Llama-3-8B needs 15.0 GiB of disk"), why
     assert "set KIT_CACHE" in why
     with pytest.raises(RuntimeError, match="needs 15.0 GiB of disk"):
-        models._saved_twin("meta-llama/Meta-Llama-3-8B", torch.bfloat16)
+        models.saved_twin("meta-llama/Meta-Llama-3-8B", torch.bfloat16)
 
 
 @pytest.mark.parametrize("capability, dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16)])

@@ -139,15 +139,15 @@ def test_broken_loop_has_two_models_alive_while_fold_two_loads_and_survives_oom(
 def test_an_oom_while_loading_is_recorded_as_such(tmp_path, monkeypatch):
     from kit.scenarios.cross_validation import user_loop as s2_user_loop
 
-    real, calls = s2_user_loop.load_for_training, []
+    real, calls = s2_user_loop.AutoModelForCausalLM.from_pretrained, []
 
-    def load(*args, **kwargs):
+    def load(*args, **kwargs):  # the user's own from_pretrained line, the second time it runs
         calls.append(1)
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (faked by the test)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(s2_user_loop, "load_for_training", load)
+    monkeypatch.setattr(s2_user_loop.AutoModelForCausalLM, "from_pretrained", load)
     out = cv.run_broken_loop("tiny-llama", folds=3, output_dir=tmp_path, **SMALL)
     assert out["oom_at_fold"] == 2 and len(out["folds"]) == 2
     f2 = out["folds"][1]
@@ -273,7 +273,7 @@ def _stop_before_training(monkeypatch):
     def stop(*args, **kwargs):
         raise _Stop
 
-    monkeypatch.setattr(cv, "fold_data", stop)
+    monkeypatch.setattr(cv, "fold_texts", stop)
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]", "null", _line(9, "KEY"), _line(1, "KEY"), _line(2, "KEY", eval_loss="nan?"),

@@ -18,7 +18,7 @@ import tempfile
 from kit import runtime
 from kit.measure import cleanup
 from kit.measure.track import Tracker
-from kit.scenarios.cross_validation.folds import fold_data
+from kit.scenarios.cross_validation.folds import fold_texts
 from kit.scenarios.cross_validation.lora_reset import save_adapter_init, verify_adapter_reset
 from kit.scenarios.cross_validation.training import count_live_models, fold_trainer, load_for_training, loop_params
 from kit.units import wrapped
@@ -29,10 +29,10 @@ _SAID: dict = {}  # the loader lines, said once for all the checks of a notebook
 @runtime.once_per_run(_SAID)
 def _one_fold(model_name: str, settings: dict):
     p = loop_params(**{"steps_per_fold": 1, **settings})
-    _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
+    tok, splits = fold_texts(model_name, 2, p["max_samples"])
     model = load_for_training(model_name, p)
-    init = save_adapter_init(model)
-    trainer = fold_trainer(model, *splits[0], collate, p, tempfile.mkdtemp(prefix="kit-exercise-"), 1, Tracker())
+    trainer = fold_trainer(model, *splits[0], tok, p, tempfile.mkdtemp(prefix="kit-exercise-"), 1, Tracker())
+    init = save_adapter_init(model)  # after SFTTrainer cast the adapters to the dtype it trains them in
     trainer.train()
     return model, init, trainer
 

@@ -1,6 +1,6 @@
 """Scenario 2: k-fold QLoRA cross-validation. The second-fold OOM, found and fixed.
 
-- :func:`run_broken_loop` (in :mod:`.s2_user_loop`): the user's loop. A fresh ``from_pretrained``
+- :func:`run_broken_loop` (in :mod:`.user_loop`): the user's loop. A fresh ``from_pretrained``
   every fold while the old Trainer still holds fold 1's model, so two models are alive while
   fold 2 loads; and a ``free_gpu_cache()`` whose ``del trainer`` frees nothing.
 - :func:`show_advice_reset`: the advice's LoRA reset, run and checked. It resets nothing.
@@ -25,7 +25,7 @@ from kit import inputs as kin
 from kit import runtime
 from kit.measure import cleanup, leaks, oom
 from kit.measure.track import Tracker
-from kit.scenarios.cross_validation.folds import (append_result, check_writable, fold_data, read_results, run_key,
+from kit.scenarios.cross_validation.folds import (append_result, check_writable, fold_texts, read_results, run_key,
                                                  set_aside)
 from kit.scenarios.cross_validation.lora_reset import (
     adapter_state,
@@ -60,10 +60,10 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
     True
     """
     p = loop_params(**settings)
-    _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
+    tok, splits = fold_texts(model_name, 2, p["max_samples"])
     model = load_for_training(model_name, p)
-    init = save_adapter_init(model)
-    trainer = fold_trainer(model, *splits[0], collate, p, output_dir, 1, Tracker())
+    trainer = fold_trainer(model, *splits[0], tok, p, output_dir, 1, Tracker())
+    init = save_adapter_init(model)  # after SFTTrainer cast the adapters to the dtype it trains them in
     trainer.train()
     trainer = cleanup.release(trainer)
     end_of_fold1 = adapter_state(model)
@@ -78,7 +78,7 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
     return out
 
 
-def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir, tracker, on_fold_end,
+def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, on_fold_end,
                  done: dict, path: Path, key: str, tolerance: float):
     """The fixed loop body. Runs inside kit.measure.oom.oom_safe."""
     baseline = leaks.take_baseline()
@@ -90,11 +90,13 @@ def _fixed_folds(state: dict, model, init, splits, collate, p: dict, output_dir,
             continue
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
         with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
-            restore_adapter(model, init)
-            check = verify_adapter_reset(model, init)
+            trainer = fold_trainer(model, train_ds, eval_ds, tok, p, output_dir, fold, tracker)
+            if state["init"] is None:  # saved once, after SFTTrainer cast the adapters to the dtype it trains in
+                state["init"] = save_adapter_init(model)
+            restore_adapter(model, state["init"])
+            check = verify_adapter_reset(model, state["init"])
             if not check.ok:  # training on would contaminate the score: stop, loudly
                 raise RuntimeError(f"fold {fold}: {check.text()}")
-            trainer = fold_trainer(model, train_ds, eval_ds, collate, p, output_dir, fold, tracker)
             train_loss = trainer.train().training_loss
             eval_loss = trainer.evaluate()["eval_loss"]
             trainer = cleanup.release(trainer)  # optimizer, gradients, data loaders; the base stays
@@ -118,7 +120,7 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     """The fixed loop. Returns ``{"folds", "baseline_bytes", "results_path", "trained_folds", "oom_at_fold"}``.
 
     The base model is loaded and wrapped with peft once; at each fold start the adapter
-    is restored to its saved init and verified; each fold gets a new Trainer and is
+    is restored to its saved init and verified; each fold gets a new SFTTrainer and is
     released with ``kit.measure.cleanup.release``. Each fold record has ``start_bytes``,
     ``peak_bytes``, ``end_bytes``, ``adapter_reset_ok``, ``back_at_baseline`` (within
     ``tolerance`` of the memory before fold 1), ``eval_loss`` and ``train_loss``, and is
@@ -142,17 +144,15 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
         print(f"resume=False: the earlier folds in {path} are kept in {aside}; this run starts a new file.",
               flush=True)
     check_writable(path)   # before any fold trains: a finished fold's figures always have somewhere to go
-    _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
-    model = init = None
-    if len(done) < len(splits):
-        model = load_for_training(model_name, p)  # once, outside the loop: 4-bit, the k-bit recipe, LoRA
-        init = save_adapter_init(model)
-    state = {"fold": 0, "folds": [], "trained": [], "baseline_bytes": None}
+    tok, splits = fold_texts(model_name, folds, p["max_samples"])
+    model = load_for_training(model_name, p) if len(done) < len(splits) else None  # once, outside the loop
+    state = {"fold": 0, "folds": [], "trained": [], "baseline_bytes": None, "init": None}
     try:
-        result = oom.oom_safe(_fixed_folds, state, model, init, splits, collate, p, output_dir, tracker,
+        result = oom.oom_safe(_fixed_folds, state, model, splits, tok, p, output_dir, tracker,
                                   on_fold_end, done, path, key, tolerance, setup={"model": model_name, **p})
     finally:  # on any error too: the finished folds are on disk, the base model goes
-        del model, init
+        del model
+        state["init"] = None
         cleanup.release()
     if result.oom:
         print(f"OUT OF MEMORY at fold {state['fold']}; the folds before it are kept in {path}", flush=True)

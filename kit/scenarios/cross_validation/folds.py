@@ -1,7 +1,9 @@
 """Fold splitting and the results file of a cross-validation run.
 
-- :func:`k_fold_indices`: the rows of k folds, by index arithmetic (no sklearn);
-  :func:`fold_data`: the tokenized text cut into k (train, eval) pairs.
+- :func:`k_fold_indices`: the rows of k folds, by index arithmetic; :class:`KFold`: sklearn's ``KFold(n_splits)``
+  (no shuffle) on them, for where scikit-learn is not installed (Colab has it);
+  :func:`user_data`: the text as the user's loop reads it, a pandas ``DataFrame`` with a ``"text"`` column;
+  :func:`fold_texts`: the tokenizer and that text cut into k (train, eval) ``Dataset`` pairs.
 - :func:`append_result` / :func:`read_results`: one JSON line per finished fold, flushed
   to disk at once, so a crash at fold 4 keeps folds 1-3 and a rerun resumes after them.
   Each line carries a :func:`run_key` of the settings, so a resume never mixes two runs.
@@ -45,6 +47,49 @@ def k_fold_indices(n: int, k: int) -> list[tuple[list[int], list[int]]]:
         bounds.append((start, start + size))
         start += size
     return [(list(range(0, a)) + list(range(b, n)), list(range(a, b))) for a, b in bounds]
+
+
+class KFold:
+    """``sklearn.model_selection.KFold(n_splits)`` without shuffling: the same contiguous folds, as numpy arrays.
+    The notebook imports scikit-learn's where it is installed (Colab has it), and this one where it is not.
+
+    >>> [test.tolist() for _, test in KFold(n_splits=2).split(list(range(5)))]
+    [[0, 1, 2], [3, 4]]
+    """
+
+    def __init__(self, n_splits: int = 5):
+        self.n_splits = n_splits
+
+    def split(self, X):
+        import numpy as np
+
+        for train, test in k_fold_indices(len(X), self.n_splits):
+            yield np.array(train, dtype=int), np.array(test, dtype=int)
+
+
+def user_data(max_samples: int | None = 200):
+    """The text the user's loop splits: a pandas ``DataFrame`` with one non-empty line per row in ``"text"``
+    (wikitext-2 with the Hub, else the shipped sample), the first ``max_samples`` rows.
+
+    >>> user_data(10).shape                                              # doctest: +SKIP
+    (10, 1)
+    """
+    import pandas as pd
+
+    lines = [t for t in kdata.load_text_dataset()["train"]["text"] if t.strip()]
+    return pd.DataFrame({"text": lines[:max_samples] if max_samples else lines})
+
+
+def fold_texts(model_name: str, folds: int, max_samples: int | None = 200):
+    """The tokenizer, and one ``(train, eval)`` pair of text ``Dataset`` objects per fold, for SFTTrainer.
+
+    >>> tok, splits = fold_texts("tiny-llama", folds=5)                 # doctest: +SKIP
+    """
+    from datasets import Dataset
+
+    tok, data = kdata.load_tokenizer(model_name), user_data(max_samples)
+    ds = Dataset.from_pandas(data)
+    return tok, [(ds.select(tr), ds.select(te)) for tr, te in k_fold_indices(len(ds), folds)]
 
 
 def run_key(model_name: str, p: dict) -> str:
@@ -296,15 +341,3 @@ def set_aside(path) -> Path | None:
         n += 1
     path.rename(new)
     return new
-
-
-def fold_data(model_name: str, folds: int, seq_len: int, max_samples: int | None = 200):
-    """Tokenizer, collator and one ``(train, eval)`` pair of datasets per fold.
-
-    >>> tok, collate, splits = fold_data("tiny-llama", folds=5, seq_len=64)  # doctest: +SKIP
-    """
-    tok = kdata.load_tokenizer(model_name)
-    ds = kdata.tokenize(kdata.load_text_dataset()["train"], tok, max_length=seq_len)
-    if max_samples:
-        ds = ds.select(range(min(max_samples, len(ds))))
-    return tok, kdata.collator(tok), [(ds.select(tr), ds.select(te)) for tr, te in k_fold_indices(len(ds), folds)]

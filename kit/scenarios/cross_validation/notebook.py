@@ -1,7 +1,7 @@
 """Notebook-facing helpers of scenario 2 (``notebooks/02_llama3_qlora_cross_validation.ipynb``).
 
-The fold logic is in :mod:`kit.scenarios.cross_validation.fixed_loop` and :mod:`.s2_user_loop`, the
-predictions in :mod:`.s2_predict` (imported here too, so that the notebook reads every helper as
+The fold logic is in :mod:`kit.scenarios.cross_validation.fixed_loop` and :mod:`.user_loop`, the
+predictions in :mod:`.predict` (imported here too, so that the notebook reads every helper as
 ``nb.*``); this module turns the loops' records into what a notebook cell shows, so that each cell
 stays short:
 
@@ -9,7 +9,7 @@ stays short:
 - :func:`fold_table`, :func:`broken_text`, :func:`fixed_text`: the loops' records read aloud;
   :func:`simulate_crash`: a crash to resume from.
 - :func:`measure_kbit_recipes` / :func:`recipe_table`: what ``prepare_model_for_kbit_training``'s
-  fp32 upcast costs, measured beside its estimate.
+  fp32 upcast costs (the TRL of the user's post ran it; today's does not), measured beside its estimate.
 
 >>> print(fold_table([{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}]))  # doctest: +SKIP
 """
@@ -26,17 +26,17 @@ from kit.measure import cleanup, leaks
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
-from kit.scenarios.cross_validation.folds import fold_data, read_results
+from kit.scenarios.cross_validation.folds import fold_texts, read_results
 from kit.scenarios.cross_validation.predict import (
     advisor_text,
-    crash_models,
-    crash_models_text,
     fold1_leftovers,
     fold2_prediction,
     four_gb_text,
+    options_of,
     recipe_estimates,
     two_models_text,
     upcast_moment_bytes,
+    user_estimate,
     weights_split,
 )
 from kit.scenarios.cross_validation.training import fold_trainer, load_for_training, loop_params
@@ -119,7 +119,7 @@ def simulate_crash(results_path, keep_folds: int) -> list[int]:
     return sorted(int(k) for k in read_results(path))
 
 
-def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> dict:
+def _measure_one(model_name: str, recipe: str, p: dict, tok, train_ds) -> dict:
     from transformers import set_seed
 
     baseline = leaks.take_baseline().snapshot.best_bytes
@@ -128,7 +128,7 @@ def _measure_one(model_name: str, recipe: str, p: dict, collate, train_ds) -> di
     gc.collect()
     weights_bytes = kdevice.snapshot().best_bytes - baseline
     tracker, out = Tracker(), tempfile.mkdtemp(prefix="kit-recipes-")
-    trainer = fold_trainer(model, train_ds, None, collate, p, out, 1, tracker)
+    trainer = fold_trainer(model, train_ds, None, tok, p, out, 1, tracker)
     with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False, tensor_peak=True) as stage:
         loss = trainer.train().training_loss
     trainer = cleanup.release(trainer)
@@ -151,16 +151,15 @@ def measure_kbit_recipes(model_name: str, **settings) -> list[dict]:
     ['standard', 'lean']
     """
     p = loop_params(**settings)
-    _, collate, splits = fold_data(model_name, 2, p["seq_len"], p["max_samples"])
-    return [_measure_one(model_name, r, p, collate, splits[0][0]) for r in ("standard", "lean")]
+    tok, splits = fold_texts(model_name, 2, p["max_samples"])
+    return [_measure_one(model_name, r, p, tok, splits[0][0]) for r in ("standard", "lean")]
 
 
 @wrapped
 def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
     """Standard against lean: estimated weights and peak, and measured ones when given.
 
-    >>> print(recipe_table(recipe_estimates("tiny-llama", batch_size=1, seq_len=8, quantization="4bit",
-    ...                                      lora_r=8)))        # doctest: +SKIP
+    >>> print(recipe_table(recipe_estimates(user_estimate("tiny-llama", batch_size=1, seq_len=30))))  # doctest: +SKIP
     """
     lines = [f"{'recipe':<10}{'weights (est.)':>16}{'peak (est.)':>14}"
              + (f"{'weights (meas.)':>17}{'peak (meas.)':>14}{'train loss':>12}" if measured else "")]

@@ -1,9 +1,12 @@
 """Scenario 2's predictions, as notebook 02 shows them: all ESTIMATED, nothing loaded.
 
+- :func:`user_estimate`: the user's own objects (their ``SFTConfig``, ``BitsAndBytesConfig`` and ``LoraConfig``)
+  read by ``estimate_from``, as today's TRL trains them, or as the TRL of their post did (``then=True``);
+  :func:`options_of`: an estimate's options, to change one and estimate again.
 - :func:`weights_split` / :func:`four_gb_text`: the 4-bit model as loaded, its 16-bit parts
   named, against the advice's "about 4 GB".
 - :func:`fold2_prediction` / :func:`two_models_text`: where the user's loop doubles (fold 2's load),
-  moment by moment, against a GPU; :func:`crash_models_text`: which ungated model crashes a T4 there.
+  moment by moment, against a GPU.
 - :func:`advisor_text`: the fit advisor on one fold, and on fold 2 beside fold 1's leftovers.
 - :func:`recipe_estimates`: the standard k-bit recipe against the lean one.
 
@@ -12,14 +15,48 @@
 """
 from __future__ import annotations
 
-from kit import inputs as kin
+from kit import machine
 from kit import models as kmodels
 from kit.advise import advise
-from kit.estimate import estimate
-from kit.estimate import estimate as est_fn
-from kit.model_configs import REGISTRY, gated
+from kit.estimate import estimate, estimate_from
 from kit.presets import PRESETS, Preset
+from kit.scenarios.cross_validation.lora_reset import lora_config
+from kit.scenarios.cross_validation.training import loop_params, sft_config
+from kit.scenarios.cross_validation.user_loop import bnb_for
+from kit.training_setup import KEYWORDS
 from kit.units import fmt_bytes, wrapped
+
+# What SFTTrainer did to a 4-bit model in the TRL of the user's post, and no longer does in TRL 1.x: peft's
+# prepare_model_for_kbit_training (the 16-bit parts upcast to fp32), fp32 adapters, the full logits.
+THEN = {"kbit_recipe": "standard", "adapter_dtype": "fp32", "fused_lm_head": False}
+
+
+def options_of(est) -> dict:
+    """The :func:`kit.estimate.estimate` options an estimate was made with, ``model`` included.
+
+    >>> options_of(estimate("tiny-llama", batch_size=2, seq_len=8))["batch_size"]
+    2
+    """
+    return {k: est.setup[k] for k in ("model",) + KEYWORDS if k in est.setup}
+
+
+def user_estimate(model_name: str, *, then: bool = False, here: bool = False, **settings):
+    """The user's setup, ESTIMATED from their own objects: ``estimate_from(model, sft_config=SFTConfig(...),
+    quantization_config=BitsAndBytesConfig(...), peft_config=LoraConfig(...))``, with ``fp16=True`` as they set
+    it (a T4 run) and the 16-bit parts in bf16 (their ``from_pretrained`` names no dtype: transformers 5 loads
+    the checkpoint's). ``then=True``: as the TRL of their post trained it (:data:`THEN`). ``here=True``: the
+    run on this machine instead (on a CPU: fp32, CPU kernels), to set beside its measurement. ``settings``:
+    the loops' (:func:`~kit.scenarios.cross_validation.training.loop_params`).
+
+    >>> user_estimate("tiny-llama", batch_size=1, seq_len=30).setup["kbit_recipe"]
+    'lean'
+    """
+    p = loop_params(**settings)
+    est = estimate_from(model_name, sft_config=sft_config(p, "cv-runs", gpu=None if here else True),
+                        load_dtype="bf16", quantization_config=bnb_for(p),
+                        peft_config=lora_config(p["lora_r"], p["lora_targets"]),
+                        device="cpu" if here and not machine.has_cuda() else "cuda")
+    return estimate(**{**options_of(est), **THEN}) if then else est
 
 
 def weights_split(model_name: str) -> list[tuple[str, int]]:
@@ -77,8 +114,9 @@ def four_gb_text(est, model_name: str | None = None) -> str:
         f"  kept in 16 bits, {est.unquantized_params:,} params: {fmt_bytes(sixteen_bytes)} — {parts}",
         f"  the model as loaded: {fmt_bytes(est.loaded_weights_bytes)} = {est.loaded_weights_bytes:,} bytes, "
         f"{est.loaded_weights_bytes / naive_bytes:.2f}x the 'about 4 GB' figure",
-        f"  after prepare_model_for_kbit_training (16-bit parts upcast to fp32, LoRA added): "
-        f"{fmt_bytes(est.weights_bytes)}"])
+        (f"  after prepare_model_for_kbit_training (16-bit parts upcast to fp32, LoRA added): "
+         if est.setup.get("kbit_recipe") == "standard" else
+         "  as SFTTrainer trains it (no upcast in TRL 1.x; LoRA added): ") + fmt_bytes(est.weights_bytes)])
 
 
 def upcast_moment_bytes(model_name: str) -> int:
@@ -101,18 +139,19 @@ def upcast_moment_bytes(model_name: str) -> int:
 
 
 def fold1_leftovers(est) -> int:
-    """What fold 1's Trainer still holds when fold 2 starts: its model (after the k-bit recipe) and its
-    optimizer state, in bytes, ESTIMATED."""
+    """What fold 1's trainer still holds when fold 2 starts: its model (as trained) and its optimizer state,
+    in bytes, ESTIMATED."""
     return est.weights_bytes + est.optimizer_bytes
 
 
 def fold2_prediction(est) -> dict:
     """Where the user's loop doubles, ESTIMATED from one fold's estimate: bytes at three moments.
 
-    - ``leftover_bytes``: what fold 1's Trainer still holds when fold 2 starts loading;
+    - ``leftover_bytes``: what fold 1's trainer still holds when fold 2 starts loading;
     - ``loaded_bytes``: fold 2's model loaded beside them (two models alive), and
-      ``load_peak_bytes``: that, plus the moment of the last fp32 upcast (:func:`upcast_moment_bytes`);
-    - ``train_peak_bytes``: fold 2 training, after ``trainer = ...`` let the old Trainer go:
+      ``load_peak_bytes``: the peak of that load, which under the standard k-bit recipe adds the moment of
+      the last fp32 upcast (:func:`upcast_moment_bytes`; today's TRL runs no upcast);
+    - ``train_peak_bytes``: fold 2 training, after ``trainer = ...`` let the old trainer go:
       one fold's peak, as in fold 1.
 
     >>> p = fold2_prediction(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
@@ -121,8 +160,9 @@ def fold2_prediction(est) -> dict:
     """
     old = fold1_leftovers(est)
     loaded = old + est.weights_bytes
-    return {"leftover_bytes": old, "loaded_bytes": loaded,
-            "load_peak_bytes": loaded + upcast_moment_bytes(est.setup["model"]), "train_peak_bytes": est.peak_bytes}
+    upcast = upcast_moment_bytes(est.setup["model"]) if est.setup.get("kbit_recipe") == "standard" else 0
+    return {"leftover_bytes": old, "loaded_bytes": loaded, "load_peak_bytes": loaded + upcast,
+            "train_peak_bytes": est.peak_bytes}
 
 
 def _verdict(n: int, limit: int) -> str:
@@ -132,65 +172,22 @@ def _verdict(n: int, limit: int) -> str:
 def two_models_text(est, preset: str = "colab-t4") -> str:
     """One fold's predicted peak, then the moment fold 2 loads beside fold 1's leftovers, then fold 2 training.
 
-    The user's loop loads fold 2's model while fold 1's Trainer still holds fold 1's model
-    (after the k-bit recipe) and its optimizer state; ``trainer = ...`` lets them go only
-    after. ESTIMATED (allocated memory), against ``preset``.
+    The user's loop loads fold 2's model while fold 1's trainer still holds fold 1's model
+    and its optimizer state; ``trainer = ...`` lets them go only after. ESTIMATED (allocated memory),
+    against ``preset``.
 
     >>> print(two_models_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)))  # doctest: +SKIP
     """
     gpu, f2 = PRESETS[preset].gpu_bytes, fold2_prediction(est)
     rows = [("fold 1, peak of a training step", est.peak_bytes),
             ("fold 2 loads: fold 1's model + optimizer state", f2["leftover_bytes"]),
-            ("  + fold 2's freshly loaded model (2 models)", f2["loaded_bytes"]),
-            ("  + the moment of its last fp32 upcast: peak of the load", f2["load_peak_bytes"]),
-            ("fold 2 trains, the old Trainer let go (1 model)", f2["train_peak_bytes"])]
+            ("  + fold 2's freshly loaded model (2 models)", f2["loaded_bytes"])]
+    if f2["load_peak_bytes"] != f2["loaded_bytes"]:
+        rows.append(("  + the moment of its last fp32 upcast: peak of the load", f2["load_peak_bytes"]))
+    rows.append(("fold 2 trains, the old trainer let go (1 model)", f2["train_peak_bytes"]))
     return "\n".join([f"ESTIMATED, allocated memory, against {PRESETS[preset].label}:"]
                      + [f"  {what:<56}{fmt_bytes(n):>11}  " + ("" if what.startswith("fold 2 loads") else
                                                                _verdict(n, gpu)) for what, n in rows])
-
-
-def crash_models(preset: str = "colab-t4", **setup) -> list[dict]:
-    """Ungated 7B-class models in 4 bits: does one fold fit ``preset``, and does fold 2's load (ESTIMATED)?
-
-    Each row: ``model``, ``fold_peak_bytes``, ``loaded_bytes`` (the peak of fold 2's load, two models),
-    ``crashes`` (one fold fits and the load does not). Sorted, the surest crash first.
-
-    >>> crash_models(batch_size=4, seq_len=256, lora_r=8)[0]["model"]          # doctest: +SKIP
-    'Qwen/Qwen3-8B'
-    """
-
-    gpu, rows = PRESETS[preset].gpu_bytes, []
-    for name in REGISTRY:
-        if gated(name) or name.startswith("tiny-"):
-            continue
-        try:
-            est = est_fn(name, **{**setup, "quantization": "4bit"})
-        except kin.InputError:  # the settings name modules this family lacks (gpt2's c_attn ...)
-            continue
-        if est.params < 6e9:  # 7B-class only
-            continue
-        loaded = fold2_prediction(est)["load_peak_bytes"]
-        rows.append({"model": name, "fold_peak_bytes": est.peak_bytes, "loaded_bytes": loaded,
-                     "crashes": est.peak_bytes <= gpu < loaded})
-    return sorted(rows, key=lambda r: (not r["crashes"], -(r["loaded_bytes"] - gpu)))
-
-
-def crash_models_text(preset: str = "colab-t4", **setup) -> str:
-    """:func:`crash_models` as a table, with the kit's pick named (ESTIMATED).
-
-    >>> print(crash_models_text(batch_size=4, seq_len=256, lora_r=8))          # doctest: +SKIP
-    """
-    rows, gpu = crash_models(preset, **setup), PRESETS[preset].gpu_bytes
-    lines = [f"ESTIMATED, ungated 7B-class models in 4 bits, against {PRESETS[preset].label}:",
-             f"  {'model':<26}{'one fold':>11}  {'':<6}{'fold 2 loads':>13}  verdict"]
-    for r in rows:
-        lines.append(f"  {r['model']:<26}{fmt_bytes(r['fold_peak_bytes']):>11}  "
-                     f"{'fits' if r['fold_peak_bytes'] <= gpu else 'NO':<6}{fmt_bytes(r['loaded_bytes']):>13}  "
-                     f"{_verdict(r['loaded_bytes'], gpu)}")
-    pick = next((r["model"] for r in rows if r["crashes"]), None)
-    lines.append(f"The kit's pick: {pick}: one fold fits, and fold 2's load does not." if pick else
-                 "None of them: no ungated model fits one fold and fails at fold 2's load with these settings.")
-    return "\n".join(lines)
 
 
 @wrapped
@@ -210,13 +207,12 @@ def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
                       advise(est, left).text(top=top)])
 
 
-def recipe_estimates(model_name: str, **setup) -> dict:
-    """Estimates of the standard recipe (``prepare_model_for_kbit_training``, which upcasts the
-    16-bit parts to fp32) and the lean one (no upcast), gradient checkpointing on in both.
+def recipe_estimates(est) -> dict:
+    """``est``'s setup under the standard recipe (``prepare_model_for_kbit_training``, which upcasts the 16-bit
+    parts to fp32) and under the lean one (no upcast, what today's TRL amounts to), all else alike.
 
-    >>> e = recipe_estimates("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)
+    >>> e = recipe_estimates(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8))
     >>> e["standard"].weights_bytes > e["lean"].weights_bytes
     True
     """
-    return {r: estimate(model_name, kbit_recipe=r, gradient_checkpointing=True, **setup)
-            for r in ("standard", "lean")}
+    return {r: estimate(**{**options_of(est), "kbit_recipe": r}) for r in ("standard", "lean")}

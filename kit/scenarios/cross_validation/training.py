@@ -1,9 +1,12 @@
-"""What scenario 2's loops share: their settings, the model a fold trains, its Trainer, a count of models.
+"""What scenario 2's loops share: their settings, the model a fold trains, its SFTTrainer, a count of models.
 
-- :func:`load_for_training`: load (4-bit by default), the k-bit recipe (:func:`kbit_recipe`), LoRA:
-  what the user's ``SFTTrainer(model, peft_config=...)`` does to a 4-bit model.
+- :func:`sft_config`: the user's ``SFTConfig`` (packing, a max length, checkpointing, fp16), in TRL 1.x's names;
+  :func:`fold_trainer`: one fold's ``SFTTrainer``, as the user builds it.
+- :func:`load_for_training`: the fixed loop's model, loaded once (4-bit by default) and wrapped with LoRA once;
+  :func:`kbit_recipe`: peft's ``prepare_model_for_kbit_training`` (what SFTTrainer ran in the TRL of the user's
+  post) or the lean recipe, which is what today's TRL amounts to.
 - :func:`count_live_models`: the loaded models still in memory.
-- ``loop_params`` reads the loops' settings; ``fold_trainer`` makes one fold's Trainer.
+- ``loop_params`` reads the loops' settings.
 
 >>> sorted(DEFAULTS)[:3]
 ['batch_size', 'lora_r', 'lora_targets']
@@ -14,8 +17,8 @@ import gc
 from pathlib import Path
 
 from peft import get_peft_model
-from torch import nn
-from transformers import PrinterCallback, Trainer, TrainingArguments
+from transformers import PreTrainedModel, PrinterCallback
+from trl import SFTConfig, SFTTrainer
 
 from kit import inputs as kin
 from kit import machine
@@ -29,32 +32,62 @@ DEFAULTS = dict(batch_size=4, seq_len=64, steps_per_fold=4, lora_r=8,
 
 
 def count_live_models() -> int:
-    """How many models loaded by ``kit.models.load_model`` are still alive in this process.
+    """How many loaded models are alive in this process: ``PreTrainedModel`` objects with real weights (not on
+    the meta device) that are not part of another one (a ``LlamaForCausalLM`` counts once, not again for the
+    ``LlamaModel`` inside it; a peft wrapper is not a ``PreTrainedModel``, so it adds nothing).
 
     >>> count_live_models()                                    # doctest: +SKIP
     2
     """
-    # type(): isinstance() reads __class__, which warns on some lazy torch objects. vars(): a
-    # PeftModel forwards attribute lookups to its base, so hasattr() would count it too.
-    return sum(1 for o in gc.get_objects() if issubclass(type(o), nn.Module) and "kit_source" in vars(o))
+    # type(): isinstance() reads __class__, which warns on some lazy torch objects.
+    found = [o for o in gc.get_objects() if issubclass(type(o), PreTrainedModel)]
+    inner = {id(m) for o in found for m in o.modules() if m is not o and issubclass(type(m), PreTrainedModel)}
+    return sum(1 for o in found if id(o) not in inner and not _on_meta(o))
 
 
-def fold_trainer(model, train_ds, eval_ds, collate, p: dict, output_dir, fold: int, tracker, callbacks=()) -> Trainer:
-    # A new Trainer makes a new optimizer in train(): no optimizer state carries over.
-    args = TrainingArguments(
-        output_dir=str(Path(output_dir) / f"fold{fold}"), per_device_train_batch_size=p["batch_size"],
-        per_device_eval_batch_size=p["batch_size"], max_steps=p["steps_per_fold"], learning_rate=2e-4,
-        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-        use_cpu=not machine.has_cuda(), seed=p["seed"])
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=collate, callbacks=[tracker.callback(), *callbacks])
+def _on_meta(model) -> bool:
+    return next((p.is_meta for p in model.parameters()), True)
+
+
+def sft_config(p: dict, output_dir, gpu: bool | None = None) -> SFTConfig:
+    """The user's ``SFTConfig``, in TRL 1.x's names, with the loop's settings ``p`` (:func:`loop_params`).
+
+    The user's: ``packing=True``, ``dataset_text_field="text"``, a max length (``max_seq_length`` in the TRL of
+    their post, ``max_length`` now; both moved from ``SFTTrainer(...)`` into ``SFTConfig``), gradient
+    checkpointing and ``fp16=True``. ``gpu`` None: a run on this machine: the user's fp16 on a GPU; on a CPU,
+    Trainer ignores fp16, and ``SFTConfig``'s own default (bf16) would run there slowly, so a CPU run is fp32
+    (``use_cpu``). ``gpu=True``: the user's own GPU run, for a prediction of their T4.
+
+    >>> c = sft_config(loop_params(seq_len=30), "/tmp/cv")
+    >>> c.packing, c.max_length, c.dataset_text_field, c.gradient_checkpointing
+    (True, 30, 'text', True)
+    """
+    cuda = machine.has_cuda() if gpu is None else gpu
+    return SFTConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=p["batch_size"],
+        per_device_eval_batch_size=p["batch_size"], gradient_checkpointing=True,
+        fp16=cuda, bf16=False,
+        dataset_text_field="text", max_length=p["seq_len"], packing=True,
+        max_steps=p["steps_per_fold"], learning_rate=2e-4, logging_strategy="no", save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=not cuda, seed=p["seed"])
+
+
+def fold_trainer(model, train_ds, eval_ds, tokenizer, p: dict, output_dir, fold: int, tracker, callbacks=(),
+                 peft_config=None) -> SFTTrainer:
+    """One fold's ``SFTTrainer``, on text datasets (``"text"`` column), with the kit's tracker. A new trainer
+    makes a new optimizer in ``train()``: no optimizer state carries over. With ``peft_config`` it wraps the
+    model itself (the user's way); given a ``PeftModel`` it trains that one."""
+    trainer = SFTTrainer(model=model, args=sft_config(p, Path(output_dir) / f"fold{fold}"), train_dataset=train_ds,
+                         eval_dataset=eval_ds, processing_class=tokenizer, peft_config=peft_config,
+                         callbacks=[tracker.callback(), *callbacks])
     trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
     return trainer
 
 
 def kbit_recipe(model, recipe: str = "standard"):
     """Prepare a loaded k-bit model for training: ``"standard"`` is peft's ``prepare_model_for_kbit_training``
-    (what TRL's SFTTrainer runs on the user's model), ``"lean"`` the same minus its fp32 upcast.
+    (what TRL's SFTTrainer ran on the user's model in 2024; TRL 1.x no longer does), ``"lean"`` the same minus
+    its fp32 upcast.
 
     Both freeze the base and turn on gradient checkpointing (non-reentrant, torch's
     recommendation, so that only the upcast differs). A model that is not k-bit is returned as
@@ -80,12 +113,15 @@ def _load(model_name: str, quantization: str):
     return model
 
 
-def load_for_training(model_name: str, p: dict, recipe: str = "standard"):
-    """The model a fold trains: loaded (4-bit by default), prepared by the k-bit recipe, wrapped with LoRA.
+def load_for_training(model_name: str, p: dict, recipe: str | None = None):
+    """The model the fixed loop trains: loaded once (4-bit by default), wrapped with LoRA once.
 
-    This is what the user's ``SFTTrainer(model, peft_config=...)`` does to a 4-bit model.
+    ``recipe`` None is today's TRL: ``SFTTrainer`` turns on checkpointing and the inputs' grads itself, and
+    casts the adapters to bf16 on a quantized model. ``"standard"`` / ``"lean"``: :func:`kbit_recipe` first.
     """
-    model = kbit_recipe(_load(model_name, p["quantization"]), recipe)
+    model = _load(model_name, p["quantization"])
+    if recipe is not None:
+        model = kbit_recipe(model, recipe)
     return get_peft_model(model, lora_config(p["lora_r"], p["lora_targets"]))
 
 

@@ -1,10 +1,10 @@
-"""Scenario 2, the user's fold loop: where the second model comes from, and when.
+"""Scenario 2, the user's fold loop, as they wrote it: where the second model comes from, and when.
 
-:func:`user_fold_loop` is the loop of the write-up, short enough to read in a notebook
-(``inspect.getsource``). Every fold loads a fresh 4-bit model while ``trainer`` still holds
-fold 1's Trainer, with fold 1's model and optimizer state. So the doubling happens while
-fold 2 *loads*: two models are alive until the line ``trainer = make_trainer(...)`` lets go
-of the old Trainer. ``free_gpu_cache()`` frees nothing at all.
+:func:`user_fold_loop` is the user's loop with ``SFTTrainer``, short enough to read in a notebook
+(``inspect.getsource``), adapted only where TRL renamed something (each rename is commented). Every fold
+loads a fresh 4-bit model while ``trainer`` still holds fold 1's SFTTrainer, with fold 1's model and
+optimizer state. So the doubling happens while fold 2 *loads*: two models are alive until the line
+``trainer = SFTTrainer(...)`` lets go of the old one. ``free_gpu_cache()`` frees nothing at all.
 
 :func:`run_broken_loop` runs it OOM-safe, with the kit's readings around its two halves
 (:class:`FoldWatch`): per fold, the memory before the load, the peak while loading and the
@@ -19,25 +19,25 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 
-from transformers import TrainerCallback
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PrinterCallback, TrainerCallback
+from trl import SFTTrainer
 
+from kit import data as kdata
+from kit import models as kmodels
 from kit import runtime
 from kit.measure import cleanup, oom
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
-from kit.scenarios.cross_validation.folds import fold_data
-from kit.scenarios.cross_validation.training import (
-    count_live_models,
-    fold_count,
-    fold_trainer,
-    load_for_training,
-    loop_params,
-)
+from kit.scenarios.cross_validation.folds import KFold, user_data
+from kit.scenarios.cross_validation.lora_reset import lora_config
+from kit.scenarios.cross_validation.training import count_live_models, fold_count, loop_params, sft_config
 from kit.units import fmt_bytes
 
 
 def free_gpu_cache() -> None:
-    """The user's cleanup helper, as the advice wrote it. It frees nothing.
+    """The user's cleanup helper, as the advice wrote it (its ``gpu_usage()`` prints left out). It frees nothing.
 
     ``del trainer`` makes ``trainer`` a *local* name of this function, so it raises
     ``UnboundLocalError`` (a ``NameError``), which is swallowed. The caller's
@@ -51,16 +51,45 @@ def free_gpu_cache() -> None:
     kdevice.empty_cache()  # torch.cuda.empty_cache(), through the kit's one CUDA module
 
 
-def user_fold_loop(splits, load_model, make_trainer, watch) -> None:
-    """The user's loop (``SFTTrainer`` written as ``Trainer``), with the kit's ``watch`` around its halves."""
-    trainer = None
-    for fold, (training_data, test_data) in enumerate(splits, 1):
+def user_bnb_config() -> BitsAndBytesConfig:
+    """The user's 4-bit settings, as written: NF4, double quantization, bf16 compute."""
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def bnb_for(p: dict):
+    """The user's 4-bit settings for ``quantization="4bit"``, the kit's 8-bit ones (None: no quantization)."""
+    return user_bnb_config() if p["quantization"] == "4bit" else kmodels.bnb_config(p["quantization"])
+
+
+def user_fold_loop(data, kf, model_name, bnb_config, lora_config, training_arguments, tokenizer, watch) -> None:
+    """The user's loop with SFTTrainer. The kit's lines are the two ``with watch(...)`` and ``watch.attach``."""
+    for fold, (train_index, test_index) in enumerate(kf.split(data), 1):  # enumerate: the kit's fold number
+        training_data, test_data = data['text'][train_index], data['text'][test_index]
+        training_data = Dataset.from_pandas(training_data.to_frame().reset_index())
+        test_data = Dataset.from_pandas(test_data.to_frame().reset_index())
         with watch("load", fold):
-            model = load_model()  # from_pretrained in 4 bits + LoRA, every fold; `trainer` still holds the last one
+            model = AutoModelForCausalLM.from_pretrained(
+                model_name,
+                device_map='auto',
+                quantization_config=bnb_config,
+                # token=access_token: the notebook logs in once instead (huggingface_hub.login())
+            )  # every fold; `trainer` still holds the last one
+            model.config.use_cache = False
+            model.config.pretraining_tp = 1
         with watch("train", fold):
-            trainer = make_trainer(model, training_data, test_data)  # only now is the old Trainer let go
+            trainer = SFTTrainer(  # only now is the old trainer let go
+                model=model,
+                train_dataset=training_data,
+                peft_config=lora_config,
+                # dataset_text_field='text', max_seq_length=30, packing=True: in SFTConfig now (training_arguments),
+                # max_seq_length renamed max_length
+                processing_class=tokenizer,  # was tokenizer=
+                args=training_arguments,
+            )
+            watch.attach(trainer)
             trainer.train()
-            free_gpu_cache()  # frees nothing: see its source above
+            free_gpu_cache()  # frees nothing: see its source below
 
 
 class _CountAtTrainBegin(TrainerCallback):
@@ -106,9 +135,12 @@ class FoldWatch:
             rec.update(self._readings(half, stage))
             self._close(rec)
 
-    def make_trainer(self, *args, **kwargs):
-        """The kit's Trainer for a fold, with a callback that counts the models when training begins."""
-        return fold_trainer(*args, **kwargs, callbacks=[_CountAtTrainBegin(self.current)])
+    def attach(self, trainer) -> None:
+        """The kit's readings on the user's trainer: the tracker's callback, a count of the models when
+        ``train()`` begins (after the old trainer was let go), and no per-step log lines."""
+        for callback in (self.tracker.callback(), _CountAtTrainBegin(self.current)):
+            trainer.add_callback(callback)
+        trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
 
     @staticmethod
     def _readings(half: str, stage) -> dict:
@@ -163,7 +195,8 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     (``kit.measure.oom.oom_safe``), its fold recorded with ``oom=True`` and ``oom_during`` ("load" or
     "train"), and the memory freed. ``on_fold_end(folds)`` gets the fold records so far, to
     redraw a chart. ``settings``: batch_size, seq_len, steps_per_fold, lora_r, lora_targets,
-    quantization, max_samples, seed (see ``s2_training.DEFAULTS``).
+    quantization, max_samples, seed (see ``training.DEFAULTS``). The model is the real one where the Hub
+    serves it, else its architecture twin, loaded by the user's own ``from_pretrained`` line.
 
     >>> broken = run_broken_loop("tiny-llama", folds=2)        # doctest: +SKIP
     >>> broken["folds"][1]["models_alive_after_load"]            # doctest: +SKIP
@@ -171,14 +204,13 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     """
     p, folds = loop_params(**settings), fold_count(folds)
     tracker = tracker if tracker is not None else Tracker()
-    _, collate, splits = fold_data(model_name, folds, p["seq_len"], p["max_samples"])
+    tokenizer, data = kdata.load_tokenizer(model_name), user_data(p["max_samples"])
+    model_path, line = kmodels.pretrained_source(model_name, "bf16")  # a Llama checkpoint is bf16
+    runtime.say(line)
     watch = FoldWatch(tracker, on_fold_end)
     gc.collect()  # an earlier run's garbage must not be counted as this loop's
-
-    def make_trainer(model, train_ds, eval_ds):
-        return watch.make_trainer(model, train_ds, eval_ds, collate, p, output_dir, watch.current["fold"], tracker)
-
-    result = oom.oom_safe(user_fold_loop, splits, lambda: load_for_training(model_name, p), make_trainer, watch,
+    result = oom.oom_safe(user_fold_loop, data, KFold(n_splits=folds), model_path, bnb_for(p),
+                          lora_config(p["lora_r"], p["lora_targets"]), sft_config(p, output_dir), tokenizer, watch,
                           setup={"model": model_name, **p})
     cleanup.release()  # the loop's models die with its frame; collect them and empty the CUDA cache
     if result.oom:
