@@ -62,7 +62,7 @@ def test_low_rank_head_keeps_the_models_interface():
 def test_a_fix_run_measures_its_estimate_and_returns_memory():
     record, tracker = s1_runs.run_fix("b", "smoke", steps=2, grad_accum=2)
     # the estimate of the same setup (as run here), at the same step: from the second, AdamW's state is alive
-    assert 0.9 <= record["measured_peak_bytes"] / record["estimate_peak_bytes"] <= 1.1, record
+    assert 0.98 <= record["measured_peak_bytes"] / record["estimate_peak_bytes"] <= 1.02, record
     assert (record["steps"], record["grad_accum"]) == (2, 2)
     assert record["returned"] is True
     assert [r.name for r in tracker.records] == ["tokenize", "build", "Trainer init", "train", "cleanup"]
@@ -135,3 +135,89 @@ def test_steps_below_one_are_refused_not_run(bad):
         s1_runs.run_fix("a", "smoke", steps=bad)
     with pytest.raises(ValueError, match="steps must be a whole number >= 1"):
         s1_runs.run_original_safely("smoke", steps=bad)
+
+
+# -- the user's own code (kit/scenarios/custom_head/user_code.py) -------------------------------------------------
+USERS_LINES = """\
+class Custom_GPT2_Model(nn.Module):
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.gpt2 = AutoModelForCausalLM.from_pretrained(model_name)
+        self.gpt2.resize_token_embeddings(len(tokenizer))
+        for param in self.gpt2.parameters():
+            param.requires_grad = False
+        self.gpt2.gradient_checkpointing_enable()
+        self.custom_layer = nn.Linear(self.gpt2.config.vocab_size, self.gpt2.config.vocab_size)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
+        logits = self.custom_layer(outputs.logits)
+        loss = None
+        if labels is not None:
+            loss_func = nn.CrossEntropyLoss()
+            # loss = loss_func(logits, labels)
+            loss = loss_func(logits.view(-1, logits.size(-1)), labels.view(-1))
+        return {'loss': loss, 'logits': logits}
+"""
+
+
+def test_the_printed_class_and_tokenize_func_are_the_users_verbatim():
+    import inspect
+
+    from kit.scenarios.custom_head import user_code
+
+    assert inspect.getsource(user_code.Custom_GPT2_Model) == USERS_LINES
+    assert "return tokenizer(examples['text'], padding='max_length', truncation=True, max_length=128, " \
+           "return_tensors='pt')" in inspect.getsource(user_code.tokenize_func)
+    args = inspect.getsource(user_code.user_training_args)
+    for line in ("output_dir='./results'", "num_train_epochs=0.5", "per_device_train_batch_size=1",
+                 "gradient_accumulation_steps=16", "fp16=True", "warmup_steps=2500", "learning_rate=0.1",
+                 "weight_decay=0.01", "logging_steps=5000"):
+        assert f"        {line}," in args, line
+    # each line that differs says why
+    assert "# logging_dir='./logs',  # ADAPTED: transformers 5 refuses logging_dir (TypeError)" in args
+    assert 'save_strategy="no",  # ADAPTED: safetensors refuses' in args
+    theirs = user_code.user_training_args()
+    assert (theirs.gradient_accumulation_steps, theirs.num_train_epochs, theirs.save_strategy) == (16, 0.5, "no")
+
+
+@pytest.fixture(scope="module")
+def users_trainer():
+    trainer, workshop = s1_runs.user_trainer("smoke", steps=2, grad_accum=2)
+    yield trainer, workshop
+    from kit.measure import cleanup
+
+    cleanup.release(trainer, trainer.model, free_model=True)
+
+
+def test_the_users_trainer_estimates_to_the_byte_of_the_registry_model_at_the_same_size(users_trainer):
+    from kit.estimate import estimate_trainer
+
+    trainer, workshop = users_trainer
+    from kit.scenarios.custom_head import user_code
+
+    assert type(trainer.model) is user_code.Custom_GPT2_Model
+    assert workshop["max_steps"] == 2 and trainer.args.gradient_accumulation_steps == 2
+    est = estimate_trainer(trainer)
+    same = ch.same_size_registry(trainer, est)
+    assert (est.peak_bytes, est.trainable_params, est.peak_moment) == \
+        (same.peak_bytes, same.trainable_params, same.peak_moment)
+    assert est.offenders[0][0] == "custom_layer"
+    # the same V: the shipped tokenizer has its [PAD] already, so the user's resize keeps the twin's 4096
+    assert trainer.model.custom_layer.out_features == len(trainer.data_collator.tokenizer) == 4096
+
+
+def test_a_run_of_the_users_code_measures_its_estimate_within_2_percent():
+    for steps in (1, 2):   # one step: its backward runs before AdamW's state exists, and the estimate says so
+        record, tracker = s1_runs.run_original_safely("smoke", steps=steps, grad_accum=1)
+        assert record["seq_len"] == 128 and record["steps"] == steps
+        assert 0.98 <= record["measured_peak_bytes"] / record["estimate_peak_bytes"] <= 1.02, record
+        assert record["returned"] is True
+        assert [r.name for r in tracker.records] == ["the user's code", "train", "cleanup"]
+
+
+def test_a_one_step_fix_run_is_set_beside_the_first_steps_estimate():
+    record, _ = s1_runs.run_fix("a", "smoke", steps=1, grad_accum=1)
+    est = ch.estimate_fix("a", "smoke", as_run=True, grad_accum=1, seq_len=record["seq_len"])
+    assert record["estimate_peak_bytes"] == est.first_step_peak_bytes < est.peak_bytes
+    assert 0.98 <= record["measured_peak_bytes"] / record["estimate_peak_bytes"] <= 1.02, record

@@ -75,3 +75,30 @@ def test_live_fix_catches_an_out_of_memory_error_and_goes_on(monkeypatch):
     assert record["estimate_peak_bytes"] == s1.estimate_fix("c", "smoke", as_run=True,
                                                                 grad_accum=record["grad_accum"]).peak_bytes
     assert "OUT OF MEMORY, caught" in nb.record_text(record)
+
+
+def test_the_notebook_prints_the_users_code_and_checks_their_trainer():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "notebooks" / "01_distilgpt2_custom_head.ipynb"
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    shown = next(i for i, c in enumerate(cells) if "inspect.getsource(user_code.Custom_GPT2_Model)" in "".join(c["source"]))
+    printed = "".join("".join(o.get("text", "")) for o in cells[shown]["outputs"])
+    assert "class Custom_GPT2_Model(nn.Module):" in printed and "def tokenize_func(examples):" in printed
+    assert "# ADAPTED: transformers 5 refuses logging_dir" in printed
+    assert not any("VocabHeadModel" in c for c in code)            # the kit's class is not shown as the user's
+    assert any("kit.check(trainer)" in c for c in code)
+    assert any("nb.live_original(SIZE" in c and "trainer=trainer" in c for c in code)
+
+
+def test_folded_folds_long_printed_lines():
+    with pytest.MonkeyPatch.context():
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), nb.folded(40):
+            print("word " * 20)
+        assert max(len(line) for line in buf.getvalue().splitlines()) <= 40

@@ -146,7 +146,8 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
 
     step("scenario 1: run the original, OOM-safe")
     original, tracker = s1_runs.run_original_safely(size, steps=S1_STEPS, grad_accum=accum)
-    est = _estimate_as_recorded(as_run, original, "the original")
+    # the user's own Trainer was read as it ran (its tokenizer's vocabulary): the record's estimate, else the prediction
+    est = _estimate_as_recorded(original.get("estimate") or as_run, original, "the original")
     measured = original["measured_peak_bytes"]
     s1_sum["original"].update(estimate_peak_bytes=original["estimate_peak_bytes"], measured_peak_bytes=measured,
                               oom=original["oom"])
@@ -177,8 +178,8 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         s1_sum["fixes"].append({k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
                                                             "returned", "oom", "steps", "grad_accum")})
         # The chart draws the record's estimate: the setup as run, with the run's accumulation.
-        est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"]),
-                                    record, f"fix ({which})")
+        est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
+                                                    seq_len=record["seq_len"]), record, f"fix ({which})")
         measured = record["measured_peak_bytes"]
         fix_setup = (f"{s1.run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
                      f"{record['grad_accum']}, {record['steps']} optimizer steps")

@@ -8,6 +8,8 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 - :func:`fixes_at_real_size`: the three fixes at DistilGPT2's real size, against a preset.
 - :func:`advisor_text`: what the fit advisor (:mod:`kit.advise`) finds for the user's setup, unaided.
 - :func:`live_fix` / :func:`live_original`: a run with the live stage plot.
+- :func:`user_trainer`: the user's own Trainer, built by their code; :func:`beside_registry`: its estimate
+  (``kit.check``'s) beside the kit's registry model's; :func:`folded`: long printed lines folded.
 - :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
 - :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
 - :func:`stage_table`: a run's stages in the columns the lesson reads. The exercises and the checks of the
@@ -17,6 +19,9 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 >>> record, tracker = live_fix("a", "smoke")          # doctest: +SKIP
 """
 from __future__ import annotations
+
+import contextlib
+import io
 
 from kit import dtypes, machine, plot
 from kit.advise import advise
@@ -34,7 +39,7 @@ from kit.scenarios.custom_head.exercises import (
     toy_model,  # noqa: F401
     twin_rank,
 )
-from kit.units import fmt_bytes, wrapped
+from kit.units import WIDTH, fmt_bytes, wrap, wrapped
 
 
 def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
@@ -105,13 +110,72 @@ def live_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum:
     return s1_runs.run_fix(which, size, steps=steps, grad_accum=grad_accum, tracker=tracker, rank=rank)  # OOM-safe
 
 
-def live_original(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
-    """:func:`kit.scenarios.custom_head.runs.run_original_safely` with the live stage plot.
+def user_trainer(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """The user's Trainer, built by their own code on the model this run trains
+    (:func:`kit.scenarios.custom_head.runs.user_trainer`), with the workshop's keywords said; None (and why)
+    where building it would exhaust this CPU's RAM.
+
+    >>> trainer = user_trainer("smoke")               # doctest: +SKIP
+    """
+    size = s1.size_name(size)
+    _, refused = s1_runs.ram_check(size, s1_runs.grad_accum_for(None, grad_accum))
+    if refused:
+        print(f"The user's code was not run at {size} size here. {refused}")
+        return None
+    trainer, workshop = s1_runs.user_trainer(size, steps=steps, grad_accum=grad_accum)
+    print(f"The user's Trainer, on {type(trainer.model).__name__} (V = {trainer.model.custom_layer.out_features:,}); "
+          "the workshop's keywords over their TrainingArguments:")
+    print(wrap("  " + ", ".join(f"{k}={v!r}" for k, v in workshop.items() if k != "output_dir") +
+               ", output_dir=a temporary folder"))
+    return trainer
+
+
+@contextlib.contextmanager
+def folded(width: int = WIDTH):
+    """Print what the block prints with its lines folded to ``width`` (``kit.check`` prints its long ones whole).
+
+    >>> with folded(20):
+    ...     print("word " * 6)
+    word word word word
+        word word
+    """
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        print(wrap(buf.getvalue().rstrip("\n"), width))
+
+
+@wrapped
+def beside_registry(trainer, est_user, pred: "s1.Prediction | None" = None) -> str:
+    """``kit.check``'s estimate of the user's Trainer beside the kit's: its registry model (``VocabHeadModel``
+    on the same base) at the same vocabulary and in the same settings, their ratio, and ``pred``, the registry
+    model at real size (section 1). All ESTIMATED: nothing trains.
+
+    >>> print(beside_registry(trainer, kit.check(trainer), s1.predict_original("real")))   # doctest: +SKIP
+    """
+    same = s1.same_size_registry(trainer, est_user)
+    v = trainer.model.custom_layer.out_features
+    lines = [f"ESTIMATED peaks (kit.check's settings: {est_user.setup['precision']}, batch "
+             f"{est_user.setup['batch_size']} x {est_user.setup['seq_len']} tokens, accumulation "
+             f"{est_user.setup['grad_accum']}, {est_user.setup['device']} kernels):",
+             f"  the user's Trainer ({type(trainer.model).__name__}, V = {v:,}): {fmt_bytes(est_user.peak_bytes)}",
+             f"  the kit's {same.setup['model']}, the same settings: {fmt_bytes(same.peak_bytes)}",
+             f"  ratio, the user's / the kit's: {est_user.peak_bytes / same.peak_bytes:.6f}"]
+    if pred is not None:
+        lines.append(f"  the kit's {pred.name} at real size (V = 50,258, section 1): {fmt_bytes(pred.peak_bytes)}")
+    return "\n".join(lines)
+
+
+def live_original(size: str | None = None, *, steps: int = 2, grad_accum: int | None = None, trainer=None):
+    """:func:`kit.scenarios.custom_head.runs.run_original_safely` with the live stage plot: the user's own code,
+    or ``trainer``, the one :func:`user_trainer` built (freed after the run).
 
     >>> record, tracker = live_original("smoke")      # doctest: +SKIP
     """
-    return s1_runs.run_original_safely(size, steps=steps, grad_accum=grad_accum,
-                                       tracker=_live("The user's setup, OOM-safe: MEASURED per stage"))
+    return s1_runs.run_original_safely(size, steps=steps, grad_accum=grad_accum, trainer=trainer,
+                                       tracker=_live("The user's code, OOM-safe: MEASURED per stage"))
 
 
 @wrapped
@@ -188,7 +252,7 @@ def original_at_real_size(size: str | None = None) -> str:
         return "The run above was the user's setup at real size."
     est = s1.predict_original("real").estimate
     if not machine.has_cuda():
-        problem = s1_runs._ram_problem(s1.estimate_user(s1.NAMES["real"], precision="fp32", device="cpu",
+        problem = s1_runs.ram_problem(s1.estimate_user(s1.NAMES["real"], precision="fp32", device="cpu",
                                                     grad_accum=s1_runs.grad_accum_for(None)))
         if problem:
             return f"Refused at real size on this machine. {problem}"

@@ -274,6 +274,28 @@ def estimate_fix(which: str, size: str | None = None, *, as_run: bool = False, r
                                                          "load_dtype": s["load_dtype"], **where, **setup})
 
 
+# -- 4. the user's own Trainer ---------------------------------------------------------------
+# estimate()'s keywords that an estimate of a built Trainer records in .setup (the rest: names and readings)
+_SETTINGS = ("batch_size", "seq_len", "precision", "optimizer", "gradient_checkpointing", "grad_accum", "load_dtype",
+             "attn_implementation", "device", "checkpoint_reentrant", "eval_batch_size", "eval_gather",
+             "eval_samples", "eval_accumulation_steps")
+
+
+def same_size_registry(trainer, est_user):
+    """The kit's own model of the user's setup, at the size of the model in ``trainer``: ``VocabHeadModel`` on the
+    registry base of that width (DistilGPT2, or the tiny twin) with the same vocabulary V, estimated in
+    ``est_user``'s settings (what ``kit.check(trainer)`` read). Built on meta: instant, nothing allocated.
+
+    >>> est = same_size_registry(trainer, kit.check(trainer))          # doctest: +SKIP
+    """
+    width, v = trainer.model.gpt2.config.n_embd, trainer.model.custom_layer.out_features
+    name = next(n for n in NAMES.values() if kmodels.get_config(n).n_embd == width)
+    base = kmodels.build_model(name.removesuffix(kmodels.VOCAB_HEAD), device="meta")
+    est = estimate(kmodels.VocabHeadModel(base, v), **{k: est_user.setup[k] for k in _SETTINGS if k in est_user.setup})
+    est.setup["model"] = f"{name} (V = {v:,})"
+    return est
+
+
 # -- 5. find your own culprit -------------------------------------------------------------
 CHECKLIST = """Find your own culprit:
 1. Rank modules by trainable parameters (find_culprit(model)): one far above the rest is the suspect.
