@@ -4,9 +4,10 @@ One package per concept (the README's "Layout" is the map): ``estimate`` (the pr
 readings, stages, cleanup and leaks), ``advise`` (what fits, and ``check``), ``plot``, ``watching`` (the
 user's own run), ``widgets`` (the panel), ``scenarios`` (the worked cases), ``cli`` (``python -m kit``), over
 the foundations (``units``, ``inputs``, ``training_setup``, ``presets``, ``dtypes``, ``machine``, ``runtime``,
-``models``, ``model_configs``, ``data``). The faces: ``kit.panel(scenario=1)`` builds the widget panel;
-``kit.check(trainer)`` prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot to
-it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error; ``%load_ext kit`` prints a
+``models``, ``vocab_head``, ``model_configs``, ``data``). The faces: ``kit.panel(scenario=1)`` builds the widget
+panel; ``kit.check(trainer)`` prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot to
+it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error; ``kit.watch_loop(model,
+optimizer)`` watches a plain PyTorch loop (``with watch.step(batch):`` each step); ``%load_ext kit`` prints a
 memory reading under each notebook cell. ``from kit.estimate import estimate`` predicts one setup.
 """
 __version__ = "0.1.0"
@@ -32,6 +33,10 @@ def __getattr__(name):
         from kit.watching import trainer as watching
 
         return getattr(watching, name)
+    if name in ("watch_loop", "step"):  # your own PyTorch loop: `with kit.watch_loop(model, opt).step(batch):`
+        from kit.watching import loop
+
+        return getattr(loop, name)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")
 
 

@@ -5,8 +5,10 @@ emulation, so transformers accepts ``bf16=True`` there, and the work runs emulat
 the popular Colab notebooks use fp16 on a T4. So wherever the kit chooses a 16-bit dtype for a run
 (the 4-bit compute dtype and the 16-bit load dtype of a quantized model, scenario 1's fix (c)), it
 takes :func:`run_dtype`: bf16 from compute capability 8.0 (Ampere) up, fp16 below. On a CPU it
-takes bf16 (bitsandbytes' CPU path computes in it; Trainer ignores ``fp16=True`` there). A
-memory estimate does not change with the choice (both are 2 bytes), only the words do.
+takes bf16 (bitsandbytes' CPU path computes in it; Trainer ignores ``fp16=True`` there). Both are 2
+bytes, but the choice can still change a memory estimate: to torch they are different dtypes (a bf16
+weight under fp16 autocast is cast to an fp16 copy at each use, and bf16 with fp16 promotes to fp32),
+and the estimator tells them apart (:class:`kit.estimate.replay.Dt`).
 
 >>> run_dtype((7, 5))
 ('fp16', 'compute capability 7.5 has no native bf16, so fp16 (as Colab notebooks do on a T4)')

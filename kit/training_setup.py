@@ -103,6 +103,21 @@ class TrainingSetup:
                                 "so seq_len may pass the model's positions")
     adapter_dtype: str = option("fp32", "the LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), bf16 (TRL's "
                                 "SFTTrainer casts them on a quantized model)", choices=("fp32", "bf16"))
+    input_require_grads: object = option(None, "enable_input_require_grads ran (its hook makes the embeddings' "
+                                         "output require grad, so block 1 saves for it): None as the libraries "
+                                         "do it, with checkpointing (the k-bit recipe's too); estimate_trainer reads "
+                                         "the hook off the model")
+    outputs_kept: bool = option(False, "a plain loop's `outputs = model(**batch)` held through loss.backward(): its "
+                                "logits (and, with config.use_cache, its KV cache) stay alive through the backward, "
+                                "where Trainer lets them go at the loss", flag="--outputs-kept", kind=bool)
+    grads_kept: bool = option(False, "optimizer.zero_grad(set_to_none=False): the gradients stay allocated (zeros) "
+                              "through the next step's forward, and its backward adds into them (step 1 has none "
+                              "yet, so only the later steps change)", flag="--grads-kept", kind=bool)
+    optimizer_before_move: bool = option(False, "the optimizer was built before model.to(device): on one device this "
+                                         "changes nothing (.to() moves each Parameter in place, so the optimizer "
+                                         "holds the moved ones, and makes its state at its first step, on their "
+                                         "device): the estimate is the default's", flag="--optimizer-before-move",
+                                         kind=bool)
     cpu_offload: bool = option(False, "fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer "
                                "(zero3: and params)", flag="--cpu-offload", kind=bool, cli_default=None)
 

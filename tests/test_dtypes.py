@@ -1,12 +1,18 @@
 """The 16-bit dtype rule (kit.dtypes): fp16 on a GPU without native bf16 (a T4), bf16 from Ampere up,
-applied where the kit chooses a dtype for a run, with the GPU's compute capability faked."""
+applied where the kit chooses a dtype for a run, with the GPU's compute capability faked; and the estimate
+telling bf16 from fp16 (a bf16 weight under fp16 autocast gets an fp16 copy) against a real CPU step."""
+import os
+import sys
+
 import pytest
 import torch
 
-from kit import dtypes, models
-from kit.scenarios import notebook
-from kit.scenarios.custom_head import notebook as s1nb
-from kit.scenarios.custom_head import scenario as s1
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+from kit import dtypes, models  # noqa: E402
+from kit.scenarios import notebook  # noqa: E402
+from kit.scenarios.custom_head import notebook as s1nb  # noqa: E402
+from kit.scenarios.custom_head import scenario as s1  # noqa: E402
 
 
 @pytest.fixture
@@ -51,3 +57,56 @@ def test_estimates_for_a_named_preset_follow_the_rule():
     text = s1nb.fixes_at_real_size("colab-t4")
     assert "(c) VxV head, fp16 weights" in text
     assert "(c) VxV head, bf16 weights" in s1nb.fixes_at_real_size("a100-80")
+
+
+# ---- bf16 is not fp16: the estimate tells them apart ------------------------------------------------
+def _small_vocab_llama():
+    from kit.models import get_config
+
+    cfg = get_config("tiny-llama")
+    cfg.vocab_size = 256  # the blocks, not the logits, hold most of the step
+    return cfg
+
+
+def test_bf16_weights_under_fp16_autocast_match_a_cpu_step():
+    """bf16 weights (transformers 5's default load) under fp16 autocast (a T4 with fp16=True): autocast casts
+    every bf16 weight to fp16 at each use (its cast cache keeps fp32 leaves only), the backward keeps the
+    copies, and bf16 embeddings plus fp16 linears promote the residual stream to fp32. The estimate of that
+    setup against the peak of real hand-written steps under ``torch.autocast("cpu", dtype=torch.float16)``
+    (Trainer ignores fp16 on a CPU, so the step drives autocast itself)."""
+    import estimate_vs_measured as bench
+
+    from kit.estimate import estimate
+    from kit.models import build_model
+
+    cfg = _small_vocab_llama()
+    torch.manual_seed(0)
+    model = build_model(cfg, dtype=torch.bfloat16)
+    got = bench.autocast_step_peak(model, B=4, S=128, V=cfg.vocab_size, dtype=torch.float16)
+    est = estimate(cfg, batch_size=4, seq_len=128, load_dtype="bf16", precision="fp16", device="cpu")
+    assert est.weights_bytes == got["weights"]
+    assert 0.98 <= est.peak_bytes / got["peak"] <= 1.02, (est.peak_moment, est.peak_bytes, got["peak"])
+
+
+def test_autocast_copies_only_where_the_dtypes_differ():
+    """fp16 weights under fp16 and bf16 under bf16 make no autocast copies; bf16 under fp16 makes one of
+    each block linear (2 bytes per weight, saved for the input's grad) and of the head."""
+    from kit.estimate import estimate
+
+    cfg = _small_vocab_llama()
+    est = {(w, ac): estimate(cfg, batch_size=4, seq_len=128, load_dtype=w, precision=ac, device="cpu")
+           for w, ac in (("fp16", "fp16"), ("bf16", "bf16"), ("bf16", "fp16"))}
+    assert est["fp16", "fp16"].autocast_copies_bytes == est["bf16", "bf16"].autocast_copies_bytes == 0
+    H, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    kv = cfg.num_key_value_heads * (H // cfg.num_attention_heads)
+    block = H * H * 2 + H * kv * 2 + 3 * H * F   # q, o; k, v; gate, up, down (elements)
+    assert est["bf16", "fp16"].autocast_copies_bytes == 2 * (L * block + V * H)
+    assert est["bf16", "fp16"].peak_bytes > est["bf16", "bf16"].peak_bytes
+
+
+def test_fp16_trainable_weights_under_fp16_are_still_refused():
+    from kit.estimate import estimate
+    from kit.inputs import InputError
+
+    with pytest.raises(InputError, match="Attempting to unscale FP16 gradients"):
+        estimate("tiny-llama", batch_size=1, seq_len=8, load_dtype="fp16", precision="fp16")

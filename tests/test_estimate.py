@@ -188,7 +188,7 @@ def test_replay_matches_autograd_saved_tensors(name, attn, dtype, padded, ckpt, 
     got = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
     est = estimate(name, batch_size=B, seq_len=S, load_dtype=dtype, attn_implementation=attn,
                    padded=padded, gradient_checkpointing=ckpt, lora_r=8 if lora else 0,
-                   lora_targets=lora, device="cpu")
+                   lora_targets=lora, device="cpu", input_require_grads=True if lora else None)
     assert est.saved_bytes == pytest.approx(got, rel=0.015)
 
 

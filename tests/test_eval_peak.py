@@ -97,3 +97,54 @@ def test_gathering_grows_with_the_eval_set_and_accumulation_caps_it():
 def test_eval_options_are_checked(kw, match):
     with pytest.raises(InputError, match=match):
         estimate("tiny-llama", batch_size=2, seq_len=32, **kw)
+
+
+# -- kit.train on a TRL SFTTrainer that evaluates: the training and evaluation peaks apart -------------------------
+def _sft_trainer(tmp_path, **kw):
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    from kit import data
+
+    def rows(n):   # rows of 40 and 24 tokens: padded to 40 in a batch of 4
+        return Dataset.from_dict({"input_ids": [[5 + (i * 7 + j) % 4000 for j in range(40 if i % 2 else 24)]
+                                                for i in range(n)]})
+
+    torch.manual_seed(0)
+    args = trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+                         per_device_train_batch_size=4, per_device_eval_batch_size=4, save_strategy="no",
+                         logging_strategy="no", disable_tqdm=True, eval_strategy="steps", eval_steps=1,
+                         gradient_checkpointing=False, **kw)
+    return trl.SFTTrainer(model=build_model("tiny-llama"), args=args, train_dataset=rows(32), eval_dataset=rows(8),
+                          processing_class=data.shipped_tokenizer())
+
+
+def test_kit_train_sets_an_sft_trainers_evaluation_beside_its_estimate(tmp_path):
+    # TRL 1.16 computes the eval loss through its fused LM head too (prediction_loss_only: no logits are built)
+    import kit
+
+    r = kit.train(_sft_trainer(tmp_path), tensor_peak=True, plot=False)
+    assert not r.oom and r.step == 3 and r.eval_ran and r.eval_estimate_note is None
+    print(f"SFT: training {r.ratio:.4f}, step 1 {r.first_step_ratio:.4f}, evaluation {r.eval_ratio:.4f}")
+    assert 0.98 <= r.ratio <= 1.02 and 0.98 <= r.first_step_ratio <= 1.02     # measured 1.00
+    assert 0.98 <= r.eval_ratio <= 1.02                                        # measured 1.000
+
+
+def test_a_packed_sft_evaluation_is_one_flattened_row_beside_its_estimate(tmp_path):
+    # eval rows are flattened like the training rows (4 x 64 tokens into one row): the same row, modeled
+    import kit
+
+    r = kit.train(_sft_trainer(tmp_path, packing=True, max_length=64), tensor_peak=True, plot=False)
+    assert not r.oom and r.eval_ran and r.eval_estimate_note is None
+    print(f"packed SFT: training {r.ratio:.4f}, evaluation {r.eval_ratio:.4f}")
+    assert 0.98 <= r.ratio <= 1.02 and 0.98 <= r.eval_ratio <= 1.02
+
+
+def test_a_packed_evaluation_of_other_rows_is_said_not_modeled_never_given_a_ratio(tmp_path):
+    import kit
+
+    trainer = _sft_trainer(tmp_path, packing=True, max_length=64)
+    trainer.args.per_device_eval_batch_size = 2   # a flattened eval row of 2 rows' tokens, training's of 4
+    r = kit.train(trainer, tensor_peak=True, plot=False)
+    assert not r.oom and r.eval_ran and r.eval_peak_bytes is not None and r.eval_ratio is None
+    assert "a padding-free evaluation flattens 2 rows into one, and training 4" in " ".join(str(r).split())

@@ -94,6 +94,38 @@ def test_peak_matches_a_cpu_trainer_step(name, label):
         assert est.weights_bytes == pytest.approx(got["weights"], abs=2)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_lora_without_input_grads_is_exact(name):
+    """LoRA on a frozen embedding, no checkpointing, no enable_input_require_grads (get_peft_model alone):
+    block 1's input needs no grad, so its first norm saves nothing. The estimate's default follows it, and
+    a real model's hook is read off it (estimate_trainer)."""
+    label = "LoRA r8 (default targets)"
+    r = _measured(name, label) if name in TWINS else bench.run_row(label, name, GRID[label][0], False)
+    assert r["est"].saved_bytes == pytest.approx(r["saved"], rel=1e-6)  # (a 0-d scalar or so apart)
+    assert 0.998 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.002, (r["est"].peak_moment, r["got"])
+    hooked = estimate(name, **GRID[label][0], device="cpu", input_require_grads=True)
+    assert hooked.saved_bytes > r["est"].saved_bytes
+
+
+def test_estimate_trainer_reads_the_input_grads_hook(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    seen = {}
+    for hook in (False, True):
+        model = build_model("tiny-llama")
+        if hook:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+        args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, use_cpu=True, report_to=[])
+        tr = Trainer(model=model, args=args, train_dataset=bench._Batches(4, 32, 4096, True))
+        seen[hook] = estimate_trainer(tr, seq_len=32, device="cpu")
+    assert seen[True].sources["input_require_grads"][0] is True and "input_require_grads" not in seen[False].sources
+    assert seen[True].saved_bytes > seen[False].saved_bytes
+
+
 def test_gemma2_runs_eager_whatever_is_asked():
     """sdpa cannot soft-cap Gemma-2's attention scores: transformers refuses it, so the model runs eager."""
     sdpa, eager = (estimate("tiny-gemma2", batch_size=2, seq_len=64, attn_implementation=a) for a in ("sdpa", "eager"))

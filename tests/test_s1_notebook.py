@@ -91,14 +91,3 @@ def test_the_notebook_prints_the_users_code_and_checks_their_trainer():
     assert not any("VocabHeadModel" in c for c in code)            # the kit's class is not shown as the user's
     assert any("kit.check(trainer)" in c for c in code)
     assert any("nb.live_original(SIZE" in c and "trainer=trainer" in c for c in code)
-
-
-def test_folded_folds_long_printed_lines():
-    with pytest.MonkeyPatch.context():
-        import contextlib
-        import io
-
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf), nb.folded(40):
-            print("word " * 20)
-        assert max(len(line) for line in buf.getvalue().splitlines()) <= 40

@@ -141,3 +141,73 @@ def test_kit_train_and_watch_take_an_sft_trainer(tmp_path):
     assert not report.oom and report.step == 3 and report.peak_exact
     assert report.estimate_peak_bytes == estimate_trainer(tr, device="cpu").peak_bytes
     assert 0.98 <= report.ratio <= 1.02, report
+
+
+# bf16 hidden states and LM head (no autocast): a 4-bit QLoRA model (TRL casts the adapters to bf16; embeddings and
+# lm_head stay bf16) and LoRA on bf16 weights. "4 x 64 packed" is the fp32 cases' data; "one packed row of 16" (rows
+# of 10 and 6 tokens, batch 1) scores 15 positions, so the backward's largest moment is _addmm_fp32's fp32 copies of
+# the bf16 [15, 4096] tile and [4096, 128] weight slice, not the fold (it was 0.90 before they were counted).
+BF16_HEAD_DATA = {
+    "4 x 64 packed": (4, 64, None),
+    "one packed row of 16": (1, 16, (10, 6)),
+}
+
+
+@pytest.mark.parametrize("weights", ["4bit", "bf16"])
+@pytest.mark.parametrize("shape", list(BF16_HEAD_DATA))
+def test_estimate_matches_a_bf16_head_sft_trainer_step(tmp_path, weights, shape):
+    from datasets import Dataset
+
+    batch, max_length, lengths = BF16_HEAD_DATA[shape]
+    torch.manual_seed(0)
+    if weights == "4bit":
+        pytest.importorskip("bitsandbytes")
+        model = models.load_model("tiny-llama", quantization="4bit", device="cpu")  # NF4, bf16 compute and rest
+    else:
+        model = models.build_model("tiny-llama", dtype=torch.bfloat16)
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    rows = _rows() if lengths is None else Dataset.from_dict(
+        {"input_ids": [[5 + (i * 7 + j) % 4000 for j in range(lengths[i % 2])] for i in range(32)]})
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+                     per_device_train_batch_size=batch, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                     learning_rate=1e-4, packing=True, max_length=max_length)
+    tr = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=data.shipped_tokenizer(),
+                    peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    est = estimate_trainer(tr, device="cpu")
+    assert est.sources["fused_lm_head"][0] is True and est.setup["seq_len"] == batch * max_length
+    got = _measure(tr)
+    steady, first = est.peak_bytes / max(got[1:]), est.first_step_peak_bytes / got[0]
+    print(f"{weights}, {shape}: estimate/measured steady {steady:.4f}, step 1 {first:.4f}")
+    assert 0.98 <= steady <= 1.02, (weights, shape, est.peak_moment, est.peak_bytes, got)
+    assert 0.98 <= first <= 1.02, (weights, shape, est.first_step_peak_bytes, got)
+
+
+@pytest.mark.parametrize("B,S,H", [(1, 120, 128), (1, 9, 512)])
+def test_chunked_head_matches_the_kernel_on_bf16_tensors(B, S, H):
+    """chunked_head's forward and backward against ChunkedLogProbFunction itself on bf16 hidden states and weight
+    (V 4096, frozen head), as add_fused_lm_head calls it: [:, :-1] reshaped, the clamped labels, TRL's outputs.
+    The forward's half tile costs no extra fp32 copy; the backward's (1, 9, 512) moment is _addmm_fp32's."""
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    from kit.estimate.replay.fused_head import chunked_head
+
+    V = 4096
+    torch.manual_seed(0)
+    w = (torch.randn(V, H) * 0.05).to(torch.bfloat16)
+    x = torch.randn(B, S, H, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, V, (B, S))
+    with TensorPeak() as p:
+        h = x * 1.0                      # the final norm's output
+        base = p.current_bytes
+        out = ChunkedLogProbFunction.apply(h[:, :-1].reshape(-1, H), w, None, labels[:, 1:].clamp(min=0).reshape(-1),
+                                           1.0, 32768, None, 1.0, ("log_probs", "entropy", "is_top1"))
+        forward = p.peak_bytes - base
+        loss = -out[0].sum()
+        del out, h
+        p.peak_bytes = start = p.current_bytes
+        loss.backward()
+        backward = p.peak_bytes - start
+    est = chunked_head(B=B, S=S, H=H, V=V, hidden_dt=2, weight_dt=2, compute_dt=2, head_trainable=False,
+                       hidden_grad=True, device="cpu")
+    assert 0.99 <= forward / est["forward"] <= 1.01, (forward, est)
+    assert 0.99 <= backward / est["backward"] <= 1.01, (backward, est)

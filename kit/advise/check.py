@@ -10,6 +10,7 @@ from __future__ import annotations
 from kit.advise.core import advise
 from kit.estimate import Estimate, estimate_trainer
 from kit.presets import resolve_device, verdict
+from kit.units import wrap
 
 
 def check(trainer_or_estimate, device=None, *, seq_len=None):
@@ -33,7 +34,7 @@ def check(trainer_or_estimate, device=None, *, seq_len=None):
             lines.append(advise(trainer_or_estimate, preset, trainer_estimate=est).text(top=3))
         except ValueError as exc:
             lines.append(f"(no advice: {exc})")
-    print("\n".join(lines), flush=True)
+    print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long source lines fold
     return est
 
 

@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kit import inputs as kin
 from kit.estimate import quantization as kq
@@ -20,7 +20,7 @@ from kit.estimate import replay as act
 from kit.estimate.evaluation import eval_peak
 from kit.estimate.inventory import Info, default_targets, lora_matches
 from kit.estimate.result import Context, Estimate
-from kit.presets import DTYPES, OPTIMIZERS, int8_bytes, nf4_bytes, optimizer_state_bytes
+from kit.presets import OPTIMIZERS, int8_bytes, nf4_bytes, optimizer_state_bytes
 
 PARTS = ("embed", "block", "head")
 
@@ -50,23 +50,26 @@ class Plan:
     ev: dict                  # evaluate()'s batch size, gather, samples and accumulation
     bnb: kq.Bnb
     fused: bool = False       # TRL's fused LM head (kit.estimate.replay.fused_head)
-    adapter: int = 4          # bytes per LoRA adapter element (fp32; TRL casts them to bf16 on k-bit models)
+    adapter: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
+    input_grad: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
+
+    # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
+    @property
+    def load_bytes(self) -> act.Dt:        # the loaded weights' dtype
+        return act.dtype(self.load)
 
     @property
-    def load_bytes(self) -> int:           # bytes per loaded weight
-        return DTYPES[self.load]
+    def half(self) -> act.Dt | None:       # autocast's dtype (None: fp32, no autocast)
+        return act.dtype(self.precision) if self.precision != "fp32" else None
 
     @property
-    def half(self) -> int | None:          # autocast's bytes per element (None: fp32, no autocast)
-        return 2 if self.precision != "fp32" else None
-
-    @property
-    def trained_bytes(self) -> int:        # bytes per parameter that is not 4-bit/8-bit, after the recipe
-        return 4 if self.kbit_recipe else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
+    def trained_bytes(self) -> act.Dt:     # the dtype of the parameters that are not 4-bit/8-bit, after the recipe
+        return act.FP32 if self.kbit_recipe else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
 
 
 def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
-         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32") -> Plan:
+         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32",
+         input_grad=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -100,7 +103,7 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
                              "soft-capping or a head on the logits: estimate this model without it.",
                              code="fused-head-not-modeled")
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb, fused, DTYPES[adapter])
+                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad)
 
 
 @dataclass
@@ -173,10 +176,13 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
             c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
-            half = 2 * k if p.half and dt != p.half and not (p.fused and l.name == info.output_head) else 0
-            # (autocast: the grad of the half copy, then cast up; the fused head makes an fp32 grad directly)
+            half = p.half * k if p.half and dt != p.half and not (p.fused and l.name == info.output_head) else 0
+            # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
+            # the fused head makes an fp32 grad directly)
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
-            c.halves += half if l.kind == "linear" else 0  # autocast caches a half copy of each
+            # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
+            # torch's at::autocast::cached_cast caches kFloat leaves only)
+            c.halves += half if l.kind == "linear" and dt == act.FP32 else 0
             train_bytes += k * dt + state + paged
         c.weights += w_bytes
         c.part_weights[l.part] += w_bytes
@@ -186,8 +192,22 @@ def count_parameters(info: Info, p: Plan) -> Counts:
     c.grads["head"] += c.moved
     if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
         c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
-        c.halves += c.moved // other * 2 if p.half and other != p.half else 0  # lm_head casts the tied weight
+        c.halves += c.moved // other * p.half if p.half and other == act.FP32 else 0  # lm_head casts the tied weight
     return c
+
+
+def input_requires_grad(p: Plan) -> bool:
+    """Whether the embeddings' output requires grad: ``enable_input_require_grads`` registered its hook (read
+    from a real model where there is one: ``Plan.input_grad``), else as the libraries and the kit's loaders do.
+
+    ``PreTrainedModel.gradient_checkpointing_enable`` runs it for a model fed ``input_ids`` (transformers
+    ``modeling_utils.py``), and ``peft.prepare_model_for_kbit_training`` only with its checkpointing
+    (``use_gradient_checkpointing``, peft ``utils/other.py``); ``get_peft_model`` alone does not, unless the
+    model already checkpoints (peft ``PeftModel.__init__``: ``if getattr(model, "is_gradient_checkpointing",
+    True)``). So: with checkpointing, and otherwise not (a trained embedding makes its output require grad
+    anyway: the replay's own rule).
+    """
+    return p.input_grad if p.input_grad is not None else p.ckpt
 
 
 def replay_setup(info: Info, p: Plan) -> act.Setup:
@@ -209,28 +229,47 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
         | {l.name.split(".")[-1]: p.lora_r for l in info.leaves if l.name in p.lora and l.part == "head"}
     return act.Setup(family=info.family, B=p.batch, S=p.seq, V=cfg.vocab_size, w=p.load_bytes,
                      w_other=p.trained_bytes, ac=p.half, base_trainable=not p.lora_r and not info.vocab_head,
-                     quant=p.quant, compute=DTYPES[p.bnb.compute_dtype],
+                     quant=p.quant, compute=act.dtype(p.bnb.compute_dtype),
                      dequant=kq.dequant_bytes(p.bnb, p.load),  # (the replay puts each layer's at its backward)
                      reentrant=p.reentrant, lora=lora, lora_dropout=p.lora_dropout,
-                     input_grad=p.ckpt or p.kbit_recipe, attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
+                     input_grad=input_requires_grad(p), attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
                      fused_head=p.fused, adapter=p.adapter, **shapes)
 
 
-def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estimate:
+def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None) -> Estimate:
     """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
-    is the peak."""
+    is the peak.
+
+    ``loop``: what a plain PyTorch loop holds beyond Trainer (:class:`~kit.training_setup.TrainingSetup`'s
+    ``outputs_kept`` and ``grads_kept``; ``optimizer_before_move`` changes nothing on one device)."""
+    loop = loop or {}
     rp = act.replay(st)
     g, L = c.grads, st.L
-    m = act.peak_moment(rp, grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
-                        wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"],
-                        tied=c.moved)
-    if p.accum > 1 and c.gradients:  # the later micro-batches: every grad alive, each new one added in place
-        m = max(m, act.peak_moment(rp, grads_embed=c.wnew["embed"], grads_block=0, grads_head=0,
-                                   wtemp_block=max(c.wtemp["block"], c.wnew["block"]), wtemp_head=c.wnew["head"],
-                                   grads_before=c.gradients, head_half=c.wtemp["head"], tied=c.moved),
-                key=lambda x: x.total)
+    # the model's outputs, held from the forward into the next step's (`outputs = model(**batch)` rebound only when
+    # the next forward returns): the logits Trainer lets go at the loss, and the KV cache (config.use_cache), whose
+    # k/v sdpa does not save itself where GQA repeats them (one storage otherwise)
+    cache = 2 * L * p.batch * p.seq * st.kvh * st.hd * (p.half or p.load_bytes) \
+        if getattr(info.config, "use_cache", False) and st.kvh != st.nh else 0
+    held_out = rp.last_logits + cache if loop.get("outputs_kept") else 0
+
+    def peak(later: bool, **kw):   # step 1's forward has no earlier outputs beside it
+        return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
+                    for x in act.moments(rp, **kw)), key=lambda x: x.total)
+
+    fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
+                 wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"], tied=c.moved)
+    # every grad alive from the forward on, each new one added in place: gradient accumulation's later
+    # micro-batches, and every step after the first where zero_grad(set_to_none=False) keeps the grads
+    alive = dict(grads_embed=c.wnew["embed"], grads_block=0, grads_head=0, wtemp_block=max(c.wtemp["block"],
+                 c.wnew["block"]), wtemp_head=c.wnew["head"], grads_before=c.gradients, head_half=c.wtemp["head"],
+                 tied=c.moved)
+    first, m = peak(False, **fresh), peak(True, **fresh)   # step 1 (no grads before its backward), the later steps
+    if p.accum > 1 and c.gradients:
+        first, m = (max(x, peak(later, **alive), key=lambda x: x.total) for x, later in ((first, False), (m, True)))
+    if loop.get("grads_kept") and c.gradients:
+        m = max(m, peak(True, **alive), key=lambda x: x.total)
     weights = c.weights + info.buffers_bytes
     inputs = 3 * p.batch * p.seq * 8  # input_ids, attention_mask, labels: [B, S] int64 each
     fwdbwd = weights + c.optimizer + m.total + inputs
@@ -239,7 +278,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estima
         # (adamw-fused makes none: one kernel per step, element by element, on CUDA and on the CPU)
         step_temp = max(sum(gr) if p.device == "cuda" else max(2 * b + (gr[i - 1] if i else 0)
                                                                for i, b in enumerate(gr)) for gr in c.groups.values())
-    step = weights + c.gradients + c.optimizer + step_temp
+    step = weights + c.gradients + c.optimizer + step_temp + held_out
     ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.V, held=weights + c.optimizer,
                    copies=c.halves, inputs_per_row=3 * p.seq * 8, gather=p.ev["gather"], samples=p.ev["samples"],
                    accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half))
@@ -251,7 +290,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estima
     else:
         phase = moment = "optimizer step"
         parts = {"weights": weights, "gradients": c.gradients, "optimizer state": c.optimizer,
-                 "temporaries": step_temp}
+                 "temporaries": step_temp, **({"model outputs held": held_out} if held_out else {})}
     notes = notes + kq.notes(rp)
     if ev.moment == "forward (a block)":
         notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
@@ -261,7 +300,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list) -> Estima
     return Estimate(
         params=c.params, trainable_params=c.trainable, weights_bytes=weights, gradients_bytes=c.gradients,
         optimizer_bytes=c.optimizer + c.paged, activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
-        peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(fwdbwd - c.optimizer, step),
+        peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(weights + first.total + inputs, step),
         eval_peak_bytes=ev.peak_bytes, eval_moment=ev.moment,
         cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
         loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,

@@ -110,10 +110,12 @@ def estimate(model, **setup) -> Estimate:
                          accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
                          lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb,
                          fused=kin.flag("fused_lm_head", o["fused_lm_head"]),
-                         adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")))
+                         adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
+                         input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True))
     counts = assembly.count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization)
-    est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes)
+    loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
+    est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop)
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 

@@ -38,6 +38,23 @@ _ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision",
           "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
 
 
+
+PACKED_EVAL = "packed-eval-rows"   # the note's code: a flattened evaluation row of another length than training's
+
+
+def flattened_eval(opts: dict, src: dict, notes: list, rows: int) -> None:
+    """Padding-free evaluation: SFTTrainer's collator flattens ``per_device_eval_batch_size`` rows into one, as it
+    does the ``rows`` training rows. With as many rows, the evaluation row is the training row: one row, modeled.
+    With another count its row has another length, which the estimate does not model: a note says so."""
+    be = opts.get("eval_batch_size") or rows
+    opts["eval_batch_size"] = 1
+    src["eval_batch_size"] = (1, f"{be} evaluation rows flattened into one (padding-free), as in training")
+    if be != rows:
+        notes.append(kin.Note(f"a padding-free evaluation flattens {be} rows into one, and training {rows}: the "
+                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}", field="eval_batch_size",
+                              code=PACKED_EVAL))
+
+
 def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     """Predict the memory of ``trainer.train()`` from the Trainer the user built; nothing trains.
 
@@ -65,9 +82,10 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     opts.update(mopts), src.update(msrc), notes.extend(mnotes)
     if sft:
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
-        notes.append(kin.Note("SFTTrainer's evaluation (a second, full-logits forward unless prediction_loss_only) "
-                              "is not modeled: eval_peak_bytes is its fused forward's alone", field="eval_batch_size",
-                              code="trl-eval-unmodeled"))
+        if opts.get("eval_gather", "loss") != "loss":  # a loss-only evaluation runs the fused head: modeled
+            notes.append(kin.Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits forward) is "
+                                  "not modeled: eval_peak_bytes is its fused forward's alone", field="eval_batch_size",
+                                  code="trl-eval-unmodeled"))
     notes += cpu_fp16(opts, src, device, args)
     if args_ckpt := opts.pop("args_ckpt"):
         opts["gradient_checkpointing"] = True
@@ -81,6 +99,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
                          else "the flattened row's position_ids restart (sdpa builds a block-diagonal mask)")
         if batch != opts["batch_size"]:
             src["batch_size"] = (1, f"{opts['batch_size']} rows flattened into one (padding-free)")
+            flattened_eval(opts, src, notes, opts["batch_size"])
             opts.update(batch_size=1, padding_free=True)
     else:
         padded = True
@@ -193,6 +212,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if free:  # one flattened row of batch x seq_len tokens at most; a block-diagonal mask from position_ids
             B = opts["batch_size"]
             seq_len, padded = B * seq_len, True
+            flattened_eval(opts, src, notes, B)
             opts.update(batch_size=1, padding_free=True)
             src["batch_size"] = (1, f"{B} rows flattened into one (padding-free)")
             src["seq_len"] = (seq_len, f"{B} x {src['seq_len'][0]} ({src['seq_len'][1]}): the flattened row")

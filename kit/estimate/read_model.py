@@ -77,6 +77,12 @@ def read_model(model):
         opts.update(lora_r=r, lora_targets=targets, lora_dropout=dropout)
         src.update(lora_r=(r, "the LoRA layers' r"), lora_targets=(targets, "the modules peft wrapped"),
                    lora_dropout=(dropout, "the LoRA layers' lora_dropout"))
+    # enable_input_require_grads (transformers modeling_utils.py) registers a forward hook on the input
+    # embeddings and keeps it as _require_grads_hook(s); with none yet, the estimate's rule decides (Trainer's
+    # gradient checkpointing runs it at train(), when it enables checkpointing)
+    if getattr(base, "_require_grads_hooks", None) or getattr(base, "_require_grads_hook", None) is not None:
+        opts["input_require_grads"] = True
+        src["input_require_grads"] = (True, "the model's enable_input_require_grads hook on its input embeddings")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in base.parameters() if p.dtype.is_floating_point)
     src["trainable_params"] = (trainable, "parameters with requires_grad")

@@ -11,18 +11,12 @@ Completed: 3 optimizer steps, no out-of-memory error...
 """
 from __future__ import annotations
 
-import gc
-import re
-import sys
-import weakref
 from dataclasses import dataclass, field
 
-import torch
-
-from kit import machine
-from kit.measure import device, leaks
+from kit.estimate.from_objects import PACKED_EVAL
 from kit.plot.live import in_notebook
 from kit.units import fmt_bytes, wrapped
+from kit.watching.alive import read_alive  # noqa: F401 (the report's reading, kept here by name)
 
 # phase key -> what it means, as the report says it
 PHASES = {
@@ -68,6 +62,16 @@ class TrainReport:
                                                     # CPU count; None where no reading saw the peak moment
     peak_exact: bool = False
     estimate_peak_bytes: int | None = None
+    # read apart (kit.watching.peaks): step 1 (no optimizer state yet), the later steps, evaluation; None: not
+    # taken (or, for evaluation, not run: eval_ran says which)
+    first_step_peak_bytes: int | None = None
+    later_steps_peak_bytes: int | None = None
+    eval_peak_bytes: int | None = None
+    eval_ran: bool = False
+    estimate_first_step_bytes: int | None = None
+    estimate_eval_bytes: int | None = None
+    eval_estimate_note: str | None = None          # why the eval estimate is not set beside the measurement
+    by: str = "kit.train"                           # or "kit.watch_loop": a plain PyTorch loop (no evaluate())
     between_steps_bytes: int | None = None          # CPU: highest live-tensor reading between steps
     estimate_between_bytes: int | None = None       # weights + gradients + optimizer state
     notes: list = field(default_factory=list)
@@ -87,6 +91,23 @@ class TrainReport:
             return None
         return self.measured_peak_bytes / self.estimate_peak_bytes
 
+    @property
+    def eval_ratio(self) -> float | None:
+        """Measured evaluation peak / ``eval_peak_bytes`` (None: not run, not taken, or not modeled)."""
+        if self.eval_peak_bytes is None or not self.estimate_eval_bytes or self.eval_estimate_note:
+            return None
+        return self.eval_peak_bytes / self.estimate_eval_bytes
+
+    @property
+    def first_step_ratio(self) -> float | None:
+        """Measured step-1 peak / ``first_step_peak_bytes`` (None: one of them is missing)."""
+        return _ratio(self.first_step_peak_bytes, self.estimate_first_step_bytes)
+
+    @property
+    def later_steps_ratio(self) -> float | None:
+        """Measured peak of the later steps / ``peak_bytes`` (None: one of them is missing)."""
+        return _ratio(self.later_steps_peak_bytes, self.estimate_peak_bytes)
+
     @wrapped
     def text(self) -> str:
         return "\n".join(self._oom_lines() if self.oom else self._done_lines())
@@ -100,8 +121,11 @@ class TrainReport:
         out = [f"OUT OF MEMORY {when}, during {self.phase_text}.", f"  {self.error}",
                *([f"  The run had a memory cap of {fmt_bytes(self.cap_bytes)}: {self.cap_how}."]
                  if self.cap_bytes else []),
-               f"  kit.train stopped the run and did not raise. It released the failed call's frames{freed}: "
-               "the kernel is usable, and the Trainer can train again (from step 1)."]
+               (f"  kit.train stopped the run and did not raise. It released the failed call's frames{freed}: "
+                "the kernel is usable, and the Trainer can train again (from step 1)." if self.by == "kit.train" else
+                f"  {self.by} stopped the loop and did not raise. It released the failed step's frames{freed}: the "
+                "kernel is usable, and the model and the optimizer train again (its state starts afresh, as at step "
+                "1). Your loop's own variables (outputs, loss) hold their tensors until you rebind or del them.")]
         if self.measured:
             est = self.estimated
             out += ["", f"What was alive when it failed ({what}, read before the failed frames were released),"
@@ -126,17 +150,38 @@ class TrainReport:
         return out + [f"note: {n}" for n in self.notes]
 
     def _done_lines(self) -> list:
-        out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."]
+        out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."
+               if self.by == "kit.train" else
+               f"Watched {self.step} steps of your loop, no out-of-memory error ({self.seconds:.1f} s)."]
         what = "CUDA max allocated" if self.reading == "cuda_allocated" else "CPU live tensors, exact (every op watched)"
         if self.measured_peak_bytes is None:
             # (no CPU reading saw the peak's moment: the activations live inside a step)
-            out.append("Peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak)"
+            out.append("Training peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak)"
                        + (f"; estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes)"
                           if self.estimate_peak_bytes else ", no estimate to compare"))
         if self.measured_peak_bytes is not None:
-            out.append(f"Peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
+            out.append(f"Training peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
                 f", estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes): ratio {self.ratio:.3f}"
                 if self.ratio is not None else ", no estimate to compare"))
+            out += [f"  {k}: {v}" for k, v in (
+                ("step 1 (no optimizer state yet)", _beside(self.first_step_peak_bytes, self.estimate_first_step_bytes,
+                                                            "first_step_peak_bytes")),
+                ("the later steps", _beside(self.later_steps_peak_bytes, self.estimate_peak_bytes, "peak_bytes")))
+                if v is not None]
+        est = f"estimated {fmt_bytes(self.estimate_eval_bytes)} (eval_peak_bytes)" if self.estimate_eval_bytes \
+            else "no estimate to compare"
+        if self.by != "kit.train":
+            pass                  # a plain loop: no Trainer.evaluate() to read
+        elif not self.eval_ran:
+            out.append(f"Evaluation peak: not run (no evaluate() in this train()); {est}")
+        elif self.eval_peak_bytes is None:
+            out.append(f"Evaluation peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak); {est}")
+        elif self.eval_estimate_note:
+            out.append(f"Evaluation peak: measured {fmt_bytes(self.eval_peak_bytes)} ({what}), {est}, no ratio: "
+                       f"{self.eval_estimate_note}")
+        else:
+            out.append(f"Evaluation peak: measured {fmt_bytes(self.eval_peak_bytes)} ({what}), {est}"
+                       + (f": ratio {self.eval_ratio:.3f}" if self.eval_ratio is not None else ""))
         if self.cap_bytes:
             peak = "" if self.measured_peak_bytes is None else \
                 f": the peak used {self.measured_peak_bytes / self.cap_bytes:.0%} of it"
@@ -148,6 +193,30 @@ class TrainReport:
         if self.snapshot_path:
             out.append(f"Allocator history saved to {self.snapshot_path}: drag it onto https://pytorch.org/memory_viz.")
         return out + [f"note: {n}" for n in self.notes]
+
+
+def _ratio(measured, estimated) -> float | None:
+    return None if measured is None or not estimated else measured / estimated
+
+
+def _beside(measured, estimated, name: str) -> str | None:
+    """"measured X, estimated Y (name): ratio r", or None where the part was not read."""
+    if measured is None:
+        return None
+    if not estimated:
+        return f"measured {fmt_bytes(measured)}, no estimate to compare"
+    return f"measured {fmt_bytes(measured)}, estimated {fmt_bytes(estimated)} ({name}): ratio {measured / estimated:.3f}"
+
+
+def eval_not_modeled(est) -> str | None:
+    """Why ``est.eval_peak_bytes`` is not this run's evaluation, in one sentence (None: it is modeled).
+
+    >>> eval_not_modeled(None) is None
+    True
+    """
+    notes = getattr(est, "notes", None) or []
+    why = next((n for n in notes if getattr(n, "code", None) in (PACKED_EVAL, "trl-eval-unmodeled")), None)
+    return str(why) if why is not None else None
 
 
 def _rest_label(k: str, reading: str) -> str:
@@ -174,115 +243,6 @@ def estimated_for(est, phase: str) -> tuple[dict, str | None]:
     return parts, name
 
 
-def _optimizers(trainer) -> list:
-    opt = getattr(trainer, "optimizer", None)
-    return [o for o in (opt, getattr(opt, "optimizer", None)) if isinstance(o, torch.optim.Optimizer)]
-
-
-def _named(trainer, on: str) -> tuple[dict, dict]:
-    """(storage ptr -> (component, label)) for weights, gradients and optimizer state on ``on``, and their bytes."""
-    names, sizes = {}, {"weights": 0, "gradients": 0, "optimizer state": 0}
-    model = getattr(trainer, "model", None)
-
-    def add(t, comp, label):
-        if isinstance(t, torch.Tensor) and t.device.type == on and not t.is_meta:
-            st = t.untyped_storage()
-            if st.data_ptr() not in names and st.nbytes():
-                names[st.data_ptr()] = (comp, label)
-                sizes[comp] += st.nbytes()
-
-    pname = {}
-    if isinstance(model, torch.nn.Module):
-        for n, p in model.named_parameters(remove_duplicate=True):
-            pname[id(p)] = n
-            add(p, "weights", f"weight {n}")
-        for n, b in model.named_buffers():
-            add(b, "weights", f"buffer {n}")
-        for n, p in model.named_parameters():
-            add(p.grad, "gradients", f"gradient of {n}")
-    for o in _optimizers(trainer):
-        for p, st in o.state.items():
-            for k, v in st.items():
-                add(v, "optimizer state", f"optimizer state {k!r} of {pname.get(id(p), 'a parameter')}")
-    return names, sizes
-
-
-def _frame_locals(exc, modules: dict) -> dict:
-    """storage ptr -> "local `x` of f() (file:line)" for tensors the failed call's frames held (one level into
-    lists, tuples and dicts). ``modules``: id(submodule) -> its name, to say whose forward a frame ran."""
-    found = {}
-    tb = exc.__traceback__ if exc is not None else None
-    while tb is not None:
-        f = tb.tb_frame
-        where = f"{f.f_code.co_name}() ({f.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
-        me = modules.get(id(f.f_locals.get("self")))
-        if me is not None:
-            where = f"{where[:-1]}, in {me or 'the model'}'s call)"
-        for name, v in f.f_locals.items():
-            vals = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
-            for t in list(vals)[:64]:
-                if isinstance(t, torch.Tensor) and not t.is_meta:
-                    try:
-                        found.setdefault(t.untyped_storage().data_ptr(), f"local `{name}` of {where}")
-                    except Exception:
-                        pass
-        tb = tb.tb_next
-    return found
-
-
-def read_alive(trainer, exc, *, top: int = 5, holders: int = 3) -> tuple[dict, dict, list]:
-    """What was alive while ``exc`` still holds the failed frames: (measured components, CUDA readings,
-    lines for the ``top`` largest live tensors with what held them). Keeps no tensor.
-
-    Tensors are named by what they are (a weight, its gradient, its optimizer state), else by the failed
-    frame's local that held them, else (for the ``holders`` largest left) by climbing the garbage
-    collector's referrers with :mod:`kit.measure.leaks`.
-    """
-
-    on = "cuda" if machine.has_cuda() else "cpu"
-    gc.collect()
-    snap = device.snapshot(live_tensors=False)
-    stores = leaks._storages()                     # (device, ptr) -> [nbytes, [weakrefs]]
-    names, sizes = _named(trainer, on)
-    model = getattr(trainer, "model", None)
-    mods = {id(m): n for n, m in model.named_modules()} if isinstance(model, torch.nn.Module) else {}
-    local = _frame_locals(exc, mods)
-    del model, mods
-    mine = {k: v for k, v in stores.items() if k[0].startswith(on)}
-    total = snap.cuda_allocated_bytes if on == "cuda" else sum(v[0] for v in mine.values())
-    measured = dict(sizes, total=total)
-    measured["the rest"] = max(0, total - sum(sizes.values()))
-    cuda = {}
-    if on == "cuda":
-        cuda = {"allocated": snap.cuda_allocated_bytes, "reserved": snap.cuda_reserved_bytes,
-                "fragmentation": snap.cuda_reserved_bytes - snap.cuda_allocated_bytes,
-                "peak_allocated": snap.cuda_peak_allocated_bytes}
-        m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", str(exc))
-        if m:
-            cuda["tried"] = m[1]
-    lines, unnamed = [], []
-    for key, (nbytes, refs) in sorted(mine.items(), key=lambda kv: -kv[1][0])[:top]:
-        ts = [t for t in (w() for w in refs) if t is not None]
-        if not ts:
-            continue
-        t = max(ts, key=lambda x: x.numel())
-        desc = f"{fmt_bytes(nbytes):>11}  {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
-        who = names.get(key[1], (None, None))[1] or local.get(key[1])
-        if who is None and len(unnamed) < holders:
-            unnamed.append((len(lines), [weakref.ref(x) for x in ts]))
-        lines.append(f"{desc}  {who or ''}")
-        del t, ts
-    if unnamed:
-        groups = [[x for x in (w() for w in refs) if x is not None] for _, refs in unnamed]
-        found = leaks._holders(groups, 8, 2, sys._getframe(1)) if all(groups) else []
-        for (i, _), held in zip(unnamed, found):
-            lines[i] += "held by: " + ("; ".join(held) if held else "no holder found through the garbage collector")
-        del groups
-    stores.clear()
-    del stores, mine
-    return measured, cuda, [ln.rstrip() for ln in lines]
-
-
 def advice_text(est, trainer, device_name: str) -> tuple[str, bool | None]:
     """The fit advisor's verdict and top changes (or why there are none), and whether it says the setup
     fits (None: no verdict). ``kit.advise`` is imported lazily: it may not be there."""
@@ -301,16 +261,33 @@ def advice_text(est, trainer, device_name: str) -> tuple[str, bool | None]:
         getattr(a, "fits", None)
 
 
-def set_peak(report: TrainReport, rec, samples, est) -> None:
-    """A completed run: the ``train`` stage's peak (``rec``) beside the estimate's, and on the CPU the highest
-    live-tensor reading between steps beside weights + gradients + optimizer state."""
-    report.peak_exact = rec.peak_exact
-    # a CPU reading taken between steps is not the peak's moment: it is set beside its own estimate below, and the
-    # peak is not taken (never a lower bound set beside the peak's estimate)
-    report.measured_peak_bytes = rec.peak_bytes if rec.on_cuda or rec.peak_exact else None
-    report.estimate_peak_bytes = est.peak_bytes if est is not None else None
+def set_peak(report: TrainReport, rec, samples, est, split=None) -> None:
+    """A completed run: the training peak (step 1 and the later steps apart) and the evaluation peak, each beside
+    its own estimate, from ``split`` (a :class:`kit.watching.peaks.PeakSplit`, or None: the ``train`` stage's
+    peak ``rec`` alone); and on the CPU the highest live-tensor reading between steps beside weights + gradients
+    + optimizer state."""
+    if est is not None:
+        report.estimate_peak_bytes, report.estimate_first_step_bytes = est.peak_bytes, est.first_step_peak_bytes
+        report.estimate_eval_bytes = getattr(est, "eval_peak_bytes", None)
+        report.eval_estimate_note = eval_not_modeled(est)
+    if split is not None:
+        report.eval_ran = "evaluation" in split.parts_seen
+        train = [split.get(k) for k in ("setup", "first", "later") if split.get(k) is not None]
+        report.measured_peak_bytes = max(train) if train else None
+        report.peak_exact = split.taken
+        report.first_step_peak_bytes = split.get("first")
+        report.later_steps_peak_bytes = split.get("later")
+        report.eval_peak_bytes = split.get("evaluation")
+        if split.cuda:
+            report.notes.append("CUDA's peak counter was reset at each step 1 / later steps / evaluation boundary, "
+                                "to read each part's peak apart")
+    else:
+        report.peak_exact = rec.peak_exact
+        # a CPU reading taken between steps is not the peak's moment: it is set beside its own estimate below, and
+        # the peak is not taken (never a lower bound set beside the peak's estimate)
+        report.measured_peak_bytes = rec.peak_bytes if rec.on_cuda or rec.peak_exact else None
     if rec.on_cuda:
-        if not rec.peak_exact:
+        if not report.peak_exact:
             report.notes.append(rec.peak_note)
         return
     live = [s.snap.live("cpu") for s in samples if s.has_live and s.event == "step"]

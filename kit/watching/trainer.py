@@ -36,12 +36,13 @@ from kit.inputs import byte_count
 from kit.measure import controls, device
 from kit.measure.cleanup import scrub
 from kit.measure.controls import check_cap, memory_cap
+from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
-from kit.plot import OKABE_ITO, timeline
-from kit.plot.estimate import OFF_SCALE, limit_text
 from kit.presets import resolve_device
-from kit.units import fmt_bytes, gib
+from kit.units import fmt_bytes
 from kit.watching import recover
+from kit.watching.draw import draw_watch
+from kit.watching.peaks import PeakSplit
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
 
 
@@ -51,6 +52,22 @@ class PhaseCallback(TrainerCallback):
 
     def __init__(self):
         self.step, self.phase, self._first = 0, "setup", 1
+        self.split = None     # kit.train's PeakSplit while it runs: each step's part read apart
+
+    def part(self) -> str:
+        """The part of the run a step's phase belongs to: "first" (setup and a step with no optimizer state yet),
+        "later", or "evaluation"."""
+        return "evaluation" if self.phase == "evaluation" else \
+            "first" if self.phase in ("setup", "first_forward_backward", "first_optimizer_step") else "later"
+
+    def mark(self, part: str | None = None) -> str | None:
+        """Tell kit.train's PeakSplit (when one runs) that ``part`` (default: this phase's) begins; returns the part
+        that was running."""
+        if self.split is None:
+            return None
+        was = self.split.part
+        self.split.switch(part or self.part())
+        return was
 
     def _fresh(self, kwargs) -> bool:
         state = getattr(kwargs.get("optimizer"), "state", None)
@@ -62,6 +79,7 @@ class PhaseCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.step = state.global_step + 1
         self.phase = "first_forward_backward" if self._fresh(kwargs) else "forward_backward"
+        self.mark()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.phase = "first_optimizer_step" if self._fresh(kwargs) else "optimizer_step"
@@ -88,8 +106,11 @@ class _Evaluate:
         tr, p = self.trainer(), self.phases
         before = (p.step, p.phase)
         p.step, p.phase = tr.state.global_step, "evaluation"
+        was = p.mark("evaluation")
         out = self.inner(*args, **kwargs) if self.inner else type(tr).evaluate(tr, *args, **kwargs)
         p.step, p.phase = before
+        if was is not None:
+            p.mark(was)       # back to the training part it interrupted
         return out
 
 
@@ -209,36 +230,6 @@ def _estimate(trainer, estimate):
     return None, why
 
 
-def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
-    """:func:`kit.plot.timeline` with the estimate's lines and the device limit (stated in words when it is
-    far above the readings). Returns a Figure.
-
-    >>> t = Tracker(); _ = t.sample(live_tensors=False)
-    >>> len(draw_watch(t, limit_bytes=2**40).axes[0].texts) >= 1
-    True
-    """
-
-    fig = timeline(tracker, title="Memory while training (kit.watch)")
-    ax = fig.axes[0]
-    top = ax.get_ylim()[1] * 2**30
-    if est is not None:
-        w, g, o = est.weights_bytes, est.gradients_bytes, est.optimizer_bytes
-        for label, n, colour, style in (("estimate: weights", w, "green", ":"), ("+ gradients", w + g, "purple", ":"),
-                                        ("+ optimizer state", w + g + o, "black", "-."),
-                                        ("predicted peak", est.peak_bytes, "black", "--")):
-            ax.axhline(gib(n), color=OKABE_ITO[colour], linestyle=style, linewidth=1.2, label=f"{label} {fmt_bytes(n)}")
-        top = max(top, est.peak_bytes)
-    if limit_bytes:
-        if limit_bytes <= OFF_SCALE * top:
-            ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
-                       label=f"{limit_label} {fmt_bytes(limit_bytes)}")
-        else:
-            ax.text(0.99, 0.97, limit_text(est.peak_bytes if est else top, limit_bytes, limit_label),
-                    transform=ax.transAxes, ha="right", va="top", fontsize=8, color=OKABE_ITO["vermillion"])
-    ax.legend(loc="upper left", fontsize=7, ncols=2)
-    return fig
-
-
 def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, history_entries: int = 100_000,
           tensor_peak: bool = False, advise_device=None, top: int = 5, train_kwargs: dict | None = None,
           cap_bytes: int | None = None, **watch_kwargs) -> TrainReport:
@@ -252,7 +243,10 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
       (:func:`kit.watching.recover.interrupted`). Any other exception propagates, after the watch's cleanup.
     - ``history`` (CUDA only): the allocator's last ``history_entries`` events are recorded and saved to
       ``snapshot_path`` (default ``<output_dir>/kit-memory-history.pickle``) for pytorch.org/memory_viz.
-    - ``tensor_peak``: on the CPU, watch every op, so the completed run's peak is exact (slower).
+    - ``tensor_peak``: on the CPU, watch every op, so the completed run's peaks are exact (slower). The training
+      peak (step 1 apart from the later steps) and the evaluation peak are read apart, each beside its own
+      estimate (``first_step_peak_bytes``, ``peak_bytes``, ``eval_peak_bytes``): on CUDA always (max allocated,
+      reset at each boundary), on a CPU with ``tensor_peak`` or a cap (:mod:`kit.watching.peaks`).
     - ``advise_device``: what the advisor judges against (None: the cap when there is one, else this GPU,
       or the ``cpu`` preset).
     - ``cap_bytes``: run as on a device of that many bytes (:func:`kit.measure.controls.memory_cap`): on CUDA a
@@ -273,11 +267,21 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
     if history and machine.has_cuda():
         path = Path(snapshot_path or Path(trainer.args.output_dir) / "kit-memory-history.pickle")
         path.parent.mkdir(parents=True, exist_ok=True)
-    t0, cap = time.perf_counter(), None
+    t0, cap, split = time.perf_counter(), None, None
+    exact = tensor_peak and not counting and not machine.has_cuda()
     try:
         with (controls.cuda_memory_history(path, max_entries=history_entries) if path else contextlib.nullcontext()), \
-                w.tracker.stage("train", tensor_peak=tensor_peak and not counting), memory_cap(cap_bytes) as cap:
-            output = trainer.train(**(train_kwargs or {}))
+                w.tracker.stage("train"), memory_cap(cap_bytes) as cap, \
+                (TensorPeak() if exact else contextlib.nullcontext()) as meter:
+            # one counter through the run, read apart at each step's and each evaluation's start (kit.watching.peaks)
+            split = PeakSplit(cap.counter or meter)
+            w.phases.split = split
+            split.switch("setup")
+            try:
+                output = trainer.train(**(train_kwargs or {}))
+            finally:
+                split.close()
+                w.phases.split = None
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):   # Ctrl-C: memory back, said so, then the interrupt goes on
             print(recover.interrupted(trainer, w, exc), flush=True)
@@ -308,10 +312,10 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
                          time.perf_counter() - t0, tracker=w.tracker, output=output,
                          snapshot_path=str(path) if path else None, cap_bytes=cap.cap_bytes, cap_how=cap.how)
     rec = w.tracker.records[-1]
-    if cap.counter is not None:   # what the stage's own TensorPeak would have counted: every op watched
-        rec.live_peak_bytes["cpu"] = max(rec.live_peak_bytes.get("cpu", 0), cap.counter.peak_bytes)
+    if split.meter is not None:   # what the stage's own TensorPeak would have counted: every op watched
+        rec.live_peak_bytes["cpu"] = max([rec.live_peak_bytes.get("cpu", 0), *split.peaks.values()])
         rec.live_peak_exact = True
-    set_peak(report, rec, w.tracker.samples, w.estimate)
+    set_peak(report, rec, w.tracker.samples, w.estimate, split)
     return report
 
 

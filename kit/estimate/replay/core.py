@@ -45,11 +45,14 @@ class Replay:
     held_dup: int = 0   # ... of which also saved by another op (one storage, but for a checkpoint's recompute)
     reentrant: bool = False  # reentrant checkpointing (Setup.reentrant): see peak_moment
     head_grad: int | None = None  # the last linear's input grad (None: one hidden state, lm_head's)
+    block_in_sum: int = 0  # all L blocks' inputs, when block 1's differs from the others' (0: L * block_in)
+    copies_sum: int = 0    # saved autocast weight copies of all L blocks (0: L * copies_block)
 
     @property
     def copies_saved(self) -> int:
         """Saved autocast weight copies (part of :meth:`saved_bytes`)."""
-        return (0 if self.ckpt else self.L * self.copies_block) + self.copies_head + self.copies_head_in
+        return (0 if self.ckpt else self.copies_sum or self.L * self.copies_block) + self.copies_head + \
+            self.copies_head_in
 
     @property
     def logits_saved(self) -> int:
@@ -57,7 +60,8 @@ class Replay:
         return self.head_in + self.loss + self.capped
 
     def blocks(self) -> int:
-        return (self.L * self.block_in if self.ckpt else (self.block_sum or self.L * self.block)) + self.kept()
+        return ((self.block_in_sum or self.L * self.block_in) if self.ckpt else (self.block_sum or self.L * self.block)) \
+            + self.kept()
 
     def kept(self) -> int:
         """The 8-bit layers' inputs of all blocks: alive from the forward till backward ends, through
@@ -83,7 +87,10 @@ def replay(st: Setup) -> Replay:
     block_fn = FAMILIES[st.family]
     T, H, V = st.T, st.H, st.V
     tp = Tape(st)
-    rg = st.base_trainable or st.input_grad or bool(st.lora)  # (LoRA: as from layer 1 on)
+    # The embeddings' output requires grad when the embeddings train, or when enable_input_require_grads'
+    # hook makes it (Setup.input_grad); with LoRA on a frozen embedding and no hook, block 1's input needs
+    # none (its first norm saves nothing), and only its adapters' outputs bring grads in.
+    rg = st.base_trainable or st.input_grad
     if st.base_trainable:
         tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
         if block_fn.positions:
@@ -92,17 +99,37 @@ def replay(st: Setup) -> Replay:
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
-    kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads) per kind of block
-    held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
-    for masked, layers in st.layer_kinds().items():
+
+    def run(masked, inp):
         tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
         tp.masked = masked
-        y = block_fn(tp, x)
-        kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0))))
+        return block_fn(tp, inp)
+
+    # Block 1 reads the embeddings' output; the others read a block's output, which can differ from it: it
+    # requires grad where the embeddings' does not (LoRA, above), or has another dtype (bf16 embeddings plus
+    # a half linear's output promote to fp32 under fp16 autocast). Then block 1 is replayed alone.
+    kinds_of = st.layer_kinds()
+    y1 = run(st.first_masked(), x)
+    entries = [(m, n, x) for m, n in kinds_of.items()]  # (masked, layers, input) per replay
+    if (y1.dt, y1.rg) != (x.dt, x.rg):
+        rest = tp.new(T * H, y1.dt, y1.rg)
+        entries = [(st.first_masked(), 1, x)] + [(m, n - (m == st.first_masked()), rest)
+                                                 for m, n in kinds_of.items() if n - (m == st.first_masked())]
+    kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads, input kept) per replay
+    held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
+    cache = 0
+    for masked, layers, inp in entries:
+        y = run(masked, inp)
+        kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0)),
+                      T * H * inp.dt if inp.rg else 0))
         held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
-    block, _, copies_block, bwd, bwd_grads = max(kinds)  # the moments take the biggest block
+        cache += layers * (tp.copies if st.ckpt else tp.cache)
+    block, _, copies_block, bwd, bwd_grads, _ = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
-    cache = st.L * (tp.copies if st.ckpt else tp.cache)
+    copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
+    # checkpointing keeps each block's input: the last block's output where every block reads one
+    block_in = T * H * y.dt if y.rg else 0
+    block_in_sum = sum(k[-1] * k[1] for k in kinds) if len(entries) > len(kinds_of) else 0
     shared = tp.shared * st.rope_sets if y.rg else 0
     if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
         shared += st.kept_masks(x.dt)
@@ -113,9 +140,10 @@ def replay(st: Setup) -> Replay:
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device)
         if not (y.rg or st.lora):
             embed = block = block_sum = shared = 0
-        return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, tp.total() + fh["saved"], 0,
+        return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,
                       0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
-                      block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0)
+                      block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
+                      copies_sum=copies_sum)
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
@@ -139,10 +167,11 @@ def replay(st: Setup) -> Replay:
     live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
     if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
         embed = block = block_sum = shared = 0
-    return Replay(st.L, st.ckpt, embed, block, T * H * y.dt if y.rg else 0, shared, head, head_in,
+    return Replay(st.L, st.ckpt, embed, block, block_in, shared, head, head_in,
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
                   logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
-                  (ins.n * ins.dt if ins.rg else 0) if st.head else None)
+                  (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
+                  copies_sum=copies_sum)
 
 
 @dataclass
@@ -195,7 +224,7 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     acc = bool(grads_before)
     if acc:
         grads_block = grads_head = 0
-    cb = 0 if rp.ckpt else rp.L * rp.copies_block
+    cb = 0 if rp.ckpt else rp.copies_sum or rp.L * rp.copies_block
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
     kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward

@@ -34,6 +34,7 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
     if window:
         out["window"] = window
         out["sliding"] = sum(t == "sliding_attention" for t in types) if types else cfg.num_hidden_layers
+        out["first_sliding"] = types[0] == "sliding_attention" if types else True
     if family == "gemma3" and types:
         out["rope_sets"] = len(set(types))
     if family == "gemma2":

@@ -1,16 +1,77 @@
-"""What one replay needs: the shapes, dtypes (bytes per element) and flags of a training forward, and
-the mark a family's block carries for what its model does outside the blocks (:func:`around`).
+"""What one replay needs: the shapes, dtypes and flags of a training forward, and the mark a family's
+block carries for what its model does outside the blocks (:func:`around`).
+
+A dtype is a :class:`Dt`: its bytes per element as an ``int`` (so every byte count stays plain arithmetic),
+and its name, which equality compares, so bf16 and fp16 (both 2 bytes) are different dtypes, as torch has
+them: a bf16 weight under fp16 autocast gets an fp16 copy, and bf16 + fp16 promotes to fp32
+(:func:`promote`).
+
+>>> BF16 == FP16, BF16 == 2, BF16 * 3, promote(BF16, FP16), promote(FP16, FP16), promote(BOOL, BF16)
+(False, True, 6, fp32, fp16, bf16)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-F32, HALF, BOOL, I64 = 4, 2, 1, 8
+
+class Dt(int):
+    """A dtype: ``int(dt)`` is its bytes per element; two :class:`Dt` are equal when their names are.
+
+    Arithmetic gives plain ints (bytes). Against a plain int it compares as its width (a byte count);
+    its hash is the int's, so a ``Dt`` and the int it equals hash alike.
+    """
+
+    name: str
+
+    def __new__(cls, name: str, nbytes: int):
+        d = super().__new__(cls, nbytes)
+        d.name = name
+        return d
+
+    def __eq__(self, other):
+        if isinstance(other, Dt):
+            return self.name == other.name
+        return int(self) == other
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = int.__hash__
+
+    def __repr__(self):
+        return self.name
+
+    def __reduce__(self):
+        return Dt, (self.name, int(self))
+
+
+FP32, BF16, FP16, BOOL, I64 = Dt("fp32", 4), Dt("bf16", 2), Dt("fp16", 2), Dt("bool", 1), Dt("int64", 8)
+F32 = FP32                 # (the name the op rules use)
+FLOATS = (FP32, BF16, FP16)
+DTYPE_OF = {d.name: d for d in (FP32, BF16, FP16, BOOL, I64)}
+
+
+def dtype(name) -> Dt:
+    """The :class:`Dt` of a kit dtype name ("fp32", "bf16", "fp16"), or of a Dt (itself)."""
+    return name if isinstance(name, Dt) else DTYPE_OF[name]
+
+
+def promote(a: Dt, b: Dt) -> Dt:
+    """The dtype torch gives an op of two tensors (``torch.promote_types``, for these dtypes): the wider float;
+    bf16 with fp16 makes fp32 (neither holds the other); a bool or integer tensor takes the float's dtype."""
+    if a == b:
+        return a
+    fa, fb = (isinstance(t, Dt) and t in FLOATS for t in (a, b))
+    if fa != fb:  # one float, one not
+        return a if fa else b
+    if int(a) == int(b):  # bf16 and fp16
+        return FP32
+    return a if int(a) > int(b) else b
 
 
 @dataclass
 class Setup:
-    """What the replay needs: shapes, dtypes (bytes per element) and flags."""
+    """What the replay needs: shapes, dtypes (:class:`Dt`: bytes per element, and which dtype) and flags."""
 
     family: str                  # a key of kit.estimate.replay.FAMILIES: "gpt2", "llama", "phi3", ...
     B: int
@@ -22,13 +83,13 @@ class Setup:
     hd: int
     V: int
     L: int
-    w: int = F32                 # float block weights
-    w_other: int = F32           # embeddings, norms, lm_head
-    ac: int | None = None        # autocast dtype (HALF) under Trainer fp16/bf16, else None
+    w: Dt = FP32                 # float block weights
+    w_other: Dt = FP32           # embeddings, norms, lm_head
+    ac: Dt | None = None         # autocast dtype (FP16 or BF16) under Trainer fp16/bf16, else None
     base_trainable: bool = True  # full fine-tuning; False: frozen base (LoRA, scenario 1)
     quant: str = "none"          # block linears: "none", "8bit", "4bit"
-    compute: int = HALF          # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
-    dequant: int = HALF          # bytes per weight element a 4-bit layer's backward dequantizes into (kit.estimate.quantization)
+    compute: Dt = BF16           # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
+    dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into (kit.estimate.quantization)
     reentrant: bool = False      # the checkpointing is reentrant (prepare_model_for_kbit_training's): kit.estimate.quantization
     lora: dict = field(default_factory=dict)  # block linear name ("self_attn.q_proj") -> rank
     lora_dropout: float = 0.0
@@ -42,16 +103,17 @@ class Setup:
     p_embd: float = 0.0
     head: tuple = ()             # scenario 1: linears on the logits, ((name, out_features), ...) in order:
                                  # (("custom_layer", V),) for the user's Linear(V, V); two for a V->r->V head
-    head_w: int = F32
+    head_w: Dt = FP32
     head_trainable: bool = True
     rotary: int = 0              # rotary dims of a head (partial rotary: GPT-NeoX, Phi-3.5); 0: all hd
     rope_sets: int = 1           # rotary cos/sin pairs made per forward (Gemma-3: one per layer type)
     window: int = 0              # sliding-window attention: the window (0: none) ...
     sliding: int = 0             # ... and how many of the L layers use it
+    first_sliding: bool = False  # ... and whether the first layer is one of them (its layer_types[0])
     attn_cap: bool = False       # attention logits soft-capped (Gemma-2): sdpa cannot, so eager runs
     logit_cap: bool = False      # final logits soft-capped (Gemma-2): tanh keeps a (B, S, V) output
     parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
-    adapter: int = F32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
+    adapter: Dt = FP32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
     fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
 
     @property
@@ -80,6 +142,11 @@ class Setup:
             if n:
                 kinds[masked] = kinds.get(masked, 0) + n
         return kinds
+
+    def first_masked(self) -> bool:
+        """Whether the first block's attention gets a mask (the rule of :meth:`layer_kinds`, for its layer type)."""
+        sliding = self.sliding and (self.first_sliding or self.sliding == self.L)
+        return self.padded or bool(sliding and 0 < self.window <= self.S)
 
     def kept_masks(self, dt: int) -> int:
         """Bytes of the masks that checkpointing keeps for the recompute (one per layer type used).

@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from kit.estimate.replay.setup import BOOL, F32, Setup
+from kit.estimate.replay.setup import BOOL, F32, Dt, Setup, promote
 
 
 @dataclass
 class _T:
     uid: int
     n: int       # elements of this tensor
-    dt: int      # bytes per element
+    dt: Dt       # its dtype (an int: bytes per element)
     rg: bool     # requires grad
     sn: int = 0  # elements of its storage, when it is a view of a bigger one
 
@@ -99,7 +99,7 @@ class Tape:
         """add (saves nothing) or mul (keeps each operand the other's grad needs)."""
         self.save(a, when=save_a and b.rg)
         self.save(b, when=save_b and a.rg)
-        mul, dt = save_a or save_b, max(a.dt, b.dt)  # add passes its grad through; mul makes new ones
+        mul, dt = save_a or save_b, promote(a.dt, b.dt)  # add passes its grad through; mul makes new ones
         gin = sum(t.n * t.dt for t in (a, b) if t.rg and (mul or t.dt != dt))
         return self.new(max(a.n, b.n), dt, a.rg or b.rg, gin)
 
@@ -127,15 +127,18 @@ class Tape:
             if x.rg:  # its backward copies the int8 weight into x's dtype, scaled by the row scales / 127
                 self.outs[-1].temporaries = fin * fout * x.dt + 4 * fout
         else:
-            xin, dt = x, max(x.dt, w)
-            if st.ac:  # autocast: half copies of the input and of the weight
+            xin, dt = x, promote(x.dt, w)
+            if st.ac:  # autocast: half copies of the input and of the weight (a bf16 weight under fp16 too)
                 xin, dt = self.cast(x, st.ac), st.ac
                 if w != st.ac:
                     wc = self.new(fin * fout, st.ac, False)
                     self.save(wc, when=x.rg)  # kept for the input's grad
                     if x.rg:
                         self.wsaved.add(wc.uid)
-                    if trainable:  # a leaf's copy sits in autocast's cache till forward ends
+                    # autocast's cast cache keeps the copy of a leaf that requires grad till forward ends, and
+                    # only of an fp32 one (torch's at::autocast::cached_cast, can_try_cache: arg is kFloat): a
+                    # bf16 weight under fp16 is cast anew at each use and freed once nothing saves it
+                    if trainable and w == F32:
                         self.copies += wc.n * wc.dt
                         self.cache += 0 if x.rg else wc.n * wc.dt
             self.save(xin, when=trainable)
@@ -175,7 +178,7 @@ class Tape:
         if kind == "llama":
             normed = self.cast(h, x.dt)
             self.save(normed, when=trainable)
-            return self.new(x.n, max(x.dt, self.st.w_other), x.rg or trainable)
+            return self.new(x.n, promote(x.dt, self.st.w_other), x.rg or trainable)
         self.save(h, when=trainable)
         if kind == "offset":
             self.save(self.new(dim, F32, False), when=x.rg)
@@ -221,7 +224,7 @@ class Tape:
         return self.binary(half_x, one_plus, True, True)
 
     def rope(self, q, k, x, cat=False, fp32=False):
-        """Rotary embeddings: q * cos + rotate_half(q) * sin, cos/sin in ``x``'s dtype.
+        """Rotary embeddings: q * cos + rotate_half(q) * sin, cos/sin in the embeddings' dtype.
 
         cos and sin are made once per forward and shared by every block: they count once,
         in :attr:`shared` (when q or k needs a grad, so the muls keep them). With partial
@@ -230,13 +233,17 @@ class Tape:
         GPT-NeoX), which lays q out (B, nh, S, hd)-contiguous, where the elementwise ops keep
         the (B, S, nh, hd) layout of the projection's output (see :meth:`attention`).
         ``fp32``: cos/sin stay fp32 and q, k go back to their dtype after (OLMo-2).
+
+        The model makes cos/sin once from its embeddings' output (``LlamaRotaryEmbedding.forward``:
+        ``cos.to(dtype=x.dtype)``, x the ``inputs_embeds``), whatever the block's input ``x`` has become
+        since (fp32, where bf16 embeddings met fp16 linears); q, k times them promote (fp16 * bf16: fp32).
         """
-        cs = F32 if fp32 else x.dt
+        cs = F32 if fp32 else self.st.w_other
         self.shared = 2 * self.st.S * (self.st.rotary or self.st.hd) * cs if (q.rg or k.rg) else 0
         self.heads_first = cat
         if fp32:
             return tuple(self.cast(self.new(t.n, F32, t.rg), t.dt) for t in (q, k))
-        return tuple(self.new(t.n, max(t.dt, x.dt), t.rg) for t in (q, k))
+        return tuple(self.new(t.n, promote(t.dt, cs), t.rg) for t in (q, k))
 
     def attention(self, q, k, v, width, repeat_kv=False, softmax_fp32=False):
         """Attention as sdpa's kernels or the eager code run it; returns o_proj's input.
@@ -271,7 +278,7 @@ class Tape:
             if self.heads_first and not (st.device == "cuda" and self.masked):
                 out = self.new(q.n, q.dt, rg)  # ... unless it follows q's (B, nh, S, hd): then a copy
             return out
-        c = st.ac or max(q.dt, k.dt)
+        c = st.ac or promote(q.dt, k.dt)
         out_dt = c
         if not st.eager:  # sdpa's math path on a CPU computes half inputs in fp32
             c = F32

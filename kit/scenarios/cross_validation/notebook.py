@@ -174,6 +174,9 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
     lines.append(f"the fp32 upcast costs {fmt_bytes(saved)} of weights (ESTIMATED)"
                  + (f", {fmt_bytes(m['standard']['weights_bytes'] - m['lean']['weights_bytes'])} MEASURED ("
                     f"{kdevice.best_reading()})" if {"standard", "lean"} <= m.keys() else ""))
+    if measured:
+        lines.append("(the estimate is of the longest micro-batch the data can pack, as estimate_trainer reads it; a run "
+                     "of a few steps may draw only shorter ones)")
     if measured and not machine.has_cuda():
         lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by kit.measure.tensor_peak.TensorPeak, "
                      "activations included)")

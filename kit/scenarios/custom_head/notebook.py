@@ -9,7 +9,7 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 - :func:`advisor_text`: what the fit advisor (:mod:`kit.advise`) finds for the user's setup, unaided.
 - :func:`live_fix` / :func:`live_original`: a run with the live stage plot.
 - :func:`user_trainer`: the user's own Trainer, built by their code; :func:`beside_registry`: its estimate
-  (``kit.check``'s) beside the kit's registry model's; :func:`folded`: long printed lines folded.
+  (``kit.check``'s) beside the kit's registry model's.
 - :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
 - :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
 - :func:`stage_table`: a run's stages in the columns the lesson reads. The exercises and the checks of the
@@ -20,8 +20,6 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 """
 from __future__ import annotations
 
-import contextlib
-import io
 
 from kit import dtypes, machine, plot
 from kit.advise import advise
@@ -128,23 +126,6 @@ def user_trainer(size: str | None = None, *, steps: int = 2, grad_accum: int | N
     print(wrap("  " + ", ".join(f"{k}={v!r}" for k, v in workshop.items() if k != "output_dir") +
                ", output_dir=a temporary folder"))
     return trainer
-
-
-@contextlib.contextmanager
-def folded(width: int = WIDTH):
-    """Print what the block prints with its lines folded to ``width`` (``kit.check`` prints its long ones whole).
-
-    >>> with folded(20):
-    ...     print("word " * 6)
-    word word word word
-        word word
-    """
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    finally:
-        print(wrap(buf.getvalue().rstrip("\n"), width))
 
 
 @wrapped

@@ -1,0 +1,611 @@
+"""The estimator against code nobody here wrote, measured by a meter that is not the kit's own.
+
+Run: ``python benchmarks/real_clients.py [--only TEXT] [--out PATH]`` (2 minutes alone on the 2 CPU cores of the
+machine it was written on, 6 with other jobs sharing them; ``--only`` runs the rows whose client or setup contains
+TEXT). It prints one table and writes it to a new dated file, ``benchmarks/results/real_clients-<date>-cpu.md``
+(:func:`results_file.write_table`; an old result is never overwritten).
+
+The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/configs/tiny-*.json``), real steps:
+
+1. scenario 1 as the user wrote it: their ``Custom_GPT2_Model(nn.Module)`` verbatim around
+   ``AutoModelForCausalLM.from_pretrained`` of a tiny GPT-2 twin saved with ``save_pretrained``, their
+   ``tokenize_func`` (padding='max_length', 128), their TrainingArguments and a plain ``Trainer``;
+   estimated by ``estimate_trainer(trainer, device="cpu")``;
+2. scenario 2's ``SFTTrainer`` (TRL) with a ``LoraConfig``: packing on and off, vocabularies of 4096 and 128256,
+   fp32 and bitsandbytes NF4 (4-bit, which runs on the CPU); ``estimate_trainer``;
+3. TRL's own recipe, ``trl/scripts/sft.py``: ``SFTTrainer(model=<path>)`` with SFTConfig's defaults and
+   ``get_peft_config`` off and on; ``estimate_trainer``;
+4. peft's documented LoRA causal-LM pattern: ``get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))`` +
+   ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
+5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
+   optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``.
+
+The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
+the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
+
+The meter (not ``kit.measure.tensor_peak.TensorPeak``): PyTorch's profiler memory events.
+``torch.profiler.profile(activities=[CPU], profile_memory=True)`` records each allocation and free of the c10 CPU
+allocator as a ``[memory]`` event (signed ``nbytes``, ``start_ns``). ONE profile spans the whole run, and each
+optimizer step is a ``record_function`` range (Trainer: opened in ``on_step_begin``, closed in ``on_step_end``;
+the loop: around its body). One profile and not one per step because the profiler drops the free of a block
+allocated before it started ("Memory block of unknown size was allocated before the profiling started"): a
+per-step profile would miss, e.g., the previous iteration's ``outputs`` freed in the middle of the next forward.
+A step's peak = the bytes of the unique storages alive when it begins that the step could free (parameters with
+bitsandbytes' quant state, buffers, gradients, the optimizer state, the batch: Trainer's prefetched micro-batches,
+or the loop's batch and its previous ``outputs``) + the highest running sum of the memory events inside its range.
+Step 1 (no optimizer state yet during its backward) is compared with ``first_step_peak_bytes``, the steady step
+(the larger of steps 2 and 3) with ``peak_bytes``. ``tests/test_real_clients.py`` checks the meter on a matmul chain
+whose peak is known to the byte; a full run also measures two clients a second time with TensorPeak (the kit's own
+meter) and prints the agreement, byte by byte (``--no-tensor-peak`` skips it).
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import datetime
+import gc
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch
+from results_file import OUT_HELP, write_table
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+MiB = 2**20
+MARK = "real_clients::step"
+BAND = (0.98, 1.02)
+
+
+# ---- the meter -------------------------------------------------------------------------------------------------
+def tensors_in(obj, depth=0):
+    """Every tensor reachable from ``obj`` through dicts, lists, tuples, ModelOutputs and a KV cache's layers."""
+    if depth > 6 or obj is None:
+        return
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from tensors_in(v, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from tensors_in(v, depth + 1)
+    elif hasattr(obj, "layers") and isinstance(obj.layers, (list, tuple)):  # transformers' Cache
+        for layer in obj.layers:
+            for name in ("keys", "values"):
+                yield from tensors_in(getattr(layer, name, None), depth + 1)
+
+
+def _with_quant(t):
+    """A tensor, and the tensors bitsandbytes keeps beside a 4-bit weight (absmax, code, offset, nested state)."""
+    yield t
+    qs = getattr(t, "quant_state", None)
+    for q in (qs, getattr(qs, "state2", None)):
+        for name in ("absmax", "code", "offset"):
+            v = getattr(q, name, None)
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the unique CPU storages behind ``tensors`` (a view counts its whole storage, once)."""
+    seen = {}
+    for t in tensors:
+        for x in _with_quant(t):
+            if isinstance(x, torch.Tensor) and not x.is_meta and x.device.type == "cpu":
+                st = x.untyped_storage()
+                if st.nbytes():
+                    seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def optimizer_state(optimizer) -> list:
+    opt = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+    return [v for s in opt.state.values() for v in tensors_in(s)]
+
+
+def held_bytes(model, optimizer, *extra) -> int:
+    """What is alive when a step begins and the step could free: weights (quant state too), buffers,
+    gradients, optimizer state, and ``extra`` (the batch, a loop's previous outputs)."""
+    params = list(model.parameters())
+    grads = [p.grad for p in params if p.grad is not None]
+    state = optimizer_state(optimizer) if optimizer is not None else []
+    return storage_bytes([*params, *model.buffers(), *grads, *state, *(t for e in extra for t in tensors_in(e))])
+
+
+class ProfilerMeter:
+    """Step peaks from the profiler's memory events: ``start()``, then per step ``begin(held)`` ... ``end()``,
+    then ``stop()``; ``peaks`` holds one figure per step (held + the highest running sum inside its range)."""
+
+    def __init__(self):
+        self.prof, self.held, self.peaks, self._rf = None, [], [], None
+
+    def start(self):
+        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.prof.__enter__()
+
+    def begin(self, held: int):
+        self.held.append(held)
+        self._rf = record_function(f"{MARK}{len(self.held)}")
+        self._rf.__enter__()
+
+    def end(self):
+        self._rf.__exit__(None, None, None)
+        self._rf = None
+
+    def stop(self):
+        self.prof.__exit__(None, None, None)
+        self.peaks = window_peaks(self.prof, self.held)
+        self.prof = None
+        return self.peaks
+
+
+def window_peaks(prof, held) -> list:
+    """held[k] + the highest running sum of the ``[memory]`` events inside the k-th ``MARK`` range."""
+    events = prof.profiler.kineto_results.events()
+    mem = sorted((e.start_ns(), i, e.nbytes()) for i, e in enumerate(events) if e.name() == "[memory]")
+    times = [m[0] for m in mem]
+    marks = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name().startswith(MARK)}
+    peaks = []
+    for k, h in enumerate(held, 1):
+        start, end = marks[f"{MARK}{k}"]
+        run = top = 0
+        for _, _, n in mem[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]:
+            run += n
+            top = max(top, run)
+        peaks.append(h + top)
+    return peaks
+
+
+class TensorPeakMeter:
+    """The same step windows read by the kit's TensorPeak instead (only for the cross-check)."""
+
+    def __init__(self):
+        self.peaks, self.m, self.h = [], None, 0
+
+    def start(self):
+        pass
+
+    def begin(self, held: int):
+        from kit.measure.tensor_peak import TensorPeak
+
+        self.h, self.m = held, TensorPeak()
+        self.m.__enter__()
+
+    def end(self):
+        self.m.__exit__(None, None, None)
+        self.peaks.append(self.h + self.m.peak_bytes - self.m.start_bytes)
+
+    def stop(self):
+        return self.peaks
+
+
+def meter_trainer(trainer, meter):
+    """Measure each optimizer step of ``trainer.train()``: the profile spans the training (``on_train_begin`` to
+    ``on_train_end``), each step is a range from ``on_step_begin`` to ``on_step_end``; the batch counted as held is
+    the micro-batches Trainer prefetched for the step (``get_batch_samples``, called before ``on_step_begin``)."""
+    from transformers import TrainerCallback
+
+    box = {"batch": None}
+    fetch = trainer.get_batch_samples
+
+    def get_batch_samples(*a, **kw):
+        out = fetch(*a, **kw)
+        box["batch"] = out[0]
+        return out
+
+    trainer.get_batch_samples = get_batch_samples
+
+    class Steps(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            meter.start()
+
+        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
+            meter.begin(held_bytes(model, optimizer, box["batch"]))
+
+        def on_step_end(self, args, state, control, **kw):
+            meter.end()
+
+        def on_train_end(self, args, state, control, **kw):
+            meter.stop()
+
+    trainer.add_callback(Steps())
+    return meter
+
+
+# ---- data and twins ----------------------------------------------------------------------------------------------
+def tokenizer():
+    from kit import data
+
+    return data.shipped_tokenizer()
+
+
+def equal_text_rows(tok, n_tokens: int, n_rows: int) -> list:
+    """Text rows of exactly ``n_tokens`` tokens each (chunks of the shipped text that re-encode to that length)."""
+    from kit.assets import TRAIN_TEXT
+
+    ids = tok(TRAIN_TEXT.read_text(encoding="utf-8"))["input_ids"]
+    rows = []
+    for i in range(0, len(ids) - n_tokens, n_tokens):
+        text = tok.decode(ids[i:i + n_tokens])
+        if len(tok(text)["input_ids"]) == n_tokens and tok.eos_token not in text:
+            rows.append(text)
+        if len(rows) == n_rows:
+            return rows
+    raise RuntimeError(f"only {len(rows)} rows of {n_tokens} tokens in the shipped text")
+
+
+def twin_dir(name: str, folder: str, **overrides) -> str:
+    """A tiny twin built from ``kit/configs/<name>.json`` (config overrides applied) and saved with
+    save_pretrained, so that the client loads it with from_pretrained as it would a Hub model."""
+    from kit.models import build_model, get_config
+
+    cfg = get_config(name)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    path = os.path.join(folder, name + "".join(f"-{k}{v}" for k, v in overrides.items()))
+    if not os.path.isdir(path):
+        build_model(cfg).save_pretrained(path)
+    return path
+
+
+def _bnb4():
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def _sft_kw(out):
+    return dict(output_dir=out, use_cpu=True, max_steps=3, report_to="none", save_strategy="no",
+                logging_strategy="no", disable_tqdm=True)
+
+
+# ---- the clients ------------------------------------------------------------------------------------------------
+# Each returns (label, setup, estimate or refusal, meter). ``meter`` is the measuring class to use.
+def client_s1(work, meter_cls):
+    """Scenario 1 as written: the user's class, verbatim, their tokenize_func and TrainingArguments."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer = tok = globals()["tokenizer"]()
+    # The user's GPT-2 had one token fewer than their tokenizer once they added [PAD]: the twin too, so that
+    # resize_token_embeddings grows it by one row, as it did for them (4095 -> 4096).
+    model_name = twin_dir("tiny-gpt2", work, vocab_size=len(tok) - 1)
+
+    class Custom_GPT2_Model(nn.Module):  # verbatim from the post
+        def __init__(self, tokenizer):
+            super().__init__()
+            self.gpt2 = AutoModelForCausalLM.from_pretrained(model_name)
+            self.gpt2.resize_token_embeddings(len(tokenizer))
+            for param in self.gpt2.parameters():
+                param.requires_grad = False
+            self.gpt2.gradient_checkpointing_enable()
+            self.custom_layer = nn.Linear(self.gpt2.config.vocab_size, self.gpt2.config.vocab_size)
+
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
+            logits = self.custom_layer(outputs.logits)
+            loss = None
+            if labels is not None:
+                loss_func = nn.CrossEntropyLoss()
+                loss = loss_func(logits.view(-1, logits.size(-1)), labels.view(-1))
+            return {'loss': loss, 'logits': logits}
+
+    def tokenize_func(examples):  # the user's: padded to max_length 128
+        return tokenizer(examples["text"], padding="max_length", truncation=True, max_length=128)
+
+    # Rows of 100 tokens padded to 128 (every batch has padding, as the user's wikitext lines had).
+    ds = Dataset.from_dict({"text": equal_text_rows(tok, 100, 64)}).map(tokenize_func, batched=True,
+                                                                         remove_columns=["text"])
+    torch.manual_seed(0)
+    model = Custom_GPT2_Model(tokenizer)
+    training_args = TrainingArguments(
+        output_dir=os.path.join(work, "s1"),
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=16,
+        learning_rate=0.1,
+        warmup_steps=2500,
+        # logging_dir="./logs": dropped, transformers 5 refuses it
+        # fp16=True: dropped, a CPU has no fp16 mixed precision (Trainer ignores it there; the run is fp32)
+        use_cpu=True, max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True,  # added: a short CPU run
+    )
+    # The user's post passes no collator; their forward needs labels: the LM collator, as the kit's scenario runs it.
+    trainer = Trainer(model=model, args=training_args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+    yield ("1. scenario 1 as written", "Custom_GPT2_Model (VxV head, frozen ckpt GPT-2), B1 x 128 padded, accum 16",
+           trainer, lambda: estimate_trainer(trainer, device="cpu"))
+
+
+def client_s2(work, vocab, packing, quant):
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from kit.estimate import estimate_trainer
+
+    tok = tokenizer()
+    path = twin_dir("tiny-llama", work, vocab_size=vocab)
+    torch.manual_seed(0)
+    if quant:
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=_bnb4(), dtype=torch.bfloat16,
+                                                     device_map={"": "cpu"})
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    model.config.use_cache = False  # as the user did
+    rows = Dataset.from_dict({"text": equal_text_rows(tok, 40, 96)})  # truncated (or packed) to 30 tokens
+    peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
+                             task_type="CAUSAL_LM")
+    args = SFTConfig(dataset_text_field="text", max_length=30, packing=packing, gradient_checkpointing=True,
+                     per_device_train_batch_size=4, bf16=False, learning_rate=2e-4, **_sft_kw(os.path.join(work, "s2")))
+    trainer = SFTTrainer(model=model, train_dataset=rows, peft_config=peft_config, args=args, processing_class=tok)
+    setup = (f"LoRA r8 q,v, {'NF4 4-bit' if quant else 'fp32'}, vocab {vocab}, packing {'on' if packing else 'off'},"
+             " B4, max_length 30, ckpt")
+    yield "2. scenario 2 SFTTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
+def client_trl_recipe(work, use_peft, bf16=None):
+    """trl/scripts/sft.py: SFTTrainer(model=<path>, args=SFTConfig defaults, quantization_config=
+    get_quantization_config(model_args), peft_config=get_peft_config(model_args))."""
+    from datasets import Dataset
+    from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config, get_quantization_config
+
+    from kit.estimate import estimate_trainer
+
+    tok = tokenizer()
+    model_args = ModelConfig(model_name_or_path=twin_dir("tiny-llama", work), use_peft=use_peft)
+    extra = {} if bf16 is None else {"bf16": bf16}
+    training_args = SFTConfig(**_sft_kw(os.path.join(work, "trl")), **extra)
+    # sft.py's model_init_kwargs, built from ModelConfig's defaults
+    training_args.model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.
+                                           trust_remote_code, attn_implementation=model_args.attn_implementation,
+                                           dtype=model_args.dtype)
+    torch.manual_seed(0)
+    trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, processing_class=tok,
+                         train_dataset=Dataset.from_dict({"text": equal_text_rows(tok, 100, 64)}),
+                         quantization_config=get_quantization_config(model_args),
+                         peft_config=get_peft_config(model_args))
+    mp = "bf16 autocast (SFTConfig's default)" if bf16 is None else f"bf16={bf16}"
+    setup = (f"{'use_peft (LoRA r16, peft default targets)' if use_peft else 'full FT'}, SFTConfig defaults: B8, "
+             f"max_length 1024, ckpt, {mp}; rows of 100 tokens")
+    yield "3. TRL sft.py recipe", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
+def client_peft(work):
+    """peft's README/quicktour LoRA pattern, with a transformers Trainer and the LM collator."""
+    from datasets import Dataset
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer_ = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-qwen2", work))
+    peft_config = LoraConfig(task_type=TaskType.CAUSAL_LM, inference_mode=False, r=8, lora_alpha=32,
+                             lora_dropout=0.1)
+    model = get_peft_model(model, peft_config)
+
+    def tokenize(examples):
+        return tokenizer_(examples["text"], truncation=True, max_length=64)
+
+    ds = Dataset.from_dict({"text": equal_text_rows(tokenizer_, 64, 64)}).map(tokenize, batched=True,
+                                                                               remove_columns=["text"])
+    training_args = TrainingArguments(output_dir=os.path.join(work, "peft"), learning_rate=1e-3,
+                                      per_device_train_batch_size=8, num_train_epochs=2, weight_decay=0.01,
+                                      # quicktour's eval_strategy/save_strategy "epoch" + load_best_model_at_end:
+                                      # no eval set here, so no evaluation and no checkpoints
+                                      use_cpu=True, max_steps=3, report_to="none", save_strategy="no",
+                                      disable_tqdm=True)
+    trainer = Trainer(model=model, args=training_args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
+    yield ("4. peft LoRA example", "tiny-qwen2, LoRA r8 (peft default targets), dropout 0.1, B8 x 64, Trainer + "
+           "LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+
+
+def loop_option():
+    """The estimate option for "outputs kept through backward", if kit/training_setup.py declares one."""
+    from kit.training_setup import FIELDS
+
+    return next((k for k in FIELDS if "output" in k.lower()), None)
+
+
+def client_loop(work, meter_cls, use_cache=None, B=4, S=64, steps=3, with_option=False):
+    """A plain PyTorch loop, as users write it; returns the row directly (no Trainer)."""
+    from transformers import AutoModelForCausalLM, default_data_collator
+
+    from kit.estimate import estimate
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-llama", work))
+    if use_cache is not None:
+        model.config.use_cache = use_cache
+    ids = [tok(t)["input_ids"] for t in equal_text_rows(tok, S, B * steps)]
+    rows = [{"input_ids": i, "attention_mask": [1] * S, "labels": i} for i in ids]  # run_clm's group_texts rows
+    loader = torch.utils.data.DataLoader(rows, batch_size=B, shuffle=True, collate_fn=default_data_collator)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    meter = meter_cls()
+    model.train()
+    meter.start()
+    outputs = loss = None
+    for batch in loader:
+        meter.begin(held_bytes(model, optimizer, batch, outputs, loss))
+        outputs = model(**batch)
+        loss = outputs.loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        meter.end()
+    meter.stop()
+    kw = dict(batch_size=B, seq_len=S, device="cpu", optimizer="adamw", padded=False)
+    opt = loop_option()
+    if with_option and opt:
+        kw[opt] = True
+    cache = "use_cache as the config has it (True)" if use_cache is None else f"use_cache={use_cache}"
+    setup = f"tiny-llama full FT fp32, torch AdamW, B{B} x {S}, {cache}" + (f", {opt}=True" if with_option else "")
+    try:
+        est = estimate(model, **kw)
+    except ValueError as e:
+        est = e
+    return ("5. plain PyTorch loop", setup, est, meter.peaks)
+
+
+# ---- running ----------------------------------------------------------------------------------------------------
+def run_trainer_client(gen, meter_cls):
+    label, setup, trainer, make_estimate = next(gen)
+    try:
+        est = make_estimate()
+    except ValueError as e:  # InputError is a ValueError: a refusal is a row
+        est = e
+    meter = meter_trainer(trainer, meter_cls())
+    trainer.train()
+    peaks = meter.peaks
+    del trainer
+    gc.collect()
+    return label, setup, est, peaks
+
+
+def rows_to_run(work, only=None):
+    """(client, setup-hint, thunk) for every row."""
+    R = []
+    R.append(("scenario 1", lambda m: run_trainer_client(client_s1(work, m), m)))
+    for vocab in (4096, 128256):
+        for packing in (True, False):
+            R.append((f"SFTTrainer fp32 vocab {vocab} packing {packing}",
+                      lambda m, v=vocab, p=packing: run_trainer_client(client_s2(work, v, p, False), m)))
+    for vocab, packing in ((4096, True), (4096, False), (128256, True), (128256, False)):
+        R.append((f"SFTTrainer 4bit vocab {vocab} packing {packing}",
+                  lambda m, v=vocab, p=packing: run_trainer_client(client_s2(work, v, p, True), m)))
+    R.append(("TRL recipe full", lambda m: run_trainer_client(client_trl_recipe(work, False), m)))
+    R.append(("TRL recipe peft", lambda m: run_trainer_client(client_trl_recipe(work, True), m)))
+    R.append(("TRL recipe full bf16=False", lambda m: run_trainer_client(client_trl_recipe(work, False, False), m)))
+    R.append(("peft example", lambda m: run_trainer_client(client_peft(work), m)))
+    R.append(("plain loop as written", lambda m: client_loop(work, m)))
+    R.append(("plain loop use_cache=False", lambda m: client_loop(work, m, use_cache=False)))
+    if loop_option():
+        R.append(("plain loop as written + outputs option", lambda m: client_loop(work, m, with_option=True)))
+        R.append(("plain loop use_cache=False + outputs option",
+                  lambda m: client_loop(work, m, use_cache=False, with_option=True)))
+    return [r for r in R if not only or only.lower() in r[0].lower()]
+
+
+def ratio(est_bytes, got):
+    return est_bytes / got if got else float("nan")
+
+
+def format_row(label, setup, est, peaks) -> tuple[str, list]:
+    """One table line, and the flags it raises."""
+    meas1 = peaks[0] if peaks else None
+    steady = max(peaks[1:]) if len(peaks) > 1 else None
+    m1 = f"{meas1 / MiB:.2f}" if meas1 else "not taken"
+    ms = f"{steady / MiB:.2f}" if steady else "not taken"
+    if isinstance(est, Exception):
+        first = str(est).strip().splitlines()[0]
+        return (f"| {label} | {setup} | refused: \"{first}\" | {m1} | — | refused | {ms} | — | refused |", [])
+    r1, rs = ratio(est.first_step_peak_bytes, meas1), ratio(est.peak_bytes, steady)
+    flags = [f"{what} {r:.4f}" for what, r in (("step 1", r1), ("steady", rs)) if not BAND[0] <= r <= BAND[1]]
+    return (f"| {label} | {setup} | {est.first_step_peak_bytes / MiB:.2f} | {m1} | {r1:.4f} | "
+            f"{est.peak_bytes / MiB:.2f} | {ms} | {rs:.4f} | {'OUTSIDE 2%: ' + ', '.join(flags) if flags else 'ok'} |",
+            flags)
+
+
+def report(lines, details, seconds, cross) -> str:
+    import bitsandbytes
+    import peft
+    import transformers
+    import trl
+
+    from kit import machine
+
+    opt = loop_option()
+    out = ["# The estimator on real clients (CPU tiny twins, an independent meter)", "",
+           f"- date: {datetime.date.today().isoformat()}",
+           f"- device: CPU; hardware: {machine.hardware()}",
+           f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
+           f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}",
+           f"- command: `python benchmarks/real_clients.py` ({seconds:.0f} s)", "",
+           "Measured: PyTorch profiler memory events (`profile_memory=True`, one profile over the run, each optimizer "
+           "step a `record_function` range): the storages alive at the step's start that it could free (weights, "
+           "quant state, buffers, grads, optimizer state, the batch; the loop's previous outputs) + the highest "
+           "running sum of the allocator's events in the step. Step 1 against `first_step_peak_bytes`; steady = the "
+           "larger of steps 2 and 3, against `peak_bytes`. Estimates: `estimate_trainer(trainer, device=\"cpu\")`; "
+           "the loop: `estimate(model, batch_size=, seq_len=, device=\"cpu\", optimizer=\"adamw\", padded=False)`. "
+           f"Band: estimate/measured in [{BAND[0]}, {BAND[1]}].", "",
+           "| client | setup | est. step 1 (MiB) | measured step 1 (MiB) | ratio step 1 | est. steady (MiB) | "
+           "measured steady (MiB) | ratio steady | flag |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|", *lines, ""]
+    out.append("- the loop's \"outputs kept through backward\" estimate option: "
+               + (f"`{opt}` (kit/training_setup.py), passed in the rows that name it" if opt else
+                  "not in kit/training_setup.py when this ran, so the loop rows are estimated without it"))
+    if cross:
+        out += ["", "Cross-check of the meter against the kit's TensorPeak (the same client run twice, the same held "
+                "bytes at each step's start, the rise read by each meter):", "", *cross, "",
+                "(`torch.utils.checkpoint` saves the CPU RNG state, `torch.get_rng_state()`, "
+                f"{torch.get_rng_state().nbytes:,} bytes per checkpointed block (the SFTTrainer twin has 2), made in "
+                "C++ outside any aten op: TensorPeak's dispatch mode never sees it, the allocator's events do. It is "
+                "no device memory on a GPU.)"]
+    out += ["", "Per row: the measured steps (MiB), the estimate's peak moment, its notes:", ""] + details
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help=OUT_HELP)
+    p.add_argument("--only", default=None, help="run the rows whose name contains this")
+    p.add_argument("--no-tensor-peak", action="store_true", help="skip the cross-check against TensorPeak")
+    a = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    work = tempfile.mkdtemp(prefix="kit-real-clients-")
+    os.environ.setdefault("KIT_CACHE", os.path.join(work, "twins"))
+    t0 = time.time()
+    lines, details, flagged = [], [], []
+    for name, thunk in rows_to_run(work, a.only):
+        t = time.time()
+        label, setup, est, peaks = thunk(ProfilerMeter)
+        line, flags = format_row(label, setup, est, peaks)
+        lines.append(line)
+        flagged += [f"{label} ({setup}): {f}" for f in flags]
+        moment = "" if isinstance(est, Exception) else f"; peak moment {est.peak_moment}"
+        notes = "" if isinstance(est, Exception) else "; notes: " + (" / ".join(str(n) for n in est.notes) or "none")
+        details.append(f"- {label}, {setup}: steps {', '.join(f'{x / MiB:.2f}' for x in peaks)}{moment}{notes} "
+                       f"[{time.time() - t:.0f} s]")
+        print(line, f"[{time.time() - t:.0f} s]", flush=True)
+        gc.collect()
+    cross = []
+    if not a.no_tensor_peak and not a.only:
+        for name, run in (("plain loop, use_cache=False", lambda m: client_loop(work, m, use_cache=False)),
+                          ("SFTTrainer fp32 vocab 4096 packing on",
+                           lambda m: run_trainer_client(client_s2(work, 4096, True, False), m))):
+            prof, tp = run(ProfilerMeter)[3], run(TensorPeakMeter)[3]
+            agree = ", ".join(f"step {i + 1}: {x:,} vs {y:,} bytes ({x - y:+,} bytes, ratio {x / y:.6f})"
+                              for i, (x, y) in enumerate(zip(prof, tp)))
+            cross.append(f"- {name}: profiler vs TensorPeak {agree}")
+            print(cross[-1], flush=True)
+    text = report(lines, details, time.time() - t0, cross)
+    if flagged:
+        text += "\nOutside the 2% band:\n\n" + "\n".join(f"- {f}" for f in flagged) + "\n"
+    print(text)
+    path = write_table(text, a.out, "real_clients", "cpu")
+    if path:
+        print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Your own PyTorch loop, watched step by step: ``watch = kit.watch_loop(model, optimizer)``, then
+``with watch.step():`` around each step.
+
+>>> watch = kit.watch_loop(model, optimizer)          # doctest: +SKIP
+>>> for batch in watch.batches(loader):               # doctest: +SKIP
+...     with watch.step(batch):                       # one optimizer step: forward, backward, step, zero_grad
+...         outputs = model(**batch)
+...         outputs.loss.backward()
+...         optimizer.step()
+...         optimizer.zero_grad()
+>>> print(watch.report)                               # doctest: +SKIP
+Watched 3 steps of your loop, no out-of-memory error (0.9 s).
+
+Each step's peak is read (CUDA max allocated, reset at each step; on a CPU with ``tensor_peak=True`` a
+:class:`kit.measure.tensor_peak.TensorPeak`, every op watched), step 1 (no optimizer state yet) apart from the
+later steps, and set beside :func:`kit.estimate.estimate` of the model (read by
+:func:`kit.estimate.read_model.read_model`), the first batch's shape and the optimizer, with the same live plot
+as ``kit.watch``. What the loop holds beyond what Trainer holds is detected where it can be and said:
+``outputs_kept`` (the outputs' logits still alive at ``optimizer.step()``), ``grads_kept`` (gradients not None
+when a later step begins: ``zero_grad(set_to_none=False)``). Options given to :func:`watch_loop` win.
+
+**An out-of-memory error inside a step** is caught (never raised): the report (``watch.report``: the step, the
+phase, what was alive by component beside the estimate, the largest tensors and what held them, the advisor's
+top changes) is printed, the failed step's frames, the gradients and the optimizer state are released, and
+:meth:`LoopWatch.batches` ends the loop. The model and the optimizer stay usable (the optimizer's next step
+starts its state afresh). Any other exception propagates, after the same tidy-up as ``kit.train``'s.
+
+Phases, as ``kit.train`` names them: a step begins in ``first_forward_backward`` (no optimizer state yet) or
+``forward_backward``; ``optimizer.step()`` (a step pre-hook) is ``first_optimizer_step`` / ``optimizer_step``;
+after it, ``after_step``.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from kit import machine
+from kit.estimate import estimate as predict
+from kit.estimate.read_model import read_model
+from kit.inputs import InputError
+from kit.measure import device
+from kit.measure.cleanup import scrub
+from kit.measure.tensor_peak import TensorPeak
+from kit.measure.track import Tracker
+from kit.presets import resolve_device
+from kit.training_setup import KEYWORDS
+from kit.watching import recover
+from kit.watching.draw import draw_steps
+from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name
+from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive
+
+_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its LoopWatch (one a model)
+_DETECTED = ("outputs_kept", "grads_kept")
+
+
+class LoopWatch:
+    """What :func:`watch_loop` attached to a model and its optimizer (see the module doc).
+
+    ``steps``: a :class:`StepPeak` per completed step; ``estimate`` (or None, with ``estimate_error``);
+    ``assumed``: each loop option the estimate took, ``(value, how it was known)``; ``report``: the
+    :class:`~kit.watching.report.TrainReport` (after an OOM, the one that stopped the loop); ``tracker`` and
+    ``live`` (the LivePlot, or None). ``close()`` removes the hooks.
+    """
+
+    def __init__(self, model, optimizer, *, plot=None, estimate=True, limit_bytes=None, limit_label="limit",
+                 tensor_peak=False, advise_device=None, top=5, setup=None):
+        # held weakly: _WATCHES is keyed by the model, and the hooks hold this watch (the model's lifetime is yours)
+        self._model, self._optimizer = weakref.ref(model), weakref.ref(optimizer)
+        self.made_optimizer = self.made_scheduler = False       # the user's own: kept (recover.release)
+        self.want_estimate, self.given = estimate, dict(setup or {})
+        self.tensor_peak, self.advise_device, self.top = tensor_peak, advise_device, top
+        self.steps: list[StepPeak] = []
+        self.estimate, self.estimate_error, self.assumed = None, None, {}
+        self.shape, self.padded, self.options = None, None, None
+        self.step_no, self.phase, self.stopped, self._oom_report = 0, "setup", False, None
+        self._logits, self._kept_seen, self._grads_seen, self._said = None, None, None, False
+        self.t0 = time.perf_counter()
+        if limit_bytes is None:
+            here, _ = resolve_device("this", cpu_ok=True)
+            limit_bytes, limit_label = (here.gpu_bytes, here.label) if here.gpu_bytes else \
+                (here.ram_bytes, "this machine's RAM")
+        self.limit_bytes, self.limit_label = limit_bytes, limit_label
+        self.tracker = Tracker()
+        self.live = None
+        if plot is not False:
+            from kit.plot.live import LivePlot, in_notebook
+
+            if plot is not None or in_notebook():
+                self.live = LivePlot(self.tracker, self.draw, folder=None if plot is None else Path(plot), prefix="loop")
+        self._hooks = [model.register_forward_pre_hook(self._forward_begins, with_kwargs=True),
+                       model.register_forward_hook(self._forward_ends),
+                       optimizer.register_step_pre_hook(self._optimizer_begins),
+                       optimizer.register_step_post_hook(self._optimizer_ends)]
+
+    @property
+    def model(self):
+        return self._model()
+
+    @property
+    def optimizer(self):
+        return self._optimizer()
+
+    # hooks: the phase, the batch's shape, and whether the outputs outlive the backward ----------------------------
+    def _forward_begins(self, module, args, kwargs):
+        if self.shape is None:
+            batch = kwargs if "input_ids" in kwargs else (args[0] if args else None)
+            self.shape, self.padded = batch_shape(batch), has_padding(batch) if isinstance(batch, dict) else None
+
+    def _forward_ends(self, module, args, output):
+        logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
+        self._logits = weakref.ref(logits) if isinstance(logits, torch.Tensor) else None
+
+    def _optimizer_begins(self, opt, args, kwargs):
+        self.phase = "first_optimizer_step" if self.phase == "first_forward_backward" else "optimizer_step"
+        if self._logits is not None and self._kept_seen is None:
+            self._kept_seen = self._logits() is not None     # the outputs outlived loss.backward()
+
+    def _optimizer_ends(self, opt, args, kwargs):
+        self.phase = "after_step"
+
+    # the estimate ---------------------------------------------------------------------------------------------
+    def _options(self) -> dict:
+        opts, self.assumed = {}, {}
+        seen = {"outputs_kept": (self._kept_seen, ("the outputs' logits were alive at optimizer.step()" if
+                                 self._kept_seen else "the outputs' logits were freed before optimizer.step()")),
+                "grads_kept": (self._grads_seen, "gradients were allocated when a later step began "
+                               "(zero_grad(set_to_none=False))" if self._grads_seen else
+                               "gradients were None when a later step began (zero_grad(set_to_none=True))")}
+        for k in _DETECTED:
+            if k in self.given:
+                self.assumed[k] = (self.given[k], "given to kit.watch_loop")
+            elif seen[k][0] is not None:
+                opts[k] = seen[k][0]
+                self.assumed[k] = (seen[k][0], f"detected: {seen[k][1]}")
+            else:
+                self.assumed[k] = (False, "assumed, not seen yet" + (" (known from step 2 on)"
+                                                                     if k == "grads_kept" else ""))
+        if "precision" not in self.given:
+            self.assumed["precision"] = ("fp32", "assumed: no autocast seen by the kit (pass precision='bf16' "
+                                                 "if the step runs under torch.autocast)")
+        return opts
+
+    def _make_estimate(self) -> None:
+        if self.want_estimate is False or self.want_estimate is None or self.shape is None:
+            if self.shape is None and self.want_estimate is True:
+                self.estimate_error = "no batch shape yet (pass the batch: watch.step(batch))"
+            return
+        if self.want_estimate is not True:
+            self.estimate = self.want_estimate
+            return
+        try:
+            target, mopts, _, mnotes = read_model(self.model)
+            opts = {k: v for k, v in mopts.items() if k in KEYWORDS}
+            opts.update(self._options())
+            if "optimizer" not in self.given:
+                opts["optimizer"] = optimizer_name(self.optimizer)
+            if self.padded is not None:
+                opts["padded"] = self.padded
+            opts.update(batch_size=self.shape[0], seq_len=self.shape[1], device=machine.device_name())
+            opts.update(self.given)
+            self.estimate, self.estimate_error = predict(target, **opts), None
+            self.estimate.notes.extend(mnotes)
+            self.options = dict(opts, model=target)      # what the advisor is given (it rebuilds the setup)
+        except ValueError as exc:
+            self.estimate, self.estimate_error = None, f"{type(exc).__name__}: {exc}"
+            if not self._said:
+                print(f"kit.watch_loop: no estimate of this model ({self.estimate_error}); the plot shows the "
+                      "measurement alone.", flush=True)
+                self._said = True
+
+    # one step ---------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def step(self, batch=None):
+        """Watch one optimizer step (see the module doc); ``batch`` gives the estimate its shape before the step
+        runs (else the model's first forward does, and the estimate comes at the step's end)."""
+        if self.stopped:
+            raise RuntimeError(f"kit.watch_loop: this watch stopped at step {self._oom_report.step} with an "
+                               "out-of-memory error (print(watch.report)); loop over watch.batches(loader) to end "
+                               "there, or make a new watch: kit.watch_loop(model, optimizer).")
+        n = len(self.steps) + 1
+        fresh = len(getattr(self.optimizer, "state", {})) == 0
+        if not fresh and "grads_kept" not in self.given:   # zero_grad(set_to_none=False) left them allocated
+            grads = any(p.grad is not None for p in self.model.parameters() if p.requires_grad)
+            if grads != self._grads_seen:
+                self._grads_seen, self.estimate = grads, None    # estimated again with what was seen
+        if batch is not None and self.shape is None:
+            self.shape, self.padded = batch_shape(batch), has_padding(batch)
+        if self.estimate is None:
+            self._make_estimate()
+        self.step_no, self.phase = n, "first_forward_backward" if fresh else "forward_backward"
+        exact = self.tensor_peak and not machine.has_cuda()
+        if machine.has_cuda():
+            device.reset_peak()       # counted: the tracker knows the peak was reset
+        if exact:
+            gc.collect()      # garbage waiting in reference cycles (an earlier model) is not this step's memory
+        meter = TensorPeak() if exact else contextlib.nullcontext()
+        try:
+            with meter:
+                yield self
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) or not device.is_oom(exc):
+                recover.tidy(self, self)
+                raise
+            self._stop(exc)
+            exc = None
+            return
+        peak = meter.peak_bytes if exact else device.peak_allocated_bytes()
+        self.steps.append(StepPeak(n, fresh, peak, time.time()))
+        if self.estimate is None or (n == 1 and self._kept_seen and "outputs_kept" not in self.given):
+            self.estimate = None
+            self._make_estimate()
+        self.tracker.sample(n, live_tensors=False, event="step")
+        if self.live is not None and n <= 2:    # the first step and the first later one, always drawn
+            self.live.update()
+
+    def batches(self, iterable):
+        """Yield from ``iterable`` until an out-of-memory error stops the watch (then the loop ends).
+
+        >>> w = LoopWatch.__new__(LoopWatch); w.stopped = False
+        >>> list(w.batches([1, 2]))
+        [1, 2]
+        """
+        for item in iterable:
+            if self.stopped:
+                return
+            yield item
+
+    def _stop(self, exc) -> None:
+        if self.estimate is None:
+            self._make_estimate()
+        report = TrainReport(True, _error(exc), self.step_no, self.phase, device.best_reading(),
+                             time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
+        report.measured, report.cuda, report.tensors = read_alive(self, exc, top=self.top)
+        scrub(exc)
+        report.freed = recover.release(self, self, report.measured)
+        report.estimated, report.estimate_field = estimated_for(self.estimate, report.phase)
+        recover.tidy(self, self)
+        report.advice, _ = advice_text(self.estimate, self.options or self.estimate,
+                                       self.advise_device or ("this" if machine.has_cuda() else "cpu"))
+        report.notes += self._assumption_notes()
+        if self.estimate is None:
+            report.notes.append(f"no estimate beside the measurement: {self.estimate_error}")
+        self.stopped, self._oom_report = True, report
+        print(report, flush=True)
+
+    def _assumption_notes(self) -> list:
+        return [f"the estimate took {k}={v!r}: {how}" for k, (v, how) in self.assumed.items()]
+
+    # what it read -------------------------------------------------------------------------------------------
+    @property
+    def report(self) -> TrainReport:
+        """The run so far: each part's peak beside the estimate, or the out-of-memory report that stopped it."""
+        if self._oom_report is not None:
+            return self._oom_report
+        est, exact = self.estimate, self.tensor_peak or machine.has_cuda()
+        r = TrainReport(False, None, len(self.steps), self.phase, device.best_reading(),
+                        time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
+        first = [s.peak_bytes for s in self.steps if s.first and s.peak_bytes is not None]
+        later = [s.peak_bytes for s in self.steps if not s.first and s.peak_bytes is not None]
+        r.first_step_peak_bytes, r.later_steps_peak_bytes = max(first, default=None), max(later, default=None)
+        train = [x for x in (r.first_step_peak_bytes, r.later_steps_peak_bytes) if x is not None]
+        r.measured_peak_bytes, r.peak_exact = max(train, default=None), bool(exact and train)
+        if est is not None:
+            r.estimate_peak_bytes, r.estimate_first_step_bytes = est.peak_bytes, est.first_step_peak_bytes
+        r.notes += self._assumption_notes()
+        if est is None:
+            r.notes.append(f"no estimate beside the measurement: {self.estimate_error or 'not asked for'}")
+        return r
+
+    def draw(self, tracker=None):
+        """The live plot: :func:`kit.watching.draw.draw_watch` with each step's measured peak marked."""
+        return draw_steps(tracker or self.tracker, self.steps, self.estimate, self.limit_bytes, self.limit_label)
+
+    def close(self) -> None:
+        """Remove the hooks from the model and the optimizer, and draw the plot one last time."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self.live is not None and self.tracker.samples:
+            self.live.update()
+        if _WATCHES.get(self.model) is self:
+            del _WATCHES[self.model]
+
+    def __repr__(self) -> str:
+        return f"<kit.watch_loop: {len(self.steps)} steps{', stopped by an OOM' if self.stopped else ''}>"
+
+
+def watch_loop(model, optimizer, *, plot=None, estimate=True, limit_bytes: int | None = None,
+               limit_label: str = "limit", tensor_peak: bool = False, advise_device=None, top: int = 5,
+               **setup) -> LoopWatch:
+    """Watch a plain PyTorch training loop of ``model`` and ``optimizer``: ``with watch.step(batch):`` around each
+    step (see the module doc). A second call for the same model and optimizer returns the first watch, unless it
+    stopped (an OOM) or was closed.
+
+    - ``plot``: None draws in a notebook only; a folder saves PNGs there; False draws nothing.
+    - ``estimate``: True estimates from the model, the first batch and the optimizer; an Estimate is used as
+      given; False sets none beside the readings.
+    - ``tensor_peak``: on the CPU, watch every op, so each step's peak is exact (slower); on CUDA, max allocated.
+    - ``**setup``: :func:`kit.estimate.estimate` options that win over what is read or detected
+      (``precision="bf16"`` under autocast, ``outputs_kept=True``, ``grads_kept=True``, ...).
+
+    >>> model = kit.models.build_model("tiny-llama"); opt = torch.optim.AdamW(model.parameters())   # doctest: +SKIP
+    >>> watch = watch_loop(model, opt, tensor_peak=True)                                        # doctest: +SKIP
+    >>> with watch.step(batch):                                                                 # doctest: +SKIP
+    ...     model(**batch).loss.backward(); opt.step(); opt.zero_grad()
+    >>> watch.steps[0].first                                                                    # doctest: +SKIP
+    True
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputError("model", f"kit.watch_loop takes the torch.nn.Module you train, not a {type(model).__name__}.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InputError("optimizer", "kit.watch_loop takes the torch.optim.Optimizer your loop steps, not a "
+                                      f"{type(optimizer).__name__}.")
+    unknown = sorted(set(setup) - set(KEYWORDS))
+    if unknown:
+        raise InputError(unknown[0], f"kit.watch_loop does not know {', '.join(unknown)}: its estimate options are "
+                                     f"{', '.join(KEYWORDS)}.")
+    old = _WATCHES.get(model)
+    if old is not None and old.optimizer is optimizer and not old.stopped and old._hooks:
+        return old
+    w = LoopWatch(model, optimizer, plot=plot, estimate=estimate, limit_bytes=limit_bytes, limit_label=limit_label,
+                  tensor_peak=tensor_peak, advise_device=advise_device, top=top, setup=setup)
+    _WATCHES[model] = w
+    return w
+
+
+def step(model, optimizer, batch=None, **kwargs):
+    """``with kit.step(model, optimizer, batch):`` around one step: :func:`watch_loop`'s watch of this model and
+    optimizer (made at the first call, reused after), its :meth:`LoopWatch.step`. Read it with
+    ``kit.watch_loop(model, optimizer).report``.
+
+    >>> with step(model, optimizer, batch):          # doctest: +SKIP
+    ...     model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
+    """
+    return watch_loop(model, optimizer, **kwargs).step(batch)
+
+
+def _error(exc) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]

@@ -1,0 +1,64 @@
+"""What a plain PyTorch loop's own objects say, for its estimate: the optimizer's name (:func:`optimizer_name`),
+a batch's shape (:func:`batch_shape`) and whether it pads (:func:`has_padding`); and one watched step
+(:class:`StepPeak`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kit.inputs import InputError
+
+
+@dataclass
+class StepPeak:
+    """One watched step: its number (1 = the first), whether the optimizer had no state yet, its peak bytes
+    (None: not taken) and the time it ended (``time.time()``, as the tracker's readings)."""
+
+    step: int
+    first: bool
+    peak_bytes: int | None
+    end: float
+
+
+def optimizer_name(optimizer) -> str:
+    """The kit's name for a torch (or bitsandbytes) optimizer object.
+
+    >>> optimizer_name(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True))
+    'adamw-fused'
+    """
+    cls, d = type(optimizer).__name__, getattr(optimizer, "defaults", {})
+    if cls in ("AdamW", "Adam"):   # the same two moments a parameter
+        return "adamw-fused" if d.get("fused") else "adamw"
+    if cls in ("AdamW8bit", "Adam8bit"):
+        return "adamw-8bit"
+    if cls in ("PagedAdamW8bit", "PagedAdam8bit"):
+        return "paged-adamw-8bit"
+    if cls == "SGD" and d.get("momentum"):
+        return "sgd"
+    raise InputError("optimizer", f"kit.watch_loop estimates AdamW/Adam, SGD with momentum and bitsandbytes' 8-bit "
+                                  f"AdamW, not a {cls}{' without momentum' if cls == 'SGD' else ''}: pass "
+                                  "optimizer='adamw' (the nearest) or estimate=False.", code="optimizer-not-modeled")
+
+
+def batch_shape(batch) -> tuple[int, int] | None:
+    """(rows, tokens) of a batch: a dict with ``input_ids``, or a tensor of token ids; None if it has neither.
+
+    >>> batch_shape({"input_ids": torch.zeros(4, 40, dtype=torch.long)})
+    (4, 40)
+    """
+    ids = batch.get("input_ids") if isinstance(batch, dict) else batch
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        return int(ids.shape[0]), int(ids.shape[1])
+    return None
+
+
+def has_padding(batch) -> bool | None:
+    """Whether a batch dict's ``attention_mask`` has a 0 (None: it has no mask).
+
+    >>> has_padding({"attention_mask": torch.tensor([[1, 1, 0]])})
+    True
+    """
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    return bool((mask == 0).any()) if isinstance(mask, torch.Tensor) else None
