@@ -114,7 +114,7 @@ def four_gb_text(est, model_name: str | None = None) -> str:
         f"  kept in 16 bits, {est.unquantized_params:,} params: {fmt_bytes(sixteen_bytes)} — {parts}",
         f"  the model as loaded: {fmt_bytes(est.loaded_weights_bytes)} = {est.loaded_weights_bytes:,} bytes, "
         f"{est.loaded_weights_bytes / naive_bytes:.2f}x the 'about 4 GB' figure",
-        (f"  after prepare_model_for_kbit_training (16-bit parts upcast to fp32, LoRA added): "
+        ("  after prepare_model_for_kbit_training (16-bit parts upcast to fp32, LoRA added): "
          if est.setup.get("kbit_recipe") == "standard" else
          "  as SFTTrainer trains it (no upcast in TRL 1.x; LoRA added): ") + fmt_bytes(est.weights_bytes)])
 

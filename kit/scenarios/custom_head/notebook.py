@@ -37,7 +37,7 @@ from kit.scenarios.custom_head.exercises import (
     toy_model,  # noqa: F401
     twin_rank,
 )
-from kit.units import WIDTH, fmt_bytes, wrap, wrapped
+from kit.units import fmt_bytes, wrap, wrapped
 
 
 def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
