@@ -7,7 +7,8 @@ the foundations (``units``, ``inputs``, ``training_setup``, ``presets``, ``dtype
 ``models``, ``vocab_head``, ``model_configs``, ``data``). The faces: ``kit.panel(scenario=1)`` builds the widget
 panel; ``kit.check(trainer)`` prints what a built Trainer will need; ``kit.watch(trainer)`` adds a live memory plot to
 it and ``kit.train(trainer)`` runs it, returning a report on an out-of-memory error; ``kit.watch_loop(model,
-optimizer)`` watches a plain PyTorch loop (``with watch.step(batch):`` each step); ``%load_ext kit`` prints a
+optimizer)`` watches a plain PyTorch loop (``with watch.step(batch):`` each step); ``kit.free(globals())``
+releases what a notebook made; ``%load_ext kit`` prints a
 memory reading under each notebook cell. ``from kit.estimate import estimate`` predicts one setup.
 """
 __version__ = "0.1.0"
@@ -33,6 +34,10 @@ def __getattr__(name):
         from kit.watching import trainer as watching
 
         return getattr(watching, name)
+    if name == "free":  # `print(kit.free(globals()))`: release what a notebook made, and say what came back
+        from kit.measure.cleanup import free
+
+        return free
     if name in ("watch_loop", "step"):  # your own PyTorch loop: `with kit.watch_loop(model, opt).step(batch):`
         from kit.watching import loop
 

@@ -164,6 +164,51 @@ def release(trainer=None, model=None, optimizer=None, *, free_model: bool = Fals
     malloc_trim()
 
 
+def free(namespace: dict) -> str:
+    """Release everything in ``namespace`` that holds memory, delete those names, and say what came back:
+    ``print(kit.free(globals()))`` at the end of a notebook, or after an out-of-memory error.
+
+    Each name bound to a Trainer, a model (``nn.Module``: its weights go to the meta device), an optimizer or a
+    tensor is released (:func:`release`) and deleted; names starting with ``_`` are left alone. The text gives
+    the names, and the best reading (:func:`kit.measure.device.best_reading`) and the live-tensor bytes before
+    and after, MEASURED.
+
+    >>> ns = {"w": torch.zeros(1024, 1024), "note": "kept"}
+    >>> "freed 1 name (w)" in free(ns), sorted(ns)
+    (True, ['note'])
+    """
+    from transformers import Trainer  # here: `kit.measure` stays importable without transformers' Trainer
+
+    before, live_before = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
+    names = []
+    for k, v in list(namespace.items()):
+        kind = type(v)
+        if k.startswith("_") or not issubclass(kind, (Trainer, torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
+            continue
+        if issubclass(kind, Trainer):
+            release(v, free_model=True)
+        elif issubclass(kind, torch.nn.Module):
+            release(model=v, free_model=True)
+        elif issubclass(kind, torch.optim.Optimizer):
+            release(optimizer=v)
+        names.append(k)
+        del namespace[k]
+    del v
+    forget_exceptions()
+    gc.collect()
+    device.empty_cache()
+    malloc_trim()
+    after, live_after = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
+    shown = ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
+    return (f"freed {len(names)} name{'' if len(names) == 1 else 's'} ({shown or 'none held memory'}); MEASURED "
+            f"{device.best_reading()}: {before:,} -> {after:,} bytes; live tensors {live_before:,} -> "
+            f"{live_after:,} bytes")
+
+
+def _cuda_live() -> int:
+    return sum(n for dev, n in device.live_tensor_bytes().items() if dev.startswith("cuda"))
+
+
 def _forget_names(objs: list, namespace: dict | None) -> None:
     ids = {id(o) for o in objs}
 
