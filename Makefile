@@ -11,7 +11,7 @@ OUT    ?= report
 # pytest-xdist workers for make test; each test file runs whole in one worker (--dist loadfile)
 JOBS   ?= 2
 
-.PHONY: demo test notebooks gpu-check gpu-wheels venv clean
+.PHONY: demo test notebooks learner-notebooks gpu-check gpu-wheels venv clean
 
 demo: $(STAMP)
 	$(PY) -m kit demo --out $(OUT)
@@ -25,6 +25,13 @@ test: $(STAMP)
 notebooks: $(STAMP)
 	KIT_SMOKE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(PY) -m jupyter nbconvert --to notebook \
 		--execute --inplace --ExecutePreprocessor.timeout=1800 notebooks/0*.ipynb
+	$(PY) -m kit.scenarios.learner  # the learner copies follow the instructor copies
+
+# The learner copies, from the instructor copies in notebooks/ (no kernel runs: a second): notebooks/learner/*.ipynb
+# without outputs, instructor notes or solutions (each revealed by teach.solution(key)), kit/assets/solutions.json
+# and docs/cheatsheet.md. Run it after editing a notebook; tests/test_learner_notebooks.py fails until you do.
+learner-notebooks: $(STAMP)
+	$(PY) -m kit.scenarios.learner
 
 # On one CUDA GPU, in at most 9 minutes, setup included: a preflight (torch, CUDA, the driver, the GPU, its free
 # memory, the packages, the plan), the GPU tests, the GPU grid, the demo and notebooks 00-03 at real size under a

@@ -25,6 +25,9 @@ REGISTRY = {
     "gpt2": "gpt2.json",
     "meta-llama/Meta-Llama-3-8B": "Meta-Llama-3-8B.json",
     "meta-llama/Llama-3.2-1B": "Llama-3.2-1B.json",
+    # Unsloth's ungated mirror on the Hub of meta-llama/Llama-3.2-1B (the same config.json and weights, no
+    # licence to accept, no token): an alias of the same shipped config.
+    "unsloth/Llama-3.2-1B": "Llama-3.2-1B.json",
     "meta-llama/Llama-3.1-8B": "Llama-3.1-8B.json",
     "meta-llama/Llama-3.2-3B": "Llama-3.2-3B.json",
     "mistralai/Mistral-7B-v0.3": "Mistral-7B-v0.3.json",
@@ -60,7 +63,8 @@ TINY = {"tiny-gpt2", "tiny-llama"}
 TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
-          "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama"}
+          "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
+          "unsloth/Llama-3.2-1B": "tiny-llama"}
 _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model -> its replay family's twin
            "Qwen/Qwen2.5-0.5B": "tiny-qwen2", "Qwen/Qwen2.5-1.5B": "tiny-qwen2", "Qwen/Qwen2.5-7B": "tiny-qwen2",
            "Qwen/Qwen3-0.6B": "tiny-qwen3", "Qwen/Qwen3-8B": "tiny-qwen3", "allenai/OLMo-2-1124-7B": "tiny-olmo2",

@@ -230,6 +230,9 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
              f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]
     for k, v in est.components().items():
         lines.append(f"  {k:<46}{fmt_bytes(v, 'GiB'):>12}")
+        if k == "gradients" and v == 0 and est.trainable_params:
+            lines.append("    (none yet at this moment: the backward makes them as it goes, and Trainer's")
+            lines.append("    zero_grad(set_to_none=True) freed the last step's)")
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")

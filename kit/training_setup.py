@@ -100,7 +100,12 @@ class TrainingSetup:
                                  "(add_fused_lm_head), never the (batch, seq, vocab) logits")
     padding_free: bool = option(False, "the micro-batch is ONE flattened row of sequences (TRL's padding_free / "
                                 "bfd packing): batch_size 1, seq_len its tokens; position ids restart per sequence, "
-                                "so seq_len may pass the model's positions")
+                                "so seq_len may pass the model's positions", flag="--padding-free", kind=bool,
+                                suggest=15)
+    loss_type: object = option(None, "TRL SFTTrainer's SFTConfig.loss_type (TRL 1.16): nll or dft, both from its "
+                               "fused LM head (log-probs in tiles, no (batch, seq, vocab) logits); chunked_nll is "
+                               "TRL's deprecated alias of nll (the same bytes). Unset: Trainer's loss on the full "
+                               "logits", flag="--loss-type", choices=("nll", "dft", "chunked_nll"))
     adapter_dtype: str = option("fp32", "the LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), bf16 (TRL's "
                                 "SFTTrainer casts them on a quantized model)", choices=("fp32", "bf16"))
     input_require_grads: object = option(None, "enable_input_require_grads ran (its hook makes the embeddings' "

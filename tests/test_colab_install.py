@@ -124,3 +124,36 @@ def test_each_floor_is_a_plain_lower_bound_or_a_range():
         for s in r.specifier:
             assert s.operator in (">=", "<", "!="), f"{name}{r.specifier}: use >= floors (and < caps) only"
             assert re.fullmatch(r"[0-9.]+", s.version), f"{name}{r.specifier}"
+
+
+# -- the notebooks' install cell (instructor and learner copies alike) -------------------------------------------
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+
+
+def _install_cell(path: Path) -> str:
+    import json
+
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    found = [src for src in cells if "pip install" in src or '"pip", "install"' in src]
+    assert len(found) == 1, f"{path.name}: exactly one install cell, not {len(found)}"
+    return found[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_the_install_cell_installs_the_kit_and_upgrades_nothing(path):
+    """Only the kit, from its URL, with no flag that would upgrade or reinstall what Colab ships (torch, ipywidgets
+    stay Colab's: the kit's specifiers admit them, above); a failed install says so instead of raising."""
+    src = _install_cell(path)
+    assert 'f"memory-kit @ git+{KIT_REPO_URL}"' in src
+    for line in (ln for ln in src.splitlines() if "pip" in ln and "install" in ln and not ln.lstrip().startswith("#")):
+        assert not re.search(r'(?<![\w-])(-U|-I|--upgrade|--upgrade-strategy|--force-reinstall|--ignore-installed)\b',
+                             line), f"{path.name}: {line.strip()}"
+        for name in NEVER_UPGRADED:
+            assert name not in line, f"{path.name}: the install cell names {name}: {line.strip()}"
+    assert "returncode != 0" in src and "could not be reached" in src
+
+
+def test_every_notebook_has_the_same_install_cell():
+    cells = {str(p.relative_to(ROOT)): _install_cell(p) for p in NOTEBOOKS}
+    first = next(iter(cells.values()))
+    assert [p for p, src in cells.items() if src != first] == [], "the install cells differ: copy one into all"

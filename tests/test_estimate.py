@@ -357,7 +357,7 @@ def test_llama_style_families_still_estimate(tmp_path):
     cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, vocab_size=256)
     est = estimate(_config_json(tmp_path, cfg), batch_size=1, seq_len=16)
-    assert est.peak_bytes > 0 and any("Llama-style replay" in n for n in est.notes)
+    assert est.peak_bytes > 0 and any("counted as Llama's blocks" in n for n in est.notes)
 
 
 # ---- inputs read the way users mean them ------------------------------------------------

@@ -1,11 +1,9 @@
 """The notebooks' exercises: each check tells a working answer from a wrong one (the solutions shown in the
 notebooks' collapsed cells are the working answers here)."""
-import gc
-
 import pytest
 import torch
 
-from kit.scenarios.cross_validation.exercises import check_free, check_reset
+from kit.scenarios.cross_validation.exercises import check_free, check_reset, trained_trainer
 from kit.scenarios.custom_head import notebook as s1nb
 
 SMALL = dict(batch_size=2, seq_len=16, max_samples=8)
@@ -19,14 +17,6 @@ def solution_reset(model, init):
                 param.copy_(init[key])
 
 
-def solution_free(trainer):
-    trainer.accelerator.free_memory()  # the accelerator's own lists of models, optimizers, data loaders
-    trainer.callback_handler.model = None
-    trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def test_the_reset_check_tells_a_working_reset_from_the_advice():
     from kit.scenarios.cross_validation.lora_reset import advice_reset
 
@@ -34,11 +24,41 @@ def test_the_reset_check_tells_a_working_reset_from_the_advice():
     assert "NOT reset" in check_reset(lambda model, init: advice_reset(model), "tiny-llama", **SMALL)
 
 
-def test_the_free_check_tells_a_working_cleanup_from_the_users():
+def test_the_free_check_tells_a_cleanup_in_the_owners_scope_from_the_users():
+    """The notebook's part 2: the trainer handed over is the only holder of its model; the user's helper frees
+    nothing, a release (or a del) where the name lives frees it: the check counts the models left."""
+    from kit.measure.cleanup import release
     from kit.scenarios.cross_validation.user_loop import free_gpu_cache
 
-    assert check_free(solution_free, "tiny-llama", **SMALL).startswith("your cleanup works")
-    assert "left 1 model" in check_free(lambda trainer: free_gpu_cache(), "tiny-llama", **SMALL)
+    trainer = trained_trainer("tiny-llama", **SMALL)
+    free_gpu_cache()                                  # the user's helper
+    assert "left 1 model" in check_free()
+    trainer = release(trainer)                        # the solution, in the scope that owns `trainer`
+    assert check_free().startswith("your cleanup works")
+    trainer = trained_trainer("tiny-llama", **SMALL)  # plain Python works too
+    del trainer
+    assert check_free().startswith("your cleanup works")
+
+
+def test_the_exercise_loads_one_model_and_a_reset_that_does_nothing_still_fails():
+    from kit.scenarios.cross_validation import exercises as ex
+
+    ex.drop_shared()
+    fold = ex.shared_fold("tiny-llama", **SMALL)
+    assert "NOT reset" in check_reset(lambda model, init: None, "tiny-llama", **SMALL)
+    assert check_reset(solution_reset, "tiny-llama", **SMALL).startswith("your reset works")
+    assert "NOT reset" in check_reset(lambda model, init: None, "tiny-llama", **SMALL)  # no pass from a prior try
+    assert ex.shared_fold("tiny-llama", **{**SMALL, "steps_per_fold": 3})["model"] is fold["model"]  # no reload
+    trainer = ex.shared_trainer("tiny-llama", **SMALL)
+    assert trainer.model is fold["model"] or trainer.model.base_model is fold["model"].base_model
+    trainer = release_(trainer)
+    ex.drop_shared()
+
+
+def release_(trainer):
+    from kit.measure.cleanup import release
+
+    return release(trainer)
 
 
 def test_the_largest_rank_fits_and_the_next_does_not():
@@ -48,3 +68,36 @@ def test_the_largest_rank_fits_and_the_next_does_not():
     assert s1nb.twin_rank(best, "real") == best and s1nb.twin_rank(best, "smoke") < 4097
     with pytest.raises(ValueError, match="below the vocabulary"):
         s1nb.rank_check(60000)
+
+
+def test_the_rank_check_keeps_the_fit_advisors_margin():
+    from kit.advise import SAFETY, limit_for
+    from kit.presets import PRESETS
+    from kit.scenarios.custom_head import scenario as s1
+
+    usable = s1nb.usable_bytes("colab-t4")
+    assert usable == limit_for("colab-t4").usable_bytes == int(PRESETS["colab-t4"].gpu_bytes * (1 - SAFETY))
+    best = s1nb.largest_rank("colab-t4")
+    peak = s1.estimate_fix("b", "real", rank=best).peak_bytes
+    assert peak <= usable < s1.estimate_fix("b", "real", rank=best + 1).peak_bytes
+    assert PRESETS["colab-t4"].gpu_bytes - peak >= 0.04 * PRESETS["colab-t4"].gpu_bytes   # room for the allocator
+    assert "less the fit advisor's 5% margin" in " ".join(s1nb.rank_check(best).split())
+
+
+def test_the_toy_model_has_one_culprit_that_clearly_dominates():
+    toy = s1nb.toy_model()
+    own = sorted((sum(p.numel() for p in m.parameters(recurse=False)), n) for n, m in toy.named_modules())
+    (second, _), (top, name) = own[-2:]
+    assert name == "blocks.2.1" and top > 0.9 * sum(c for c, _ in own) and second < 0.05 * top
+    assert s1nb.culprit_check(name, toy).startswith("Right: blocks.2.1")
+    assert s1nb.culprit_check(own[-2][1], toy).startswith("Not this one")
+
+
+def test_a_ratio_guess_within_the_stated_tolerance_is_right():
+    ratio = 2_525_916_822 / 81_912_576                  # the head over DistilGPT2, 30.84
+    assert s1nb.ratio_text(30, ratio).endswith("Right: within 5% of it.")
+    assert s1nb.ratio_text(31, ratio).endswith("Right: within 5% of it.")
+    assert "Not this time" in s1nb.ratio_text(25, ratio)
+    assert s1nb.ratio_text(None, ratio).startswith("No answer written yet")
+    with pytest.raises(ValueError, match="must be a number"):
+        s1nb.ratio_text("thirty", ratio)

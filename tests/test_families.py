@@ -167,6 +167,6 @@ def test_families_by_model_type():
                 num_key_value_heads=2, vocab_size=256)
     assert family_of(Gemma3Config().text_config) == "gemma3"        # model_type gemma3_text
     granite = estimate(GraniteConfig(**tiny), batch_size=1, seq_len=8)  # Llama-style, no replay of its own
-    assert any("Llama-style replay (it has no replay of its own" in n for n in granite.notes)
+    assert any("(the kit has no model of" in n for n in granite.notes)
     with pytest.raises(ValueError, match=r"^gemma3 \(Gemma3Config\) is a multimodal model.*text_config"):
         estimate(Gemma3Config(), batch_size=1, seq_len=8)

@@ -9,7 +9,13 @@ import pytest
 
 import kit
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))  # the instructor copies
+LEARNER = sorted((Path(__file__).parent.parent / "notebooks" / "learner").glob("*.ipynb"))  # made from them
+
+
+def install_cells(cells):
+    """The code cells that install the kit (pip, however it is called)."""
+    return [src for kind, src in cells if kind == "code" and ("pip install" in src or '"pip", "install"' in src)]
 
 
 def _cells(path):
@@ -20,17 +26,21 @@ def test_there_are_notebooks():
     assert any(p.name.startswith("00_") for p in NOTEBOOKS)
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS + LEARNER, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_badge_and_install_cell_use_the_one_repo_url(path):
     cells = _cells(path)
     slug = kit.REPO_URL.split("github.com/")[1]
+    where = "notebooks/learner" if path.parent.name == "learner" else "notebooks"  # each copy opens itself
     assert cells[0][0] == "markdown"
-    assert f"colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in cells[0][1], (
-        f"{path.name}: the badge must point at kit.REPO_URL ({kit.REPO_URL}); update it after changing REPO_URL"
+    assert f"colab.research.google.com/github/{slug}/blob/main/{where}/{path.name})" in cells[0][1], (
+        f"{path.name}: the badge must point at kit.REPO_URL ({kit.REPO_URL}) and at {where}/{path.name}; update it "
+        "after changing REPO_URL"
     )
-    installs = [src for kind, src in cells if kind == "code" and "%pip install" in src]
+    installs = install_cells(cells)
     assert len(installs) == 1, "exactly one install cell"
     assert f'KIT_REPO_URL = "{kit.REPO_URL}"' in installs[0]
+    # it finds a checkout from notebooks/ and from notebooks/learner/ alike: it walks up the parents
+    assert "pathlib.Path.cwd().parents" in installs[0] and '"../kit"' not in installs[0]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -104,3 +114,16 @@ def test_committed_output_lines_fit_colab(path):
             text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
             long += [(i + 1, len(line)) for line in text.splitlines() if len(line) > 120]
     assert not long, f"{path.name}: output lines over 120 characters (cell, length): {long[:5]}"
+
+
+def test_readmes_table_opens_the_learner_copies_with_the_instructor_copy_beside():
+    """README's notebook table: each row's badge opens the learner copy in Colab (at kit.REPO_URL), and an
+    "instructor copy" link beside it opens the instructor copy."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    colab = f"https://colab.research.google.com/github/{kit.REPO_URL.split('github.com/')[1]}/blob/main/notebooks/"
+    assert LEARNER, "no learner copies: make learner-notebooks"
+    for path in NOTEBOOKS:
+        row = next((ln for ln in readme.splitlines() if ln.startswith("| [") and f"learner/{path.name})" in ln), None)
+        assert row, f"README's table has no row opening learner/{path.name}"
+        assert f"colab-badge.svg)]({colab}learner/{path.name})" in row, f"{path.name}: the badge must open the learner copy"
+        assert f"[instructor copy](notebooks/{path.name})" in row and f"({colab}{path.name})" in row, path.name

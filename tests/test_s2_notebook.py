@@ -116,6 +116,10 @@ def test_fold_chart_draws_each_update(tmp_path):
     assert "1 model after load" in labels[0] and "2 models after load" in labels[1]
     legend = [t.get_text() for t in chart.figure().axes[0].get_legend().get_texts()]
     assert "peak while loading" in legend and "peak while training" in legend
+    ax = chart.figure().axes[0]
+    assert ax.get_ylabel() == "memory (MiB)"            # MiB bars on a MiB axis, not 0.004 GiB
+    assert all(t.get_text().endswith("MiB") for t in ax.texts if t.get_text() not in ("OOM", "not read"))
+    assert ax.get_legend().get_bbox_to_anchor().y0 < ax.get_window_extent().y0   # below the axes, not the title
 
 
 def test_measured_upcast_matches_the_estimate():
@@ -146,3 +150,168 @@ def test_the_predicted_moment_is_the_measured_one_on_the_tiny_twin(tmp_path):
     assert (f2["load_peak_bytes"] - base) / pred["load_peak_bytes"] == pytest.approx(1, abs=0.02)
     # packing fills each fold's rows from other text, so the peaks are alike, not equal
     assert f2["train_peak_bytes"] / f1["train_peak_bytes"] == pytest.approx(1, abs=0.02)
+
+
+# -- issue items: the ungated default, the download ahead, today's TRL and its crash setting, the plan ----------
+NOTEBOOK = __import__("pathlib").Path(__file__).parent.parent / "notebooks" / "02_llama3_qlora_cross_validation.ipynb"
+
+
+def _cells():
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(NOTEBOOK.read_text())["cells"]]
+
+
+def test_the_default_model_is_an_ungated_alias_of_the_shipped_llama_config():
+    from kit import models
+    from kit.model_configs import REGISTRY, gated, get_config
+
+    assert REGISTRY["unsloth/Llama-3.2-1B"] == REGISTRY["meta-llama/Llama-3.2-1B"]
+    assert not gated("unsloth/Llama-3.2-1B") and gated("meta-llama/Llama-3.2-1B")
+    assert get_config("unsloth/Llama-3.2-1B").to_dict() | {"kit_name": 0} == \
+        get_config("meta-llama/Llama-3.2-1B").to_dict() | {"kit_name": 0}
+    assert models.smoke_twin("unsloth/Llama-3.2-1B") == "tiny-llama"
+    assert nb.DEFAULT_MODEL == "unsloth/Llama-3.2-1B"
+    assert any(k == "code" and 'MODEL_ID = "unsloth/Llama-3.2-1B"' in s for k, s in _cells())
+
+
+def test_download_ahead_fetches_in_a_daemon_thread_only_where_it_can(monkeypatch):
+    import threading
+
+    import huggingface_hub
+
+    from kit import runtime
+
+    calls, go = [], threading.Event()
+
+    def fake_snapshot(repo_id, **kw):
+        go.wait(5)
+        calls.append((repo_id, kw))
+        if repo_id == "meta-llama/Llama-3.2-1B":
+            raise OSError("gated: 401\nmore")
+
+    from kit.scenarios.cross_validation import workshop
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    monkeypatch.setattr(workshop, "DOWNLOADS", {})
+    assert "nothing is downloaded" in nb.download_ahead("unsloth/Llama-3.2-1B").lower()  # smoke (conftest)
+    monkeypatch.setattr(runtime, "is_smoke", lambda: False)
+    monkeypatch.setattr(runtime, "hub_reachable", lambda timeout_s=2.0: False)
+    assert "not reachable" in nb.download_ahead("unsloth/Llama-3.2-1B")
+    monkeypatch.setattr(runtime, "hub_reachable", lambda timeout_s=2.0: True)
+    line = nb.download_ahead("unsloth/Llama-3.2-1B")
+    thread = workshop.DOWNLOADS["unsloth/Llama-3.2-1B"]
+    assert line.startswith("Downloading unsloth/Llama-3.2-1B") and "\n" not in line
+    assert thread.daemon and thread.is_alive()         # the call returned while the download runs
+    assert "already downloading" in nb.download_ahead("unsloth/Llama-3.2-1B")
+    nb.download_ahead("meta-llama/Llama-3.2-1B")
+    go.set()
+    for t in workshop.DOWNLOADS.values():
+        t.join(5)
+    assert calls[0][1]["allow_patterns"] == nb.DOWNLOAD_PATTERNS and "*.safetensors" in nb.DOWNLOAD_PATTERNS
+    assert thread.error is None and workshop.DOWNLOADS["meta-llama/Llama-3.2-1B"].error == "OSError: gated: 401"
+    assert "nothing is downloaded" in nb.download_ahead("tiny-llama").lower()
+
+
+def test_installed_trl_text_reads_trls_own_source():
+    text = nb.installed_trl_text()
+    import trl
+
+    assert trl.__version__ in text
+    assert "prepare_model_for_kbit_training (the fp32 upcast of every 16-bit part): no" in text
+    assert "to bf16 (QLoRA's recommendation): yes" in text
+
+
+def test_the_crash_setting_fits_one_fold_and_not_fold_2s_load_today():
+    """The smallest change of the user's LoRA knobs under which the user's bug crashes a T4 with today's TRL:
+    the verdicts come from the kit's own estimates, and every smaller setting tried does not crash."""
+    t4 = PRESETS["colab-t4"].gpu_bytes
+    base = dict(batch_size=4, seq_len=30, lora_r=8, lora_targets=["q_proj", "v_proj"])
+    assert nb.fold2_prediction(nb.user_estimate(LLAMA8B, **base))["load_peak_bytes"] <= t4   # the user's: fits
+    found = nb.crash_setting(LLAMA8B, "colab-t4", **base)
+    est, f2 = found["estimate"], found["fold2"]
+    assert est.setup["kbit_recipe"] == "lean"                                  # today's TRL
+    assert est.peak_bytes <= t4 < f2["load_peak_bytes"]                        # one fold fits, fold 2's load not
+    again = nb.user_estimate(LLAMA8B, **{**base, "lora_r": found["lora_r"], "lora_targets": found["lora_targets"]})
+    assert nb.fold2_prediction(again)["load_peak_bytes"] == f2["load_peak_bytes"]
+    for r, tg, peak, load in found["tried"][:-1]:                              # nothing smaller crashes
+        assert not (peak <= t4 < load), (r, tg)
+    assert found["tried"][0][:2] == (8, ("q_proj", "v_proj"))                  # the user's targets first
+    # batch and sequence move the step's activations, not fold 2's load
+    longer = nb.fold2_prediction(nb.user_estimate(LLAMA8B, **{**base, "seq_len": 300}))
+    assert longer["leftover_bytes"] == nb.fold2_prediction(nb.user_estimate(LLAMA8B, **base))["leftover_bytes"]
+    text = nb.crash_setting_text(LLAMA8B, "colab-t4", **base)
+    assert f"LORA_R = {found['lora_r']}" in text and "DOES NOT FIT" in text and text.count("fits") == 1
+    qwen = nb.crash_setting("Qwen/Qwen3-8B", "colab-t4", **base)               # ungated: the room's demo
+    assert qwen["estimate"].peak_bytes <= t4 < qwen["fold2"]["load_peak_bytes"]
+    assert nb.crash_setting("tiny-llama", "colab-t4", **base) is None
+
+
+def test_the_workshop_plan_fits_40_minutes_and_counts_the_loads():
+    from kit.scenarios import plan
+
+    work = nb.workshop_work()
+    loads = {name: sum(1 for item in w if item[0] == "load") for name, w in work.items()}
+    assert loads["2 · The user's loop"] == nb.WORKSHOP_RUN["folds"] and loads["1 · Predict"] == 0
+    assert loads["Exercise"] == 1 and loads["PyTorch's own tools"] == 0           # one trained fold, reused
+    assert loads["5 · k-bit recipes"] == 2
+    est = nb.user_estimate(nb.DEFAULT_MODEL, batch_size=4, seq_len=30)
+    assert work["setup, download"] == [("load", 2 * (est.params - est.trainable_params))]   # at real size
+    core = sum(t + plan.compute_minutes(work[n]) for n, (t, skip) in nb.TEACHING.items() if not skip)
+    assert core <= nb.SLOT_MINUTES
+    text = nb.workshop_plan()
+    assert "PLAN" in text and "(fits," in text and f"{core:.1f} min of the 40-minute slot" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+    # the instructor notes' table lists the same teaching minutes, and marks the same sections skipped
+    notes = next(s for k, s in _cells() if s.startswith("## Instructor notes"))
+    rows = [line.split("|")[1:4] for line in notes.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    minutes = sum(int(m) for _, ms, skip in rows if "skip" not in skip for m in ms.split(","))
+    assert minutes == sum(t for t, skip in nb.TEACHING.values() if not skip)
+    plan_cell = next(i for i, (k, s) in enumerate(_cells()) if k == "code" and "nb.workshop_plan()" in s)
+    assert plan_cell < 8 and "# NBVAL_CHECK_OUTPUT" in _cells()[plan_cell][1]
+
+
+def test_no_answer_comes_before_its_question():
+    from kit.scenarios.cross_validation import user_loop
+
+    cells = _cells()
+    first = {name: next(i for i, (k, s) in enumerate(cells) if f"{name} = None" in s)
+             for name in ("my_models_loading", "my_models_training", "my_fold2_gib")}
+    reveals = [i for i, (k, s) in enumerate(cells) if "two_models_text" in s or "crash_setting" in s
+               or "run_broken_loop" in s or "doubling" in s]
+    assert max(first.values()) < min(reveals)
+    shown = inspect_source(user_loop.user_fold_loop) + inspect_source(user_loop.free_gpu_cache)
+    for leak in ("still holds", "let go", "frees nothing", "the bug"):
+        assert leak not in shown, leak
+    assert not any("DESIGN" in s for _, s in cells)
+
+
+def inspect_source(fn):
+    import inspect
+
+    return inspect.getsource(fn)
+
+
+def test_the_fixed_fold_body_is_printed_and_is_what_the_loop_runs():
+    from kit.scenarios.cross_validation import fixed_loop
+
+    src = nb.fixed_fold_source()
+    for line in ("restore_adapter(model, init)", "verify_adapter_reset(model, init)", "cleanup.release(trainer)"):
+        assert line in src
+    assert "= fixed_fold(model, " in inspect_source(fixed_loop)          # the loop runs the printed body
+    assert any(k == "code" and "nb.fixed_fold_source()" in s for k, s in _cells())
+
+
+def test_the_advisor_explains_the_lean_recipe_where_it_suggests_it(monkeypatch, est8b):
+    from kit.scenarios.cross_validation import predict
+
+    class Said:
+        def __init__(self, text):
+            self.said = text
+
+        def text(self, top=None):
+            return self.said
+
+    monkeypatch.setattr(predict, "advise", lambda est, preset: Said("  1  5.00 GiB  +1.00 GiB  --kbit-recipe lean"))
+    assert "(--kbit-recipe lean: prepare a 4-bit model without prepare_model_for_kbit_training" in \
+        nb.advisor_text(est8b, "colab-t4")
+    monkeypatch.setattr(predict, "advise", lambda est, preset: Said("fits"))
+    assert "--kbit-recipe" not in nb.advisor_text(est8b, "colab-t4")

@@ -164,14 +164,14 @@ def test_a_completed_run_sets_the_measured_peak_beside_the_estimate(ds, tok, tmp
     assert r.measured_peak_bytes is None and r.ratio is None
     flat = " ".join(str(r).split())                   # (the report folds long lines)
     peak, between = flat.split("Training peak: not taken")[1].split("Between steps")
-    assert f"estimated {fmt_bytes(r.estimate_peak_bytes)} (peak_bytes)" in peak and "ratio" not in peak
+    assert f"estimated {fmt_bytes(r.estimate_peak_bytes)} (its step 2 on)" in peak and "ratio" not in peak
     assert f"ratio {r.between_steps_bytes / r.estimate_between_bytes:.3f}" in between
     # tensor_peak: every op watched, so the CPU peak is exact, activations included
     r = kit.train(_trainer(models.build_model("tiny-llama"), ds, tok, tmp_path), tensor_peak=True)
     assert r.peak_exact and 0.995 <= r.ratio <= 1.005                         # measured 1.00005
     flat = " ".join(str(r).split())                   # (the report folds long lines)
     peak = flat[flat.index("Training peak: measured"):].split("Between steps")[0]
-    assert f"estimated {fmt_bytes(r.estimate_peak_bytes)} (peak_bytes): ratio {r.ratio:.3f}" in peak
+    assert f"estimated {fmt_bytes(r.estimate_peak_bytes)} (its step 2 on): ratio {r.ratio:.3f}" in peak
     # no evaluate() ran: said so, never a 0 beside its estimate
     assert not r.eval_ran and r.eval_peak_bytes is None and r.eval_ratio is None
     assert f"Evaluation peak: not run (no evaluate() in this train()); estimated {fmt_bytes(r.estimate_eval_bytes)}" \
@@ -193,7 +193,7 @@ def test_a_run_that_evaluates_reports_the_training_and_evaluation_peaks_apart(ds
     assert r.eval_peak_bytes != r.measured_peak_bytes
     flat = " ".join(str(r).split())
     assert f"Evaluation peak: measured {fmt_bytes(r.eval_peak_bytes)}" in flat
-    assert f"estimated {fmt_bytes(r.estimate_eval_bytes)} (eval_peak_bytes): ratio {r.eval_ratio:.3f}" in flat
+    assert f"estimated {fmt_bytes(r.estimate_eval_bytes)} (its evaluation): ratio {r.eval_ratio:.3f}" in flat
     assert f"step 1 (no optimizer state yet): measured {fmt_bytes(r.first_step_peak_bytes)}" in flat
 
 

@@ -6,7 +6,12 @@ nothing is loaded, and kit.measure.device is imported only for ``device="this"``
 Cost order (tiers; a suggestion of several changes ranks by its costliest change, then the next; within a
 tier, in the order below; then fewer changed options, then the lower peak):
 
-0. free: fused AdamW in place of the foreach step, sdpa in place of eager attention (the same math);
+0. free: fused AdamW in place of the foreach step, sdpa in place of eager attention (the same math); where
+   TRL runs (``loss_type`` or its fused head) on padded rows, padding-free: the same rows and loss in one row of
+   the same tokens, estimated at those tokens (the padding the rows really carry is saved on top, unknown to
+   the estimate; at equal tokens its block-diagonal mask usually makes it no saving, and a note says so).
+   TRL's ``loss_type="chunked_nll"`` is never a change: TRL 1.16 makes it "nll", already computed in tiles
+   (a note says so; :mod:`kit.advise.levers`);
 1. slower, same result: a smaller per-device batch with more accumulation (the effective batch is kept);
 2. gradient checkpointing, slower by a rule of thumb (not measured): the checkpointed blocks run their forward
    again in the backward. With every weight trained a backward costs about two forwards, so a step goes from
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
+from kit.advise.objects import in_objects
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search, largest_fitting
 from kit.dtypes import run_dtype
 from kit.estimate import Estimate, estimate
@@ -107,10 +113,17 @@ class Advice:
     eval_peak_bytes: int = 0   # Trainer.evaluate() at the eval batch
     max_eval_batch_size: int = 0   # 0: not computed (evaluates False and the eval peak fits) or none fits
     options: dict = field(repr=False, default_factory=dict)
+    # each suggestion in the user's objects (kit.advise.objects.InObjects), where the setup was a Trainer or an
+    # Estimate read from objects; [] for options
+    objects: list = field(repr=False, default_factory=list)
 
     def to_json(self) -> dict:
-        """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields)."""
+        """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields); a
+        suggestion of an object input has ``"objects"`` too (:meth:`kit.advise.objects.InObjects.to_json`)."""
         lim = self.limit
+        sug = [s.to_json() for s in self.suggestions]
+        for d, o in zip(sug, self.objects):
+            d["objects"] = o.to_json()
         return {"fits": self.fits, "peak_bytes": self.peak_bytes, "limit_bytes": lim.limit_bytes,
                 "safety_fraction": lim.safety_fraction, "usable_bytes": lim.usable_bytes,
                 "margin_bytes": self.margin_bytes, "cpu_build_bytes": self.cpu_build_bytes,
@@ -118,7 +131,7 @@ class Advice:
                 "device": lim.name, "device_label": lim.label, "max_batch_size": self.max_batch_size,
                 "max_seq_len": self.max_seq_len, "evaluates": self.evaluates, "eval_peak_bytes": self.eval_peak_bytes,
                 "max_eval_batch_size": self.max_eval_batch_size,
-                "suggestions": [s.to_json() for s in self.suggestions], "notes": self.notes}
+                "suggestions": sug, "notes": self.notes}
 
     @wrapped
     def text(self, top: int | None = None) -> str:
@@ -142,6 +155,11 @@ class Advice:
                 margin = ("+" if s.margin_bytes >= 0 else "-") + f(abs(s.margin_bytes))
                 out.append(f"  {i:>2} {f(s.peak_bytes):>10} {margin:>11}  {s.cli}"
                            + "".join(f"\n{'':27}cost: {c}" for c in s.costs))
+                if i <= len(self.objects):   # the same change in the user's own objects
+                    o = self.objects[i - 1]
+                    code = o.statements() or ["(no field of your objects changes)"]
+                    out += [f"{'':27}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
+                    out += [f"{'':27}not in an object: {n}" for n in o.notes]
         out += [f"note: {n}" for n in self.notes]
         out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
         return "\n".join(out)
@@ -157,7 +175,7 @@ def _options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
             raise kin.InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
                                           f"{', '.join(KW)}.")
         return {"device": lim.kernels, **setup}, []
-    if hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, Estimate):   # a Trainer
+    if _is_trainer(setup):   # a Trainer
 
         est = trainer_estimate or estimate_trainer(setup)
         o, notes = _from_estimate(est, model=False)
@@ -200,6 +218,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     (False, {'lora-r': 256, 'lora-targets': 'custom_layer', 'load-dtype': 'fp16'})
     """
     lim = limit_for(device, safety)
+    if _is_trainer(setup) and trainer_estimate is None:
+        trainer_estimate = estimate_trainer(setup)
     opts, notes = _options(setup, lim, trainer_estimate)
     if evaluates is None:
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
@@ -240,8 +260,14 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                          f"use --eval-batch-size {mev}{' --eval-accumulation-steps 1' if acc else ''}" if mev else
                          "no eval batch fits"))
     mb, ms = s.largest(s.base)
+    given = setup if isinstance(setup, Estimate) else trainer_estimate if _is_trainer(setup) else None
     return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
-                  out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base)
+                  out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
+                  [in_objects(x, given) for x in out] if given is not None and given.inputs else [])
+
+
+def _is_trainer(setup) -> bool:
+    return hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, (Estimate, dict))
 
 
 def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:

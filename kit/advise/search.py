@@ -1,9 +1,8 @@
 """The fit advisor's search space and search (:mod:`kit.advise` is its API): the moves, what each costs,
 the bounded search over them, and the largest batch and sequence under a limit.
 
-A move maps options (estimate()'s keywords) to the options it changes, or None where it does not apply.
-The searched moves (shorter sequences, a smaller micro-batch) are probed at their extreme, then refined
-to the least change that still fits.
+A move maps options (estimate()'s keywords) to the options it changes, or None where it does not apply. The
+searched moves (shorter sequences, a smaller micro-batch) are probed at their extreme, then refined to the least.
 
 >>> cli({"batch-size": 1, "grad-accum": 32, "gradient-checkpointing": True})
 '--batch-size 1 --grad-accum 32 --gradient-checkpointing'
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.estimate import Estimate, estimate
+from kit.advise import levers
 from kit.estimate.inventory import info_of
 from kit.training_setup import KEYWORDS, SUGGESTED, flag_of
 from kit.units import fmt_bytes
@@ -53,7 +53,8 @@ def _quant(bits):
         if o["quantization"] != "none":
             return None
         lora = {} if o["lora_r"] or c.info.vocab_head else {"lora_r": LORA_R, "lora_targets": kin.ALL_LINEAR}
-        return {"quantization": bits, **lora, "load_dtype": c.lim.half if o["lora_r"] or lora else o["load_dtype"]}
+        trl = {"kbit_recipe": "lean", "adapter_dtype": "bf16"} if o.get("fused_lm_head") else {}  # as SFTTrainer does
+        return {"quantization": bits, **lora, **trl, "load_dtype": c.lim.half if o["lora_r"] or lora else o["load_dtype"]}
     return move
 
 
@@ -96,6 +97,7 @@ MOVES = {
     "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > 1 else None, 5),
     "split": (lambda o, c: {"batch_size": 1, "grad_accum": o["grad_accum"] * o["batch_size"]}
               if o["batch_size"] > 1 else None, 1),
+    "padding-free": (levers.padding_free, 0),   # where TRL runs: the same tokens in one row (kit.advise.levers)
 }
 
 
@@ -143,6 +145,7 @@ def _cost(m, b, o, be, e) -> str:
                        "(truncate or chunk longer texts)",
         "lora": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on peft's default targets, {trained}",
         "lora-all": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on every linear layer, {trained}",
+        "padding-free": lambda: levers.cost(b, o),
         "head-lora": lambda: f"changes the model: {o['lora_targets'][0]}'s weight is frozen and a rank-{o['lora_r']} "
                              f"update trains ({trained}); zero the frozen weight first and the layer is a low-rank map "
                              "(scenario 1's fix (b)), whose frozen weight still costs its bytes",
@@ -181,7 +184,7 @@ class Search:
 
     def __init__(self, base: dict, lim, evaluates: bool = False):
         self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
-        base = {"lora_targets": None, "lora_dropout": 0.0, "padded": True, **base}
+        base = {"lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
         base["lora_targets"] = kin.targets(base["lora_targets"])
         self.info = info_of(base["model"])
@@ -195,6 +198,7 @@ class Search:
         self.too_big = next((l.name + ".weight" for l in self.info.leaves if l.trainable and l.weight > INT32_MAX),
                             None)
         self.maxpos = min(self.info.max_positions or SEQ_CAP, SEQ_CAP)
+        self.notes |= levers.notes(self)   # TRL's chunked_nll and padding-free, where they do not help
 
     def estimate(self, o: dict) -> Estimate | None:
         key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in o.items())

@@ -23,6 +23,7 @@ from kit import inputs as kin
 from kit.estimate import assembly
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
+from kit.estimate import trl as kt
 from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
 from kit.estimate.result import Estimate
@@ -99,6 +100,7 @@ def estimate(model, **setup) -> Estimate:
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
+    fused, loss_type, loss_note = kt.sft_loss(o["loss_type"], kin.flag("fused_lm_head", o["fused_lm_head"]))
     if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
@@ -109,13 +111,14 @@ def estimate(model, **setup) -> Estimate:
                          lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
                          accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
                          lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb,
-                         fused=kin.flag("fused_lm_head", o["fused_lm_head"]),
+                         fused=fused,
                          adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
                          input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True))
     counts = assembly.count_parameters(info, plan)
-    notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization)
+    notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note)
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop)
+    est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 
@@ -133,10 +136,10 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
         notes.append("sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')")
     mt = info.config.model_type
     if info.family == "llama" and mt != "llama":
-        notes.append(f"{mt}: activations follow the Llama-style replay (it has no replay of its own, so they "
-                     "are as exact as its blocks are like Llama's)")
+        notes.append(f"{mt}: its activations are counted as Llama's blocks' (the kit has no model of {mt}'s own, so "
+                     "they are as exact as its blocks are like Llama's)")
     elif info.family != "llama" and act.FAMILIES[info.family] is act.FAMILIES["llama"]:  # mistral, qwen2
-        notes.append(f"{mt}: activations follow the Llama-style replay, which is its block op for op")
+        notes.append(f"{mt}: its activations are counted as Llama's blocks', which its blocks are op for op")
     if info.family == "gemma2" and getattr(info.config, "attn_logit_softcapping", None):
         notes.append("gemma2: attention runs eager whatever attn_implementation says (sdpa cannot soft-cap the "
                      "attention scores), so its scores take B x heads x S^2 per layer")

@@ -17,6 +17,7 @@ the launch's ``WORLD_SIZE`` GPUs.
 from __future__ import annotations
 
 from kit import inputs as kin
+from kit.estimate import dpo as kd
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
@@ -72,10 +73,15 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if args is None or not hasattr(trainer, "model"):
         raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
-    sft = kt.is_sft(trainer)
+    sft, given_seq_len = kt.is_sft(trainer), seq_len
     if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
         topts, tsrc, tnotes, _ = kt.read_sft_config(args, trainer=trainer)
-    opts, src, notes = read_args(args, "SFTConfig" if sft else "TrainingArguments")
+    if dpo := kd.is_dpo(trainer):  # TRL's DPOTrainer (kit.estimate.dpo); its other trainers are refused
+        topts, tsrc, tnotes = kd.read_dpo_config(args)
+        kd.refuse_dropout(args, trainer.model.config)
+    elif not sft:
+        kd.refuse_other_trl(trainer)
+    opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "TrainingArguments")
     eopts, esrc = read_eval(trainer)
     opts.update(eopts), src.update(esrc)
     target, mopts, msrc, mnotes = read_model(trainer.model)
@@ -86,13 +92,19 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
             notes.append(kin.Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits forward) is "
                                   "not modeled: eval_peak_bytes is its fused forward's alone", field="eval_batch_size",
                                   code="trl-eval-unmodeled"))
+    if dpo:
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
     notes += cpu_fp16(opts, src, device, args)
     if args_ckpt := opts.pop("args_ckpt"):
         opts["gradient_checkpointing"] = True
         src["gradient_checkpointing"] = (True, args_ckpt)
         reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
-    if seq_len is None:
+    if dpo:  # 2B rows padded to the longest pair, and the reference model
+        sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
+        (seq_len, padded), _ = sopts.values(), src.update(ssrc)
+    elif seq_len is None:
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, where)
         src["padded"] = (padded, "rows of different lengths in a batch, or a 0 in its attention_mask" if batch > 1
@@ -105,12 +117,35 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         padded = True
         src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
         src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
-    return _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+    est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+    if dpo:
+        kd.finish(est, info_of(target), **fk)
+    est.inputs = {**trainer_inputs(trainer), "seq_len": given_seq_len, "device": device}
+    return est
+
+
+def trainer_inputs(trainer) -> dict:
+    """The user's objects a built Trainer holds, as the fit advisor's suggestions change them
+    (:mod:`kit.advise.objects`): ``args`` (its TrainingArguments or SFTConfig), ``sft`` (an SFTTrainer), the model's
+    ``peft_config`` (the active LoraConfig) and ``quantization_config`` (None where there is none), and whether its
+    micro-batch is one flattened row (``padding_free``: SFTTrainer's padding_free or bfd packing).
+
+    >>> trainer_inputs(trainer)["args"].per_device_train_batch_size      # doctest: +SKIP
+    8
+    """
+    model = getattr(trainer, "model", None)
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, dict):
+        active = getattr(model, "active_adapter", "default")
+        peft = peft.get(active if isinstance(active, str) else "default", next(iter(peft.values()), None))
+    return {"source": "trainer", "args": trainer.args, "sft": kt.is_sft(trainer), "peft_config": peft,
+            "quantization_config": getattr(getattr(model, "config", None), "quantization_config", None),
+            "padding_free": bool(getattr(trainer, "padding_free", False))}
 
 
 def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
                   seq_len=None, padded: bool | None = None, load_dtype=None, attn_implementation=None,
-                  device: str = "cuda", sft_config=None):
+                  device: str = "cuda", sft_config=None, dpo_config=None):
     """Predict the memory of a setup from the objects users write, before anything is loaded.
 
     ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
@@ -127,10 +162,27 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     (16, 'LoraConfig.r')
     """
     sft, dsrc, ssrc = sft_config is not None, None, None
+    given = {"source": "estimate_from", "sft": sft, "sft_config": sft_config,
+             "quantization_config": quantization_config, "peft_config": peft_config, "seq_len": seq_len,
+             "load_dtype": load_dtype, "attn_implementation": attn_implementation, "padded": padded, "device": device}
     if sft and training_args is not None:
         raise kin.InputError("sft_config", "pass the SFTConfig alone: it is SFTTrainer's TrainingArguments.")
     if sft and not kt.is_sft(sft_config):
         raise kin.InputError("sft_config", f"sft_config is a {type(sft_config).__name__}, not a trl SFTConfig.")
+    if dpo := dpo_config is not None:  # TRL's DPOTrainer (kit.estimate.dpo)
+        if training_args is not None or sft or not kd.is_dpo(dpo_config):
+            raise kin.InputError("dpo_config", "pass a trl DPOConfig alone: it is DPOTrainer's TrainingArguments.")
+        topts, tsrc, tnotes = kd.read_dpo_config(dpo_config)
+        d, a, q, where = kt.read_sft_model(dpo_config, "DPOConfig")
+        if load_dtype is None and d is not None:
+            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
+        attn_implementation = a if attn_implementation is None else attn_implementation
+        quantization_config = q if quantization_config is None else quantization_config
+        if seq_len is None and dpo_config.max_length:
+            m = dpo_config.pad_to_multiple_of if isinstance(dpo_config.pad_to_multiple_of, int) else 1
+            seq_len = -(-dpo_config.max_length // m) * m
+            ssrc = ("DPOConfig.max_length: each prompt+completion row is truncated to it (padded up to "
+                    "pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
     if sft:
         topts, tsrc, tnotes, free = kt.read_sft_config(sft_config)
         d, a, q, where = kt.read_sft_model(sft_config)
@@ -146,15 +198,18 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
                                         "estimate_trainer reads it from a built Trainer's data.")
     name = "TrainingArguments"
-    if sft:
-        training_args, name = sft_config, "SFTConfig"
+    if sft or dpo:
+        training_args, name = (sft_config, "SFTConfig") if sft else (dpo_config, "DPOConfig")
     if training_args is None:
         from transformers import TrainingArguments
 
         training_args, name = TrainingArguments(), "TrainingArguments()"
-    elif not sft:   # a dict of TrainingArguments' keywords is read into one; anything else refused by name
+    elif not (sft or dpo):   # a dict of TrainingArguments' keywords is read into one; anything else refused by name
         training_args = kin.training_arguments("training_args", training_args)
+    given["training_args"] = None if sft or name == "TrainingArguments()" else training_args
     opts, src, notes = read_args(training_args, name)
+    if dpo:
+        pairs = kd.pairs_options(opts, src, notes, name)
     ckpt = opts.pop("args_ckpt")
     opts["gradient_checkpointing"] = bool(ckpt)
     src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
@@ -182,7 +237,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src["load_dtype"] = dsrc
     src["attn_implementation"] = auto_attn(cfg, attn_implementation)
     opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
-    if quant != "none" and sft:
+    if quant != "none" and (sft or dpo):
         opts["quantization"] = quant
     elif quant != "none":
         opts["kbit_recipe"] = "standard"
@@ -217,9 +272,22 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
             src["batch_size"] = (1, f"{B} rows flattened into one (padding-free)")
             src["seq_len"] = (seq_len, f"{B} x {src['seq_len'][0]} ({src['seq_len'][1]}): the flattened row")
             src["padded"] = (True, "the flattened row's position_ids restart: sdpa builds a block-diagonal mask")
+    if dpo:
+        src["seq_len"] = (seq_len, ssrc or src["seq_len"][1])
+        kt.quantized_recipe(opts, src, "DPOTrainer")
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        kd.refuse_dropout(dpo_config, cfg)
+        kind, _, rwhere = kd.reference_of(cfg=dpo_config, peft=peft_config is not None)
     notes += cpu_fp16(opts, src, device, training_args)
     src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")
-    return _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+    est = _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
+    if dpo:  # the reference: a copy as loaded, the adapter-disabled policy, or precomputed log-probs
+        kd.finish(est, info, kind=kind, where=rwhere, pairs=pairs, S=seq_len, V=cfg.get_text_config().vocab_size,
+                  ref_weights=est.loaded_weights_bytes if kind == "model" else 0, ref_model=None,
+                  precompute_pairs=dpo_config.precompute_ref_batch_size or pairs, precompute_model=None,
+                  weighting=dpo_config.use_weighting)
+    est.inputs = dict(given, padding_free=bool(sft and free))
+    return est
 
 
 def cpu_fp16(opts, src, device, args) -> list:

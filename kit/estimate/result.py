@@ -73,6 +73,8 @@ class Estimate:
     setup: dict = field(default_factory=dict)
     _parts: dict = field(default_factory=dict, repr=False)
     context: Context | None = field(default=None, repr=False, compare=False)  # for kit.estimate.strategies
+    # the user's objects it was read from (estimate_trainer / estimate_from; {} for estimate()): kit.advise.objects
+    inputs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def components(self) -> "OrderedDict[str, int]":
         """Bytes per component at the peak moment, in :data:`COMPONENTS` order; sums to peak_bytes."""
@@ -85,7 +87,8 @@ class Estimate:
 
     def to_json(self) -> dict:
         """The CLI's ``--json`` object: the contract's integer fields first, then more."""
-        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("_parts", "context")}
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
+             if f.name not in ("_parts", "context", "inputs")}
         d["offenders"] = [{"module": n, "params": p, "training_bytes": b} for n, p, b in self.offenders]
         d["components"] = dict(self.components())
         return d

@@ -11,9 +11,12 @@ What SFTTrainer (TRL 1.16) does that a plain Trainer does not, and how each is e
   ``prepare_model_for_kbit_training`` (modeled: ``adapter_dtype="bf16"``, ``kbit_recipe="lean"``); with a PEFT
   model and checkpointing it calls ``enable_input_require_grads`` (as the kit assumes under checkpointing);
 - ``SFTConfig.gradient_checkpointing`` defaults to True (read as TrainingArguments');
-- ``loss_type`` "nll" and "dft" (a product of ``N``-vectors: the same memory) are modeled ("chunked_nll" is
-  "nll" since 1.x); ``dataset_text_field``, ``completion_only_loss`` and ``assistant_only_loss`` only choose
-  which tokens are scored (CUDA scores the labelled ones only: the estimate counts every position, the most);
+- ``loss_type`` "nll" and "dft" (a product of ``N``-vectors: the same memory) are modeled, and ``estimate()``
+  takes them as ``loss_type`` (:func:`sft_loss`). "chunked_nll" is no lever in 1.16: ``SFTConfig.__post_init__``
+  rewrites it to "nll" (a FutureWarning: "computes the loss the same way"), whose loss ``SFTTrainer.compute_loss``
+  already takes from the fused head, ``-log_probs`` summed over ``num_items_in_batch``; ``dataset_text_field``,
+  ``completion_only_loss`` and ``assistant_only_loss`` only choose which tokens are scored (CUDA scores the
+  labelled ones only: the estimate counts every position, the most);
 - refused, each in one sentence: ``use_liger_kernel``, ``activation_offloading``, selective checkpointing,
   ``compute_loss_func`` and label smoothing (a second, full-logits forward), ``model_init_kwargs`` beyond
   ``dtype``/``attn_implementation``/``quantization_config``/``device_map``.
@@ -45,6 +48,25 @@ def version_note():
     return None
 
 
+def sft_loss(loss_type, fused: bool) -> tuple[bool, object, object]:
+    """(whether the fused LM head computes the loss, the loss type, a note or None) for ``estimate(loss_type=...)``:
+    any TRL loss runs SFTTrainer's fused head (:mod:`kit.estimate.replay.fused_head`); "chunked_nll" is "nll",
+    said in a note.
+
+    >>> sft_loss(None, False), sft_loss("NLL", False)
+    ((False, None, None), (True, 'nll', None))
+    >>> sft_loss("chunked_nll", False)[2].code
+    'trl-chunked-nll'
+    """
+    if loss_type is None:
+        return fused, None, None
+    loss_type = kin.choice("loss_type", loss_type, ("nll", "dft", "chunked_nll"))
+    return True, loss_type, loss_type == "chunked_nll" and kin.Note(
+        f"loss_type='chunked_nll': in TRL {MODELED} a deprecated alias of 'nll' (SFTConfig.__post_init__ rewrites "
+        "it), whose loss already comes from the fused LM head in tiles: the same bytes as 'nll', no saving",
+        field="loss_type", code="trl-chunked-nll") or None
+
+
 def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
     """(estimate options, sources, notes) of what an SFTConfig changes; refuses in one sentence what is not modeled.
 
@@ -65,7 +87,8 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
                "runs a second forward that builds the full logits", "trl-full-logits")
     if cfg.loss_type not in ("nll", "dft"):
         raise kin.InputError("loss_type", f"{name}.loss_type={cfg.loss_type!r} is not one TRL {MODELED} runs "
-                                          "('nll' or 'dft').", code="trl-loss-type")
+                                          "('nll' or 'dft'; SFTConfig turns 'chunked_nll' into 'nll' only when it "
+                                          "is built).", code="trl-loss-type")
     extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
     if extra:
         refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
@@ -87,7 +110,7 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
                               field="completion_only_loss", code="trl-scored-positions"))
     if v := version_note():
         notes.append(v)
-    return {"fused_lm_head": True}, src, notes, bool(free)
+    return {"fused_lm_head": True, "loss_type": cfg.loss_type}, src, notes, bool(free)
 
 
 def read_sft_model(cfg, name: str = "SFTConfig"):

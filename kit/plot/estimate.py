@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN, draw_limit, new_figure
+from kit.plot.style import CYCLE, OKABE_ITO, UNIT_BYTES, WIDTH_IN, axis_unit, draw_limit, new_figure, unit_label
 from kit.units import fmt_bytes, gib
 
 OFF_SCALE = 2.0     # a limit over twice the highest bar is stated in text and drawn in a side panel
@@ -25,13 +25,13 @@ def limit_text(peak_bytes: int | float, limit_bytes: int | float, device_label: 
             f"({peak_bytes / limit_bytes:.1f}x the limit)")
 
 
-def _stack(ax, x, components: dict) -> float:
-    """The components stacked in one bar at ``x`` (zero ones left out); returns the total in GiB."""
+def _stack(ax, x, components: dict, scale: int = UNIT_BYTES["GiB"]) -> float:
+    """The components stacked in one bar at ``x`` (zero ones left out); returns the total in units of ``scale``."""
     bottom = 0.0
     for i, (name, n) in enumerate(components.items()):
         if n:
-            ax.bar(x, gib(n), 0.55, bottom=bottom, color=CYCLE[i % len(CYCLE)], label=f"{name} ({fmt_bytes(n)})")
-            bottom += gib(n)
+            ax.bar(x, n / scale, 0.55, bottom=bottom, color=CYCLE[i % len(CYCLE)], label=f"{name} ({fmt_bytes(n)})")
+            bottom += n / scale
     return bottom
 
 
@@ -45,16 +45,19 @@ def _checked(components: dict) -> dict:
 
 
 def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, device_label: str | None,
-                    xlabels: list[str], not_run: bool = False) -> Figure:
+                    xlabels: list[str], not_run: bool = False, unit: str | None = "GiB") -> Figure:
     """The shared body: stacked estimate at x=0, ``bars`` [(label, bytes)] after it, and the limit.
 
     The bars set the main axis' scale. A limit within ``OFF_SCALE`` times the highest bar is a
     dashed line on it; a farther one is stated in text on the main axis, and a narrow side panel
-    draws the bars against it (the first axis is always the bars' own scale).
+    draws the bars against it (the first axis is always the bars' own scale). ``unit``: the main axis' unit
+    (None: the one that suits its highest value, :func:`kit.plot.style.axis_unit`).
     """
     total_bytes = sum(components.values())
     top_bytes = max([total_bytes] + [b for _, b in bars])
     far = limit_bytes is not None and limit_bytes > OFF_SCALE * max(top_bytes, 1)
+    unit = axis_unit(top_bytes if far or limit_bytes is None else max(top_bytes, limit_bytes), unit)
+    scale = UNIT_BYTES[unit]
     if far:
         fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
         ax, side = fig.subplots(1, 2, width_ratios=[5, 1])
@@ -63,19 +66,19 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
         (fig, ax), side = new_figure(title=title), None
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    total = _stack(ax, 0, components)
+    total = _stack(ax, 0, components, scale)
     ax.text(0, total, fmt_bytes(total_bytes), ha="center", va="bottom", fontsize=9)
     for j, (label, n) in enumerate(bars, 1):
-        m = gib(n)
+        m = n / scale
         ax.bar(j, m, 0.55, color="0.35", hatch="//", edgecolor="white", label=label)
         ratio = f"\n({m / total:.2f}x the estimate)" if total else ""
         ax.text(j, m, f"{fmt_bytes(n)}{ratio}", ha="center", va="bottom", fontsize=9)
     if not_run:
         ax.text(1, total / 2 if total else 0.5, "not run", ha="center", va="center", fontsize=11, color="0.4")
-    top = gib(top_bytes)
+    top = top_bytes / scale
     if limit_bytes is not None and not far:
-        draw_limit(ax, limit_bytes, "limit" if not device_label else f"{device_label}: limit")
-        top = max(top, gib(limit_bytes))
+        draw_limit(ax, limit_bytes, "limit" if not device_label else f"{device_label}: limit", unit)
+        top = max(top, limit_bytes / scale)
     if limit_bytes is not None:
         ax.text(0.98, 0.03, limit_text(top_bytes, limit_bytes, device_label).replace(": ", ":\n", 1),
                 transform=ax.transAxes, ha="right",
@@ -83,7 +86,7 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
     ax.set_xticks(range(len(xlabels)), xlabels)
     ax.set_xlim(-0.6, 2.6)          # room on the right for the legend and the verdict
     ax.set_ylim(0, top * 1.3 or 1.0)  # the bars' own scale (with the limit only when it is near)
-    ax.set_ylabel(GIB_LABEL)
+    ax.set_ylabel(unit_label(unit))
     ax.legend(loc="upper right", fontsize=8)
     if far:
         _side(side, [("est.", total_bytes)] + [("meas.", n) for _, n in bars], limit_bytes, device_label)
@@ -101,7 +104,7 @@ def _side(ax, bars: list, limit_bytes: int, device_label: str | None) -> None:
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylim(0, gib(limit_bytes) * 1.12)
-    ax.set_title(f"against the {device_label or 'limit'}", fontsize=9)
+    ax.set_xlabel(f"against the {device_label or 'limit'} (GiB)", fontsize=9)   # below: clear of the main title
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
@@ -109,7 +112,7 @@ def _side(ax, bars: list, limit_bytes: int, device_label: str | None) -> None:
 
 def predicted_vs_measured(components: dict, measured_peak_bytes: int | None, limit_bytes: int | None = None,
                           title: str = "Predicted vs measured peak", measured_label: str = "measured peak",
-                          device_label: str | None = None) -> Figure:
+                          device_label: str | None = None, unit: str | None = "GiB") -> Figure:
     """The estimate's components stacked in one bar, the measured peak beside it, on their own scale.
 
     ``components`` maps a name to bytes (e.g. weights, gradients, optimizer state,
@@ -117,7 +120,8 @@ def predicted_vs_measured(components: dict, measured_peak_bytes: int | None, lim
     ``limit_bytes`` (the device's memory, ``device_label`` its name) is a dashed line when
     it is near the bars; when it is more than ``OFF_SCALE`` times the highest bar, the
     verdict is written on the chart and a narrow side panel draws the bars against it,
-    so that a small model's components stay readable. ``fig.axes[0]`` is the bars' axis.
+    so that a small model's components stay readable. ``fig.axes[0]`` is the bars' axis; ``unit`` its unit
+    (None: chosen for the figure, e.g. MiB for a tiny model).
 
     >>> fig = predicted_vs_measured({"weights": 2**30, "gradients": 2**30}, 2**31 + 2**28)
     >>> fig = predicted_vs_measured({"weights": 2**20}, 2**21, 15 * 2**30, device_label="Colab T4")
@@ -126,11 +130,11 @@ def predicted_vs_measured(components: dict, measured_peak_bytes: int | None, lim
     """
     bars = [] if measured_peak_bytes is None else [(measured_label, measured_peak_bytes)]
     return _bars_and_limit(_checked(components), bars, limit_bytes, title, device_label,
-                           ["estimate", measured_label], not_run=measured_peak_bytes is None)
+                           ["estimate", measured_label], not_run=measured_peak_bytes is None, unit=unit)
 
 
 def breakdown(components: dict, limit_bytes: int | None = None, title: str = "ESTIMATED peak",
-              device_label: str | None = None) -> Figure:
+              device_label: str | None = None, unit: str | None = "GiB") -> Figure:
     """An estimate alone (nothing measured): its components stacked in one bar, against the device.
 
     Like :func:`predicted_vs_measured` without a measured column: the limit is a line when it
@@ -141,4 +145,4 @@ def breakdown(components: dict, limit_bytes: int | None = None, title: str = "ES
     limit 15.00 GiB on a Colab T4:
     does NOT fit, 15.00 GiB over (2.0x the limit)
     """
-    return _bars_and_limit(_checked(components), [], limit_bytes, title, device_label, ["ESTIMATED peak"])
+    return _bars_and_limit(_checked(components), [], limit_bytes, title, device_label, ["ESTIMATED peak"], unit=unit)

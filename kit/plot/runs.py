@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from kit.plot.style import GIB_LABEL, OKABE_ITO, draw_limit, new_figure, short_label
+from kit.plot.style import GIB_LABEL, OKABE_ITO, UNIT_BYTES, axis_unit, draw_limit, new_figure, short_label, unit_label
 from kit.units import fmt_bytes, gib
 
 
@@ -64,10 +64,11 @@ def stage_bars(tracker_or_records, title: str = "Memory per stage") -> Figure:
     return fig
 
 
-def timeline(tracker, title: str = "Memory over time") -> Figure:
+def timeline(tracker, title: str = "Memory over time", unit: str | None = "GiB") -> Figure:
     """Every reading (stage boundaries and training-step samples) against time, stages shaded.
 
     GPU: CUDA allocated, reserved and RSS. CPU: live CPU tensors (where the gc walk ran) and RSS.
+    ``unit``: the axis' unit (None: the one that suits the highest reading drawn).
 
     >>> fig = timeline(tracker)                                   # doctest: +SKIP
     """
@@ -82,9 +83,13 @@ def timeline(tracker, title: str = "Memory over time") -> Figure:
     on_cuda = points[0][0].cuda_allocated_bytes is not None
     fig, ax = new_figure(title=None)
     ax.set_title(title, pad=16)       # room for the stage names above the axes
+    drawn = [v for p, _ in points for v in (p.cuda_allocated_bytes, p.cuda_reserved_bytes, p.rss_bytes,
+                                           p.live("cpu")) if v is not None]
+    unit = axis_unit(max(drawn, default=0), unit)
+    scale = UNIT_BYTES[unit]
 
     def line(label, colour, get, only_live=False, style="-"):
-        xy = [(p.time - t0, gib(get(p))) for p, live in points if get(p) is not None and (live or not only_live)]
+        xy = [(p.time - t0, get(p) / scale) for p, live in points if get(p) is not None and (live or not only_live)]
         if xy:
             ax.plot(*zip(*xy), style, color=colour, label=label, marker="o", markersize=3, linewidth=1.5)
 
@@ -103,21 +108,25 @@ def timeline(tracker, title: str = "Memory over time") -> Figure:
         ax.text((a + b) / 2, 1.0, label + (" (error)" if r.error else ""), transform=ax.get_xaxis_transform(),
                 ha="center", va="bottom", fontsize=8, rotation=15 if len(recs) > 5 else 0, clip_on=False)
     ax.set_xlabel("time since the first reading (s)")
-    ax.set_ylabel(GIB_LABEL)
+    ax.set_ylabel(unit_label(unit))
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize=8)
     return fig
 
 
 def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: int | None = None,
-          title: str = "Memory per fold") -> Figure:
+          title: str = "Memory per fold", unit: str | None = None) -> Figure:
     """Start, peak and end memory per fold, with the baseline (before fold 1) drawn.
 
     Each fold is a dict with ``start_bytes``, ``peak_bytes``, ``end_bytes`` (None where
     unknown), and optionally ``oom`` (True marks the fold) and ``label``. Folds with
     ``load_peak_bytes`` and ``train_peak_bytes`` (the user's loop) show both peaks apart.
+    ``unit``: the axis' unit; None picks the one that suits the highest value drawn (the limit included), so the
+    bars, their labels and the axis read in one unit. The legend sits below the axes, clear of the title.
 
     >>> fig = folds([{"start_bytes": 2**30, "peak_bytes": 2**31, "end_bytes": 2**30}], baseline_bytes=2**30)
+    >>> fig.axes[0].get_ylabel(), folds([{"start_bytes": 2**20, "peak_bytes": 2**24, "end_bytes": 2**20}]).axes[0].get_ylabel()
+    ('memory (GiB)', 'memory (MiB)')
     """
     if not fold_records:
         raise ValueError("fold_records is empty: pass one dict per fold with start_bytes/peak_bytes/end_bytes")
@@ -135,20 +144,37 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
         series = [("start", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),
                   ("peak", OKABE_ITO["vermillion"], [f["peak_bytes"] for f in fold_records]),
                   ("end", OKABE_ITO["blue"], [f["end_bytes"] for f in fold_records])]
+    drawn = [v for _, _, vals in series for v in vals if v is not None] + [
+        v for v in (baseline_bytes, limit_bytes) if v is not None]
+    unit = axis_unit(max(drawn, default=0), unit)
+    scale = UNIT_BYTES[unit]
     fig, ax = new_figure(title=title)
-    _grouped(ax, names, series)
+    n, w = len(series), 0.8 / len(series)
+    for i, (label, colour, vals) in enumerate(series):  # grouped bars, labelled in the axis' unit
+        xs = [j + (i - (n - 1) / 2) * w for j, v in enumerate(vals) if v is not None]
+        bars = ax.bar(xs, [v / scale for v in vals if v is not None], w, label=label, color=colour)
+        ax.bar_label(bars, labels=[fmt_bytes(v, unit if v >= scale / 100 else None) for v in vals if v is not None],
+                     fontsize=7, padding=1)  # a value too small for the axis' unit keeps its own
+        for j, v in enumerate(vals):
+            if v is None:  # a reading not taken: said, never drawn as 0
+                ax.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
+                        fontsize=6, color=colour)
+    ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0,
+                  ha="right" if len(names) > 4 else "center")
     if baseline_bytes is not None:
-        ax.axhline(gib(baseline_bytes), color=OKABE_ITO["black"], linestyle=":", linewidth=1.5,
-                   label=f"baseline {fmt_bytes(baseline_bytes)}")
-    draw_limit(ax, limit_bytes)
+        ax.axhline(baseline_bytes / scale, color=OKABE_ITO["black"], linestyle=":", linewidth=1.5,
+                   label=f"baseline {fmt_bytes(baseline_bytes, unit)}")
+    draw_limit(ax, limit_bytes, unit=unit)
     for j, f in enumerate(fold_records):
         if f.get("oom"):
             ax.text(j, 0.5, "OOM", transform=ax.get_xaxis_transform(), ha="center", va="center",
-                    color=OKABE_ITO["vermillion"], fontsize=12, weight="bold")
+                    color=OKABE_ITO["vermillion"], fontsize=12, weight="bold", zorder=5,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     ax.set_xlim(-0.6, len(fold_records) - 0.4)
-    ax.set_ylabel(GIB_LABEL)
-    ax.margins(y=0.25)              # room for the legend above the bars
-    ax.legend(loc="upper left", fontsize=8, ncols=5)
+    ax.set_ylabel(unit_label(unit))
+    ax.set_ylim(0, (max(drawn, default=0) / scale or 1.0) * 1.15)  # room for the bar labels above the highest
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2 if "\n" in "".join(names) else -0.12), fontsize=8,
+              ncols=min(len(ax.get_legend_handles_labels()[1]), 6), frameon=False)  # below the axes, clear of the title
     return fig
 
 

@@ -5,14 +5,20 @@
 - :func:`glossary_markdown` / :func:`glossary`: every bar of a breakdown, the counters, GB against
   GiB, and the bytes each parameter costs, computed by the kit's own arithmetic
   (:mod:`kit.presets`), never typed in.
+- :func:`solution`: a learner copy's exercise solution, revealed by running a cell (printed, then run).
+- :func:`cheatsheet_markdown`: the one-page cheat sheet (``docs/cheatsheet.md``): the glossary in one line a
+  term, and the five fixes that matter with their bytes per parameter, computed here.
 
 >>> print(guess_text(4, 52 * 2**30, "the ESTIMATED peak"))
 Your guess: 4.00 GiB. The ESTIMATED peak: 52.00 GiB, 13.0x your guess: far off: read on.
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 
+from kit.assets import ASSETS_DIR
 from kit.presets import int8_bytes, nf4_bytes, optimizer_state_bytes
 from kit.units import GiB, fmt_bytes, wrapped
 
@@ -76,29 +82,40 @@ def bytes_per_parameter() -> list[tuple[str, float, str]]:
             ("8-bit AdamW state", adam8 / n, "two moments, 1 byte each + scales")]
 
 
-GLOSSARY = """\
-**Words before numbers.** The kit's breakdowns use these words; each bar of a breakdown is one of them.
+# (term, what it means): the glossary's rows, and the cheat sheet's lines. "{gib_in_gb}" and "{four_gb}" are
+# filled in by the kit's own arithmetic (kit.units.GiB).
+TERMS = [
+    ("weights", "the model's parameters, as they sit in memory (their dtype decides the bytes)"),
+    ("gradients", "one tensor per *trainable* weight, filled by the backward pass; frozen weights have none"),
+    ("optimizer state", "what the optimizer keeps per trainable weight: AdamW two moments, SGD with momentum one"),
+    ("activations", "what the forward pass saves for the backward: grows with batch x sequence length"),
+    ("logits", ("the output scores, batch x sequence x vocabulary, with the loss's fp32 copies: large for big "
+                "vocabularies")),
+    ("temporaries", "tensors that live only inside one operation (an upcast copy, a matmul's workspace)"),
+    ("autocast weight copies", "under mixed precision, a 16-bit copy of each fp32 weight made for the forward pass"),
+    ("allocated", "bytes held by live tensors (`torch.cuda.memory_allocated`): what runs out first"),
+    ("reserved", ("allocated + the caching allocator's spare blocks (`memory_reserved`); `empty_cache()` returns "
+                  "only the spare")),
+    ("NVML", "the driver's count (what `nvidia-smi` shows): reserved + the CUDA context and the libraries' kernels"),
+    ("RSS", "the process's CPU RAM in use (resident set size): what Colab's RAM bar shows"),
+    ("live-tensor bytes", "on a CPU, the kit counts the bytes of every live tensor: its stand-in for *allocated*"),
+    ("GB and GiB", ("1 GB = 10^9 bytes; 1 GiB = 2^30 bytes = {gib_in_gb:.3f} GB. The kit says GiB; \"about 4 GB\" "
+                    "is {four_gb:.2f} GiB")),
+    ("NF4, double quant", "4-bit weights on a normal-distribution grid (NF4), with their block scales quantized too"),
+    ("LoRA", ("small trainable matrices A and B beside a frozen layer; B starts at zero, so training starts from "
+              "the base")),
+    ("gradient checkpointing", ("keep only each block's input, recompute the rest in the backward: less memory, "
+                                "one more forward's time")),
+    ("gradient accumulation", ("N micro-batches of B/N, their gradients summed, then one optimizer step: "
+                               "activations scale with the micro-batch, so they take 1/N of a batch of B's, while "
+                               "the weights, gradients and optimizer state stay as they are. Its cost: N "
+                               "micro-steps' wall time per update, run one after another")),
+    ("mixed precision", "compute in fp16/bf16 with fp32 weights kept: less activation memory, faster on a GPU"),
+]
 
-| word | what it means |
-|---|---|
-| **weights** | the model's parameters, as they sit in memory (their dtype decides the bytes) |
-| **gradients** | one tensor per *trainable* weight, filled by the backward pass; frozen weights have none |
-| **optimizer state** | what the optimizer keeps per trainable weight: AdamW two moments, SGD with momentum one |
-| **activations** | what the forward pass saves for the backward: grows with batch x sequence length |
-| **logits** | the output scores, batch x sequence x vocabulary, with the loss's fp32 copies: large for big vocabularies |
-| **temporaries** | tensors that live only inside one operation (an upcast copy, a matmul's workspace) |
-| **autocast weight copies** | under mixed precision, a 16-bit copy of each fp32 weight made for the forward pass |
-| **allocated** | bytes held by live tensors (`torch.cuda.memory_allocated`): what runs out first |
-| **reserved** | allocated + the caching allocator's spare blocks (`memory_reserved`); `empty_cache()` returns only the spare |
-| **NVML** | the driver's count (what `nvidia-smi` shows): reserved + the CUDA context and the libraries' kernels |
-| **RSS** | the process's CPU RAM in use (resident set size): what Colab's RAM bar shows |
-| **live-tensor bytes** | on a CPU, the kit counts the bytes of every live tensor: its stand-in for *allocated* |
-| **GB and GiB** | 1 GB = 10^9 bytes; 1 GiB = 2^30 bytes = {gib_in_gb:.3f} GB. The kit says GiB; "about 4 GB" is {four_gb:.2f} GiB |
-| **NF4, double quant** | 4-bit weights on a normal-distribution grid (NF4), with their block scales quantized too |
-| **LoRA** | small trainable matrices A and B beside a frozen layer; B starts at zero, so training starts from the base |
-| **gradient checkpointing** | keep only each block's input, recompute the rest in the backward: less memory, one more forward's time |
-| **mixed precision** | compute in fp16/bf16 with fp32 weights kept: less activation memory, faster on a GPU |
-"""
+
+def _terms() -> list[tuple[str, str]]:
+    return [(t, m.format(gib_in_gb=GiB / 1e9, four_gb=4e9 / GiB)) for t, m in TERMS]
 
 
 def glossary_markdown() -> str:
@@ -108,7 +125,10 @@ def glossary_markdown() -> str:
     True
     """
     rows = "\n".join(f"| {what} | {b:.3g} | {why} |" for what, b, why in bytes_per_parameter())
-    return (GLOSSARY.format(gib_in_gb=GiB / 1e9, four_gb=4e9 / GiB) + "\n**Bytes per parameter** (computed by the kit, `kit.scenarios.teach.bytes_per_parameter`). Training "
+    glossary_rows = "\n".join(f"| **{term}** | {meaning} |" for term, meaning in _terms())
+    return ("**Words before numbers.** The kit's breakdowns use these words; each bar of a breakdown is one of "
+            "them.\n\n| word | what it means |\n|---|---|\n" + glossary_rows + "\n"
+            "\n**Bytes per parameter** (computed by the kit, `kit.scenarios.teach.bytes_per_parameter`). Training "
             "an fp32 weight with AdamW costs 4 + 4 + 8 = 16 bytes; a frozen one only its weight.\n\n"
             "| what | bytes per parameter | why |\n|---|---|---|\n" + rows + "\n")
 
@@ -121,3 +141,114 @@ def glossary():
     from IPython.display import Markdown
 
     return Markdown(glossary_markdown())
+
+
+# -- learner copies: the solutions, revealed by running a cell -----------------------------------------------------
+SOLUTIONS_FILE = ASSETS_DIR / "solutions.json"  # written by kit.scenarios.learner (make learner-notebooks)
+
+
+def load_solutions(path=SOLUTIONS_FILE) -> dict[str, dict]:
+    """The shipped solutions, ``key -> {"notebook", "title", "code"}``, as :mod:`kit.scenarios.learner` extracted
+    them from the instructor copies.
+
+    >>> all({"notebook", "title", "code"} <= set(entry) for entry in load_solutions().values())
+    True
+    """
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def solution(key: str, namespace: dict | None = None, *, solutions: dict | None = None) -> None:
+    """Reveal an exercise's solution, as a learner copy's solution cell does: print its code, then run it in the
+    caller's namespace (a notebook's: its variables are there for the cells below, as in the instructor copy).
+
+    ``namespace`` overrides where it runs; ``solutions`` (``key -> {"title", "code"}``) overrides the shipped file.
+
+    >>> fake = {"demo": {"title": "Solution: twice 21", "code": "answer = 2 * 21\\nprint(answer)"}}
+    >>> ns = {}
+    >>> solution("demo", ns, solutions=fake)
+    Solution: twice 21
+    ----- its code -----
+    answer = 2 * 21
+    print(answer)
+    ----- its run -----
+    42
+    >>> ns["answer"]
+    42
+    """
+    solutions = load_solutions() if solutions is None else solutions
+    if key not in solutions:
+        raise KeyError(f"no solution {key!r}; the solutions are {', '.join(sorted(solutions))}. Regenerate the "
+                       "learner copies (make learner-notebooks) if a notebook's solution was renamed.")
+    entry = solutions[key]
+    code = entry["code"]
+    if namespace is None:
+        namespace = sys._getframe(1).f_globals  # the calling cell's globals: the notebook's namespace
+    print(entry.get("title", key))
+    print("----- its code -----")
+    print(code)
+    print("----- its run -----")
+    if any(line.lstrip().startswith(("%", "!")) for line in code.splitlines()):  # IPython's magics, as a cell runs
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        code = TransformerManager().transform_cell(code)
+    exec(compile(code, f"<solution {key}>", "exec"), namespace)  # noqa: S102 - the point: run it as the cell would
+
+
+# -- the cheat sheet -------------------------------------------------------------------------------------------------
+def fixes(rank: int = 8, d: int = 4096) -> list[tuple[str, float, str, str]]:
+    """The five fixes that matter after the baseline, as ``(fix, bytes per parameter, what else it changes, its
+    cost)``: the bytes of weight + gradient + optimizer state per parameter of a ``d x d`` layer trained with
+    AdamW, computed by :mod:`kit.presets` (LoRA: the frozen base plus its rank-``rank`` adapters' fp32 weights,
+    gradients and AdamW state, spread over the layer's parameters).
+
+    >>> [f"{b:.3g}" for _, b, _, _ in fixes()]
+    ['16', '16', '16', '10', '2.06', '0.578']
+    """
+    n, lora = d * d, 2 * rank * d  # LoRA: A (rank x d) and B (d x rank)
+    full = (4 * n + 4 * n + optimizer_state_bytes("adamw", n, 4)[0]) / n
+    adam8 = (4 * n + 4 * n + optimizer_state_bytes("adamw-8bit", n, 4)[0]) / n
+    adapters = (4 * lora + 4 * lora + optimizer_state_bytes("adamw", lora, 4)[0]) / n
+    return [
+        ("none: a full fine-tune, fp32 weights, AdamW", full, "the baseline", "-"),
+        ("gradient accumulation (N micro-batches of B/N)", full, "activations and logits: 1/N of batch B's",
+         "N micro-steps' wall time per update"),
+        ("gradient checkpointing", full, "activations: each block's input only, the rest recomputed",
+         "one more forward pass per step"),
+        ("8-bit AdamW (bitsandbytes)", adam8, "optimizer state: 1 byte a moment, plus block scales",
+         "a GPU and bitsandbytes; small tensors keep 32-bit states"),
+        (f"LoRA, rank {rank}, on a frozen 16-bit base", (2 * n) / n + adapters,
+         "the base has no gradient and no optimizer state", "only the adapters learn"),
+        (f"QLoRA: LoRA rank {rank} on an NF4 base (double quant)", nf4_bytes(n) / n + adapters,
+         "the base in 4 bits, as bitsandbytes stores it", "a GPU and bitsandbytes; each matmul dequantizes"),
+    ]
+
+
+def cheatsheet_markdown() -> str:
+    """The one-page cheat sheet, as Markdown: the glossary's words in one line each, the bytes per parameter and
+    the five fixes, every number computed by the kit (``docs/cheatsheet.md`` is this text; a test checks it).
+
+    >>> "| 8-bit AdamW (bitsandbytes) | 10 |" in cheatsheet_markdown()
+    True
+    """
+    rank, d = 8, 4096
+    words = "\n".join(f"- **{term}**: {meaning}" for term, meaning in _terms())
+    per_param = "; ".join(f"{what} {b:.3g}" for what, b, _ in bytes_per_parameter())
+    rows = "\n".join(f"| {fix} | {b:.3g} | {what} | {cost} |" for fix, b, what, cost in fixes(rank, d))
+    return (
+        "# Memory cheat sheet\n\n"
+        "Written by `kit.scenarios.teach.cheatsheet_markdown()` (`make learner-notebooks` rewrites this file, and "
+        "`tests/test_learner_notebooks.py` checks it): every number here is computed by the kit.\n\n"
+        "## Words before numbers\n\n" + words + "\n\n"
+        "## Bytes per parameter\n\n" + per_param + ".\n\n"
+        "## The five fixes that matter\n\n"
+        f"Bytes per parameter of a {d} x {d} layer trained with AdamW: weight + gradient + optimizer state "
+        f"(LoRA: the frozen base, plus its rank-{rank} adapters' fp32 weights, gradients and AdamW state, spread over "
+        "the layer's parameters).\n\n"
+        "| fix | bytes per parameter | what else it changes | its cost |\n|---|---|---|---|\n" + rows + "\n\n"
+        "## When memory runs out\n\n"
+        "- Predict before loading: `python -m kit fit --model <id> --batch-size <b> --seq-len <s> --device colab-t4` "
+        "ranks the changes that make it fit.\n"
+        "- After an out-of-memory error: `print(kit.free(globals()))`; if memory did not come back, "
+        "*Runtime → Restart session*.\n"
+        "- Between notebooks: *Runtime → Disconnect and delete runtime*.\n")

@@ -135,7 +135,8 @@ class TrainReport:
                 out.append(f"  {_rest_label(k, self.reading):<34}{fmt_bytes(self.measured.get(k)):>12}"
                            f"{'-' if e is None else fmt_bytes(e):>12}")
             out.append(f"  {'total':<34}{fmt_bytes(self.measured.get('total')):>12}{fmt_bytes(est.get('total')):>12}"
-                       + (f"  (estimate: {self.estimate_field})" if self.estimate_field else ""))
+                       + (f"  (the estimate: {SAID.get(self.estimate_field, self.estimate_field)})"
+                          if self.estimate_field else ""))
         c = self.cuda
         if c:
             out.append(f"  CUDA allocated {fmt_bytes(c.get('allocated'))}, reserved {fmt_bytes(c.get('reserved'))}: "
@@ -157,18 +158,18 @@ class TrainReport:
         if self.measured_peak_bytes is None:
             # (no CPU reading saw the peak's moment: the activations live inside a step)
             out.append("Training peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak)"
-                       + (f"; estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes)"
+                       + (f"; estimated {fmt_bytes(self.estimate_peak_bytes)} ({SAID['peak_bytes']})"
                           if self.estimate_peak_bytes else ", no estimate to compare"))
         if self.measured_peak_bytes is not None:
             out.append(f"Training peak: measured {fmt_bytes(self.measured_peak_bytes)} ({what})" + (
-                f", estimated {fmt_bytes(self.estimate_peak_bytes)} (peak_bytes): ratio {self.ratio:.3f}"
+                f", estimated {fmt_bytes(self.estimate_peak_bytes)} ({SAID['peak_bytes']}): ratio {self.ratio:.3f}"
                 if self.ratio is not None else ", no estimate to compare"))
             out += [f"  {k}: {v}" for k, v in (
                 ("step 1 (no optimizer state yet)", _beside(self.first_step_peak_bytes, self.estimate_first_step_bytes,
                                                             "first_step_peak_bytes")),
                 ("the later steps", _beside(self.later_steps_peak_bytes, self.estimate_peak_bytes, "peak_bytes")))
                 if v is not None]
-        est = f"estimated {fmt_bytes(self.estimate_eval_bytes)} (eval_peak_bytes)" if self.estimate_eval_bytes \
+        est = f"estimated {fmt_bytes(self.estimate_eval_bytes)} ({SAID['eval_peak_bytes']})" if self.estimate_eval_bytes \
             else "no estimate to compare"
         if self.by != "kit.train":
             pass                  # a plain loop: no Trainer.evaluate() to read
@@ -199,13 +200,18 @@ def _ratio(measured, estimated) -> float | None:
     return None if measured is None or not estimated else measured / estimated
 
 
+# an Estimate's peak fields, as the report names them (the field names are the JSON's, not a reader's words)
+SAID = {"peak_bytes": "its step 2 on", "first_step_peak_bytes": "its step 1", "eval_peak_bytes": "its evaluation"}
+
+
 def _beside(measured, estimated, name: str) -> str | None:
     """"measured X, estimated Y (name): ratio r", or None where the part was not read."""
     if measured is None:
         return None
     if not estimated:
         return f"measured {fmt_bytes(measured)}, no estimate to compare"
-    return f"measured {fmt_bytes(measured)}, estimated {fmt_bytes(estimated)} ({name}): ratio {measured / estimated:.3f}"
+    return (f"measured {fmt_bytes(measured)}, estimated {fmt_bytes(estimated)} ({SAID.get(name, name)}): "
+            f"ratio {measured / estimated:.3f}")
 
 
 def eval_not_modeled(est) -> str | None:

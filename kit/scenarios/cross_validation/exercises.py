@@ -1,11 +1,16 @@
 """Notebook 02's exercise: write your own adapter reset and your own cleanup, and let the kit check them.
 
-- :func:`check_reset`: trains one fold, calls ``my_reset(model, init)``, then asks
-  :func:`~kit.scenarios.cross_validation.lora_reset.verify_adapter_reset` whether the adapter is back at its init.
-- :func:`check_free`: trains one fold, calls ``my_free(trainer)`` while the caller still holds
-  ``trainer`` (as the user's loop does until the next fold), then counts the models still in memory.
+- :func:`check_reset`: one fold, trained once and kept (:func:`shared_fold`): the adapter is put back as that
+  fold left it, ``my_reset(model, init)`` runs, then
+  :func:`~kit.scenarios.cross_validation.lora_reset.verify_adapter_reset` says whether it is back at its init.
+  Every attempt reuses the same loaded, trained model: no reload, no retraining.
+- :func:`shared_trainer`: a new fold's ``SFTTrainer`` on the shared model (PyTorch's counters section).
+- :func:`trained_trainer` / :func:`check_free`: one fold's trained ``SFTTrainer`` on the shared model, handed to the
+  notebook as the only holder of that model (as the user's loop holds ``trainer`` until the next fold); the
+  learner frees it in the notebook's own scope, then :func:`check_free` counts the loaded models left in memory
+  (MEASURED). The whole exercise loads one model. :func:`drop_shared`: let the shared model go.
 
-Both run on the model the notebook's loops train (the tiny twin in smoke mode) and return a verdict
+Both checks run on the model the notebook's loops train (the tiny twin in smoke mode) and return a verdict
 in words; neither raises when the learner's code is wrong, only when it raises itself.
 
 >>> print(check_reset(lambda model, init: None, "tiny-llama"))      # doctest: +SKIP
@@ -19,52 +24,102 @@ from kit import runtime
 from kit.measure import cleanup
 from kit.measure.track import Tracker
 from kit.scenarios.cross_validation.folds import fold_texts
-from kit.scenarios.cross_validation.lora_reset import save_adapter_init, verify_adapter_reset
+from kit.scenarios.cross_validation.lora_reset import (
+    adapter_state,
+    restore_adapter,
+    save_adapter_init,
+    states_equal,
+    verify_adapter_reset,
+)
 from kit.scenarios.cross_validation.training import count_live_models, fold_trainer, load_for_training, loop_params
 from kit.units import wrapped
 
 _SAID: dict = {}  # the loader lines, said once for all the checks of a notebook
+_SHARED: dict = {}  # the one trained fold every reset check reuses: key, model, init, trained, data
+_FREE: dict = {}    # the models in memory before trained_trainer() loaded its own
 
 
-@runtime.once_per_run(_SAID)
-def _one_fold(model_name: str, settings: dict):
+def _key(model_name: str, settings: dict) -> tuple:
     p = loop_params(**{"steps_per_fold": 1, **settings})
-    tok, splits = fold_texts(model_name, 2, p["max_samples"])
-    model = load_for_training(model_name, p)
-    trainer = fold_trainer(model, *splits[0], tok, p, tempfile.mkdtemp(prefix="kit-exercise-"), 1, Tracker())
-    init = save_adapter_init(model)  # after SFTTrainer cast the adapters to the dtype it trains them in
-    trainer.train()
-    return model, init, trainer
+    return (model_name,) + tuple((k, str(v)) for k, v in sorted(p.items()) if k != "steps_per_fold")
+
+
+def shared_fold(model_name: str, **settings) -> dict:
+    """The exercise's fold: the model loaded and wrapped once, trained for one fold once, and kept. Returns
+    ``{"model", "init", "trained", "tokenizer", "splits", "params"}``: ``init`` the adapter's saved initial state
+    (after SFTTrainer cast it to the dtype it trains in), ``trained`` the adapter as that fold left it.
+    Asked again with the same settings (steps aside), it returns the same fold."""
+    key = _key(model_name, settings)
+    if _SHARED.get("key") != key:
+        drop_shared()
+        p = loop_params(**{"steps_per_fold": 1, **settings})
+        with runtime.once_per_run(_SAID):
+            tok, splits = fold_texts(model_name, 2, p["max_samples"])
+            model = load_for_training(model_name, p)
+        trainer = fold_trainer(model, *splits[0], tok, p, tempfile.mkdtemp(prefix="kit-exercise-"), 1, Tracker())
+        init = save_adapter_init(model)
+        trainer.train()
+        trainer = cleanup.release(trainer)
+        _SHARED.update(key=key, model=model, init=init, trained=adapter_state(model), tokenizer=tok, splits=splits,
+                       params=p)
+    return _SHARED
+
+
+def drop_shared(trainer=None) -> None:
+    """Release ``trainer`` (if given) and let the exercise's shared model go: ``trainer = ex.drop_shared(trainer)``."""
+    cleanup.release(trainer)
+    _SHARED.clear()
+    cleanup.release()
+
+
+def shared_trainer(model_name: str, **settings):
+    """A new fold's ``SFTTrainer`` on the shared model (:func:`shared_fold`), not trained yet: for a cell that
+    reads PyTorch's counters around ``trainer.train()``. ``settings["steps_per_fold"]`` sets its steps."""
+    fold = shared_fold(model_name, **settings)
+    p = {**fold["params"], "steps_per_fold": loop_params(**settings)["steps_per_fold"]}
+    return fold_trainer(fold["model"], *fold["splits"][0], fold["tokenizer"], p,
+                        tempfile.mkdtemp(prefix="kit-torch-tools-"), 1, Tracker())
 
 
 @wrapped
 def check_reset(my_reset, model_name: str, **settings) -> str:
-    """Train one fold, run ``my_reset(model, init)`` (``init``: the adapter's saved initial state, a dict of
-    tensors by name, as :func:`~kit.scenarios.cross_validation.lora_reset.save_adapter_init` returns it), and check it."""
-    model, init, trainer = _one_fold(model_name, settings)
-    trainer = cleanup.release(trainer)
-    try:
-        my_reset(model, init)
-        check = verify_adapter_reset(model, init)
-    finally:
-        del model, init
-        cleanup.release()
+    """Put the shared fold's adapter back as its training left it, run ``my_reset(model, init)`` (``init``: the
+    adapter's saved initial state, a dict of tensors by name, as
+    :func:`~kit.scenarios.cross_validation.lora_reset.save_adapter_init` returns it), and check it."""
+    fold = shared_fold(model_name, **settings)
+    model, init = fold["model"], fold["init"]
+    restore_adapter(model, fold["trained"])  # as fold 1 left it: a reset that does nothing must fail
+    if states_equal(adapter_state(model), init):
+        raise RuntimeError("the exercise's fold did not move the adapter: the check would mean nothing")
+    my_reset(model, init)
+    check = verify_adapter_reset(model, init)
     return ("your reset works: " if check.ok else "your reset: ") + check.text()
 
 
+def trained_trainer(model_name: str, **settings):
+    """One fold's ``SFTTrainer``, trained, handed to the notebook as the only holder of its model (through
+    ``trainer``), as the user's loop holds it at a fold's end. It takes the shared fold's model over (no new load):
+    the kit keeps no reference to it after this."""
+    fold = shared_fold(model_name, **settings)
+    model, tok, splits, p = fold["model"], fold["tokenizer"], fold["splits"], fold["params"]
+    _SHARED.clear()  # the kit lets go of the model and its saved adapter states: only the trainer will hold it
+    _FREE["before"] = count_live_models() - 1  # every loaded model but this one
+    trainer = fold_trainer(model, *splits[0], tok, p, tempfile.mkdtemp(prefix="kit-exercise-"), 1, Tracker())
+    del model, fold
+    trainer.train()
+    return trainer
+
+
 @wrapped
-def check_free(my_free, model_name: str, **settings) -> str:
-    """Train one fold, run ``my_free(trainer)`` while this function still holds ``trainer`` (as the user's
-    loop holds it until the next fold), and count the loaded models left in memory (MEASURED)."""
-    before = count_live_models()
-    model, init, trainer = _one_fold(model_name, settings)
-    del model, init  # only the Trainer holds the model now, as in the user's loop
-    try:
-        my_free(trainer)
-        left = count_live_models() - before
-    finally:
-        trainer = cleanup.release(trainer)
-    if left == 0:
-        return "your cleanup works: no model is left in memory, though the caller still holds `trainer`"
-    return (f"your cleanup left {left} model(s) in memory: the Trainer still reaches the model (trainer.model, "
-            "trainer.model_wrapped, the accelerator's lists) or the optimizer. Drop those references, then collect.")
+def check_free() -> str:
+    """Count the loaded models left in memory since :func:`trained_trainer` (MEASURED), after a collection: 0
+    when the notebook let go of its trainer in the scope that owns it."""
+    if "before" not in _FREE:
+        raise RuntimeError("run `trainer = ex.trained_trainer(MODEL_ID, **SETTINGS)` first")
+    cleanup.release()  # gc.collect() and the CUDA cache emptied: what is left is held by someone
+    left = count_live_models() - _FREE["before"]
+    if left <= 0:
+        return "your cleanup works: no model of that fold is left in memory (MEASURED: loaded models counted)"
+    return (f"your cleanup left {left} model(s) in memory (MEASURED): a name in this notebook still reaches the "
+            "Trainer, and through it the model and the optimizer. Let go of it here, where it was made: "
+            "`trainer = release(trainer)` (kit.measure.cleanup.release) or `del trainer`.")

@@ -78,9 +78,24 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
     return out
 
 
+def fixed_fold(model, init, train_ds, eval_ds, tokenizer, p: dict, output_dir, fold: int, tracker):
+    """One fold of the fixed loop, on the base model loaded and wrapped once. Returns (init, check, losses)."""
+    trainer = fold_trainer(model, train_ds, eval_ds, tokenizer, p, output_dir, fold, tracker)  # a new optimizer
+    if init is None:  # saved once, after SFTTrainer cast the adapters to the dtype it trains them in
+        init = save_adapter_init(model)
+    restore_adapter(model, init)               # the adapter back at its saved init...
+    check = verify_adapter_reset(model, init)  # ...and checked, not trusted
+    if not check.ok:  # training on would contaminate the score: stop, loudly
+        raise RuntimeError(f"fold {fold}: {check.text()}")
+    losses = {"train_loss": trainer.train().training_loss, "eval_loss": trainer.evaluate()["eval_loss"]}
+    trainer = cleanup.release(trainer)  # here, in the scope that owns it: optimizer, gradients, data; the base stays
+    return init, check, losses
+
+
 def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, on_fold_end,
                  done: dict, path: Path, key: str, tolerance: float):
-    """The fixed loop body. Runs inside kit.measure.oom.oom_safe."""
+    """The fixed loop: :func:`fixed_fold` per fold, checked against the baseline and written to disk. Runs
+    inside kit.measure.oom.oom_safe."""
     baseline = leaks.take_baseline()
     state["baseline_bytes"] = baseline.snapshot.best_bytes
     for fold, (train_ds, eval_ds) in enumerate(splits, 1):
@@ -90,23 +105,14 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
             continue
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
         with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
-            trainer = fold_trainer(model, train_ds, eval_ds, tok, p, output_dir, fold, tracker)
-            if state["init"] is None:  # saved once, after SFTTrainer cast the adapters to the dtype it trains in
-                state["init"] = save_adapter_init(model)
-            restore_adapter(model, state["init"])
-            check = verify_adapter_reset(model, state["init"])
-            if not check.ok:  # training on would contaminate the score: stop, loudly
-                raise RuntimeError(f"fold {fold}: {check.text()}")
-            train_loss = trainer.train().training_loss
-            eval_loss = trainer.evaluate()["eval_loss"]
-            trainer = cleanup.release(trainer)  # optimizer, gradients, data loaders; the base stays
+            state["init"], check, losses = fixed_fold(model, state["init"], train_ds, eval_ds, tok, p, output_dir,
+                                                      fold, tracker)
         back = abs(stage.end_bytes - state["baseline_bytes"]) <= tolerance * state["baseline_bytes"]
         if not back:  # name what holds the excess (a slow walk, so only when it is needed)
             print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
                                          raise_on_leak=False).text(), flush=True)
         rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back,
-                           baseline_bytes=state["baseline_bytes"], eval_loss=eval_loss, train_loss=train_loss,
-                           run_key=key)
+                           baseline_bytes=state["baseline_bytes"], **losses, run_key=key)
         append_result(path, rec)  # on disk before anything else can fail
         state["folds"].append(rec)
         state["trained"].append(fold)

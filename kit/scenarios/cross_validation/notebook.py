@@ -10,12 +10,16 @@ stays short:
   :func:`simulate_crash`: a crash to resume from.
 - :func:`measure_kbit_recipes` / :func:`recipe_table`: what ``prepare_model_for_kbit_training``'s
   fp32 upcast costs (the TRL of the user's post ran it; today's does not), measured beside its estimate.
+- :func:`download_ahead` and :func:`workshop_plan` (from :mod:`.workshop`): the model's files fetched in a
+  background thread while the teacher talks; the workshop's minutes per section, as a PLAN at real size.
+- :func:`fixed_fold_source`: the fixed loop's fold body, to print.
 
 >>> print(fold_table([{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}]))  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import shutil
 import tempfile
@@ -26,12 +30,16 @@ from kit.measure import cleanup, leaks
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
+from kit.scenarios.cross_validation.fixed_loop import fixed_fold
 from kit.scenarios.cross_validation.folds import fold_texts, read_results
 from kit.scenarios.cross_validation.predict import (
     advisor_text,
+    crash_setting,
+    crash_setting_text,
     fold1_leftovers,
     fold2_prediction,
     four_gb_text,
+    installed_trl_text,
     options_of,
     recipe_estimates,
     two_models_text,
@@ -40,6 +48,17 @@ from kit.scenarios.cross_validation.predict import (
     weights_split,
 )
 from kit.scenarios.cross_validation.training import fold_trainer, load_for_training, loop_params
+from kit.scenarios.cross_validation.workshop import (  # noqa: F401 (the notebook reads them as nb.*)
+    DEFAULT_MODEL,
+    DOWNLOAD_PATTERNS,
+    DOWNLOADS,
+    SLOT_MINUTES,
+    TEACHING,
+    WORKSHOP_RUN,
+    download_ahead,
+    workshop_plan,
+    workshop_work,
+)
 from kit.units import fmt_bytes, wrapped
 
 
@@ -235,3 +254,8 @@ def fixed_text(fixed: dict, tolerance: float = 0.01) -> str:
         f"{all(f['back_at_baseline'] for f in folds)}",
         f"  end memory across folds varies by {fmt_bytes(spread)} ({spread / ends[0]:.2%} of fold 1's end)",
         f"  out of memory: {'at fold ' + str(fixed['oom_at_fold']) if fixed['oom_at_fold'] else 'no'}"])
+
+
+def fixed_fold_source() -> str:
+    """The fixed loop's fold body (:func:`kit.scenarios.cross_validation.fixed_loop.fixed_fold`), to print."""
+    return inspect.getsource(fixed_fold)

@@ -202,9 +202,12 @@ def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
     p = PRESETS[preset]
     old = fold1_leftovers(est)
     left = Preset(p.name, f"{p.label} less fold 1's {fmt_bytes(old)}", p.gpu_bytes - old, p.ram_bytes)
-    return "\n".join(["ESTIMATED by the fit advisor (python -m kit fit), one fold:", advise(est, p).text(top=top), "",
-                      "fold 2, with fold 1's model and optimizer state still alive:",
-                      advise(est, left).text(top=top)])
+    lines = ["ESTIMATED by the fit advisor (python -m kit fit), one fold:", advise(est, p).text(top=top), "",
+             "fold 2, with fold 1's model and optimizer state still alive:", advise(est, left).text(top=top)]
+    if any("--kbit-recipe" in line for line in lines):  # explained where it first appears
+        lines.append("(--kbit-recipe lean: prepare a 4-bit model without prepare_model_for_kbit_training's fp32 "
+                     "upcast of the embedding, lm_head and norms; the same as today's TRL, measured in section 5)")
+    return "\n".join(lines)
 
 
 def recipe_estimates(est) -> dict:
@@ -216,3 +219,97 @@ def recipe_estimates(est) -> dict:
     True
     """
     return {r: estimate(**{**options_of(est), "kbit_recipe": r}) for r in ("standard", "lean")}
+
+
+# The user's knobs the crash search turns: LoRA ranks as people set them (powers of two), and the targets of the
+# user's post or every linear layer. Batch and sequence are left alone: fold 2's load holds fold 1's weights and
+# optimizer state beside a fresh model, so it grows with the adapter and the model, not with the activations.
+CRASH_RANKS = (8, 16, 32, 64, 128, 256, 512)
+CRASH_TARGETS = (("q_proj", "v_proj"), "all-linear")
+
+
+def _targets_key(targets) -> tuple | str:
+    return targets if isinstance(targets, str) else tuple(targets)
+
+
+def crash_setting(model_name: str, preset: str = "colab-t4", *, ranks=CRASH_RANKS, targets=CRASH_TARGETS,
+                  **settings) -> dict | None:
+    """The smallest change of the user's LoRA knobs under which one fold fits ``preset`` and fold 2's load does
+    not, with today's TRL, ESTIMATED (:func:`user_estimate`, :func:`fold2_prediction`); None when no setting tried
+    does that.
+
+    The user's own targets come first (a change of rank alone is the smaller change), then each target set in
+    ``targets`` order; within one, the lowest rank in ``ranks``. ``settings``: the loops' others (batch, sequence).
+    Returns ``{"lora_r", "lora_targets", "estimate", "fold2", "limit_bytes", "tried"}``; ``tried`` holds
+    ``(lora_r, lora_targets, one fold's peak, fold 2's load peak)`` for every setting estimated.
+
+    >>> crash_setting("tiny-llama", batch_size=4, seq_len=30) is None   # two tiny twins fit any GPU
+    True
+    """
+    limit, tried = PRESETS[preset].gpu_bytes, []
+    own = _targets_key(loop_params(**settings)["lora_targets"])
+    order = [own] + [t for t in map(_targets_key, targets) if t != own]
+    for tg in order:
+        for r in ranks:
+            est = user_estimate(model_name, **{**settings, "lora_r": r, "lora_targets": tg})
+            f2 = fold2_prediction(est)
+            tried.append((r, tg, est.peak_bytes, f2["load_peak_bytes"]))
+            if est.peak_bytes <= limit < f2["load_peak_bytes"]:
+                return {"lora_r": r, "lora_targets": tg if isinstance(tg, str) else list(tg), "estimate": est,
+                        "fold2": f2, "limit_bytes": limit, "tried": tried}
+    return None
+
+
+def _targets_text(targets) -> str:
+    return repr(targets) if isinstance(targets, str) else "[" + ", ".join(repr(t) for t in targets) + "]"
+
+
+@wrapped
+def crash_setting_text(model_name: str, preset: str = "colab-t4", **settings) -> str:
+    """:func:`crash_setting` in words: the setting, one fold's peak and fold 2's load against ``preset``.
+
+    >>> "no setting tried" in crash_setting_text("tiny-llama", batch_size=4, seq_len=30)
+    True
+    """
+    found = crash_setting(model_name, preset, **settings)
+    label = PRESETS[preset].label
+    if found is None:
+        return (f"{model_name}: no setting tried (LoRA rank {CRASH_RANKS[0]} to {CRASH_RANKS[-1]}, targets "
+                f"{' or '.join(_targets_text(t) for t in CRASH_TARGETS)}) fits one fold on {label} and not fold 2's "
+                "load (ESTIMATED)")
+    est, f2, lim = found["estimate"], found["fold2"], found["limit_bytes"]
+    return "\n".join([
+        f"{model_name}, ESTIMATED with today's TRL, against {label}: the smallest change that crashes fold 2 is",
+        f"  LORA_R = {found['lora_r']}, LORA_TARGETS = {_targets_text(found['lora_targets'])} "
+        f"({est.trainable_params:,} trainable parameters)",
+        f"  one fold's peak                                {fmt_bytes(est.peak_bytes):>11}  {_verdict(est.peak_bytes, lim)}",
+        f"  fold 2's load: fold 1's model + optimizer state {fmt_bytes(f2['leftover_bytes']):>10}",
+        f"    + fold 2's fresh model (2 models)            {fmt_bytes(f2['load_peak_bytes']):>11}  "
+        f"{_verdict(f2['load_peak_bytes'], lim)}",
+        f"  ({len(found['tried'])} settings estimated, the user's targets first, each from rank {CRASH_RANKS[0]} up)"])
+
+
+@wrapped
+def installed_trl_text() -> str:
+    """What the installed TRL's ``SFTTrainer`` does to a 4-bit model, read from its own source (not a version
+    table): whether it calls peft's ``prepare_model_for_kbit_training``, and whether it casts the trainable
+    (adapter) parameters of a quantized model to bf16.
+
+    >>> installed_trl_text().startswith("TRL ")
+    True
+    """
+    import inspect
+
+    import trl
+    from trl.trainer import sft_trainer
+
+    src = inspect.getsource(sft_trainer)
+    upcast = "prepare_model_for_kbit_training(" in src
+    to_bf16 = "param.data.to(torch.bfloat16)" in src and "_is_quantized_model" in src
+    return "\n".join([
+        f"TRL {trl.__version__} (installed here), read from trl/trainer/sft_trainer.py, on a 4-bit model:",
+        "  calls peft's prepare_model_for_kbit_training (the fp32 upcast of every 16-bit part): "
+        + ("yes" if upcast else "no: the embedding, lm_head and the norms stay in 16 bits"),
+        "  casts the trainable LoRA adapters to bf16 (QLoRA's recommendation): "
+        + ("yes: 2 bytes a parameter, not fp32's 4" if to_bf16 else "no: they stay in peft's fp32"),
+        "  the TRL of the user's 2024 post did the upcast and kept fp32 adapters: the `then` estimates below"])

@@ -4,7 +4,10 @@
 (``inspect.getsource``), adapted only where TRL renamed something (each rename is commented). Every fold
 loads a fresh 4-bit model while ``trainer`` still holds fold 1's SFTTrainer, with fold 1's model and
 optimizer state. So the doubling happens while fold 2 *loads*: two models are alive until the line
-``trainer = SFTTrainer(...)`` lets go of the old one. ``free_gpu_cache()`` frees nothing at all.
+``trainer = SFTTrainer(...)`` lets go of the old one. ``free_gpu_cache()`` frees nothing at all: its
+``del trainer`` makes ``trainer`` a *local* name of the helper, so it raises ``UnboundLocalError`` (a
+``NameError``), which is swallowed, and the caller's ``trainer`` lives on. (The loop's own comments and the
+helper's docstring describe what each line does, not this: the notebook prints them before it asks.)
 
 :func:`run_broken_loop` runs it OOM-safe, with the kit's readings around its two halves
 (:class:`FoldWatch`): per fold, the memory before the load, the peak while loading and the
@@ -37,14 +40,10 @@ from kit.units import fmt_bytes
 
 
 def free_gpu_cache() -> None:
-    """The user's cleanup helper, as the advice wrote it (its ``gpu_usage()`` prints left out). It frees nothing.
-
-    ``del trainer`` makes ``trainer`` a *local* name of this function, so it raises
-    ``UnboundLocalError`` (a ``NameError``), which is swallowed. The caller's
-    ``trainer``, which holds the model, the optimizer and the data, lives on.
-    """
+    """The user's cleanup helper, as the advice wrote it (its ``gpu_usage()`` prints left out)."""
+    # What it frees is the notebook's question; the answer is in this module's docstring.
     try:
-        del trainer  # noqa: F821 (the bug, on purpose)
+        del trainer  # noqa: F821
     except NameError:
         pass
     gc.collect()
@@ -74,11 +73,11 @@ def user_fold_loop(data, kf, model_name, bnb_config, lora_config, training_argum
                 device_map='auto',
                 quantization_config=bnb_config,
                 # token=access_token: the notebook logs in once instead (huggingface_hub.login())
-            )  # every fold; `trainer` still holds the last one
+            )  # a 4-bit model, loaded at the start of every fold
             model.config.use_cache = False
             model.config.pretraining_tp = 1
         with watch("train", fold):
-            trainer = SFTTrainer(  # only now is the old trainer let go
+            trainer = SFTTrainer(  # a new trainer every fold, bound to the same name
                 model=model,
                 train_dataset=training_data,
                 peft_config=lora_config,
@@ -89,7 +88,7 @@ def user_fold_loop(data, kf, model_name, bnb_config, lora_config, training_argum
             )
             watch.attach(trainer)
             trainer.train()
-            free_gpu_cache()  # frees nothing: see its source below
+            free_gpu_cache()  # the user's cleanup helper: its source is below
 
 
 class _CountAtTrainBegin(TrainerCallback):

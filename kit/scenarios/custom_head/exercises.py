@@ -1,30 +1,54 @@
 """Notebook 01's exercises and prediction checks: the largest low-rank head that fits a device, a hidden
-outsized layer for ``find_culprit``, and the learner's fits/does-not-fit answers against the estimates.
+outsized layer for ``find_culprit``, the learner's ratio guess, and their fits/does-not-fit answers against the
+estimates.
 
 >>> rank_check(256).startswith("rank 256: ESTIMATED peak")
 True
 """
 from __future__ import annotations
 
+from kit import dtypes
 from kit import inputs as kin
 from kit import models as kmodels
-from kit.presets import PRESETS
+from kit.advise import limit_for
+from kit.presets import PRESETS, verdict
 from kit.scenarios.custom_head import scenario as s1
 from kit.units import fmt_bytes, wrapped
 
+RATIO_TOLERANCE = 0.05   # a ratio guess within 5% of the computed one is right (30 for 30.8)
+
 
 # -- the exercise: the largest low-rank head that fits -----------------------------------------
+def usable_bytes(preset: str = "colab-t4") -> int:
+    """What the rank exercise must fit: ``preset``'s GPU memory less the fit advisor's safety margin
+    (:data:`kit.advise.SAFETY`, 5%), the same limit ``python -m kit fit`` judges by, so that the solution's
+    rank leaves room for what the caching allocator reserves above the allocated peak.
+
+    >>> round(usable_bytes("colab-t4") / 2**30, 2)
+    13.83
+    """
+    return limit_for(preset).usable_bytes
+
+
+def _limit_words(preset: str) -> str:
+    lim = limit_for(preset)
+    return (f"the {fmt_bytes(lim.usable_bytes)} usable of {PRESETS[preset].label.split(' (')[0]} "
+            f"({fmt_bytes(lim.limit_bytes)} less the fit advisor's {lim.safety_fraction:.0%} margin)")
+
+
 def _rank_fits(rank: int, preset: str) -> tuple[bool, int]:
     peak = s1.estimate_fix("b", "real", rank=rank).peak_bytes
-    return peak <= PRESETS[preset].gpu_bytes, peak
+    return peak <= usable_bytes(preset), peak
 
 
 @wrapped
 def rank_check(my_rank, preset: str = "colab-t4") -> str:
-    """The exercise's check: fix (b) with a head of rank ``my_rank`` at real size, ESTIMATED against ``preset``.
+    """The exercise's check: fix (b) with a head of rank ``my_rank`` at real size, ESTIMATED against ``preset``'s
+    usable memory (:func:`usable_bytes`: less the fit advisor's 5% margin).
 
-    >>> rank_check(256).startswith("rank 256: ESTIMATED peak")
-    True
+    >>> print(rank_check(256))
+    rank 256: ESTIMATED peak 917.27 MiB, fits the 13.83 GiB usable of Colab T4 (14.56 GiB less the fit advisor's
+        5% margin); rank + 1 fits too: go higher
     """
     vocab = kmodels.get_config("distilgpt2").vocab_size + 1  # the pad token the user added
     rank = kin.whole_number("my_rank", my_rank)
@@ -34,13 +58,14 @@ def rank_check(my_rank, preset: str = "colab-t4") -> str:
     fits, peak = _rank_fits(rank, preset)
     more, _ = _rank_fits(rank + 1, preset)
     return (f"rank {rank}: ESTIMATED peak {fmt_bytes(peak)}, {'fits' if fits else 'DOES NOT FIT'} "
-            f"{PRESETS[preset].label}" + ("; and rank + 1 does not: the largest" if fits and not more else
+            f"{_limit_words(preset)}" + ("; and rank + 1 does not: the largest" if fits and not more else
                                           "; rank + 1 fits too: go higher" if fits else "; go lower"))
 
 
 def largest_rank(preset: str = "colab-t4") -> int:
-    """The exercise's solution: the largest rank of fix (b)'s head whose ESTIMATED peak fits ``preset``
-    (a bisection on the estimator; the peak grows with the rank).
+    """The exercise's solution: the largest rank of fix (b)'s head whose ESTIMATED peak fits ``preset``'s usable
+    memory (:func:`usable_bytes`, the fit advisor's limit; a bisection on the estimator: the peak grows with the
+    rank).
 
     >>> largest_rank("colab-t4") > s1.RANK["real"]        # doctest: +SKIP
     True
@@ -67,24 +92,59 @@ def twin_rank(rank: int, size: str | None = None) -> int:
     return max(1, round(share * (kmodels.get_config(kmodels.smoke_twin("distilgpt2")).vocab_size + 1)))
 
 
+def fix_verdicts(preset: str = "colab-t4") -> dict:
+    """Each fix at real size, ESTIMATED in ``preset``'s 16-bit dtype (fix (c): fp16 on a T4), fits ``preset`` or
+    not (:func:`kit.presets.verdict`, the verdict ``fixes_at_real_size`` prints).
+
+    >>> fix_verdicts("colab-t4")
+    {'a': True, 'b': True, 'c': False}
+    """
+    dtype = dtypes.for_preset(preset)[0]
+    return {w: verdict(s1.estimate_fix(w, "real", dtype=dtype), preset).fits for w in s1.FIXES}
+
+
 def fits_answer_text(my_fits: dict, preset: str = "colab-t4") -> str:
     """The learner's True/False per fix against the estimate's verdict at real size (ESTIMATED).
 
     >>> print(fits_answer_text({"a": True, "b": None, "c": True}))      # doctest: +SKIP
     """
     lines = [f"ESTIMATED verdicts against {PRESETS[preset].label}:"]
-    for which in "abc":
-        fits = s1.estimate_fix(which, "real").peak_bytes <= PRESETS[preset].gpu_bytes
+    for which, fits in fix_verdicts(preset).items():
         mine = (my_fits or {}).get(which)
         mark = "no answer" if mine is None else ("right" if mine == fits else "not this time")
         lines.append(f"  fix ({which}): {'fits' if fits else 'does not fit'}; you said {mine}: {mark}")
     return "\n".join(lines)
 
 
+# -- the guess: how many times DistilGPT2 the head is ----------------------------------------
+def ratio_text(my_ratio, actual: float, what: str = "the ratio", tolerance: float = RATIO_TOLERANCE) -> str:
+    """The learner's ratio guess beside the computed ratio: right within ``tolerance`` (5%: a whole number
+    near 30.8 is right; the question asks for a whole number, not the decimals).
+
+    >>> print(ratio_text(30, 30.84))
+    Your answer: 30. The ratio (computed): 30.84. Right: within 5% of it.
+    >>> print(ratio_text(10, 30.84))
+    Your answer: 10. The ratio (computed): 30.84. Not this time: 68% off, over the 5% counted as right.
+    >>> print(ratio_text(None, 30.84))
+    No answer written yet. The ratio (computed): 30.84.
+    """
+    said = f"{what[:1].upper()}{what[1:]} (computed): {actual:.2f}"
+    if my_ratio is None:
+        return f"No answer written yet. {said}."
+    if isinstance(my_ratio, bool) or not isinstance(my_ratio, (int, float)):
+        raise kin.InputError("my_ratio", f"my_ratio must be a number, such as 12, not {my_ratio!r}.")
+    off = abs(my_ratio - actual) / actual
+    verdict = f"Right: within {tolerance:.0%} of it." if off <= tolerance else \
+        f"Not this time: {off:.0%} off, over the {tolerance:.0%} counted as right."
+    return f"Your answer: {my_ratio}. {said}. {verdict}"
+
+
 # -- the exercise: a hidden culprit ------------------------------------------------------------
 def toy_model(device: str = "meta"):
-    """A small text classifier (4 blocks of width 256) with one outsized layer buried in its third block,
-    a mistyped width, for :func:`kit.scenarios.custom_head.scenario.find_culprit` to catch.
+    """A small text classifier (rows of 64 tokens, 4 blocks of width 256) with one outsized layer buried in its
+    third block, for :func:`kit.scenarios.custom_head.scenario.find_culprit` to catch: a token-mixing Linear
+    over the flattened 64 x 256 row (16,384 wide) where one over the 64 positions was meant. It holds 99% of
+    the parameters; the next module, the embedding, under 1%.
 
     >>> sum(p.numel() for p in toy_model().parameters()) > 100_000_000
     True
@@ -98,17 +158,19 @@ def toy_model(device: str = "meta"):
 
     with torch.device(device):
         blocks = nn.ModuleList([block(256, 1024) for _ in range(4)])
-        blocks[2][1] = nn.Linear(256, 1024 * 512)   # the hidden culprit: a width that someone mistyped
-        blocks[2][3] = nn.Linear(1024 * 512, 256)
+        # the hidden culprit: mixing the 64 positions over the flattened row, (64 * 256)^2 weights, not 64^2
+        blocks[2] = nn.Sequential(nn.Flatten(1), nn.Linear(64 * 256, 64 * 256), nn.Unflatten(1, (64, 256)))
         return nn.ModuleDict({"embed": nn.Embedding(8000, 256), "blocks": blocks, "classify": nn.Linear(256, 4)})
 
 
 def culprit_check(my_culprit, model) -> str:
-    """Whether ``my_culprit`` names a module with the most trainable parameters of ``model`` (within 10% of
-    the top one: the toy's mistyped width makes two such layers).
+    """Whether ``my_culprit`` names the module with the most trainable parameters of ``model`` (its own, not its
+    children's: as :func:`~kit.scenarios.custom_head.scenario.find_culprit` ranks them).
 
     >>> culprit_check("blocks.2.1", toy_model())
-    'Right: blocks.2.1 holds 134,742,016 of 272,587,780 trainable parameters (49%).'
+    'Right: blocks.2.1 holds 268,451,840 of 272,079,108 trainable parameters (99%).'
+    >>> culprit_check("embed", toy_model())
+    'Not this one: embed holds 2,048,000 of 272,079,108 trainable parameters (1%). Look at the top line again.'
     """
     own = {n: sum(p.numel() for p in m.parameters(recurse=False) if p.requires_grad) for n, m in model.named_modules()}
     total, top = sum(own.values()), max(own, key=own.get)
@@ -117,5 +179,5 @@ def culprit_check(my_culprit, model) -> str:
     if my_culprit not in own:
         return f"{my_culprit!r} is not a module of this model: copy a name exactly as find_culprit prints it."
     share = f"{own[my_culprit]:,} of {total:,} trainable parameters ({own[my_culprit] / total:.0%})"
-    return f"Right: {my_culprit} holds {share}." if own[my_culprit] >= 0.9 * own[top] else \
+    return f"Right: {my_culprit} holds {share}." if my_culprit == top else \
         f"Not this one: {my_culprit} holds {share}. Look at the top line again."

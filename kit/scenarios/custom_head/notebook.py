@@ -13,29 +13,43 @@ every notebook uses (``run_note``, ``quiet``) are :mod:`kit.scenarios.notebook`'
 - :func:`record_text` / :func:`record_figure`: a run's estimate against its measurement.
 - :func:`original_at_real_size`: why the real-size original is not started here (or that it would be).
 - :func:`stage_table`: a run's stages in the columns the lesson reads. The exercises and the checks of the
-  learner's answers are :mod:`.s1_exercises`' (imported here, so that the notebook reads them as ``nb.*``).
+  learner's answers are :mod:`.exercises`' (imported here, so that the notebook reads them as ``nb.*``).
+- :func:`reading_text`: what a run's MEASURED peak is, said once; :func:`temporaries_text`: what the
+  breakdown's temporaries are at the peak, from the estimate's own parts.
+- :func:`fix_trainer` / :func:`release`: a fix's Trainer for a cell that reads torch's own counters.
+- :func:`workshop_plan`: the teaching plan with its compute minutes, counted at real size on a T4 (a PLAN), from
+  :mod:`.workshop`.
 
 >>> print(fixes_at_real_size())                       # doctest: +SKIP
 >>> record, tracker = live_fix("a", "smoke")          # doctest: +SKIP
 """
 from __future__ import annotations
 
-
 from kit import dtypes, machine, plot
 from kit.advise import advise
+from kit.measure import cleanup
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
 from kit.presets import PRESETS, verdict
 from kit.scenarios.custom_head import runs as s1_runs
 from kit.scenarios.custom_head import scenario as s1
-from kit.scenarios.custom_head.exercises import (
+from kit.scenarios.custom_head.exercises import (  # noqa: F401 (read by the notebook as nb.*)
     culprit_check,
     fits_answer_text,
+    fix_verdicts,
     largest_rank,
     rank_check,
-    toy_model,  # noqa: F401
+    ratio_text,
+    toy_model,
     twin_rank,
+    usable_bytes,
+)
+from kit.scenarios.custom_head.workshop import (  # noqa: F401 (read by the notebook as nb.*)
+    WORKSHOP_MINUTES,
+    WORKSHOP_SECTIONS,
+    plan_work,
+    workshop_plan,
 )
 from kit.units import fmt_bytes, wrap, wrapped
 
@@ -48,7 +62,7 @@ def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
     """
     p = PRESETS[preset]
     return plot.breakdown(pred.estimate.components(), p.gpu_bytes, device_label=p.label.split(" (")[0],
-                          title=f"ESTIMATED peak of a training step: {pred.name}")
+                          title=f"ESTIMATED peak of a training step: {pred.name}", unit=None)
 
 
 @wrapped
@@ -91,7 +105,7 @@ def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
 
 def _live(title: str) -> Tracker:
     tracker = Tracker()
-    LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})"))
+    LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})", unit=None))
     return tracker
 
 
@@ -178,9 +192,6 @@ def record_text(record: dict) -> str:
         lines.append(f"  MEASURED peak ({record['reading']}): not run. {why}".rstrip())
         return "\n".join(lines)
     lines.append(f"  MEASURED peak ({record['reading']}): {fmt_bytes(meas)}, {meas / est:.2f}x the estimate")
-    if record["reading"] == "live_tensor_bytes":
-        lines.append("  (on a CPU the peak is the tensor bytes counted op by op by kit.measure.tensor_peak.TensorPeak, "
-                     "activations included: the CPU's stand-in for CUDA's max allocated)")
     returned = {True: "yes", False: "NO", None: "not checked"}[record.get("returned")]
     lines.append(f"  memory back at the baseline after cleanup: {returned}")
     if record.get("note"):
@@ -196,7 +207,7 @@ def record_figure(record: dict):
     est = s1.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
     return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], PRESETS["colab-t4"].gpu_bytes,
                                       title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})",
-                                      device_label="Colab T4")
+                                      device_label="Colab T4", unit=None)   # MiB for a tiny twin, GiB at real size
 
 
 @wrapped
@@ -258,3 +269,70 @@ def stage_table(tracker) -> str:
         peak = fmt_bytes(r.peak_bytes) if r.peak_bytes is not None and r.peak_exact else "-"
         lines.append(f"  {r.name[:16]:<16}{fmt_bytes(r.end_bytes):>12}{change:>12}{peak:>12}")
     return "\n".join(lines)
+
+
+@wrapped
+def reading_text(reading: str) -> str:
+    """What a run's MEASURED peak is, for the counter ``reading`` (:func:`kit.measure.device.best_reading`): said
+    once, before the first run's numbers.
+
+    >>> reading_text("live_tensor_bytes").startswith("On a CPU")
+    True
+    """
+    if reading == "live_tensor_bytes":
+        return ("On a CPU, each MEASURED peak below is the tensor bytes counted op by op by "
+                "kit.measure.tensor_peak.TensorPeak, activations included: the CPU's stand-in for CUDA's max "
+                "allocated.")
+    return (f"On this GPU, each MEASURED peak below ({reading}) is CUDA's max allocated during training "
+            "(torch.cuda.max_memory_allocated()), less what was alive before the run: what the estimate predicts.")
+
+
+@wrapped
+def temporaries_text(pred: "s1.Prediction") -> str:
+    """What the breakdown's *temporaries* are at the predicted peak, read from the estimate's own parts
+    (ESTIMATED): at the head's backward of a later micro-batch, the new gradient of the head, in autocast's 16
+    bits and cast to the weight's fp32, before it is added into the ``.grad`` that the earlier micro-batches left.
+
+    >>> print(temporaries_text(s1.predict_original("real")))      # doctest: +ELLIPSIS
+    ESTIMATED temporaries at the peak (backward (head)): 14.13 GiB, 27% of the peak. ...
+    """
+    est = pred.estimate
+    parts = est.components()
+    temp, half, cast = parts["temporaries"], est.context.wtemp["head"], est.context.grads["head"]
+    head = f"ESTIMATED temporaries at the peak ({est.peak_moment}): {fmt_bytes(temp)}, {temp / est.peak_bytes:.0%} " \
+           "of the peak."
+    rest = temp - half - cast
+    if est.peak_moment != "backward (head)" or est.setup.get("grad_accum", 1) < 2 or not half or rest < 0:
+        return f"{head} They are the tensors of one operation that live only until it ends (see the glossary)."
+    return (f"{head} In a micro-batch after the first, autograd makes the head's new gradient for autocast's "
+            f"16-bit copy of its weight ({fmt_bytes(half)}), then casts it to the weight's fp32 ({fmt_bytes(cast)}), "
+            f"and only then adds it into the fp32 .grad that the earlier micro-batches left (the gradients bar, "
+            f"{fmt_bytes(parts['gradients'])}); the rest ({fmt_bytes(rest)}) is the gradient flowing into the head "
+            "and the batch's token ids. The 16-bit copy of the head is freed by then, so the autocast bar holds "
+            f"only the other weights' copies ({fmt_bytes(parts['autocast weight copies'])}).")
+
+
+# -- PyTorch's own counters, read by the notebook's cells -------------------------------------------------
+def fix_trainer(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """Fix ``which``'s Trainer, as its measured run builds it, built and not trained, with the ESTIMATE of its
+    run here (:func:`kit.scenarios.custom_head.runs.fix_trainer`): for a cell that trains it and reads torch's own
+    counters around the run. Returns ``(trainer, estimate)``.
+
+    >>> trainer, est = fix_trainer("a", "smoke")      # doctest: +SKIP
+    """
+    trainer, est = s1_runs.fix_trainer(which, size, steps=steps, grad_accum=grad_accum)
+    print(wrap(f"Fix ({which})'s Trainer, built, not trained yet: {trainer.args.max_steps} step(s) of "
+               f"{trainer.args.gradient_accumulation_steps} micro-batches; the ESTIMATED peak of that run: "
+               f"{fmt_bytes(est.peak_bytes)}"))
+    return trainer, est
+
+
+def release(trainer) -> None:
+    """Free a Trainer that :func:`fix_trainer` built, its model's weights included; returns None, so that the
+    cell can rebind the name (``step_trainer = nb.release(step_trainer)``).
+
+    >>> release(None)
+    """
+    if trainer is not None:
+        cleanup.release(trainer, getattr(trainer, "model", None), free_model=True)
+    return None

@@ -66,26 +66,34 @@ def peak_of_run(est, steps: int) -> int:
     return est.first_step_peak_bytes if steps == 1 else est.peak_bytes
 
 
+def fix_trainer_for(model, tok, ds, precision: str, optimizer: str, steps: int, accum: int, callbacks=()):
+    """The Trainer every fix's run trains: ``model`` on the tokenized rows ``ds``, batch 1, ``accum`` micro-batches,
+    ``steps`` optimizer steps, in ``precision`` with ``optimizer``; nothing saved or reported."""
+    from transformers import Trainer, TrainingArguments
+
+    cuda = machine.has_cuda()
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="kit-s1-"), max_steps=steps, per_device_train_batch_size=1,
+        gradient_accumulation_steps=accum, learning_rate=5e-5, warmup_steps=0, use_cpu=not cuda,
+        fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
+        optim=OPTIMIZERS[optimizer],
+        save_strategy="no", logging_steps=1, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
+                      callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)  # the live plot and the record say what matters
+    return trainer
+
+
 def _measured_run(make, tok, ds, precision: str, optimizer: str, steps: int, accum: int,
                   tracker: Tracker) -> int | None:
     """build -> Trainer init -> train -> cleanup on the tokenized rows ``ds``, each a tracker stage; returns
     train's peak."""
-    from transformers import Trainer, TrainingArguments
-
-    cuda, trainer, model = machine.has_cuda(), None, None
+    trainer, model = None, None
     try:
         with tracker.stage("build"):
             model = make(machine.device_name())
         with tracker.stage("Trainer init"):
-            args = TrainingArguments(
-                output_dir=tempfile.mkdtemp(prefix="kit-s1-"), max_steps=steps, per_device_train_batch_size=1,
-                gradient_accumulation_steps=accum, learning_rate=5e-5, warmup_steps=0, use_cpu=not cuda,
-                fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
-                optim=OPTIMIZERS[optimizer],
-                save_strategy="no", logging_steps=1, disable_tqdm=True)
-            trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
-                              callbacks=[tracker.callback()])
-            trainer.remove_callback(PrinterCallback)  # the live plot and the record say what matters
+            trainer = fix_trainer_for(model, tok, ds, precision, optimizer, steps, accum, [tracker.callback()])
         with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes
@@ -93,6 +101,35 @@ def _measured_run(make, tok, ds, precision: str, optimizer: str, steps: int, acc
         with tracker.stage("cleanup"):
             trainer = cleanup.release(trainer, model, free_model=model is not None)
             model = None
+
+
+def held_bytes(model) -> int:
+    """Bytes of ``model``'s parameters and buffers (one count per storage) on the device the kit reads here (CUDA on
+    a GPU, else the CPU): what a baseline taken after the model was built already holds.
+
+    >>> import torch
+    >>> held_bytes(torch.nn.Linear(4, 4))          # 16 weights + 4 biases, fp32
+    80
+    """
+    import itertools
+
+    seen, total = set(), 0
+    on = "cuda" if machine.has_cuda() else "cpu"
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type != on:
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def above(peak_bytes: int, base) -> int:
+    """A run's measured peak above what was alive before it (``base``: :func:`kit.measure.leaks.take_baseline`,
+    taken before the model was built): the run's own memory, which its estimate predicts, without what earlier
+    cells or runs left in the process."""
+    return peak_bytes - base.snapshot.best_bytes
 
 
 def ram_problem(est) -> str | None:
@@ -156,7 +193,8 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: 
     # caller (a notebook, the demo) must go on to the next fix.
     result = oom_safe(_measured_run, s["make"], tok, ds, run_precision(s["precision"]), s["optimizer"],
                       steps, accum, tracker, setup={"fix": which, "size": size, "grad_accum": accum})
-    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
+    record.update(measured_peak_bytes=above(result.value, base) if result.ok else None, oom=result.oom,
+                  error=result.error)
     record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
     return record, tracker
 
@@ -233,11 +271,33 @@ def run_original_safely(size: str | None = None, *, steps: int = 2, grad_accum: 
               "reading": kdevice.best_reading(), "seq_len": USER["seq_len"], "steps": steps, "grad_accum": accum}
     if record["refused"]:
         return record, tracker
+    held = held_bytes(trainer.model) if trainer is not None else 0   # built before the baseline: the run's own
     base = leaks.take_baseline()
     result = oom_safe(_user_run, trainer, size, steps, accum, tracker, record,
                       setup={"model": NAMES[size], **USER, "grad_accum": accum})
     trainer = None
-    record.update(measured_peak_bytes=result.value if result.ok else None, oom=result.oom, error=result.error)
+    record.update(measured_peak_bytes=above(result.value, base) + held if result.ok else None, oom=result.oom,
+                  error=result.error)
     gc.collect()
     record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
     return record, tracker
+
+
+def fix_trainer(which: str, size: str | None = None, *, steps: int = 2, grad_accum: int | None = None):
+    """Fix ``which``'s Trainer as :func:`run_fix` builds it (the same rows, model, precision, optimizer and
+    accumulation), built and not trained, and the estimate of its run here. Returns ``(trainer, estimate)``; for
+    a run of one step the estimate's ``peak_bytes`` is the first step's (no AdamW state in its backward, as
+    :func:`peak_of_run`). For a cell of the notebook's own to train while it reads torch's counters.
+
+    >>> trainer, est = fix_trainer("a", "smoke")       # doctest: +SKIP
+    """
+    import dataclasses
+
+    size, accum = size_name(size), grad_accum_for(which, grad_accum)
+    steps, s = whole_number("steps", steps), fix_setup(which, size)
+    tok, ds, seq_len = user_rows(size)
+    est = estimate_fix(which, size, as_run=True, grad_accum=accum, seq_len=seq_len)
+    est = dataclasses.replace(est, peak_bytes=peak_of_run(est, steps))
+    trainer = fix_trainer_for(s["make"](machine.device_name()), tok, ds, run_precision(s["precision"]),
+                              s["optimizer"], steps, accum)
+    return trainer, est

@@ -36,7 +36,7 @@ T4_BYTES, COLAB_RAM_BYTES = PRESETS["colab-t4"].gpu_bytes, PRESETS["colab-t4"].r
 INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (see bnb_8bit_problem)
 RANK = {"real": 256, "smoke": 16}    # fix (b)'s rank
 FIXES = {"a": "drop the head, fine-tune the LM itself", "b": "a low-rank head V->r->V",
-         "c": "keep the VxV head: bf16 weights, 8-bit AdamW where it is safe"}
+         "c": "keep the VxV head: 16-bit weights (bf16 where native, fp16 on a T4), 8-bit AdamW where it is safe"}
 
 
 def size_name(size: str | None) -> str:

@@ -1,0 +1,307 @@
+"""TRL's ``DPOTrainer`` and ``DPOConfig`` for the estimator (the behaviour of TRL 1.16, read from
+``trl/trainer/dpo_trainer.py``), and the refusal of TRL's other trainers.
+
+What one DPOTrainer step does, and how each part is estimated:
+
+- ``DataCollatorForPreference.torch_call`` builds ONE batch of ``2B`` rows, the ``B`` prompt+chosen rows then the
+  ``B`` prompt+rejected rows, each truncated to ``max_length`` and all right-padded to the longest of the ``2B``
+  (``input_ids``, ``attention_mask``, ``completion_mask``: ``[2B, S]`` int64); there is no separate
+  ``concatenated_forward`` in 1.16, the collator concatenates (modeled: the policy replay at batch ``2B``, length
+  ``S``, a mask where rows differ);
+- ``_compute_loss`` runs the policy forward with grad through TRL's fused LM head (``add_fused_lm_head`` with
+  ``outputs=("log_probs", "entropy", "mean_logits", "is_top1")``, plus ``"log_sum_sq_probs"`` under
+  ``use_weighting``): log-probs in tiles, never the ``(2B, S, V)`` logits (modeled:
+  :mod:`kit.estimate.replay.fused_head`, as for SFTTrainer);
+- then, unless ``precompute_ref_log_probs``, the reference forward under ``torch.no_grad()`` (and
+  ``disable_gradient_checkpointing``), while the policy's saved activations are held: ``self.ref_model`` (a
+  separate model, its weights held for the whole run) or, for a PEFT policy with no ``ref_model``, the policy
+  itself inside ``use_adapter(model, None)`` (the adapter disabled: no weights of its own). The reference's fused
+  head has the default ``outputs=("log_probs",)``. Modeled as its own moment (:func:`reference_moment`): the
+  policy's saved tensors and outputs, ``labels`` (``masked_fill``, ``[2B, S]`` int64), the reference head's
+  no-grad forward (the ``[min(N, 4096), 32768]`` tile and its fold), or a block's (at most what one block saves
+  in training: an upper bound, as :mod:`kit.estimate.evaluation` counts it);
+- the loss (every ``loss_type``) works on ``(B,)`` sequence log-probs: nothing per vocabulary entry;
+- ``precompute_ref_log_probs=True``: ``_precompute_ref_logps`` runs in ``DPOTrainer.__init__``, before any
+  optimizer state, over batches of ``precompute_ref_batch_size`` (else ``per_device_train_batch_size``) pairs,
+  with ``ref_model or model`` (the policy itself, before training); then training has no reference forward and,
+  with no ``ref_model`` given, no reference weights. Modeled as its own phase (:func:`precompute_peak`).
+"""
+from __future__ import annotations
+
+import sys
+
+from kit import inputs as kin
+from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
+from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
+
+MODELED = "1.16"
+_OTHER = ("GRPOTrainer", "KTOTrainer", "RLOOTrainer", "RewardTrainer", "DistillationTrainer", "PPOTrainer",
+          "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer",
+          "PRMTrainer")
+_INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
+            "revision")
+# DPOConfig fields that change no byte the kit counts, and why (sources say so)
+_NO_MEMORY = {
+    "beta": "a scalar of the loss", "label_smoothing": "a scalar of the robust/EXO/AOT losses",
+    "f_divergence_type": "maps (B,) log-ratios", "f_alpha_divergence_coef": "a scalar of the alpha-divergence",
+    "discopop_tau": "a scalar of the DiscoPOP loss", "loss_weights": "scalars that weight the losses",
+    "truncation_mode": "which tokens are kept, not how many", "ref_model_mixup_alpha": "a scalar of the sync",
+    "ref_model_sync_steps": "when the sync runs",
+}
+
+
+def is_dpo(obj) -> bool:
+    """Whether ``obj`` is TRL's DPOTrainer or DPOConfig (TRL imported or not)."""
+    trl = sys.modules.get("trl")
+    return trl is not None and isinstance(obj, (getattr(trl, "DPOTrainer", ()), getattr(trl, "DPOConfig", ())))
+
+
+def refuse_other_trl(trainer) -> None:
+    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer and DPOTrainer)."""
+    name = type(trainer).__name__
+    if type(trainer).__module__.startswith("trl.") or name in _OTHER:
+        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer and DPOTrainer, not {name}, whose "
+                             "own forward passes, generation and losses the kit does not model.", code="trl-trainer")
+
+
+def reference_of(trainer=None, cfg=None, peft: bool = False):
+    """(kind, reference model or None, where): "model" (a separate model, held), "adapter-disabled" (the PEFT
+    policy with its adapter off: no weights of its own) or "precomputed" (no reference in training)."""
+    if trainer is not None:
+        ref, cfg = trainer.ref_model, trainer.args
+        peft = hasattr(trainer.model, "peft_config")
+        if peft and "ref" in trainer.model.peft_config:
+            raise kin.InputError("ref_model", "DPOTrainer loaded a second adapter named 'ref' (a PeftModel with a "
+                                 "pretrained adapter), which the kit does not model: pass the base model and a "
+                                 "peft_config.", code="trl-ref-adapter")
+        if ref is not None:
+            return "model", ref, "DPOTrainer.ref_model (held for the whole run" + \
+                (", though the log-probs are precomputed)" if cfg.precompute_ref_log_probs else ")")
+    if cfg.precompute_ref_log_probs:
+        return "precomputed", None, "DPOConfig.precompute_ref_log_probs: read from the batch, no reference forward"
+    if peft:
+        return "adapter-disabled", None, "DPOTrainer: the PEFT policy inside use_adapter(model, None), no weights"
+    return "model", None, "DPOTrainer.__init__: create_model_from_path of the policy's id, same dtype (a copy)"
+
+
+def read_dpo_config(cfg, name: str = "DPOConfig"):
+    """(estimate options, sources, notes) of what a DPOConfig changes; refuses in one sentence what is not modeled."""
+    def refuse(field, what, code):
+        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
+                             code=code)
+
+    if getattr(cfg, "use_liger_kernel", False):
+        refuse("use_liger_kernel", "swaps in Liger's kernels for the norms, MLP and rotary embeddings", "trl-liger")
+    if cfg.activation_offloading:
+        refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
+    if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
+        refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
+    if cfg.router_aux_loss_coef:
+        refuse("router_aux_loss_coef", "adds a Mixture-of-Experts load-balancing loss (router logits)", "trl-moe")
+    extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
+    if extra:
+        refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
+    if getattr(cfg, "torch_compile", False):
+        refuse("torch_compile", "compiles the model, whose fused kernels save other tensors", "trl-compile")
+    src = {"fused_lm_head": (True, "DPOTrainer's add_fused_lm_head (log-probs in tiles, no logits)"),
+           "loss_type": (list(cfg.loss_type), f"{name}.loss_type: every variant works on (B,) sequence log-probs "
+                         "(sft: the chosen rows' (B, S-1) log-probs), nothing per vocabulary entry"),
+           "padding_free": (False, f"{name}.padding_free" + (": TRL 1.16 warns and falls back to padding"
+                                                             if cfg.padding_free else " is off")),
+           "use_weighting": (cfg.use_weighting, f"{name}.use_weighting: the head also returns log_sum_sq_probs, one "
+                             "fp32 per token"),
+           "ld_alpha": (cfg.ld_alpha, f"{name}.ld_alpha: (2B, S-1) masks, bytes per token (not counted), nothing per "
+                        "vocabulary entry"),
+           "sync_ref_model": (cfg.sync_ref_model, f"{name}.sync_ref_model: SyncRefModelCallback mixes the weights in "
+                              "place (mul_, add_): no bytes beyond the reference's"),
+           "disable_dropout": (cfg.disable_dropout, f"{name}.disable_dropout: zeroes nn.Dropout modules")}
+    src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in _NO_MEMORY.items()})
+    notes = []
+    trl = sys.modules.get("trl")
+    if trl is not None and trl.__version__.split(".")[0] != MODELED.split(".")[0]:
+        notes.append(kin.Note(f"TRL {trl.__version__} is installed; the kit models DPOTrainer as TRL {MODELED} runs it",
+                              field="trl", code="trl-version"))
+    return {"fused_lm_head": True}, src, notes
+
+
+def refuse_dropout(cfg, config, name: str = "DPOConfig") -> None:
+    """disable_dropout zeroes nn.Dropout modules, while the replay reads dropout from the config: refused where
+    the config names a dropout the model applies with nn.Dropout (GPT-2's *_pdrop, ...)."""
+    if not cfg.disable_dropout:
+        return
+    named = [k for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
+             if (getattr(config, k, 0) or 0) > 0 and not (k == "attention_dropout" and config.model_type != "gpt2")]
+    if named and getattr(config, "model_type", "") in ("gpt2", "gpt_neox"):
+        raise kin.InputError("disable_dropout", f"{name}.disable_dropout=True zeroes the nn.Dropout modules that the "
+                             f"config's {', '.join(named)} still names, which the kit does not model: estimate with "
+                             "disable_dropout=False or a config without dropout.", code="trl-dropout")
+
+
+def read_pairs(trainer):
+    """(S, padded, where) of the longest batch DataCollatorForPreference builds: the B pairs with the longest
+    prompt+completion, 2B rows right-padded to the longest (each truncated to max_length first)."""
+    import torch
+
+    ds, B = trainer.train_dataset, trainer.args.per_device_train_batch_size
+    n = len(ds)
+    if not n:
+        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+    cols = {c: ds[c] for c in ("prompt_ids", "chosen_ids", "rejected_ids")}
+    longest = [len(p) + max(len(c), len(r)) for p, c, r in zip(*cols.values())]
+    top = sorted(range(n), key=lambda i: -longest[i])[:B]
+    rows = [{k: v[i] for k, v in cols.items()} for i in top]
+    out = trainer.data_collator(rows)
+    mask = torch.as_tensor(out["attention_mask"])
+    return int(mask.shape[1]), bool((mask == 0).any()), \
+        f"DataCollatorForPreference on the {B} longest pairs: {2 * B} rows (chosen, then rejected), padded to the longest"
+
+
+def cast_copies(info, half, load, ref_model=None) -> int:
+    """Autocast's cached half copies of a model's fp32 block Linear weights that require grad, alive while
+    ``compute_loss``'s autocast lasts (torch caches casts of fp32 leaves that require grad, no_grad or not)."""
+    if not half or load != "fp32":
+        return 0
+    if ref_model is not None:   # (the fused head casts lm_head's weight with .to(): not autocast's, not cached)
+        head = ref_model.get_output_embeddings()
+        return sum(m.weight.numel() * half for m in ref_model.modules() if type(m).__name__ == "Linear"
+                   and m is not head and m.weight.requires_grad and m.weight.dtype.itemsize == 4)
+    return sum(l.weight * half for l in info.leaves if l.kind == "linear" and l.part == "block")
+
+
+def _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
+    """TRL's fused head, no grad (``_fused_forward`` under ``torch.no_grad()``): the kernel's forward moment
+    (:func:`chunked_head`) beside the ``reshape(-1, H)`` copy of ``[:, :-1]`` (2B x (S-1) x H) and the clamped
+    targets (int64), which the autograd-free call holds as arguments. ``top1``: the head returns ``is_top1`` (the
+    policy's); a separate reference's ``add_fused_lm_head(ref_model)`` asks log_probs alone, so torch's
+    ``_forward_tile`` makes no ``before_target`` mask (bool, one per tile element)."""
+    half = dtype(est.setup["precision"]) if est.setup["precision"] != "fp32" else None
+    fh = chunked_head(B=rows, S=S, H=est.context.H, V=V, hidden_dt=hidden_dt, weight_dt=weight_dt,
+                      compute_dt=half or hidden_dt, head_trainable=False, hidden_grad=False, device=est.setup["device"])
+    N = rows * (S - 1)
+    mask = 0 if top1 or est.setup["device"] == "cuda" else min(N, TOKEN_CHUNK) * min(V, VOCAB_CHUNK) * BOOL
+    return fh["forward"] + fh["saved"] - 2 * N * F32 - mask  # (saved's log_z, entropy: made once the tiles are freed)
+
+
+def outputs_bytes(N: int, weighting: bool, policy: bool = True) -> int:
+    """``_fused_forward``'s returned per-token fields, each ``masked_fill`` of a ``[2B, S-1]`` view: log_probs,
+    entropy, mean_logits (fp32), is_top1 (bool) for the policy (+ log_sum_sq_probs under use_weighting), and
+    its ``label_mask`` (bool); the reference returns log_probs and the mask."""
+    return N * (F32 + BOOL) if not policy else N * (3 * F32 + 2 * BOOL + (F32 if weighting else 0))
+
+
+def reference_moment(est, *, rows, S, V, ref_weights, ref_copies, weighting, hidden_dt, weight_dt):
+    """The reference forward's moment: held weights and optimizer state, the four ``[2B, S]`` int64 arrays
+    (input_ids, attention_mask, completion_mask, labels), everything the policy forward saved and its autocast
+    cache, its outputs, and the reference's no-grad peak (its fused head, or a block bounded by what one block
+    saves in training)."""
+    rp = est.context.rp
+    N = rows * (S - 1)
+    held = est.weights_bytes + ref_weights + est.optimizer_bytes - est.paged_optimizer_bytes + 4 * rows * S * I64
+    policy = rp.saved_bytes() + rp.cache + outputs_bytes(N, weighting)
+    separate = ref_weights > 0   # a separate reference model: its own fused head, log_probs alone
+    head = _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
+    block = max(rp.block, rp.block_in)
+    where = "reference forward (at the fused head)" if head >= block else "reference forward (a block, bounded)"
+    return held + policy + ref_copies + max(head, block), where
+
+
+def precompute_peak(est, *, pairs, S, V, ref_weights, copies, hidden_dt, weight_dt, batch):
+    """``_precompute_ref_logps`` in ``DPOTrainer.__init__``: no optimizer state yet, no grads; one no-grad forward
+    of ``2 * pairs`` rows (the policy's fused head outputs, or the reference's), beside its batch's four int64
+    arrays (labels from ``masked_fill``); a block's moment scales from the training replay's (``2 * batch`` rows)."""
+    rp, rows = est.context.rp, 2 * pairs
+    N = rows * (S - 1)
+    separate = ref_weights > 0   # ref_model or model: the reference's head (log_probs alone), else the policy's
+    head = _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
+    block = max(rp.block, rp.block_in) * pairs // batch
+    return est.weights_bytes + ref_weights + copies + 4 * rows * S * I64 + max(head, block)
+
+
+def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, precompute_pairs, precompute_model,
+           weighting) -> None:
+    """Put the reference into ``est``: its weights (held through every phase), its forward's moment (the peak
+    where it is the largest) and, with precomputed log-probs, the precomputation's own phase (``setup``).
+    ``ref_model``/``precompute_model``: the real models where a Trainer was built (None: from ``info``)."""
+    load, prec = est.setup["load_dtype"], est.setup["precision"]
+    hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
+    half = dtype(prec) if prec != "fp32" else None
+    lora = bool(est.setup.get("lora_r"))
+    ref_copies = cast_copies(info, half, load, ref_model) if kind == "model" else 0
+    copies = 0 if lora and precompute_model is None or hasattr(precompute_model, "peft_config") else \
+        cast_copies(info, half, load, precompute_model)
+    opt = est.optimizer_bytes - est.paged_optimizer_bytes
+    est.setup.update(reference=kind, reference_weights_bytes=ref_weights, dpo_pairs=pairs)
+    est.sources["reference"] = (kind, where)
+    if kind != "precomputed":
+        ref, moment = reference_moment(est, rows=2 * pairs, S=S, V=V, ref_weights=ref_weights, ref_copies=ref_copies,
+                                       weighting=weighting, hidden_dt=hidden_dt, weight_dt=weight_dt)
+        est.setup["reference_forward_peak_bytes"] = ref
+        if moment.endswith("bounded)"):
+            est.notes.append(kin.Note("the reference forward's moment is set by a block, where the kit counts at most "
+                                      "what one block saves in training: an upper bound", field="ref_model",
+                                      code="dpo-ref-upper-bound"))
+    else:
+        pre = precompute_peak(est, pairs=precompute_pairs, S=S, V=V, ref_weights=ref_weights, copies=copies,
+                              hidden_dt=hidden_dt, weight_dt=weight_dt, batch=pairs)
+        est.setup["precompute_peak_bytes"] = pre
+        est.notes.append(kin.Note(f"precompute_ref_log_probs: DPOTrainer.__init__ first runs a no-grad forward over "
+                                  f"every pair ({precompute_pairs} pairs a batch), its own phase, whose peak is "
+                                  "setup['precompute_peak_bytes']", field="precompute_ref_log_probs",
+                                  code="dpo-precompute"))
+    for attr in ("peak_bytes", "first_step_peak_bytes", "weights_bytes", "eval_peak_bytes"):
+        setattr(est, attr, getattr(est, attr) + ref_weights)   # the reference's weights, held all along
+    est._parts["weights"] = est._parts.get("weights", 0) + ref_weights
+    if kind != "precomputed":
+        est.first_step_peak_bytes = max(est.first_step_peak_bytes, ref - opt)  # step 1's forward: no state yet
+        if ref > est.peak_bytes:
+            est.peak_bytes, est.peak_phase, est.peak_moment = ref, "forward/backward", moment
+            est._parts = {"weights": est.weights_bytes, "optimizer state": opt,
+                          "temporaries": ref - est.weights_bytes - opt}
+    elif pre > est.peak_bytes:
+        est.peak_bytes, est.peak_phase, est.peak_moment = pre, "precomputing reference log-probs", \
+            "reference forward (precompute)"
+        est._parts = {"weights": est.weights_bytes, "temporaries": pre - est.weights_bytes}
+
+
+def held_bytes(model) -> int:
+    """Bytes of a model's unique parameter and buffer storages (the reference's weights, as loaded)."""
+    seen = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def pairs_options(opts: dict, src: dict, notes: list, name: str) -> int:
+    """Make the options DPO's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation); returns B."""
+    if opts.get("eval_gather", "loss") != "loss":
+        notes.append(kin.Note("DPOTrainer's evaluation with compute_metrics (return_outputs=True: a second, "
+                              "full-logits forward) is not modeled: eval_peak_bytes is its fused forwards' alone",
+                              field="eval_batch_size", code="trl-eval-unmodeled"))
+    B = opts["batch_size"]
+    opts["batch_size"] = 2 * B
+    src["batch_size"] = (2 * B, f"2 x {name}.per_device_train_batch_size ({B}): the chosen and the rejected rows, "
+                                "one batch (DataCollatorForPreference)")
+    opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
+    src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
+    if opts.get("strategy", "single") != "single":
+        raise kin.InputError("strategy", f"{name} under {opts['strategy']} (the reference model prepared by "
+                             "DeepSpeed or FSDP) is not modeled: the kit estimates DPOTrainer on one GPU.",
+                             code="dpo-strategy")
+    return B
+
+
+def trainer_reference(trainer, B: int, seq_len=None):
+    """(sequence options, sources, finish keywords) of a built DPOTrainer: its longest pair batch and its
+    reference model, for :func:`finish`."""
+    kind, ref, where = reference_of(trainer)
+    if seq_len is None:
+        S, padded, at = read_pairs(trainer)
+    else:
+        S, padded, at = seq_len, True, "estimate_trainer(seq_len=...): the concatenated rows' padded length"
+    a = trainer.args
+    runs = ref if ref is not None else trainer.model   # the model _precompute_ref_logps runs
+    fk = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
+              ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
+              precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting)
+    return {"seq_len": S, "padded": padded}, {"seq_len": (S, at), "padded": (padded, "rows of different lengths "
+                                              "(chosen/rejected) in the batch" if padded else "no padding")}, fk

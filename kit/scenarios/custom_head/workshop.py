@@ -1,0 +1,84 @@
+"""Notebook 01's workshop plan: the instructor notes' sections with their teaching minutes, and the compute each
+one runs at real size on a T4, counted by :mod:`kit.scenarios.plan` (a PLAN, never a measurement).
+
+>>> sum(minutes for _, minutes, _ in WORKSHOP_SECTIONS) <= WORKSHOP_MINUTES
+True
+"""
+from __future__ import annotations
+
+from kit import dtypes
+from kit.presets import verdict
+from kit.scenarios import plan
+from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head.exercises import largest_rank
+from kit.units import fmt_bytes, wrapped
+
+# The instructor notes' table: (section, teaching minutes, what to skip when short). The compute minutes are
+# workshop_plan's, counted from the code the notebook runs at real size on a T4.
+WORKSHOP_SECTIONS = [
+    ("setup, the user's code", 3, ""),
+    ("words, 1 · Predict", 6, "the figure"),
+    ("2 · The advice", 4, ""),
+    ("3 · Fixes, the rank task", 8, "fix (c)'s run, the advisor, the rank solution's run"),
+    ("PyTorch's own tools", 3, "the history cell (homework)"),
+    ("4 · The original", 3, "the real-size cell"),
+    ("5 · Explore", 0, "homework"),
+    ("6 · Your own culprit", 2, ""),
+    ("recap, free memory", 1, ""),
+]
+WORKSHOP_MINUTES = 35     # notebook 01's share of the 90-minute workshop: teaching plus compute
+
+
+def plan_work(steps: int = 2, grad_accum: int = 2, preset: str = "colab-t4") -> dict:
+    """What each section runs at real size on ``preset``, as :mod:`kit.scenarios.plan` items with a label:
+    ``{section: [(label, [items])]}``, one label per run. Loads are the weights' bytes (ESTIMATED: DistilGPT2
+    from the Hub, and a V x V head built in RAM counted as a load of its bytes); steps are each measured run's, in
+    the workshop's ``grad_accum`` micro-batches. A run that the estimate says runs out of memory on ``preset``
+    (fix (c), the original) is counted for one step at most: the error comes in its first. Estimates only:
+    nothing is loaded.
+
+    >>> sorted(k for k, v in plan_work().items() if v)
+    ['3 · Fixes, the rank task', '4 · The original', "PyTorch's own tools"]
+    """
+    dtype = dtypes.for_preset(preset)[0]
+
+    def run(label, est):
+        n = steps if verdict(est, preset).fits else 1
+        return [(f"{label}: load {fmt_bytes(est.weights_bytes)}, {n} step(s)" + ("" if n == steps else
+                 " (out of memory in it)"), [("load", est.weights_bytes), ("steps", est, n)])]
+
+    fix = {w: s1.estimate_fix(w, "real", dtype=dtype, grad_accum=grad_accum) for w in s1.FIXES}
+    best = largest_rank(preset)
+    rank = s1.estimate_fix("b", "real", rank=best, grad_accum=grad_accum)
+    user = s1.estimate_user(s1.NAMES["real"], grad_accum=grad_accum)
+    work = {name: [] for name, _, _ in WORKSHOP_SECTIONS}
+    work["3 · Fixes, the rank task"] = run("fix (a)", fix["a"]) + run("fix (b)", fix["b"]) + \
+        run(f"the rank solution (rank {best})", rank) + run(f"fix (c), {dtype} weights", fix["c"])
+    work["PyTorch's own tools"] = run("fix (a), counters", fix["a"]) + run("fix (a), history", fix["a"])
+    work["4 · The original"] = run("the user's Trainer", user)
+    return work
+
+
+@wrapped
+def workshop_plan(steps: int = 2, grad_accum: int = 2, preset: str = "colab-t4") -> str:
+    """The workshop's PLAN for notebook 01: each section's teaching minutes (:data:`WORKSHOP_SECTIONS`) and its
+    compute minutes, counted by :mod:`kit.scenarios.plan` from what the notebook runs at real size on a T4
+    (:func:`plan_work`), whatever this run's mode. Nothing is loaded or measured.
+
+    >>> print(workshop_plan().splitlines()[0])
+    A PLAN, not a measurement: compute counted at real size on a T4 (kit.scenarios.plan), 2 step(s) of 2
+    """
+    work = plan_work(steps, grad_accum, preset)
+    sections = [(name, minutes, [i for _, items in work[name] for i in items])
+                for name, minutes, _ in WORKSHOP_SECTIONS]
+    total = sum(m for _, m, _ in sections) + sum(plan.compute_minutes(w) for _, _, w in sections)
+    lines = [f"A PLAN, not a measurement: compute counted at real size on a T4 (kit.scenarios.plan), {steps} step(s) "
+             f"of {grad_accum} micro-batches per run, loads at {plan.LOAD_BYTES_PER_S / 1e6:.0f} MB/s, steps at "
+             f"{plan.UTILISATION:.0%} of the T4's {plan.T4_PEAK_FLOPS / 1e12:.0f} TFLOPS:",
+             plan.plan_table(sections),
+             f"{'within' if total <= WORKSHOP_MINUTES else 'OVER'} the {WORKSHOP_MINUTES} minutes planned for notebook "
+             "01; what each section runs at real size:"]
+    for name, runs in work.items():
+        for label, items in runs:
+            lines.append(f"  {name}: {label}: {plan.compute_minutes(items):.1f} min")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""The learner copies (notebooks/learner/) and what ships with them: made from the instructor copies by
+``python -m kit.scenarios.learner`` (``make learner-notebooks``), with no outputs, no instructor notes and no
+solution code, each solution revealed by ``teach.solution(key)``; and the cheat sheet, rendered by the kit."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kit.scenarios import learner, teach
+
+ROOT = Path(__file__).resolve().parent.parent
+LEARNER = sorted((ROOT / "notebooks" / "learner").glob("*.ipynb"))
+INSTRUCTOR = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+REGENERATE = "regenerate them: make learner-notebooks (python -m kit.scenarios.learner)"
+
+
+def _cells(path):
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _src(cell):
+    return "".join(cell["source"])
+
+
+def test_every_instructor_copy_has_a_learner_copy():
+    assert [p.name for p in LEARNER] == [p.name for p in INSTRUCTOR], REGENERATE
+
+
+def test_regenerating_gives_the_committed_copies(tmp_path):
+    """The committed learner copies, solutions file and cheat sheet agree with the instructor copies of today."""
+    learner.build(out_dir=tmp_path / "learner", solutions_file=tmp_path / "solutions.json",
+                  cheatsheet_file=tmp_path / "cheatsheet.md")
+    made = sorted(p.name for p in (tmp_path / "learner").glob("*.ipynb"))
+    assert made == [p.name for p in LEARNER], REGENERATE
+    for name in made:
+        assert (tmp_path / "learner" / name).read_text(encoding="utf-8") == \
+            (ROOT / "notebooks" / "learner" / name).read_text(encoding="utf-8"), f"learner/{name} is stale: {REGENERATE}"
+    assert (tmp_path / "solutions.json").read_text(encoding="utf-8") == \
+        teach.SOLUTIONS_FILE.read_text(encoding="utf-8"), f"kit/assets/solutions.json is stale: {REGENERATE}"
+
+
+def test_the_committed_cheat_sheet_is_the_kits_own():
+    """No figure in docs/cheatsheet.md is typed by hand: the file is teach.cheatsheet_markdown()'s text."""
+    assert (ROOT / "docs" / "cheatsheet.md").read_text(encoding="utf-8") == teach.cheatsheet_markdown(), REGENERATE
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_a_learner_copy_has_no_outputs_no_notes_and_no_solution_code(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert "widgets" not in nb["metadata"]
+    for i, c in enumerate(nb["cells"]):
+        src = _src(c)
+        if c["cell_type"] == "code":
+            assert c["outputs"] == [] and c["execution_count"] is None, f"cell {i + 1} keeps its outputs"
+            assert not src.startswith(learner.SOLUTION_TITLE), f"cell {i + 1} is a solution"
+            assert "NBVAL_CHECK_OUTPUT" not in src, f"cell {i + 1}: nbval would compare it with no output"
+        assert "execution" not in c["metadata"]
+        assert not learner.is_instructor_cell(c) and "Instructor notes" not in src, f"cell {i + 1}: instructor notes"
+        assert "workshop_plan(" not in src, f"cell {i + 1} prints the workshop's plan: tag it `instructor`"
+    solutions = [code for code in teach.load_solutions().values() if code["notebook"] == path.name]
+    text = "\n".join(_src(c) for c in nb["cells"])
+    for entry in solutions:  # no solution's code is in the copy (a line that is no mere import or a comment)
+        body = [ln for ln in entry["code"].splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "import"))]
+        assert not all(ln in text for ln in body), f"{entry['title']}: its code is in the learner copy"
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_every_solution_of_the_instructor_copy_is_revealed_by_a_key_that_exists(path):
+    shipped = teach.load_solutions()
+    keys = [k for c in _cells(path) if c["cell_type"] == "code"
+            for k in re.findall(r'teach\.solution\("([^"]+)"\)', _src(c))]
+    titles = [_src(c).splitlines()[0] for c in _cells(ROOT / "notebooks" / path.name)
+              if c["cell_type"] == "code" and _src(c).startswith(learner.SOLUTION_TITLE)]
+    assert len(keys) == len(titles) > 0
+    for key in keys:
+        assert key in shipped and shipped[key]["notebook"] == path.name, key
+
+
+def test_keys_are_unique_and_stable():
+    assert learner.learner_key("01_x.ipynb", "#@title Solution: rank the modules, read the top line\nx = 1") == \
+        "01-rank-the-modules-read-the-top-line"
+    assert learner.learner_key("01_x.ipynb", "#@title Solution: anything\n# solution: mine\nx = 1") == "mine"
+    twice = {"metadata": {}, "cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                                        "source": ["#@title Solution: same\n", f"x = {i}"]} for i in (1, 2)]}
+    with pytest.raises(ValueError, match="two solutions"):
+        learner.learner_copy(twice, "09_demo.ipynb")
+
+
+def test_notes_and_a_tagged_plan_cell_are_removed_and_the_badge_points_at_the_copy():
+    nb = {"metadata": {"widgets": {}}, "cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": [
+            "[![Open In Colab](b.svg)](https://colab.research.google.com/github/o/r/blob/main/notebooks/09_demo.ipynb)"]},
+        {"cell_type": "markdown", "metadata": {}, "source": ["## Instructor notes\n", "Timings"]},
+        {"cell_type": "code", "metadata": {"tags": ["instructor"]}, "outputs": [], "execution_count": 1,
+         "source": ["print(plan)"]},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 2,
+         "source": ["# Instructor: the workshop's plan\n", "print(plan)"]},
+        {"cell_type": "markdown", "metadata": {}, "source": ["A solution, collapsed (double-click it):"]},
+        {"cell_type": "code", "metadata": {"cellView": "form", "jupyter": {"source_hidden": True}}, "outputs": [],
+         "execution_count": 3, "source": ["#@title Solution: add\n", "# NBVAL_CHECK_OUTPUT\n", "x = 1 + 1"]},
+    ]}
+    out, solutions = learner.learner_copy(nb, "09_demo.ipynb")
+    srcs = [_src(c) for c in out["cells"]]
+    assert len(srcs) == 3 and "blob/main/notebooks/learner/09_demo.ipynb" in srcs[0]
+    assert srcs[1] == "A solution, hidden until you run the next cell:"
+    assert srcs[2].endswith('teach.solution("09-add")') and out["cells"][2]["metadata"] == {}
+    assert solutions == {"09-add": {"notebook": "09_demo.ipynb", "title": "Solution: add",
+                                    "code": "x = 1 + 1"}}
+
+
+def test_solution_prints_a_fake_solution_and_defines_its_variables_in_the_callers_namespace(capsys):
+    fake = {"fake-key": {"notebook": "09_demo.ipynb", "title": "Solution: a fake",
+                         "code": "def twice(v):\n    return 2 * v\nanswer = twice(21)\nprint('answer', answer)"}}
+    ns = {"teach": teach, "fake": fake}
+    exec('teach.solution("fake-key", solutions=fake)', ns)  # noqa: S102 - as a notebook cell calls it
+    out = capsys.readouterr().out
+    assert "Solution: a fake" in out and "def twice(v):" in out and out.rstrip().endswith("answer 42")
+    assert ns["answer"] == 42 and ns["twice"](2) == 4
+    with pytest.raises(KeyError, match="no solution 'missing'"):
+        teach.solution("missing", {}, solutions=fake)
+
+
+def test_the_shipped_solutions_run_where_the_kit_is_installed():
+    """The package ships kit/assets/solutions.json (package-data assets/*), and every entry compiles."""
+    for key, entry in teach.load_solutions().items():
+        compile(entry["code"], f"<solution {key}>", "exec")
