@@ -1,10 +1,14 @@
 """What fits: the fit advisor's ranked changes, the largest batch and sequence, and ``kit.check``.
 
 Its rooms: ``core`` (:func:`advise`, the device limit), ``search`` (the moves, their costs, the bounded
-search), ``gpus`` (the fewest GPUs when one is not enough) and ``check`` (:func:`check`). Prediction only:
-it imports :mod:`kit.estimate` and the foundations, never :mod:`kit.measure`.
+search), ``levers`` (TRL's levers: padding-free, and why chunked NLL is none in TRL 1.16), ``gpus`` (the fewest
+GPUs when one is not enough), ``objects`` and ``mapping`` (a suggestion in the user's own objects:
+:func:`in_objects`, :func:`apply`) and ``check`` (:func:`check`). Prediction only: it imports :mod:`kit.estimate`
+and the foundations, never :mod:`kit.measure`.
 """
 from kit.advise.check import check
 from kit.advise.core import SAFETY, Advice, Limit, advise, limit_for, max_batch_size, max_seq_len
+from kit.advise.objects import apply, in_objects
 
-__all__ = ["advise", "max_batch_size", "max_seq_len", "check", "Advice", "Limit", "limit_for", "SAFETY"]
+__all__ = ["advise", "max_batch_size", "max_seq_len", "check", "Advice", "Limit", "limit_for", "SAFETY",
+           "apply", "in_objects"]
