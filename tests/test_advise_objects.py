@@ -8,6 +8,7 @@ import io
 import warnings
 
 import pytest
+import torch
 from datasets import Dataset
 from peft import LoraConfig
 from transformers import Trainer, TrainingArguments
@@ -186,3 +187,16 @@ def test_what_no_object_holds_is_said_and_the_cli_json_is_unchanged():
         apply(s, sft_config=args)
     with pytest.raises(InputError, match="was not read from your objects"):
         in_objects(s, estimate(MODEL, batch_size=1, seq_len=8))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU accepts bf16=True")
+def test_a_change_this_machine_refuses_is_one_sentence_not_transformers_error():
+    from types import SimpleNamespace
+
+    from kit.inputs import InputError
+
+    args = TrainingArguments("/tmp/kit-objects", per_device_train_batch_size=8, report_to="none")
+    with pytest.raises(InputError, match=r"^training_args refuses \{'bf16': True\} on this machine .* apply the change "
+                                         r"where the run will happen"):
+        apply(SimpleNamespace(changes={"precision": "bf16"}, options={}), training_args=args)
+    assert args.bf16 is False                      # the user's object is untouched

@@ -130,12 +130,18 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     out = {}
     name = ctx["name"]
     if ctx["args"] is not None or name in p.fields:
-        if ctx["args"] is None:
-            from transformers import TrainingArguments
+        fields = plain(p.fields.get(name, {}))
+        try:
+            if ctx["args"] is None:
+                from transformers import TrainingArguments
 
-            out[name] = TrainingArguments(**plain(p.fields[name]))
-        else:
-            out[name] = dataclasses.replace(ctx["args"], **plain(p.fields.get(name, {})))
+                out[name] = TrainingArguments(**fields)
+            else:
+                out[name] = dataclasses.replace(ctx["args"], **fields)
+        except ValueError as exc:  # its __post_init__ checks the hardware: bf16/fp16 on a machine without the GPU
+            raise kin.InputError("precision", f"{name} refuses {fields} on this machine ({str(exc).splitlines()[0]}): "
+                                              "apply the change where the run will happen, or paste the code that "
+                                              "in_objects(...).code gives there.") from None
     if p.new.get("peft_config"):
         from peft import LoraConfig
 
