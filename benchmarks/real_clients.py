@@ -18,7 +18,14 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
 4. peft's documented LoRA causal-LM pattern: ``get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))`` +
    ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
 5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
-   optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``.
+   optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``;
+6. TRL's ``DPOTrainer`` built as ``tests/test_dpo.py`` builds it (pairs of a 20-token prompt, 30-token chosen and
+   20-token rejected completion, ``DPOConfig(use_cpu=True, bf16=False)``, B2): full fine-tuning with an explicit
+   ``ref_model`` (a second ``build_model("tiny-llama")``: offline, TRL cannot load a reference by id), and LoRA via
+   ``peft_config`` (the reference is the adapter-disabled policy); ``estimate_trainer``. Client 2's SFTTrainer also
+   runs with ``loss_type="chunked_nll"`` (packing on; TRL 1.16's SFTConfig rewrites it to "nll", deprecated, so the
+   row runs the steps of its "nll" twin, which already computes the loss in tiles) and with ``padding_free=True``
+   (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -32,7 +39,8 @@ allocated before it started ("Memory block of unknown size was allocated before 
 per-step profile would miss, e.g., the previous iteration's ``outputs`` freed in the middle of the next forward.
 A step's peak = the bytes of the unique storages alive when it begins that the step could free (parameters with
 bitsandbytes' quant state, buffers, gradients, the optimizer state, the batch: Trainer's prefetched micro-batches,
-or the loop's batch and its previous ``outputs``) + the highest running sum of the memory events inside its range.
+or the loop's batch and its previous ``outputs``; a DPOTrainer's separate ``ref_model``: its weights and buffers)
++ the highest running sum of the memory events inside its range.
 Step 1 (no optimizer state yet during its backward) is compared with ``first_step_peak_bytes``, the steady step
 (the larger of steps 2 and 3) with ``peak_bytes``. ``tests/test_real_clients.py`` checks the meter on a matmul chain
 whose peak is known to the byte; a full run also measures two clients a second time with TensorPeak (the kit's own
@@ -209,7 +217,10 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            meter.begin(held_bytes(model, optimizer, box["batch"]))
+            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference).
+            ref = getattr(trainer, "ref_model", None)
+            ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
+            meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
 
         def on_step_end(self, args, state, control, **kw):
             meter.end()
@@ -328,7 +339,8 @@ def client_s1(work, meter_cls):
            trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
-def client_s2(work, vocab, packing, quant):
+def client_s2(work, vocab, packing, quant, **sft_extra):
+    """Scenario 2; ``sft_extra`` (e.g. loss_type="chunked_nll", padding_free=True) goes to SFTConfig as well."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
@@ -348,11 +360,14 @@ def client_s2(work, vocab, packing, quant):
     rows = Dataset.from_dict({"text": equal_text_rows(tok, 40, 96)})  # truncated (or packed) to 30 tokens
     peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
                              task_type="CAUSAL_LM")
-    args = SFTConfig(dataset_text_field="text", max_length=30, packing=packing, gradient_checkpointing=True,
-                     per_device_train_batch_size=4, bf16=False, learning_rate=2e-4, **_sft_kw(os.path.join(work, "s2")))
+    kw = {"dataset_text_field": "text", "max_length": 30, "packing": packing, "gradient_checkpointing": True,
+          "per_device_train_batch_size": 4, "bf16": False, "learning_rate": 2e-4, **_sft_kw(os.path.join(work, "s2"))}
+    kw.update(sft_extra)  # (may override max_length: TRL refuses padding_free without packing under a max_length)
+    args = SFTConfig(**kw)
     trainer = SFTTrainer(model=model, train_dataset=rows, peft_config=peft_config, args=args, processing_class=tok)
     setup = (f"LoRA r8 q,v, {'NF4 4-bit' if quant else 'fp32'}, vocab {vocab}, packing {'on' if packing else 'off'},"
-             " B4, max_length 30, ckpt")
+             f" B4, max_length {kw['max_length']}, ckpt") + "".join(f", {k}={v!r}" for k, v in sft_extra.items()
+                                                                  if k != "max_length")
     yield "2. scenario 2 SFTTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
@@ -413,6 +428,42 @@ def client_peft(work):
                       data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
     yield ("4. peft LoRA example", "tiny-qwen2, LoRA r8 (peft default targets), dropout 0.1, B8 x 64, Trainer + "
            "LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+
+
+def _dpo_pairs(n=16, P=20, C=30, R=20):
+    """tests/test_dpo.py's pairs: a P-token prompt, a C-token chosen and an R-token rejected completion (one token
+    per word with the shipped tokenizer), so that every step is one batch padded to the same length."""
+    from datasets import Dataset
+
+    def w(k):
+        return " the" * k
+
+    return Dataset.from_dict({"prompt": ["the" + w(P - 1)] * n, "chosen": [w(C)] * n, "rejected": [w(R)] * n})
+
+
+def client_dpo(work, lora):
+    """TRL's DPOTrainer on a tiny-llama twin, as tests/test_dpo.py builds it: full FT with an explicit ref_model
+    (a second twin; offline TRL cannot load one by id), or LoRA via peft_config (reference: the policy, adapter off)."""
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    from kit.estimate import estimate_trainer
+    from kit.models import build_model
+
+    torch.manual_seed(0)
+    extra = {} if lora else {"gradient_checkpointing": False}
+    args = DPOConfig(output_dir=os.path.join(work, "dpo"), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+                     per_device_train_batch_size=2, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                     **extra)
+    model = build_model("tiny-llama")
+    ref_model = None if lora else build_model("tiny-llama")
+    peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=_dpo_pairs(),
+                         processing_class=tokenizer(), peft_config=peft_config)
+    setup = ("LoRA r8 q,v, ckpt (DPOConfig default), reference = the adapter-disabled policy" if lora else
+             "full FT, no ckpt, separate ref_model (a second tiny-llama)") + \
+        ", fp32, B2 pairs (4 rows) x 51, prompt 20 / chosen 30 / rejected 20"
+    yield "6. TRL DPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
 def loop_option():
@@ -489,6 +540,11 @@ def rows_to_run(work, only=None):
     for vocab, packing in ((4096, True), (4096, False), (128256, True), (128256, False)):
         R.append((f"SFTTrainer 4bit vocab {vocab} packing {packing}",
                   lambda m, v=vocab, p=packing: run_trainer_client(client_s2(work, v, p, True), m)))
+    R.append(("SFTTrainer chunked_nll fp32 vocab 4096 packing True",
+              lambda m: run_trainer_client(client_s2(work, 4096, True, False, loss_type="chunked_nll"), m)))
+    R.append(("SFTTrainer padding_free fp32 vocab 4096 packing False",
+              lambda m: run_trainer_client(client_s2(work, 4096, False, False, padding_free=True,
+                                                         max_length=None), m)))
     R.append(("TRL recipe full", lambda m: run_trainer_client(client_trl_recipe(work, False), m)))
     R.append(("TRL recipe peft", lambda m: run_trainer_client(client_trl_recipe(work, True), m)))
     R.append(("TRL recipe full bf16=False", lambda m: run_trainer_client(client_trl_recipe(work, False, False), m)))
@@ -499,6 +555,8 @@ def rows_to_run(work, only=None):
         R.append(("plain loop as written + outputs option", lambda m: client_loop(work, m, with_option=True)))
         R.append(("plain loop use_cache=False + outputs option",
                   lambda m: client_loop(work, m, use_cache=False, with_option=True)))
+    R.append(("DPOTrainer full FT ref_model", lambda m: run_trainer_client(client_dpo(work, False), m)))
+    R.append(("DPOTrainer LoRA peft_config", lambda m: run_trainer_client(client_dpo(work, True), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 
