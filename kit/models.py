@@ -253,22 +253,34 @@ def pretrained_source(name: str, dtype=None) -> tuple[str, str]:
     """
     base, _ = split_name(name)
     get_config(base)  # fails early, with the known names, on a typo
-    if base in TINY or base not in REGISTRY:
-        why = "tiny twins never come from the Hub" if base in TINY else f"built from {base}"
-    elif not runtime.hub_reachable():
-        why = "the Hub is not reachable"
-    else:
+    why = _twin_without_asking(base)
+    if why is None:
         from huggingface_hub import hf_hub_download
 
         try:
             hf_hub_download(base, "config.json")
             return base, f"MODEL: REAL {base}, pretrained weights from the Hub"
         except OSError as exc:  # GatedRepoError and every other Hub refusal are OSErrors
-            why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
-    kind = "tiny TWIN" if base in TINY else "architecture TWIN of"
-    shapes = "random weights" if base in TINY else "random weights, real shapes"
+            why = _refused(exc)
+    kind, shapes = _twin_words(base)
     folder = saved_twin(base, as_dtype(dtype) if dtype is not None else torch.float32)
     return str(folder), f"MODEL: {kind} {base} ({shapes}) — {why}"
+
+
+def _twin_without_asking(base: str) -> str | None:
+    """Why ``base`` is a twin before the Hub is asked (a tiny twin, a config not in the registry, no Hub), or None."""
+    if base in TINY or base not in REGISTRY:
+        return "tiny twins never come from the Hub" if base in TINY else f"built from {base}"
+    return None if runtime.hub_reachable() else "the Hub is not reachable"
+
+
+def _refused(exc: OSError) -> str:
+    first = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"the Hub refused it ({type(exc).__name__}: {first})"
+
+
+def _twin_words(base: str) -> tuple[str, str]:
+    return ("tiny TWIN", "random weights") if base in TINY else ("architecture TWIN of", "random weights, real shapes")
 
 
 def load_model(name: str, *, quantization="none", load_dtype=None, device: str | None = None,
@@ -301,21 +313,16 @@ def load_model(name: str, *, quantization="none", load_dtype=None, device: str |
     if quant is not None:
         _check_bnb(device)
     label = f"{base}{' ' + quantization if quant else ''}, {str(dtype).replace('torch.', '')}, on {device}"
-    model, source, why = None, "twin", ""
-    if base in TINY or base not in REGISTRY:
-        why = "tiny twins never come from the Hub" if base in TINY else f"built from {base}"
-    elif not runtime.hub_reachable():
-        why = "the Hub is not reachable"
-    else:
+    model, source, why = None, "twin", _twin_without_asking(base)
+    if why is None:
         try:
             model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
             source = "real"
         except OSError as exc:  # gated (Llama needs a login) or missing: say so, use the twin
-            why = f"the Hub refused it ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+            why = _refused(exc)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(saved_twin(base, dtype), **kwargs)
-        kind, shapes = ("tiny TWIN", "random weights") if base in TINY else ("architecture TWIN of",
-                                                                             "random weights, real shapes")
+        kind, shapes = _twin_words(base)
         runtime.say(f"MODEL: {kind} {label} ({shapes}) — {why}")
     else:
         runtime.say(f"MODEL: REAL {label}, pretrained weights from the Hub")
