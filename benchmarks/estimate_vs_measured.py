@@ -38,6 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 
 def _with_quant_state(t):
@@ -101,6 +102,37 @@ def _ckpt_kw(on: bool) -> dict:
     return {name: on}
 
 
+class StepPeaks(TrainerCallback):
+    """Each optimizer step's exact CPU peak: the ``kit.measure.tensor_peak.TensorPeak`` rise over the step, plus what
+    is held when it begins: the weights (with bitsandbytes' quantized state), buffers and optimizer state, and the
+    weights and buffers of the modules in ``also`` (a DPO reference model). ``peaks``: one per step; ``base`` and
+    ``m`` (the open TensorPeak, None between steps) are there for a caller that watches part of a step."""
+
+    def __init__(self, also=()):
+        self.peaks, self.also, self.m = [], [m for m in also if m is not None], None
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
+        from kit.measure.tensor_peak import TensorPeak
+
+        self.base = _held_bytes(model.parameters(), model.buffers(), _int8_states(model), _state_tensors(optimizer),
+                                *(g for m in self.also for g in (m.parameters(), m.buffers())))
+        self.m = TensorPeak()
+        self.m.__enter__()
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
+        self.m.__exit__(None, None, None)
+        self.peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
+        self.m = None
+
+
+def step_peaks(trainer) -> list:
+    """Train ``trainer`` and return each optimizer step's exact CPU peak (:class:`StepPeaks`)."""
+    meter = StepPeaks()
+    trainer.add_callback(meter)
+    trainer.train()
+    return meter.peaks
+
+
 def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, ckpt=False, accum=1,
                  precision="fp32", cuda=False, workdir="/tmp/kit-bench/out") -> dict:
     """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
@@ -109,28 +141,24 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
     peak_allocated_bytes). On a CPU: the ``kit.measure.tensor_peak.TensorPeak`` rise plus the weights and
     optimizer state held when the step begins.
     """
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    from kit.measure import device, tensor_peak
+    from kit.measure import device
 
-    peaks, held = [], {}
+    held = {}
 
-    class Meter(TrainerCallback):
+    class Meter(StepPeaks):
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
             if cuda:
                 device.reset_peak()
                 return
-            self.base = _held_bytes(model.parameters(), model.buffers(), _int8_states(model),
-                                    _state_tensors(optimizer))
-            self.m = tensor_peak.TensorPeak()
-            self.m.__enter__()
+            super().on_step_begin(args, state, control, model=model, optimizer=optimizer, **kw)
 
         def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
             if cuda:
-                peaks.append(device.peak_allocated_bytes())
+                self.peaks.append(device.peak_allocated_bytes())
                 return
-            self.m.__exit__(None, None, None)
-            peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
+            super().on_step_end(args, state, control, model=model, optimizer=optimizer, **kw)
             held["weights"] = _held_bytes(model.parameters(), model.buffers(), _int8_states(model))
             held["state"] = _held_bytes(_state_tensors(optimizer))
 
@@ -141,10 +169,11 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
         learning_rate=1e-4, gradient_accumulation_steps=accum, dataloader_num_workers=0, disable_tqdm=True,
         fp16=precision == "fp16", bf16=precision == "bf16", **_ckpt_kw(ckpt))
     trainer = Trainer(model=model, args=args, train_dataset=_Batches(steps * B * accum, S, V, padded, batch=B),
-                      callbacks=[Meter()])
+                      callbacks=[meter := Meter()])
     trainer.train()
     del trainer
     gc.collect()
+    peaks = meter.peaks
     return {"peak": max(peaks[1:] or peaks), "first_step_peak": peaks[0], **held}
 
 

@@ -7,9 +7,10 @@ TEXT). It prints one table and writes it to a new dated file, ``benchmarks/resul
 
 The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/configs/tiny-*.json``), real steps:
 
-1. scenario 1 as the user wrote it: their ``Custom_GPT2_Model(nn.Module)`` verbatim around
-   ``AutoModelForCausalLM.from_pretrained`` of a tiny GPT-2 twin saved with ``save_pretrained``, their
-   ``tokenize_func`` (padding='max_length', 128), their TrainingArguments and a plain ``Trainer``;
+1. scenario 1 as the user wrote it: their ``Custom_GPT2_Model(nn.Module)`` verbatim (as
+   ``kit.scenarios.custom_head.user_code`` holds it) around ``AutoModelForCausalLM.from_pretrained`` of a tiny
+   GPT-2 twin saved with ``save_pretrained``, their ``tokenize_func`` (padding='max_length', 128), their
+   TrainingArguments and a plain ``Trainer``;
    estimated by ``estimate_trainer(trainer, device="cpu")``;
 2. scenario 2's ``SFTTrainer`` (TRL) with a ``LoraConfig``: packing on and off, vocabularies of 4096 and 128256,
    fp32 and bitsandbytes NF4 (4-bit, which runs on the CPU); ``estimate_trainer``;
@@ -286,7 +287,7 @@ def _sft_kw(out):
 def client_s1(work, meter_cls):
     """Scenario 1 as written: the user's class, verbatim, their tokenize_func and TrainingArguments."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
     from kit.estimate import estimate_trainer
 
@@ -295,24 +296,11 @@ def client_s1(work, meter_cls):
     # resize_token_embeddings grows it by one row, as it did for them (4095 -> 4096).
     model_name = twin_dir("tiny-gpt2", work, vocab_size=len(tok) - 1)
 
-    class Custom_GPT2_Model(nn.Module):  # verbatim from the post
-        def __init__(self, tokenizer):
-            super().__init__()
-            self.gpt2 = AutoModelForCausalLM.from_pretrained(model_name)
-            self.gpt2.resize_token_embeddings(len(tokenizer))
-            for param in self.gpt2.parameters():
-                param.requires_grad = False
-            self.gpt2.gradient_checkpointing_enable()
-            self.custom_layer = nn.Linear(self.gpt2.config.vocab_size, self.gpt2.config.vocab_size)
+    # The user's class, verbatim from the post, as the kit ships it; it reads their module-level model_name.
+    from kit.scenarios.custom_head import user_code
 
-        def forward(self, input_ids, attention_mask=None, labels=None):
-            outputs = self.gpt2(input_ids=input_ids, attention_mask=attention_mask)
-            logits = self.custom_layer(outputs.logits)
-            loss = None
-            if labels is not None:
-                loss_func = nn.CrossEntropyLoss()
-                loss = loss_func(logits.view(-1, logits.size(-1)), labels.view(-1))
-            return {'loss': loss, 'logits': logits}
+    user_code.model_name = model_name
+    Custom_GPT2_Model = user_code.Custom_GPT2_Model
 
     def tokenize_func(examples):  # the user's: padded to max_length 128
         return tokenizer(examples["text"], padding="max_length", truncation=True, max_length=128)

@@ -17,7 +17,6 @@ import torch
 trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl import DPOConfig, DPOTrainer  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
@@ -54,7 +53,7 @@ def _dpo(tmp_path, ref=False, peft_config=None, measure_init=False, **kw):
 def _measure(tr):
     """Each step's peak, and the peak while the reference forward runs (the 2nd forward of a step on a PEFT
     policy, whose reference is itself with the adapter off; else ref_model's forward)."""
-    peaks, refs, calls = [], [], []
+    refs, calls = [], []
     target = tr.ref_model if tr.ref_model is not None else tr.model
     forward = target.forward
 
@@ -70,26 +69,16 @@ def _measure(tr):
             refs.append(meter.base + m.peak_bytes - m.start_bytes)
             m.peak_bytes = max(before, m.peak_bytes)
 
-    class Meter(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            groups = [model.parameters(), model.buffers(), bench._state_tensors(optimizer)]
-            if tr.ref_model is not None:
-                groups += [tr.ref_model.parameters(), tr.ref_model.buffers()]
-            self.base = bench._held_bytes(*groups)
+    class Meter(bench.StepPeaks):   # each step's peak, the reference's weights held too
+        def on_step_begin(self, *a, **kw):
             calls.clear()
-            self.m = TensorPeak()
-            self.m.__enter__()
+            super().on_step_begin(*a, **kw)
 
-        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
-            self.m.__exit__(None, None, None)
-            peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
-            self.m = None
-
-    meter = Meter()
+    meter = Meter(also=[tr.ref_model])
     target.forward = watched
     tr.add_callback(meter)
     tr.train()
-    return peaks, refs
+    return meter.peaks, refs
 
 
 CASES = {

@@ -19,17 +19,14 @@ import torch
 
 trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 import estimate_vs_measured as bench  # noqa: E402
 
 from kit import data, models  # noqa: E402
-from kit.advise import advise  # noqa: E402
 from kit.cli import main  # noqa: E402
 from kit.estimate import estimate, estimate_trainer  # noqa: E402
-from kit.measure.tensor_peak import TensorPeak  # noqa: E402
 from kit.model_configs import get_config  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -52,21 +49,7 @@ def _trainer(tmp_path, vocab=4096, rows=None, **kw):
 
 
 def _measure(tr):
-    peaks = []
-
-    class Meter(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            self.base = bench._held_bytes(model.parameters(), model.buffers(), bench._state_tensors(optimizer))
-            self.m = TensorPeak()
-            self.m.__enter__()
-
-        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
-            self.m.__exit__(None, None, None)
-            peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
-
-    tr.add_callback(Meter())
-    tr.train()
-    return peaks
+    return bench.step_peaks(tr)   # each step's exact CPU peak over what it holds
 
 
 def _ratios(est, got):

@@ -15,7 +15,6 @@ import torch
 trl = pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
@@ -43,21 +42,7 @@ def _sft(tmp_path, peft_config=None, **kw):
 
 
 def _measure(tr):
-    peaks = []
-
-    class Meter(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            self.base = bench._held_bytes(model.parameters(), model.buffers(), bench._state_tensors(optimizer))
-            self.m = TensorPeak()
-            self.m.__enter__()
-
-        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
-            self.m.__exit__(None, None, None)
-            peaks.append(self.base + self.m.peak_bytes - self.m.start_bytes)
-
-    tr.add_callback(Meter())
-    tr.train()
-    return peaks
+    return bench.step_peaks(tr)   # each step's exact CPU peak over what it holds
 
 
 CASES = {
