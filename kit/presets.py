@@ -22,7 +22,7 @@ QUANTIZATIONS = ("none", "8bit", "4bit")
 # "adamw-fused" is Trainer's default in transformers 5 (TrainingArguments().optim): one fused kernel per step,
 # no full-size temporaries; "adamw" is the foreach step of adamw_torch, which makes them.
 OPTIMIZERS = {"adamw-fused": "adamw_torch_fused", "adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
-              "paged-adamw-8bit": "paged_adamw_8bit", "sgd": "sgd"}
+              "paged-adamw-8bit": "paged_adamw_8bit", "paged-adamw": "paged_adamw_32bit", "sgd": "sgd"}
 ALIASES = {v: k for k, v in OPTIMIZERS.items()} | {"adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit"}
 
 
@@ -58,7 +58,9 @@ def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: b
     two uint8 states + one fp32 absmax per 256; tensors under ``min_8bit_size=4096``
     elements keep two fp32 states. Paged: states of >= 1e5 elements live in CUDA
     managed memory (``F.get_paged``), outside ``max_memory_allocated``. Trainer keeps
-    ``nn.Embedding`` weights in 32-bit states (``register_module_override``). SGD: momentum.
+    ``nn.Embedding`` weights in 32-bit states (``register_module_override``). Paged 32-bit AdamW
+    (``PagedAdamW32bit``, the single-GPU CPU offload of the optimizer state): two fp32 states whatever the
+    weight's dtype (``Optimizer2State.init_state``), paged from 1e5 elements (``get_state_buffer``). SGD: momentum.
 
     >>> optimizer_state_bytes("adamw-8bit", 1024 * 1024, 4)
     (2129920, 0)
@@ -67,6 +69,8 @@ def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: b
         return 2 * n * dtype_bytes, 0
     if optimizer == "sgd":
         return n * dtype_bytes, 0
+    if optimizer == "paged-adamw":
+        return (0, 8 * n) if n >= 100_000 else (8 * n, 0)
     paged = optimizer == "paged-adamw-8bit" and n >= 100_000
     if n < 4096 or embedding:
         return (0, 8 * n) if paged else (8 * n, 0)
@@ -169,7 +173,7 @@ class Verdict:
 
     preset: Preset
     fits: bool
-    gpu_margin_bytes: int | None   # GPU memory - peak_bytes (None on "cpu")
+    gpu_margin_bytes: int | None   # GPU memory - reserved_bytes (the peak where none was modelled; None on "cpu")
     ram_margin_bytes: int          # RAM - cpu_build_bytes (or - peak_bytes on "cpu")
     text: str
 
@@ -197,10 +201,12 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         fits = ram_margin >= 0
         what = f"training peak {fmt_bytes(est.peak_bytes)} vs RAM {fmt_bytes(preset.ram_bytes)}"
     else:
-        gpu_margin = preset.gpu_bytes - est.peak_bytes
+        held = getattr(est, "reserved_bytes", 0) or est.peak_bytes   # what the allocator holds, modelled
+        gpu_margin = preset.gpu_bytes - held
         ram_margin = preset.ram_bytes - est.cpu_build_bytes
         fits = gpu_margin >= 0 and ram_margin >= 0
-        what = (f"GPU peak {fmt_bytes(est.peak_bytes)} of {fmt_bytes(preset.gpu_bytes)} "
+        reserved = f", {fmt_bytes(held)} reserved" if held != est.peak_bytes else ""
+        what = (f"GPU peak {fmt_bytes(est.peak_bytes)}{reserved} of {fmt_bytes(preset.gpu_bytes)} "
                 f"({_margin(gpu_margin)}); CPU build {fmt_bytes(est.cpu_build_bytes)} of "
                 f"{fmt_bytes(preset.ram_bytes)} RAM ({_margin(ram_margin)})")
     head = "fits" if fits else "DOES NOT FIT"
@@ -235,6 +241,9 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
             lines.append("    zero_grad(set_to_none=True) freed the last step's)")
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
+    if getattr(est, "reserved_bytes", 0) and s.get("device") != "cpu":
+        how = "expandable segments" if est.expandable_segments else "default allocator"
+        lines.append(f"  {'RESERVED (predicted max reserved, ' + how + ')':<46}{fmt_bytes(est.reserved_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
     lines.append("the phases a run meets (predicted max allocated):")
     lines.append(f"  {'step 1 (no optimizer state in its backward)':<46}{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")

@@ -57,6 +57,7 @@ class TrainingSetup:
                                   "the architecture)", flag="--lora-targets", kind=str, suggest=8)
     optimizer: str = option("adamw-fused", "adamw-fused (adamw_torch_fused, Trainer's default), adamw "
                             "(adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
+                            "paged-adamw (paged_adamw_32bit: the state in CUDA managed memory, paged to RAM), "
                             "sgd (with momentum); the TrainingArguments.optim names in brackets work too",
                             flag="--optimizer", kind="optimizer", choices=tuple(OPTIMIZERS), suggest=10,
                             panel=True)
@@ -123,6 +124,10 @@ class TrainingSetup:
                                          "holds the moved ones, and makes its state at its first step, on their "
                                          "device): the estimate is the default's", flag="--optimizer-before-move",
                                          kind=bool)
+    expandable_segments: object = option(None, "the CUDA caching allocator's expandable_segments (set by "
+                                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts): it "
+                                         "changes the reserved estimate, not the allocated peak. Unset: read from "
+                                         "the environment", flag="--expandable-segments", kind=bool, suggest=16)
     cpu_offload: bool = option(False, "fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer "
                                "(zero3: and params)", flag="--cpu-offload", kind=bool, cli_default=None)
 

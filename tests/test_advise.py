@@ -41,8 +41,12 @@ def parsed(argv):
     return setup_of(build_parser().parse_args(["fit", *argv]))
 
 
-def judged(est, evaluates):
-    return max(est.peak_bytes, est.eval_peak_bytes if evaluates else 0)
+def judged(est, evaluates, lim):
+    """What the advisor judges: the reserved figure (the peak plus the allocator's modelled gap, of the evaluation
+    too where it evaluates), or the allocated peak where a safety fraction is given."""
+    gap = est.reserved_gap_bytes if lim.safety_fraction is None else 0
+    assert gap == (est.reserved_bytes - est.peak_bytes if lim.safety_fraction is None else 0)
+    return max(est.peak_bytes, est.eval_peak_bytes if evaluates else 0) + gap
 
 
 @pytest.mark.parametrize("argv,device,kw", CASES, ids=lambda c: c[1] if isinstance(c, list) else None)
@@ -53,8 +57,8 @@ def test_every_suggestion_pasted_back_fits_and_has_the_peak_it_reports(argv, dev
     for s in a.suggestions:
         est = estimate(**parsed(argv + s.cli.split()))   # the base command with the suggestion appended
         assert s.fits and est.peak_bytes == s.peak_bytes and est.eval_peak_bytes == s.eval_peak_bytes
-        assert judged(est, evaluates) <= lim.usable_bytes and est.cpu_build_bytes <= lim.ram_bytes
-        assert s.margin_bytes == lim.usable_bytes - judged(est, evaluates)
+        assert judged(est, evaluates, lim) <= lim.usable_bytes and est.cpu_build_bytes <= lim.ram_bytes
+        assert s.margin_bytes == lim.usable_bytes - judged(est, evaluates, lim)
         assert s.cli == " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
                                  for k, v in s.changes.items())
     ranks = [s.rank for s in a.suggestions]
@@ -63,10 +67,12 @@ def test_every_suggestion_pasted_back_fits_and_has_the_peak_it_reports(argv, dev
 
 def _edge(opts, key, n, top, lim, what="peak_bytes"):
     """n is the largest value of ``key`` that fits: n fits (or is 0) and n + 1 does not (or n is the cap)."""
+    def held(e):   # the peak judged: the reserved figure (or the allocated peak, with a safety fraction)
+        return lim.judged(e) if what == "peak_bytes" else getattr(e, what)
     if n:
-        assert getattr(estimate(**{**opts, key: n}), what) <= lim.usable_bytes
+        assert held(estimate(**{**opts, key: n})) <= lim.usable_bytes
     if n < top:
-        assert getattr(estimate(**{**opts, key: n + 1}), what) > lim.usable_bytes
+        assert held(estimate(**{**opts, key: n + 1})) > lim.usable_bytes
 
 
 @pytest.mark.parametrize("argv,device,kw", CASES[1:3] + CASES[4:], ids=["llama-1b", "gpt2", "tiny", "qlora-8b"])
@@ -101,14 +107,16 @@ def test_scenario_1_gets_a_head_change_and_never_8bit_adamw_on_its_head():
 def test_a_setup_that_fits_says_so_and_still_reports_its_largest_batch_and_sequence():
     opts = parsed(["--model", "gpt2", "--batch-size", "2", "--seq-len", "256"])
     a = advise(opts, "colab-t4")
-    assert a.fits and a.suggestions == [] and a.margin_bytes == a.limit.usable_bytes - a.peak_bytes
+    assert a.fits and a.suggestions == [] and a.margin_bytes == a.limit.usable_bytes - a.reserved_bytes
+    assert a.reserved_bytes == estimate(**opts).reserved_bytes > a.peak_bytes   # the allocator's gap, judged
     assert a.max_batch_size >= 2 and a.max_seq_len == 1024   # gpt2's positions cap the sequence
     _edge(a.options, "batch_size", a.max_batch_size, advise_search.BATCH_CAP, a.limit)
 
 
 def test_limits_safety_and_devices():
     t4 = PRESETS["colab-t4"].gpu_bytes
-    assert limit_for("colab-t4").usable_bytes == int(t4 * (1 - SAFETY)) and SAFETY == 0.05
+    assert limit_for("colab-t4").usable_bytes == t4 and SAFETY is None   # the reserved estimate is judged
+    assert limit_for("colab-t4", 0.05).usable_bytes == int(t4 * 0.95)     # ... or a flat fraction, asked for
     assert limit_for("colab-t4", safety=0).usable_bytes == t4 and limit_for("colab-t4").half == "fp16"
     assert limit_for("a100-80").half == "bf16" and limit_for("cpu").kernels == "cpu"
     assert limit_for("16GiB", 0).usable_bytes == 16 * 2**30 == limit_for(2**34, 0).limit_bytes
@@ -165,14 +173,15 @@ def test_cli_json_contract():
     for k in ("peak_bytes", "limit_bytes", "usable_bytes", "margin_bytes", "cpu_build_bytes", "ram_bytes",
               "max_batch_size", "max_seq_len", "eval_peak_bytes"):
         assert type(d[k]) is int, k
-    assert (d["fits"], d["device"], d["safety_fraction"]) == (False, "colab-t4", SAFETY)
-    assert d["usable_bytes"] == int(d["limit_bytes"] * (1 - SAFETY)) and d["margin_bytes"] < 0
+    assert (d["fits"], d["device"], d["safety_fraction"], d["judged"]) == (False, "colab-t4", None, "reserved_bytes")
+    assert d["usable_bytes"] == d["limit_bytes"] and d["margin_bytes"] == d["limit_bytes"] - d["reserved_bytes"] < 0
+    assert d["reserved_bytes"] > d["peak_bytes"] and d["expandable_segments"] is False
     s = d["suggestions"][0]
     assert s["changes"] == {"lora-r": 256, "lora-targets": "custom_layer", "load-dtype": "fp16"}
     assert s["cli"] == "--lora-r 256 --lora-targets custom_layer --load-dtype fp16" and s["fits"] is True
     for k in ("peak_bytes", "margin_bytes", "max_batch_size", "max_seq_len"):
         assert type(s[k]) is int, k
-    assert all(type(c) is str for c in s["costs"]) and s["margin_bytes"] == d["usable_bytes"] - s["peak_bytes"]
+    assert all(type(c) is str for c in s["costs"]) and s["margin_bytes"] == d["usable_bytes"] - s["reserved_bytes"]
 
 
 @pytest.mark.parametrize("argv,want", [
@@ -209,10 +218,10 @@ def test_check_prints_the_top_3_changes_for_a_trainer_that_does_not_fit(tmp_path
                                         per_device_train_batch_size=8))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        est = kit.check(tr, device=20_000_000)
+        est = kit.check(tr, device=40_000_000)
     text = out.getvalue()
-    a = advise(tr, 20_000_000, trainer_estimate=est)
-    assert est.peak_bytes > limit_for(20_000_000).usable_bytes and a.suggestions[0].fits
+    a = advise(tr, 40_000_000, trainer_estimate=est)
+    assert est.peak_bytes > limit_for(40_000_000).usable_bytes and a.suggestions[0].fits
     assert "what makes it fit, cheapest first:" in text and a.suggestions[0].cli in text
     assert [ln.split()[0] for ln in text.splitlines() if ln[:4].strip().isdigit() and "--" in ln] == ["1", "2", "3"]
 

@@ -55,19 +55,18 @@ def test_a_trainer_suggestion_applied_to_its_args(tmp_path):
     before = copy.deepcopy(tr.args.to_dict())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        est = kit.check(tr, device=20_000_000)
-    s = advise(tr, 20_000_000, trainer_estimate=est).suggestions[0]
-    assert s.fits and s.changes == {"batch-size": 2, "grad-accum": 4, "optimizer": "paged-adamw-8bit"}
+        est = kit.check(tr, device=40_000_000)
+    s = advise(tr, 40_000_000, trainer_estimate=est).suggestions[0]
+    assert s.fits and s.changes == {"batch-size": 1, "grad-accum": 8}
     new = apply(s, trainer=tr)
     assert sorted(new) == ["args"] and type(new["args"]) is TrainingArguments
     assert (new["args"].per_device_train_batch_size, new["args"].gradient_accumulation_steps, new["args"].optim) == \
-        (2, 4, "paged_adamw_8bit")
+        (1, 8, tr.args.optim)
     assert tr.args.to_dict() == before and new["args"] is not tr.args          # a copy; the user's args as they were
     again = estimate_trainer(Trainer(model=model, train_dataset=ds, data_collator=data.collator(tok), args=new["args"]))
-    assert again.peak_bytes == s.peak_bytes
+    assert (again.peak_bytes, again.reserved_bytes) == (s.peak_bytes, s.reserved_bytes)
     plan = in_objects(s, tr)
-    line = ("args = dataclasses.replace(trainer.args, per_device_train_batch_size=2, gradient_accumulation_steps=4, "
-            "optim='paged_adamw_8bit')")
+    line = "args = dataclasses.replace(trainer.args, per_device_train_batch_size=1, gradient_accumulation_steps=8)"
     assert plan.statements() == [line] and f"in your objects: {line}" in " ".join(out.getvalue().split())
     assert _ran(plan.code, trainer=tr)["args"] == new["args"]
     assert in_objects(s, est).code == plan.code                     # the Estimate remembers the Trainer's objects

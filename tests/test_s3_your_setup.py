@@ -39,8 +39,11 @@ def test_the_advisors_changes_land_in_your_objects(tmp_path):
     q = s.changed({"quantization": "4bit", "lora-r": 16, "lora-targets": "all-linear", "load-dtype": "bf16"})
     assert q.quantization_config.load_in_4bit and q.peft_config.r == 16 and q.peft_config.target_modules == "all-linear"
     assert "BitsAndBytesConfig: none (not quantized) -> 4-bit nf4, double quant, compute bfloat16" in q.diff(s)
-    with pytest.raises(ValueError, match=r"^the change --eval-batch-size 1 is not applied to your objects here"):
-        s.changed({"eval-batch-size": 1})
+    assert s.changed({"eval-batch-size": 1}).args.per_device_eval_batch_size == 1
+    with pytest.raises(ValueError, match=r"^the change is not applied to your objects here \(--kbit-recipe lean"):
+        s.changed({"kbit-recipe": "lean"})
+    with pytest.raises(ValueError, match=r"expandable_segments:True"):
+        s.changed({"expandable-segments": True})
     with pytest.raises(ValueError, match="No tiny twin for 'gpt-j'"):
         s3.YourSetup("gpt-j", s.args, size="smoke")
 
@@ -48,7 +51,10 @@ def test_the_advisors_changes_land_in_your_objects(tmp_path):
 def test_the_smoke_cap_is_simulated_only_where_the_advice_moves_the_peak_enough(tmp_path):
     s = _setup(tmp_path)
     advice = advise(s.estimate(), "colab-t4")              # at real size: does not fit a T4
-    assert not advice.fits and advice.suggestions[0].changes == {"batch-size": 4, "grad-accum": 2}
+    assert not advice.fits and [x.changes for x in advice.suggestions[:2]] == [
+        {"expandable-segments": True}, {"batch-size": 4, "grad-accum": 2}]
+    # the allocator setting is an environment variable read when CUDA starts: not this kernel's to change
+    assert s.advised(advice).args.per_device_train_batch_size == 4
     cap = s3.memory_cap(s, advice, "colab-t4")
     orig, adv = s.estimate(as_run=True).peak_bytes, s.advised(advice).estimate(as_run=True).peak_bytes
     assert cap.simulated and (cap.original_bytes, cap.advised_bytes) == (orig, adv)

@@ -381,15 +381,16 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     assert p.verdict.fits and p.estimate.peak_bytes == top.peak_bytes
     assert p.advice_view.rows == [] and "--lora-targets custom_layer" in p.advice_view.extra_html.value
     assert p.run_button.disabled and "Clear" in p.run_why.value
-    assert p.estimate.peak_bytes <= limit_for("colab-t4").usable_bytes
+    assert limit_for("colab-t4").judged(p.estimate) <= limit_for("colab-t4").usable_bytes
     p.clear_extra()
     assert p.extra == {} and not p.verdict.fits and not p.advice_view.rows == []
 
     q = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=16, seq_len=1024)
     n = int(q.advice_view.largest_html.value.split("<b>")[1].split("</b>")[0])
     s = {**q.setup(), "device": "cuda"}
-    usable = limit_for("colab-t4").usable_bytes
-    assert estimate(**{**s, "batch_size": n}).peak_bytes <= usable < estimate(**{**s, "batch_size": n + 1}).peak_bytes
+    lim = limit_for("colab-t4")   # the advisor judges the reserved estimate
+    assert lim.judged(estimate(**{**s, "batch_size": n})) <= lim.usable_bytes < \
+        lim.judged(estimate(**{**s, "batch_size": n + 1}))
     split = next(r for r in q.advice_view.rows if "grad-accum" in r.changes)
     q.advice_view.apply(q.advice_view.rows.index(split))
     # the batch slider takes the smaller micro-batch; the accumulation has no control

@@ -6,13 +6,16 @@ nothing is loaded, and kit.measure.device is imported only for ``device="this"``
 Cost order (tiers; a suggestion of several changes ranks by its costliest change, then the next; within a
 tier, in the order below; then fewer changed options, then the lower peak):
 
-0. free: fused AdamW in place of the foreach step, sdpa in place of eager attention (the same math); where
+0. free: the allocator's ``expandable_segments`` (an environment variable set before CUDA starts: only what is
+   reserved changes, judged on a GPU); fused AdamW in place of the foreach step, sdpa in place of eager
+   attention (the same math); where
    TRL runs (``loss_type`` or its fused head) on padded rows, padding-free: the same rows and loss in one row of
    the same tokens, estimated at those tokens (the padding the rows really carry is saved on top, unknown to
    the estimate; at equal tokens its block-diagonal mask usually makes it no saving, and a note says so).
    TRL's ``loss_type="chunked_nll"`` is never a change: TRL 1.16 makes it "nll", already computed in tiles
    (a note says so; :mod:`kit.advise.levers`);
-1. slower, same result: a smaller per-device batch with more accumulation (the effective batch is kept);
+1. slower, same result: a smaller per-device batch with more accumulation (the effective batch is kept); paged
+   32-bit AdamW (bitsandbytes): the same update, its state in CUDA managed memory, paged to RAM under pressure;
 2. gradient checkpointing, slower by a rule of thumb (not measured): the checkpointed blocks run their forward
    again in the backward. With every weight trained a backward costs about two forwards, so a step goes from
    about 3 forward-costs to 4 (+33%); with the blocks frozen (LoRA, a head on top) it makes no weight grads
@@ -31,11 +34,13 @@ tier, in the order below; then fewer changed options, then the lower peak):
 Single changes are tried first. Only when none fits: every pair, then a third change on the
 :data:`BEAM` pairs of lowest peak: a few hundred estimates at most, cached within the call.
 
-The limit is what torch can allocate (a preset, this GPU now, or a number of bytes), less :data:`SAFETY`:
-the estimate predicts the allocated peak, and the caching allocator reserves more than it allocates
-(requests rounded up to 512 B, large ones carved from 2 MiB or 20 MiB segments, freed blocks a new size
-cannot reuse). The kit has not measured that gap here (no GPU), so 5% is a judgement; ``safety=0``
-turns it off. The model's CPU build must fit in RAM as well (it does not depend on batch or sequence).
+The limit is what torch can allocate (a preset, this GPU now, or a number of bytes). What must fit it is the
+estimate's *reserved* figure (``Estimate.reserved_bytes``): the allocated peak plus what the caching allocator
+holds beyond it (requests rounded up to 512 B, large ones carved from 2 MiB or 20 MiB segments, freed blocks a
+new size cannot reuse), modelled on the step laid out as tensors (:mod:`kit.estimate.reserved`), with or without
+``expandable_segments`` as the setup says. ``safety=F`` replaces that model with a flat fraction F of the limit
+kept free against the allocated peak (``safety=0``: the allocated peak alone). The model's CPU build must fit in
+RAM as well (it does not depend on batch or sequence).
 
 >>> a = advise(dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu"), 80_000_000, safety=0)
 >>> a.fits, a.suggestions[0].cli, a.max_batch_size
@@ -57,26 +62,37 @@ from kit.estimate.read_model import read_model
 from kit.presets import resolve_device
 from kit.units import GiB, fmt_bytes, wrapped
 
-SAFETY = 0.05            # of the limit, kept free for reserved-above-allocated (fragmentation); see the doc
+SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
 BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
 
 
 @dataclass(frozen=True)
 class Limit:
-    """What a setup must fit: ``limit_bytes`` torch can allocate (RAM on the cpu preset) less the safety
-    fraction, and ``ram_bytes`` for building the model. ``half``: the 16-bit type to suggest there."""
+    """What a setup must fit: ``limit_bytes`` torch can allocate (RAM on the cpu preset; less the safety
+    fraction where one is given, else judged against the reserved estimate), and ``ram_bytes`` for building the
+    model. ``half``: the 16-bit type to suggest there."""
 
     name: str
     label: str
     limit_bytes: int
     ram_bytes: int
-    safety_fraction: float = SAFETY
+    safety_fraction: float | None = SAFETY
     half: str = "bf16"
     kernels: str = "cuda"   # estimate(device=...): "cpu" on the cpu preset
 
     @property
     def usable_bytes(self) -> int:
-        return int(self.limit_bytes * (1 - self.safety_fraction))
+        return self.limit_bytes if self.safety_fraction is None else int(self.limit_bytes * (1 - self.safety_fraction))
+
+    def judged(self, e, evaluates: bool = False, exact: bool = True) -> int:
+        """What of estimate ``e`` must fit :attr:`usable_bytes`: its reserved figure (the allocated peak plus the
+        allocator's modelled gap), or the allocated peak where a safety fraction stands in for the gap; the
+        evaluation's where it is judged and higher. ``exact=False``: a peak over the limit already is returned
+        without the gap (it fails either way, and the allocator's model is not run: the search's shortcut)."""
+        peak = max(e.peak_bytes, e.eval_peak_bytes if evaluates else 0)
+        if self.safety_fraction is not None or not exact and peak > self.usable_bytes:
+            return peak
+        return peak + e.reserved_gap_bytes
 
 
 def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
@@ -84,10 +100,10 @@ def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
     (read by :func:`kit.presets.resolve_device`). The 16-bit type to suggest comes from the GPU's compute
     capability (:func:`kit.dtypes.run_dtype`).
 
-    >>> limit_for("colab-t4").usable_bytes / 2**30, limit_for("colab-t4").half   # doctest: +ELLIPSIS
-    (13.83..., 'fp16')
+    >>> round(limit_for("colab-t4").usable_bytes / 2**30, 2), round(limit_for("colab-t4", 0.05).usable_bytes / 2**30, 2)
+    (14.56, 13.83)
     """
-    safety = kin.fraction("safety", safety, maximum=0.5)
+    safety = None if safety is None else kin.fraction("safety", safety, maximum=0.5)
     if isinstance(device, Limit):
         return device
     p, _ = resolve_device("this" if isinstance(device, str) and device.strip().lower() == "this gpu" else device)
@@ -103,7 +119,7 @@ class Advice:
     fits: bool
     peak_bytes: int
     limit: Limit
-    margin_bytes: int          # usable_bytes - peak_bytes (- eval_peak_bytes if evaluates and higher); < 0: short
+    margin_bytes: int          # usable_bytes - Limit.judged(the estimate) (reserved, or the peak); < 0: short
     cpu_build_bytes: int
     max_batch_size: int        # 0: not even 1 fits (the peak judged; RAM does not depend on it)
     max_seq_len: int
@@ -116,6 +132,8 @@ class Advice:
     # each suggestion in the user's objects (kit.advise.objects.InObjects), where the setup was a Trainer or an
     # Estimate read from objects; [] for options
     objects: list = field(repr=False, default_factory=list)
+    reserved_bytes: int = 0    # the setup's predicted max_memory_reserved() (kit.estimate.reserved)
+    expandable_segments: bool = False   # the allocator setting it assumes
 
     def to_json(self) -> dict:
         """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields); a
@@ -126,6 +144,8 @@ class Advice:
             d["objects"] = o.to_json()
         return {"fits": self.fits, "peak_bytes": self.peak_bytes, "limit_bytes": lim.limit_bytes,
                 "safety_fraction": lim.safety_fraction, "usable_bytes": lim.usable_bytes,
+                "reserved_bytes": self.reserved_bytes, "expandable_segments": self.expandable_segments,
+                "judged": "peak_bytes" if lim.safety_fraction is not None else "reserved_bytes",
                 "margin_bytes": self.margin_bytes, "cpu_build_bytes": self.cpu_build_bytes,
                 "ram_bytes": lim.ram_bytes, "ram_fits": self.cpu_build_bytes <= lim.ram_bytes,
                 "device": lim.name, "device_label": lim.label, "max_batch_size": self.max_batch_size,
@@ -144,22 +164,28 @@ class Advice:
         if self.evaluates:
             ram += f"; evaluate() {f(self.eval_peak_bytes)}" + (" does NOT fit" if self.eval_peak_bytes >
                                                                 lim.usable_bytes else "")
-        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {lim.label}: peak {f(self.peak_bytes)} of "
-               f"{f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a {lim.safety_fraction:.0%} safety margin): "
-               f"{short}{ram}"]
+        if lim.safety_fraction is None:
+            what = (f"peak {f(self.peak_bytes)} allocated, {f(self.reserved_bytes)} reserved (the caching allocator "
+                    f"modelled, expandable_segments {'on' if self.expandable_segments else 'off'}) of "
+                    f"{f(lim.limit_bytes)}")
+        else:
+            what = (f"peak {f(self.peak_bytes)} of {f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a "
+                    f"{lim.safety_fraction:.0%} safety margin)")
+        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {lim.label}: {what}: {short}{ram}"]
         rows = self.suggestions[:top]
         if rows:
             out.append(("what makes it fit, cheapest first:" if rows[0].fits else "nothing tried fits; the closest:")
-                       + f"\n  {'#':>2} {'peak':>10} {'margin':>11}  changes (append to the command)")
+                       + f"\n  {'#':>2} {'peak':>10} {'reserved':>10} {'margin':>11}  changes (append to the command)")
             for i, s in enumerate(rows, 1):
                 margin = ("+" if s.margin_bytes >= 0 else "-") + f(abs(s.margin_bytes))
-                out.append(f"  {i:>2} {f(s.peak_bytes):>10} {margin:>11}  {s.cli}"
-                           + "".join(f"\n{'':27}cost: {c}" for c in s.costs))
+                held = f(s.reserved_bytes) if lim.safety_fraction is None else "-"
+                out.append(f"  {i:>2} {f(s.peak_bytes):>10} {held:>10} {margin:>11}  {s.cli}"
+                           + "".join(f"\n{'':38}cost: {c}" for c in s.costs))
                 if i <= len(self.objects):   # the same change in the user's own objects
                     o = self.objects[i - 1]
                     code = o.statements() or ["(no field of your objects changes)"]
-                    out += [f"{'':27}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
-                    out += [f"{'':27}not in an object: {n}" for n in o.notes]
+                    out += [f"{'':38}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
+                    out += [f"{'':38}not in an object: {n}" for n in o.notes]
         out += [f"note: {n}" for n in self.notes]
         out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
         return "\n".join(out)
@@ -263,7 +289,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     given = setup if isinstance(setup, Estimate) else trainer_estimate if _is_trainer(setup) else None
     return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
                   out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
-                  [in_objects(x, given) for x in out] if given is not None and given.inputs else [])
+                  [in_objects(x, given) for x in out] if given is not None and given.inputs else [],
+                  be.reserved_bytes, be.expandable_segments)
 
 
 def _is_trainer(setup) -> bool:
@@ -279,7 +306,8 @@ def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """
     lim = limit_for(device, safety)
     o = _options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    return largest_fitting(lambda n: estimate(**{**o, "batch_size": n}).peak_bytes, 1, BATCH_CAP, lim.usable_bytes,
+    return largest_fitting(lambda n: lim.judged(estimate(**{**o, "batch_size": n}), exact=False), 1, BATCH_CAP,
+                           lim.usable_bytes,
                            o["batch_size"])
 
 
@@ -292,5 +320,6 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     lim = limit_for(device, safety)
     o = _options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
-    return largest_fitting(lambda n: estimate(**{**o, "seq_len": n}).peak_bytes, 1, top, lim.usable_bytes,
+    return largest_fitting(lambda n: lim.judged(estimate(**{**o, "seq_len": n}), exact=False), 1, top,
+                           lim.usable_bytes,
                            o["seq_len"])

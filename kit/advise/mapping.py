@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
+from kit.estimate.reserved import HOW_TO
 from kit.advise.search import CLI
 from kit.estimate.read_training import OPTIMS
 
@@ -225,6 +226,9 @@ def plan(s, ctx) -> InObjects:
                              f": no object field: launch on {n} GPUs (accelerate launch --num_processes {n}, "
                              "distributed_type: FSDP, fsdp_version: 2"
                              + (", offloading to the CPU" if o.get("cpu_offload") else "") + ")")
+        elif kw == "expandable_segments":
+            notes.append(f"{flag}: no object field: an environment variable torch reads once, before CUDA starts: "
+                         + HOW_TO)
         elif kw == "padding_free" and not sft:
             notes.append(f"{flag}: no object field: a plain Trainer pads its batches; TRL's "
                          "SFTConfig(padding_free=True) flattens them (or transformers' DataCollatorWithFlattening)")

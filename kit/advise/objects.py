@@ -83,7 +83,7 @@ def in_objects(suggestion, source) -> InObjects:
 
 
 def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft_config=None,
-          quantization_config=None) -> dict:
+          quantization_config=None, strict: bool = False) -> dict:
     """Copies of the user's objects with ``suggestion`` applied; the objects passed are never changed.
 
     Pass the Trainer (``trainer=``), or the objects given to :func:`kit.estimate.estimate_from`. The dict has
@@ -91,7 +91,8 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     again with it), ``peft_config``, ``quantization_config`` (a copy of each passed, or read from the Trainer's
     model, changed or not; a new one where the suggestion makes it), and ``load_dtype`` /
     ``attn_implementation`` (``from_pretrained``'s) and ``seq_len`` only where the suggestion changes them. What
-    no object holds (``kbit-recipe``, a multi-GPU launch) is not applied: :func:`in_objects`' ``notes`` say it.
+    no object holds (``kbit-recipe``, ``expandable-segments``, a multi-GPU launch) is not applied:
+    :func:`in_objects`' ``notes`` say it; ``strict=True`` refuses such a suggestion instead, naming the change.
 
     >>> from peft import LoraConfig
     >>> from kit.advise import advise
@@ -126,6 +127,10 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
                   "padding_free": sft_config is not None and kt.read_sft_config(sft_config)[3]}
     ctx = context(inputs)
     p = plan(suggestion, ctx)
+    missing = [n for n in p.notes if ": no object field" in n]
+    if strict and missing:
+        raise kin.InputError("suggestion", f"{missing[0]}: no object of yours holds the change "
+                                           f"{missing[0].split(':')[0]}, so apply() cannot make it.")
     plain = lambda d: {k: v.value if isinstance(v, Code) else v for k, v in d.items()}
     out = {}
     name = ctx["name"]

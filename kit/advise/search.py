@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
+from kit.advise.costs import LORA_R, cost, trains_weights
 from kit.estimate.inventory import info_of
 from kit.training_setup import KEYWORDS, SUGGESTED, flag_of
-from kit.units import fmt_bytes
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
-LORA_R = 16              # the rank of a suggested LoRA (an outsized layer gets more: see _head)
 INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (README, Known failures)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
 CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
@@ -27,15 +26,21 @@ KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
 
 
 # -- the moves ----------------------------------------------------------------------------------------------
-def _trains_weights(o) -> bool:  # weights are trained in the loaded dtype (full fine-tuning, scenario 1's head)
-    return not o["lora_r"]
+def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
+    if o["optimizer"] not in ("adamw", "adamw-fused"):
+        return None
+    if c.too_big and trains_weights(o):   # bitsandbytes' optimizer kernels take the element count as an int32
+        c.notes.add(f"paged AdamW (bitsandbytes) is not suggested: {c.too_big} has more than 2^31 - 1 elements, "
+                    "past the int32 element count its optimizer kernels take")
+        return None
+    return {"optimizer": "paged-adamw"}
 
 
 def _adam8(paged):
     def move(o, c):
-        if o["optimizer"] in ("adamw-8bit", "paged-adamw-8bit", "sgd"):
+        if o["optimizer"] in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "sgd"):
             return None
-        if c.too_big and _trains_weights(o):
+        if c.too_big and trains_weights(o):
             c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
                         "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: README, Known failures)")
             return None
@@ -61,7 +66,7 @@ def _quant(bits):
 def _w16(o, c):
     if o["load_dtype"] != "fp32" or o["quantization"] != "none":
         return None
-    if _trains_weights(o):  # fp16 trained weights under fp16 autocast: Trainer's grad scaler refuses them
+    if trains_weights(o):  # fp16 trained weights under fp16 autocast: Trainer's grad scaler refuses them
         return {"load_dtype": "bf16", **({"precision": "bf16"} if o["precision"] == "fp16" else {})}
     return {"load_dtype": c.lim.half}
 
@@ -80,9 +85,16 @@ def _head(o, c):
     return {"lora_r": max(8, min(256, min(fin, fout) // 64)), "lora_targets": (name,)}
 
 
+def _expandable(o, c):   # judged on reserved, on a GPU: the setting changes nothing else
+    if o.get("expandable_segments") or c.lim.kernels != "cuda" or c.lim.safety_fraction is not None:
+        return None
+    return {"expandable_segments": True}
+
+
 # name -> (move, tier). Moves apply in this order (structure, dtypes, optimizer, shapes); within a tier, the
 # earlier one ranks first.
 MOVES = {
+    "expandable": (_expandable, 0),   # the allocator setting: no tensor changes, only what is reserved
     "head-lora": (_head, 6), "lora-all": (_lora(kin.ALL_LINEAR), 6), "lora": (_lora(None), 6),
     "8bit": (_quant("8bit"), 7), "4bit": (_quant("4bit"), 8),
     "mixed": (lambda o, c: {"precision": c.lim.half} if o["precision"] == "fp32" else None, 3),
@@ -97,62 +109,13 @@ MOVES = {
     "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > 1 else None, 5),
     "split": (lambda o, c: {"batch_size": 1, "grad_accum": o["grad_accum"] * o["batch_size"]}
               if o["batch_size"] > 1 else None, 1),
+    "paged-adam": (_paged32, 1),   # after the split: it needs bitsandbytes, which Colab lacks
     "padding-free": (levers.padding_free, 0),   # where TRL runs: the same tokens in one row (kit.advise.levers)
 }
 
 
 def _tier(m, o) -> int:
-    return 4 if m == "w16" and _trains_weights(o) else MOVES[m][1]
-
-
-def _cost(m, b, o, be, e) -> str:
-    """What move ``m`` costs, taking base options ``b`` (estimate ``be``) to ``o`` (estimate ``e``)."""
-    f, bnb = fmt_bytes, "needs bitsandbytes (Colab lacks it)"
-    frozen = bool(o["lora_r"]) or not be.context.trainable["block"]   # the blocks' weights get no grads
-    weights = f"weights {f(be.weights_bytes)} -> {f(e.weights_bytes)}"
-    trained = f"{e.trainable_params:,} trainable parameters instead of {be.trainable_params:,}"
-    lora = (f"; a rank-{LORA_R} LoRA on every linear layer trains, not the weights"
-            if o["lora_targets"] == kin.ALL_LINEAR and not b["lora_r"] else "") + (
-        f"; the other weights load in {o['load_dtype']}" if o["load_dtype"] != b["load_dtype"] else "")
-    evals = ([f"eval batches of {o['eval_batch_size']} instead of {b['eval_batch_size']}"]
-             if o["eval_batch_size"] != b["eval_batch_size"] else []) + (
-        [f"gathered predictions moved to the CPU every {o['eval_accumulation_steps']} eval step"]
-        if o["eval_accumulation_steps"] != b["eval_accumulation_steps"] else [])
-    words = {
-        "fused": lambda: "none: the same AdamW update in one fused kernel (optim='adamw_torch_fused'), no temporaries",
-        "sdpa": lambda: "none: the same attention through torch's sdpa, without the S x S scores",
-        "split": lambda: f"effective batch unchanged ({b['batch_size'] * b['grad_accum']}); {o['grad_accum']} "
-                         f"micro-batches of {o['batch_size']} per optimizer step instead of {b['grad_accum']} of "
-                         f"{b['batch_size']}: slower where the bigger batch kept the GPU busy",
-        "eval": lambda: "evaluation only: " + "; ".join(evals) + " (slower, same metrics)",
-        "ckpt": lambda: ("slower, by a rule of thumb (not measured): the blocks' forward runs again in the backward; "
-                         + ("with the blocks frozen their backward makes no weight grads, about one forward, so a step "
-                            "goes from about 2 forward-costs to 3 (+50%)" if frozen else "a backward costs about two forwards, so a step goes from about 3 "
-                            "forward-costs to 4 (+33%)")),
-        "mixed": lambda: f"numerics: {o['precision']} autocast (fp32 master weights kept"
-                         f"{', loss scaling' if o['precision'] == 'fp16' else ''}); usually faster on a GPU",
-        "adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise; optimizer state {f(be.optimizer_bytes)} -> "
-                         f"{f(e.optimizer_bytes)}; {bnb}",
-        "paged-adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise, {f(e.paged_optimizer_bytes)} of it in "
-                               "CUDA managed memory, outside this peak: paged to RAM under pressure (slower then); "
-                               + bnb,
-        "lean": lambda: f"numerics: the non-quantized weights stay in {o['load_dtype']}, not upcast to fp32 (no "
-                        "prepare_model_for_kbit_training: turn on checkpointing and input grads yourself)",
-        "w16": lambda: (f"numerics: the trained weights, their gradients and AdamW state in bf16, no fp32 master copy "
-                        f"(small updates round away); {weights}") if _trains_weights(o) else
-                       f"numerics: the frozen weights in {o['load_dtype']}; {weights}",
-        "seq": lambda: f"changes what the model sees: sequences cut from {b['seq_len']} to {o['seq_len']} tokens "
-                       "(truncate or chunk longer texts)",
-        "lora": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on peft's default targets, {trained}",
-        "lora-all": lambda: f"changes what is trained: a rank-{o['lora_r']} LoRA on every linear layer, {trained}",
-        "padding-free": lambda: levers.cost(b, o),
-        "head-lora": lambda: f"changes the model: {o['lora_targets'][0]}'s weight is frozen and a rank-{o['lora_r']} "
-                             f"update trains ({trained}); zero the frozen weight first and the layer is a low-rank map "
-                             "(scenario 1's fix (b)), whose frozen weight still costs its bytes",
-        "8bit": lambda: f"changes the model: base weights in 8 bits (LLM.int8){lora}; {bnb}",
-        "4bit": lambda: f"changes the model: base weights in NF4 4-bit{lora}; {bnb}",
-    }
-    return words[m]()
+    return 4 if m == "w16" and trains_weights(o) else MOVES[m][1]
 
 
 @dataclass
@@ -172,9 +135,11 @@ class Suggestion:
     eval_peak_bytes: int
     options: dict = field(repr=False, default_factory=dict)   # estimate()'s keywords, in full
     rank: tuple = field(repr=False, default=())
+    reserved_bytes: int = 0    # its predicted max_memory_reserved() (kit.estimate.reserved)
 
     def to_json(self) -> dict:
-        d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "fits", "margin_bytes", "costs",
+        d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "reserved_bytes", "fits", "margin_bytes",
+                                           "costs",
                                            "max_batch_size", "max_seq_len", "cpu_build_bytes", "eval_peak_bytes")}
         return d | {"tiers": list(self.tiers)}
 
@@ -214,10 +179,13 @@ class Search:
         e = self.estimate(o)
         if e is None:
             return float("inf")
-        return max(e.peak_bytes, e.eval_peak_bytes if self.evaluates else 0) if what == "judged" else getattr(e, what)
+        return self.lim.judged(e, self.evaluates, exact=False) if what == "judged" else getattr(e, what)
 
     def fits(self, e) -> bool:
-        return e is not None and self.margin(e) >= 0 and e.cpu_build_bytes <= self.lim.ram_bytes
+        """The judged peak fits the device, the CPU build its RAM, and optimizer state paged out of the GPU's
+        allocator (bitsandbytes' managed memory) fits that RAM too, where it is paged to under pressure."""
+        return e is not None and self.lim.judged(e, self.evaluates, exact=False) <= self.lim.usable_bytes \
+            and max(e.cpu_build_bytes, e.paged_optimizer_bytes) <= self.lim.ram_bytes
 
     def apply(self, names) -> dict | None:
         o = dict(self.base)
@@ -283,14 +251,14 @@ class Search:
         return (not self.fits(e),) + self.prefix(names, o) + (e.peak_bytes,)
 
     def suggestion(self, names, o, e) -> Suggestion:
-        costs = [_cost(m, self.base, o, self.base_est, e) for m in MOVES if m in names]
+        costs = [cost(m, self.base, o, self.base_est, e) for m in MOVES if m in names]
         changes, rank = self.changes(o), self.rank((names, o, e))
         return Suggestion(changes, cli(changes), e.peak_bytes, self.fits(e), self.margin(e), costs, rank[1],
-                          *self.largest(o), e.cpu_build_bytes, e.eval_peak_bytes, o, rank)
+                          *self.largest(o), e.cpu_build_bytes, e.eval_peak_bytes, o, rank, e.reserved_bytes)
 
     def margin(self, e) -> int:
-        """The usable limit less the peak judged: training's, or evaluation's where it is judged and higher."""
-        return self.lim.usable_bytes - max(e.peak_bytes, e.eval_peak_bytes if self.evaluates else 0)
+        """The usable limit less what is judged (:meth:`kit.advise.core.Limit.judged`)."""
+        return self.lim.usable_bytes - self.lim.judged(e, self.evaluates)
 
     def largest(self, o) -> tuple[int, int]:
         use = self.lim.usable_bytes

@@ -1,7 +1,8 @@
 """``python -m kit fit``: what makes a training setup fit a device, cheapest first (the README's "What will make it fit").
 
 It takes every ``estimate`` option, plus ``--device`` (a preset, ``this`` for this GPU now, or a number of
-bytes such as ``16GiB``), ``--safety`` (the fraction of the limit kept free, default 0.05) and ``--eval``
+bytes such as ``16GiB``), ``--safety`` (a fraction of the limit kept free against the allocated peak, in place of the default: the
+reserved estimate) and ``--eval``
 (the run evaluates, so ``Trainer.evaluate()`` must fit too). Each suggestion's ``changes`` use the estimate
 CLI's option names, and its ``cli`` string pastes back: append it to the same command.
 
@@ -32,8 +33,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_setup_options(p)
     p.add_argument("--device", default="colab-t4", help=f"a preset ({', '.join(PRESETS)}), 'this' (this GPU's "
                    "memory for torch, now) or a number of bytes (16000000000, 16GiB); default colab-t4")
-    p.add_argument("--safety", default=SAFETY, help=f"fraction of the limit kept free for the allocator's "
-                   f"fragmentation (reserved above allocated); default {SAFETY}, 0 turns it off")
+    p.add_argument("--safety", default=SAFETY, help="a fraction of the limit kept free against the allocated peak, "
+                   "in place of the default: the reserved estimate (the allocated peak plus the caching "
+                   "allocator's modelled gap, with or without --expandable-segments); 0 judges the allocated peak")
     p.add_argument("--eval", dest="evaluates", action="store_true",
                    help="the run evaluates: Trainer.evaluate()'s peak (at --eval-batch-size) must fit too")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

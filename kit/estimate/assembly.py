@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from kit import inputs as kin
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
+from kit.estimate import reserved as kr
 from kit.estimate.evaluation import eval_peak
 from kit.estimate.inventory import Info, default_targets, lora_matches
 from kit.estimate.result import Context, Estimate
@@ -130,6 +131,9 @@ class Counts:
     part_trainable: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
     groups: dict = field(default_factory=dict)   # (decays, dtype bytes) -> trainable tensors' bytes, as Trainer
     offenders: list = field(default_factory=list)  # (module, params, training bytes)
+    # per leaf, in module order: (part, weight bytes, [(grad bytes, optimizer state bytes in the allocator)] per
+    # trainable tensor): the tensors kit.estimate.reserved lays out
+    tensors: list = field(default_factory=list)
 
     @property
     def gradients(self) -> int:
@@ -165,11 +169,12 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             c.params += p.lora_r * (l.fin + l.fout)
         elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
             pieces = [(l.weight, other), (l.bias, other)]
-        train_bytes = w_bytes
+        train_bytes, own = w_bytes, []
         for k, dt in pieces:
             if not k:
                 continue
             state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
+            own.append((k * dt, state))
             c.grads[l.part] += k * dt
             c.trainable += k
             c.optimizer, c.paged = c.optimizer + state, c.paged + paged
@@ -186,6 +191,7 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             train_bytes += k * dt + state + paged
         c.weights += w_bytes
         c.part_weights[l.part] += w_bytes
+        c.tensors.append((l.part, w_bytes, own))
         c.offenders.append((l.name, n, train_bytes))
     c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not p.lora_r)
     c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
@@ -238,7 +244,8 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      fused_head=p.fused, adapter=p.adapter, **shapes)
 
 
-def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None) -> Estimate:
+def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None,
+           expandable: bool = False) -> Estimate:
     """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
     is the peak.
 
@@ -297,10 +304,18 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                               "saves in training: an upper bound (it is exact where the logits set it)",
                               field="eval_batch_size", code="eval-upper-bound"))
     by_bytes = sorted(c.offenders, key=lambda t: (t[2], t[1]), reverse=True)
+    peak = max(fwdbwd, step)
+
+    def reserve(peak_bytes):   # on first use only: the allocator's model runs over the step laid out as tensors
+        if p.device != "cuda":
+            return kr.Reserved(peak_bytes, 0, expandable, peak_bytes)
+        return kr.reserved(c.tensors, rp, peak_bytes, inputs=inputs, step_temp=step_temp, accum=p.accum,
+                           expandable=expandable)
+
     return Estimate(
         params=c.params, trainable_params=c.trainable, weights_bytes=weights, gradients_bytes=c.gradients,
         optimizer_bytes=c.optimizer + c.paged, activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
-        peak_bytes=max(fwdbwd, step), first_step_peak_bytes=max(weights + first.total + inputs, step),
+        peak_bytes=peak, first_step_peak_bytes=max(weights + first.total + inputs, step),
         eval_peak_bytes=ev.peak_bytes, eval_moment=ev.moment,
         cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
         loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,
@@ -315,9 +330,11 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                                 device=p.device, **p.bnb.setup(p.quant, p.ckpt, p.reentrant),
                                 eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
                                 eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
-                                **({"fused_lm_head": True} if p.fused else {}),
+                                expandable_segments=expandable, **({"fused_lm_head": True} if p.fused else {}),
                                 **({"adapter_dtype": "bf16"} if p.adapter == 2 else {})),
         _parts=parts,
         context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,
                         L=L, weights=c.part_weights, opt=c.part_optimizer, trainable=c.part_trainable,
-                        buffers=info.buffers_bytes, H=st.H, fwdbwd=fwdbwd, step=step))
+                        buffers=info.buffers_bytes, H=st.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
+                        tensors=c.tensors),
+        expandable_segments=expandable)

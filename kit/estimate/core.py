@@ -23,6 +23,7 @@ from kit import inputs as kin
 from kit.estimate import assembly
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
+from kit.estimate import reserved as kr
 from kit.estimate import trl as kt
 from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
@@ -117,7 +118,9 @@ def estimate(model, **setup) -> Estimate:
     counts = assembly.count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note)
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
-    est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop)
+    expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
+    expandable = kr.expandable_from_env() if expandable is None else expandable
+    est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop, expandable)
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 

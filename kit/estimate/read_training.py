@@ -13,7 +13,7 @@ from kit.estimate.read_model import dtype_name
 
 # TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
 OPTIMS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw-fused", "adamw_bnb_8bit": "adamw-8bit",
-          "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit", "sgd": "sgd"}
+          "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit", "paged_adamw_32bit": "paged-adamw", "sgd": "sgd"}
 SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to read the sequence length
 
 

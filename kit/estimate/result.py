@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 from kit.presets import render
 from kit.units import fmt_bytes
@@ -36,6 +37,8 @@ class Context:
     H: int                  # hidden size
     fwdbwd: int             # the forward/backward phase's peak
     step: int               # the optimizer step's peak
+    reserve: object = None  # peak bytes -> kit.estimate.reserved.Reserved (the allocator's model over this step)
+    tensors: list = field(default_factory=list)  # per leaf: (part, weight bytes, [(grad, state bytes)]), laid out
 
 
 @dataclass
@@ -75,6 +78,23 @@ class Estimate:
     context: Context | None = field(default=None, repr=False, compare=False)  # for kit.estimate.strategies
     # the user's objects it was read from (estimate_trainer / estimate_from; {} for estimate()): kit.advise.objects
     inputs: dict = field(default_factory=dict, repr=False, compare=False)
+    expandable_segments: bool = False   # the allocator setting reserved_bytes assumes
+
+    @cached_property
+    def reserved(self):
+        """The predicted ``max_memory_reserved()`` and how it was found (a :class:`kit.estimate.reserved.Reserved`):
+        modelled on first use, as it runs the allocator's model over the step laid out as tensors."""
+        return self.context.reserve(self.peak_bytes)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The predicted ``max_memory_reserved()``: ``peak_bytes`` plus the caching allocator's gap (the peak
+        on the CPU, which has no caching allocator)."""
+        return self.reserved.reserved_bytes
+
+    @property
+    def reserved_gap_bytes(self) -> int:
+        return self.reserved.gap_bytes
 
     def components(self) -> "OrderedDict[str, int]":
         """Bytes per component at the peak moment, in :data:`COMPONENTS` order; sums to peak_bytes."""
@@ -89,6 +109,7 @@ class Estimate:
         """The CLI's ``--json`` object: the contract's integer fields first, then more."""
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
              if f.name not in ("_parts", "context", "inputs")}
+        d["reserved_bytes"], d["reserved_gap_bytes"] = self.reserved_bytes, self.reserved_gap_bytes
         d["offenders"] = [{"module": n, "params": p, "training_bytes": b} for n, p, b in self.offenders]
         d["components"] = dict(self.components())
         return d

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from kit import data as kdata
 from kit import inputs as kin
@@ -27,7 +28,7 @@ from kit import models as kmodels
 from kit.advise.check import show_value as _show
 from kit.estimate import estimate_from
 from kit.measure import cleanup
-from kit.presets import OPTIMIZERS, PRESETS
+from kit.presets import PRESETS
 from kit.units import fmt_bytes, wrap, wrapped
 from kit.watching.trainer import draw_watch
 
@@ -80,43 +81,37 @@ class YourSetup:
                              load_dtype=self.load_dtype, device=machine.device_name() if as_run else "cuda")
 
     def changed(self, changes: dict) -> "YourSetup":
-        """A new setup with an advisor's ``changes`` ({estimate CLI option: value}) applied to the objects."""
-        args, kw = {}, {}
-        for key, value in changes.items():
-            if key == "batch-size":
-                args["per_device_train_batch_size"] = value
-            elif key == "grad-accum":
-                args["gradient_accumulation_steps"] = value
-            elif key == "gradient-checkpointing":
-                args[_ckpt_name(self.args)] = bool(value)   # transformers 5's name, or 4's
-            elif key == "optimizer":
-                args["optim"] = OPTIMIZERS[value]
-            elif key == "precision":
-                args.update(fp16=value == "fp16", bf16=value == "bf16")
-            elif key == "seq-len":
-                kw["seq_len"] = value
-            elif key == "load-dtype":
-                kw["load_dtype"] = value
-            elif key == "quantization":
-                kw["quantization_config"] = kmodels.bnb_config(value)
-            elif key in ("lora-r", "lora-targets"):
-                continue
-            else:
-                raise ValueError(f"the change --{key} {value} is not applied to your objects here: make it in "
-                                 "your own code (the advisor's text says what it costs).")
-        if args.get("bf16") and not machine.has_cuda():
-            args["use_cpu"] = True   # TrainingArguments refuses bf16 without a GPU unless told it runs on the CPU
-        if "lora-r" in changes or "lora-targets" in changes:
-            kw["peft_config"] = _lora(self.peft_config, changes)
-        return dataclasses.replace(self, args=dataclasses.replace(self.args, **args), **kw)
+        """A new setup with an advisor's ``changes`` ({estimate CLI option: value}) applied to copies of the objects
+        (:func:`kit.advise.objects.apply`); a change no object holds (``--kbit-recipe``, ``--expandable-segments``,
+        a launch) is refused, as the run here could not make it."""
+        from kit.advise.objects import apply
+
+        given = SimpleNamespace(changes=dict(changes), options={})   # the shape of an advisor's suggestion
+        # on a CPU, TrainingArguments refuses bf16 unless told it runs there (run_args says so too)
+        args = self.args if machine.has_cuda() else dataclasses.replace(self.args, use_cpu=True)
+        try:
+            new = apply(given, training_args=args, peft_config=self.peft_config,
+                        quantization_config=self.quantization_config, strict=True)
+        except kin.InputError as exc:
+            raise ValueError(f"the change is not applied to your objects here ({exc}): make it in your own code "
+                             "(the advisor's text says what it costs).") from None
+        kw = {k: changes[c] for k, c in (("seq_len", "seq-len"), ("load_dtype", "load-dtype")) if c in changes}
+        return dataclasses.replace(self, args=new["training_args"], peft_config=new.get("peft_config"),
+                                   quantization_config=new.get("quantization_config"), **kw)
 
     def advised(self, advice) -> "YourSetup":
-        """This setup with the advisor's top change (``advice``: :func:`kit.advise.advise` of it), or this setup
-        itself where the advisor has nothing that fits to offer (it fits already, or nothing tried fits)."""
-        top = advice.suggestions[0] if advice.suggestions else None
-        if advice.fits or top is None or not top.fits:
+        """This setup with the advisor's first change that fits and that a run here can make (``advice``:
+        :func:`kit.advise.advise` of it), or this setup itself where there is none (it fits already, or nothing
+        tried fits)."""
+        if advice.fits:
             return self
-        return self.changed(top.changes)
+        for top in advice.suggestions:
+            if top.fits:
+                try:
+                    return self.changed(top.changes)
+                except ValueError:   # an environment variable or a launch: not this kernel's to change
+                    continue
+        return self
 
     def diff(self, other: "YourSetup") -> str:
         """What differs from ``other``, in the objects' own words."""
@@ -201,16 +196,6 @@ def _lora_text(cfg) -> str:
         return "none (every weight trains)"
     t = cfg.target_modules
     return f"r={cfg.r}, targets {t if isinstance(t, str) or t is None else ','.join(sorted(t))}"
-
-
-def _lora(old, changes: dict):
-    from peft import LoraConfig
-
-    r = changes.get("lora-r", old.r if old is not None else 16)
-    targets = changes.get("lora-targets", old.target_modules if old is not None else "all-linear")
-    if isinstance(targets, str) and targets not in ("all-linear",):
-        targets = targets.split(",")
-    return LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM")
 
 
 @dataclass

@@ -35,6 +35,8 @@ def optimizer_name(optimizer) -> str:
         return "adamw-8bit"
     if cls in ("PagedAdamW8bit", "PagedAdam8bit"):
         return "paged-adamw-8bit"
+    if cls in ("PagedAdamW32bit", "PagedAdamW", "PagedAdam32bit"):
+        return "paged-adamw"
     if cls == "SGD" and d.get("momentum"):
         return "sgd"
     raise InputError("optimizer", f"kit.watch_loop estimates AdamW/Adam, SGD with momentum and bitsandbytes' 8-bit "

@@ -6,8 +6,8 @@ the full :func:`kit.advise.advise` only while the setup does not fit (4 to 80 ms
 ``benchmarks/advisor_latency.py``; the panel's per-change time with it is in
 ``benchmarks/panel_latency.py``). Where a model's search (after its first, cold one) takes more than
 :data:`LAZY_MS`, the panel stops running it on each change and shows a "What makes it fit?" button
-instead, saying why. Both keep :data:`kit.advise.SAFETY` of the device free, as
-``python -m kit fit`` does, and say so.
+instead, saying why. Both judge the setup's reserved estimate (the allocated peak plus the caching
+allocator's modelled gap), as ``python -m kit fit`` does, and say so.
 
 A suggestion may change options the panel has no control for (``--load-dtype``, ``--lora-targets``,
 ``--grad-accum``, a LoRA rank off the list, LoRA on scenario 1's head). Apply sets the controls it can
@@ -17,7 +17,7 @@ them, and Run stays off while they are set (a run measures the controls' setup).
 >>> view = AdviceView(apply=lambda options: None)
 >>> view.update(dict(model="tiny-llama", batch_size=64, seq_len=128, device="cpu"), 80_000_000, fits=False)
 >>> view.largest_html.value.split("<b>")[1].split("</b>")[0], view.rows[0].cli
-('5', '--batch-size 4 --grad-accum 16')
+('6', '--batch-size 4 --grad-accum 16')
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import time
 import ipywidgets as W
 
 from kit import inputs as kin
-from kit.advise.core import SAFETY, advise, limit_for, max_batch_size
+from kit.advise.core import advise, limit_for, max_batch_size
 from kit.advise.search import CLI, cli, cli_value
 from kit.units import fmt_bytes
 
@@ -89,7 +89,7 @@ class AdviceView:
                 n = max_batch_size(options, device)
                 self.largest_html.value = (
                     f"<span class='kit-largest' style='font-size:85%'>largest batch that fits: <b>{n}</b>"
-                    f" ({SAFETY:.0%} of the device kept free)</span>" if n else
+                    " (judged on its reserved estimate)</span>" if n else
                     "<span class='kit-largest' style='font-size:85%;color:#D55E00'>not even batch 1 fits</span>")
                 if not fits:
                     self._asked = (options, device)
@@ -128,13 +128,14 @@ class AdviceView:
             head = ("what makes it fit, cheapest first" if self.rows and self.rows[0].fits else
                     "nothing the advisor tried fits; the closest" if self.rows else "the advisor finds no change")
             self.header.value = (f"<div class='kit-advice-head' style='margin-top:6px'><b>{head}</b> "
-                                 f"<span style='font-size:85%;color:#555'>(estimated, against {fmt_bytes(usable)}: "
-                                 f"the limit less {SAFETY:.0%} kept free)</span></div>")
+                                 f"<span style='font-size:85%;color:#555'>(estimated, each reserved figure against "
+                                 f"{fmt_bytes(usable)})</span></div>")
             children.append(self.header)
             for s, t, line in zip(self.rows, self.texts, self._lines):
                 margin = ("+" if s.margin_bytes >= 0 else "-") + fmt_bytes(abs(s.margin_bytes))
                 t.value = (f"<span class='kit-suggestion' style='font-size:85%'><code>{html.escape(s.cli)}</code>: "
-                           f"peak {fmt_bytes(s.peak_bytes)} ({margin})<br><span style='color:#555'>"
+                           f"peak {fmt_bytes(s.peak_bytes)}, reserved {fmt_bytes(s.reserved_bytes)} ({margin})<br>"
+                           "<span style='color:#555'>"
                            + "<br>".join(html.escape(c) for c in s.costs) + "</span></span>")
                 children.append(line)
             children += [W.HTML(value=f"<span style='font-size:85%;color:#555'>note: {html.escape(n)}</span>")

@@ -47,6 +47,7 @@ class Replay:
     head_grad: int | None = None  # the last linear's input grad (None: one hidden state, lm_head's)
     block_in_sum: int = 0  # all L blocks' inputs, when block 1's differs from the others' (0: L * block_in)
     copies_sum: int = 0    # saved autocast weight copies of all L blocks (0: L * copies_block)
+    block_order: tuple = ()  # the biggest block's saved tensors' bytes, in saving order (kit.estimate.reserved)
 
     @property
     def copies_saved(self) -> int:
@@ -115,16 +116,18 @@ def replay(st: Setup) -> Replay:
         rest = tp.new(T * H, y1.dt, y1.rg)
         entries = [(st.first_masked(), 1, x)] + [(m, n - (m == st.first_masked()), rest)
                                                  for m, n in kinds_of.items() if n - (m == st.first_masked())]
-    kinds = []  # (saved, layers, weight copies saved, backward peak, its weight grads, input kept) per replay
+    kinds, orders = [], {}  # (saved, layers, weight copies saved, backward peak, its weight grads, input kept) per
+    # replay; the saving order of each kind's saved bytes
     held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
     cache = 0
     for masked, layers, inp in entries:
         y = run(masked, inp)
         kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0)),
                       T * H * inp.dt if inp.rg else 0))
+        orders[kinds[-1]] = tuple(tp.order)
         held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
         cache += layers * (tp.copies if st.ckpt else tp.cache)
-    block, _, copies_block, bwd, bwd_grads, _ = max(kinds)  # the moments take the biggest block
+    block, _, copies_block, bwd, bwd_grads, _ = biggest = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
     # checkpointing keeps each block's input: the last block's output where every block reads one
@@ -143,7 +146,7 @@ def replay(st: Setup) -> Replay:
         return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,
                       0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
                       block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
-                      copies_sum=copies_sum)
+                      copies_sum=copies_sum, block_order=orders[biggest] if block else ())
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
@@ -171,7 +174,7 @@ def replay(st: Setup) -> Replay:
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
                   logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
                   (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
-                  copies_sum=copies_sum)
+                  copies_sum=copies_sum, block_order=orders[biggest] if block else ())
 
 
 @dataclass

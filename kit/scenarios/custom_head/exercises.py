@@ -20,44 +20,44 @@ RATIO_TOLERANCE = 0.05   # a ratio guess within 5% of the computed one is right 
 
 # -- the exercise: the largest low-rank head that fits -----------------------------------------
 def usable_bytes(preset: str = "colab-t4") -> int:
-    """What the rank exercise must fit: ``preset``'s GPU memory less the fit advisor's safety margin
-    (:data:`kit.advise.SAFETY`, 5%), the same limit ``python -m kit fit`` judges by, so that the solution's
-    rank leaves room for what the caching allocator reserves above the allocated peak.
+    """What the rank exercise must fit: ``preset``'s GPU memory, judged as ``python -m kit fit`` judges, on each
+    estimate's reserved figure (the allocated peak plus what the caching allocator holds beyond it, modelled), so
+    that the solution's rank leaves room for the allocator.
 
     >>> round(usable_bytes("colab-t4") / 2**30, 2)
-    13.83
+    14.56
     """
     return limit_for(preset).usable_bytes
 
 
 def _limit_words(preset: str) -> str:
     lim = limit_for(preset)
-    return (f"the {fmt_bytes(lim.usable_bytes)} usable of {PRESETS[preset].label.split(' (')[0]} "
-            f"({fmt_bytes(lim.limit_bytes)} less the fit advisor's {lim.safety_fraction:.0%} margin)")
+    return f"the {fmt_bytes(lim.usable_bytes)} of {PRESETS[preset].label.split(' (')[0]} (reserved judged)"
 
 
-def _rank_fits(rank: int, preset: str) -> tuple[bool, int]:
-    peak = s1.estimate_fix("b", "real", rank=rank).peak_bytes
-    return peak <= usable_bytes(preset), peak
+def _rank_fits(rank: int, preset: str) -> tuple[bool, object]:
+    est = s1.estimate_fix("b", "real", rank=rank)
+    return limit_for(preset).judged(est) <= usable_bytes(preset), est
 
 
 @wrapped
 def rank_check(my_rank, preset: str = "colab-t4") -> str:
     """The exercise's check: fix (b) with a head of rank ``my_rank`` at real size, ESTIMATED against ``preset``'s
-    usable memory (:func:`usable_bytes`: less the fit advisor's 5% margin).
+    memory (:func:`usable_bytes`: its reserved figure judged, as the fit advisor judges).
 
     >>> print(rank_check(256))
-    rank 256: ESTIMATED peak 917.27 MiB, fits the 13.83 GiB usable of Colab T4 (14.56 GiB less the fit advisor's
-        5% margin); rank + 1 fits too: go higher
+    rank 256: ESTIMATED peak 917.27 MiB, reserved 1.01 GiB, fits the 14.56 GiB of Colab T4 (reserved judged); rank
+        + 1 fits too: go higher
     """
     vocab = kmodels.get_config("distilgpt2").vocab_size + 1  # the pad token the user added
     rank = kin.whole_number("my_rank", my_rank)
     if rank >= vocab:
         raise kin.InputError("my_rank", f"my_rank must be below the vocabulary ({vocab}): a rank-V head is no "
                                         f"smaller than the V x V one. Try a few hundred or a few thousand.")
-    fits, peak = _rank_fits(rank, preset)
+    fits, est = _rank_fits(rank, preset)
     more, _ = _rank_fits(rank + 1, preset)
-    return (f"rank {rank}: ESTIMATED peak {fmt_bytes(peak)}, {'fits' if fits else 'DOES NOT FIT'} "
+    return (f"rank {rank}: ESTIMATED peak {fmt_bytes(est.peak_bytes)}, reserved {fmt_bytes(est.reserved_bytes)}, "
+            f"{'fits' if fits else 'DOES NOT FIT'} "
             f"{_limit_words(preset)}" + ("; and rank + 1 does not: the largest" if fits and not more else
                                           "; rank + 1 fits too: go higher" if fits else "; go lower"))
 

@@ -1,0 +1,350 @@
+"""PyTorch's CUDA caching allocator, replayed in pure Python: what ``max_memory_reserved()`` will read.
+
+Allocations and frees go in as events; out come the peaks ``torch.cuda`` reports as ``max_memory_allocated()``
+and ``max_memory_reserved()``, with or without ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. Each rule
+was read from ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``, ``ExpandableSegment``), its
+constants from ``c10/core/AllocatorConfig.h`` (``kMinBlockSize`` ... ``kRoundLarge``, and
+``AcceleratorAllocatorConfig::large_segment_size()``, 20 MiB by default, formerly the constant ``kLargeBuffer``):
+pytorch's main of mid 2026 (read in a fork that tracks it, github.com/cyyever/pytorch), checked against
+the torch 2.13 headers here and pytorch/pytorch's older allocator. Under the
+default settings the rules are the same in torch 2.11 to 2.13:
+
+- ``round_size()``: a request becomes a multiple of 512 B, at least 512 B (``roundup_power2_divisions`` off).
+- ``get_pool()``: rounded sizes up to 1 MiB go to the small pool, larger ones to the large pool.
+- ``get_allocation_size()``: a new segment is 2 MiB for the small pool, 20 MiB for requests under 10 MiB,
+  else the request rounded up to 2 MiB.
+- ``get_free_block()``: best fit, the first free block at least the request in ``BlockPool::blocks`` order
+  (size, then address); ``max_split_size`` is unlimited by default, so no block is "oversize".
+- ``should_split()``: the remainder is split off if at least 512 B (small pool, or any pool with expandable
+  segments), else only if over 1 MiB; an unsplit block counts whole in ``allocated_bytes``.
+- ``free_block()`` / ``try_merge_blocks()``: a freed block merges with the free neighbours of its own segment.
+- ``malloc()``: when no cached block fits and ``alloc_block()`` cannot get a new segment,
+  ``release_available_cached_blocks()`` does nothing (unlimited ``max_split_size``), ``release_cached_blocks()``
+  frees every wholly free segment and ``alloc_block()`` is tried once more; failing that, OOM.
+- Expandable segments (``find_expandable_block()``, ``map_block()``, ``try_allocate_expandable_block()``,
+  ``unmap_block()``, ``release_blocks()``, ``ExpandableSegment::map()``/``unmap()``): one segment per pool (the
+  small pool too) reserves address space and maps pages of 2 MiB (small pool) or 20 MiB (large) on demand. A
+  request no free block fits extends the lowest free-and-unmapped run, normally the free block at the end of the
+  mapped part, by mapping the pages it lacks; reserved counts mapped pages. ``get_free_block()`` passes over a
+  free block bordering unmapped space when the next one fits. Release unmaps only the pages wholly inside free
+  blocks; a segment left with none is destroyed.
+
+Across versions only the tie between equal-size free blocks moved: by address in torch 2.11, by an allocation
+counter after pytorch PR #178362 (March 2026), by segment creation then address since PR #183591 (May 2026).
+The last is modelled; a fresh process's cudaMalloc returning rising addresses makes it 2.11's order too.
+``allocate(0)`` never reaches the allocator. Not modelled: several
+streams and ``record_stream``, CUDA graph pools, ``max_split_size_mb``, ``roundup_power2_divisions``, garbage
+collection, ``per_process_memory_fraction``, and the CUDA context's own memory (``limit_bytes`` excludes it).
+"""
+from __future__ import annotations
+
+import bisect
+from collections import namedtuple
+from dataclasses import dataclass
+
+MiB = 1 << 20
+MIN_BLOCK_BYTES = 512  # kMinBlockSize
+SMALL_SIZE_BYTES = MiB  # kSmallSize: the largest small-pool request
+SMALL_BUFFER_BYTES = 2 * MiB  # kSmallBuffer: a small-pool segment, and an expandable small-pool page
+LARGE_BUFFER_BYTES = 20 * MiB  # large_segment_size(): a segment for 1-10 MiB requests, an expandable large page
+MIN_LARGE_ALLOC_BYTES = 10 * MiB  # kMinLargeAlloc
+ROUND_LARGE_BYTES = 2 * MiB  # kRoundLarge
+VA_BYTES = 1 << 60  # an expandable segment's address space (9/8 of the GPU's memory there): unbounded here
+
+
+def round_size(nbytes: int) -> int:
+    """``round_size()``: the bytes a request occupies. ``round_size(1) == 512``, ``round_size(1000) == 1024``."""
+    return MIN_BLOCK_BYTES * max(1, -(-nbytes // MIN_BLOCK_BYTES))
+
+
+def allocation_size(size_bytes: int) -> int:
+    """``get_allocation_size()``: the segment a rounded request that fits no cached block makes cudaMalloc."""
+    if size_bytes <= SMALL_SIZE_BYTES:
+        return SMALL_BUFFER_BYTES
+    if size_bytes < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_BUFFER_BYTES
+    return ROUND_LARGE_BYTES * -(-size_bytes // ROUND_LARGE_BYTES)
+
+
+@dataclass(frozen=True)
+class AllocatorRun:
+    """What the caching allocator's stats read after the events (``torch.cuda.memory_stats()``' names).
+
+    ``peak_allocated_bytes`` counts blocks as handed out (rounded, and whole when not split), as
+    ``max_memory_allocated()`` does. ``segments`` is the count at the peak of reserved: cudaMalloc'd segments,
+    or with expandable segments the contiguous mapped ranges (as ``memory_snapshot()`` lists them).
+    ``gap_at_peak_bytes`` is reserved minus allocated right after the event that set the reserved peak: what
+    the cache held beyond live blocks then. ``retries`` counts the release-and-retry passes
+    (``num_alloc_retries``). After an OOM (``oom_at``, the event's index) no later event is replayed.
+    """
+
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    reserved_bytes: int
+    allocated_bytes: int
+    segments: int
+    expandable: bool
+    oom_at: int | None = None
+    gap_at_peak_bytes: int = 0
+    retries: int = 0
+
+
+_Segment = namedtuple("_Segment", "seq small page_bytes")  # seq: creation order; page_bytes: expandable only
+
+
+class _Block:
+    __slots__ = ("allocated", "mapped", "next", "off", "prev", "seg", "size")
+
+    def __init__(self, seg: _Segment, off: int, size: int, mapped: bool = True):
+        self.seg, self.off, self.size, self.mapped = seg, off, size, mapped
+        self.prev = self.next = None
+        self.allocated = False
+
+
+class _Pool:
+    """``BlockPool``: free blocks by (size, segment, offset); unmapped ones by (segment, offset)."""
+
+    def __init__(self, small: bool):
+        self.small = small
+        self.blocks: list = []
+        self.unmapped: list = []
+
+    def add(self, b: _Block) -> None:  # insert_into_blocks(), or unmapped.insert()
+        if b.mapped:
+            bisect.insort(self.blocks, (b.size, b.seg.seq, b.off, b))
+        else:
+            bisect.insort(self.unmapped, (b.seg.seq, b.off, b))
+
+    def drop(self, b: _Block) -> None:  # erase_from_blocks(), or unmapped.erase()
+        if b.mapped:
+            del self.blocks[bisect.bisect_left(self.blocks, (b.size, b.seg.seq, b.off))]
+        else:
+            del self.unmapped[bisect.bisect_left(self.unmapped, (b.seg.seq, b.off))]
+
+
+def _link(a: _Block | None, b: _Block | None) -> None:
+    """Make ``a`` and ``b`` neighbours in their segment (``Block::splice()``); either may be the segment's end."""
+    if a is not None:
+        a.next = b
+    if b is not None:
+        b.prev = a
+
+
+class _Allocator:
+    def __init__(self, expandable: bool, limit_bytes: int | None):
+        self.expandable, self.limit = expandable, limit_bytes
+        self.pools = {True: _Pool(True), False: _Pool(False)}
+        self.reserved = self.allocated = self.peak_reserved = self.peak_allocated = 0
+        self.segments = self.seq = self.retries = 0
+        self.at_peak = (0, 0)  # (segments, reserved - allocated) when the reserved peak was set
+        self.fresh_peak = False
+
+    def _grow(self, nbytes: int) -> None:  # reserved_bytes.increase()
+        self.reserved += nbytes
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved, self.fresh_peak = self.reserved, True
+            self.at_peak = (self.segments, self.reserved - self.allocated)
+
+    def malloc(self, nbytes: int) -> _Block | None:  # DeviceCachingAllocator::malloc()
+        size = round_size(nbytes)
+        pool = self.pools[size <= SMALL_SIZE_BYTES]  # get_pool()
+        block = self._get_free_block(pool, size)
+        if block is None:
+            block = self._alloc_block(pool, size)
+            if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
+                self.release_cached_blocks()
+                self.retries += 1
+                block = self._alloc_block(pool, size)
+                if block is None:
+                    return None
+        remaining = block.size - size  # should_split()
+        if (remaining >= MIN_BLOCK_BYTES) if pool.small or self.expandable else (remaining > SMALL_SIZE_BYTES):
+            rest = _Block(block.seg, block.off + size, remaining)  # alloc_found_block(): the tail stays free
+            _link(rest, block.next)
+            _link(block, rest)
+            block.size = size
+            pool.add(rest)
+        block.allocated = True
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:  # get_free_block()
+        i = bisect.bisect_left(blocks := pool.blocks, (size,))
+        if i == len(blocks):
+            return None
+        if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
+            def grows_to(b: _Block) -> int:
+                return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+            while i + 1 < len(blocks) and grows_to(blocks[i + 1][3]) < grows_to(blocks[i][3]):
+                i += 1
+        return blocks.pop(i)[3]
+
+    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:  # alloc_block()
+        if self.expandable:
+            return self._try_allocate_expandable_block(pool, size)
+        nbytes = allocation_size(size)
+        if self.limit is not None and self.reserved + nbytes > self.limit:  # cudaMalloc fails
+            return None
+        self.seq += 1
+        self.segments += 1
+        self._grow(nbytes)
+        return _Block(_Segment(self.seq, pool.small, nbytes), 0, nbytes)
+
+    def _merge(self, pool: _Pool, dst: _Block, src: _Block | None) -> None:  # try_merge_blocks()
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return
+        if src is dst.prev:
+            dst.off = src.off
+            _link(src.prev, dst)
+        else:
+            _link(dst, src.next)
+        dst.size += src.size
+        pool.drop(src)
+
+    def free(self, block: _Block) -> None:  # free() -> free_block()
+        block.allocated = False
+        self.allocated -= block.size
+        pool = self.pools[block.seg.small]
+        self._merge(pool, block, block.prev)
+        self._merge(pool, block, block.next)
+        pool.add(block)
+
+    def _find_expandable_block(self, pool: _Pool, size: int) -> _Block:  # find_expandable_block()
+        for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
+            c = u.prev if u.prev is not None and not u.prev.allocated else u
+            room, b = 0, c
+            while room < size and b is not None and not b.allocated:
+                room, b = room + b.size, b.next
+            if room >= size:
+                return c
+        self.seq += 1  # a new ExpandableSegment: 2 MiB pages for the small pool, 20 MiB for the large
+        seg = _Segment(self.seq, pool.small, SMALL_BUFFER_BYTES if pool.small else LARGE_BUFFER_BYTES)
+        u = _Block(seg, 0, VA_BYTES, mapped=False)
+        pool.add(u)
+        return u
+
+    def _map_block(self, pool: _Pool, b: _Block, size: int) -> bool:  # map_block(), ExpandableSegment::map()
+        page = b.seg.page_bytes
+        end = -(-(b.off + size) // page) * page
+        nbytes = end - b.off  # whole pages: b.off is page-aligned
+        if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
+            return False
+        pool.drop(b)
+        left = b.prev is not None  # an unmapped block's neighbours are mapped: mapped ranges join
+        right = False
+        if nbytes < b.size:
+            rest = _Block(b.seg, end, b.size - nbytes, mapped=False)
+            _link(rest, b.next)
+            _link(b, rest)
+            pool.add(rest)
+        else:
+            right = b.next is not None
+        b.size, b.mapped = nbytes, True
+        self.segments += 1 - left - right
+        self._merge(pool, b, b.prev)
+        self._merge(pool, b, b.next)
+        pool.add(b)
+        self._grow(nbytes)
+        return True
+
+    def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> _Block | None:
+        c = self._find_expandable_block(pool, size)  # try_allocate_expandable_block()
+        if not c.mapped and not self._map_block(pool, c, min(c.size, size)):
+            return None
+        while c.size < size:  # free -> unmapped: map what is missing; it merges with c
+            nxt = c.next
+            if not self._map_block(pool, nxt, min(size - c.size, nxt.size)):
+                return None
+            c = nxt
+        pool.drop(c)
+        return c
+
+    def _unmap_block(self, pool: _Pool, b: _Block) -> None:  # unmap_block(), ExpandableSegment::unmap()
+        page = b.seg.page_bytes
+        begin, end = -(-b.off // page) * page, (b.off + b.size) // page * page
+        if begin >= end:  # no whole page inside this free block
+            return
+        pool.drop(b)
+        left = begin > b.off or (b.prev is not None and b.prev.mapped)
+        right = end < b.off + b.size or (b.next is not None and b.next.mapped)
+        if begin > b.off:  # a partial page at either end stays mapped, a free block of its own
+            before = _Block(b.seg, b.off, begin - b.off)
+            _link(b.prev, before)
+            _link(before, b)
+            pool.add(before)
+        if end < b.off + b.size:
+            after = _Block(b.seg, end, b.off + b.size - end)
+            _link(after, b.next)
+            _link(b, after)
+            pool.add(after)
+        b.off, b.size, b.mapped = begin, end - begin, False
+        self.segments += left + right - 1
+        self._merge(pool, b, b.prev)
+        self._merge(pool, b, b.next)
+        pool.add(b)
+        self.reserved -= end - begin
+
+    def release_cached_blocks(self) -> None:  # release_cached_blocks() -> release_blocks(), large pool first
+        for pool in (self.pools[False], self.pools[True]):
+            to_unmap = []
+            for _, _, _, b in list(pool.blocks):
+                if self.expandable:
+                    to_unmap.append(b)
+                elif b.prev is None and b.next is None:  # release_block(): cudaFree a wholly free segment
+                    pool.drop(b)
+                    self.reserved -= b.size
+                    self.segments -= 1
+            for b in to_unmap:
+                self._unmap_block(pool, b)
+                if b.prev is None and b.next is None:  # release_expandable_segment()
+                    pool.drop(b)
+
+
+def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None) -> AllocatorRun:
+    """Replay ``events`` through the caching allocator of one device and one stream.
+
+    ``events``: ``("alloc", key, nbytes)`` and ``("free", key)`` (also ``("empty_cache",)``, as
+    ``torch.cuda.empty_cache()``). ``limit_bytes`` is the memory the GPU lets torch reserve: a segment (or a
+    page run) that would take reserved past it fails, as cudaMalloc would; then the cache is released and the
+    request retried once, and if that fails too the run stops there with ``oom_at`` set (nothing is raised).
+
+    >>> run = simulate([("alloc", "a", 5 * MiB), ("alloc", "b", 5 * MiB), ("free", "a")])
+    >>> run.peak_reserved_bytes // MiB, run.peak_allocated_bytes // MiB, run.allocated_bytes // MiB
+    (20, 10, 5)
+    >>> simulate([("alloc", "a", 11 * MiB)]).peak_reserved_bytes // MiB
+    12
+    >>> simulate([("alloc", "a", 11 * MiB)], expandable=True).peak_reserved_bytes // MiB
+    20
+    """
+    a = _Allocator(expandable, limit_bytes)
+    live: dict = {}
+    oom_at = None
+    for i, event in enumerate(events):
+        op = event[0]
+        if op == "alloc":
+            _, key, nbytes = event
+            if key in live or nbytes < 0:
+                raise ValueError(f"event {i}: {event!r}: the key is live already, or the size is negative")
+            block = a.malloc(nbytes) if nbytes else None  # allocate(0) returns a null pointer, no block
+            if nbytes and block is None:
+                oom_at = i
+                break
+            live[key] = block
+        elif op == "free":
+            if event[1] not in live:
+                raise ValueError(f"event {i}: {event[1]!r} is not allocated")
+            block = live.pop(event[1])
+            if block is not None:
+                a.free(block)
+        elif op == "empty_cache":
+            a.release_cached_blocks()
+        else:
+            raise ValueError(f"event {i}: unknown operation {op!r}")
+        if a.fresh_peak:
+            if a.reserved == a.peak_reserved:
+                a.at_peak = (a.segments, a.reserved - a.allocated)
+            a.fresh_peak = False
+    return AllocatorRun(peak_reserved_bytes=a.peak_reserved, peak_allocated_bytes=a.peak_allocated,
+                        reserved_bytes=a.reserved, allocated_bytes=a.allocated, segments=a.at_peak[0],
+                        expandable=expandable, oom_at=oom_at, gap_at_peak_bytes=a.at_peak[1], retries=a.retries)

@@ -1,0 +1,194 @@
+"""Reserved beside allocated: what the CUDA caching allocator holds at a training step's peak, modelled.
+
+The estimate predicts ``max_memory_allocated()``. The allocator reserves more (``max_memory_reserved()``): it
+rounds every request, carves blocks out of 2 MiB, 20 MiB or request-sized segments, and keeps freed blocks
+cached for reuse, where a later request of another size may not fit them. How much more depends on the order
+and sizes of the step's tensors, so the kit lays the step out as tensors (:func:`step_trace`) and runs them
+through its model of the allocator (:func:`kit.estimate.allocator.simulate`), with and without
+``expandable_segments``:
+
+- the model's weights, one tensor per layer, in module order (loaded first, kept);
+- per micro-batch: the inputs; the embeddings' saved tensors; each block's saved tensors in saving order (with
+  checkpointing, each block's input, and the block's saved tensors again in its backward's recompute); the head's;
+  the logits, their fp32 copy and the log-softmax; the backward in reverse, freeing what each part saved and
+  making its weight grads (kept through accumulation) and its temporaries;
+- the optimizer step: its state on the first step (two tensors per trainable tensor, kept), its temporaries, and
+  ``zero_grad(set_to_none=True)``.
+
+Three optimizer steps are laid out (with accumulation, two micro-batches each): the allocator's cache settles by
+the second. The gap the allocator adds over this trace's own allocated peak is added to the estimate's peak.
+Transient tensors that nothing saves (an attention output before its projection) are not laid out, so the trace's
+allocated peak is a little under the estimate's; ``Reserved.trace_peak_bytes`` keeps it beside the gap.
+
+The CUDA context and the cuBLAS workspaces are outside this figure: the context is outside the allocator, and
+the workspaces (one per thread, 32 MiB on sm90) are allocated once for the process.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kit.estimate.allocator import simulate
+
+ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch reads either (the second from torch 2.9 on)
+HOW_TO = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch initialises CUDA: in a notebook, "
+          "`import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` in the first cell, before "
+          "anything touches the GPU (restart the runtime if it already has); for a script, "
+          "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py`")
+
+
+def expandable_from_env(environ=None) -> bool:
+    """Whether the allocator settings in the environment turn on ``expandable_segments``.
+
+    >>> expandable_from_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"})
+    True
+    >>> expandable_from_env({})
+    False
+    """
+    environ = os.environ if environ is None else environ
+    for var in ENV_VARS:
+        for item in (environ.get(var) or "").split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments":
+                return value.strip().lower() in ("true", "1")
+    return False
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The predicted ``max_memory_reserved()`` of a step, and how it was found."""
+
+    reserved_bytes: int     # the estimate's allocated peak + gap_bytes
+    gap_bytes: int          # what the allocator holds beyond the allocated peak, on the laid-out step
+    expandable: bool        # expandable_segments on
+    trace_peak_bytes: int   # the laid-out step's own allocated peak (the allocator's view: rounded blocks)
+
+    def how(self) -> str:
+        return (f"{'expandable segments' if self.expandable else 'the default caching allocator'} on the step laid "
+                f"out as tensors (kit.estimate.reserved): +{self.gap_bytes:,} B over the allocated peak")
+
+
+class _Trace:
+    def __init__(self):
+        self.events, self.live = [], set()
+
+    def alloc(self, key, n):
+        if n > 0 and key not in self.live:
+            self.events.append(("alloc", key, n))
+            self.live.add(key)
+
+    def free(self, key):
+        if key in self.live:
+            self.events.append(("free", key))
+            self.live.discard(key)
+
+
+def _chunks(total: int, size: int) -> list:
+    """``total`` bytes as tensors of ``size`` (the last one the rest)."""
+    if total <= 0:
+        return []
+    size = size if size > 0 else total
+    return [size] * (total // size) + ([total % size] if total % size else [])
+
+
+def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 3) -> list:
+    """The step's tensors as ``("alloc", key, bytes)`` / ``("free", key)`` events (the module doc says which).
+
+    ``tensors``: per leaf, ``(part, weight bytes, [(grad bytes, optimizer state bytes)])`` in module order;
+    ``rp``: the forward's :class:`~kit.estimate.replay.Replay`; ``inputs``: the micro-batch's input tensors' bytes.
+    """
+    t, L, hid = _Trace(), max(1, rp.L), rp.hidden
+    for i, (_, w, _) in enumerate(tensors):
+        t.alloc(("w", i), w)
+    blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
+    per = max(1, len(blocks) // L)
+    layers = [blocks[j * per:(j + 1) * per] for j in range(L)]
+    layers[-1] += blocks[L * per:]
+    parts = {"embed": [i for i, x in enumerate(tensors) if x[0] == "embed"],
+             "head": [i for i, x in enumerate(tensors) if x[0] not in ("embed", "block")]}
+    order = rp.block_order or tuple(_chunks(rp.block, hid))
+    a = min(max(1, accum), 2)
+    first_state = True
+
+    def grads(ids, start):   # a part's weight grads: made at a window's start and kept; later, added in place
+        for i in ids:
+            for k, (g, _) in enumerate(tensors[i][2]):
+                if start:
+                    t.alloc(("g", i, k), g)
+                else:
+                    t.alloc(("gt", i, k), g)
+                    t.free(("gt", i, k))
+
+    for s in range(steps * a):
+        start = s % a == 0
+        for k in range(3):
+            t.alloc(("in", k), inputs // 3)
+        for k, b in enumerate(_chunks(rp.embed, hid)):
+            t.alloc(("e", k), b)
+        t.alloc("shared", rp.shared)
+        for j in range(L):   # the forward: what each block saves (with checkpointing: its input)
+            if rp.ckpt:
+                t.alloc(("x", j), rp.block_in)
+            else:
+                for k, b in enumerate(order):
+                    t.alloc(("s", j, k), b)
+        for k, b in enumerate(_chunks(rp.head + rp.head_in, hid)):
+            t.alloc(("h", k), b)
+        t.alloc("logits", rp.last_logits)
+        t.alloc("f32", rp.logits_live - rp.last_logits)   # the fp32 copy the loss reads
+        t.alloc("ls", rp.ls)
+        t.free("f32")
+        t.free("logits")                # Trainer lets the model's outputs go at the loss
+        t.alloc("gls", rp.ls)           # the backward of the loss: the log-softmax's grad and its input's
+        t.alloc("glog", rp.ls)
+        t.free("ls")
+        t.free("gls")
+        if rp.last_logits != rp.ls:
+            t.alloc("gl", rp.last_logits)
+            t.free("glog")
+        grads(parts["head"], start)
+        t.alloc(("gh", L), hid)
+        t.free("gl")
+        t.free("glog")
+        for k in range(len(_chunks(rp.head + rp.head_in, hid))):
+            t.free(("h", k))
+        for j in reversed(range(L)):   # each block's backward: recompute, grads, free what it saved
+            if rp.ckpt:
+                for k, b in enumerate(order):
+                    t.alloc(("s", j, k), b)
+            t.alloc(("gh", j), hid)
+            t.free(("gh", j + 1))
+            grads(layers[j], start)
+            t.alloc("bt", rp.block_bwd - rp.block - hid)
+            t.free("bt")
+            for k in reversed(range(len(order))):
+                t.free(("s", j, k))
+            t.free(("x", j))
+        grads(parts["embed"], start)
+        for k in range(len(_chunks(rp.embed, hid))):
+            t.free(("e", k))
+        t.free(("gh", 0))
+        t.free("shared")
+        for k in range(3):
+            t.free(("in", k))
+        if (s + 1) % a == 0:   # the optimizer step, then zero_grad(set_to_none=True)
+            for i, (_, _, own) in enumerate(tensors):
+                for k, (_, state) in enumerate(own):
+                    if first_state:
+                        t.alloc(("st", i, k, 0), state // 2)
+                        t.alloc(("st", i, k, 1), state - state // 2)
+            first_state = False
+            t.alloc("steptemp", step_temp)
+            t.free("steptemp")
+            for i, (_, _, own) in enumerate(tensors):
+                for k in range(len(own)):
+                    t.free(("g", i, k))
+    return t.events
+
+
+def reserved(tensors, rp, peak_bytes: int, *, inputs: int, step_temp: int, accum: int = 1,
+             expandable: bool = False) -> Reserved:
+    """The predicted ``max_memory_reserved()``: ``peak_bytes`` plus the allocator's gap on :func:`step_trace`."""
+    run = simulate(step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum), expandable=expandable)
+    gap = max(0, run.peak_reserved_bytes - run.peak_allocated_bytes)
+    return Reserved(peak_bytes + gap, gap, expandable, run.peak_allocated_bytes)
