@@ -134,8 +134,9 @@ def step_peaks(trainer) -> list:
 
 
 def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, ckpt=False, accum=1,
-                 precision="fp32", cuda=False, workdir="/tmp/kit-bench/out") -> dict:
+                 precision="fp32", cuda=False, workdir="/tmp/kit-bench/out", **more) -> dict:
     """Real Trainer steps; the peak of each steady-state step (the first creates the optimizer state).
+    ``more``: further TrainingArguments (``use_liger_kernel=True``, ...).
 
     On CUDA: ``torch.cuda.max_memory_allocated`` per step (kit.measure.device.reset_peak /
     peak_allocated_bytes). On a CPU: the ``kit.measure.tensor_peak.TensorPeak`` rise plus the weights and
@@ -167,7 +168,7 @@ def trainer_peak(model, *, B, S, V, steps=3, optim="adamw_torch", padded=False, 
         output_dir=workdir, per_device_train_batch_size=B, max_steps=steps, use_cpu=not cuda,
         report_to=[], save_strategy="no", logging_strategy="no", optim=optim, optim_args=optim_args,
         learning_rate=1e-4, gradient_accumulation_steps=accum, dataloader_num_workers=0, disable_tqdm=True,
-        fp16=precision == "fp16", bf16=precision == "bf16", **_ckpt_kw(ckpt))
+        fp16=precision == "fp16", bf16=precision == "bf16", **_ckpt_kw(ckpt), **more)
     trainer = Trainer(model=model, args=args, train_dataset=_Batches(steps * B * accum, S, V, padded, batch=B),
                       callbacks=[meter := Meter()])
     trainer.train()

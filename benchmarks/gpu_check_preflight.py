@@ -36,7 +36,7 @@ CONTEXT_BYTES = 1 * GiB                  # a CUDA context and torch's kernels, p
 BOX = {"torch": "torch", "transformers": "transformers", "peft": "peft", "accelerate": "accelerate",
        "matplotlib": "matplotlib", "psutil": "psutil", "pynvml": "nvidia-ml-py", "pytest": "pytest"}
 EXTRA = {"bitsandbytes": "bitsandbytes", "datasets": "datasets", "ipywidgets": "ipywidgets", "nbval": "nbval",
-         "nbclient": "nbclient", "ipykernel": "ipykernel", "trl": "trl"}
+         "nbclient": "nbclient", "ipykernel": "ipykernel", "trl": "trl", "liger_kernel": "liger-kernel"}
 _KIT = ["torch", "transformers", "peft", "accelerate", "matplotlib", "psutil", "datasets"]   # kit/ imports these
 _NB = _KIT + ["nbclient", "ipykernel", "ipywidgets"]
 NEEDS = {"gpu tests": _KIT + ["pytest", "ipywidgets"], "estimate grid": _KIT, "demo s1": _KIT,

@@ -99,6 +99,12 @@ class TrainingSetup:
                            cli_default=None)
     fused_lm_head: bool = option(False, "TRL's SFTTrainer: the LM head computes the labels' log-probs in tiles "
                                  "(add_fused_lm_head), never the (batch, seq, vocab) logits")
+    liger_kernel: bool = option(False, "TrainingArguments.use_liger_kernel: Liger-Kernel's RMSNorm, SwiGLU, RoPE and "
+                                "fused linear cross-entropy (no (batch, seq, vocab) logits; TRL's SFTTrainer keeps its "
+                                "own fused head), counted from Liger 0.8.2's source, not yet measured on a GPU",
+                                flag="--liger-kernel", kind=bool)
+    liger_kernel_config: object = option(None, "TrainingArguments.liger_kernel_config: which Liger kernels run, e.g. "
+                                         "{'rope': False} (None: Liger's defaults for the model type)")
     padding_free: bool = option(False, "the micro-batch is ONE flattened row of sequences (TRL's padding_free / "
                                 "bfd packing): batch_size 1, seq_len its tokens; position ids restart per sequence, "
                                 "so seq_len may pass the model's positions", flag="--padding-free", kind=bool,

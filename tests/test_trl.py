@@ -73,7 +73,6 @@ def test_packed_rows_are_one_flattened_row(tmp_path):
 
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(use_liger_kernel=True), "use_liger_kernel"),
     (dict(activation_offloading=True), "activation_offloading"),
 ])
 def test_unmodeled_settings_are_refused_by_name(kw, field):

@@ -53,6 +53,7 @@ class Plan:
     fused: bool = False       # TRL's fused LM head (kit.estimate.replay.fused_head)
     adapter: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
     input_grad: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
+    liger: tuple = ()         # Liger's kernels that run (kit.estimate.replay.liger.kernels)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -70,7 +71,7 @@ class Plan:
 
 def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
          recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32",
-         input_grad=None) -> Plan:
+         input_grad=None, liger=()) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -103,8 +104,11 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
         raise kin.InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
                              "soft-capping or a head on the logits: estimate this model without it.",
                              code="fused-head-not-modeled")
+    if "flce" in liger and info.output_head in lora:
+        raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
+                             "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad)
+                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, tuple(liger))
 
 
 @dataclass
@@ -181,9 +185,10 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
             c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
-            half = p.half * k if p.half and dt != p.half and not (p.fused and l.name == info.output_head) else 0
+            fused = (p.fused or "flce" in p.liger) and l.name == info.output_head
+            half = p.half * k if p.half and dt != p.half and not fused else 0
             # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
-            # the fused head makes an fp32 grad directly)
+            # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
             # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
             # torch's at::autocast::cached_cast caches kFloat leaves only)
@@ -241,7 +246,7 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      input_grad=input_requires_grad(p), attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
-                     fused_head=p.fused, adapter=p.adapter, **shapes)
+                     fused_head=p.fused, adapter=p.adapter, liger=p.liger, **shapes)
 
 
 def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None,
@@ -331,6 +336,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                                 eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
                                 eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
                                 expandable_segments=expandable, **({"fused_lm_head": True} if p.fused else {}),
+                                **({"liger_kernel": True} if p.liger else {}),
                                 **({"adapter_dtype": "bf16"} if p.adapter == 2 else {})),
         _parts=parts,
         context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,

@@ -27,6 +27,7 @@ from kit.estimate import reserved as kr
 from kit.estimate import trl as kt
 from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
+from kit.estimate.replay import liger as kl
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit.inputs import Note
@@ -105,6 +106,8 @@ def estimate(model, **setup) -> Estimate:
     if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
+    liger = kl.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
+                       vocab_head=bool(info.vocab_head)) if kin.flag("liger_kernel", o["liger_kernel"]) else ()
     multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \
         kin.flag("cpu_offload", o["cpu_offload"])
     plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
@@ -114,14 +117,18 @@ def estimate(model, **setup) -> Estimate:
                          lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb,
                          fused=fused,
                          adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
-                         input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True))
+                         input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True),
+                         liger=liger)
     counts = assembly.count_parameters(info, plan)
-    notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note)
+    notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
+        + kl.notes(liger, ev["gather"])
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     expandable = kr.expandable_from_env() if expandable is None else expandable
     est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop, expandable)
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
+    est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
+                     else {})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 

@@ -91,7 +91,9 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
                              code=code)
 
     if getattr(cfg, "use_liger_kernel", False):
-        refuse("use_liger_kernel", "swaps in Liger's kernels for the norms, MLP and rotary embeddings", "trl-liger")
+        refuse("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad reference's forwards "
+               "(modeled for Trainer and SFTTrainer, not for DPOTrainer's reference and precompute phases)",
+               "trl-liger")
     if cfg.activation_offloading:
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):

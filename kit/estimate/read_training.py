@@ -20,7 +20,7 @@ SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to rea
 def read_args(args, name: str = "TrainingArguments"):
     """(estimate options, sources, notes) from a TrainingArguments; refuses what is not modeled."""
     refuse = [("torch_compile", "torch.compile (it changes what "
-              "the forward saves)"), ("use_liger_kernel", "Liger kernels (they change the logits and loss)")]
+              "the forward saves)")]
     for attr, what in refuse:
         if getattr(args, attr, None):
             raise ValueError(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
@@ -59,6 +59,12 @@ def read_args(args, name: str = "TrainingArguments"):
     src.update(eval_batch_size=(opts["eval_batch_size"], f"{name}.per_device_eval_batch_size"),
                eval_accumulation_steps=(opts["eval_accumulation_steps"], f"{name}.eval_accumulation_steps"))
 
+    if getattr(args, "use_liger_kernel", False):   # Liger's kernels, from its source (kit.estimate.replay.liger)
+        config = getattr(args, "liger_kernel_config", None)
+        opts.update(liger_kernel=True, liger_kernel_config=config)
+        src.update(liger_kernel=(True, f"{name}.use_liger_kernel"),
+                   liger_kernel_config=(config, f"{name}.liger_kernel_config" + ("" if config else
+                                                                             ": None, Liger's defaults")))
     launch, more = read_training_launch(args)   # fsdp / deepspeed: the estimate becomes per GPU (kit.estimate.strategies)
     opts.update(launch)
     src.update({k: (v, f"{name}.{'fsdp_config' if getattr(args, 'fsdp', None) else 'deepspeed'}"

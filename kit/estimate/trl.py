@@ -17,7 +17,10 @@ What SFTTrainer (TRL 1.16) does that a plain Trainer does not, and how each is e
   already takes from the fused head, ``-log_probs`` summed over ``num_items_in_batch``; ``dataset_text_field``,
   ``completion_only_loss`` and ``assistant_only_loss`` only choose which tokens are scored (CUDA scores the
   labelled ones only: the estimate counts every position, the most);
-- refused, each in one sentence: ``use_liger_kernel``, ``activation_offloading``, selective checkpointing,
+- ``use_liger_kernel``: SFTTrainer applies Liger's layer kernels only (``liger_kernel_config`` gets
+  ``fused_linear_cross_entropy=False``; True raises), its fused head stays (modeled:
+  :mod:`kit.estimate.replay.liger`, read as TrainingArguments');
+- refused, each in one sentence: ``activation_offloading``, selective checkpointing,
   ``compute_loss_func`` and label smoothing (a second, full-logits forward), ``model_init_kwargs`` beyond
   ``dtype``/``attn_implementation``/``quantization_config``/``device_map``.
 """
@@ -76,8 +79,6 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
         raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
                              code=code)
 
-    if getattr(cfg, "use_liger_kernel", False):
-        refuse("use_liger_kernel", "swaps in Liger's kernels for the norms, MLP and rotary embeddings", "trl-liger")
     if getattr(cfg, "activation_offloading", False):
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
@@ -100,6 +101,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
            "packing": ((cfg.packing, cfg.packing_strategy) if cfg.packing else False, f"{name}.packing"),
            "padding_free": (bool(free), f"{name}.{how}: one flattened row per micro-batch" if free
                             else f"{name}: neither padding_free nor bfd packing")}
+    if getattr(cfg, "use_liger_kernel", False):   # read as TrainingArguments' (kit.estimate.read_training.read_args)
+        src["liger_kernel_config"] = (cfg.liger_kernel_config, f"{name}.liger_kernel_config; SFTTrainer sets "
+                                      "fused_linear_cross_entropy=False there (its fused LM head stays)")
     if cfg.dataset_text_field:
         src["dataset_text_field"] = (cfg.dataset_text_field, f"{name}.dataset_text_field (which column is "
                                      "tokenized: no memory of its own)")

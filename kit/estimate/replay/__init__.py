@@ -25,7 +25,9 @@ and GELU MLPs, dropout, attention (sdpa or eager, soft-capped), rotary embedding
 too), fused projections as views, autocast casts); :mod:`.core` runs embeddings, blocks
 (one replay per kind: masked or not, with sliding windows), head (final-logit soft-capping)
 and loss and finds the backward peak; one module per family describes its block, and
-:func:`config_shapes` reads what besides the shapes a family's config decides.
+:func:`config_shapes` reads what besides the shapes a family's config decides. :mod:`.liger` holds Liger's
+kernels' rules (``use_liger_kernel``: its RMSNorm, SwiGLU, RoPE and fused linear cross-entropy), read from its
+source.
 
 Adding a family: write ``kit/replay/<family>.py`` with one function ``block(tp, x)`` that
 replays one decoder layer with the tape's op rules, in the order of the transformers

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kit.estimate.replay.fused_head import chunked_head
+from kit.estimate.replay.liger import LigerTape, flce_head
 from kit.estimate.replay.registry import FAMILIES
 from kit.estimate.replay.setup import F32, I64, Setup
 from kit.estimate.replay.tape import Tape
@@ -87,7 +88,7 @@ def replay(st: Setup) -> Replay:
 
     block_fn = FAMILIES[st.family]
     T, H, V = st.T, st.H, st.V
-    tp = Tape(st)
+    tp = LigerTape(st) if st.liger else Tape(st)  # Liger's kernels: its own rules (kit.estimate.replay.liger)
     # The embeddings' output requires grad when the embeddings train, or when enable_input_require_grads'
     # hook makes it (Setup.input_grad); with LoRA on a frozen embedding and no hook, block 1's input needs
     # none (its first norm saves nothing), and only its adapters' outputs bring grads in.
@@ -138,9 +139,13 @@ def replay(st: Setup) -> Replay:
         shared += st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
-    if st.fused_head:  # TRL's SFTTrainer: log-probs in tiles, no logits (kit.estimate.replay.fused_head)
+    if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
-                          head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device)
+                          head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
+            else flce_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, ac=st.ac,
+                           head_trainable=st.base_trainable, hidden_grad=h.rg, liger_norm="rms_norm" in st.liger,
+                           norm_dt=st.w_other)   # ... or Liger's fused linear cross-entropy's chunks
+        cache += fh.get("cache", 0)
         if not (y.rg or st.lora):
             embed = block = block_sum = shared = 0
         return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,

@@ -115,6 +115,7 @@ class Setup:
     parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
     adapter: Dt = FP32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
     fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
+    liger: tuple = ()            # Liger's kernels that run: "rope", "rms_norm", "swiglu", "flce" (.liger)
 
     @property
     def T(self) -> int:
