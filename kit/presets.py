@@ -242,8 +242,8 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     if getattr(est, "reserved_bytes", 0) and s.get("device") != "cpu":
-        how = "expandable segments" if est.expandable_segments else "default allocator"
-        lines.append(f"  {'RESERVED (predicted max reserved, ' + how + ')':<46}{fmt_bytes(est.reserved_bytes, 'GiB'):>12}")
+        how = "max reserved, expandable segments" if est.expandable_segments else "predicted max reserved"
+        lines.append(f"  {'RESERVED (' + how + ')':<46}{fmt_bytes(est.reserved_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
     lines.append("the phases a run meets (predicted max allocated):")
     lines.append(f"  {'step 1 (no optimizer state in its backward)':<46}{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")

@@ -102,7 +102,8 @@ class TrainingSetup:
     liger_kernel: bool = option(False, "TrainingArguments.use_liger_kernel: Liger-Kernel's RMSNorm, SwiGLU, RoPE and "
                                 "fused linear cross-entropy (no (batch, seq, vocab) logits; TRL's SFTTrainer keeps its "
                                 "own fused head), counted from Liger 0.8.2's source, not yet measured on a GPU",
-                                flag="--liger-kernel", kind=bool)
+                                flag="--liger-kernel", kind=bool,
+                                suggest=17)
     liger_kernel_config: object = option(None, "TrainingArguments.liger_kernel_config: which Liger kernels run, e.g. "
                                          "{'rope': False} (None: Liger's defaults for the model type)")
     padding_free: bool = option(False, "the micro-batch is ONE flattened row of sequences (TRL's padding_free / "

@@ -199,3 +199,26 @@ def test_a_change_this_machine_refuses_is_one_sentence_not_transformers_error():
                                          r"where the run will happen"):
         apply(SimpleNamespace(changes={"precision": "bf16"}, options={}), training_args=args)
     assert args.bf16 is False                      # the user's object is untouched
+
+
+def test_the_free_levers_in_your_objects_liger_applied_and_the_allocator_said():
+    """Liger's kernels are a field of TrainingArguments (use_liger_kernel): applied, the copy re-estimates to the
+    suggestion's own peak. The allocator setting lives in no object: said in a note, and apply(strict=True)
+    refuses it."""
+    lora = LoraConfig(r=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = TrainingArguments(output_dir="unused", report_to="none", per_device_train_batch_size=8)
+    est = estimate_from("meta-llama/Llama-3.2-1B", args, peft_config=lora, seq_len=1024, load_dtype="bf16")
+    a = advise(est, "l4")
+    s = _first(a, "liger-kernel")
+    assert s is a.suggestions[0] and s.fits and s.tiers == (0,)
+    new = apply(s, training_args=args, peft_config=lora)
+    assert new["training_args"].use_liger_kernel and not args.use_liger_kernel
+    again = estimate_from("meta-llama/Llama-3.2-1B", new["training_args"], peft_config=new["peft_config"],
+                          seq_len=1024, load_dtype="bf16")
+    assert (again.peak_bytes, again.reserved_bytes) == (s.peak_bytes, s.reserved_bytes)
+    assert in_objects(s, est).statements() == [
+        "training_args = dataclasses.replace(training_args, use_liger_kernel=True)"]
+    grown = Suggestion({"expandable-segments": True}, "--expandable-segments", 0, True, 0, [], (0,), 0, 0, 0, 0)
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in in_objects(grown, est).notes)
+    with pytest.raises(InputError, match="no object of yours holds the change --expandable-segments"):
+        apply(grown, training_args=args, strict=True)

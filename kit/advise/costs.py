@@ -32,6 +32,9 @@ def cost(m, b, o, be, e) -> str:
         "expandable": lambda: (f"none: the same tensors and speed; the allocator grows one segment page by page, so a "
                                f"freed block serves a request of another size: reserved {f(be.reserved_bytes)} -> "
                                f"{f(e.reserved_bytes)} (modelled, not measured); {HOW_TO}"),
+        "liger": lambda: (f"none in the math: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE{'' if o.get('fused_lm_head') else ', and a fused linear cross-entropy that never builds the (batch, seq, vocab) logits'}); "
+                          "needs `pip install liger-kernel` and a CUDA GPU; TrainingArguments(use_liger_kernel=True); "
+                          "estimated from Liger 0.8.2's source, not yet measured on a GPU"),
         "fused": lambda: "none: the same AdamW update in one fused kernel (optim='adamw_torch_fused'), no temporaries",
         "sdpa": lambda: "none: the same attention through torch's sdpa, without the S x S scores",
         "split": lambda: f"effective batch unchanged ({b['batch_size'] * b['grad_accum']}); {o['grad_accum']} "

@@ -226,6 +226,8 @@ def plan(s, ctx) -> InObjects:
                              f": no object field: launch on {n} GPUs (accelerate launch --num_processes {n}, "
                              "distributed_type: FSDP, fsdp_version: 2"
                              + (", offloading to the CPU" if o.get("cpu_offload") else "") + ")")
+        elif kw == "liger_kernel":
+            put("use_liger_kernel", bool(v))
         elif kw == "expandable_segments":
             notes.append(f"{flag}: no object field: an environment variable torch reads once, before CUDA starts: "
                          + HOW_TO)

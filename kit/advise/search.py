@@ -16,7 +16,7 @@ from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
 from kit.estimate.inventory import info_of
-from kit.training_setup import KEYWORDS, SUGGESTED, flag_of
+from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
 INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (README, Known failures)
@@ -26,6 +26,10 @@ KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
 
 
 # -- the moves ----------------------------------------------------------------------------------------------
+def _liger(o, c):   # Liger's kernels, where a GPU runs them (the estimate refuses a family they do not patch)
+    return None if o.get("liger_kernel") or c.lim.kernels != "cuda" else {"liger_kernel": True}
+
+
 def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
     if o["optimizer"] not in ("adamw", "adamw-fused"):
         return None
@@ -95,6 +99,7 @@ def _expandable(o, c):   # judged on reserved, on a GPU: the setting changes not
 # earlier one ranks first.
 MOVES = {
     "expandable": (_expandable, 0),   # the allocator setting: no tensor changes, only what is reserved
+    "liger": (_liger, 0),             # a chunked loss and fused layer kernels: the same math
     "head-lora": (_head, 6), "lora-all": (_lora(kin.ALL_LINEAR), 6), "lora": (_lora(None), 6),
     "8bit": (_quant("8bit"), 7), "4bit": (_quant("4bit"), 8),
     "mixed": (lambda o, c: {"precision": c.lim.half} if o["precision"] == "fp32" else None, 3),
@@ -149,7 +154,7 @@ class Search:
 
     def __init__(self, base: dict, lim, evaluates: bool = False):
         self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
-        base = {"lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
+        base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
         base["lora_targets"] = kin.targets(base["lora_targets"])
         self.info = info_of(base["model"])
