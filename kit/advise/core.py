@@ -193,7 +193,7 @@ class Advice:
     __str__ = text
 
 
-def _options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
+def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
     """estimate()'s keywords for an options dict, an Estimate or a Trainer; and notes."""
     if isinstance(setup, dict):
         bad = sorted(set(setup) - set(KW))
@@ -246,7 +246,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     lim = limit_for(device, safety)
     if _is_trainer(setup) and trainer_estimate is None:
         trainer_estimate = estimate_trainer(setup)
-    opts, notes = _options(setup, lim, trainer_estimate)
+    opts, notes = setup_options(setup, lim, trainer_estimate)
     if evaluates is None:
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
@@ -305,7 +305,7 @@ def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     6
     """
     lim = limit_for(device, safety)
-    o = _options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
+    o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     return largest_fitting(lambda n: lim.judged(estimate(**{**o, "batch_size": n}), exact=False), 1, BATCH_CAP,
                            lim.usable_bytes,
                            o["batch_size"])
@@ -318,7 +318,7 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     101
     """
     lim = limit_for(device, safety)
-    o = _options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
+    o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
     return largest_fitting(lambda n: lim.judged(estimate(**{**o, "seq_len": n}), exact=False), 1, top,
                            lim.usable_bytes,

@@ -33,9 +33,9 @@ def _liger(o, c):   # Liger's kernels, where a GPU runs them (the estimate refus
 def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
     if o["optimizer"] not in ("adamw", "adamw-fused"):
         return None
-    if c.too_big and trains_weights(o):   # bitsandbytes' optimizer kernels take the element count as an int32
+    if c.too_big and trains_weights(o):   # bitsandbytes 0.50 backends/cuda/ops.py: ct.c_int32(g.numel())
         c.notes.add(f"paged AdamW (bitsandbytes) is not suggested: {c.too_big} has more than 2^31 - 1 elements, "
-                    "past the int32 element count its optimizer kernels take")
+                    "and bitsandbytes passes its 32-bit optimizer kernel the element count as a C int32")
         return None
     return {"optimizer": "paged-adamw"}
 

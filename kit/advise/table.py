@@ -1,0 +1,86 @@
+"""The levers, and what each buys on your setup: every change the fit advisor knows, tried alone on the setup as
+it is, cheapest first, each with its estimated peak and reserved figure beside the setup's own. Prediction only:
+each row is one :func:`kit.estimate.estimate` (the advisor's search, :mod:`kit.advise.search`, combines them).
+
+A searched move is shown at its probe: the smaller micro-batch at batch 1 (with the accumulation that keeps the
+effective batch), the shorter sequence at an eighth. A lever that does not apply says why in a word.
+
+>>> t = levers(dict(model="tiny-llama", batch_size=8, seq_len=128, optimizer="adamw"), "colab-t4")
+>>> [r.name for r in t.rows][:3]
+['allocator: expandable segments', "Liger's kernels", 'fused AdamW']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.advise.core import limit_for, setup_options
+from kit.advise.search import MOVES, Search, cli
+from kit.units import GiB, fmt_bytes, wrapped
+
+NAMES = {   # move -> what a practitioner calls it
+    "expandable": "allocator: expandable segments", "liger": "Liger's kernels", "fused": "fused AdamW",
+    "sdpa": "sdpa attention", "padding-free": "padding-free rows (TRL)", "split": "smaller micro-batch, accumulate",
+    "eval": "smaller eval batch", "paged-adam": "paged AdamW (32-bit)", "ckpt": "gradient checkpointing",
+    "mixed": "mixed precision", "lean": "lean k-bit recipe", "w16": "16-bit weights", "adam8": "8-bit AdamW",
+    "paged-adam8": "paged 8-bit AdamW", "seq": "shorter sequences", "head-lora": "LoRA on the outsized layer",
+    "lora-all": "LoRA on every linear layer", "lora": "LoRA (peft's targets)", "8bit": "8-bit base weights",
+    "4bit": "4-bit base weights (QLoRA)",
+}
+TIERS = {0: "free", 1: "slower, same result", 2: "slower (recompute)", 3: "numerics", 4: "numerics",
+         5: "changes the data", 6: "changes the training", 7: "changes the model", 8: "changes the model"}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    cost: str                 # the cost tier in words (the advisor's ranking)
+    cli: str                  # the change as estimate CLI options ("" where it does not apply)
+    peak_bytes: int | None    # None: the lever does not apply here, or the estimator refuses it
+    reserved_bytes: int | None
+    fits: bool | None
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class Levers:
+    setup_peak_bytes: int
+    setup_reserved_bytes: int
+    limit_bytes: int
+    label: str
+    rows: tuple
+
+    @wrapped
+    def __str__(self) -> str:
+        unit, div = ("GiB", GiB) if self.limit_bytes >= GiB else ("MiB", 2**20)
+        f = lambda n: f"{n / div:.2f}"  # noqa: E731
+        out = [f"your setup: peak {fmt_bytes(self.setup_peak_bytes, unit)}, reserved "
+               f"{fmt_bytes(self.setup_reserved_bytes, unit)} against {self.label} (ESTIMATED); each lever alone, "
+               f"in {unit}:",
+               f"  {'lever':<31} {'cost':<19} {'peak':>7} {'reserved':>8} {'saves':>7}  fits  change"]
+        for r in (r for r in self.rows if r.peak_bytes is not None):
+            saves = self.setup_reserved_bytes - r.reserved_bytes
+            out.append(f"  {r.name:<31} {r.cost:<19} {f(r.peak_bytes):>7} {f(r.reserved_bytes):>8} "
+                       f"{f(saves):>7}  {'yes' if r.fits else 'no':<4}  {r.cli}")
+        idle = [r.name for r in self.rows if r.peak_bytes is None]
+        if idle:
+            out.append(f"not for this setup (already so, or it does not apply): {', '.join(idle)}")
+        return "\n".join(out)
+
+
+def levers(setup, device="colab-t4") -> Levers:
+    """Each lever the advisor knows, alone on ``setup`` (a dict of estimate() options, an Estimate or a Trainer),
+    judged against ``device`` as :func:`kit.advise.advise` judges: its reserved figure."""
+    lim = limit_for(device)
+    s = Search(setup_options(setup, lim)[0], lim)
+    be, rows = s.base_est, []
+    for name in sorted(MOVES, key=lambda m: (MOVES[m][1], list(MOVES).index(m))):
+        move, tier = MOVES[name]
+        ch = move(dict(s.base), s)
+        e = s.estimate({**s.base, **ch}) if ch else None
+        label, cost = NAMES.get(name, name), TIERS[tier]
+        if e is None:
+            why = "already so, or not for this setup" if ch is None else "the estimator refuses it here"
+            rows.append(Row(label, cost, "", None, None, None, why))
+            continue
+        rows.append(Row(label, cost, cli(s.changes({**s.base, **ch})), e.peak_bytes, s.lim.judged(e), s.fits(e)))
+    return Levers(be.peak_bytes, lim.judged(be), lim.usable_bytes, lim.label, tuple(rows))
