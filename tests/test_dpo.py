@@ -150,3 +150,15 @@ def test_other_trl_trainers_are_refused_in_one_sentence():
         with pytest.raises(inputs.InputError) as e:
             estimate_trainer(fake)
         assert name in str(e.value) and "DPOTrainer" in str(e.value) and str(e.value).count(". ") == 0
+
+
+def test_check_prints_a_dpo_trainers_estimate_and_says_the_advisor_does_not_search_it(tmp_path, capsys):
+    """kit.check(dpo_trainer): the table, the reference model's bytes in the estimate, and, where it does not fit,
+    one sentence instead of advice that would drop the reference model."""
+    import kit
+
+    tr = _dpo(tmp_path, ref=True, gradient_checkpointing=False)
+    est = kit.check(tr, device=int(estimate_trainer(tr).peak_bytes * 0.5))
+    out = " ".join(capsys.readouterr().out.split())
+    assert est.setup["reference"] == "model" and est.setup["reference_weights_bytes"] > 0
+    assert "DOES NOT FIT" in out and "(no advice: the fit advisor searches Trainer and SFTTrainer setups" in out

@@ -246,6 +246,12 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     lim = limit_for(device, safety)
     if _is_trainer(setup) and trainer_estimate is None:
         trainer_estimate = estimate_trainer(setup)
+    read = trainer_estimate if _is_trainer(setup) else setup if isinstance(setup, Estimate) else None
+    if read is not None and "reference" in read.setup:   # kit.estimate.dpo: a reference model, its own phases
+        raise kin.InputError("setup", "the fit advisor searches Trainer and SFTTrainer setups, and DPOTrainer's "
+                                      "reference model and phases are estimated but not searched: change the "
+                                      "DPOConfig (per_device_train_batch_size, max_length, precompute_ref_log_probs, "
+                                      "a peft_config) and estimate again.")
     opts, notes = setup_options(setup, lim, trainer_estimate)
     if evaluates is None:
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
