@@ -178,6 +178,8 @@ def count_parameters(info: Info, p: Plan) -> Counts:
             if not k:
                 continue
             state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
+            if p.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
+                state, paged = state + paged, 0
             own.append((k * dt, state))
             c.grads[l.part] += k * dt
             c.trainable += k
