@@ -19,6 +19,7 @@ from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate.evaluation import eval_peak
 from kit.estimate.inventory import Info, default_targets, lora_matches
+from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
 from kit.presets import OPTIMIZERS, int8_bytes, nf4_bytes, optimizer_state_bytes
 
@@ -52,6 +53,7 @@ class Plan:
     fused: bool = False       # TRL's fused LM head (kit.estimate.replay.fused_head)
     adapter: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
     input_grad: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
+    offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -69,7 +71,7 @@ class Plan:
 
 def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
          recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32",
-         input_grad=None) -> Plan:
+         input_grad=None, offload=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -102,8 +104,9 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
         raise kin.InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
                              "soft-capping or a head on the logits: estimate this model without it.",
                              code="fused-head-not-modeled")
+    refuse_offload(offload or {}, ckpt=ckpt, reentrant=reentrant, fused=fused)
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad)
+                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, offload or {})
 
 
 @dataclass
@@ -235,7 +238,10 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      input_grad=input_requires_grad(p), attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
-                     fused_head=p.fused, adapter=p.adapter, **shapes)
+                     fused_head=p.fused, adapter=p.adapter, **shapes,
+                     **{k: v for k, v in (("ckpt_every", p.offload.get("ckpt_every_n_layers", 1)),
+                                          ("ckpt_offload", p.offload.get("checkpoint_offload", False)),
+                                          ("trl_offload", p.offload.get("activation_offloading", False))) if v})
 
 
 def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None) -> Estimate:
@@ -256,7 +262,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
 
     def peak(later: bool, **kw):   # step 1's forward has no earlier outputs beside it
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
-                    for x in act.moments(rp, **kw)), key=lambda x: x.total)
+                    for x in act.step_moments(rp, act.moments(rp, **kw), later)), key=lambda x: x.total)
 
     fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
                  wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"], tied=c.moved)
@@ -292,6 +298,8 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
         parts = {"weights": weights, "gradients": c.gradients, "optimizer state": c.optimizer,
                  "temporaries": step_temp, **({"model outputs held": held_out} if held_out else {})}
     notes = notes + kq.notes(rp)
+    host = act.host_peak(act.moments(rp, **fresh)) if rp.layers else 0   # pinned RAM for saved activations
+    notes += offload_notes(rp, p.offload, host, p.device) if rp.layers else []
     if ev.moment == "forward (a block)":
         notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
                               "saves in training: an upper bound (it is exact where the logits set it)",
@@ -305,7 +313,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
         cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
         loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,
         autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=rp.saved_bytes(),
-        quantized_params=c.quantized, unquantized_params=c.unquantized,
+        quantized_params=c.quantized, unquantized_params=c.unquantized, offloaded_bytes=host,
         offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda t: t[1], reverse=True)[:5]
                                    if o not in by_bytes[:10]],
         notes=notes, setup=dict(model=p.model, batch_size=p.batch, seq_len=p.seq, precision=p.precision,
@@ -316,6 +324,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                                 eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
                                 eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
                                 **({"fused_lm_head": True} if p.fused else {}),
+                                **p.offload,   # (only the options that differ from their defaults)
                                 **({"adapter_dtype": "bf16"} if p.adapter == 2 else {})),
         _parts=parts,
         context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,

@@ -17,7 +17,9 @@ What SFTTrainer (TRL 1.16) does that a plain Trainer does not, and how each is e
   already takes from the fused head, ``-log_probs`` summed over ``num_items_in_batch``; ``dataset_text_field``,
   ``completion_only_loss`` and ``assistant_only_loss`` only choose which tokens are scored (CUDA scores the
   labelled ones only: the estimate counts every position, the most);
-- refused, each in one sentence: ``use_liger_kernel``, ``activation_offloading``, selective checkpointing,
+- ``activation_offloading``: TRL's ``OffloadActivations`` over checkpointed blocks (modeled:
+  :mod:`kit.estimate.replay.trl_offload`; without checkpointing it is refused where the options are checked);
+- refused, each in one sentence: ``use_liger_kernel``, selective checkpointing,
   ``compute_loss_func`` and label smoothing (a second, full-logits forward), ``model_init_kwargs`` beyond
   ``dtype``/``attn_implementation``/``quantization_config``/``device_map``.
 """
@@ -78,8 +80,6 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
 
     if getattr(cfg, "use_liger_kernel", False):
         refuse("use_liger_kernel", "swaps in Liger's kernels for the norms, MLP and rotary embeddings", "trl-liger")
-    if getattr(cfg, "activation_offloading", False):
-        refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
         refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
     if getattr(cfg, "label_smoothing_factor", 0) or (trainer is not None and trainer.compute_loss_func is not None):
@@ -100,6 +100,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
            "packing": ((cfg.packing, cfg.packing_strategy) if cfg.packing else False, f"{name}.packing"),
            "padding_free": (bool(free), f"{name}.{how}: one flattened row per micro-batch" if free
                             else f"{name}: neither padding_free nor bfd packing")}
+    if getattr(cfg, "activation_offloading", False):   # modeled: kit.estimate.replay.trl_offload
+        src["activation_offloading"] = (True, f"{name}.activation_offloading (TRL's OffloadActivations around each "
+                                              "training step)")
     if cfg.dataset_text_field:
         src["dataset_text_field"] = (cfg.dataset_text_field, f"{name}.dataset_text_field (which column is "
                                      "tokenized: no memory of its own)")
@@ -110,7 +113,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
                               field="completion_only_loss", code="trl-scored-positions"))
     if v := version_note():
         notes.append(v)
-    return {"fused_lm_head": True, "loss_type": cfg.loss_type}, src, notes, bool(free)
+    return {"fused_lm_head": True, "loss_type": cfg.loss_type,
+            **({"activation_offloading": True} if getattr(cfg, "activation_offloading", False) else {})}, src, notes, \
+        bool(free)
 
 
 def read_sft_model(cfg, name: str = "SFTConfig"):
