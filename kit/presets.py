@@ -245,6 +245,8 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
         how = "max reserved, expandable segments" if est.expandable_segments else "predicted max reserved"
         lines.append(f"  {'RESERVED (' + how + ')':<46}{fmt_bytes(est.reserved_bytes, 'GiB'):>12}")
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
+    if getattr(est, "offloaded_bytes", 0):   # checkpoint offload / TRL's activation_offloading
+        lines.append(f"  {'pinned CPU RAM for offloaded activations':<46}{fmt_bytes(est.offloaded_bytes, 'GiB'):>12}")
     lines.append("the phases a run meets (predicted max allocated):")
     lines.append(f"  {'step 1 (no optimizer state in its backward)':<46}{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")
     lines.append(f"  {'step 2 on (the peak above)':<46}{fmt_bytes(est.peak_bytes, 'GiB'):>12}")

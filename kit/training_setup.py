@@ -137,6 +137,17 @@ class TrainingSetup:
                                          "the environment", flag="--expandable-segments", kind=bool, suggest=16)
     cpu_offload: bool = option(False, "fsdp: offload parameters (CPUOffloadPolicy); zero: offload the optimizer "
                                "(zero3: and params)", flag="--cpu-offload", kind=bool, cli_default=None)
+    ckpt_every_n_layers: int = option(1, "with gradient checkpointing, checkpoint only blocks 1, n+1, 2n+1, ... "
+                                      "(activation_checkpointing_kwargs every_n_layers); the others keep all they "
+                                      "save", flag="--ckpt-every-n-layers", kind=int, suggest=18)
+    checkpoint_offload: bool = option(False, "with gradient checkpointing, hold each checkpointed block's input in "
+                                      "pinned host memory (activation_checkpointing_kwargs offload=True: "
+                                      "save_on_cpu); offloaded_bytes counts it", flag="--checkpoint-offload",
+                                      kind=bool, suggest=19)
+    activation_offloading: bool = option(False, "TRL's SFTConfig.activation_offloading over checkpointed blocks: "
+                                         "block inputs and the head's saved tensors go to pinned host memory "
+                                         "(offloaded_bytes), tensors under 1 KiB and the last five stay",
+                                         flag="--activation-offloading", kind=bool, suggest=20)
 
     def changed(self) -> dict:
         """The options that differ from their defaults, as ``estimate()`` keywords."""

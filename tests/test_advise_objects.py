@@ -77,10 +77,12 @@ def test_estimate_from_a_new_lora_and_checkpointing():
     est = estimate_from(MODEL, args, seq_len=128, device="cpu")
     limit = int(est.peak_bytes * 0.15)
     s = advise(est, limit, safety=0).suggestions[0]
-    assert s.changes == {"batch-size": 1, "grad-accum": 8, "lora-r": 16, "gradient-checkpointing": True}
+    assert s.changes == {"batch-size": 1, "grad-accum": 8, "lora-r": 16, "gradient-checkpointing": True,
+                         "ckpt-every-n-layers": 2}   # every other block: the cheaper checkpointing is enough
     new = apply(s, training_args=args)
     assert sorted(new) == ["peft_config", "training_args"] and args.per_device_train_batch_size == 8
     assert not args.activation_checkpointing and new["training_args"].activation_checkpointing
+    assert new["training_args"].activation_checkpointing_kwargs == {"every_n_layers": 2}
     assert (new["peft_config"].r, new["peft_config"].target_modules) == (16, None)   # peft's default targets
     again = estimate_from(MODEL, seq_len=128, device="cpu", **new)
     assert again.peak_bytes == s.peak_bytes

@@ -73,7 +73,7 @@ def test_packed_rows_are_one_flattened_row(tmp_path):
 
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(activation_offloading=True), "activation_offloading"),
+    (dict(activation_offloading=True, gradient_checkpointing=False, max_length=64), "activation_offloading"),
 ])
 def test_unmodeled_settings_are_refused_by_name(kw, field):
     cfg = SFTConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", **kw)

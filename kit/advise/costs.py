@@ -41,6 +41,17 @@ def cost(m, b, o, be, e) -> str:
                          f"micro-batches of {o['batch_size']} per optimizer step instead of {b['grad_accum']} of "
                          f"{b['batch_size']}: slower where the bigger batch kept the GPU busy",
         "eval": lambda: "evaluation only: " + "; ".join(evals) + " (slower, same metrics)",
+        "ckpt-half": lambda: ("slower, by a rule of thumb (not measured): every other block runs its forward again in "
+                              "the backward, about half of full checkpointing's extra time; the others keep what "
+                              "they save (activation_checkpointing_kwargs={'every_n_layers': 2})"),
+        "ckpt-offload": lambda: (f"slower (not measured): each checkpointed block's input is copied to pinned RAM in "
+                                 f"the forward and back in the backward, on the compute stream; "
+                                 f"{f(e.offloaded_bytes)} of pinned RAM (activation_checkpointing_kwargs="
+                                 "{'offload': True})" + ("" if b["gradient_checkpointing"] else "; with checkpointing on")),
+        "trl-offload": lambda: (f"slower (not measured): TRL copies what checkpointing keeps to pinned RAM on a side "
+                                f"stream and back for the backward; {f(e.offloaded_bytes)} of pinned RAM "
+                                "(SFTConfig(activation_offloading=True))"
+                                + ("" if b["gradient_checkpointing"] else "; with checkpointing on")),
         "ckpt": lambda: ("slower, by a rule of thumb (not measured): the blocks' forward runs again in the backward; "
                          + ("with the blocks frozen their backward makes no weight grads, about one forward, so a step "
                             "goes from about 2 forward-costs to 3 (+50%)" if frozen else "a backward costs about two forwards, so a step goes from about 3 "

@@ -226,6 +226,11 @@ def plan(s, ctx) -> InObjects:
                              f": no object field: launch on {n} GPUs (accelerate launch --num_processes {n}, "
                              "distributed_type: FSDP, fsdp_version: 2"
                              + (", offloading to the CPU" if o.get("cpu_offload") else "") + ")")
+        elif kw in ("ckpt_every_n_layers", "checkpoint_offload"):
+            field_ = "activation_checkpointing_kwargs" if _has_field(ctx, "activation_checkpointing_kwargs") else \
+                "gradient_checkpointing_kwargs"
+            now = dict(args.get(field_) or _current(ctx, field_) or {})
+            put(field_, {**now, ("every_n_layers" if kw == "ckpt_every_n_layers" else "offload"): v})
         elif kw == "liger_kernel":
             put("use_liger_kernel", bool(v))
         elif kw == "expandable_segments":

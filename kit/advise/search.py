@@ -30,6 +30,20 @@ def _liger(o, c):   # Liger's kernels, where a GPU runs them (the estimate refus
     return None if o.get("liger_kernel") or c.lim.kernels != "cuda" else {"liger_kernel": True}
 
 
+def _ckpt_half(o, c):   # checkpointing every other block: about half the recompute, part of the saving
+    return None if o["gradient_checkpointing"] or c.base["seq_len"] != o["seq_len"] else \
+        {"gradient_checkpointing": True, "ckpt_every_n_layers": 2}
+
+
+def _offload(key):   # what checkpointing keeps, to pinned RAM: transformers' save_on_cpu, or TRL's offloader
+    def move(o, c):
+        if o.get(key) or (key == "activation_offloading" and not o.get("fused_lm_head")) or \
+                o.get("ckpt_every_n_layers", 1) != 1 or (key == "checkpoint_offload" and o.get("activation_offloading")):
+            return None
+        return {"gradient_checkpointing": True, key: True}
+    return move
+
+
 def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
     if o["optimizer"] not in ("adamw", "adamw-fused"):
         return None
@@ -108,7 +122,9 @@ MOVES = {
     "w16": (_w16, 3), "adam8": (_adam8(False), 3), "paged-adam8": (_adam8(True), 3),
     "fused": (lambda o, c: {"optimizer": "adamw-fused"} if o["optimizer"] == "adamw" else None, 0),
     "sdpa": (lambda o, c: {"attn_implementation": "sdpa"} if o["attn_implementation"] == "eager" else None, 0),
+    "ckpt-half": (_ckpt_half, 2),   # before full checkpointing: less recompute where it is enough
     "ckpt": (lambda o, c: None if o["gradient_checkpointing"] else {"gradient_checkpointing": True}, 2),
+    "ckpt-offload": (_offload("checkpoint_offload"), 2), "trl-offload": (_offload("activation_offloading"), 2),
     "eval": (_eval, 1),
     # probed at their extreme (1/8 of the sequence, batch 1), then refined to the least change that fits
     "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > 1 else None, 5),
@@ -187,10 +203,11 @@ class Search:
         return self.lim.judged(e, self.evaluates, exact=False) if what == "judged" else getattr(e, what)
 
     def fits(self, e) -> bool:
-        """The judged peak fits the device, the CPU build its RAM, and optimizer state paged out of the GPU's
-        allocator (bitsandbytes' managed memory) fits that RAM too, where it is paged to under pressure."""
+        """The judged peak fits the device, the CPU build its RAM, and what training keeps in that RAM fits it
+        too: optimizer state paged out of the GPU's allocator (bitsandbytes' managed memory, paged to RAM under
+        pressure) and offloaded activations (pinned)."""
         return e is not None and self.lim.judged(e, self.evaluates, exact=False) <= self.lim.usable_bytes \
-            and max(e.cpu_build_bytes, e.paged_optimizer_bytes) <= self.lim.ram_bytes
+            and max(e.cpu_build_bytes, e.paged_optimizer_bytes + e.offloaded_bytes) <= self.lim.ram_bytes
 
     def apply(self, names) -> dict | None:
         o = dict(self.base)

@@ -1,6 +1,6 @@
 """How :func:`kit.estimate.estimate` puts an estimate together, in three stages:
 
-1. :func:`count_parameters` walks the model's layers once: weights as loaded and as trained (4-bit, 8-bit,
+1. :func:`~kit.estimate.counts.count_parameters` walks the model's layers once: weights as loaded and as trained (4-bit, 8-bit,
    LoRA adapters, the k-bit recipe's fp32 upcast), gradients, optimizer state and the CPU RAM to build it;
 2. :func:`replay_setup` turns the config and those counts into the :class:`~kit.estimate.replay.Setup` the
    activation replay runs on;
@@ -20,10 +20,10 @@ from kit.estimate import replay as act
 from kit.estimate import reserved as kr
 from kit.estimate.evaluation import eval_peak
 from kit.estimate.inventory import Info, default_targets, lora_matches
+from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
-from kit.presets import OPTIMIZERS, int8_bytes, nf4_bytes, optimizer_state_bytes
-
-PARTS = ("embed", "block", "head")
+from kit.estimate.counts import Counts
+from kit.presets import OPTIMIZERS
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Plan:
     adapter: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
     input_grad: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
     liger: tuple = ()         # Liger's kernels that run (kit.estimate.replay.liger.kernels)
+    offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -71,7 +72,7 @@ class Plan:
 
 def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
          recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32",
-         input_grad=None, liger=()) -> Plan:
+         input_grad=None, liger=(), offload=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -107,106 +108,10 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
     if "flce" in liger and info.output_head in lora:
         raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
                              "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
+    refuse_offload(offload or {}, ckpt=ckpt, reentrant=reentrant, fused=fused)
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, tuple(liger))
-
-
-@dataclass
-class Counts:
-    """Stage 1: what the layers hold, summed over the model and per part."""
-
-    params: int = 0
-    trainable: int = 0
-    weights: int = 0            # on the device, as trained
-    loaded: int = 0             # as from_pretrained leaves them, before the k-bit recipe
-    quantized: int = 0          # parameters in 4-bit/8-bit layers
-    unquantized: int = 0
-    build: int = 0              # CPU RAM for what is built in RAM
-    streamed: int = 0           # ... and the largest tensor a k-bit load streams through it
-    optimizer: int = 0
-    paged: int = 0              # optimizer state outside the allocator (paged 8-bit AdamW)
-    halves: int = 0             # autocast's half copies of trainable Linear weights
-    moved: int = 0              # a tied weight's grad, made first by the head
-    grads: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
-    wtemp: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))      # backward temporaries
-    wnew: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))       # ... plus a new grad (accumulating)
-    part_weights: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
-    part_optimizer: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
-    part_trainable: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
-    groups: dict = field(default_factory=dict)   # (decays, dtype bytes) -> trainable tensors' bytes, as Trainer
-    offenders: list = field(default_factory=list)  # (module, params, training bytes)
-    # per leaf, in module order: (part, weight bytes, [(grad bytes, optimizer state bytes in the allocator)] per
-    # trainable tensor): the tensors kit.estimate.reserved lays out
-    tensors: list = field(default_factory=list)
-
-    @property
-    def gradients(self) -> int:
-        return sum(self.grads.values())
-
-
-def count_parameters(info: Info, p: Plan) -> Counts:
-    """Stage 1: one pass over the layers."""
-    c, other = Counts(), p.trained_bytes
-    for l in info.leaves:
-        n = l.weight + l.bias
-        q = p.quant if l.quantizable else "none"
-        packed = nf4_bytes(l.weight, double_quant=p.bnb.double_quant) if q == "4bit" else \
-            int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
-        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, p.bnb, other)
-        c.params += n
-        # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
-        # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
-        # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
-        if p.quant == "none" or l.name in info.head_layers:
-            c.build += n * p.load_bytes
-        else:
-            c.streamed = max(c.streamed, l.weight * p.load_bytes)
-        c.loaded += n * p.load_bytes if packed is None else packed + l.bias * p.load_bytes
-        if packed is not None:
-            c.quantized += l.weight
-        else:
-            c.unquantized += n
-        pieces = []   # (trainable elements, bytes per element)
-        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
-            pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
-            w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
-            c.params += p.lora_r * (l.fin + l.fout)
-        elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
-            pieces = [(l.weight, other), (l.bias, other)]
-        train_bytes, own = w_bytes, []
-        for k, dt in pieces:
-            if not k:
-                continue
-            state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
-            if p.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
-                state, paged = state + paged, 0
-            own.append((k * dt, state))
-            c.grads[l.part] += k * dt
-            c.trainable += k
-            c.optimizer, c.paged = c.optimizer + state, c.paged + paged
-            c.part_optimizer[l.part] += state + paged
-            c.part_trainable[l.part] += k
-            c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
-            fused = (p.fused or "flce" in p.liger) and l.name == info.output_head
-            half = p.half * k if p.half and dt != p.half and not fused else 0
-            # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
-            # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
-            c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
-            # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
-            # torch's at::autocast::cached_cast caches kFloat leaves only)
-            c.halves += half if l.kind == "linear" and dt == act.FP32 else 0
-            train_bytes += k * dt + state + paged
-        c.weights += w_bytes
-        c.part_weights[l.part] += w_bytes
-        c.tensors.append((l.part, w_bytes, own))
-        c.offenders.append((l.name, n, train_bytes))
-    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not p.lora_r)
-    c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
-    c.grads["head"] += c.moved
-    if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
-        c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
-        c.halves += c.moved // other * p.half if p.half and other == act.FP32 else 0  # lm_head casts the tied weight
-    return c
+                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, tuple(liger),
+                offload or {})
 
 
 def input_requires_grad(p: Plan) -> bool:
@@ -248,7 +153,10 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      input_grad=input_requires_grad(p), attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
-                     fused_head=p.fused, adapter=p.adapter, liger=p.liger, **shapes)
+                     fused_head=p.fused, adapter=p.adapter, liger=p.liger, **shapes,
+                     **{k: v for k, v in (("ckpt_every", p.offload.get("ckpt_every_n_layers", 1)),
+                                          ("ckpt_offload", p.offload.get("checkpoint_offload", False)),
+                                          ("trl_offload", p.offload.get("activation_offloading", False))) if v})
 
 
 def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None,
@@ -270,7 +178,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
 
     def peak(later: bool, **kw):   # step 1's forward has no earlier outputs beside it
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
-                    for x in act.moments(rp, **kw)), key=lambda x: x.total)
+                    for x in act.step_moments(rp, act.moments(rp, **kw), later)), key=lambda x: x.total)
 
     fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
                  wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"], tied=c.moved)
@@ -306,6 +214,8 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
         parts = {"weights": weights, "gradients": c.gradients, "optimizer state": c.optimizer,
                  "temporaries": step_temp, **({"model outputs held": held_out} if held_out else {})}
     notes = notes + kq.notes(rp)
+    host = act.host_peak(act.moments(rp, **fresh)) if rp.layers else 0   # pinned RAM for saved activations
+    notes += offload_notes(rp, p.offload, host, p.device) if rp.layers else []
     if ev.moment == "forward (a block)":
         notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
                               "saves in training: an upper bound (it is exact where the logits set it)",
@@ -327,7 +237,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
         cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
         loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,
         autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=rp.saved_bytes(),
-        quantized_params=c.quantized, unquantized_params=c.unquantized,
+        quantized_params=c.quantized, unquantized_params=c.unquantized, offloaded_bytes=host,
         offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda t: t[1], reverse=True)[:5]
                                    if o not in by_bytes[:10]],
         notes=notes, setup=dict(model=p.model, batch_size=p.batch, seq_len=p.seq, precision=p.precision,
@@ -339,6 +249,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                                 eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
                                 expandable_segments=expandable, **({"fused_lm_head": True} if p.fused else {}),
                                 **({"liger_kernel": True} if p.liger else {}),
+                                **p.offload,   # (only the options that differ from their defaults)
                                 **({"adapter_dtype": "bf16"} if p.adapter == 2 else {})),
         _parts=parts,
         context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,

@@ -25,8 +25,10 @@ from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate import reserved as kr
 from kit.estimate import trl as kt
+from kit.estimate.counts import count_parameters
 from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
+from kit.estimate.offload_options import read as read_offload
 from kit.estimate.replay import liger as kl
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
@@ -110,6 +112,9 @@ def estimate(model, **setup) -> Estimate:
                        vocab_head=bool(info.vocab_head)) if kin.flag("liger_kernel", o["liger_kernel"]) else ()
     multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \
         kin.flag("cpu_offload", o["cpu_offload"])
+    if (offload := read_offload(o)) and multi[0] != "single":
+        raise kin.InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
+                                                  "strategy='single'.", code="offload-one-gpu")
     plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
                          B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
                          lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
@@ -118,8 +123,8 @@ def estimate(model, **setup) -> Estimate:
                          fused=fused,
                          adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
                          input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True),
-                         liger=liger)
-    counts = assembly.count_parameters(info, plan)
+                         liger=liger, offload=offload)
+    counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
         + kl.notes(liger, ev["gather"])
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}

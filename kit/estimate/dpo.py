@@ -98,6 +98,10 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
         refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
+    kw = getattr(cfg, "activation_checkpointing_kwargs", None) or getattr(cfg, "gradient_checkpointing_kwargs", None)
+    if isinstance(kw, dict) and (kw.get("every_n_layers", 1) != 1 or kw.get("offload")):
+        refuse("activation_checkpointing_kwargs", "checkpoints only some blocks or offloads them (every_n_layers / "
+               "offload), with a reference forward beside the policy's", "trl-dpo-offload")
     if cfg.router_aux_loss_coef:
         refuse("router_aux_loss_coef", "adds a Mixture-of-Experts load-balancing loss (router logits)", "trl-moe")
     extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []

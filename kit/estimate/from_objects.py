@@ -96,9 +96,13 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
     notes += cpu_fp16(opts, src, device, args)
-    if args_ckpt := opts.pop("args_ckpt"):
+    args_offload = opts.pop("args_offload")
+    if args_ckpt := opts.pop("args_ckpt"):   # Trainer.train enables it anew, every_n_layers / offload as args say
         opts["gradient_checkpointing"] = True
         src["gradient_checkpointing"] = (True, args_ckpt)
+        for k in ("ckpt_every_n_layers", "checkpoint_offload"):
+            opts.pop(k, None), src.pop(k, None)
+        opts.update(args_offload[0]), src.update(args_offload[1])
         reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if dpo:  # 2B rows padded to the longest pair, and the reference model
@@ -210,7 +214,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     opts, src, notes = read_args(training_args, name)
     if dpo:
         pairs = kd.pairs_options(opts, src, notes, name)
-    ckpt = opts.pop("args_ckpt")
+    ckpt, (aopts, asrc) = opts.pop("args_ckpt"), opts.pop("args_offload")
+    opts.update(aopts), src.update(asrc)
     opts["gradient_checkpointing"] = bool(ckpt)
     src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
     if ckpt:

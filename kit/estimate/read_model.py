@@ -10,6 +10,7 @@ import sys
 
 from kit import inputs as kin
 from kit.estimate.inventory import info_of
+from kit.estimate.offload_options import from_model
 from kit.estimate.read_peft import targets_for
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
@@ -89,8 +90,9 @@ def read_model(model):
     if not adapters and 0 < trainable < total and not info.vocab_head:
         notes.append(f"{total - trainable:,} parameters are frozen: their weights, gradients and optimizer state "
                      "are counted as they are, activations as for a full fine-tune (an upper bound)")
-    ckpt, csrc = _read_ckpt(model)
+    ckpt, csrc, copts, ccsrc = _read_ckpt(model)
     opts["gradient_checkpointing"], src["gradient_checkpointing"] = ckpt, (ckpt, csrc)
+    opts.update(copts), src.update(ccsrc)   # every_n_layers / offload, as the layers were set
     reentrant, where = read_reentrant(model) if ckpt else (None, None)
     if reentrant is not None:  # (Trainer's activation_checkpointing turns its own on: see estimate_trainer)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
@@ -204,11 +206,9 @@ def _read_ckpt(model):
         GradientCheckpointingLayer = ()
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     on = [m for m in layers if getattr(m, "gradient_checkpointing", False)]
-    if layers and on and len(on) != len(layers):
-        raise ValueError(f"{len(on)} of {len(layers)} blocks are checkpointed (every_n_layers?); the kit models "
-                         "every block or none.")
+    copts, csrc = from_model(layers, on)
     on = bool(on) or any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
-    return on, f"the model's layers (is_gradient_checkpointing {'on' if on else 'off'})"
+    return on, f"the model's layers (is_gradient_checkpointing {'on' if on else 'off'})", copts, csrc
 
 
 def _tied(base):

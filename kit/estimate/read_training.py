@@ -9,6 +9,7 @@ import sys
 
 from kit import inputs as kin
 from kit.estimate.launch import read_training_launch
+from kit.estimate.offload_options import from_ckpt_kwargs
 from kit.estimate.read_model import dtype_name
 
 # TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
@@ -28,11 +29,8 @@ def read_args(args, name: str = "TrainingArguments"):
     if getattr(args, "label_smoothing_factor", 0):
         raise ValueError("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
                          "its own log-softmax over the logits): estimate with 0.")
-    kw = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs",
-                                                                           None) or {}
-    if isinstance(kw, dict) and (kw.get("every_n_layers", 1) != 1 or kw.get("offload")):
-        raise ValueError("activation_checkpointing_kwargs every_n_layers/offload are not modeled: the kit "
-                         "checkpoints every block in GPU memory or none; estimate without them.")
+    attr = "activation_checkpointing_kwargs" if getattr(args, "activation_checkpointing_kwargs", None) else \
+        "gradient_checkpointing_kwargs"
     optim = str(getattr(args.optim, "value", args.optim))
     if optim not in OPTIMS:
         raise kin.InputError("optim", f"TrainingArguments.optim={optim!r} is not modeled by the kit, which models "
@@ -50,7 +48,8 @@ def read_args(args, name: str = "TrainingArguments"):
     ckpt = bool(getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None))
     opts = dict(batch_size=args.per_device_train_batch_size, grad_accum=args.gradient_accumulation_steps,
                 precision=prec, optimizer=OPTIMS[optim],
-                args_ckpt=f"{name}.activation_checkpointing" if ckpt else None)
+                args_ckpt=f"{name}.activation_checkpointing" if ckpt else None,   # every_n_layers / offload with it:
+                args_offload=from_ckpt_kwargs(getattr(args, attr, None), name, attr) if ckpt else ({}, {}))
     src.update(batch_size=(opts["batch_size"], f"{name}.per_device_train_batch_size"),
                grad_accum=(opts["grad_accum"], f"{name}.gradient_accumulation_steps"),
                precision=(prec, f"{name}.{prec}=True" if prec != "fp32" else f"{name}: neither fp16 nor bf16"),

@@ -71,6 +71,7 @@ class Estimate:
     saved_bytes: int                    # all autograd saves in the forward (what saved_tensors_hooks count)
     quantized_params: int
     unquantized_params: int
+    offloaded_bytes: int = 0            # pinned host RAM holding saved activations at once (checkpoint / TRL offload)
     offenders: list = field(default_factory=list)   # (module, params, training_bytes), by training bytes
     notes: list = field(default_factory=list)
     setup: dict = field(default_factory=dict)

@@ -20,7 +20,9 @@ What SFTTrainer (TRL 1.16) does that a plain Trainer does not, and how each is e
 - ``use_liger_kernel``: SFTTrainer applies Liger's layer kernels only (``liger_kernel_config`` gets
   ``fused_linear_cross_entropy=False``; True raises), its fused head stays (modeled:
   :mod:`kit.estimate.replay.liger`, read as TrainingArguments');
-- refused, each in one sentence: ``activation_offloading``, selective checkpointing,
+- ``activation_offloading``: TRL's ``OffloadActivations`` over checkpointed blocks (modeled:
+  :mod:`kit.estimate.replay.trl_offload`; without checkpointing it is refused where the options are checked);
+- refused, each in one sentence: selective checkpointing,
   ``compute_loss_func`` and label smoothing (a second, full-logits forward), ``model_init_kwargs`` beyond
   ``dtype``/``attn_implementation``/``quantization_config``/``device_map``.
 """
@@ -79,8 +81,6 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
         raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
                              code=code)
 
-    if getattr(cfg, "activation_offloading", False):
-        refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
         refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
     if getattr(cfg, "label_smoothing_factor", 0) or (trainer is not None and trainer.compute_loss_func is not None):
@@ -104,6 +104,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
     if getattr(cfg, "use_liger_kernel", False):   # read as TrainingArguments' (kit.estimate.read_training.read_args)
         src["liger_kernel_config"] = (cfg.liger_kernel_config, f"{name}.liger_kernel_config; SFTTrainer sets "
                                       "fused_linear_cross_entropy=False there (its fused LM head stays)")
+    if getattr(cfg, "activation_offloading", False):   # modeled: kit.estimate.replay.trl_offload
+        src["activation_offloading"] = (True, f"{name}.activation_offloading (TRL's OffloadActivations around each "
+                                              "training step)")
     if cfg.dataset_text_field:
         src["dataset_text_field"] = (cfg.dataset_text_field, f"{name}.dataset_text_field (which column is "
                                      "tokenized: no memory of its own)")
@@ -114,7 +117,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
                               field="completion_only_loss", code="trl-scored-positions"))
     if v := version_note():
         notes.append(v)
-    return {"fused_lm_head": True, "loss_type": cfg.loss_type}, src, notes, bool(free)
+    return {"fused_lm_head": True, "loss_type": cfg.loss_type,
+            **({"activation_offloading": True} if getattr(cfg, "activation_offloading", False) else {})}, src, notes, \
+        bool(free)
 
 
 def read_sft_model(cfg, name: str = "SFTConfig"):

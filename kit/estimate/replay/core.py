@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kit.estimate.replay import offload as off
+from kit.estimate.replay import trl_offload
 from kit.estimate.replay.fused_head import chunked_head
 from kit.estimate.replay.liger import LigerTape, flce_head
 from kit.estimate.replay.registry import FAMILIES
@@ -49,12 +51,19 @@ class Replay:
     block_in_sum: int = 0  # all L blocks' inputs, when block 1's differs from the others' (0: L * block_in)
     copies_sum: int = 0    # saved autocast weight copies of all L blocks (0: L * copies_block)
     block_order: tuple = ()  # the biggest block's saved tensors' bytes, in saving order (kit.estimate.reserved)
+    layers: tuple = ()     # per block (offload.Layer), with partial or offloaded checkpointing; () otherwise
+    trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
 
     @property
     def copies_saved(self) -> int:
         """Saved autocast weight copies (part of :meth:`saved_bytes`)."""
-        return (0 if self.ckpt else self.copies_sum or self.L * self.copies_block) + self.copies_head + \
-            self.copies_head_in
+        return self.copies_blocks() + self.copies_head + self.copies_head_in
+
+    def copies_blocks(self) -> int:
+        """The blocks' saved autocast weight copies (the non-checkpointed blocks')."""
+        if self.layers:
+            return sum(l.copies for l in self.layers if not l.ckpt)
+        return 0 if self.ckpt else self.copies_sum or self.L * self.copies_block
 
     @property
     def logits_saved(self) -> int:
@@ -62,12 +71,17 @@ class Replay:
         return self.head_in + self.loss + self.capped
 
     def blocks(self) -> int:
+        """What the blocks hold on the device when the forward ends."""
+        if self.layers:
+            return sum(l.device for l in self.layers) + self.kept()
         return ((self.block_in_sum or self.L * self.block_in) if self.ckpt else (self.block_sum or self.L * self.block)) \
             + self.kept()
 
     def kept(self) -> int:
         """The 8-bit layers' inputs of all blocks: alive from the forward till backward ends, through
         non-reentrant checkpointing (a reentrant one runs the forward without a graph: none kept)."""
+        if self.layers:
+            return self.held * sum(not (l.ckpt and self.reentrant) for l in self.layers)
         return 0 if self.ckpt and self.reentrant else self.L * self.held
 
     def activation_bytes(self) -> int:
@@ -119,6 +133,7 @@ def replay(st: Setup) -> Replay:
                                                  for m, n in kinds_of.items() if n - (m == st.first_masked())]
     kinds, orders = [], {}  # (saved, layers, weight copies saved, backward peak, its weight grads, input kept) per
     # replay; the saving order of each kind's saved bytes
+    more = []   # (its input is saved, autocast copies made, of them cached unsaved, the input's bytes) per replay
     held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
     cache = 0
     for masked, layers, inp in entries:
@@ -128,6 +143,7 @@ def replay(st: Setup) -> Replay:
         orders[kinds[-1]] = tuple(tp.order)
         held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
         cache += layers * (tp.copies if st.ckpt else tp.cache)
+        more.append((inp.uid in tp.saved, tp.copies, tp.cache, T * H * inp.dt))
     block, _, copies_block, bwd, bwd_grads, _ = biggest = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
@@ -135,8 +151,11 @@ def replay(st: Setup) -> Replay:
     block_in = T * H * y.dt if y.rg else 0
     block_in_sum = sum(k[-1] * k[1] for k in kinds) if len(entries) > len(kinds_of) else 0
     shared = tp.shared * st.rope_sets if y.rg else 0
+    layers, trl = (), None
+    if off.layered(st):  # partial or offloaded checkpointing: per-block records, and the autocast cache they make
+        layers, cache = off.per_layer(st, entries, kinds, more, x.dt, off.leaf_input(st, block_fn))
     if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
-        shared += st.kept_masks(x.dt)
+        shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
@@ -148,10 +167,12 @@ def replay(st: Setup) -> Replay:
         cache += fh.get("cache", 0)
         if not (y.rg or st.lora):
             embed = block = block_sum = shared = 0
+        if st.trl_offload:  # TRL's OffloadActivations: what it moves to the host (kit.estimate.replay.trl_offload)
+            trl = trl_offload.offloaded(st, block_fn, layers, x, y, h, leaf=off.leaf_input(st, block_fn))
         return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,
                       0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
                       block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
-                      copies_sum=copies_sum, block_order=orders[biggest] if block else ())
+                      copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers, trl=trl)
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
@@ -179,7 +200,7 @@ def replay(st: Setup) -> Replay:
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
                   logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
                   (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
-                  copies_sum=copies_sum, block_order=orders[biggest] if block else ())
+                  copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers)
 
 
 @dataclass
@@ -192,6 +213,9 @@ class Moment:
     copies: int         # autocast's half copies of weights (saved or cached)
     gradients: int
     temporaries: int
+    host: int = 0       # pinned host memory held for saved activations (offload), beside the device's total
+    restored: int = 0   # of the device's bytes, copies brought back from host copies (on a CPU: those tensors)
+    held_copies: int = 0  # ... of them, copies whose host tensor is still held (counted in host too)
 
     @property
     def total(self) -> int:
@@ -232,7 +256,7 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     acc = bool(grads_before)
     if acc:
         grads_block = grads_head = 0
-    cb = 0 if rp.ckpt else rp.copies_sum or rp.L * rp.copies_block
+    cb = rp.copies_blocks()
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
     kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
@@ -249,7 +273,10 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     # it (torch.utils.checkpoint.CheckpointFunction.backward's ``outputs``), as do its 8-bit inputs
     own = rp.held - rp.held_dup + rp.hidden if rp.ckpt and rp.reentrant else 0
     each = rp.block_in if rp.ckpt else rp.block
-    for i in (rp.L, 1):
+    if rp.layers:  # partial or offloaded checkpointing: every block (kit.estimate.replay.offload)
+        moments += off.block_moments(rp, Moment, keep=keep, grads_before=grads_before, grads_head=grads_head,
+                                     grads_block=grads_block, acc=acc, wtemp_block=wtemp_block)
+    for i in (rp.L, 1) if not rp.layers else ():
         c = rp.copies_block * (1 if rp.ckpt else i)
         before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
@@ -259,4 +286,4 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
                           grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
                           rp.hidden + (grads_embed + tied if acc else 2 * tied)))
-    return moments
+    return off.adjust(rp, moments) if rp.layers else moments

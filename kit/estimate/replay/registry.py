@@ -35,6 +35,8 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
         out["window"] = window
         out["sliding"] = sum(t == "sliding_attention" for t in types) if types else cfg.num_hidden_layers
         out["first_sliding"] = types[0] == "sliding_attention" if types else True
+        if types and 0 < out["sliding"] < len(types):
+            out["sliding_at"] = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     if family == "gemma3" and types:
         out["rope_sets"] = len(set(types))
     if family == "gemma2":

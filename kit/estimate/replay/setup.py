@@ -116,6 +116,10 @@ class Setup:
     adapter: Dt = FP32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
     fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
     liger: tuple = ()            # Liger's kernels that run: "rope", "rms_norm", "swiglu", "flce" (.liger)
+    ckpt_every: int = 1          # with ckpt: only blocks whose index % ckpt_every == 0 are checkpointed
+    ckpt_offload: bool = False   # with ckpt: save_on_cpu around each checkpointed block (kit.estimate.replay.offload)
+    trl_offload: bool = False    # TRL's OffloadActivations around the step (kit.estimate.replay.trl_offload)
+    sliding_at: tuple = ()       # indices of the sliding-window layers where only some are (config.layer_types)
 
     @property
     def T(self) -> int:

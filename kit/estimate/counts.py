@@ -1,0 +1,113 @@
+"""Stage 1 of an estimate (:mod:`kit.estimate.assembly` has the three): one walk over the model's layers, counting
+weights as loaded and as trained (4-bit, 8-bit, LoRA adapters, the k-bit recipe's fp32 upcast), gradients,
+optimizer state and the CPU RAM to build it, summed and per part (``"embed"``, ``"block"``, ``"head"``), and the
+per-leaf tensors :mod:`kit.estimate.reserved` lays out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kit.estimate import quantization as kq
+from kit.estimate import replay as act
+from kit.estimate.inventory import Info
+from kit.presets import int8_bytes, nf4_bytes, optimizer_state_bytes
+
+PARTS = ("embed", "block", "head")
+
+
+@dataclass
+class Counts:
+    """Stage 1: what the layers hold, summed over the model and per part."""
+
+    params: int = 0
+    trainable: int = 0
+    weights: int = 0            # on the device, as trained
+    loaded: int = 0             # as from_pretrained leaves them, before the k-bit recipe
+    quantized: int = 0          # parameters in 4-bit/8-bit layers
+    unquantized: int = 0
+    build: int = 0              # CPU RAM for what is built in RAM
+    streamed: int = 0           # ... and the largest tensor a k-bit load streams through it
+    optimizer: int = 0
+    paged: int = 0              # optimizer state outside the allocator (paged 8-bit AdamW)
+    halves: int = 0             # autocast's half copies of trainable Linear weights
+    moved: int = 0              # a tied weight's grad, made first by the head
+    grads: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    wtemp: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))      # backward temporaries
+    wnew: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))       # ... plus a new grad (accumulating)
+    part_weights: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    part_optimizer: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    part_trainable: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    groups: dict = field(default_factory=dict)   # (decays, dtype bytes) -> trainable tensors' bytes, as Trainer
+    offenders: list = field(default_factory=list)  # (module, params, training bytes)
+    # per leaf, in module order: (part, weight bytes, [(grad bytes, optimizer state bytes in the allocator)] per
+    # trainable tensor): the tensors kit.estimate.reserved lays out
+    tensors: list = field(default_factory=list)
+
+    @property
+    def gradients(self) -> int:
+        return sum(self.grads.values())
+
+
+def count_parameters(info: Info, p) -> Counts:
+    """Stage 1: one pass over the layers, as ``p`` (a :class:`kit.estimate.assembly.Plan`) says."""
+    c, other = Counts(), p.trained_bytes
+    for l in info.leaves:
+        n = l.weight + l.bias
+        q = p.quant if l.quantizable else "none"
+        packed = nf4_bytes(l.weight, double_quant=p.bnb.double_quant) if q == "4bit" else \
+            int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
+        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, p.bnb, other)
+        c.params += n
+        # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
+        # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
+        # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
+        if p.quant == "none" or l.name in info.head_layers:
+            c.build += n * p.load_bytes
+        else:
+            c.streamed = max(c.streamed, l.weight * p.load_bytes)
+        c.loaded += n * p.load_bytes if packed is None else packed + l.bias * p.load_bytes
+        if packed is not None:
+            c.quantized += l.weight
+        else:
+            c.unquantized += n
+        pieces = []   # (trainable elements, bytes per element)
+        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
+            pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
+            w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
+            c.params += p.lora_r * (l.fin + l.fout)
+        elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
+            pieces = [(l.weight, other), (l.bias, other)]
+        train_bytes, own = w_bytes, []
+        for k, dt in pieces:
+            if not k:
+                continue
+            state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
+            if p.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
+                state, paged = state + paged, 0
+            own.append((k * dt, state))
+            c.grads[l.part] += k * dt
+            c.trainable += k
+            c.optimizer, c.paged = c.optimizer + state, c.paged + paged
+            c.part_optimizer[l.part] += state + paged
+            c.part_trainable[l.part] += k
+            c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
+            fused = (p.fused or "flce" in p.liger) and l.name == info.output_head
+            half = p.half * k if p.half and dt != p.half and not fused else 0
+            # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
+            # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
+            c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
+            # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
+            # torch's at::autocast::cached_cast caches kFloat leaves only)
+            c.halves += half if l.kind == "linear" and dt == act.FP32 else 0
+            train_bytes += k * dt + state + paged
+        c.weights += w_bytes
+        c.part_weights[l.part] += w_bytes
+        c.tensors.append((l.part, w_bytes, own))
+        c.offenders.append((l.name, n, train_bytes))
+    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not p.lora_r)
+    c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
+    c.grads["head"] += c.moved
+    if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
+        c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
+        c.halves += c.moved // other * p.half if p.half and other == act.FP32 else 0  # lm_head casts the tied weight
+    return c
