@@ -26,7 +26,15 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``peft_config`` (the reference is the adapter-disabled policy); ``estimate_trainer``. Client 2's SFTTrainer also
    runs with ``loss_type="chunked_nll"`` (packing on; TRL 1.16's SFTConfig rewrites it to "nll", deprecated, so the
    row runs the steps of its "nll" twin, which already computes the loss in tiles) and with ``padding_free=True``
-   (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096.
+   (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096;
+7. checkpointing as transformers and TRL offer it, on a 4-block tiny-llama: ``activation_checkpointing_kwargs=
+   {"every_n_layers": 2}`` (runs on a CPU as shipped), ``{"offload": True}`` and ``SFTConfig(activation_offloading=
+   True)``. The two offloaders need an accelerator, so each runs with the one stand-in
+   ``benchmarks/offload_meter.py`` gives it (unpinned host copies; the CPU as TRL's accelerator, with streams that do
+   nothing). On a CPU host and device are one memory: those two rows set the meter's reading beside the estimate's
+   device + host figure (``offload_meter.expected``), not its device peak;
+8. ``optim="paged_adamw_32bit"`` on the same twin: bitsandbytes falls back to plain tensors on a CPU, so its two
+   fp32 states a parameter count in the CPU's peak, as ``estimate_trainer(..., device="cpu")`` holds them.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import datetime
 import gc
 import os
@@ -454,6 +463,60 @@ def client_dpo(work, lora):
     yield "6. TRL DPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
+def client_offload(work, kind):
+    """transformers' checkpointing of every 2nd block, its ``offload=True``, or TRL's ``activation_offloading``, on
+    a 4-block tiny-llama (B4 x 64, fp32); the offloaders with their CPU stand-ins (benchmarks/offload_meter.py),
+    open while the trainer is built and trained."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+    from offload_meter import expected, save_on_cpu_unpinned, trl_on_cpu
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tok, path = tokenizer(), twin_dir("tiny-llama", work, num_hidden_layers=4)
+    stand_in = {"trl": trl_on_cpu, "offload": save_on_cpu_unpinned}.get(kind, contextlib.nullcontext)()
+    stand_in.__enter__()
+    torch.manual_seed(0)
+    out = os.path.join(work, f"offload-{kind}")
+    if kind == "trl":
+        from trl import SFTConfig, SFTTrainer
+
+        rows = Dataset.from_dict({"text": equal_text_rows(tok, 64, 32)})
+        args = SFTConfig(dataset_text_field="text", max_length=64, packing=False, gradient_checkpointing=True,
+                         activation_offloading=True, per_device_train_batch_size=4, bf16=False, **_sft_kw(out))
+        trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(path), train_dataset=rows, args=args,
+                             processing_class=tok)
+        setup = "SFTTrainer full FT, ckpt, activation_offloading=True (TRL's OffloadActivations), B4 x 64, 4 blocks"
+    else:
+        ds = Dataset.from_dict({"text": equal_text_rows(tok, 64, 32)}).map(
+            lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+        kw = {"every_n_layers": 2} if kind == "every2" else {"offload": True} if kind == "offload" else None
+        more = dict(gradient_checkpointing=True, activation_checkpointing_kwargs=kw) if kw else \
+            dict(optim="paged_adamw_32bit")   # bitsandbytes' paged state: plain tensors on a CPU
+        args = TrainingArguments(output_dir=out, use_cpu=True, per_device_train_batch_size=4, max_steps=3,
+                                 report_to="none", save_strategy="no", disable_tqdm=True, **more)
+        trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=ds,
+                          data_collator=DataCollatorForLanguageModeling(tokenizer=tok, mlm=False))
+        setup = (f"Trainer full FT, activation_checkpointing_kwargs={kw}" if kw else
+                 "Trainer full FT, optim='paged_adamw_32bit' (its fp32 states: plain tensors on a CPU)") + \
+            ", B4 x 64, 4 blocks"
+
+    def estimated():
+        e = estimate_trainer(trainer, device="cpu")
+        if kind in ("every2", "paged"):
+            return e
+        return SimpleNamespace(first_step_peak_bytes=expected(e, True)["total"], peak_bytes=expected(e)["total"],
+                               peak_moment=e.peak_moment + " (device + host, one memory on a CPU)", notes=e.notes)
+
+    try:
+        yield ("8. paged 32-bit AdamW" if kind == "paged" else "7. checkpointing, offloaded or partial"), setup, \
+            trainer, estimated
+    finally:
+        stand_in.__exit__(None, None, None)
+
+
 def loop_option():
     """The estimate option for "outputs kept through backward", if kit/training_setup.py declares one."""
     from kit.training_setup import FIELDS
@@ -512,6 +575,7 @@ def run_trainer_client(gen, meter_cls):
     meter = meter_trainer(trainer, meter_cls())
     trainer.train()
     peaks = meter.peaks
+    gen.close()   # a client's stand-ins, open through the training, close here
     del trainer
     gc.collect()
     return label, setup, est, peaks
@@ -545,6 +609,9 @@ def rows_to_run(work, only=None):
                   lambda m: client_loop(work, m, use_cache=False, with_option=True)))
     R.append(("DPOTrainer full FT ref_model", lambda m: run_trainer_client(client_dpo(work, False), m)))
     R.append(("DPOTrainer LoRA peft_config", lambda m: run_trainer_client(client_dpo(work, True), m)))
+    for kind in ("every2", "offload", "trl"):
+        R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
+    R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -200,6 +200,11 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
         # (adamw-fused makes none: one kernel per step, element by element, on CUDA and on the CPU)
         step_temp = max(sum(gr) if p.device == "cuda" else max(2 * b + (gr[i - 1] if i else 0)
                                                                for i, b in enumerate(gr)) for gr in c.groups.values())
+    elif p.optimizer == "paged-adamw" and p.device == "cpu" and c.groups:
+        # bitsandbytes 0.50's CPU Adam (backends/cpu/ops.py, _optimizer_update_32bit_cpu), one tensor at a time in
+        # torch ops: g * scale, sqrt(v) + eps, m / that: 3 fp32 copies of an fp32 tensor alive at once; of a
+        # 16-bit one also g.float() and p.float(): 4. (On CUDA one fused kernel makes none.)
+        step_temp = max((12 if dt == 4 else 16) * (b // dt) for (_, dt), gr in c.groups.items() for b in gr)
     step = weights + c.gradients + c.optimizer + step_temp + held_out
     ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.V, held=weights + c.optimizer,
                    copies=c.halves, inputs_per_row=3 * p.seq * 8, gather=p.ev["gather"], samples=p.ev["samples"],
