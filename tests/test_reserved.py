@@ -107,3 +107,15 @@ def test_the_trace_frees_everything_it_makes_but_the_kept_state():
             else:
                 live.pop(key)
         assert {k[0] for k in live} == {"w", "st"}
+
+
+@pytest.mark.parametrize("name", ["qwen-full", "qwen-ckpt-bf16", "llama1b-lora"])
+def test_two_laid_out_steps_settle_the_cache(name):
+    """The layout runs two optimizer steps: a third adds nothing to the gap, in either mode."""
+    from kit.estimate.allocator import simulate
+
+    c = estimate(**CASES[name]).context
+    for x in (False, True):
+        gaps = [(lambda r: r.peak_reserved_bytes - r.peak_allocated_bytes)(simulate(kr.step_trace(
+            c.tensors, c.rp, inputs=c.inputs, step_temp=c.step_temp, steps=n), expandable=x)) for n in (2, 3)]
+        assert gaps[0] == gaps[1]

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
 from kit.advise.objects import in_objects
-from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search, largest_fitting
+from kit.advise.edge import largest_fitting, largest_judged
+from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
 from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
@@ -312,9 +313,7 @@ def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """
     lim = limit_for(device, safety)
     o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    return largest_fitting(lambda n: lim.judged(estimate(**{**o, "batch_size": n}), exact=False), 1, BATCH_CAP,
-                           lim.usable_bytes,
-                           o["batch_size"])
+    return largest_judged(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
 
 
 def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
@@ -326,6 +325,10 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     lim = limit_for(device, safety)
     o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
-    return largest_fitting(lambda n: lim.judged(estimate(**{**o, "seq_len": n}), exact=False), 1, top,
-                           lim.usable_bytes,
-                           o["seq_len"])
+    return largest_judged(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
+
+
+def _cached(o: dict, key: str):
+    """x -> estimate() of ``o`` with ``key`` at x, each made once (the search reads one twice)."""
+    made = {}
+    return lambda x: made[x] if x in made else made.setdefault(x, estimate(**{**o, key: x}))

@@ -15,6 +15,7 @@ from kit import inputs as kin
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
+from kit.advise.edge import largest_fitting, largest_judged
 from kit.estimate.inventory import info_of
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
@@ -241,14 +242,14 @@ class Search:
         """The probed moves of a node that fits, taken back to the least change that still fits."""
         if not self.fits(e) or not {"seq", "split", "eval"} & names:
             return names, o, e
-        use, b, o = self.lim.usable_bytes, self.base, dict(o)
+        use, b, o = self.lim.usable_bytes, self.base, dict(o)   # (use: the eval batch's limit, judged as allocated)
         if "seq" in names:   # costlier than the split: keep as much of the sequence as fits
-            o["seq_len"] = largest_fitting(lambda n: self.peak({**o, "seq_len": n}), o["seq_len"], b["seq_len"] - 1,
-                                           use)
+            o["seq_len"] = largest_judged(lambda n: self.estimate({**o, "seq_len": n}), self.lim, o["seq_len"],
+                                          b["seq_len"] - 1, evaluates=self.evaluates)
         if "split" in names:
             divs = [d for d in range(1, b["batch_size"]) if b["batch_size"] % d == 0]
-            o["batch_size"] = divs[largest_fitting(lambda i: self.peak({**o, "batch_size": divs[i]}), 0,
-                                                   len(divs) - 1, use)]
+            o["batch_size"] = divs[largest_judged(lambda i: self.estimate({**o, "batch_size": divs[i]}), self.lim, 0,
+                                                  len(divs) - 1, evaluates=self.evaluates)]
             o["grad_accum"] = b["grad_accum"] * b["batch_size"] // o["batch_size"]
         if "eval" in names:
             o["eval_batch_size"] = largest_fitting(lambda n: self.peak({**o, "eval_batch_size": n}, "eval_peak_bytes"),
@@ -283,45 +284,8 @@ class Search:
         return self.lim.usable_bytes - self.lim.judged(e, self.evaluates)
 
     def largest(self, o) -> tuple[int, int]:
-        use = self.lim.usable_bytes
-        return (largest_fitting(lambda n: self.peak({**o, "batch_size": n}), 1, BATCH_CAP, use, o["batch_size"]),
-                largest_fitting(lambda n: self.peak({**o, "seq_len": n}), 1, self.maxpos, use, o["seq_len"]))
-
-
-def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:
-    """The largest x in [lo, hi] with ``peak(x) <= limit`` (``peak`` non-decreasing), or ``lo - 1``.
-
-    Peaks are piecewise linear in batch and sequence (quadratic with eager attention), so it interpolates
-    between the bracketing points, halving the weight of an end kept twice (regula falsi, Illinois): about
-    two estimates after the ends on a linear piece. ``at``: a point whose peak is known (cached), which
-    replaces one end.
-
-    >>> largest_fitting(lambda x: 10 * x + 5, 1, 1000, 4321), largest_fitting(lambda x: x * x, 1, 10**6, 2e6)
-    (431, 1414)
-    """
-    fat = peak(at) - limit if at is not None and lo < at < hi else None
-    if fat is not None and fat <= 0:
-        lo, fa = at, fat
-    else:
-        hi, fb = (at, fat) if fat is not None else (hi, None)
-        fa = peak(lo) - limit
-        if fa > 0:
-            return lo - 1
-    if fat is None or fat <= 0:
-        fb = (peak(hi) if hi > lo else fa + limit) - limit
-        if fb <= 0:
-            return hi
-    side = steps = 0
-    while hi - lo > 1:
-        steps += 1   # interpolate 8 times at most, then bisect: at most 8 + log2(hi - lo) estimates
-        x = lo + int((hi - lo) * -fa / (fb - fa)) if fb != float("inf") and steps <= 8 else (lo + hi) // 2
-        x = min(max(x, lo + 1), hi - 1)
-        fx = peak(x) - limit
-        if fx <= 0:
-            lo, fa, fb, side = x, fx, fb / 2 if side == -1 else fb, -1
-        else:
-            hi, fb, fa, side = x, fx, fa / 2 if side == 1 else fa, 1
-    return lo
+        return tuple(largest_judged(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
+                     for k, top in (("batch_size", BATCH_CAP), ("seq_len", self.maxpos)))
 
 
 def cli_value(v):

@@ -17,6 +17,7 @@ the two runs aloud, measured beside estimated.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -100,16 +101,20 @@ class YourSetup:
                                    quantization_config=new.get("quantization_config"), **kw)
 
     def advised(self, advice) -> "YourSetup":
-        """This setup with the advisor's first change that fits and that a run here can make (``advice``:
+        """This setup with the advisor's first change that fits and that a run here can make and run (``advice``:
         :func:`kit.advise.advise` of it), or this setup itself where there is none (it fits already, or nothing
         tried fits)."""
         if advice.fits:
             return self
         for top in advice.suggestions:
             if top.fits:
+                if top.changes.get("liger-kernel") and importlib.util.find_spec("liger_kernel") is None:
+                    continue   # not installed here (pip install liger-kernel): Trainer would fail at train()
                 try:
-                    return self.changed(top.changes)
-                except ValueError:   # an environment variable or a launch: not this kernel's to change
+                    new = self.changed(top.changes)
+                    new.estimate(as_run=True)   # a change this machine cannot run (Liger's kernels on a CPU) is refused
+                    return new
+                except ValueError:   # an environment variable, a launch, or a GPU-only kernel: not this run's
                     continue
         return self
 

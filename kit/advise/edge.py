@@ -1,0 +1,52 @@
+"""The largest batch or sequence that fits: a search on a non-decreasing peak (:func:`largest_fitting`), and on
+the figure the fit advisor judges, the reserved one (:func:`largest_judged`).
+"""
+from __future__ import annotations
+
+
+def largest_judged(estimate_of, lim, lo: int, hi: int, at: int | None = None, evaluates: bool = False) -> int:
+    """:func:`largest_fitting` on what ``lim`` judges (``lim.judged``: the reserved figure) of ``estimate_of(x)``
+    (an Estimate, or None where the estimator refuses x). A probe whose allocated peak fails already is judged
+    without the allocator's model (the reserved figure is never below it): the model runs for the probes under
+    the limit only."""
+    def held(x):
+        e = estimate_of(x)
+        return float("inf") if e is None else lim.judged(e, evaluates, exact=False)
+
+    return largest_fitting(held, lo, hi, lim.usable_bytes, at)
+
+
+def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:
+    """The largest x in [lo, hi] with ``peak(x) <= limit`` (``peak`` non-decreasing), or ``lo - 1``.
+
+    Peaks are piecewise linear in batch and sequence (quadratic with eager attention), so it interpolates
+    between the bracketing points, halving the weight of an end kept twice (regula falsi, Illinois): about
+    two estimates after the ends on a linear piece. ``at``: a point whose peak is known (cached), which
+    replaces one end.
+
+    >>> largest_fitting(lambda x: 10 * x + 5, 1, 1000, 4321), largest_fitting(lambda x: x * x, 1, 10**6, 2e6)
+    (431, 1414)
+    """
+    fat = peak(at) - limit if at is not None and lo < at < hi else None
+    if fat is not None and fat <= 0:
+        lo, fa = at, fat
+    else:
+        hi, fb = (at, fat) if fat is not None else (hi, None)
+        fa = peak(lo) - limit
+        if fa > 0:
+            return lo - 1
+    if fat is None or fat <= 0:
+        fb = (peak(hi) if hi > lo else fa + limit) - limit
+        if fb <= 0:
+            return hi
+    side = steps = 0
+    while hi - lo > 1:
+        steps += 1   # interpolate 8 times at most, then bisect: at most 8 + log2(hi - lo) estimates
+        x = lo + int((hi - lo) * -fa / (fb - fa)) if fb != float("inf") and steps <= 8 else (lo + hi) // 2
+        x = min(max(x, lo + 1), hi - 1)
+        fx = peak(x) - limit
+        if fx <= 0:
+            lo, fa, fb, side = x, fx, fb / 2 if side == -1 else fb, -1
+        else:
+            hi, fb, fa, side = x, fx, fa / 2 if side == 1 else fa, 1
+    return lo
