@@ -1,9 +1,10 @@
 """What fits: the fit advisor's ranked changes, the largest batch and sequence, and ``kit.check``.
 
-Its rooms: ``core`` (:func:`advise`, the device limit), ``search`` (the moves, their costs, the bounded
-search), ``levers`` (TRL's levers: padding-free, and why chunked NLL is none in TRL 1.16), ``gpus`` (the fewest
-GPUs when one is not enough), ``objects`` and ``mapping`` (a suggestion in the user's own objects:
-:func:`in_objects`, :func:`apply`) and ``check`` (:func:`check`). Prediction only: it imports :mod:`kit.estimate`
+Its rooms: ``core`` (:func:`advise`, the device limit, judged on the reserved estimate), ``search`` (the moves
+and the bounded search), ``costs`` (what each move costs, in words), ``edge`` (the largest batch and sequence),
+``levers`` (TRL's levers: padding-free, and why chunked NLL is none in TRL 1.16), ``table`` (``table.levers``: each
+lever alone on a setup), ``gpus`` (the fewest GPUs when one is not enough), ``objects`` and ``mapping`` (a
+suggestion in the user's own objects: :func:`in_objects`, :func:`apply`) and ``check`` (:func:`check`). Prediction only: it imports :mod:`kit.estimate`
 and the foundations, never :mod:`kit.measure`.
 """
 from kit.advise.check import check
