@@ -21,7 +21,7 @@ NAMES = {   # move -> what a practitioner calls it
     "expandable": "allocator: expandable segments", "liger": "Liger's kernels", "fused": "fused AdamW",
     "sdpa": "sdpa attention", "padding-free": "padding-free rows (TRL)", "split": "smaller micro-batch, accumulate",
     "eval": "smaller eval batch", "paged-adam": "paged AdamW (32-bit)", "ckpt": "gradient checkpointing",
-    "ckpt-half": "checkpointing every 2nd block", "ckpt-offload": "checkpointing, inputs in pinned RAM",
+    "ckpt-half": "checkpointing every 2nd block", "ckpt-offload": "checkpointing + offload",
     "trl-offload": "TRL's activation offloading",
     "mixed": "mixed precision", "lean": "lean k-bit recipe", "w16": "16-bit weights", "adam8": "8-bit AdamW",
     "paged-adam8": "paged 8-bit AdamW", "seq": "shorter sequences", "head-lora": "LoRA on the outsized layer",
