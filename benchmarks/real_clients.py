@@ -33,8 +33,9 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``benchmarks/offload_meter.py`` gives it (unpinned host copies; the CPU as TRL's accelerator, with streams that do
    nothing). On a CPU host and device are one memory: those two rows set the meter's reading beside the estimate's
    device + host figure (``offload_meter.expected``), not its device peak;
-8. ``optim="paged_adamw_32bit"`` on the same twin: bitsandbytes falls back to plain tensors on a CPU, so its two
-   fp32 states a parameter count in the CPU's peak, as ``estimate_trainer(..., device="cpu")`` holds them.
+8. ``optim="paged_adamw_32bit"`` and ``"adamw_bnb_8bit"`` on the same twin: bitsandbytes runs its CPU kernels in
+   torch ops inside its custom ops (temporaries a dispatch mode cannot see, this meter does), and its paged state
+   is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -480,6 +481,7 @@ def client_offload(work, kind):
     stand_in.__enter__()
     torch.manual_seed(0)
     out = os.path.join(work, f"offload-{kind}")
+    optim = {"paged": "paged_adamw_32bit", "adam8": "adamw_bnb_8bit"}.get(kind)   # the bitsandbytes rows (8.)
     if kind == "trl":
         from trl import SFTConfig, SFTTrainer
 
@@ -494,24 +496,23 @@ def client_offload(work, kind):
             lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
         kw = {"every_n_layers": 2} if kind == "every2" else {"offload": True} if kind == "offload" else None
         more = dict(gradient_checkpointing=True, activation_checkpointing_kwargs=kw) if kw else \
-            dict(optim="paged_adamw_32bit")   # bitsandbytes' paged state: plain tensors on a CPU
+            dict(optim=optim)   # bitsandbytes' optimizers: their paged state is plain tensors on a CPU
         args = TrainingArguments(output_dir=out, use_cpu=True, per_device_train_batch_size=4, max_steps=3,
                                  report_to="none", save_strategy="no", disable_tqdm=True, **more)
         trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=ds,
                           data_collator=DataCollatorForLanguageModeling(tokenizer=tok, mlm=False))
         setup = (f"Trainer full FT, activation_checkpointing_kwargs={kw}" if kw else
-                 "Trainer full FT, optim='paged_adamw_32bit' (its fp32 states: plain tensors on a CPU)") + \
-            ", B4 x 64, 4 blocks"
+                 f"Trainer full FT, optim={optim!r} (bitsandbytes' CPU kernels)") + ", B4 x 64, 4 blocks"
 
     def estimated():
         e = estimate_trainer(trainer, device="cpu")
-        if kind in ("every2", "paged"):
+        if kind in ("every2", "paged", "adam8"):
             return e
         return SimpleNamespace(first_step_peak_bytes=expected(e, True)["total"], peak_bytes=expected(e)["total"],
                                peak_moment=e.peak_moment + " (device + host, one memory on a CPU)", notes=e.notes)
 
     try:
-        yield ("8. paged 32-bit AdamW" if kind == "paged" else "7. checkpointing, offloaded or partial"), setup, \
+        yield ("8. bitsandbytes optimizers" if optim else "7. checkpointing, offloaded or partial"), setup, \
             trainer, estimated
     finally:
         stand_in.__exit__(None, None, None)
@@ -612,6 +613,7 @@ def rows_to_run(work, only=None):
     for kind in ("every2", "offload", "trl"):
         R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
     R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))
+    R.append(("bitsandbytes 8-bit AdamW", lambda m: run_trainer_client(client_offload(work, "adam8"), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 
