@@ -261,20 +261,22 @@ def _code(p: InObjects, ctx, quant) -> str:
     imports, lines = [], []
     kw = lambda d: ", ".join(f"{k}={_src(v)}" for k, v in d.items())
     name, f = ctx["name"], p.fields
+
+    def made(var, fields, expr, new_from):   # a copy of the user's object with fields changed, or a new one
+        if expr is None:
+            module, cls = new_from
+            imports.append(f"from {module} import {cls}")
+            lines.append(f"{var} = {cls}({kw(fields)})")
+        else:
+            imports.append("import dataclasses")
+            lines.append(f"{var} = dataclasses.replace({expr}, {kw(fields)})")
+
     if name in f:
-        if ctx["args"] is None:
-            imports.append("from transformers import TrainingArguments")
-            lines.append(f"{name} = TrainingArguments({kw(f[name])})")
-        else:
-            imports.append("import dataclasses")
-            lines.append(f"{name} = dataclasses.replace({ctx['expr']}, {kw(f[name])})")
+        made(name, f[name], None if ctx["args"] is None else ctx["expr"], ("transformers", "TrainingArguments"))
     if "peft_config" in f:
-        if p.new.get("peft_config"):
-            imports.append("from peft import LoraConfig")
-            lines.append(f"peft_config = LoraConfig({kw({**f['peft_config'], 'task_type': 'CAUSAL_LM'})})")
-        else:
-            imports.append("import dataclasses")
-            lines.append(f"peft_config = dataclasses.replace({ctx['peft_expr']}, {kw(f['peft_config'])})")
+        new = p.new.get("peft_config")
+        made("peft_config", {**f["peft_config"], "task_type": "CAUSAL_LM"} if new else f["peft_config"],
+             None if new else ctx["peft_expr"], ("peft", "LoraConfig"))
     if "quantization_config" in f:
         if quant is None:
             lines.append("quantization_config = None")
