@@ -33,13 +33,12 @@ import sys
 from kit import inputs as kin
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
+from kit.estimate.trl import refuse_shared, refuser
 
 MODELED = "1.16"
 _OTHER = ("GRPOTrainer", "KTOTrainer", "RLOOTrainer", "RewardTrainer", "DistillationTrainer", "PPOTrainer",
           "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer",
           "PRMTrainer")
-_INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
-            "revision")
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
 _NO_MEMORY = {
     "beta": "a scalar of the loss", "label_smoothing": "a scalar of the robust/EXO/AOT losses",
@@ -86,27 +85,20 @@ def reference_of(trainer=None, cfg=None, peft: bool = False):
 
 def read_dpo_config(cfg, name: str = "DPOConfig"):
     """(estimate options, sources, notes) of what a DPOConfig changes; refuses in one sentence what is not modeled."""
-    def refuse(field, what, code):
-        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
-                             code=code)
-
+    refuse = refuser(name)
+    refuse_shared(cfg, refuse)
     if getattr(cfg, "use_liger_kernel", False):
         refuse("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad reference's forwards "
                "(modeled for Trainer and SFTTrainer, not for DPOTrainer's reference and precompute phases)",
                "trl-liger")
     if cfg.activation_offloading:
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
-    if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
-        refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
     kw = getattr(cfg, "activation_checkpointing_kwargs", None) or getattr(cfg, "gradient_checkpointing_kwargs", None)
     if isinstance(kw, dict) and (kw.get("every_n_layers", 1) != 1 or kw.get("offload")):
         refuse("activation_checkpointing_kwargs", "checkpoints only some blocks or offloads them (every_n_layers / "
                "offload), with a reference forward beside the policy's", "trl-dpo-offload")
     if cfg.router_aux_loss_coef:
         refuse("router_aux_loss_coef", "adds a Mixture-of-Experts load-balancing loss (router logits)", "trl-moe")
-    extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
-    if extra:
-        refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
     if getattr(cfg, "torch_compile", False):
         refuse("torch_compile", "compiles the model, whose fused kernels save other tensors", "trl-compile")
     src = {"fused_lm_head": (True, "DPOTrainer's add_fused_lm_head (log-probs in tiles, no logits)"),

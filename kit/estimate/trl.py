@@ -33,7 +33,7 @@ import sys
 from kit import inputs as kin
 
 MODELED = "1.16"   # the TRL version whose SFTTrainer the kit models
-_INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
+INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
             "revision")
 
 
@@ -72,17 +72,33 @@ def sft_loss(loss_type, fused: bool) -> tuple[bool, object, object]:
         field="loss_type", code="trl-chunked-nll") or None
 
 
+def refuser(name: str):
+    """``refuse(field, what, code)``: the one sentence that refuses a TRL config's setting the kit does not model."""
+
+    def refuse(field, what, code):
+        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
+                             code=code)
+
+    return refuse
+
+
+def refuse_shared(cfg, refuse) -> None:
+    """What SFTConfig and DPOConfig share that the kit does not model: selective checkpointing, and
+    ``model_init_kwargs`` beyond the ones read (``INIT_KW``)."""
+    if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
+        refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
+    extra = sorted(set(cfg.model_init_kwargs or {}) - set(INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
+    if extra:
+        refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
+
+
 def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
     """(estimate options, sources, notes) of what an SFTConfig changes; refuses in one sentence what is not modeled.
 
     ``trainer``: the built SFTTrainer, whose ``padding_free`` and ``compute_loss_func`` are read as it resolved them.
     """
-    def refuse(field, what, code):
-        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
-                             code=code)
-
-    if (getattr(cfg, "gradient_checkpointing_kwargs", None) or {}).get("selective"):
-        refuse("gradient_checkpointing_kwargs", "asks for selective checkpointing (selective=True)", "trl-selective")
+    refuse = refuser(name)
+    refuse_shared(cfg, refuse)
     if getattr(cfg, "label_smoothing_factor", 0) or (trainer is not None and trainer.compute_loss_func is not None):
         refuse("label_smoothing_factor" if getattr(cfg, "label_smoothing_factor", 0) else "compute_loss_func",
                "runs a second forward that builds the full logits", "trl-full-logits")
@@ -90,9 +106,6 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
         raise kin.InputError("loss_type", f"{name}.loss_type={cfg.loss_type!r} is not one TRL {MODELED} runs "
                                           "('nll' or 'dft'; SFTConfig turns 'chunked_nll' into 'nll' only when it "
                                           "is built).", code="trl-loss-type")
-    extra = sorted(set(cfg.model_init_kwargs or {}) - set(_INIT_KW)) if isinstance(cfg.model_init_kwargs, dict) else []
-    if extra:
-        refuse("model_init_kwargs", f"holds {', '.join(extra)}", "trl-init-kwargs")
     free = trainer.padding_free if trainer is not None else \
         cfg.padding_free or (cfg.packing and cfg.packing_strategy in ("bfd", "bfd_split"))
     how = ("padding_free=True" if cfg.padding_free else f"packing=True, packing_strategy={cfg.packing_strategy!r}")
