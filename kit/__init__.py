@@ -11,11 +11,19 @@ optimizer)`` watches a plain PyTorch loop (``with watch.step(batch):`` each step
 releases what a notebook made; ``%load_ext kit`` prints a
 memory reading under each notebook cell. ``from kit.estimate import estimate`` predicts one setup.
 """
+import logging as _logging
+
 __version__ = "0.1.0"
 
 # Where the kit is published. The notebooks' Open-in-Colab badges and install cells
 # use this URL; tests/test_notebooks.py checks that they agree with it.
 REPO_URL = "https://github.com/memory-kit/memory-kit"
+
+# bitsandbytes on an AVX512-bf16 CPU looks for an optional 4-bit kernel on the Hub when it is first imported (peft
+# and transformers import it) and, without it, logs a warning to stderr and runs its plain CPU path, with the same
+# results. The line depends on the machine, not the run, and a notebook cell's stderr fails nbval, so it is quieted
+# here, before anything imports bitsandbytes: the logger is only named, not imported.
+_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
 
 
 def __getattr__(name):

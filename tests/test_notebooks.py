@@ -3,6 +3,8 @@
 The notebooks themselves run under nbval (`make test` passes `--nbval-lax notebooks`).
 """
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,13 @@ def test_readmes_table_opens_the_learner_copies_with_the_instructor_copy_beside(
         assert row, f"README's table has no row opening learner/{path.name}"
         assert f"colab-badge.svg)]({colab}learner/{path.name})" in row, f"{path.name}: the badge must open the learner copy"
         assert f"[instructor copy](notebooks/{path.name})" in row and f"({colab}{path.name})" in row, path.name
+
+
+def test_a_fresh_kernels_first_kit_cell_writes_nothing_to_stderr():
+    # nbval fails a cell with any stderr. bitsandbytes, imported through peft when the kit first loads transformers'
+    # Trainer pieces, logs a warning about an optional CPU kernel on machines with AVX512-bf16; notebook 02's first
+    # code cell failed nbval alone in a fresh kernel because of it.
+    code = "import kit\nfrom kit.scenarios.cross_validation import notebook\nimport peft, bitsandbytes\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

@@ -7,7 +7,6 @@ True
 """
 from __future__ import annotations
 
-import logging
 import tempfile
 import warnings
 from pathlib import Path  # noqa: F401 (the doctest of scratch_dir)
@@ -46,9 +45,6 @@ def quiet() -> None:
     hf_logging.set_verbosity_error()  # transformers' advice to library authors (config fields, resized embeddings)
     # peft and Trainer call transformers 5's renamed checkpointing methods; nothing for a reader to do
     warnings.filterwarnings("ignore", message=r".*deprecated and will be removed in v6", category=FutureWarning)
-    # bitsandbytes on an AVX512-bf16 CPU looks for an optional 4-bit kernel on the Hub and, without it, says so
-    # on stderr and runs its plain CPU path (the same results): a line that depends on the machine, not the run
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def scratch_dir() -> str:
