@@ -135,6 +135,9 @@ class _CpuStreams:
     stream = staticmethod(lambda s: contextlib.nullcontext())
     current_stream = staticmethod(lambda: _CpuStreams._current)
     empty_cache = staticmethod(lambda: None)
+    # accelerate 1.16's free_memory asks torch.accelerator.is_available(), which asks the current accelerator's
+    # module: the CPU stands in for TRL's streams only, so accelerate finds no device cache to empty
+    is_available = staticmethod(lambda: False)
 
 
 @contextlib.contextmanager
