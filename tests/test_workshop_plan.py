@@ -71,4 +71,5 @@ def test_readme_and_the_teachers_guide_quote_the_plans_minutes(minutes):
     assert (f"notebook 01 takes about {one} minutes of its {w1.WORKSHOP_MINUTES}, notebook 02 about {two} of its "
             f"{w2.SLOT_MINUTES}") in guide
     wheels = sum(plan.INSTALL_WHEELS.values()) / 1e6
-    assert f"{wheels:.1f} MB" in guide and f"{plan.RUNTIME_START_S} s" in guide and f"{plan.INSTALL_OVERHEAD_S} s" in guide
+    assert f"{wheels:.1f} MB" in guide
+    assert f"{plan.RUNTIME_START_S} s" in guide and f"{plan.INSTALL_OVERHEAD_S} s" in guide

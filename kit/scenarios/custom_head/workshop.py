@@ -93,8 +93,8 @@ def plan_work(steps: int = 2, grad_accum: int = 2, preset: str = "colab-t4") -> 
 @wrapped
 def workshop_plan(steps: int = 2, grad_accum: int = 2, preset: str = "colab-t4") -> str:
     """The workshop's PLAN for notebook 01: the setup first (:func:`setup_work`), then each section's teaching
-    minutes (:data:`WORKSHOP_SECTIONS`) and its compute minutes, counted by :mod:`kit.scenarios.plan` from what the notebook runs at real size on a T4
-    (:func:`plan_work`), whatever this run's mode. Nothing is loaded or measured.
+    minutes (:data:`WORKSHOP_SECTIONS`) and its compute minutes, counted by :mod:`kit.scenarios.plan` from what the
+    notebook runs at real size on a T4 (:func:`plan_work`), whatever this run's mode. Nothing is loaded or measured.
 
     >>> print(workshop_plan().splitlines()[0])
     A PLAN, not a measurement: compute counted at real size on a T4 (kit.scenarios.plan), 2 step(s) of 2
