@@ -68,3 +68,28 @@ def test_readme_shows_one_picture_that_is_in_the_repository():
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_page_cites_the_design_document(page):
     assert "DESIGN.md" not in page.read_text()
+
+
+def _summary(name: str, pattern: str) -> tuple:
+    text = (ROOT / "benchmarks/results" / name).read_text()
+    return re.search(pattern, text).groups()
+
+
+def test_readme_quotes_the_accuracy_its_results_file_holds():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    median, worst, setups = _summary("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)")
+    assert f"within {worst}% of the measured one in all {setups} setups" in readme and f"(median {median}%)" in readme
+    assert "benchmarks/results/2026-12-01-cpu.md" in readme
+
+
+@pytest.mark.parametrize("name, pattern, quoted", [
+    ("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
+     "median {0}%, worst {1}% over {2} setups"),
+    ("families-2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
+     "median {0}%, worst {1}% over {2} rows"),
+    ("multi_gpu-2026-12-01-cpu.md", r"Worst error: ([\d.]+)% over (\d+)", "worst error {0}% over {1}"),
+    ("panel_latency-2026-12-01-cpu.md", r"Worst p95 over all cases: ([\d.]+) ms", "worst p95 {0} ms"),
+])
+def test_the_accuracy_page_quotes_its_results_files(name, pattern, quoted):
+    page = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert quoted.format(*_summary(name, pattern)) in page and name in page
