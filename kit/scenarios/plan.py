@@ -32,8 +32,9 @@ RUNTIME_START_S = 90
 # beside the bytes it downloads.
 INSTALL_OVERHEAD_S = 60
 # What the install cell downloads into Colab's image, which lacks bitsandbytes and trl and holds datasets 4.0
-# where trl 1.16 needs >= 4.7: each wheel with its size in bytes as PyPI serves it (pip download --no-deps,
-# Python 3.12, manylinux x86_64, December 2026).
+# where trl 1.16 needs >= 4.7 (Colab's published package list, August 2026): each wheel with its size in bytes as
+# PyPI serves it (pip download --no-deps, Python 3.12, manylinux x86_64, December 2026). A dependency of these that
+# Colab's image would lack too is not counted.
 INSTALL_WHEELS = {"bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl": 43_139_553,
                   "trl-1.16.0-py3-none-any.whl": 948_205,
                   "datasets-4.7.0-py3-none-any.whl": 527_530}

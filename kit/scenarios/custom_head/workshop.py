@@ -34,8 +34,9 @@ SETUP = "start, install, download"   # the plan's first row: kit.scenarios.plan.
 
 def setup_work() -> dict:
     """The notebook's setup, as :func:`kit.scenarios.plan.setup_work` counts it, with DistilGPT2's checkpoint: its
-    shipped config's parameters at 4 bytes (the config names no dtype, so the checkpoint is fp32). Later loads of
-    it read the local cache, and are counted again at the same rate (an over-count).
+    shipped config's parameters at 4 bytes (the config names no dtype, so the checkpoint is fp32); buffers a
+    checkpoint may also hold are not counted. Later loads of it read the local cache, and are counted again at the
+    same rate (an over-count).
 
     >>> list(setup_work())[2]
     "DistilGPT2's weights (the shipped config's 81,912,576 parameters x 4 B): 327.7 MB"
