@@ -73,3 +73,15 @@ def test_readme_and_the_teachers_guide_quote_the_plans_minutes(minutes):
     wheels = sum(plan.INSTALL_WHEELS.values()) / 1e6
     assert f"{wheels:.1f} MB" in guide
     assert f"{plan.RUNTIME_START_S} s" in guide and f"{plan.INSTALL_OVERHEAD_S} s" in guide
+
+
+@pytest.mark.parametrize("notebook, slot", [("01_distilgpt2_custom_head.ipynb", w1.WORKSHOP_MINUTES),
+                                            ("02_llama3_qlora_cross_validation.ipynb", w2.SLOT_MINUTES)])
+def test_the_instructor_notes_state_the_slot_the_plan_uses_and_what_it_counts(notebook, slot):
+    import json
+
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    notes = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+                     and "".join(c["source"]).startswith(("## Instructor notes", "**Instructor notes")))
+    assert f"{slot} minutes" in notes, f"{notebook}: the notes do not state the plan's {slot} minutes"
+    assert "does not count" not in notes, f"{notebook}: the notes say the plan leaves something out"
