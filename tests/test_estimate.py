@@ -269,7 +269,7 @@ def test_biggest_and_optim_aliases():
     assert est.biggest("params", 1)[0][0] == "transformer.wte"
     assert [o[2] for o in est.biggest()] == sorted((o[2] for o in est.offenders), reverse=True)[:5]
     note = estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128, optimizer="adamw_bnb_8bit").notes
-    assert any("2^31" in n for n in note)  # bnb 8-bit AdamW kills the process on this head (README, Known failures)
+    assert any("2^31" in n for n in note)  # bnb 8-bit AdamW kills the process on this head (docs/known-failures.md)
 
 
 def test_frozen_base_without_checkpointing_estimates():

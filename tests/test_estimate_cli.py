@@ -1,4 +1,5 @@
-"""The ``python -m kit estimate`` contract (the README's "Command line"): flags, JSON integer fields, exit codes."""
+"""The ``python -m kit estimate`` contract (docs/cli-and-api.md, "Command line"): flags, JSON integer fields, exit
+codes."""
 import argparse
 import json
 import os

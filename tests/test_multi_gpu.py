@@ -31,7 +31,7 @@ def rows():
 def test_each_rank_within_a_tenth_of_a_percent_of_the_per_gpu_estimate(rows, which):
     assert [r["rank"] for r in rows[which]] == [0, 1]
     for r in rows[which]:
-        assert r["measured"] == pytest.approx(r["estimate"], rel=0.001), r   # the README's "within 0.1%"
+        assert r["measured"] == pytest.approx(r["estimate"], rel=0.001), r   # docs/multi-gpu.md's "within 0.1%"
     if which == "fsdp-block":
         assert rows[which][0]["moment"].startswith("backward (block")
 

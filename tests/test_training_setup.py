@@ -1,5 +1,5 @@
 """One declared description of a training setup feeds estimate(), the CLI, the advisor and the panel; and the
-public face the README documents is where it was."""
+public face the README and docs/cli-and-api.md document is where it was."""
 import inspect
 import json
 

@@ -20,7 +20,7 @@ from kit.estimate.inventory import info_of
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
-INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (README, Known failures)
+INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (docs/known-failures.md)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
 CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
 KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
@@ -61,7 +61,7 @@ def _adam8(paged):
             return None
         if c.too_big and trains_weights(o):
             c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
-                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: README, Known failures)")
+                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: docs/known-failures.md)")
             return None
         return {"optimizer": "paged-adamw-8bit" if paged else "adamw-8bit"}
     return move

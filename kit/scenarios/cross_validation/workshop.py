@@ -67,7 +67,8 @@ TEACHING = {"setup, download": (2, False), "1 · Predict": (7, False), "2 · The
             "3 · The advice's reset": (4, False), "Exercise": (6, False), "PyTorch's own tools": (3, True),
             "4 · The fixed loop": (5, False), "4 · the resume demo": (1, True), "5 · k-bit recipes": (3, True),
             "6 · Explore": (0, True), "7 · Checklist, recap": (3, False)}
-SLOT_MINUTES = 40
+SLOT_MINUTES = 45   # notebook 02's share of the 90-minute workshop: setup, teaching and compute
+SETUP = "start, install"   # the plan's first row: kit.scenarios.plan.setup_work (the model's download is the next)
 
 
 def workshop_work(model_id: str = DEFAULT_MODEL, **run) -> dict:
@@ -94,28 +95,47 @@ def workshop_work(model_id: str = DEFAULT_MODEL, **run) -> dict:
             "5 · k-bit recipes": [load, load, ("steps", est, 2 * steps)], "6 · Explore": [], "7 · Checklist, recap": []}
 
 
+def planned_sections(model_id: str = DEFAULT_MODEL, **run) -> tuple:
+    """``(core, skipped)``: the plan's rows ``[(row, teaching minutes, items)]``, the setup
+    (:func:`kit.scenarios.plan.setup_work`: the runtime's start, the install cell, the small files) first among
+    the core ones, and the sections a short slot skips apart."""
+    work = workshop_work(model_id, **run)
+    setup = [i for items in plan.setup_work({}).values() for i in items]
+    core = [(SETUP, 0, setup), *[(name, t, work[name]) for name, (t, skip) in TEACHING.items() if not skip]]
+    return core, [(name, t, work[name]) for name, (t, skip) in TEACHING.items() if skip]
+
+
+def workshop_minutes(model_id: str = DEFAULT_MODEL, **run) -> float:
+    """Notebook 02's planned minutes, the skipped sections left out: :func:`workshop_plan`'s "the plan"."""
+    core, _ = planned_sections(model_id, **run)
+    return sum(t + plan.compute_minutes(w) for _, t, w in core)
+
+
 @wrapped
 def workshop_plan(model_id: str = DEFAULT_MODEL, slot_minutes: int = SLOT_MINUTES, **run) -> str:
-    """Notebook 02's minutes, as a PLAN (never measured): teaching per section (:data:`TEACHING`) plus compute
-    counted from what each section runs at real size on a T4 (:func:`workshop_work`, :mod:`kit.scenarios.plan`),
-    the sections a short slot skips apart, against ``slot_minutes``.
+    """Notebook 02's minutes, as a PLAN (never measured): the setup (the runtime's start, the install cell, the
+    small files), then teaching per section (:data:`TEACHING`) plus compute counted from what each section runs at
+    real size on a T4 (:func:`workshop_work`, :mod:`kit.scenarios.plan`), the sections a short slot skips apart,
+    against ``slot_minutes``.
 
     >>> "PLAN" in workshop_plan()
     True
     """
-    work = workshop_work(model_id, **run)
     r = {**WORKSHOP_RUN, **run}
-    core = [(name, t, work[name]) for name, (t, skip) in TEACHING.items() if not skip]
-    extra = [(name, t, work[name]) for name, (t, skip) in TEACHING.items() if skip]
+    core, extra = planned_sections(model_id, **run)
     total = sum(t + plan.compute_minutes(w) for _, t, w in core)
     more = sum(t + plan.compute_minutes(w) for _, t, w in extra)
     loads = sum(1 for _, _, w in core for item in w if item[0] == "load")
+    setup = plan.setup_work({})
     return "\n".join([
         f"A PLAN for notebook 02 at real size ({model_id}, {r['folds']} folds of {r['steps']} steps) on a T4: "
-        f"compute from {plan.LOAD_BYTES_PER_S / 1e6:.0f} MB/s loads and {plan.UTILISATION:.0%} of the T4's "
-        f"{plan.T4_PEAK_FLOPS / 1e12:.0f} TFLOPS (kit.scenarios.plan's assumptions), not measured",
+        f"compute from {plan.LOAD_BYTES_PER_S / 1e6:.0f} MB/s loads and downloads and {plan.UTILISATION:.0%} of the "
+        f"T4's {plan.T4_PEAK_FLOPS / 1e12:.0f} TFLOPS (kit.scenarios.plan's assumptions), not measured",
         plan.plan_table(core),
-        f"{loads} model loads in the sections above; skip when short:",
+        f"{SETUP}: " + "; ".join(setup) + f"; the model's download is its first load, in setup, download: its "
+        f"checkpoint at 2 B a parameter (bf16, the shipped config's dtype), {core[1][2][0][1] / 1e6:,.0f} MB "
+        f"({loads} model loads above)",
+        "skip when short:",
         plan.plan_table(extra),
         f"the plan: {total:.1f} min of the {slot_minutes}-minute slot "
         + (f"(fits, {slot_minutes - total:.1f} min to spare)" if total <= slot_minutes else

@@ -208,7 +208,7 @@ def bnb_8bit_problem(model: nn.Module) -> str | None:
     """Why bitsandbytes' 8-bit optimizer must not train ``model``, or None when it is safe.
 
     On scenario 1's head it printed ``Error invalid argument ... ops.cu`` and killed the process when this
-    project tried it on an H200 (the README's Known failures): no exception, so no ``try`` helps. Works on meta
+    project tried it on an H200 (docs/known-failures.md): no exception, so no ``try`` helps. Works on meta
     models.
 
     >>> bnb_8bit_problem(kmodels.build_model("distilgpt2+vocab-head", device="meta")).split(" elements")[0]

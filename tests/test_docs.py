@@ -1,0 +1,95 @@
+"""README is a front door and docs/ holds the rest: every relative link in README.md and docs/*.md resolves to a
+file (and an anchor to a heading of that file), README stays short, and it opens with the two commands and a
+Colab badge (issue 33, item 3)."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+
+
+def _outside_code(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set:
+    return {_anchor(m) for m in re.findall(r"^#+ (.+)$", _outside_code(page.read_text()), re.MULTILINE)}
+
+
+def _relative_links(page: Path) -> list:
+    return [t for t in LINK.findall(_outside_code(page.read_text())) if not re.match(r"[a-z]+:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves_to_a_file_and_its_anchor_to_a_heading(page):
+    broken = []
+    for target in _relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and (file.suffix != ".md" or anchor not in _anchors(file)):
+            broken.append(f"{target}: no heading '{anchor}' in {file.name}")
+    assert not broken, f"{page.name}: {broken}"
+
+
+def test_the_link_checker_sees_links_and_headings():
+    readme = ROOT / "README.md"
+    assert "docs/cli-and-api.md#setting-up-and-the-tests" in _relative_links(readme)
+    assert _anchor("What `demo` writes") == "what-demo-writes"
+    assert "the-caching-allocator-reserved-beside-allocated" in _anchors(ROOT / "docs/how-the-estimate-works.md")
+
+
+def test_readme_is_at_most_1500_words_outside_code_blocks():
+    words = len(_outside_code((ROOT / "README.md").read_text()).split())
+    assert words <= 1500, f"README.md has {words} words outside code blocks"
+
+
+def test_readme_opens_with_the_two_commands_and_a_colab_badge():
+    head = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
+    assert "make demo" in head and "make test" in head
+    assert "colab.research.google.com/assets/colab-badge.svg" in head
+
+
+def test_readme_shows_one_picture_that_is_in_the_repository():
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text())
+    pictures = [i for i in images if not i.startswith("https://colab.research.google.com/assets/")]   # not the badges
+    assert len(pictures) == 1 and pictures[0].endswith(".png") and (ROOT / pictures[0]).is_file()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_cites_the_design_document(page):
+    assert "DESIGN.md" not in page.read_text()
+
+
+def _summary(name: str, pattern: str) -> tuple:
+    text = (ROOT / "benchmarks/results" / name).read_text()
+    return re.search(pattern, text).groups()
+
+
+def test_readme_quotes_the_accuracy_its_results_file_holds():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    median, worst, setups = _summary("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)")
+    assert f"within {worst}% of the measured one in all {setups} setups" in readme and f"(median {median}%)" in readme
+    assert "benchmarks/results/2026-12-01-cpu.md" in readme
+
+
+@pytest.mark.parametrize("name, pattern, quoted", [
+    ("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
+     "median {0}%, worst {1}% over {2} setups"),
+    ("families-2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
+     "median {0}%, worst {1}% over {2} rows"),
+    ("multi_gpu-2026-12-01-cpu.md", r"Worst error: ([\d.]+)% over (\d+)", "worst error {0}% over {1}"),
+    ("panel_latency-2026-12-01-cpu.md", r"Worst p95 over all cases: ([\d.]+) ms", "worst p95 {0} ms"),
+])
+def test_the_accuracy_page_quotes_its_results_files(name, pattern, quoted):
+    page = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert quoted.format(*_summary(name, pattern)) in page and name in page
