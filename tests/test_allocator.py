@@ -107,7 +107,8 @@ def test_growing_requests_fragment_the_default_but_not_expandable_segments():
 
 
 def test_the_devlog_example_of_8x16_then_4x32_mib():
-    """pytorch/devlogs 2026-06-01 (ezyang), "When does fragmentation occur in the CUDA caching allocator?"."""
+    """pytorch/devlogs 2026-06-01 (ezyang), "When does fragmentation occur in the CUDA caching allocator?",
+    https://docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator/."""
     first = allocs(*[16 * MiB] * 8)
     then = first + frees(8) + allocs(*[32 * MiB] * 4, prefix="u")
     d, e = both(first)

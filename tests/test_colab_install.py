@@ -84,6 +84,24 @@ def test_colabs_python_is_allowed():
                        for py in COLAB_PYTHONS), f"{name}: its marker {r.marker} excludes Colab's Pythons"
 
 
+def test_requires_python_is_the_floor_of_the_dependencies_pythons():
+    """pyproject's requires-python says the truth: no Python below it can install every dependency (trl 1.16 needs
+    3.11), read from the installed dependencies' own Requires-Python metadata."""
+    from importlib.metadata import metadata
+
+    floor = Version(re.match(r">=\s*([\d.]+)$", _pyproject()["project"]["requires-python"]).group(1))
+    needs = {}
+    for line in _pyproject()["project"]["dependencies"]:
+        name = Requirement(line).name
+        try:
+            spec = metadata(name).get("Requires-Python")
+        except PackageNotFoundError:
+            continue
+        lows = [Version(s.version) for s in SpecifierSet(spec or "") if s.operator == ">="]
+        needs[name] = max(lows, default=Version("0"))
+    assert floor == max(needs.values()), (floor, needs)
+
+
 def test_what_colab_lacks_needs_no_other_torch():
     """bitsandbytes is not on Colab, so pip installs it; its own torch requirement must admit Colab's torch.
 

@@ -65,11 +65,6 @@ def test_readme_shows_one_picture_that_is_in_the_repository():
     assert len(pictures) == 1 and pictures[0].endswith(".png") and (ROOT / pictures[0]).is_file()
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_no_page_cites_the_design_document(page):
-    assert "DESIGN.md" not in page.read_text()
-
-
 def _summary(name: str, pattern: str) -> tuple:
     text = (ROOT / "benchmarks/results" / name).read_text()
     return re.search(pattern, text).groups()

@@ -11,8 +11,9 @@ process starts at 0. A GPU must confirm, among the rest (MiB):
   11 MiB adds a 12 MiB segment counted whole, 12 allocated (reserved 34), or with expandable segments one more
   20 MiB page, 11 allocated (reserved 42); freed and asked for again, it reuses the cache. Peaks 34 and 42.
 - growth (3 x (20 + 2k) MiB, k = 0..4, each freed): peak reserved 360 by default, 100 with expandable segments.
-- the example of ezyang's devlog post on allocator fragmentation (2026-06-01): 8 x 16 MiB reserve 128 (default) and 140 (expandable, 7 pages); after freeing them,
-  4 x 32 MiB take the default to 256, expandable stays at 140.
+- the example of ezyang's devlog post on allocator fragmentation (2026-06-01,
+  https://docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator/): 8 x 16 MiB reserve 128 (default) and
+  140 (expandable, 7 pages); after freeing them, 4 x 32 MiB take the default to 256, expandable stays at 140.
 - pass-over (expandable): 12, 8, 15 MiB, free the 12, then 5 and 12 MiB: 60 reserved (48 by default).
 - limit (default, ``set_per_process_memory_fraction`` = 64 MiB): 40 MiB freed, 50 MiB reserves 50 after one
   release-and-retry; a further 30 MiB is an OOM at event 3.

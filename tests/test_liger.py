@@ -227,8 +227,9 @@ def _liger_patched(model, model_type):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3",
                                   "tiny-olmo2"])
 @pytest.mark.parametrize("lora_r", [0, 8])
-def test_the_block_rules_match_autograd_with_ligers_functions_in_torch(name, lora_r, monkeypatch):
-    """Liger's Functions written in torch with their ``save_for_backward`` calls and in-place writes, patched in
+def test_the_block_rules_match_autograd_with_stand_ins_of_ligers_functions(name, lora_r, monkeypatch):
+    """Liger's Functions written in torch with their ``save_for_backward`` calls and in-place writes (the stand-ins
+    above, checked against Liger's own source by the next test), patched in
     as ``_apply_liger_kernel_to_instance`` patches them (its q/k norms untouched): the replay's saved bytes against
     ``saved_tensors_hooks`` on the tiny twin (fp32, no padding; the fused loss is off, it cannot run here)."""
     from peft import LoraConfig, get_peft_model
@@ -251,6 +252,44 @@ def test_the_block_rules_match_autograd_with_ligers_functions_in_torch(name, lor
     est = estimate(name, batch_size=2, seq_len=32, padded=False, lora_r=lora_r, liger_kernel=True,
                    liger_kernel_config={"fused_linear_cross_entropy": False})
     assert est.saved_bytes == pytest.approx(got, abs=8)   # (a 0-d scalar apart, as without Liger)
+
+
+# The stand-in above for each of Liger's Functions: (its module under liger_kernel/ops, its class)
+LIGER_FUNCTIONS = {_RMSNorm: ("rms_norm.py", "LigerRMSNormFunction"), _SiLUMul: ("swiglu.py", "LigerSiLUMulFunction"),
+                   _Rope: ("rope.py", "LigerRopeFunction")}
+
+
+def _saves(tree, cls_name):
+    """Each ``ctx.save_for_backward(...)`` in ``cls_name.forward`` of ``tree``: a tuple of the names it saves (lower
+    case, a ``_local`` suffix dropped: Liger's DTensor branch saves the local shards of the same a and b)."""
+    import ast
+
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    fwd = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    calls = [c for c in ast.walk(fwd) if isinstance(c, ast.Call) and getattr(c.func, "attr", "") == "save_for_backward"]
+    return {tuple(ast.unparse(a).lower().removesuffix("_local") for a in c.args) for c in calls}
+
+
+def test_the_stand_ins_save_what_ligers_own_functions_save():
+    """Liger's own code, read from its installed source: liger-kernel's modules import Triton at once, and Triton's
+    kernels need a CUDA GPU, so nothing of it can run on a CPU; its ``forward`` methods' ``save_for_backward`` calls
+    can be read. Each stand-in saves what one of Liger's branches saves."""
+    import ast
+    import importlib.util
+    import inspect
+    import pathlib
+    import sys
+
+    spec = importlib.util.find_spec("liger_kernel")   # (finds the package without importing it)
+    if spec is None:
+        pytest.skip("liger-kernel is not installed, so its source cannot be read: `pip install --no-deps "
+                    "liger-kernel` (its Triton kernels need a CUDA GPU; this test only reads its code)")
+    ops = pathlib.Path(spec.origin).parent / "ops"
+    here = ast.parse(inspect.getsource(sys.modules[__name__]))
+    for stand_in, (module, liger_cls) in LIGER_FUNCTIONS.items():
+        theirs = _saves(ast.parse((ops / module).read_text()), liger_cls)
+        ours = _saves(here, stand_in.__name__)
+        assert len(ours) == 1 and ours <= theirs, (stand_in.__name__, ours, liger_cls, theirs)
 
 
 @pytest.mark.parametrize("model", ["tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-olmo2"])

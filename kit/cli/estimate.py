@@ -106,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     preset = getattr(args, "preset", "colab-t4")
     if args.json:
+        v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
         out = est.to_json()
-        v = verdict(est, preset)
         out["verdict"] = {"preset": v.preset.name, "fits": v.fits, "gpu_margin_bytes": v.gpu_margin_bytes,
                           "ram_margin_bytes": v.ram_margin_bytes, "text": v.text}
         print(json.dumps(out, indent=2))

@@ -5,7 +5,7 @@ and ``max_memory_reserved()``, with or without ``PYTORCH_CUDA_ALLOC_CONF=expanda
 was read from ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator``, ``ExpandableSegment``), its
 constants from ``c10/core/AllocatorConfig.h`` (``kMinBlockSize`` ... ``kRoundLarge``, and
 ``AcceleratorAllocatorConfig::large_segment_size()``, 20 MiB by default, formerly the constant ``kLargeBuffer``):
-pytorch's main of mid 2026 (read in a fork that tracks it, github.com/cyyever/pytorch), checked against
+pytorch's main of mid 2026 (read in a fork that tracks it, https://github.com/cyyever/pytorch), checked against
 the torch 2.13 headers here and pytorch/pytorch's older allocator. Under the
 default settings the rules are the same in torch 2.11 to 2.13:
 

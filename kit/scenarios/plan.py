@@ -17,8 +17,8 @@ all                         14 min         0.1 min   14.1 min
 """
 from __future__ import annotations
 
-# NVIDIA T4 datasheet (nvidia.com/en-us/data-center/tesla-t4/): 65 TFLOPS of mixed-precision (FP16/FP32) Tensor
-# Core throughput at its peak.
+# NVIDIA T4 datasheet (https://www.nvidia.com/en-us/data-center/tesla-t4/): 65 TFLOPS of mixed-precision
+# (FP16/FP32) Tensor Core throughput at its peak.
 T4_PEAK_FLOPS = 65e12
 # A planning assumption, not a measurement: the share of that peak a small-batch fine-tune reaches in a notebook
 # (short rows, a frozen base, bitsandbytes' kernels). Lower it if a dry run is slower.

@@ -244,7 +244,9 @@ def notes(liger: tuple, eval_gather: str = "loss") -> list:
         return []
     names = {"rope": "RoPE", "rms_norm": "RMSNorm", "swiglu": "SwiGLU", "flce": "fused linear cross-entropy"}
     out = [Note(f"Liger kernels ({', '.join(names[k] for k in liger)}): their terms are computed from "
-                f"Liger-Kernel {VERSION}'s source (kit.estimate.replay.liger), not yet measured on a GPU",
+                f"Liger-Kernel {VERSION}'s source (kit.estimate.replay.liger), not yet measured on a GPU"
+                + (f"; RMSNorm's backward buffer [sm_count, H] is taken at sm_count {SM_COUNT}, an H100's, whatever "
+                   "the device (an A100 has 108, a T4 40)" if "rms_norm" in liger else ""),
                 field="liger_kernel", code="liger-from-source")]
     if "flce" in liger and eval_gather != "loss":
         out.append(Note("with compute_metrics, Liger's forward in evaluation builds the full logits (Trainer sets "
