@@ -35,7 +35,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    device + host figure (``offload_meter.expected``), not its device peak;
 8. ``optim="paged_adamw_32bit"`` and ``"adamw_bnb_8bit"`` on the same twin: bitsandbytes runs its CPU kernels in
    torch ops inside its custom ops (temporaries a dispatch mode cannot see, this meter does), and its paged state
-   is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them.
+   is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them;
+9. ``optim="adafactor"`` (transformers' Adafactor as Trainer builds it: factored second moments, no first moment)
+   and 10. ``Trainer(optimizers=(torch.optim.Muon(2-D parameters), None))``, full fine-tuning of a 4-block
+   tiny-llama in fp32 and bf16, at B4 x 64 (the backward is the peak) and B1 x 16 (the optimizer step is).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).

@@ -13,7 +13,7 @@ from kit.estimate.launch import read_training_launch
 from kit.estimate.offload_options import from_ckpt_kwargs
 from kit.estimate.read_model import dtype_name
 
-OPTIMS = optimizers.BY_OPTIM   # TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see read_args)
+OPTIMS = optimizers.BY_OPTIM   # TrainingArguments.optim -> the kit's optimizer (sgd: with a momentum, see read_args)
 SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to read the sequence length
 
 
