@@ -172,9 +172,12 @@ TRAINER_OPTIM = {o.name: o.optim[0] for o in ROOM.values() if o.optim}
 
 def choices_help() -> str:
     """The CLI's help for ``--optimizer``: each choice with its ``TrainingArguments.optim`` name."""
-    said = [f"{o.name} ({', '.join(([] if o.optim[0] == o.name else [o.optim[0]]) + [o.label] * bool(o.label))})"
-            if o.optim[0] != o.name or o.label else o.name for o in ROOM.values() if o.optim]
-    return ", ".join(said) + "; the TrainingArguments.optim names in brackets work too"
+    def said(o):
+        inside = [text for text in (o.optim[0] if o.optim[0] != o.name else "", o.label) if text]
+        return f"{o.name} ({', '.join(inside)})" if inside else o.name
+
+    choices = ", ".join(said(o) for o in ROOM.values() if o.optim)
+    return f"{choices}; the TrainingArguments.optim names in brackets work too"
 
 
 def kit_name(optim: str) -> str | None:
@@ -201,6 +204,12 @@ def step_temporaries(name: str, tensors, device: str) -> int:
     return ROOM[name].temporaries(tensors, device)
 
 
+def unwrap(optimizer):
+    """The optimizer inside accelerate's ``AcceleratedOptimizer`` (which Trainer's ``train()`` makes), else itself."""
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if inner is not None and hasattr(inner, "param_groups") else optimizer
+
+
 def name_of(optimizer) -> str:
     """The kit's name for an optimizer object (torch, bitsandbytes, transformers); one sentence that names its
     class where the kit does not model it. accelerate's ``AcceleratedOptimizer`` is read through ``.optimizer``.
@@ -213,8 +222,7 @@ def name_of(optimizer) -> str:
     ...
     kit.inputs.InputError: The optimizer is a torch.optim.adagrad.Adagrad, which the kit does not model (...
     """
-    inner = getattr(optimizer, "optimizer", None)
-    optimizer = inner if inner is not None and hasattr(inner, "param_groups") else optimizer
+    optimizer = unwrap(optimizer)
     cls, defaults = type(optimizer), getattr(optimizer, "defaults", {})
     bits = getattr(getattr(optimizer, "args", None), "optim_bits", None)
     if cls.__module__.startswith("bitsandbytes") and bits and \

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate import reserved as kr
@@ -23,7 +24,6 @@ from kit.estimate.inventory import Info, default_targets, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
 from kit.estimate.counts import Counts
-from kit import optimizers
 
 
 @dataclass

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate.inventory import Info
-from kit import optimizers
 from kit.presets import int8_bytes, nf4_bytes
 
 PARTS = ("embed", "block", "head")
