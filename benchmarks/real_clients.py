@@ -35,7 +35,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    device + host figure (``offload_meter.expected``), not its device peak;
 8. ``optim="paged_adamw_32bit"`` and ``"adamw_bnb_8bit"`` on the same twin: bitsandbytes runs its CPU kernels in
    torch ops inside its custom ops (temporaries a dispatch mode cannot see, this meter does), and its paged state
-   is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them.
+   is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them;
+9. ``optim="adafactor"`` (transformers' Adafactor as Trainer builds it: factored second moments, no first moment)
+   and 10. ``Trainer(optimizers=(torch.optim.Muon(2-D parameters), None))``, full fine-tuning of a 4-block
+   tiny-llama in fp32 and bf16, at B4 x 64 (the backward is the peak) and B1 x 16 (the optimizer step is).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -518,6 +521,37 @@ def client_offload(work, kind):
         stand_in.__exit__(None, None, None)
 
 
+def client_optimizer(work, optimizer, dtype=None, batch=4, seq=64):
+    """A Trainer full fine-tune of a 4-block tiny-llama with one of the optimizers the kit added last:
+    ``optimizer="adafactor"`` is ``TrainingArguments(optim="adafactor")`` (Trainer builds transformers' Adafactor
+    with its own defaults: no beta1, a fixed lr); ``"muon"`` is ``Trainer(optimizers=(torch.optim.Muon(...), None))``
+    built as torch's docs say, with the 2-D parameters only (it refuses others): a Trainer takes one optimizer, so the
+    norms keep their gradients and no state. ``dtype``: the weights' (None: fp32). ``batch`` x ``seq`` tokens: B1 x 16
+    makes the optimizer step the peak, B4 x 64 the backward."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tok, path = tokenizer(), twin_dir("tiny-llama", work, num_hidden_layers=4)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype else {}))
+    ds = Dataset.from_dict({"text": equal_text_rows(tok, seq, 8 * batch)}).map(
+        lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    kw = {"optim": optimizer} if optimizer != "muon" else {}
+    args = TrainingArguments(output_dir=os.path.join(work, optimizer), use_cpu=True, per_device_train_batch_size=batch,
+                             max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True, **kw)
+    given = (torch.optim.Muon([q for q in model.parameters() if q.ndim == 2], lr=0.02), None) \
+        if optimizer == "muon" else (None, None)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, optimizers=given,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tok, mlm=False))
+    how = "optim='adafactor' (Trainer's Adafactor)" if optimizer != "muon" else \
+        "optimizers=(torch.optim.Muon(2-D params), None), the norms in no optimizer"
+    setup = f"Trainer full FT {dtype or 'fp32'}, {how}, B{batch} x {seq}, 4 blocks"
+    label = "9. Adafactor" if optimizer != "muon" else "10. torch.optim.Muon"
+    yield label, setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
 def loop_option():
     """The estimate option for "outputs kept through backward", if kit/training_setup.py declares one."""
     from kit.training_setup import FIELDS
@@ -614,6 +648,10 @@ def rows_to_run(work, only=None):
         R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
     R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))
     R.append(("bitsandbytes 8-bit AdamW", lambda m: run_trainer_client(client_offload(work, "adam8"), m)))
+    for optimizer in ("adafactor", "muon"):
+        for dtype, batch, seq in ((None, 4, 64), (None, 1, 16), ("bfloat16", 4, 64), ("bfloat16", 1, 16)):
+            R.append((f"{optimizer} {dtype or 'fp32'} B{batch} x {seq}", lambda m, o=optimizer, d=dtype, b=batch, s=seq:
+                      run_trainer_client(client_optimizer(work, o, d, b, s), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -12,18 +12,15 @@ import os
 import re
 from dataclasses import dataclass
 
-from kit import machine
+from kit import machine, optimizers
 from kit.inputs import InputError
 from kit.units import GiB, fmt_bytes, wrapped
 
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 QUANTIZATIONS = ("none", "8bit", "4bit")
-# kit name -> TrainingArguments.optim (sgd: with optim_args="momentum=0.9"; plain "sgd" keeps no state).
-# "adamw-fused" is Trainer's default in transformers 5 (TrainingArguments().optim): one fused kernel per step,
-# no full-size temporaries; "adamw" is the foreach step of adamw_torch, which makes them.
-OPTIMIZERS = {"adamw-fused": "adamw_torch_fused", "adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit",
-              "paged-adamw-8bit": "paged_adamw_8bit", "paged-adamw": "paged_adamw_32bit", "sgd": "sgd"}
-ALIASES = {v: k for k, v in OPTIMIZERS.items()} | {"adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit"}
+# kit name -> TrainingArguments.optim, and every TrainingArguments.optim name -> kit name: kit.optimizers has them
+OPTIMIZERS = optimizers.TRAINER_OPTIM
+ALIASES = optimizers.BY_OPTIM
 
 
 def nf4_bytes(n: int, double_quant: bool = True, blocksize: int = 64) -> int:
@@ -52,30 +49,13 @@ def int8_bytes(fin: int, fout: int) -> int:
 
 
 def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: bool = False) -> tuple[int, int]:
-    """(bytes the allocator holds, bytes paged outside it) of one parameter's state.
-
-    AdamW: exp_avg + exp_avg_sq, ``zeros_like(param)``. 8-bit AdamW (bitsandbytes):
-    two uint8 states + one fp32 absmax per 256; tensors under ``min_8bit_size=4096``
-    elements keep two fp32 states. Paged: states of >= 1e5 elements live in CUDA
-    managed memory (``F.get_paged``), outside ``max_memory_allocated``. Trainer keeps
-    ``nn.Embedding`` weights in 32-bit states (``register_module_override``). Paged 32-bit AdamW
-    (``PagedAdamW32bit``, the single-GPU CPU offload of the optimizer state): two fp32 states whatever the
-    weight's dtype (``Optimizer2State.init_state``), paged from 1e5 elements (``get_state_buffer``). SGD: momentum.
+    """(bytes the allocator holds, bytes paged outside it) of the state of ``n`` elements in one flat tensor
+    (:func:`kit.optimizers.state_bytes` reads a tensor's shape).
 
     >>> optimizer_state_bytes("adamw-8bit", 1024 * 1024, 4)
     (2129920, 0)
     """
-    if optimizer in ("adamw", "adamw-fused"):
-        return 2 * n * dtype_bytes, 0
-    if optimizer == "sgd":
-        return n * dtype_bytes, 0
-    if optimizer == "paged-adamw":
-        return (0, 8 * n) if n >= 100_000 else (8 * n, 0)
-    paged = optimizer == "paged-adamw-8bit" and n >= 100_000
-    if n < 4096 or embedding:
-        return (0, 8 * n) if paged else (8 * n, 0)
-    absmax = 2 * 4 * -(-n // 256)
-    return (absmax, 2 * n) if paged else (2 * n + absmax, 0)
+    return optimizers.state_bytes(optimizer, (n,), dtype_bytes, embedding)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from kit.inputs import InputError
+from kit import optimizers
 from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
@@ -55,10 +56,7 @@ class TrainingSetup:
     lora_r: int = option(0, "LoRA rank (0: no LoRA)", flag="--lora-r", kind=int, suggest=7, panel=True)
     lora_targets: object = option(None, "comma-separated module names, e.g. q_proj,v_proj (default: peft's for "
                                   "the architecture)", flag="--lora-targets", kind=str, suggest=8)
-    optimizer: str = option("adamw-fused", "adamw-fused (adamw_torch_fused, Trainer's default), adamw "
-                            "(adamw_torch), adamw-8bit (adamw_bnb_8bit), paged-adamw-8bit (paged_adamw_8bit), "
-                            "paged-adamw (paged_adamw_32bit: the state in CUDA managed memory, paged to RAM), "
-                            "sgd (with momentum); the TrainingArguments.optim names in brackets work too",
+    optimizer: str = option("adamw-fused", optimizers.choices_help(),
                             flag="--optimizer", kind="optimizer", choices=tuple(OPTIMIZERS), suggest=10,
                             panel=True)
     gradient_checkpointing: object = option(None, "checkpoint the blocks (default: the model's own default)",

@@ -178,7 +178,7 @@ def test_estimate_from_real_objects():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(args=dict(optim="adafactor")), "optim='adafactor' is not modeled"),
+    (dict(args=dict(optim="adagrad")), "optim='adagrad' is not modeled"),
     (dict(args=dict(optim="sgd")), "without a momentum"),
     (dict(args=dict(torch_compile=True)), "torch_compile"),
     (dict(bnb=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float64)), "compute_dtype"),

@@ -14,11 +14,7 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.estimate.reserved import HOW_TO
 from kit.advise.search import CLI
-from kit.estimate.read_training import OPTIMS
-
-OPTIM = {}   # the kit's optimizer -> TrainingArguments.optim (the inverse of read_training.OPTIMS: the first name wins)
-for _name, _kit in OPTIMS.items():
-    OPTIM.setdefault(_kit, _name)
+from kit.optimizers import TRAINER_OPTIM as OPTIM   # the kit's optimizer -> TrainingArguments.optim
 KEYWORD = {v: k for k, v in CLI.items()}   # the estimate CLI's option -> estimate()'s keyword
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ARGS = {"batch_size": "per_device_train_batch_size", "grad_accum": "gradient_accumulation_steps",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate import reserved as kr
@@ -23,7 +24,6 @@ from kit.estimate.inventory import Info, default_targets, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
 from kit.estimate.counts import Counts
-from kit.presets import OPTIMIZERS
 
 
 @dataclass
@@ -195,16 +195,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
     weights = c.weights + info.buffers_bytes
     inputs = 3 * p.batch * p.seq * 8  # input_ids, attention_mask, labels: [B, S] int64 each
     fwdbwd = weights + c.optimizer + m.total + inputs
-    step_temp = 0  # AdamW's sqrt(exp_avg_sq) / bias_correction, per (weight-decay group, dtype)
-    if p.optimizer == "adamw" and c.groups:  # CUDA: foreach, all at once; CPU: per tensor, + the last denom
-        # (adamw-fused makes none: one kernel per step, element by element, on CUDA and on the CPU)
-        step_temp = max(sum(gr) if p.device == "cuda" else max(2 * b + (gr[i - 1] if i else 0)
-                                                               for i, b in enumerate(gr)) for gr in c.groups.values())
-    elif p.optimizer == "paged-adamw" and p.device == "cpu" and c.groups:
-        # bitsandbytes 0.50's CPU Adam (backends/cpu/ops.py, _optimizer_update_32bit_cpu), one tensor at a time in
-        # torch ops: g * scale, sqrt(v) + eps, m / that: 3 fp32 copies of an fp32 tensor alive at once; of a
-        # 16-bit one also g.float() and p.float(): 4. (On CUDA one fused kernel makes none.)
-        step_temp = max((12 if dt == 4 else 16) * (b // dt) for (_, dt), gr in c.groups.items() for b in gr)
+    step_temp = optimizers.step_temporaries(p.optimizer, c.trained, p.device)   # its step's own, at their highest
     step = weights + c.gradients + c.optimizer + step_temp + held_out
     ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.V, held=weights + c.optimizer,
                    copies=c.halves, inputs_per_row=3 * p.seq * 8, gather=p.ev["gather"], samples=p.ev["samples"],
@@ -247,7 +238,8 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                                    if o not in by_bytes[:10]],
         notes=notes, setup=dict(model=p.model, batch_size=p.batch, seq_len=p.seq, precision=p.precision,
                                 quantization=p.quant, lora_r=p.lora_r, optimizer=p.optimizer,
-                                optim=OPTIMIZERS[p.optimizer], gradient_checkpointing=p.ckpt, grad_accum=p.accum,
+                                optim=optimizers.trainer_optim(p.optimizer),
+                                gradient_checkpointing=p.ckpt, grad_accum=p.accum,
                                 load_dtype=p.load, attn_implementation=p.attn, kbit_recipe=p.recipe,
                                 device=p.device, **p.bnb.setup(p.quant, p.ckpt, p.reentrant),
                                 eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],

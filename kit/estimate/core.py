@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate import assembly
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
@@ -33,7 +34,7 @@ from kit.estimate.replay import liger as kl
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit.inputs import Note
-from kit.presets import ALIASES, DTYPES, OPTIMIZERS, QUANTIZATIONS
+from kit.presets import DTYPES, QUANTIZATIONS
 from kit.training_setup import STRATEGIES, options
 from kit.units import fmt_bytes
 
@@ -88,7 +89,7 @@ def estimate(model, **setup) -> Estimate:
         raise kin.InputError("eval_samples", f"eval_gather={ev['gather']!r} keeps every eval batch's predictions on "
                              "the device until the loop ends: give eval_samples (len(eval_dataset)) or "
                              "eval_accumulation_steps.")
-    optimizer = kin.choice("optimizer", o["optimizer"], OPTIMIZERS, ALIASES)
+    optimizer = kin.choice("optimizer", o["optimizer"], optimizers.ROOM, optimizers.BY_OPTIM)
     precision, quantization, attn_implementation, kbit_recipe, device = (kin.choice(*c) for c in (
         ("precision", o["precision"], DTYPES), ("quantization", o["quantization"], QUANTIZATIONS),
         ("attn_implementation", o["attn_implementation"], ("sdpa", "eager")),
@@ -112,6 +113,10 @@ def estimate(model, **setup) -> Estimate:
                        vocab_head=bool(info.vocab_head)) if kin.flag("liger_kernel", o["liger_kernel"]) else ()
     multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \
         kin.flag("cpu_offload", o["cpu_offload"])
+    if not optimizers.ROOM[optimizer].flat and multi[0] != "single":
+        raise kin.InputError("optimizer", f"{optimizer} keeps state by each tensor's shape, which a sharded or "
+                                          "replicated launch changes, and the kit models it on one GPU: estimate "
+                                          "it with strategy='single'.", code="optimizer-one-gpu")
     if (offload := read_offload(o)) and multi[0] != "single":
         raise kin.InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
                                                   "strategy='single'.", code="offload-one-gpu")
@@ -143,12 +148,12 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
         notes.append(Note(f"{fmt_bytes(paged)} of optimizer state is paged (CUDA managed memory): "
                           "outside max_memory_allocated, evicted to RAM under pressure", field="optimizer",
                           code="paged-optimizer"))
-    if optimizer in ("adamw-8bit", "paged-adamw-8bit") and any(
+    if optimizers.ROOM[optimizer].int32_limit and any(
             l.trainable and not lora_r and l.weight >= 2**31 for l in leaves):
         notes.append(Note("a trainable tensor has >= 2^31 elements: bitsandbytes 8-bit AdamW kills the process "
                           "on it (ops.cu 'invalid argument'); do not run this", field="optimizer", code=INT32_OPTIMIZER))
-    if optimizer == "sgd":
-        notes.append("sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')")
+    if optimizers.ROOM[optimizer].note:
+        notes.append(optimizers.ROOM[optimizer].note)
     mt = info.config.model_type
     if info.family == "llama" and mt != "llama":
         notes.append(f"{mt}: its activations are counted as Llama's blocks' (the kit has no model of {mt}'s own, so "

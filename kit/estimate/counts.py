@@ -6,11 +6,13 @@ per-leaf tensors :mod:`kit.estimate.reserved` lays out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
+from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate.inventory import Info
-from kit.presets import int8_bytes, nf4_bytes, optimizer_state_bytes
+from kit.presets import int8_bytes, nf4_bytes
 
 PARTS = ("embed", "block", "head")
 
@@ -37,7 +39,7 @@ class Counts:
     part_weights: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
     part_optimizer: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
     part_trainable: dict = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
-    groups: dict = field(default_factory=dict)   # (decays, dtype bytes) -> trainable tensors' bytes, as Trainer
+    trained: list = field(default_factory=list)  # (shape, dtype bytes, decays) of each trainable tensor, in order
     offenders: list = field(default_factory=list)  # (module, params, training bytes)
     # per leaf, in module order: (part, weight bytes, [(grad bytes, optimizer state bytes in the allocator)] per
     # trainable tensor): the tensors kit.estimate.reserved lays out
@@ -70,18 +72,20 @@ def count_parameters(info: Info, p) -> Counts:
             c.quantized += l.weight
         else:
             c.unquantized += n
-        pieces = []   # (trainable elements, bytes per element)
+        pieces = []   # (trainable elements, bytes per element, shape)
         if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
-            pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
+            pieces = [(p.lora_r * l.fin, p.adapter, (p.lora_r, l.fin)),      # lora_A: [r, in]
+                      (p.lora_r * l.fout, p.adapter, (l.fout, p.lora_r))]    # lora_B: [out, r]
             w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
         elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
-            pieces = [(l.weight, other), (l.bias, other)]
+            shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
+            pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
         train_bytes, own = w_bytes, []
-        for k, dt in pieces:
+        for k, dt, shape in pieces:
             if not k:
                 continue
-            state, paged = optimizer_state_bytes(p.optimizer, k, dt, embedding=l.kind == "embedding")
+            state, paged = optimizers.state_bytes(p.optimizer, shape, dt, embedding=l.kind == "embedding")
             if p.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
                 state, paged = state + paged, 0
             own.append((k * dt, state))
@@ -90,7 +94,7 @@ def count_parameters(info: Info, p) -> Counts:
             c.optimizer, c.paged = c.optimizer + state, c.paged + paged
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
-            c.groups.setdefault((l.kind != "norm" and k != l.bias, dt), []).append(k * dt)  # Trainer's
+            c.trained.append((shape, dt, l.kind != "norm" and k != l.bias))  # Trainer's weight-decay groups
             fused = (p.fused or "flce" in p.liger) and l.name == info.output_head
             half = p.half * k if p.half and dt != p.half and not fused else 0
             # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;

@@ -17,6 +17,7 @@ the launch's ``WORLD_SIZE`` GPUs.
 from __future__ import annotations
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate import dpo as kd
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
@@ -82,6 +83,10 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     elif not sft:
         kd.refuse_other_trl(trainer)
     opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "TrainingArguments")
+    if getattr(trainer, "optimizer", None) is not None:   # Trainer(optimizers=(opt, None)), or the one train() made
+        given = optimizers.unwrap(trainer.optimizer)
+        opts["optimizer"] = optimizers.name_of(given)
+        src["optimizer"] = (opts["optimizer"], f"trainer.optimizer ({type(given).__name__})")
     eopts, esrc = read_eval(trainer)
     opts.update(eopts), src.update(esrc)
     target, mopts, msrc, mnotes = read_model(trainer.model)

@@ -27,6 +27,7 @@ class Leaf:
     part: str            # "embed", "block", "head"
     short: str           # name inside its block ("self_attn.q_proj"), else the full name
     tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
+    shape: tuple = ()    # the weight's shape, as trained (a factored optimizer state follows it)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def inventory(model, cfg) -> Info:
             name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
             b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
             linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
-            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied))
+            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied,
+            (fout, fin) if linear else tuple(w.shape) if w is not None else ()))
     if len(blocks) != base_cfg.num_hidden_layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "

@@ -8,13 +8,12 @@ import itertools
 import sys
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate.launch import read_training_launch
 from kit.estimate.offload_options import from_ckpt_kwargs
 from kit.estimate.read_model import dtype_name
 
-# TrainingArguments.optim -> the kit's optimizer (sgd: only with a momentum, see _read_args)
-OPTIMS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw-fused", "adamw_bnb_8bit": "adamw-8bit",
-          "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit", "paged_adamw_32bit": "paged-adamw", "sgd": "sgd"}
+OPTIMS = optimizers.BY_OPTIM   # TrainingArguments.optim -> the kit's optimizer (sgd: with a momentum, see read_args)
 SAMPLE_ROWS = 64   # rows of trainer.train_dataset the collator is run on to read the sequence length
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kit.inputs import InputError
+from kit import optimizers
 
 
 @dataclass
@@ -23,25 +23,13 @@ class StepPeak:
 
 
 def optimizer_name(optimizer) -> str:
-    """The kit's name for a torch (or bitsandbytes) optimizer object.
+    """The kit's name for a torch (or bitsandbytes, or transformers) optimizer object; an optimizer the kit does not
+    model is refused by its class name (:func:`kit.optimizers.name_of`).
 
     >>> optimizer_name(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True))
     'adamw-fused'
     """
-    cls, d = type(optimizer).__name__, getattr(optimizer, "defaults", {})
-    if cls in ("AdamW", "Adam"):   # the same two moments a parameter
-        return "adamw-fused" if d.get("fused") else "adamw"
-    if cls in ("AdamW8bit", "Adam8bit"):
-        return "adamw-8bit"
-    if cls in ("PagedAdamW8bit", "PagedAdam8bit"):
-        return "paged-adamw-8bit"
-    if cls in ("PagedAdamW32bit", "PagedAdamW", "PagedAdam32bit"):
-        return "paged-adamw"
-    if cls == "SGD" and d.get("momentum"):
-        return "sgd"
-    raise InputError("optimizer", f"kit.watch_loop estimates AdamW/Adam, SGD with momentum and bitsandbytes' 8-bit "
-                                  f"AdamW, not a {cls}{' without momentum' if cls == 'SGD' else ''}: pass "
-                                  "optimizer='adamw' (the nearest) or estimate=False.", code="optimizer-not-modeled")
+    return optimizers.name_of(optimizer)
 
 
 def batch_shape(batch) -> tuple[int, int] | None:
