@@ -230,7 +230,8 @@ def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
         "(an Estimate keeps neither lora_targets nor padding): pass the options as a dict to be exact"]
 
 
-def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None) -> Advice:
+def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None,
+           cancelled=None) -> Advice:
     """Rank the changes that make ``setup`` fit ``device``, cheapest first (the module doc has the order).
 
     ``setup``: a dict of :func:`kit.estimate.estimate` options, an Estimate (its ``.setup``) or a Trainer
@@ -238,7 +239,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     preset name, ``"this"`` (this GPU's memory for torch, now), a number of bytes or a :class:`Limit`.
     ``safety``: the fraction of the limit kept free (0 turns it off). ``evaluates``: the run calls
     ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
-    ``eval_strategy`` says, else False (the eval peak is then a note).
+    ``eval_strategy`` says, else False (the eval peak is then a note). ``cancelled``: a callable asked before each
+    estimate of the search; once it returns True, :class:`kit.advise.search.Cancelled` is raised (the panel calls a
+    search off when a control moves).
 
     >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
     >>> a.fits, a.suggestions[0].changes
@@ -258,7 +261,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
             str(getattr(strategy, "value", strategy)) != "no"
-    s = Search(opts, lim, kin.flag("evaluates", evaluates))
+    s = Search(opts, lim, kin.flag("evaluates", evaluates), cancelled)
     be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
@@ -326,6 +329,32 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
     return largest_judged(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
+
+
+def max_batch_size_fast(setup, device="colab-t4", *, safety=SAFETY) -> int:
+    """:func:`max_batch_size` at the cost of one allocator replay, as the panel needs on each change: the largest
+    batch by its allocated peak (a few estimates, no allocator model), then its reserved figure modelled once; where
+    that does not fit, the largest batch whose peak plus that batch's gap fits, modelled once more, and so on down.
+    The gap is taken as constant below the batch it was modelled at, so this can name a batch or so fewer than
+    :func:`max_batch_size` (never one that does not fit).
+
+    >>> max_batch_size_fast(dict(model="tiny-llama", seq_len=128, device="cpu"), 80_000_000, safety=0)
+    6
+    """
+    lim = limit_for(device, safety)
+    o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
+    estimate_of = _cached(o, "batch_size")
+    usable, gap = lim.usable_bytes, 0
+
+    def peak(n):
+        e = estimate_of(n)
+        return float("inf") if e is None else e.peak_bytes
+
+    n = largest_fitting(lambda x: peak(x) + gap, 1, BATCH_CAP, usable, o["batch_size"])
+    while n >= 1 and lim.judged(estimate_of(n)) > usable:   # the allocator's model, at the answer
+        gap = estimate_of(n).reserved_gap_bytes
+        n = largest_fitting(lambda x: peak(x) + gap, 1, n - 1, usable) if n > 1 else 0
+    return n
 
 
 def _cached(o: dict, key: str):

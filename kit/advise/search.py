@@ -166,11 +166,17 @@ class Suggestion:
         return d | {"tiers": list(self.tiers)}
 
 
-class Search:
-    """One advise() call: the base options, the limit, and every estimate made (cached by options)."""
+class Cancelled(Exception):
+    """The search was called off (``advise(..., cancelled=...)`` said so): its caller no longer wants it."""
 
-    def __init__(self, base: dict, lim, evaluates: bool = False):
+
+class Search:
+    """One advise() call: the base options, the limit, and every estimate made (cached by options).
+    ``cancelled``: a callable asked before each new estimate; when it returns True, :class:`Cancelled` is raised."""
+
+    def __init__(self, base: dict, lim, evaluates: bool = False, cancelled=None):
         self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
+        self.cancelled = cancelled
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
         base["lora_targets"] = kin.targets(base["lora_targets"])
@@ -190,6 +196,8 @@ class Search:
     def estimate(self, o: dict) -> Estimate | None:
         key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in o.items())
         if key not in self.cache:
+            if self.cancelled is not None and self.cancelled():
+                raise Cancelled
             try:
                 self.cache[key] = estimate(**o)
             except ValueError:   # a combination the estimator refuses (e.g. targets that match nothing)
