@@ -424,7 +424,6 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
 def test_a_control_change_runs_no_search_and_the_advisor_comes_once_the_controls_rest(monkeypatch):
     """A change gives the verdict and the largest batch only; the advisor runs once, after the last change has
     rested, in a thread, and the changes before it call their searches off."""
-    from kit.advise import core as advise_core
     from kit.advise import search as advise_search
     from kit.widgets import advice as widgets_advice
 
@@ -434,7 +433,6 @@ def test_a_control_change_runs_no_search_and_the_advisor_comes_once_the_controls
     real_advise, real_search = widgets_advice.advise, advise_search.Search.__init__
     monkeypatch.setattr(widgets_advice, "advise", lambda *a, **k: calls.append("advise") or real_advise(*a, **k))
     monkeypatch.setattr(advise_search.Search, "__init__", lambda *a, **k: calls.append("search") or real_search(*a, **k))
-    monkeypatch.setattr(advise_core, "max_batch_size", lambda *a, **k: calls.append("max_batch_size"))
     p.advice_view.rest_s = 0.3
     for seq in (64, 256, 128):
         p.controls["seq_len"].value = seq

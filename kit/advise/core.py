@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
 from kit.advise.objects import in_objects
-from kit.advise.edge import largest_fitting, largest_judged
+from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
 from kit.estimate import Estimate, estimate
@@ -309,14 +309,15 @@ def _is_trainer(setup) -> bool:
 
 def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The largest per-device batch whose peak fits the usable limit, the rest as in ``setup`` (0: not even 1).
-    The panel's cheap path: a handful of estimates, no search. RAM does not depend on the batch: not judged.
+    The panel's cheap path: a handful of estimates, no search, the allocator's model run about once
+    (:func:`kit.advise.edge.largest_replayed`). RAM does not depend on the batch: not judged.
 
     >>> max_batch_size(dict(model="tiny-llama", seq_len=128, device="cpu"), 80_000_000, safety=0)
     6
     """
     lim = limit_for(device, safety)
     o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    return largest_judged(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
+    return largest_replayed(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
 
 
 def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
@@ -328,33 +329,7 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     lim = limit_for(device, safety)
     o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
-    return largest_judged(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
-
-
-def max_batch_size_fast(setup, device="colab-t4", *, safety=SAFETY) -> int:
-    """:func:`max_batch_size` at the cost of one allocator replay, as the panel needs on each change: the largest
-    batch by its allocated peak (a few estimates, no allocator model), then its reserved figure modelled once; where
-    that does not fit, the largest batch whose peak plus that batch's gap fits, modelled once more, and so on down.
-    The gap is taken as constant below the batch it was modelled at, so this can name a batch or so fewer than
-    :func:`max_batch_size` (never one that does not fit).
-
-    >>> max_batch_size_fast(dict(model="tiny-llama", seq_len=128, device="cpu"), 80_000_000, safety=0)
-    6
-    """
-    lim = limit_for(device, safety)
-    o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    estimate_of = _cached(o, "batch_size")
-    usable, gap = lim.usable_bytes, 0
-
-    def peak(n):
-        e = estimate_of(n)
-        return float("inf") if e is None else e.peak_bytes
-
-    n = largest_fitting(lambda x: peak(x) + gap, 1, BATCH_CAP, usable, o["batch_size"])
-    while n >= 1 and lim.judged(estimate_of(n)) > usable:   # the allocator's model, at the answer
-        gap = estimate_of(n).reserved_gap_bytes
-        n = largest_fitting(lambda x: peak(x) + gap, 1, n - 1, usable) if n > 1 else 0
-    return n
+    return largest_replayed(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
 
 
 def _cached(o: dict, key: str):

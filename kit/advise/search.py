@@ -15,7 +15,7 @@ from kit import inputs as kin
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
-from kit.advise.edge import largest_fitting, largest_judged
+from kit.advise.edge import largest_fitting, largest_judged, largest_replayed
 from kit.estimate.inventory import info_of
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
@@ -292,7 +292,7 @@ class Search:
         return self.lim.usable_bytes - self.lim.judged(e, self.evaluates)
 
     def largest(self, o) -> tuple[int, int]:
-        return tuple(largest_judged(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
+        return tuple(largest_replayed(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
                      for k, top in (("batch_size", BATCH_CAP), ("seq_len", self.maxpos)))
 
 

@@ -3,7 +3,7 @@ not fit, the advisor's top three changes under the verdict, each with an Apply b
 
 A control change costs what the panel's change budget allows (50 ms median, 200 ms at worst, of CPU at real
 size: ``benchmarks/panel_latency.py``), so a change never runs a search or the advisor. It gives the largest
-batch that fits (:func:`kit.advise.core.max_batch_size_fast`: a bisection on the allocated estimate, then the
+batch that fits (:func:`kit.advise.max_batch_size`: a bisection on the allocated estimate, then the
 allocator's model replayed at the answer). The advisor (:func:`kit.advise.advise`, tens of ms to a second:
 ``benchmarks/advisor_latency.py``) runs when the "What makes it fit?" button is clicked, or once the controls
 have rested for :data:`REST_S` seconds, in a thread of its own: a later change calls that search off
@@ -30,7 +30,7 @@ import threading
 import ipywidgets as W
 
 from kit import inputs as kin
-from kit.advise.core import advise, limit_for, max_batch_size_fast
+from kit.advise.core import advise, limit_for, max_batch_size
 from kit.advise.search import CLI, Cancelled, cli, cli_value
 from kit.units import fmt_bytes
 
@@ -96,7 +96,7 @@ class AdviceView:
         self.largest_html.value = ""
         if options is not None:
             try:
-                n = max_batch_size_fast(options, device)
+                n = max_batch_size(options, device)
                 self.largest_html.value = (
                     f"<span class='kit-largest' style='font-size:85%'>largest batch that fits: <b>{n}</b>"
                     " (judged on its reserved estimate)</span>" if n else
