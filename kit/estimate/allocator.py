@@ -39,6 +39,7 @@ collection, ``per_process_memory_fraction``, and the CUDA context's own memory (
 from __future__ import annotations
 
 import bisect
+import gc
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -336,6 +337,16 @@ def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None
     >>> simulate([("alloc", "a", 11 * MiB)], expandable=True).peak_reserved_bytes // MiB
     20
     """
+    collecting = gc.isenabled()   # the replay makes no cycles: the collector's passes over every object in the
+    gc.disable()                  # process (a full one takes hundreds of ms beside transformers) wait till it ends
+    try:
+        return _replay(events, expandable, limit_bytes)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _replay(events, expandable: bool, limit_bytes: int | None) -> AllocatorRun:
     a = _Allocator(expandable, limit_bytes)
     live: dict = {}
     oom_at = None

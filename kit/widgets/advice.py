@@ -24,6 +24,7 @@ them, and Run stays off while they are set (a run measures the controls' setup).
 """
 from __future__ import annotations
 
+import gc
 import html
 import threading
 
@@ -147,6 +148,9 @@ class AdviceView:
             return
         finally:
             self.wait_html.value = ""
+            # The search leaves many objects behind for Python's cycle collector; collected here, while the controls
+            # rest, its full pass (hundreds of ms in a kernel holding transformers) does not fall on the next change.
+            gc.collect()
         with self._lock:
             if generation != self._generation:   # a control moved while it searched: not this setup's advice
                 return

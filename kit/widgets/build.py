@@ -1,9 +1,12 @@
 """The widget panel: move a slider, see the memory move; then run it and measure.
 
 ``panel(scenario)`` shows controls (model, batch size, sequence length, quantization, precision,
-gradient checkpointing, LoRA rank, optimizer, device preset), an estimate redrawn on every
-change (a breakdown bar against the device's limit, fits / does not fit and the margin),
-Run and Sweep buttons that measure through the tracker, and a history of runs.
+gradient checkpointing, LoRA rank, optimizer, device preset; the multi-GPU strategy and the GPUs under an
+"advanced" switch), the answer redrawn on every change (fits / does not fit, with the one figure judged, by
+name: the reserved figure on a GPU, the training peak on the CPU; the limit and the margin; the biggest cause;
+the largest batch that fits beside its slider), the details in a collapsed "Details" Accordion (the allocated
+peak, a breakdown bar against the device's limit, the notes), the fit advisor on a button or once the controls
+rest (:mod:`kit.widgets.advice`), Run and Sweep buttons that measure through the tracker, and a history of runs.
 
 The model list holds the scenario's own models, then every shipped model
 (:func:`kit.model_configs.known_models`). A text box under it takes any Hub id or a path to a
@@ -44,7 +47,7 @@ from kit.widgets import options as panel_options
 from kit.widgets import runs as panel_runs
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
-from kit.widgets.gpus import gpu_controls, launch, launch_problem
+from kit.widgets.gpus import advanced_switch, gpu_controls, launch, launch_problem
 from kit.widgets.models import (
     GROUPS,
     MODELS,
@@ -137,12 +140,6 @@ class Panel(PanelRuns):
         self.details = W.Accordion(children=[self.details_html])
         self.details.set_title(0, "Details: the breakdown bar, the allocated peak, notes")
         self.details.selected_index = None      # collapsed (ipywidgets 7.7 and 8 alike)
-        # More than one GPU is for those who ask: the strategy and GPUs rows show under "advanced" only, and
-        # with it off the estimate is one GPU's (a learner in smoke mode is not offered ZeRO-3 on 64 GPUs).
-        many = c["strategy"].value != "single" or c["num_gpus"].value != 1
-        self.advanced = W.Checkbox(value=many, description="advanced: more than one GPU", indent=False,
-                                   layout=W.Layout(width="440px"))
-        self.advanced.observe(self._advanced_changed, names="value")
         self.run_button = W.Button(description=f"Run {self.steps} steps", button_style="primary", icon="play")
         self.sweep_over = W.Dropdown(options=[("sweep batch size", "batch_size"), ("sweep seq length", "seq_len")],
                                      value="batch_size", layout=W.Layout(width="170px"))
@@ -155,7 +152,7 @@ class Panel(PanelRuns):
             w.observe(self._refresh, names="value")
         self.rows = {k: W.HBox([w, self.reasons[k]] + ([self.advice_view.largest_html] if k == "batch_size" else []))
                      for k, w in c.items()}
-        self._show_gpus(many)
+        self.advanced = advanced_switch(c, self.rows, self._one_gpu)   # the multi-GPU rows, shown on request
         rows = list(self.rows.values())
         rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
         rows.insert(rows.index(self.rows["strategy"]), self.advanced)
@@ -174,22 +171,15 @@ class Panel(PanelRuns):
         """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.widgets.runs` take them."""
         return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
 
-    # -- more than one GPU, under "advanced" -----------------------------------------------
-    def _show_gpus(self, show: bool) -> None:
-        for k in ("strategy", "num_gpus"):
-            self.rows[k].layout.display = None if show else "none"
-
-    def _advanced_changed(self, change) -> None:
-        """Off: back to one GPU (the rows hide); on: the strategy and GPUs rows show."""
-        self._show_gpus(change["new"])
-        if not change["new"]:
-            self._busy = True
-            try:
-                self.controls["num_gpus"].value = 1
-                self.controls["strategy"].value = "single"
-            finally:
-                self._busy = False
-            self._refresh()
+    def _one_gpu(self) -> None:
+        """"advanced" turned off: back to one GPU."""
+        self._busy = True
+        try:
+            self.controls["num_gpus"].value = 1
+            self.controls["strategy"].value = "single"
+        finally:
+            self._busy = False
+        self._refresh()
 
     # -- the advisor's suggestions ---------------------------------------------------------
     def apply_options(self, options: dict) -> None:
