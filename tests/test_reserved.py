@@ -148,3 +148,21 @@ def test_a_laid_out_step_is_replayed_once_and_the_cache_gives_the_same_figures(m
     fresh = allocator.simulate(kr.step_trace(c.tensors, c.rp, inputs=c.inputs, step_temp=c.step_temp))
     assert first.gap_bytes == fresh.peak_reserved_bytes - fresh.peak_allocated_bytes
     assert first.trace_peak_bytes == fresh.peak_allocated_bytes
+
+
+def test_parameters_are_counted_once_per_model_and_options_and_the_figures_stay_the_same(monkeypatch):
+    """The walk over the layers reads neither batch nor sequence: it runs once for all of a model's shapes, and an
+    estimate from the kept counts is the estimate from a fresh walk, field for field."""
+    from kit.estimate import counts
+
+    fresh = []
+    for b in (1, 2, 4):   # each from a walk of its own
+        counts.COUNTED.clear()
+        fresh.append(estimate(**dict(CASES["qlora-8b"], batch_size=b)).to_json())
+    walks = []
+    real = counts._count
+    monkeypatch.setattr(counts, "_count", lambda *a: walks.append(1) or real(*a))
+    kept = [estimate(**dict(CASES["qlora-8b"], batch_size=b)).to_json() for b in (1, 2, 4)]
+    assert kept == fresh and walks == []
+    estimate(**dict(CASES["qlora-8b"], lora_r=8))   # another option the walk reads: walked again
+    assert walks == [1]
