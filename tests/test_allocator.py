@@ -188,18 +188,19 @@ def random_events(n, seed=0, max_live=2000):
 
 
 def walk(a, live):
-    """Every block of every segment, from the live blocks and the free lists, each segment's list head first."""
-    heads = {}
+    """Every block of every segment (as ``BlockView``s), from the live blocks and the free lists, each segment's
+    list head first."""
+    heads = set()
     for b in list(live.values()) + [t[-1] for p in a.pools.values() for t in p.blocks + p.unmapped]:
-        while b.prev is not None:
-            b = b.prev
-        heads[id(b)] = b
+        while a.prev[b] != allocator.NONE:
+            b = a.prev[b]
+        heads.add(b)
     out = []
-    for b in heads.values():
+    for b in heads:
         seg = []
-        while b is not None:
-            seg.append(b)
-            b = b.next
+        while b != allocator.NONE:
+            seg.append(a.view(b))
+            b = a.next[b]
         out.append(seg)
     return out
 
@@ -232,9 +233,9 @@ def test_the_books_balance_on_a_random_workload(expandable):
         assert sorted((b.seg.seq, b.off) for b in blocks if not b.mapped) == sorted(
             t[:2] for p in a.pools.values() for t in p.unmapped)
         for p in a.pools.values():
-            assert p.blocks == sorted(p.blocks, key=lambda t: t[:3]) and all(t[-1].seg.small == p.small
+            assert p.blocks == sorted(p.blocks, key=lambda t: t[:3]) and all(a.seg[t[-1]].small == p.small
                                                                              for t in p.blocks + p.unmapped)
-        assert a.allocated == sum(b.size for b in live.values())
+        assert a.allocated == sum(a.size[b] for b in live.values())
         assert a.reserved == sum(b.size for seg in segs for b in seg if b.mapped) <= limit_bytes
         ranges = sum(1 for seg in segs for j, b in enumerate(seg) if b.mapped and (j == 0 or not seg[j - 1].mapped))
         assert a.segments == ranges

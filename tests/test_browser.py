@@ -170,7 +170,7 @@ def _drive(page, tmp_path: Path, base: str, token: str) -> list:
         except Exception:
             if attempt == 2:
                 raise
-    page.wait_for_selector(".kit-panel .kit-peak", timeout=90_000)
+    page.wait_for_selector(".kit-panel .kit-judged", timeout=90_000)   # (the bar is in the collapsed Details)
     verdict0 = page.inner_text(".kit-verdict")
     bar0 = page.locator(".kit-bar").inner_html()
     page.locator(".kit-panel").screenshot(path=str(tmp_path / "panel-1-start.png"))

@@ -119,3 +119,50 @@ def test_two_laid_out_steps_settle_the_cache(name):
         gaps = [(lambda r: r.peak_reserved_bytes - r.peak_allocated_bytes)(simulate(kr.step_trace(
             c.tensors, c.rp, inputs=c.inputs, step_temp=c.step_temp, steps=n), expandable=x)) for n in (2, 3)]
         assert gaps[0] == gaps[1]
+
+
+def test_each_saved_tensor_is_one_event_so_scenario_1s_head_stays_small():
+    """Scenario 1's head saves an fp16 copy of its V x V weight (5.05 GB) and its logits-sized input: one tensor
+    each, as the replay lists them, not thousands of hidden-state-sized pieces. The events then grow with the
+    layers, not with the head's bytes or with 1 / (batch x sequence)."""
+    counts = {}
+    for seq in (32, 128, 1024):
+        c = estimate(**dict(CASES["scenario-1"], seq_len=seq)).context
+        events = kr.step_trace(c.tensors, c.rp, inputs=c.inputs, step_temp=c.step_temp, accum=16)
+        counts[seq] = len(events)
+        assert sum(c.rp.head_order) == c.rp.head + c.rp.head_in and max(c.rp.head_order) >= 50258 ** 2 * 2
+    assert len(set(counts.values())) == 1 and counts[32] < 2000, counts   # 1,204; 105,788 at seq 128 before
+
+
+def test_a_laid_out_step_is_replayed_once_and_the_cache_gives_the_same_figures(monkeypatch):
+    from kit.estimate import allocator
+
+    kr.RUNS.clear()
+    calls = []
+    real = kr.simulate
+    monkeypatch.setattr(kr, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = estimate(**CASES["llama1b-lora"]).reserved
+    again = estimate(**CASES["llama1b-lora"]).reserved
+    assert first == again and len(calls) == 1
+    c = estimate(**CASES["llama1b-lora"]).context
+    fresh = allocator.simulate(kr.step_trace(c.tensors, c.rp, inputs=c.inputs, step_temp=c.step_temp))
+    assert first.gap_bytes == fresh.peak_reserved_bytes - fresh.peak_allocated_bytes
+    assert first.trace_peak_bytes == fresh.peak_allocated_bytes
+
+
+def test_parameters_are_counted_once_per_model_and_options_and_the_figures_stay_the_same(monkeypatch):
+    """The walk over the layers reads neither batch nor sequence: it runs once for all of a model's shapes, and an
+    estimate from the kept counts is the estimate from a fresh walk, field for field."""
+    from kit.estimate import counts
+
+    fresh = []
+    for b in (1, 2, 4):   # each from a walk of its own
+        counts.COUNTED.clear()
+        fresh.append(estimate(**dict(CASES["qlora-8b"], batch_size=b)).to_json())
+    walks = []
+    real = counts._count
+    monkeypatch.setattr(counts, "_count", lambda *a: walks.append(1) or real(*a))
+    kept = [estimate(**dict(CASES["qlora-8b"], batch_size=b)).to_json() for b in (1, 2, 4)]
+    assert kept == fresh and walks == []
+    estimate(**dict(CASES["qlora-8b"], lora_r=8))   # another option the walk reads: walked again
+    assert walks == [1]

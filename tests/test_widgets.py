@@ -22,20 +22,37 @@ def test_contract_controls_and_estimate():
     for field in ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
                   "activations_bytes", "peak_bytes", "cpu_build_bytes"):
         assert isinstance(getattr(p.estimate, field), int)
-    assert "FITS" in p.estimate_html.value and "kit-bar" in p.estimate_html.value
+    assert "FITS" in p.estimate_html.value and "kit-bar" in p.details_html.value
     assert isinstance(p.widget, ipywidgets.VBox)
+    assert p.details in p.widget.children and p.details.selected_index is None, "the details start collapsed"
 
 
 def test_a_small_models_bar_gets_its_own_scale_beside_the_limit():
     import re
 
     p = panel(scenario=1, model="tiny-gpt2", batch_size=2, seq_len=64)      # ~10 MiB against a 14.56 GiB T4
-    bar = p.estimate_html.value.split("class='kit-bar'")[1].split("class='kit-bar-limit'")[0]
+    bar = p.details_html.value.split("class='kit-bar'")[1].split("class='kit-bar-limit'")[0]
     widths = [float(w) for w in re.findall(r"width:([0-9.]+)%", bar)]
     assert sum(widths) > 90, "the components fill their own bar"
-    assert "% of it" in p.estimate_html.value and "dashed" not in bar
+    assert "% of it" in p.details_html.value and "dashed" not in bar
     big = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512)  # near the limit
-    assert "kit-bar-limit" not in big.estimate_html.value and "dashed" in big.estimate_html.value
+    assert "kit-bar-limit" not in big.details_html.value and "dashed" in big.details_html.value
+
+
+def test_the_verdict_shows_the_figure_it_judged():
+    """Issue 35 item 7: on a GPU the verdict judges the reserved figure, so that is the figure it shows, by name,
+    with the limit and the margin; the allocated peak is in the details, named as such."""
+    from kit.units import fmt_bytes
+
+    p = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=16, seq_len=1024)   # does not fit a T4
+    e, v, limit = p.estimate, p.verdict, p.preset().gpu_bytes
+    answer = p.estimate_html.value
+    assert not v.fits and e.reserved_bytes > e.peak_bytes and v.gpu_margin_bytes == limit - e.reserved_bytes
+    assert f"{fmt_bytes(e.reserved_bytes)} reserved (modelled)</b> of {fmt_bytes(limit)} GPU" in answer
+    assert f"({fmt_bytes(-v.gpu_margin_bytes)} short)" in answer and fmt_bytes(e.peak_bytes) not in answer
+    assert f"{fmt_bytes(e.peak_bytes)}</b> allocated" in p.details_html.value
+    p.controls["preset"].value = "this"                      # no GPU here: the training peak against RAM
+    assert f"{fmt_bytes(p.estimate.peak_bytes)} training peak</b>" in p.estimate_html.value
 
 
 def test_estimate_follows_the_controls():
@@ -370,7 +387,9 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     from kit.estimate import estimate
 
     p = panel(scenario=1, model="distilgpt2+vocab-head")     # the user's setup, real size, on a T4
-    assert not p.verdict.fits and len(p.advice_view.rows) == 3
+    assert not p.verdict.fits and p.advice_view.rows == [] and p.advice_view._ask_row in p.advice_view.widget.children
+    p.advice_view.ask_button.click()                         # the button runs the advisor at once
+    assert len(p.advice_view.rows) == 3
     assert p.advice_view.widget.children, "the advice shows under the verdict"
     top = p.advice_view.rows[0]
     assert top.fits and top.changes["lora-targets"] == "custom_layer", top.cli    # a head change first
@@ -383,6 +402,7 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     assert p.run_button.disabled and "Clear" in p.run_why.value
     assert limit_for("colab-t4").judged(p.estimate) <= limit_for("colab-t4").usable_bytes
     p.clear_extra()
+    p.advice_view.wait()                                     # the controls rest: the advisor runs by itself
     assert p.extra == {} and not p.verdict.fits and not p.advice_view.rows == []
 
     q = panel(scenario=2, model="meta-llama/Meta-Llama-3-8B", batch_size=16, seq_len=1024)
@@ -391,6 +411,7 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     lim = limit_for("colab-t4")   # the advisor judges the reserved estimate
     assert lim.judged(estimate(**{**s, "batch_size": n})) <= lim.usable_bytes < \
         lim.judged(estimate(**{**s, "batch_size": n + 1}))
+    q.advice_view.ask()
     split = next(r for r in q.advice_view.rows if "grad-accum" in r.changes)
     q.advice_view.apply(q.advice_view.rows.index(split))
     # the batch slider takes the smaller micro-batch; the accumulation has no control
@@ -400,19 +421,54 @@ def test_the_advisor_shows_three_changes_and_apply_sets_the_panel():
     assert q.extra == {} and not q.run_button.disabled, "another model drops a suggestion's options"
 
 
-def test_a_slow_advisor_runs_on_request_and_says_why(monkeypatch):
+def test_a_control_change_runs_no_search_and_the_advisor_comes_once_the_controls_rest(monkeypatch):
+    """A change gives the verdict and the largest batch only; the advisor runs once, after the last change has
+    rested, in a thread, and the changes before it call their searches off."""
+    from kit.advise import search as advise_search
     from kit.widgets import advice as widgets_advice
 
     p = panel(scenario=1, model="distilgpt2+vocab-head")
-    assert p.advice_view.rows, "the first search runs at once"
-    monkeypatch.setattr(widgets_advice, "LAZY_MS", -1.0)      # every search now counts as slow
-    p.controls["seq_len"].value = 256                         # a second search: judged, found slow
-    assert p.advice_view.rows and "distilgpt2+vocab-head" in p.advice_view.slow
-    p.controls["seq_len"].value = 128                         # from now on: on request
-    v = p.advice_view
-    assert v.rows == [] and v._ask_row in v.widget.children and "more than a panel change" in v.lazy_html.value
-    v.ask_button.click()
-    assert len(v.rows) == 3 and v.rows[0].changes["lora-targets"] == "custom_layer"
+    p.advice_view.wait()
+    calls = []
+    real_advise, real_search = widgets_advice.advise, advise_search.Search.__init__
+    monkeypatch.setattr(widgets_advice, "advise", lambda *a, **k: calls.append("advise") or real_advise(*a, **k))
+    monkeypatch.setattr(advise_search.Search, "__init__", lambda *a, **k: calls.append("search") or real_search(*a, **k))
+    p.advice_view.rest_s = 0.3
+    for seq in (64, 256, 128):
+        p.controls["seq_len"].value = seq
+        assert calls == [] and p.advice_view.rows == [], "a change ran a search"
+    assert "largest batch that fits" in p.advice_view.largest_html.value or "not even" in p.advice_view.largest_html.value
+    p.advice_view.wait()
+    assert calls == ["advise", "search"] and len(p.advice_view.rows) == 3, calls   # once, for the last setup
+    assert p.advice_view.advice.options["seq_len"] == 128
+
+
+def test_a_change_calls_a_running_search_off(monkeypatch):
+    import threading
+
+    from kit.advise.search import Cancelled
+    from kit.widgets import advice as widgets_advice
+
+    started, finished = threading.Event(), []
+
+    def searching(options, device, cancelled):   # a search that runs until it is called off
+        started.set()
+        while not cancelled():
+            started.wait(0.01)
+        finished.append(options["seq_len"])
+        raise Cancelled
+
+    p = panel(scenario=1, model="distilgpt2+vocab-head")
+    p.advice_view.wait()
+    monkeypatch.setattr(widgets_advice, "advise", searching)
+    p.advice_view.rest_s = 0.0
+    p.controls["seq_len"].value = 64
+    assert started.wait(10), "the rest timer started no search"
+    timer = p.advice_view._timer
+    p.controls["seq_len"].value = 96          # answered at once, and the search for 64 stops
+    timer.join(10)
+    assert finished == [64] and p.advice_view.advice is None
+    p.advice_view._call_off()
 
 
 # ---- careless panel options: read, or refused by name in one sentence; never a TraitError, never clamped --------

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
 from kit.advise.objects import in_objects
-from kit.advise.edge import largest_fitting, largest_judged
+from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
 from kit.estimate import Estimate, estimate
@@ -230,7 +230,8 @@ def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
         "(an Estimate keeps neither lora_targets nor padding): pass the options as a dict to be exact"]
 
 
-def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None) -> Advice:
+def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None,
+           cancelled=None) -> Advice:
     """Rank the changes that make ``setup`` fit ``device``, cheapest first (the module doc has the order).
 
     ``setup``: a dict of :func:`kit.estimate.estimate` options, an Estimate (its ``.setup``) or a Trainer
@@ -238,7 +239,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     preset name, ``"this"`` (this GPU's memory for torch, now), a number of bytes or a :class:`Limit`.
     ``safety``: the fraction of the limit kept free (0 turns it off). ``evaluates``: the run calls
     ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
-    ``eval_strategy`` says, else False (the eval peak is then a note).
+    ``eval_strategy`` says, else False (the eval peak is then a note). ``cancelled``: a callable asked before each
+    estimate of the search; once it returns True, :class:`kit.advise.search.Cancelled` is raised (the panel calls a
+    search off when a control moves).
 
     >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
     >>> a.fits, a.suggestions[0].changes
@@ -258,7 +261,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
             str(getattr(strategy, "value", strategy)) != "no"
-    s = Search(opts, lim, kin.flag("evaluates", evaluates))
+    s = Search(opts, lim, kin.flag("evaluates", evaluates), cancelled)
     be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
@@ -306,14 +309,15 @@ def _is_trainer(setup) -> bool:
 
 def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The largest per-device batch whose peak fits the usable limit, the rest as in ``setup`` (0: not even 1).
-    The panel's cheap path: a handful of estimates, no search. RAM does not depend on the batch: not judged.
+    The panel's cheap path: a handful of estimates, no search, the allocator's model run about once
+    (:func:`kit.advise.edge.largest_replayed`). RAM does not depend on the batch: not judged.
 
     >>> max_batch_size(dict(model="tiny-llama", seq_len=128, device="cpu"), 80_000_000, safety=0)
     6
     """
     lim = limit_for(device, safety)
     o = setup_options({"batch_size": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    return largest_judged(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
+    return largest_replayed(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
 
 
 def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
@@ -325,7 +329,7 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     lim = limit_for(device, safety)
     o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
     top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
-    return largest_judged(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
+    return largest_replayed(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
 
 
 def _cached(o: dict, key: str):

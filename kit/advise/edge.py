@@ -1,5 +1,6 @@
 """The largest batch or sequence that fits: a search on a non-decreasing peak (:func:`largest_fitting`), and on
-the figure the fit advisor judges, the reserved one (:func:`largest_judged`).
+the figure the fit advisor judges, the reserved one (:func:`largest_judged`, and :func:`largest_replayed`, which
+runs the allocator's model about once).
 """
 from __future__ import annotations
 
@@ -14,6 +15,44 @@ def largest_judged(estimate_of, lim, lo: int, hi: int, at: int | None = None, ev
         return float("inf") if e is None else lim.judged(e, evaluates, exact=False)
 
     return largest_fitting(held, lo, hi, lim.usable_bytes, at)
+
+
+def largest_replayed(estimate_of, lim, lo: int, hi: int, at: int | None = None, evaluates: bool = False,
+                     tries: int = 6) -> int:
+    """:func:`largest_judged` with the allocator's model run near the answer, not at every probe. The largest x by
+    its allocated peak comes first (no allocator model: the reserved figure is never below it, so nothing above
+    it fits); then, in turn, the largest x whose allocated peak plus the last modelled gap fits is modelled, until
+    the x that fits and the one above that does not are both known. One replay where the gap leaves the answer
+    alone, two or three where it moves it; after ``tries``, :func:`largest_judged` on what is left.
+
+    >>> class Lim:   # a reserved figure 10 over the peak, judged against 100
+    ...     usable_bytes = 100
+    ...     def judged(self, e, evaluates=False, exact=True): return e.peak_bytes + 10
+    >>> from types import SimpleNamespace as Est
+    >>> largest_replayed(lambda x: Est(peak_bytes=7 * x, eval_peak_bytes=0), Lim(), 1, 1000)
+    12
+    """
+    usable = lim.usable_bytes
+
+    def allocated(x):
+        e = estimate_of(x)
+        return float("inf") if e is None else max(e.peak_bytes, e.eval_peak_bytes if evaluates else 0)
+
+    fits_below, top = lo - 1, largest_fitting(allocated, lo, hi, usable, at)   # x <= fits_below fit; > top fail
+    n, gap = top, 0
+    for _ in range(tries):
+        if fits_below >= top:
+            return fits_below
+        e = estimate_of(n)
+        judged = lim.judged(e, evaluates)        # the allocator's model, at n
+        if judged <= usable:
+            fits_below = n
+        else:
+            top = n - 1
+        gap = judged - allocated(n)
+        n = largest_fitting(lambda x: allocated(x) + gap, fits_below + 1, top, usable) if fits_below < top else n
+        n = max(n, fits_below + 1)               # none by that gap: the next one up, modelled
+    return fits_below if fits_below >= top else largest_judged(estimate_of, lim, fits_below + 1, top, evaluates=evaluates)
 
 
 def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:

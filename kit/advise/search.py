@@ -15,7 +15,7 @@ from kit import inputs as kin
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
-from kit.advise.edge import largest_fitting, largest_judged
+from kit.advise.edge import largest_fitting, largest_judged, largest_replayed
 from kit.estimate.inventory import info_of
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
@@ -166,11 +166,17 @@ class Suggestion:
         return d | {"tiers": list(self.tiers)}
 
 
-class Search:
-    """One advise() call: the base options, the limit, and every estimate made (cached by options)."""
+class Cancelled(Exception):
+    """The search was called off (``advise(..., cancelled=...)`` said so): its caller no longer wants it."""
 
-    def __init__(self, base: dict, lim, evaluates: bool = False):
+
+class Search:
+    """One advise() call: the base options, the limit, and every estimate made (cached by options).
+    ``cancelled``: a callable asked before each new estimate; when it returns True, :class:`Cancelled` is raised."""
+
+    def __init__(self, base: dict, lim, evaluates: bool = False, cancelled=None):
         self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
+        self.cancelled = cancelled
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
         base["lora_targets"] = kin.targets(base["lora_targets"])
@@ -190,6 +196,8 @@ class Search:
     def estimate(self, o: dict) -> Estimate | None:
         key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in o.items())
         if key not in self.cache:
+            if self.cancelled is not None and self.cancelled():
+                raise Cancelled
             try:
                 self.cache[key] = estimate(**o)
             except ValueError:   # a combination the estimator refuses (e.g. targets that match nothing)
@@ -284,7 +292,7 @@ class Search:
         return self.lim.usable_bytes - self.lim.judged(e, self.evaluates)
 
     def largest(self, o) -> tuple[int, int]:
-        return tuple(largest_judged(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
+        return tuple(largest_replayed(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
                      for k, top in (("batch_size", BATCH_CAP), ("seq_len", self.maxpos)))
 
 

@@ -39,6 +39,7 @@ collection, ``per_process_memory_fraction``, and the CUDA context's own memory (
 from __future__ import annotations
 
 import bisect
+import gc
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -90,47 +91,25 @@ class AllocatorRun:
 
 
 _Segment = namedtuple("_Segment", "seq small page_bytes")  # seq: creation order; page_bytes: expandable only
-
-
-class _Block:
-    __slots__ = ("allocated", "mapped", "next", "off", "prev", "seg", "size")
-
-    def __init__(self, seg: _Segment, off: int, size: int, mapped: bool = True):
-        self.seg, self.off, self.size, self.mapped = seg, off, size, mapped
-        self.prev = self.next = None
-        self.allocated = False
+NONE = -1   # no neighbour: the segment's end
+BlockView = namedtuple("BlockView", "seg off size mapped allocated prev next")   # one block, read (tests, debugging)
 
 
 class _Pool:
-    """``BlockPool``: free blocks by (size, segment, offset); unmapped ones by (segment, offset)."""
+    """``BlockPool``: free blocks by (size, segment, offset); unmapped ones by (segment, offset). Entries end with
+    the block's index."""
 
     def __init__(self, small: bool):
         self.small = small
         self.blocks: list = []
         self.unmapped: list = []
 
-    def add(self, b: _Block) -> None:  # insert_into_blocks(), or unmapped.insert()
-        if b.mapped:
-            bisect.insort(self.blocks, (b.size, b.seg.seq, b.off, b))
-        else:
-            bisect.insort(self.unmapped, (b.seg.seq, b.off, b))
-
-    def drop(self, b: _Block) -> None:  # erase_from_blocks(), or unmapped.erase()
-        if b.mapped:
-            del self.blocks[bisect.bisect_left(self.blocks, (b.size, b.seg.seq, b.off))]
-        else:
-            del self.unmapped[bisect.bisect_left(self.unmapped, (b.seg.seq, b.off))]
-
-
-def _link(a: _Block | None, b: _Block | None) -> None:
-    """Make ``a`` and ``b`` neighbours in their segment (``Block::splice()``); either may be the segment's end."""
-    if a is not None:
-        a.next = b
-    if b is not None:
-        b.prev = a
-
 
 class _Allocator:
+    """The allocator's state. Blocks are indices into parallel lists (segment, offset, size, mapped, allocated, and
+    the previous and next block of the segment, ``NONE`` at its ends), not objects linked both ways: a replay makes
+    no reference cycles for Python's cycle collector to walk."""
+
     def __init__(self, expandable: bool, limit_bytes: int | None):
         self.expandable, self.limit = expandable, limit_bytes
         self.pools = {True: _Pool(True), False: _Pool(False)}
@@ -138,6 +117,41 @@ class _Allocator:
         self.segments = self.seq = self.retries = 0
         self.at_peak = (0, 0)  # (segments, reserved - allocated) when the reserved peak was set
         self.fresh_peak = False
+        self.seg, self.off, self.size, self.mapped, self.used, self.prev, self.next = [], [], [], [], [], [], []
+
+    def view(self, b: int) -> BlockView:
+        """Block ``b``'s fields."""
+        return BlockView(self.seg[b], self.off[b], self.size[b], self.mapped[b], self.used[b], self.prev[b],
+                         self.next[b])
+
+    def _new(self, seg: _Segment, off: int, size: int, mapped: bool = True) -> int:
+        self.seg.append(seg)
+        self.off.append(off)
+        self.size.append(size)
+        self.mapped.append(mapped)
+        self.used.append(False)
+        self.prev.append(NONE)
+        self.next.append(NONE)
+        return len(self.off) - 1
+
+    def _link(self, a: int, b: int) -> None:
+        """Make ``a`` and ``b`` neighbours in their segment (``Block::splice()``); either may be ``NONE``."""
+        if a != NONE:
+            self.next[a] = b
+        if b != NONE:
+            self.prev[b] = a
+
+    def _add(self, pool: _Pool, b: int) -> None:  # insert_into_blocks(), or unmapped.insert()
+        if self.mapped[b]:
+            bisect.insort(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b], b))
+        else:
+            bisect.insort(pool.unmapped, (self.seg[b].seq, self.off[b], b))
+
+    def _drop(self, pool: _Pool, b: int) -> None:  # erase_from_blocks(), or unmapped.erase()
+        if self.mapped[b]:
+            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b]))]
+        else:
+            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[b].seq, self.off[b]))]
 
     def _grow(self, nbytes: int) -> None:  # reserved_bytes.increase()
         self.reserved += nbytes
@@ -145,9 +159,10 @@ class _Allocator:
             self.peak_reserved, self.fresh_peak = self.reserved, True
             self.at_peak = (self.segments, self.reserved - self.allocated)
 
-    def malloc(self, nbytes: int) -> _Block | None:  # DeviceCachingAllocator::malloc()
-        size = round_size(nbytes)
-        pool = self.pools[size <= SMALL_SIZE_BYTES]  # get_pool()
+    def malloc(self, nbytes: int) -> int | None:  # DeviceCachingAllocator::malloc(): a block's index, or None
+        size = MIN_BLOCK_BYTES * max(1, -(-nbytes // MIN_BLOCK_BYTES))   # round_size()
+        small = size <= SMALL_SIZE_BYTES
+        pool = self.pools[small]  # get_pool()
         block = self._get_free_block(pool, size)
         if block is None:
             block = self._alloc_block(pool, size)
@@ -157,30 +172,33 @@ class _Allocator:
                 block = self._alloc_block(pool, size)
                 if block is None:
                     return None
-        remaining = block.size - size  # should_split()
-        if (remaining >= MIN_BLOCK_BYTES) if pool.small or self.expandable else (remaining > SMALL_SIZE_BYTES):
-            rest = _Block(block.seg, block.off + size, remaining)  # alloc_found_block(): the tail stays free
-            _link(rest, block.next)
-            _link(block, rest)
-            block.size = size
-            pool.add(rest)
-        block.allocated = True
-        self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        remaining = self.size[block] - size  # should_split()
+        if (remaining >= MIN_BLOCK_BYTES) if small or self.expandable else (remaining > SMALL_SIZE_BYTES):
+            rest = self._new(self.seg[block], self.off[block] + size, remaining)  # alloc_found_block(): tail free
+            self._link(rest, self.next[block])
+            self._link(block, rest)
+            self.size[block] = size
+            self._add(pool, rest)
+        self.used[block] = True
+        self.allocated += self.size[block]
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
-    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:  # get_free_block()
-        i = bisect.bisect_left(blocks := pool.blocks, (size,))
+    def _get_free_block(self, pool: _Pool, size: int) -> int | None:  # get_free_block()
+        blocks = pool.blocks
+        i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks):
             return None
         if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
-            def grows_to(b: _Block) -> int:
-                return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+            def grows_to(b: int) -> int:
+                after = self.next[b]
+                return self.size[b] + (self.size[after] if after != NONE and not self.mapped[after] else 0)
             while i + 1 < len(blocks) and grows_to(blocks[i + 1][3]) < grows_to(blocks[i][3]):
                 i += 1
         return blocks.pop(i)[3]
 
-    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:  # alloc_block()
+    def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
         if self.expandable:
             return self._try_allocate_expandable_block(pool, size)
         nbytes = allocation_size(size)
@@ -189,100 +207,102 @@ class _Allocator:
         self.seq += 1
         self.segments += 1
         self._grow(nbytes)
-        return _Block(_Segment(self.seq, pool.small, nbytes), 0, nbytes)
+        return self._new(_Segment(self.seq, pool.small, nbytes), 0, nbytes)
 
-    def _merge(self, pool: _Pool, dst: _Block, src: _Block | None) -> None:  # try_merge_blocks()
-        if src is None or src.allocated or src.mapped != dst.mapped:
+    def _merge(self, pool: _Pool, dst: int, src: int) -> None:  # try_merge_blocks()
+        if src == NONE or self.used[src] or self.mapped[src] != self.mapped[dst]:
             return
-        if src is dst.prev:
-            dst.off = src.off
-            _link(src.prev, dst)
+        if src == self.prev[dst]:
+            self.off[dst] = self.off[src]
+            self._link(self.prev[src], dst)
         else:
-            _link(dst, src.next)
-        dst.size += src.size
-        pool.drop(src)
+            self._link(dst, self.next[src])
+        self.size[dst] += self.size[src]
+        self._drop(pool, src)
 
-    def free(self, block: _Block) -> None:  # free() -> free_block()
-        block.allocated = False
-        self.allocated -= block.size
-        pool = self.pools[block.seg.small]
-        self._merge(pool, block, block.prev)
-        self._merge(pool, block, block.next)
-        pool.add(block)
+    def free(self, block: int) -> None:  # free() -> free_block()
+        self.used[block] = False
+        self.allocated -= self.size[block]
+        pool = self.pools[self.seg[block].small]
+        self._merge(pool, block, self.prev[block])
+        self._merge(pool, block, self.next[block])
+        self._add(pool, block)
 
-    def _find_expandable_block(self, pool: _Pool, size: int) -> _Block:  # find_expandable_block()
+    def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
-            c = u.prev if u.prev is not None and not u.prev.allocated else u
+            before = self.prev[u]
+            c = before if before != NONE and not self.used[before] else u
             room, b = 0, c
-            while room < size and b is not None and not b.allocated:
-                room, b = room + b.size, b.next
+            while room < size and b != NONE and not self.used[b]:
+                room, b = room + self.size[b], self.next[b]
             if room >= size:
                 return c
         self.seq += 1  # a new ExpandableSegment: 2 MiB pages for the small pool, 20 MiB for the large
         seg = _Segment(self.seq, pool.small, SMALL_BUFFER_BYTES if pool.small else LARGE_BUFFER_BYTES)
-        u = _Block(seg, 0, VA_BYTES, mapped=False)
-        pool.add(u)
+        u = self._new(seg, 0, VA_BYTES, mapped=False)
+        self._add(pool, u)
         return u
 
-    def _map_block(self, pool: _Pool, b: _Block, size: int) -> bool:  # map_block(), ExpandableSegment::map()
-        page = b.seg.page_bytes
-        end = -(-(b.off + size) // page) * page
-        nbytes = end - b.off  # whole pages: b.off is page-aligned
+    def _map_block(self, pool: _Pool, b: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
+        page, off = self.seg[b].page_bytes, self.off[b]
+        end = -(-(off + size) // page) * page
+        nbytes = end - off  # whole pages: the offset is page-aligned
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return False
-        pool.drop(b)
-        left = b.prev is not None  # an unmapped block's neighbours are mapped: mapped ranges join
+        self._drop(pool, b)
+        left = self.prev[b] != NONE  # an unmapped block's neighbours are mapped: mapped ranges join
         right = False
-        if nbytes < b.size:
-            rest = _Block(b.seg, end, b.size - nbytes, mapped=False)
-            _link(rest, b.next)
-            _link(b, rest)
-            pool.add(rest)
+        if nbytes < self.size[b]:
+            rest = self._new(self.seg[b], end, self.size[b] - nbytes, mapped=False)
+            self._link(rest, self.next[b])
+            self._link(b, rest)
+            self._add(pool, rest)
         else:
-            right = b.next is not None
-        b.size, b.mapped = nbytes, True
+            right = self.next[b] != NONE
+        self.size[b], self.mapped[b] = nbytes, True
         self.segments += 1 - left - right
-        self._merge(pool, b, b.prev)
-        self._merge(pool, b, b.next)
-        pool.add(b)
+        self._merge(pool, b, self.prev[b])
+        self._merge(pool, b, self.next[b])
+        self._add(pool, b)
         self._grow(nbytes)
         return True
 
-    def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> int | None:
         c = self._find_expandable_block(pool, size)  # try_allocate_expandable_block()
-        if not c.mapped and not self._map_block(pool, c, min(c.size, size)):
+        if not self.mapped[c] and not self._map_block(pool, c, min(self.size[c], size)):
             return None
-        while c.size < size:  # free -> unmapped: map what is missing; it merges with c
-            nxt = c.next
-            if not self._map_block(pool, nxt, min(size - c.size, nxt.size)):
+        while self.size[c] < size:  # free -> unmapped: map what is missing; it merges with c
+            nxt = self.next[c]
+            if not self._map_block(pool, nxt, min(size - self.size[c], self.size[nxt])):
                 return None
             c = nxt
-        pool.drop(c)
+        self._drop(pool, c)
         return c
 
-    def _unmap_block(self, pool: _Pool, b: _Block) -> None:  # unmap_block(), ExpandableSegment::unmap()
-        page = b.seg.page_bytes
-        begin, end = -(-b.off // page) * page, (b.off + b.size) // page * page
+    def _unmap_block(self, pool: _Pool, b: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
+        page, off, size = self.seg[b].page_bytes, self.off[b], self.size[b]
+        begin, end = -(-off // page) * page, (off + size) // page * page
         if begin >= end:  # no whole page inside this free block
             return
-        pool.drop(b)
-        left = begin > b.off or (b.prev is not None and b.prev.mapped)
-        right = end < b.off + b.size or (b.next is not None and b.next.mapped)
-        if begin > b.off:  # a partial page at either end stays mapped, a free block of its own
-            before = _Block(b.seg, b.off, begin - b.off)
-            _link(b.prev, before)
-            _link(before, b)
-            pool.add(before)
-        if end < b.off + b.size:
-            after = _Block(b.seg, end, b.off + b.size - end)
-            _link(after, b.next)
-            _link(b, after)
-            pool.add(after)
-        b.off, b.size, b.mapped = begin, end - begin, False
+        self._drop(pool, b)
+        before, after = self.prev[b], self.next[b]
+        left = begin > off or (before != NONE and self.mapped[before])
+        right = end < off + size or (after != NONE and self.mapped[after])
+        if begin > off:  # a partial page at either end stays mapped, a free block of its own
+            head = self._new(self.seg[b], off, begin - off)
+            self._link(before, head)
+            self._link(head, b)
+            self._add(pool, head)
+        if end < off + size:
+            tail = self._new(self.seg[b], end, off + size - end)
+            self._link(tail, after)
+            self._link(b, tail)
+            self._add(pool, tail)
+        self.off[b], self.size[b], self.mapped[b] = begin, end - begin, False
         self.segments += left + right - 1
-        self._merge(pool, b, b.prev)
-        self._merge(pool, b, b.next)
-        pool.add(b)
+        self._merge(pool, b, self.prev[b])
+        self._merge(pool, b, self.next[b])
+        self._add(pool, b)
         self.reserved -= end - begin
 
     def release_cached_blocks(self) -> None:  # release_cached_blocks() -> release_blocks(), large pool first
@@ -291,14 +311,14 @@ class _Allocator:
             for _, _, _, b in list(pool.blocks):
                 if self.expandable:
                     to_unmap.append(b)
-                elif b.prev is None and b.next is None:  # release_block(): cudaFree a wholly free segment
-                    pool.drop(b)
-                    self.reserved -= b.size
+                elif self.prev[b] == NONE and self.next[b] == NONE:  # release_block(): cudaFree a free segment
+                    self._drop(pool, b)
+                    self.reserved -= self.size[b]
                     self.segments -= 1
             for b in to_unmap:
                 self._unmap_block(pool, b)
-                if b.prev is None and b.next is None:  # release_expandable_segment()
-                    pool.drop(b)
+                if self.prev[b] == NONE and self.next[b] == NONE:  # release_expandable_segment()
+                    self._drop(pool, b)
 
 
 def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None) -> AllocatorRun:
@@ -317,6 +337,16 @@ def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None
     >>> simulate([("alloc", "a", 11 * MiB)], expandable=True).peak_reserved_bytes // MiB
     20
     """
+    collecting = gc.isenabled()   # the replay makes no cycles: the collector's passes over every object in the
+    gc.disable()                  # process (a full one takes hundreds of ms beside transformers) wait till it ends
+    try:
+        return _replay(events, expandable, limit_bytes)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _replay(events, expandable: bool, limit_bytes: int | None) -> AllocatorRun:
     a = _Allocator(expandable, limit_bytes)
     live: dict = {}
     oom_at = None

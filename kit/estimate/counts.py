@@ -50,8 +50,32 @@ class Counts:
         return sum(self.grads.values())
 
 
+COUNTED: dict = {}   # count_key -> (the Info, its Counts): the walk does not depend on batch or sequence
+COUNTED_KEPT = 256
+
+
+def count_key(info: Info, p) -> tuple:
+    """What of the plan ``p`` the walk reads (never the batch, the sequence or the evaluation), with ``info``'s
+    identity: equal keys, equal counts."""
+    return (id(info), p.quant, p.bnb, p.load, p.kbit_recipe, frozenset(p.lora), p.lora_r, p.adapter, p.optimizer,
+            p.device, p.precision, p.fused, tuple(p.liger))
+
+
 def count_parameters(info: Info, p) -> Counts:
-    """Stage 1: one pass over the layers, as ``p`` (a :class:`kit.estimate.assembly.Plan`) says."""
+    """Stage 1: one pass over the layers, as ``p`` (a :class:`kit.estimate.assembly.Plan`) says; made once per
+    model and the options it reads (:func:`count_key`), and shared: read it, never change it. The fit advisor's
+    and the panel's many estimates of one model differ mostly in batch and sequence, which it does not read."""
+    key = count_key(info, p)
+    kept = COUNTED.get(key)
+    if kept is not None and kept[0] is info:   # (the Info is kept too, so its id is not reused meanwhile)
+        return kept[1]
+    if len(COUNTED) >= COUNTED_KEPT:
+        del COUNTED[next(iter(COUNTED))]   # the oldest
+    COUNTED[key] = (info, _count(info, p))
+    return COUNTED[key][1]
+
+
+def _count(info: Info, p) -> Counts:
     c, other = Counts(), p.trained_bytes
     for l in info.leaves:
         n = l.weight + l.bias

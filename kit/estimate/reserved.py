@@ -68,6 +68,13 @@ class Reserved:
                 f"out as tensors (kit.estimate.reserved): +{self.gap_bytes:,} B over the allocated peak")
 
 
+# what step_trace reads of the Replay (kit.estimate.replay.Replay)
+TRACE_FIELDS = ("L", "hidden", "ckpt", "embed", "embed_order", "block", "block_order", "block_in", "block_bwd",
+                "shared", "head", "head_in", "head_order", "last_logits", "logits_live", "ls")
+RUNS: dict = {}      # layout_key -> (the allocator's gap, the laid-out step's allocated peak)
+RUNS_KEPT = 512
+
+
 class _Trace:
     def __init__(self):
         self.events, self.live = [], set()
@@ -91,11 +98,23 @@ def _chunks(total: int, size: int) -> list:
     return [size] * (total // size) + ([total % size] if total % size else [])
 
 
+def _tensors(total: int, listed: tuple, size: int) -> tuple:
+    """A part's saved tensors: as the replay listed them, where they add up to its bytes; else ``total`` cut into
+    tensors of ``size``.
+
+    >>> _tensors(10, (4, 6), 3), _tensors(10, (), 3)
+    ((4, 6), (3, 3, 3, 1))
+    """
+    return tuple(listed) if listed and sum(listed) == total else tuple(_chunks(total, size))
+
+
 def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 2) -> list:
     """The step's tensors as ``("alloc", key, bytes)`` / ``("free", key)`` events (the module doc says which).
 
     ``tensors``: per leaf, ``(part, weight bytes, [(grad bytes, optimizer state bytes)])`` in module order;
     ``rp``: the forward's :class:`~kit.estimate.replay.Replay`; ``inputs``: the micro-batch's input tensors' bytes.
+    Each saved tensor is one event, at the size the replay gave it (scenario 1's head: its fp16 weight copy is one
+    tensor of V x V, not thousands of hidden-state-sized pieces), so the events grow with the layers only.
     """
     t, L, hid = _Trace(), max(1, rp.L), rp.hidden
     for i, (_, w, _) in enumerate(tensors):
@@ -107,6 +126,8 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
     parts = {"embed": [i for i, x in enumerate(tensors) if x[0] == "embed"],
              "head": [i for i, x in enumerate(tensors) if x[0] not in ("embed", "block")]}
     order = rp.block_order or tuple(_chunks(rp.block, hid))
+    embed = _tensors(rp.embed, rp.embed_order, hid)             # what the embeddings save
+    head = _tensors(rp.head + rp.head_in, rp.head_order, hid)   # the final norm's, lm_head's, a custom head's
     a = min(max(1, accum), 2)
     first_state = True
 
@@ -123,7 +144,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
         start = s % a == 0
         for k in range(3):
             t.alloc(("in", k), inputs // 3)
-        for k, b in enumerate(_chunks(rp.embed, hid)):
+        for k, b in enumerate(embed):
             t.alloc(("e", k), b)
         t.alloc("shared", rp.shared)
         for j in range(L):   # the forward: what each block saves (with checkpointing: its input)
@@ -132,7 +153,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
             else:
                 for k, b in enumerate(order):
                     t.alloc(("s", j, k), b)
-        for k, b in enumerate(_chunks(rp.head + rp.head_in, hid)):
+        for k, b in enumerate(head):
             t.alloc(("h", k), b)
         t.alloc("logits", rp.last_logits)
         t.alloc("f32", rp.logits_live - rp.last_logits)   # the fp32 copy the loss reads
@@ -150,7 +171,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
         t.alloc(("gh", L), hid)
         t.free("gl")
         t.free("glog")
-        for k in range(len(_chunks(rp.head + rp.head_in, hid))):
+        for k in range(len(head)):
             t.free(("h", k))
         for j in reversed(range(L)):   # each block's backward: recompute, grads, free what it saved
             if rp.ckpt:
@@ -165,7 +186,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
                 t.free(("s", j, k))
             t.free(("x", j))
         grads(parts["embed"], start)
-        for k in range(len(_chunks(rp.embed, hid))):
+        for k in range(len(embed)):
             t.free(("e", k))
         t.free(("gh", 0))
         t.free("shared")
@@ -186,9 +207,23 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
     return t.events
 
 
+def layout_key(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, expandable: bool = False) -> tuple:
+    """Everything :func:`step_trace` and the replay read, as one hashable key: equal keys, equal events."""
+    return (tuple((part, w, tuple(own)) for part, w, own in tensors), tuple(getattr(rp, f) for f in TRACE_FIELDS),
+            inputs // 3, step_temp, min(max(1, accum), 2), expandable)
+
+
 def reserved(tensors, rp, peak_bytes: int, *, inputs: int, step_temp: int, accum: int = 1,
              expandable: bool = False) -> Reserved:
-    """The predicted ``max_memory_reserved()``: ``peak_bytes`` plus the allocator's gap on :func:`step_trace`."""
-    run = simulate(step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum), expandable=expandable)
-    gap = max(0, run.peak_reserved_bytes - run.peak_allocated_bytes)
-    return Reserved(peak_bytes + gap, gap, expandable, run.peak_allocated_bytes)
+    """The predicted ``max_memory_reserved()``: ``peak_bytes`` plus the allocator's gap on :func:`step_trace`.
+
+    The replay's result is kept per laid-out step (:data:`RUNS`, the last :data:`RUNS_KEPT`): the fit advisor and
+    the panel estimate the same setup many times over, and each then replays it once."""
+    key = layout_key(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum, expandable=expandable)
+    if key not in RUNS:
+        run = simulate(step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum), expandable=expandable)
+        if len(RUNS) >= RUNS_KEPT:
+            del RUNS[next(iter(RUNS))]   # the oldest
+        RUNS[key] = (max(0, run.peak_reserved_bytes - run.peak_allocated_bytes), run.peak_allocated_bytes)
+    gap, trace_peak = RUNS[key]
+    return Reserved(peak_bytes + gap, gap, expandable, trace_peak)

@@ -1,38 +1,42 @@
 """The panel's fit advisor: "largest batch that fits" beside the batch slider, and, when the setup does
 not fit, the advisor's top three changes under the verdict, each with an Apply button.
 
-:func:`kit.advise.max_batch_size` runs on every change (a few estimates, about a millisecond each);
-the full :func:`kit.advise.advise` only while the setup does not fit (4 to 80 ms warm:
-``benchmarks/advisor_latency.py``; the panel's per-change time with it is in
-``benchmarks/panel_latency.py``). Where a model's search (after its first, cold one) takes more than
-:data:`LAZY_MS`, the panel stops running it on each change and shows a "What makes it fit?" button
-instead, saying why. Both judge the setup's reserved estimate (the allocated peak plus the caching
-allocator's modelled gap), as ``python -m kit fit`` does, and say so.
+A control change costs what the panel's change budget allows (50 ms median, 200 ms at worst, of CPU at real
+size: ``benchmarks/panel_latency.py``), so a change never runs a search or the advisor. It gives the largest
+batch that fits (:func:`kit.advise.max_batch_size`: a bisection on the allocated estimate, then the
+allocator's model replayed at the answer). The advisor (:func:`kit.advise.advise`, tens of ms to a second:
+``benchmarks/advisor_latency.py``) runs when the "What makes it fit?" button is clicked, or once the controls
+have rested for :data:`REST_S` seconds, in a thread of its own: a later change calls that search off
+(``advise(cancelled=...)``) and the change never waits for it. Both judge the setup's reserved estimate (the
+allocated peak plus the caching allocator's modelled gap), as ``python -m kit fit`` does, and say so.
 
 A suggestion may change options the panel has no control for (``--load-dtype``, ``--lora-targets``,
 ``--grad-accum``, a LoRA rank off the list, LoRA on scenario 1's head). Apply sets the controls it can
 and keeps the rest as *extra options*, listed under the advice with a Clear button; the estimate uses
 them, and Run stays off while they are set (a run measures the controls' setup).
 
->>> view = AdviceView(apply=lambda options: None)
+>>> view = AdviceView(apply=lambda options: None, rest_s=None)
 >>> view.update(dict(model="tiny-llama", batch_size=64, seq_len=128, device="cpu"), 80_000_000, fits=False)
->>> view.largest_html.value.split("<b>")[1].split("</b>")[0], view.rows[0].cli
-('6', '--batch-size 4 --grad-accum 16')
+>>> view.largest_html.value.split("<b>")[1].split("</b>")[0], view.rows
+('6', [])
+>>> view.ask(); view.rows[0].cli
+'--batch-size 4 --grad-accum 16'
 """
 from __future__ import annotations
 
+import gc
 import html
-import time
+import threading
 
 import ipywidgets as W
 
 from kit import inputs as kin
 from kit.advise.core import advise, limit_for, max_batch_size
-from kit.advise.search import CLI, cli, cli_value
+from kit.advise.search import CLI, Cancelled, cli, cli_value
 from kit.units import fmt_bytes
 
 TOP = 3
-LAZY_MS = 40.0   # of the panel's 50 ms per change; a model whose advice takes longer is advised on request
+REST_S = 0.8   # the controls rest this long, then the advisor runs on a setup that does not fit
 
 
 def extra_text(extra: dict) -> str:
@@ -47,13 +51,16 @@ def extra_text(extra: dict) -> str:
 class AdviceView:
     """``largest_html`` (beside the batch slider), ``widget`` (under the verdict): the header, one row per
     suggestion (an Apply button and its text), the extra options with Clear. ``advice``: the last
-    :class:`kit.advise.Advice` (None while the setup fits or has no estimate). ``apply(options)`` is
-    called with a suggestion's estimate() options in full."""
+    :class:`kit.advise.Advice` (None until the advisor ran on this setup, or while it fits). ``apply(options)`` is
+    called with a suggestion's estimate() options in full. ``rest_s``: seconds of rest before the advisor runs by
+    itself (None: only on the button)."""
 
-    def __init__(self, apply, clear=None):
+    def __init__(self, apply, clear=None, rest_s: float | None = REST_S):
         self._apply, self.advice, self.rows, self._asked, self._extra = apply, None, [], None, None
-        self.slow: dict = {}    # model -> ms of its last advise(), where over LAZY_MS
-        self._timed: set = set()
+        self.rest_s = rest_s
+        self._generation = 0          # bumped by every update: a search of an older one is called off
+        self._timer = None            # the pending rest timer (a threading.Timer), or None
+        self._lock = threading.Lock()
         self.largest_html = W.HTML(value="")
         self.header = W.HTML(value="")
         self.buttons = [W.Button(description="Apply", icon="check", layout=W.Layout(width="80px"))
@@ -68,10 +75,11 @@ class AdviceView:
             self.clear_button.on_click(lambda _b: clear())
         self._lines = [W.HBox([b, t]) for b, t in zip(self.buttons, self.texts)]
         self._extra_row = W.HBox([self.clear_button, self.extra_html])
-        self.ask_button = W.Button(description="What makes it fit?", icon="search", layout=W.Layout(width="180px"))
+        self.ask_button = W.Button(description="What makes it fit?", icon="search", layout=W.Layout(width="180px"),
+                                   tooltip="run the fit advisor on this setup now")
         self.ask_button.on_click(self.ask)
-        self.lazy_html = W.HTML(value="")
-        self._ask_row = W.HBox([self.ask_button, self.lazy_html])
+        self.wait_html = W.HTML(value="")
+        self._ask_row = W.HBox([self.ask_button, self.wait_html])
         self.widget = W.VBox([])
         self.widget.add_class("kit-advice")
 
@@ -81,7 +89,10 @@ class AdviceView:
             self._apply(self.rows[i].options)
 
     def update(self, options: dict | None, device, *, fits: bool, extra: dict | None = None) -> None:
-        """Recompute for estimate() ``options`` (None: no estimate) on ``device`` (a Preset or bytes)."""
+        """A control changed: the largest batch for estimate() ``options`` (None: no estimate) on ``device`` (a
+        Preset or bytes), and the advisor called off; where the setup does not fit, it is asked again once the
+        controls rest (or on the button)."""
+        self._call_off()
         self.advice, self.rows, self._asked, self._extra = None, [], None, extra
         self.largest_html.value = ""
         if options is not None:
@@ -93,35 +104,62 @@ class AdviceView:
                     "<span class='kit-largest' style='font-size:85%;color:#D55E00'>not even batch 1 fits</span>")
                 if not fits:
                     self._asked = (options, device)
-                    if options["model"] not in self.slow:
-                        self.ask()
-                        return
+                    self._rest_then_ask()
             except (kin.InputError, ValueError) as exc:   # an option the advisor cannot take: said, not raised
                 self.largest_html.value = f"<span style='font-size:85%;color:#555'>advisor: {html.escape(str(exc))}</span>"
         self._render(device if options is not None else None)
 
+    def _call_off(self) -> None:
+        """A control moved: the pending rest timer stops, and a search under way stops at its next estimate."""
+        with self._lock:
+            self._generation += 1
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _rest_then_ask(self) -> None:
+        if self.rest_s is None:
+            return
+        generation = self._generation
+        with self._lock:
+            self._timer = threading.Timer(self.rest_s, self._search, args=(generation,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def wait(self, timeout: float | None = 60.0) -> None:
+        """Wait for the advisor that the rest of the controls started (tests and scripts; a notebook never waits)."""
+        timer = self._timer
+        if timer is not None:
+            timer.join(timeout)
+
     def ask(self, _button=None) -> None:
-        """Run the advisor on the setup that does not fit (each change does, unless it is slow for this model:
-        then the "what makes it fit?" button does)."""
-        if self._asked is None:
+        """Run the advisor on the setup that does not fit, now (the button; the rest timer runs it in a thread)."""
+        self._call_off()
+        self._search(self._generation)
+
+    def _search(self, generation: int) -> None:
+        if self._asked is None or generation != self._generation:
             return
         options, device = self._asked
-        t = time.perf_counter()
-        self.advice = advise(options, device)
-        ms = 1e3 * (time.perf_counter() - t)
-        model = options["model"]
-        if ms > LAZY_MS and model in self._timed:   # (a model's first search is cold: not judged by it)
-            self.slow[model] = ms                    # more than a panel change may take: on request from now on
-        self._timed.add(model)
-        self.rows = self.advice.suggestions[:TOP]
+        self.wait_html.value = "<span style='font-size:85%;color:#555'>the advisor is searching…</span>"
+        try:
+            advice = advise(options, device, cancelled=lambda: generation != self._generation)
+        except Cancelled:
+            return
+        finally:
+            self.wait_html.value = ""
+            # The search leaves many objects behind for Python's cycle collector; collected here, while the controls
+            # rest, its full pass (hundreds of ms in a kernel holding transformers) does not fall on the next change.
+            gc.collect()
+        with self._lock:
+            if generation != self._generation:   # a control moved while it searched: not this setup's advice
+                return
+            self.advice, self.rows = advice, advice.suggestions[:TOP]
         self._render(device)
 
     def _render(self, device) -> None:
         children = []
-        if self.advice is None and self._asked is not None:   # slow for this model: on request
-            self.lazy_html.value = (f"<span style='font-size:85%;color:#555'>the advisor took "
-                                 f"{self.slow[self._asked[0]['model']]:.0f} ms for this model, more than a panel "
-                                 f"change may take ({LAZY_MS:.0f} ms): it runs when asked</span>")
+        if self.advice is None and self._asked is not None:   # not advised yet: the button, or the rest
             children.append(self._ask_row)
         if self.advice is not None:
             a, usable = self.advice, limit_for(device).usable_bytes
@@ -134,8 +172,8 @@ class AdviceView:
             for s, t, line in zip(self.rows, self.texts, self._lines):
                 margin = ("+" if s.margin_bytes >= 0 else "-") + fmt_bytes(abs(s.margin_bytes))
                 t.value = (f"<span class='kit-suggestion' style='font-size:85%'><code>{html.escape(s.cli)}</code>: "
-                           f"peak {fmt_bytes(s.peak_bytes)}, reserved {fmt_bytes(s.reserved_bytes)} ({margin})<br>"
-                           "<span style='color:#555'>"
+                           f"reserved {fmt_bytes(s.reserved_bytes)} ({margin}), peak {fmt_bytes(s.peak_bytes)} "
+                           "allocated<br><span style='color:#555'>"
                            + "<br>".join(html.escape(c) for c in s.costs) + "</span></span>")
                 children.append(line)
             children += [W.HTML(value=f"<span style='font-size:85%;color:#555'>note: {html.escape(n)}</span>")

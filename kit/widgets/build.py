@@ -1,9 +1,12 @@
 """The widget panel: move a slider, see the memory move; then run it and measure.
 
 ``panel(scenario)`` shows controls (model, batch size, sequence length, quantization, precision,
-gradient checkpointing, LoRA rank, optimizer, device preset), an estimate redrawn on every
-change (a breakdown bar against the device's limit, fits / does not fit and the margin),
-Run and Sweep buttons that measure through the tracker, and a history of runs.
+gradient checkpointing, LoRA rank, optimizer, device preset; the multi-GPU strategy and the GPUs under an
+"advanced" switch), the answer redrawn on every change (fits / does not fit, with the one figure judged, by
+name: the reserved figure on a GPU, the training peak on the CPU; the limit and the margin; the biggest cause;
+the largest batch that fits beside its slider), the details in a collapsed "Details" Accordion (the allocated
+peak, a breakdown bar against the device's limit, the notes), the fit advisor on a button or once the controls
+rest (:mod:`kit.widgets.advice`), Run and Sweep buttons that measure through the tracker, and a history of runs.
 
 The model list holds the scenario's own models, then every shipped model
 (:func:`kit.model_configs.known_models`). A text box under it takes any Hub id or a path to a
@@ -44,7 +47,7 @@ from kit.widgets import options as panel_options
 from kit.widgets import runs as panel_runs
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
-from kit.widgets.gpus import gpu_controls, launch, launch_problem
+from kit.widgets.gpus import advanced_switch, gpu_controls, launch, launch_problem
 from kit.widgets.models import (
     GROUPS,
     MODELS,
@@ -132,7 +135,11 @@ class Panel(PanelRuns):
             self.model_box.value))
         self.use_button.on_click(self._on_use)
         c["model"].observe(self._model_picked, names="value")
-        self.estimate_html = W.HTML(value="")
+        self.estimate_html = W.HTML(value="")   # the answer: the verdict with the figure judged, the biggest cause
+        self.details_html = W.HTML(value="")    # the breakdown, the allocated peak, notes: in a collapsed Accordion
+        self.details = W.Accordion(children=[self.details_html])
+        self.details.set_title(0, "Details: the breakdown bar, the allocated peak, notes")
+        self.details.selected_index = None      # collapsed (ipywidgets 7.7 and 8 alike)
         self.run_button = W.Button(description=f"Run {self.steps} steps", button_style="primary", icon="play")
         self.sweep_over = W.Dropdown(options=[("sweep batch size", "batch_size"), ("sweep seq length", "seq_len")],
                                      value="batch_size", layout=W.Layout(width="170px"))
@@ -143,14 +150,17 @@ class Panel(PanelRuns):
         self.sweep_button.on_click(self._on_sweep)
         for w in c.values():
             w.observe(self._refresh, names="value")
-        rows = [W.HBox([w, self.reasons[k]] + ([self.advice_view.largest_html] if k == "batch_size" else []))
-                for k, w in c.items()]
+        self.rows = {k: W.HBox([w, self.reasons[k]] + ([self.advice_view.largest_html] if k == "batch_size" else []))
+                     for k, w in c.items()}
+        self.advanced = advanced_switch(c, self.rows, self._one_gpu)   # the multi-GPU rows, shown on request
+        rows = list(self.rows.values())
         rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
+        rows.insert(rows.index(self.rows["strategy"]), self.advanced)
         title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
                              f"({html.escape(runtime.mode_reason())}) &middot; runs here on {machine.device_name()}")
         buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.run_why, self.status])
-        self.widget = W.VBox([title] + rows + [self.estimate_html, self.advice_view.widget, buttons, self.plot_out,
-                                               self.history_html])
+        self.widget = W.VBox([title] + rows + [self.estimate_html, self.advice_view.widget, self.details, buttons,
+                                               self.plot_out, self.history_html])
         self.widget.add_class("kit-panel")
         # The first LoRA estimate imports peft (about 0.35 s): pay it while building, not on a change.
         import peft.tuners.tuners_utils  # noqa: F401
@@ -160,6 +170,16 @@ class Panel(PanelRuns):
     def setup(self) -> dict:
         """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.widgets.runs` take them."""
         return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
+
+    def _one_gpu(self) -> None:
+        """"advanced" turned off: back to one GPU."""
+        self._busy = True
+        try:
+            self.controls["num_gpus"].value = 1
+            self.controls["strategy"].value = "single"
+        finally:
+            self._busy = False
+        self._refresh()
 
     # -- the advisor's suggestions ---------------------------------------------------------
     def apply_options(self, options: dict) -> None:
@@ -268,6 +288,8 @@ class Panel(PanelRuns):
     def _adjust(self) -> None:
         """Fit the controls to the model and the machine; say why where one is disabled."""
         c, why = self.controls, {k: "" for k in self.controls}
+        if (c["strategy"].value != "single" or c["num_gpus"].value != 1) and not self.advanced.value:
+            self.advanced.value = True   # code or a suggestion asked for more than one GPU: its rows show
         name = c["model"].value
         vocab_head, maxpos = name.endswith(kmodels.VOCAB_HEAD), max_positions(name)
         top = min(maxpos, SEQ_CAP)
@@ -315,7 +337,8 @@ class Panel(PanelRuns):
             text = why.get(k, "")
             text = text if text.startswith("<span") else html.escape(text)
             w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
-        self.estimate_html.value = views.estimate_html(self.estimate, self.verdict, self.preset(), self.problem)
+        self.estimate_html.value = views.verdict_html(self.estimate, self.verdict, self.preset(), self.problem)
+        self.details_html.value = "" if self.estimate is None else views.details_html(self.estimate, self.preset())
         self.advice_view.update(None if self.problem else {**s, "device": self._where()}, self.preset(),
                                 fits=bool(self.verdict and self.verdict.fits), extra=self.extra)
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \

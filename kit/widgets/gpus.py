@@ -1,6 +1,6 @@
 """The panel's GPUs control and strategy choice (kit.estimate.strategies): the estimate becomes one GPU's of N.
 
-The two controls go beside the device: ``controls["strategy"]`` (one GPU, DDP, FSDP, FSDP grad-op,
+The two controls go beside the device, shown under an "advanced" switch (:func:`advanced_switch`): ``controls["strategy"]`` (one GPU, DDP, FSDP, FSDP grad-op,
 ZeRO-1/2/3) and ``controls["num_gpus"]`` (1 to 64). A Run stays one process on this machine, so it is
 refused while they describe more than one GPU (``benchmarks/multi_gpu.py`` measures those).
 
@@ -34,6 +34,29 @@ def gpu_controls(control, d: dict) -> dict:
             c["strategy"].value = "single"
     c["num_gpus"].observe(follow, names="value")
     return c
+
+
+def advanced_switch(c: dict, rows: dict, back_to_one):
+    """The "advanced: more than one GPU" Checkbox: on, the strategy and GPUs ``rows`` show; off, they hide and
+    ``back_to_one()`` is called. More than one GPU is for those who ask (a learner in smoke mode is not offered
+    ZeRO-3 on 64 GPUs), so it starts off, unless the controls already describe more than one GPU."""
+    import ipywidgets as W
+
+    many = c["strategy"].value != "single" or c["num_gpus"].value != 1
+    switch = W.Checkbox(value=many, description="advanced: more than one GPU", indent=False,
+                        layout=W.Layout(width="440px"))
+
+    def show(on: bool) -> None:
+        for k in ("strategy", "num_gpus"):
+            rows[k].layout.display = None if on else "none"
+
+    def changed(change) -> None:
+        show(change["new"])
+        if not change["new"]:
+            back_to_one()
+    switch.observe(changed, names="value")
+    show(many)
+    return switch
 
 
 def launch(c: dict) -> dict:

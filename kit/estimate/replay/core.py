@@ -51,6 +51,8 @@ class Replay:
     block_in_sum: int = 0  # all L blocks' inputs, when block 1's differs from the others' (0: L * block_in)
     copies_sum: int = 0    # saved autocast weight copies of all L blocks (0: L * copies_block)
     block_order: tuple = ()  # the biggest block's saved tensors' bytes, in saving order (kit.estimate.reserved)
+    embed_order: tuple = ()  # the embeddings' saved tensors' bytes, in saving order (kit.estimate.reserved)
+    head_order: tuple = ()   # the head's (final norm, lm_head, scenario 1's head), in saving order (the same)
     layers: tuple = ()     # per block (offload.Layer), with partial or offloaded checkpointing; () otherwise
     trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
 
@@ -115,6 +117,7 @@ def replay(st: Setup) -> Replay:
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
+    embed_order = tuple(tp.order)
 
     def run(masked, inp):
         tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
@@ -157,6 +160,7 @@ def replay(st: Setup) -> Replay:
     if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
         shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
+    head_from = len(tp.order)   # the head's saved tensors follow in tp.order
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
@@ -166,13 +170,14 @@ def replay(st: Setup) -> Replay:
                            norm_dt=st.w_other)   # ... or Liger's fused linear cross-entropy's chunks
         cache += fh.get("cache", 0)
         if not (y.rg or st.lora):
-            embed = block = block_sum = shared = 0
+            embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
         if st.trl_offload:  # TRL's OffloadActivations: what it moves to the host (kit.estimate.replay.trl_offload)
             trl = trl_offload.offloaded(st, block_fn, layers, x, y, h, leaf=off.leaf_input(st, block_fn))
         return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,
                       0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
                       block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
-                      copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers, trl=trl)
+                      copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers, trl=trl,
+                      embed_order=embed_order, head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
@@ -195,12 +200,13 @@ def replay(st: Setup) -> Replay:
     ls = logits.n * ls_dt
     live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
     if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
-        embed = block = block_sum = shared = 0
+        embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
     return Replay(st.L, st.ckpt, embed, block, block_in, shared, head, head_in,
                   ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
                   logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
                   (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
-                  copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers)
+                  copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers,
+                  embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
 
 
 @dataclass
