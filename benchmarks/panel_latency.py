@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/panel_latency.py [--repeats 3] [--out benchmarks/results/panel_latency-DATE-DEVICE.md]``
 
-The budget (DESIGN.md's change budget, issue 34) is 50 ms median and 200 ms at worst of CPU time per change, at
+The panel's change budget is 50 ms median and 200 ms at worst of CPU time per change, at
 real size. For each case the panel is built once (that builds the model on the meta device and caches its
 inventory), then each control is moved through its values, one change at a time, and the wall time and the CPU
 time of ``control.value = v`` are recorded: the observer recomputes the estimate, the verdict (the reserved figure:
