@@ -263,3 +263,13 @@ def test_measured_the_top_suggestion_and_the_largest_batch_fit_a_limit_the_setup
 def test_the_advisor_is_prediction_only():
     code = "import sys, kit.advise; sys.exit('kit.measure.device' in sys.modules or 'ipywidgets' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "sgd", "paged-adamw"])
+def test_8bit_adamw_is_offered_only_in_place_of_a_32bit_adamw(optimizer):
+    s = advise_search.Search(parsed(["--model", "gpt2", "--batch-size", "8", "--seq-len", "1024",
+                                     "--optimizer", optimizer]), limit_for("colab-t4"))
+    assert s.apply(frozenset({"adam8"})) is None and s.apply(frozenset({"paged-adam8"})) is None
+    adamw = advise_search.Search(parsed(["--model", "gpt2", "--batch-size", "8", "--seq-len", "1024"]),
+                                 limit_for("colab-t4"))
+    assert adamw.apply(frozenset({"adam8"})) is not None

@@ -57,7 +57,7 @@ def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the alloc
 
 def _adam8(paged):
     def move(o, c):
-        if o["optimizer"] in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "sgd"):
+        if o["optimizer"] not in ("adamw", "adamw-fused"):   # 8-bit AdamW replaces a 32-bit AdamW only
             return None
         if c.too_big and trains_weights(o):
             c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
