@@ -83,7 +83,6 @@ def test_readme_quotes_the_accuracy_its_results_file_holds():
     ("families-2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
      "median {0}%, worst {1}% over {2} rows"),
     ("multi_gpu-2026-12-01-cpu.md", r"Worst error: ([\d.]+)% over (\d+)", "worst error {0}% over {1}"),
-    ("panel_latency-2026-12-01-cpu.md", r"Worst p95 over all cases: ([\d.]+) ms", "worst p95 {0} ms"),
 ])
 def test_the_accuracy_page_quotes_its_results_files(name, pattern, quoted):
     page = " ".join((ROOT / "docs/accuracy.md").read_text().split())

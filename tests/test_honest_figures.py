@@ -10,23 +10,33 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _latency(name):
-    """(warm advise() medians, cheap-path medians) of an advisor_latency results file."""
+def _table(name):
+    """The rows of a results file's table, as lists of stripped cells."""
     results = (ROOT / "benchmarks/results" / name).read_text()
-    rows = [line.split("|") for line in results.splitlines() if line.startswith("| ") and "ms" not in line[:12]]
-    warm = [float(re.match(r"\s*([\d.]+)", r[7]).group(1)) for r in rows if re.match(r"\s*[\d.]+ \(", r[7])]
-    cheap = [float(r[k]) for r in rows if re.match(r"\s*[\d.]+ \(", r[7]) for k in (8, 9)]
-    assert len(warm) == 6
-    return warm, cheap
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in results.splitlines()
+            if line.startswith("| ") and not line.startswith("| setup") and not line.startswith("| case")]
 
 
-def test_the_docs_quote_the_advisor_latency_its_results_files_hold():
-    readme = " ".join((ROOT / "docs/cli-and-api.md").read_text().split())     # moved there from the README
-    warm, cheap = _latency("advisor_latency-2026-12-01-175436-cpu.md")   # with the allocator's model
-    assert (f"cheap path ({min(cheap):.0f} to {max(cheap):.0f} ms warm; a full `advise()` takes {min(warm):.0f} ms "
-            f"to {max(warm) / 1000:.1f} s warm") in readme
-    before, _ = _latency("advisor_latency-2026-12-01-cpu.md")            # the same search before it
-    assert f"the same search took {min(before):g} to {max(before):g} ms" in readme
+def _ms(text):
+    return float(re.match(r"\**([\d.]+)", text).group(1))
+
+
+def test_the_docs_quote_the_advisor_latency_its_results_file_holds():
+    page = " ".join((ROOT / "docs/cli-and-api.md").read_text().split())
+    rows = _table("advisor_latency-2026-12-03-cpu.md")
+    new, again = [_ms(r[7]) for r in rows], [_ms(r[8]) for r in rows]
+    cheap = [_ms(r[k]) for r in rows for k in (9, 10)]
+    assert f"cheap path ({min(cheap):g} to {max(cheap):.0f} ms)" in page
+    assert f"takes {min(new):.0f} ms (Llama-3-8B QLoRA) to {max(new) / 1000:.1f} s (Qwen2.5-7B full fine-tune)" in page
+    assert f"{min(again):.0f} to {max(again):.0f} ms asked again" in page
+
+
+def test_the_docs_quote_the_panel_latency_its_results_file_holds():
+    medians = [_ms(r[3]) for r in _table("panel_latency-2026-12-03-cpu.md") if "every change" in r[1]]
+    assert len(medians) == 3
+    for page in ("docs/cli-and-api.md", "docs/accuracy.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        assert all(f"{m:.1f} ms" in text for m in medians) and "panel_latency-2026-12-03-cpu.md" in text
 
 
 # What a project file may cite: a file of the repository, a library's installed source (read where it is installed), or
