@@ -260,3 +260,18 @@ def test_i35_6_apply_without_your_args_refuses_rather_than_make_new_defaults():
         (3e-5, 7, "unused", 2)
     lora_only = Suggestion({"lora-r": 8}, "--lora-r 8", 0, True, 0, [], (0,), 0, 0, 0, 0, {})
     assert sorted(apply(lora_only)) == ["peft_config"]       # no args changed: nothing of the user's is dropped
+
+
+def test_i35_5_check_on_the_cpu_judges_the_cpu_estimate():
+    """kit.check(trainer, device="cpu") estimates CPU kernels (estimate_trainer's device), never the CUDA estimate."""
+    tok = data.shipped_tokenizer()
+    ids = [[5 + (i * 7 + j) % 4000 for j in range(40)] for i in range(16)]
+    ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids]})
+    tr = Trainer(model=models.load_model(MODEL, device="cpu"), train_dataset=ds, data_collator=data.collator(tok),
+                 args=_args(per_device_train_batch_size=4))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        est = kit.check(tr, device="cpu")
+    cpu = estimate_trainer(tr, device="cpu")
+    assert est.setup["device"] == "cpu" and (est.peak_bytes, est.reserved_bytes) == (cpu.peak_bytes, cpu.reserved_bytes)
+    assert "RESERVED" not in out.getvalue()
