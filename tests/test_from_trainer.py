@@ -325,3 +325,19 @@ def test_4bit_weights_stored_as_bf16_are_read_as_4bit(tmp_path):
     shipped = estimate("tiny-llama", batch_size=1, seq_len=32, quantization="4bit", lora_r=8,
                        lora_targets="q_proj,v_proj", load_dtype="bf16")
     assert (mine.quantized_params, mine.trainable_params) == (shipped.quantized_params, shipped.trainable_params)
+
+
+def test_i35_14_a_4bit_model_read_before_a_step_is_read_the_same_after_it(ds, tok):
+    """bitsandbytes' Linear4bit casts its fp32 bias (prepare_model_for_kbit_training's upcast) to the compute dtype
+    in place at its first forward: the model is read the same before and after a training step, never refused."""
+    model = prepare_model_for_kbit_training(models.load_model("tiny-qwen2", quantization="4bit", device="cpu"))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    tr = trainer(model, ds, tok, per_device_train_batch_size=2, bf16=True)
+    before = estimate_trainer(tr, seq_len=40)
+    biases = [m.bias for m in model.modules() if type(m).__name__ == "Linear4bit" and m.bias is not None]
+    assert biases and {b.dtype for b in biases} == {torch.float32}
+    ids = torch.randint(5, 100, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert {b.dtype for b in biases} == {torch.bfloat16}          # bitsandbytes cast them in place
+    after = estimate_trainer(tr, seq_len=40)
+    assert after.sources["kbit_recipe"][0] == "standard" and after.peak_bytes == before.peak_bytes
