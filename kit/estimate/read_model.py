@@ -144,7 +144,9 @@ def _read_adapters(base):
     if extra:
         raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(extra[:3])}"
                          f"{', ...' if len(extra) > 3 else ''}: modules_to_save?), which the kit does not model "
-                         "with LoRA: train the adapters alone.")
+                         "with LoRA yet: where they need not train, freeze them (requires_grad_(False)); where they "
+                         "must train (peft's SEQ_CLS task adds the new classification head to modules_to_save), the "
+                         "kit cannot estimate this setup yet.")
     return ranks.pop(), names, drops.pop()
 
 
