@@ -263,3 +263,11 @@ def test_measured_the_top_suggestion_and_the_largest_batch_fit_a_limit_the_setup
 def test_the_advisor_is_prediction_only():
     code = "import sys, kit.advise; sys.exit('kit.measure.device' in sys.modules or 'ipywidgets' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120).returncode == 0
+
+
+def test_i35_12_the_cpu_verdict_judges_the_peak_and_names_no_caching_allocator():
+    from kit.advise import advise as advise_
+
+    a = advise_({"model": "tiny-llama", "batch_size": 2, "seq_len": 32, "device": "cpu"}, "cpu")
+    line = " ".join(a.text().split()).split(" largest batch")[0]
+    assert line.startswith("fits this machine's CPU and RAM: peak") and "reserved" not in line, line
