@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 
+from kit.inputs import InputError
+
 
 def has_cuda() -> bool:
     """True when a CUDA GPU is usable by torch in this process."""
@@ -59,8 +61,8 @@ CAP_ENV = "KIT_GPU_CAP_BYTES"   # the process cap kit.measure.controls applies
 
 
 def env_cap_bytes() -> int | None:
-    """``KIT_GPU_CAP_BYTES`` as a whole number of bytes, or None when it is unset or empty; a ValueError
-    that names the variable when it is not a positive whole number.
+    """``KIT_GPU_CAP_BYTES`` as a whole number of bytes, or None when it is unset or empty; an InputError
+    (a ValueError) that names the variable when it is not a positive whole number.
 
     >>> os.environ[CAP_ENV] = "1.5e9"; env_cap_bytes()
     1500000000
@@ -75,8 +77,8 @@ def env_cap_bytes() -> int | None:
     except ValueError:
         n = None
     if n is None or not math.isfinite(n) or n < 1 or float(n) != int(n):
-        raise ValueError(f"{CAP_ENV} must be a positive whole number of bytes, such as 15633680957 (a Colab "
-                         f"T4's 14.56 GiB), not {raw!r}.")
+        raise InputError(CAP_ENV, f"{CAP_ENV} must be a positive whole number of bytes, such as 15633680957 (a "
+                                  f"Colab T4's 14.56 GiB), not {raw!r}.")
     return int(n)
 
 

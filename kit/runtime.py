@@ -6,8 +6,11 @@ The kit runs the same code everywhere; only the sizes change:
   architecture twins (random weights, the real shapes, so the real memory);
 - **smoke**: tiny twins and a few steps, so a notebook runs in minutes on 2 CPU cores.
 
-``KIT_SMOKE=1`` forces smoke mode and ``KIT_SMOKE=0`` forces real sizes. Unset, the
-kit picks smoke mode when there is no GPU, because real sizes need one, and says so.
+``KIT_SMOKE=1`` forces smoke mode and ``KIT_SMOKE=0`` forces real sizes (true/false, yes/no and on/off are read
+too; any other word is refused). Unset, the kit picks smoke mode when there is no GPU, because real sizes need one,
+and says so.
+
+:func:`allocator_conf` reads the CUDA allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``) as torch does.
 
 >>> mode()                                  # doctest: +SKIP
 'smoke'
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
+from kit import inputs as kin
 from kit import machine
 from kit.units import fmt_bytes, wrapped
 
@@ -49,10 +55,15 @@ def has_cuda() -> bool:
 
 def mode() -> str:
     """``"smoke"`` or ``"real"``, from ``KIT_SMOKE`` or, unset, from whether a GPU is there."""
-    forced = os.environ.get("KIT_SMOKE")
-    if forced is not None and forced.strip() != "":
-        return "smoke" if forced.strip().lower() in ("1", "true", "yes") else "real"
-    return "real" if has_cuda() else "smoke"
+    forced = os.environ.get("KIT_SMOKE", "").strip()
+    if not forced:
+        return "real" if has_cuda() else "smoke"
+    try:
+        return "smoke" if kin.flag("KIT_SMOKE", forced) else "real"
+    except kin.InputError:
+        raise kin.InputError("KIT_SMOKE", f"KIT_SMOKE must be 1 or 0 (or true/false, yes/no, on/off), not "
+                                          f"{forced!r}: 1 runs tiny twins, 0 real sizes; unset, the kit picks tiny "
+                                          "twins without a GPU.") from None
 
 
 def is_smoke() -> bool:
@@ -74,6 +85,56 @@ def mode_reason() -> str:
         return f"SMOKE mode: tiny twins and a few steps, because {why}."
     source = "real models and wikitext from the Hub" if hub_reachable() else "real-size architecture twins (random weights, real shapes)"
     return f"REAL sizes: {source}, because {why} and {hub}."
+
+
+# -- the CUDA allocator's settings ----------------------------------------------------------------------------------
+# torch 2.13 reads PYTORCH_CUDA_ALLOC_CONF and, only where that is unset, PYTORCH_ALLOC_CONF (checked with
+# torch._C._accelerator_getAllocatorSettings on this torch); its tokenizer splits at , : [ ] and drops spaces.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+MODELLED_KEYS = ("expandable_segments",)   # the reserved figure's allocator model reads this key alone
+
+
+@dataclass(frozen=True)
+class AllocatorConf:
+    """The allocator settings torch will read: the variable (None where neither is set), its text, whether
+    ``expandable_segments`` is on, and the keys set that the kit's allocator model ignores."""
+
+    var: str | None = None
+    text: str = ""
+    expandable: bool = False
+    ignored: list = field(default_factory=list)
+
+
+def allocator_conf(environ=None) -> AllocatorConf:
+    """The CUDA allocator's settings in ``environ`` (``os.environ``), read as torch 2.13 reads them: only
+    ``True``/``False`` for ``expandable_segments`` (torch stops at CUDA's first use on anything else; refused
+    here in one sentence), the last setting of a key wins.
+
+    >>> c = allocator_conf({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"})
+    >>> c.expandable, c.ignored
+    (True, ['max_split_size_mb'])
+    """
+    environ = os.environ if environ is None else environ
+    var = next((v for v in ALLOC_CONF_VARS if environ.get(v) is not None), None)
+    if var is None:
+        return AllocatorConf()
+    text = environ[var]
+    tokens = [t for t in re.split(r"([,:\[\]])", text.replace(" ", "")) if t]
+    expandable, ignored, depth = False, [], 0
+    for i, key in enumerate(tokens):
+        depth += (key == "[") - (key == "]")
+        if depth or (i and tokens[i - 1] != ","):
+            continue                                   # a value, or inside a list such as [64:8,256:4]
+        if key == "expandable_segments":
+            value = tokens[i + 2] if tokens[i + 1:i + 2] == [":"] and i + 2 < len(tokens) else None
+            if value not in ("True", "False"):
+                raise kin.InputError(var, f"{var}={text!r}: torch accepts only True or False for "
+                                          f"expandable_segments (capitalised), and stops at CUDA's first use with "
+                                          f"anything else: write expandable_segments:True.")
+            expandable = value == "True"
+        elif key not in ignored and key not in (",", "]"):
+            ignored.append(key)
+    return AllocatorConf(var, text, expandable, ignored)
 
 
 LIBRARIES = ("torch", "transformers", "datasets", "peft", "bitsandbytes", "accelerate", "ipywidgets", "matplotlib")

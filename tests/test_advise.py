@@ -273,3 +273,11 @@ def test_8bit_adamw_is_offered_only_in_place_of_a_32bit_adamw(optimizer):
     adamw = advise_search.Search(parsed(["--model", "gpt2", "--batch-size", "8", "--seq-len", "1024"]),
                                  limit_for("colab-t4"))
     assert adamw.apply(frozenset({"adam8"})) is not None
+
+
+def test_i35_12_the_cpu_verdict_judges_the_peak_and_names_no_caching_allocator():
+    from kit.advise import advise as advise_
+
+    a = advise_({"model": "tiny-llama", "batch_size": 2, "seq_len": 32, "device": "cpu"}, "cpu")
+    line = " ".join(a.text().split()).split(" largest batch")[0]
+    assert line.startswith("fits this machine's CPU and RAM: peak") and "reserved" not in line, line

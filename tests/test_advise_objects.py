@@ -224,3 +224,54 @@ def test_the_free_levers_in_your_objects_liger_applied_and_the_allocator_said():
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in in_objects(grown, est).notes)
     with pytest.raises(InputError, match="no object of yours holds the change --expandable-segments"):
         apply(grown, training_args=args, strict=True)
+
+
+# -- issue 35: objects of the wrong kind, and no objects at all ---------------------------------------------------
+_BATCH = Suggestion({"batch-size": 2}, "--batch-size 2", 0, True, 0, [], (0,), 0, 0, 0, 0, {})
+
+
+@pytest.mark.parametrize("keyword, given, says", [
+    ("training_args", lambda: LoraConfig(r=8), "training_args is a LoraConfig, not a transformers TrainingArguments: "
+                                               "pass it as peft_config="),
+    ("peft_config", lambda: _args(learning_rate=3e-5), "peft_config is a TrainingArguments, not a peft LoraConfig: "
+                                                       "pass it as training_args="),
+    ("quantization_config", lambda: LoraConfig(r=8), "quantization_config is a LoraConfig, not a transformers "
+                                                     "BitsAndBytesConfig: pass it as peft_config="),
+    ("sft_config", lambda: LoraConfig(r=8), "sft_config is a LoraConfig, not a trl SFTConfig: pass it as "
+                                            "peft_config="),
+])
+def test_i35_2_an_object_of_the_wrong_kind_is_refused_in_one_sentence(keyword, given, says):
+    with pytest.raises(InputError) as e:
+        apply(_BATCH, **{keyword: given()})
+    assert str(e.value).startswith(says) and e.value.name == keyword, str(e.value)
+
+
+def test_i35_6_apply_without_your_args_refuses_rather_than_make_new_defaults():
+    """A suggestion that changes a TrainingArguments field, with no args given: new defaults would drop the user's
+    learning rate, epochs and output_dir, so apply() says what to pass instead."""
+    with pytest.raises(InputError) as e:
+        apply(_BATCH)
+    text = str(e.value)
+    assert e.value.name == "training_args" and e.value.code == "missing-object", text
+    assert "per_device_train_batch_size=2" in text and "apply(suggestion, training_args=your_args)" in text, text
+    mine = _args(learning_rate=3e-5, num_train_epochs=7, per_device_train_batch_size=8)
+    new = apply(_BATCH, training_args=mine)["training_args"]
+    assert (new.learning_rate, new.num_train_epochs, new.output_dir, new.per_device_train_batch_size) == \
+        (3e-5, 7, "unused", 2)
+    lora_only = Suggestion({"lora-r": 8}, "--lora-r 8", 0, True, 0, [], (0,), 0, 0, 0, 0, {})
+    assert sorted(apply(lora_only)) == ["peft_config"]       # no args changed: nothing of the user's is dropped
+
+
+def test_i35_5_check_on_the_cpu_judges_the_cpu_estimate():
+    """kit.check(trainer, device="cpu") estimates CPU kernels (estimate_trainer's device), never the CUDA estimate."""
+    tok = data.shipped_tokenizer()
+    ids = [[5 + (i * 7 + j) % 4000 for j in range(40)] for i in range(16)]
+    ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids]})
+    tr = Trainer(model=models.load_model(MODEL, device="cpu"), train_dataset=ds, data_collator=data.collator(tok),
+                 args=_args(per_device_train_batch_size=4))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        est = kit.check(tr, device="cpu")
+    cpu = estimate_trainer(tr, device="cpu")
+    assert est.setup["device"] == "cpu" and (est.peak_bytes, est.reserved_bytes) == (cpu.peak_bytes, cpu.reserved_bytes)
+    assert "RESERVED" not in out.getvalue()

@@ -256,3 +256,47 @@ def test_item2_gpu_a_training_step_leaves_exactly_two_cublas_workspaces():
     assert torch.cuda.memory_allocated() - before == 2 * size
     torch._C._cuda_clearCublasWorkspaces()
     assert torch.cuda.memory_allocated() == before
+
+
+# -- issue 35: kit.free given something else than a namespace, or a function's locals() -------------
+@pytest.mark.parametrize("bad", [None, [torch.zeros(4)], "globals()"])
+def test_i35_1_free_refuses_what_is_not_a_namespace_in_one_sentence(bad):
+    import kit
+    from kit.inputs import InputError
+
+    with pytest.raises(InputError) as e:
+        kit.free(bad)
+    given = "not None" if bad is None else f"not a {type(bad).__name__}"
+    assert "kit.free(globals())" in str(e.value) and given in str(e.value), str(e.value)
+
+
+def test_i35_1_free_of_an_empty_namespace_says_that_nothing_held_memory():
+    import kit
+
+    text = kit.free({})
+    assert text.startswith("freed 0 names (none held memory)"), text
+
+
+def test_i35_18_free_of_locals_inside_a_function_says_what_did_not_come_back():
+    import kit
+
+    def run():
+        big = torch.zeros(12_500_000)                  # 50,000,000 bytes, held by this frame's local variable
+        return kit.free(locals()), big
+
+    text, big = run()
+    size = big.untyped_storage().nbytes()
+    assert text.startswith("freed 0 names"), text
+    assert f"still held elsewhere: big ({size:,} bytes)" in text, text
+    assert "big = None" in text, text
+
+
+def test_i35_18_free_says_which_names_came_back_and_which_did_not():
+    import kit
+
+    kept = torch.zeros(1_000_000)
+    ns = {"gone": torch.zeros(2_000_000), "kept": kept}
+    text = kit.free(ns)
+    assert text.startswith("freed 1 name (gone)"), text
+    assert f"still held elsewhere: kept ({kept.untyped_storage().nbytes():,} bytes)" in text, text
+    assert ns == {}

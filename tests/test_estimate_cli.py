@@ -232,3 +232,19 @@ def test_no_model_at_all_is_one_sentence_named_model():
                                          r"PretrainedConfig or an nn.Module, not None\.$") as e:
         estimate_from(None, seq_len=32)
     assert e.value.name == "model"
+
+
+def test_i35_11_the_cpu_preset_estimates_cpu_kernels_so_liger_is_refused_as_the_api_refuses_it(capsys):
+    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--liger-kernel",
+                           "--preset", "cpu"], capsys)
+    assert code == 2 and out == "", out
+    assert err.startswith("error: argument --liger-kernel: Liger's kernels are Triton kernels that run on a CUDA GPU "
+                          "only"), err
+    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--preset", "cpu",
+                           "--json"], capsys)
+    from kit.estimate import estimate
+
+    assert code == 0 and json.loads(out)["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=64,
+                                                                   device="cpu").peak_bytes
+    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--preset", "cpu"], capsys)
+    assert code == 0 and "RESERVED" not in out and "fits this machine's CPU and RAM" in out, out

@@ -325,3 +325,43 @@ def test_4bit_weights_stored_as_bf16_are_read_as_4bit(tmp_path):
     shipped = estimate("tiny-llama", batch_size=1, seq_len=32, quantization="4bit", lora_r=8,
                        lora_targets="q_proj,v_proj", load_dtype="bf16")
     assert (mine.quantized_params, mine.trainable_params) == (shipped.quantized_params, shipped.trainable_params)
+
+
+def test_i35_14_a_4bit_model_read_before_a_step_is_read_the_same_after_it(ds, tok):
+    """bitsandbytes' Linear4bit casts its fp32 bias (prepare_model_for_kbit_training's upcast) to the compute dtype
+    in place at its first forward: the model is read the same before and after a training step, never refused."""
+    model = prepare_model_for_kbit_training(models.load_model("tiny-qwen2", quantization="4bit", device="cpu"))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    tr = trainer(model, ds, tok, per_device_train_batch_size=2, bf16=True)
+    before = estimate_trainer(tr, seq_len=40)
+    biases = [m.bias for m in model.modules() if type(m).__name__ == "Linear4bit" and m.bias is not None]
+    assert biases and {b.dtype for b in biases} == {torch.float32}
+    ids = torch.randint(5, 100, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert {b.dtype for b in biases} == {torch.bfloat16}          # bitsandbytes cast them in place
+    after = estimate_trainer(tr, seq_len=40)
+    assert after.sources["kbit_recipe"][0] == "standard" and after.peak_bytes == before.peak_bytes
+
+
+def test_i35_15_the_padded_source_says_what_was_seen(ds, tok):
+    """Rows of one length and no 0 in the mask: the source says so, not the words for a padded batch."""
+    full = Dataset.from_dict({"input_ids": [[5 + (i + j) % 90 for j in range(16)] for i in range(8)],
+                              "attention_mask": [[1] * 16 for _ in range(8)]})
+    est = estimate_trainer(trainer(models.load_model("tiny-llama", device="cpu"), full, tok,
+                                   per_device_train_batch_size=2))
+    assert est.sources["padded"] == (False, "every row of a batch the same length, no 0 in its attention_mask")
+    est = estimate_trainer(trainer(models.load_model("tiny-llama", device="cpu"), ds, tok,
+                                   per_device_train_batch_size=2))
+    assert est.sources["padded"] == (True, "rows of different lengths in a batch, or a 0 in its attention_mask")
+
+
+def test_i35_15_a_trainable_head_beside_lora_is_refused_without_wrong_advice():
+    from kit.estimate.read_model import read_model
+
+    model = get_peft_model(models.load_model("tiny-llama", device="cpu"),
+                           LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"],
+                                      task_type="CAUSAL_LM"))
+    with pytest.raises(ValueError) as e:
+        read_model(model)
+    text = str(e.value)
+    assert "train the adapters alone" not in text and "must train" in text and "freeze them" in text, text

@@ -317,3 +317,12 @@ def test_the_advisor_explains_the_lean_recipe_where_it_suggests_it(monkeypatch, 
         nb.advisor_text(est8b, "colab-t4")
     monkeypatch.setattr(predict, "advise", lambda est, preset: Said("fits"))
     assert "--kbit-recipe" not in nb.advisor_text(est8b, "colab-t4")
+
+
+@pytest.mark.parametrize("bad", [None, "", 3])
+def test_i35_15_download_ahead_refuses_what_is_not_a_model_name(bad):
+    from kit.inputs import InputError
+    from kit.scenarios.cross_validation.workshop import download_ahead
+
+    with pytest.raises(InputError, match=r"^download_ahead takes a model name .*, not "):
+        download_ahead(bad)

@@ -380,3 +380,23 @@ def test_load_ext_in_a_real_kernel_reads_a_known_tensor():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_i35_8_bytes_alive_before_train_that_are_not_this_trainers_are_said_apart(ds, tok, tmp_path):
+    """An unrelated 50 MB tensor and a second model alive: the measured peak counts them (every tensor in the
+    process, as CUDA's max allocated does), so the report says how many bytes were not this Trainer's, and the
+    ratio without them."""
+    unrelated = torch.zeros(12_500_000)                        # 50,000,000 bytes
+    other = models.build_model("tiny-llama")
+    other_bytes = sum(p.untyped_storage().nbytes() for p in other.parameters()) + \
+        sum(b.untyped_storage().nbytes() for b in other.buffers())
+    r = kit.train(_trainer(models.build_model("tiny-llama"), ds, tok, tmp_path), tensor_peak=True)
+    expected = unrelated.untyped_storage().nbytes() + other_bytes
+    assert abs(r.others_bytes - expected) <= 64 * 1024, (r.others_bytes, expected)
+    flat = " ".join(str(r).split())
+    own = (r.measured_peak_bytes - r.others_bytes) / r.estimate_peak_bytes
+    assert 0.995 <= own <= 1.005, own
+    assert (f"note: {fmt_bytes(r.others_bytes)} were alive before train() and are not this Trainer's (another "
+            f"model, tensors you hold): the measured peaks count them; without them the training peak is "
+            f"{fmt_bytes(r.measured_peak_bytes - r.others_bytes)}: ratio {own:.3f}") in flat, flat
+    del unrelated, other

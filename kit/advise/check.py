@@ -21,9 +21,9 @@ def check(trainer_or_estimate, device=None, *, seq_len=None):
     preset, and says so. A preset name (``"l4"``, ``"a100-80"``...), ``"this"`` or a number of
     bytes judges against that (:func:`kit.presets.resolve_device`).
     """
-    est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
-        estimate_trainer(trainer_or_estimate, seq_len=seq_len)
     preset, why = resolve_device(device)
+    est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
+        estimate_trainer(trainer_or_estimate, seq_len=seq_len, device="cuda" if preset.gpu_bytes else "cpu")
     lines = [est.table(preset)] + ([why] if why else [])
     sources = getattr(est, "sources", None)
     if sources:

@@ -165,7 +165,9 @@ class Advice:
         if self.evaluates:
             ram += f"; evaluate() {f(self.eval_peak_bytes)}" + (" does NOT fit" if self.eval_peak_bytes >
                                                                 lim.usable_bytes else "")
-        if lim.safety_fraction is None:
+        if lim.safety_fraction is None and lim.kernels == "cpu":   # no caching allocator: the peak is judged
+            what = f"peak {f(self.peak_bytes)} of {f(lim.limit_bytes)}"
+        elif lim.safety_fraction is None:
             what = (f"peak {f(self.peak_bytes)} allocated, {f(self.reserved_bytes)} reserved (the caching allocator "
                     f"modelled, expandable_segments {'on' if self.expandable_segments else 'off'}) of "
                     f"{f(lim.limit_bytes)}")

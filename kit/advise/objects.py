@@ -55,6 +55,30 @@ from kit.estimate.from_objects import trainer_inputs
 __all__ = ["InObjects", "apply", "in_objects"]
 
 
+def _kinds() -> dict:
+    """estimate_from's keyword -> (the class it takes, its name as the user reads it)."""
+    from peft import LoraConfig
+    from transformers import BitsAndBytesConfig, TrainingArguments
+
+    return {"sft_config": (kt.is_sft, "trl SFTConfig"),
+            "training_args": (lambda o: isinstance(o, TrainingArguments), "transformers TrainingArguments"),
+            "peft_config": (lambda o: isinstance(o, LoraConfig), "peft LoraConfig"),
+            "quantization_config": (lambda o: isinstance(o, BitsAndBytesConfig), "transformers BitsAndBytesConfig")}
+
+
+def _check_kinds(given: dict) -> None:
+    """Refuse an object passed under another's keyword (a LoraConfig as training_args), naming where it goes."""
+    kinds = _kinds()
+    for keyword, obj in given.items():
+        test, wanted = kinds[keyword]
+        if obj is None or test(obj):
+            continue
+        home = next((k for k, (t, _) in kinds.items() if t(obj)), None)
+        where = f"pass it as {home}=" if home else (
+            "a dict is read by estimate_from, not copied here" if isinstance(obj, dict) else f"pass a {wanted}")
+        raise kin.InputError(keyword, f"{keyword} is a {type(obj).__name__}, not a {wanted}: {where}.")
+
+
 # -- the public faces --------------------------------------------------------------------------------------------
 def in_objects(suggestion, source) -> InObjects:
     """``suggestion`` (one of ``advise(...).suggestions``) in the user's objects. ``source``: the Trainer, or
@@ -89,7 +113,9 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     Pass the Trainer (``trainer=``), or the objects given to :func:`kit.estimate.estimate_from`. The dict has
     estimate_from's keywords: ``training_args`` or ``sft_config`` (``args`` for a Trainer: build the Trainer
     again with it), ``peft_config``, ``quantization_config`` (a copy of each passed, or read from the Trainer's
-    model, changed or not; a new one where the suggestion makes it), and ``load_dtype`` /
+    model, changed or not; a new LoraConfig or BitsAndBytesConfig where the suggestion makes one; a suggestion
+    that changes training arguments none of which were passed is refused, as new defaults would drop the user's
+    settings), and ``load_dtype`` /
     ``attn_implementation`` (``from_pretrained``'s) and ``seq_len`` only where the suggestion changes them. What
     no object holds (``kbit-recipe``, ``expandable-segments``, a multi-GPU launch) is not applied:
     :func:`in_objects`' ``notes`` say it; ``strict=True`` refuses such a suggestion instead, naming the change.
@@ -116,17 +142,20 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     else:
         if training_args is not None and sft_config is not None:
             raise kin.InputError("sft_config", "pass the SFTConfig alone: it is SFTTrainer's TrainingArguments.")
-        if sft_config is not None and not kt.is_sft(sft_config):
-            raise kin.InputError("sft_config", f"sft_config is a {type(sft_config).__name__}, not a trl SFTConfig.")
-        if training_args is not None and not dataclasses.is_dataclass(training_args):
-            raise kin.InputError("training_args", f"training_args must be a TrainingArguments (a dict is read by "
-                                                  f"estimate_from, not copied here), not "
-                                                  f"{type(training_args).__name__}.")
+        _check_kinds({"training_args": training_args, "sft_config": sft_config, "peft_config": peft_config,
+                      "quantization_config": quantization_config})
         inputs = {"source": "estimate_from", "sft": sft_config is not None, "training_args": training_args,
                   "sft_config": sft_config, "peft_config": peft_config, "quantization_config": quantization_config,
                   "padding_free": sft_config is not None and kt.read_sft_config(sft_config)[3]}
     ctx = context(inputs)
     p = plan(suggestion, ctx)
+    if ctx["args"] is None and ctx["name"] in p.fields:
+        changed = ", ".join(f"{k}={v!r}" for k, v in p.fields[ctx["name"]].items())
+        raise kin.InputError(ctx["name"], f"this suggestion sets {changed}, and no {ctx['name']} were passed, so "
+                                          f"apply() would make new defaults and drop your own settings (learning "
+                                          f"rate, epochs, output_dir): pass yours, apply(suggestion, "
+                                          f"{ctx['name']}=your_args), or trainer=your_trainer.",
+                             code="missing-object")
     missing = [n for n in p.notes if ": no object field" in n]
     if strict and missing:
         raise kin.InputError("suggestion", f"{missing[0]}: no object of yours holds the change "
@@ -134,15 +163,10 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     plain = lambda d: {k: v.value if isinstance(v, Code) else v for k, v in d.items()}
     out = {}
     name = ctx["name"]
-    if ctx["args"] is not None or name in p.fields:
+    if ctx["args"] is not None:
         fields = plain(p.fields.get(name, {}))
         try:
-            if ctx["args"] is None:
-                from transformers import TrainingArguments
-
-                out[name] = TrainingArguments(**fields)
-            else:
-                out[name] = dataclasses.replace(ctx["args"], **fields)
+            out[name] = dataclasses.replace(ctx["args"], **fields)
         except ValueError as exc:  # its __post_init__ checks the hardware: bf16/fp16 on a machine without the GPU
             raise kin.InputError("precision", f"{name} refuses {fields} on this machine ({str(exc).splitlines()[0]}): "
                                               "apply the change where the run will happen, or paste the code that "

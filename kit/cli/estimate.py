@@ -86,14 +86,17 @@ def run(args: argparse.Namespace) -> int:
     Exit code 0; 2 on bad input, 1 when the estimator itself fails: either way one line on
     stderr, starting ``error:``, never a traceback.
     """
-    from kit.presets import verdict
+    from kit.presets import PRESETS, verdict
 
+    preset = getattr(args, "preset", "colab-t4")
     try:
         resolve_launch(args)
         with quiet():
             from kit.estimate import estimate
 
-            est = estimate(args.model, **from_arguments(args))
+            # a preset without a GPU (cpu) is judged on CPU kernels: the estimate refuses what runs on CUDA only
+            kernels = {"device": "cpu"} if PRESETS[preset].gpu_bytes is None else {}
+            est = estimate(args.model, **from_arguments(args), **kernels)
     except ValueError as exc:
         flag = flag_of(getattr(exc, "name", None)) or _FLAGS.get(getattr(exc, "name", None))
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{one_line(exc)}", file=sys.stderr)
@@ -104,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
         if traceback_wanted():
             raise
         return 1
-    preset = getattr(args, "preset", "colab-t4")
     if args.json:
         v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
         out = est.to_json()

@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit status (0 ok, 1 a failed run, 2 bad input)."""
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()    # imports kit.measure, which reads KIT_GPU_CAP_BYTES: a bad value is said here
+    except Exception as exc:
+        return _failed(exc, "")
+    args = parser.parse_args(argv)
     try:
         code = args.func(args)
         sys.stdout.flush()   # a closed pipe shows here, not at exit (where Python would print its own error)
@@ -66,17 +70,23 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        if os.environ.get("KIT_TRACEBACK", "").strip().lower() in ("1", "true", "yes"):
-            raise
-        from kit.inputs import InputError
+        return _failed(exc, args.command)
 
-        what = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, InputError):
-            print(f"error: {what}", file=sys.stderr)
-            return 2
-        print(f"error: `python -m kit {args.command}` failed ({type(exc).__name__}: {what}); set "
-              "KIT_TRACEBACK=1 to see where, and report it if it looks like the kit's fault.", file=sys.stderr)
-        return 1
+
+def _failed(exc: Exception, command: str) -> int:
+    """Say a failure in one line on stderr; its exit status (2 bad input, 1 a failed run)."""
+    if os.environ.get("KIT_TRACEBACK", "").strip().lower() in ("1", "true", "yes"):
+        raise exc
+    from kit.inputs import InputError
+
+    what = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, InputError):
+        print(f"error: {what}", file=sys.stderr)
+        return 2
+    prog = f"python -m kit {command}".strip()
+    print(f"error: `{prog}` failed ({type(exc).__name__}: {what}); set "
+          "KIT_TRACEBACK=1 to see where, and report it if it looks like the kit's fault.", file=sys.stderr)
+    return 1
 
 
 def _stdout_to_devnull() -> None:

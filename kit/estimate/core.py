@@ -24,7 +24,6 @@ from kit import optimizers
 from kit.estimate import assembly
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
-from kit.estimate import reserved as kr
 from kit.estimate import trl as kt
 from kit.estimate.counts import count_parameters
 from kit.estimate.evaluation import GATHER
@@ -33,6 +32,7 @@ from kit.estimate.offload_options import read as read_offload
 from kit.estimate.replay import liger as kl
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
+from kit import runtime
 from kit.inputs import Note
 from kit.presets import DTYPES, QUANTIZATIONS
 from kit.training_setup import STRATEGIES, options
@@ -134,12 +134,24 @@ def estimate(model, **setup) -> Estimate:
         + kl.notes(liger, ev["gather"])
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
-    expandable = kr.expandable_from_env() if expandable is None else expandable
+    conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
+    expandable = conf.expandable if conf is not None else expandable
+    notes += _alloc_conf_notes(conf) if device == "cuda" else []
     est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop, expandable)
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
                      else {})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def _alloc_conf_notes(conf) -> list:
+    """A note naming the allocator settings in the environment that the reserved figure's model ignores."""
+    if conf is None or not conf.ignored:
+        return []
+    return [Note(f"{conf.var} sets {', '.join(conf.ignored)}, which the reserved figure's allocator model ignores "
+                 f"(it reads {', '.join(runtime.MODELLED_KEYS)} alone): the reserved figure is the allocator's "
+                 f"without {'those settings' if len(conf.ignored) > 1 else 'that setting'}", field="expandable_segments",
+                 code="alloc-conf-ignored")]
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

@@ -116,7 +116,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     elif seq_len is None:
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, where)
-        src["padded"] = (padded, "rows of different lengths in a batch, or a 0 in its attention_mask" if batch > 1
+        src["padded"] = (padded, ("rows of different lengths in a batch, or a 0 in its attention_mask" if padded else
+                                  "every row of a batch the same length, no 0 in its attention_mask") if batch > 1
                          else "the flattened row's position_ids restart (sdpa builds a block-diagonal mask)")
         if batch != opts["batch_size"]:
             src["batch_size"] = (1, f"{opts['batch_size']} rows flattened into one (padding-free)")

@@ -144,7 +144,9 @@ def _read_adapters(base):
     if extra:
         raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(extra[:3])}"
                          f"{', ...' if len(extra) > 3 else ''}: modules_to_save?), which the kit does not model "
-                         "with LoRA: train the adapters alone.")
+                         "with LoRA yet: where they need not train, freeze them (requires_grad_(False)); where they "
+                         "must train (peft's SEQ_CLS task adds the new classification head to modules_to_save), the "
+                         "kit cannot estimate this setup yet.")
     return ranks.pop(), names, drops.pop()
 
 
@@ -181,8 +183,10 @@ def _read_dtypes(base, cfg, quant):
     floats = Counter()
     bnb = sys.modules.get("bitsandbytes")
     packed = (bnb.nn.Params4bit, bnb.nn.Int8Params) if bnb else ()
+    cast = _cast_biases(base, bnb)
     for n, p in base.named_parameters():  # (4-bit weights stored as bf16, bnb_4bit_quant_storage, are packed bytes)
-        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n and not isinstance(p, packed):
+        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n and not isinstance(p, packed) \
+                and id(p) not in cast:
             floats[dtype_name(p.dtype)] += p.numel()
     if quant == "none":
         load = floats.most_common(1)[0][0] if floats else "fp32"
@@ -197,6 +201,16 @@ def _read_dtypes(base, cfg, quant):
         return load, "lean", where, f"the unquantized parameters are still {load}: no fp32 upcast"
     raise ValueError(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
                      f"load dtype ({load}) or all in fp32 (prepare_model_for_kbit_training).")
+
+
+def _cast_biases(base, bnb) -> set:
+    """ids of the Linear4bit biases already in their layer's compute dtype: bitsandbytes casts a bias to it in place
+    at the layer's first forward (``Linear4bit.forward``, 0.50), so a model read after a step carries them whatever
+    its recipe was; their dtype says nothing of the recipe."""
+    if bnb is None:
+        return set()
+    return {id(m.bias) for m in base.modules() if isinstance(m, bnb.nn.Linear4bit) and m.bias is not None
+            and m.compute_dtype is not None and m.bias.dtype == m.compute_dtype}
 
 
 def _read_ckpt(model):

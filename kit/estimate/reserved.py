@@ -25,33 +25,14 @@ the workspaces (one per thread, 32 MiB on sm90) are allocated once for the proce
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from kit.estimate.allocator import simulate
 
-ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch reads either (the second from torch 2.9 on)
 HOW_TO = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch initialises CUDA: in a notebook, "
           "`import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` in the first cell, before "
           "anything touches the GPU (restart the runtime if it already has); for a script, "
           "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py`")
-
-
-def expandable_from_env(environ=None) -> bool:
-    """Whether the allocator settings in the environment turn on ``expandable_segments``.
-
-    >>> expandable_from_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"})
-    True
-    >>> expandable_from_env({})
-    False
-    """
-    environ = os.environ if environ is None else environ
-    for var in ENV_VARS:
-        for item in (environ.get(var) or "").split(","):
-            key, _, value = item.partition(":")
-            if key.strip() == "expandable_segments":
-                return value.strip().lower() in ("true", "1")
-    return False
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,11 @@ import re
 import sys
 import traceback
 import types
+import weakref
 
 import torch
 
+from kit.inputs import InputError
 from kit.measure import device
 
 
@@ -169,40 +171,87 @@ def free(namespace: dict) -> str:
     ``print(kit.free(globals()))`` at the end of a notebook, or after an out-of-memory error.
 
     Each name bound to a Trainer, a model (``nn.Module``: its weights go to the meta device), an optimizer or a
-    tensor is released (:func:`release`) and deleted; names starting with ``_`` are left alone. The text gives
-    the names, and the best reading (:func:`kit.measure.device.best_reading`) and the live-tensor bytes before
-    and after, MEASURED.
+    tensor is released (:func:`release`) and deleted; names starting with ``_`` are left alone. A tensor that
+    something else still holds (a function's local variable: ``locals()`` is a copy) is named apart, with its
+    bytes. The text gives the names, and the best reading (:func:`kit.measure.device.best_reading`) and the
+    live-tensor bytes before and after, MEASURED.
 
     >>> ns = {"w": torch.zeros(1024, 1024), "note": "kept"}
     >>> "freed 1 name (w)" in free(ns), sorted(ns)
     (True, ['note'])
     """
-    from transformers import Trainer  # here: `kit.measure` stays importable without transformers' Trainer
-
+    if not isinstance(namespace, dict):
+        given = "None" if namespace is None else f"a {type(namespace).__name__}"
+        raise InputError("namespace", f"kit.free takes the dict of names that hold the memory, not {given}: call "
+                                      f"print(kit.free(globals())) in a notebook.")
     before, live_before = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
-    names = []
-    for k, v in list(namespace.items()):
-        kind = type(v)
-        if k.startswith("_") or not issubclass(kind, (Trainer, torch.nn.Module, torch.optim.Optimizer, torch.Tensor)):
-            continue
-        if issubclass(kind, Trainer):
-            release(v, free_model=True)
-        elif issubclass(kind, torch.nn.Module):
-            release(model=v, free_model=True)
-        elif issubclass(kind, torch.optim.Optimizer):
-            release(optimizer=v)
-        names.append(k)
-        del namespace[k]
-    del v
+    released = _release_names(namespace)
     forget_exceptions()
     gc.collect()
     device.empty_cache()
     malloc_trim()
+    held = {name: _held_bytes(ref()) for name, ref in released.items()}
+    held = {name: n for name, n in held.items() if n}
+    freed = [name for name in released if name not in held]
     after, live_after = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
-    shown = ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
-    return (f"freed {len(names)} name{'' if len(names) == 1 else 's'} ({shown or 'none held memory'}); MEASURED "
-            f"{device.best_reading()}: {before:,} -> {after:,} bytes; live tensors {live_before:,} -> "
-            f"{live_after:,} bytes")
+    shown = _listed(freed) or ("" if held else "none held memory")
+    return (f"freed {len(freed)} name{'' if len(freed) == 1 else 's'}{f' ({shown})' if shown else ''}; "
+            + _held_text(held)
+            + f"MEASURED {device.best_reading()}: {before:,} -> {after:,} bytes; live tensors {live_before:,} -> "
+              f"{live_after:,} bytes")
+
+
+def _release_names(namespace: dict) -> dict:
+    """Release and delete each name bound to a Trainer, model, optimizer or tensor; weak references to them."""
+    from transformers import Trainer  # here: `kit.measure` stays importable without transformers' Trainer
+
+    released = {}
+    for name, value in list(namespace.items()):
+        kind = type(value)
+        if name.startswith("_") or not issubclass(kind, (Trainer, torch.nn.Module, torch.optim.Optimizer,
+                                                         torch.Tensor)):
+            continue
+        if issubclass(kind, Trainer):
+            release(value, free_model=True)
+        elif issubclass(kind, torch.nn.Module):
+            release(model=value, free_model=True)
+        elif issubclass(kind, torch.optim.Optimizer):
+            release(optimizer=value)
+        released[name] = _weak(value)
+        del namespace[name]
+    return released
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:               # no weak reference to it: judged gone, as before
+        return lambda: None
+
+
+def _held_bytes(obj) -> int:
+    """Bytes a released object still holds: a tensor kept alive elsewhere, or a model whose weights stayed."""
+    if isinstance(obj, torch.Tensor):
+        return 0 if obj.is_meta else obj.untyped_storage().nbytes()
+    if isinstance(obj, torch.nn.Module):
+        tensors = [t for t in list(obj.parameters()) + list(obj.buffers()) if not t.is_meta]
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+    return 0
+
+
+def _listed(names) -> str:
+    names = list(names)
+    return ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
+
+
+def _held_text(held: dict) -> str:
+    if not held:
+        return ""
+    shown = _listed(f"{name} ({n:,} bytes)" for name, n in held.items())
+    first = next(iter(held))
+    return (f"still held elsewhere: {shown}, so that memory did not come back: deleting a name does not free what "
+            f"another reference holds, and inside a function locals() is a copy (write {first} = None there, "
+            f"or free at the notebook's top level with kit.free(globals())); ")
 
 
 def _cuda_live() -> int:

@@ -66,6 +66,7 @@ class LivePlot:
         self.min_interval_s, self.max_overhead = min_interval_s, max_overhead
         self.prefix, self.dpi = prefix, dpi
         self.paths: list[Path] = []
+        self._number = 0                          # the last PNG's number (see _free_path)
         self.n_draws = 0
         self.last_cost_s = 0.3                    # a guess until the first draw measures it
         self._last_draw = time.perf_counter()     # samples redraw min_interval_s after this at the earliest
@@ -113,7 +114,7 @@ class LivePlot:
                     print(note)
         elif fig is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            path = self.folder / f"{self.prefix}-{len(self.paths) + 1:04d}.png"
+            path = self._free_path()
             fig.savefig(path, dpi=self.dpi)
             self.paths.append(path)
         if fig is not None:
@@ -122,6 +123,14 @@ class LivePlot:
         self._last_draw = time.perf_counter()
         self.last_cost_s = self._last_draw - t
         return path
+
+    def _free_path(self) -> Path:
+        """The next numbered PNG path in the folder that holds no file yet: nothing there is overwritten (the
+        user's own plots, or an earlier run's)."""
+        self._number += 1
+        while (self.folder / f"{self.prefix}-{self._number:04d}.png").exists():
+            self._number += 1
+        return self.folder / f"{self.prefix}-{self._number:04d}.png"
 
     def close(self) -> None:
         """Stop redrawing (detach from the tracker)."""

@@ -17,13 +17,17 @@ later steps, and set beside :func:`kit.estimate.estimate` of the model (read by
 :func:`kit.estimate.read_model.read_model`), the first batch's shape and the optimizer, with the same live plot
 as ``kit.watch``. What the loop holds beyond what Trainer holds is detected where it can be and said:
 ``outputs_kept`` (the outputs' logits still alive at ``optimizer.step()``), ``grads_kept`` (gradients not None
-when a later step begins: ``zero_grad(set_to_none=False)``). Options given to :func:`watch_loop` win.
+when a later step begins: ``zero_grad(set_to_none=False)``), and ``grad_accum`` (the forward passes, with grad,
+between two ``optimizer.step()`` calls: micro-batches 2 on hold the accumulated gradients). Options given to
+:func:`watch_loop` win. accelerate's ``AcceleratedOptimizer`` is watched through the optimizer it wraps.
 
 **An out-of-memory error inside a step** is caught (never raised): the report (``watch.report``: the step, the
 phase, what was alive by component beside the estimate, the largest tensors and what held them, the advisor's
 top changes) is printed, the failed step's frames, the gradients and the optimizer state are released, and
 :meth:`LoopWatch.batches` ends the loop. The model and the optimizer stay usable (the optimizer's next step
-starts its state afresh). Any other exception propagates, after the same tidy-up as ``kit.train``'s.
+starts its state afresh). **Ctrl-C** (a ``KeyboardInterrupt``) inside a step releases the step's frames and the
+gradients, keeps the optimizer's state, says so, and propagates. Any other exception propagates, after the same
+tidy-up as ``kit.train``'s.
 
 Phases, as ``kit.train`` names them: a step begins in ``first_forward_backward`` (no optimizer state yet) or
 ``forward_backward``; ``optimizer.step()`` (a step pre-hook) is ``first_optimizer_step`` / ``optimizer_step``;
@@ -49,6 +53,7 @@ from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
 from kit.training_setup import KEYWORDS
+from kit.units import fmt_bytes
 from kit.watching import recover
 from kit.watching.draw import draw_steps
 from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name
@@ -79,6 +84,7 @@ class LoopWatch:
         self.shape, self.padded, self.options = None, None, None
         self.step_no, self.phase, self.stopped, self._oom_report = 0, "setup", False, None
         self._logits, self._kept_seen, self._grads_seen, self._said = None, None, None, False
+        self._forwards, self._accum_seen = 0, None     # forwards with grad since the last optimizer step; per step
         self.t0 = time.perf_counter()
         if limit_bytes is None:
             here, _ = resolve_device("this", cpu_ok=True)
@@ -107,6 +113,8 @@ class LoopWatch:
 
     # hooks: the phase, the batch's shape, and whether the outputs outlive the backward ----------------------------
     def _forward_begins(self, module, args, kwargs):
+        if torch.is_grad_enabled():
+            self._forwards += 1
         if self.shape is None:
             batch = kwargs if "input_ids" in kwargs else (args[0] if args else None)
             self.shape, self.padded = batch_shape(batch), has_padding(batch) if isinstance(batch, dict) else None
@@ -117,6 +125,9 @@ class LoopWatch:
 
     def _optimizer_begins(self, opt, args, kwargs):
         self.phase = "first_optimizer_step" if self.phase == "first_forward_backward" else "optimizer_step"
+        if self._forwards and self._forwards != self._accum_seen and "grad_accum" not in self.given:
+            self._accum_seen, self.estimate = self._forwards, None     # estimated again at the step's end
+        self._forwards = 0
         if self._logits is not None and self._kept_seen is None:
             self._kept_seen = self._logits() is not None     # the outputs outlived loss.backward()
 
@@ -140,10 +151,21 @@ class LoopWatch:
             else:
                 self.assumed[k] = (False, "assumed, not seen yet" + (" (known from step 2 on)"
                                                                      if k == "grads_kept" else ""))
+        self._accum_option(opts)
         if "precision" not in self.given:
             self.assumed["precision"] = ("fp32", "assumed: no autocast seen by the kit (pass precision='bf16' "
                                                  "if the step runs under torch.autocast)")
         return opts
+
+    def _accum_option(self, opts: dict) -> None:
+        if "grad_accum" in self.given:
+            self.assumed["grad_accum"] = (self.given["grad_accum"], "given to kit.watch_loop")
+        elif self._accum_seen is not None:
+            opts["grad_accum"] = self._accum_seen
+            self.assumed["grad_accum"] = (self._accum_seen, f"detected: {self._accum_seen} forward pass"
+                                                            f"{'es' if self._accum_seen > 1 else ''} per optimizer step")
+        else:
+            self.assumed["grad_accum"] = (1, "assumed, not seen yet (known at the first optimizer.step())")
 
     def _make_estimate(self) -> None:
         if self.want_estimate is False or self.want_estimate is None or self.shape is None:
@@ -165,7 +187,9 @@ class LoopWatch:
             opts.update(self.given)
             self.estimate, self.estimate_error = predict(target, **opts), None
             self.estimate.notes.extend(mnotes)
-            self.options = dict(opts, model=target)      # what the advisor is given (it rebuilds the setup)
+            # what the advisor is given (it rebuilds the setup); a model read as itself is held weakly: the watch,
+            # a value of _WATCHES, must never keep its key (the user's model) alive
+            self.options, self._target = opts, _weak(target)
         except ValueError as exc:
             self.estimate, self.estimate_error = None, f"{type(exc).__name__}: {exc}"
             if not self._said:
@@ -184,7 +208,8 @@ class LoopWatch:
                                "there, or make a new watch: kit.watch_loop(model, optimizer).")
         n = len(self.steps) + 1
         fresh = len(getattr(self.optimizer, "state", {})) == 0
-        if not fresh and "grads_kept" not in self.given:   # zero_grad(set_to_none=False) left them allocated
+        # zero_grad(set_to_none=False) left them allocated; read where no micro-batch is accumulating (grad_accum)
+        if not fresh and "grads_kept" not in self.given and not self._forwards:
             grads = any(p.grad is not None for p in self.model.parameters() if p.requires_grad)
             if grads != self._grads_seen:
                 self._grads_seen, self.estimate = grads, None    # estimated again with what was seen
@@ -203,7 +228,10 @@ class LoopWatch:
             with meter:
                 yield self
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) or not device.is_oom(exc):
+            if isinstance(exc, KeyboardInterrupt):
+                self._interrupted(exc)
+                raise
+            if not device.is_oom(exc):
                 recover.tidy(self, self)
                 raise
             self._stop(exc)
@@ -230,6 +258,21 @@ class LoopWatch:
                 return
             yield item
 
+    def _interrupted(self, exc) -> None:
+        """Ctrl-C inside a step: release its frames and the gradients (the optimizer's state is the user's training
+        so far: kept), and say so."""
+        before = recover.alive_bytes()
+        scrub(exc)
+        self.model.zero_grad(set_to_none=True)
+        recover.tidy(self, self)
+        now = recover.alive_bytes()
+        half = " Interrupted inside optimizer.step(): some parameters may have taken this step and others not." \
+            if self.phase in ("optimizer_step", "first_optimizer_step") else ""
+        print(f"kit.watch_loop: interrupted at step {self.step_no} ({self.phase}). Released the interrupted step's "
+              f"frames and the gradients: {fmt_bytes(max(before - now, 0))} back, {fmt_bytes(now)} still allocated "
+              "(the weights, the optimizer's state and anything else you hold); the optimizer's state is kept (your "
+              f"training so far), and the model and the optimizer train on.{half}", flush=True)
+
     def _stop(self, exc) -> None:
         if self.estimate is None:
             self._make_estimate()
@@ -240,8 +283,14 @@ class LoopWatch:
         report.freed = recover.release(self, self, report.measured)
         report.estimated, report.estimate_field = estimated_for(self.estimate, report.phase)
         recover.tidy(self, self)
-        report.advice, _ = advice_text(self.estimate, self.options or self.estimate,
-                                       self.advise_device or ("this" if machine.has_cuda() else "cpu"))
+        options = None if self.options is None else dict(self.options, model=self._target())
+        report.advice, fits = advice_text(self.estimate, options or self.estimate,
+                                          self.advise_device or ("this" if machine.has_cuda() else "cpu"))
+        if fits:      # its changes would make something fit that already does: not this error's fix
+            report.advice = (f"The fit advisor: the estimate fits {self.limit_label}, yet this step ran out of memory, "
+                             "so the advisor's changes are not the fix: look for what the estimate does not count: "
+                             "another model or tensors alive in this process (the largest tensors above), other "
+                             "processes on the device, a memory cap, or fragmentation.")
         report.notes += self._assumption_notes()
         if self.estimate is None:
             report.notes.append(f"no estimate beside the measurement: {self.estimate_error}")
@@ -316,6 +365,10 @@ def watch_loop(model, optimizer, *, plot=None, estimate=True, limit_bytes: int |
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InputError("optimizer", "kit.watch_loop takes the torch.optim.Optimizer your loop steps, not a "
                                       f"{type(optimizer).__name__}.")
+    optimizer = _stepped(optimizer)
+    if plot not in (None, False) and Path(plot).exists() and not Path(plot).is_dir():
+        raise InputError("plot", f"plot must be a folder to save the PNGs in, not the file {plot}: pass a folder (new "
+                                 "or existing: no file in it is overwritten), None (a notebook's live plot) or False.")
     unknown = sorted(set(setup) - set(KEYWORDS))
     if unknown:
         raise InputError(unknown[0], f"kit.watch_loop does not know {', '.join(unknown)}: its estimate options are "
@@ -338,6 +391,21 @@ def step(model, optimizer, batch=None, **kwargs):
     ...     model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
     """
     return watch_loop(model, optimizer, **kwargs).step(batch)
+
+
+def _weak(obj):
+    """A function returning ``obj``: through a weak reference where ``obj`` is a module."""
+    return weakref.ref(obj) if isinstance(obj, torch.nn.Module) else lambda: obj
+
+
+def _stepped(optimizer):
+    """The optimizer whose step runs. accelerate's ``AcceleratedOptimizer`` passes ``isinstance(torch.optim.Optimizer)``
+    but never ran ``Optimizer.__init__``, so it has no step hooks of its own: its ``.optimizer`` is hooked instead (its
+    ``step()`` calls that one's)."""
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer) and not hasattr(optimizer, "_optimizer_step_pre_hooks"):
+        return inner
+    return optimizer
 
 
 def _error(exc) -> str:

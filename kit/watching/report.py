@@ -77,6 +77,7 @@ class TrainReport:
     notes: list = field(default_factory=list)
     cap_bytes: int | None = None                    # kit.train(cap_bytes=...): the memory cap the run had
     cap_how: str | None = None                      # how it was set (a CUDA memory fraction, or the CPU counter)
+    others_bytes: int | None = None                 # alive before train() and not this Trainer's (in the peaks)
     tracker: object = field(default=None, repr=False)
     output: object = field(default=None, repr=False)  # trainer.train()'s TrainOutput when it completed
 

@@ -28,6 +28,7 @@ import time
 import weakref
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from kit import machine
@@ -39,7 +40,7 @@ from kit.measure.controls import check_cap, memory_cap
 from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
-from kit.units import fmt_bytes
+from kit.units import MiB, fmt_bytes
 from kit.watching import recover
 from kit.watching.draw import draw_watch
 from kit.watching.peaks import PeakSplit
@@ -269,6 +270,7 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         path.parent.mkdir(parents=True, exist_ok=True)
     t0, cap, split = time.perf_counter(), None, None
     exact = tensor_peak and not counting and not machine.has_cuda()
+    others = _others_bytes(trainer)    # the readings count every tensor in the process: said apart at the end
     try:
         with (controls.cuda_memory_history(path, max_entries=history_entries) if path else contextlib.nullcontext()), \
                 w.tracker.stage("train"), memory_cap(cap_bytes) as cap, \
@@ -316,7 +318,35 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         rec.live_peak_bytes["cpu"] = max([rec.live_peak_bytes.get("cpu", 0), *split.peaks.values()])
         rec.live_peak_exact = True
     set_peak(report, rec, w.tracker.samples, w.estimate, split)
+    _say_others(report, others)
     return report
+
+
+def _others_bytes(trainer) -> int:
+    """Bytes alive now (CUDA allocated, or every CPU tensor) that are not the Trainer's weights, buffers or optimizer
+    state: another model, tensors the user holds (and on CUDA torch's cuBLAS workspaces)."""
+    on = "cuda" if machine.has_cuda() else "cpu"
+    model, opt = getattr(trainer, "model", None), getattr(trainer, "optimizer", None)
+    tensors = [*(model.parameters() if model is not None else ()), *(model.buffers() if model is not None else ())]
+    for inner in (opt, getattr(opt, "optimizer", None)):        # accelerate's AcceleratedOptimizer wraps one
+        state = getattr(inner, "state", None)
+        if isinstance(state, dict):
+            tensors += [t for per in state.values() for t in per.values() if isinstance(t, torch.Tensor)]
+    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device.type == on}
+    return max(0, recover.alive_bytes() - sum(own.values()))
+
+
+def _say_others(report: TrainReport, others: int) -> None:
+    if others < MiB:       # the leak check's tolerance: below it, a few buffers and the batch of a call
+        return
+    report.others_bytes = others
+    what = "another model, tensors you hold" + (", cuBLAS workspaces" if report.reading == "cuda_allocated" else "")
+    text = (f"{fmt_bytes(others)} were alive before train() and are not this Trainer's ({what}): the measured "
+            "peaks count them")
+    if report.measured_peak_bytes is not None and report.estimate_peak_bytes:
+        own = report.measured_peak_bytes - others
+        text += f"; without them the training peak is {fmt_bytes(own)}: ratio {own / report.estimate_peak_bytes:.3f}"
+    report.notes.insert(0, text)
 
 
 def _error(exc) -> str:

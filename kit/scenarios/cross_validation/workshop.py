@@ -14,6 +14,7 @@ import threading
 
 from kit import models as kmodels
 from kit import runtime
+from kit.inputs import InputError
 from kit.scenarios import plan
 from kit.scenarios.cross_validation.predict import user_estimate
 from kit.units import wrapped
@@ -32,7 +33,10 @@ def download_ahead(model_id: str) -> str:
     >>> download_ahead("tiny-llama")
     'Nothing is downloaded: tiny-llama is a tiny twin, built here from its config.'
     """
-    base, _ = kmodels.split_name(model_id)
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise InputError("model_id", f"download_ahead takes a model name (a Hub id such as "
+                                     f"'meta-llama/Meta-Llama-3-8B', or a shipped name), not {model_id!r}.")
+    base, _ = kmodels.split_name(model_id.strip())
     if base in kmodels.TINY:
         return f"Nothing is downloaded: {base} is a tiny twin, built here from its config."
     if runtime.is_smoke():
