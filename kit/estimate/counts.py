@@ -75,6 +75,10 @@ def count_parameters(info: Info, p) -> Counts:
             pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
             w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
+        elif p.head_copy and l.name == info.classifier:  # peft's modules_to_save: a trained copy beside it
+            pieces = [(l.weight, other), (l.bias, other)]
+            w_bytes += n * other
+            c.params += n
         elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
             pieces = [(l.weight, other), (l.bias, other)]
         train_bytes, own = w_bytes, []

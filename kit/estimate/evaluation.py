@@ -35,13 +35,14 @@ class EvalPeak:
 
 def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
               gather: str, samples: int | None, accumulation: int | None, device: str,
-              mixed: bool) -> EvalPeak:
+              mixed: bool, pooled: bool = False) -> EvalPeak:
     """The peak of ``Trainer.evaluate()`` at eval batch ``Be``, from the training replay ``rp`` at batch ``B``.
 
     ``held``: weights (+ optimizer state during training); ``copies``: autocast's cached half
     copies of the trainable weights. ``gather`` is one of :data:`GATHER` ("preprocessed"
     counts one int64 per token, as an ``argmax`` gives). ``samples``: the eval set's rows.
-    ``mixed``: fp16/bf16 mixed precision.
+    ``mixed``: fp16/bf16 mixed precision. ``V``: the logits' width (a classifier's labels); ``pooled``: one row
+    of logits and one label per sequence (sequence classification), not one per token.
     """
     scale = Be / B    # the replay's activations and logits are linear in the batch at a fixed length
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
@@ -49,7 +50,9 @@ def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, in
     logits_dt = 4 if mixed or not rp.last_logits else rp.last_logits // (B * S * V)
     loss = int(scale * (rp.logits_live + rp.ls + rp.hidden))   # logits, fp32 copy, log-softmax, hidden state
     body = int(scale * max(rp.block, rp.block_in))    # bound: what one block saves in training
-    per_row = S * 8 + (S * V * logits_dt if gather == "logits" else S * 8 if gather == "preprocessed" else 0)
+    per_seq = 1 if pooled else S   # positions gathered per sequence
+    per_row = per_seq * 8 + (per_seq * V * logits_dt if gather == "logits" else per_seq * 8
+                             if gather == "preprocessed" else 0)
     steps = -(-samples // Be) if samples else None
     window = min(accumulation, steps) if accumulation and steps else accumulation or steps or 1
     if gather == "loss":

@@ -38,6 +38,10 @@ class Info:
     head_layers: tuple               # Linear modules added on top of the LM's logits, in forward order (V->..->V)
     max_positions: int | None
     output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
+    task: str = "causal-lm"          # the head: "causal-lm", "seq-cls", "token-cls" (kit.training_setup.TASKS)
+    num_labels: int = 0              # a classifier head's classes
+    classifier: str | None = None    # ... its Linear's module name ("score"), peft's modules_to_save
+    head_dropout: float = 0.0        # ... the dropout before it (token classification's)
 
     @property
     def vocab_head(self) -> bool:
@@ -88,6 +92,30 @@ def family_of(cfg) -> str:
     return family if family in FAMILIES else "llama"
 
 
+def task_of(model) -> str:
+    """The task of a built model, from its class: "seq-cls" (``...ForSequenceClassification``), "token-cls"
+    (``...ForTokenClassification``), else "causal-lm"."""
+    name = type(model).__name__
+    return "seq-cls" if name.endswith("ForSequenceClassification") else \
+        "token-cls" if name.endswith("ForTokenClassification") else "causal-lm"
+
+
+def _classifier(model, leaves, what: str) -> tuple:
+    """(its Linear's name, classes, the dropout before it) of a classifier model's head: the Linear outside the
+    blocks that gives ``config.num_labels`` outputs; anything else there is refused, naming it."""
+    import torch.nn as nn
+
+    labels = model.config.num_labels
+    heads = [l for l in leaves if l.part == "head" and l.kind == "linear"]
+    if len(heads) != 1 or heads[0].fout != labels:
+        names = ", ".join(l.name for l in heads) or "none"
+        raise UnsupportedModel(f"{what}'s classifier head is not one Linear to its {labels} labels (its Linear "
+                               f"layers outside the blocks: {names}), which the estimator does not replay: measure "
+                               "this one on a real step with kit.measure.track.Tracker.")
+    drop = getattr(model, "dropout", None)
+    return heads[0].name, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
 def inventory(model, cfg) -> Info:
     import torch.nn as nn
     from transformers import PreTrainedModel
@@ -130,7 +158,8 @@ def inventory(model, cfg) -> Info:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
                                f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
-    if isinstance(model, PreTrainedModel) and out is None:
+    task = task_of(model)
+    if isinstance(model, PreTrainedModel) and out is None and task == "causal-lm":
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
                                "model, its config or a config.json path.")
@@ -138,7 +167,8 @@ def inventory(model, cfg) -> Info:
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name)
+    cls = _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
+    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2])
 
 
 def base_lm(model):
@@ -182,27 +212,29 @@ def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
 
 
 @lru_cache(maxsize=32)
-def _cached(key: str, stamp: str = "") -> Info:   # stamp: a config.json's content hash (edited: new)
-    from kit import models
+def _cached(key: str, stamp: str = "", task: str = "causal-lm", labels: int = 2) -> Info:   # stamp: a config.json's
+    from kit import models                                                                  # hash (edited: new)
 
-    return inventory(models.build_model(key, device="meta"), models.get_config(key))
+    return inventory(models.build_model(key, device="meta", task=task, num_labels=labels), models.get_config(key))
 
 
 _CONFIG_CACHE: dict = {}
 
 
-def _cached_config(key: str, cfg) -> Info:
+def _cached_config(key: str, cfg, task: str = "causal-lm", labels: int = 2) -> Info:
     from kit import models
 
+    key = (key, task, labels)
     if key not in _CONFIG_CACHE:
         if len(_CONFIG_CACHE) > 32:
             _CONFIG_CACHE.clear()
-        _CONFIG_CACHE[key] = inventory(models.build_model(cfg, device="meta"), cfg)
+        _CONFIG_CACHE[key] = inventory(models.build_model(cfg, device="meta", task=task, num_labels=labels), cfg)
     return _CONFIG_CACHE[key]
 
 
-def info_of(model) -> Info:
-    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
+def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
+    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached). A name or a config
+    is built for ``task`` with ``num_labels``; a module's own class says its task."""
     from transformers import PretrainedConfig
 
     if isinstance(model, os.PathLike):
@@ -210,9 +242,10 @@ def info_of(model) -> Info:
     if isinstance(model, str):
         from kit.model_configs import config_stamp
 
-        return _cached(model, config_stamp(model))
+        return _cached(model, config_stamp(model), task, num_labels)
     if isinstance(model, PretrainedConfig):
-        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model, task,
+                              num_labels)
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
         if base is None:

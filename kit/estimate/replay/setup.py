@@ -120,6 +120,10 @@ class Setup:
     ckpt_offload: bool = False   # with ckpt: save_on_cpu around each checkpointed block (kit.estimate.replay.offload)
     trl_offload: bool = False    # TRL's OffloadActivations around the step (kit.estimate.replay.trl_offload)
     sliding_at: tuple = ()       # indices of the sliding-window layers where only some are (config.layer_types)
+    task: str = "causal-lm"      # the head: "causal-lm" (lm_head, V logits), "seq-cls", "token-cls" (.task_heads)
+    labels: int = 0              # a classifier head's classes (its Linear's out_features)
+    head_trains: bool = False    # ... its Linear trains (full fine-tuning, or peft's modules_to_save copy)
+    p_head: float = 0.0          # ... the dropout before it (token classification)
 
     @property
     def T(self) -> int:

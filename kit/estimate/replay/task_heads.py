@@ -1,0 +1,56 @@
+"""Classifier heads in place of the LM head: what they save, and the tensors alive at their loss.
+
+Read from transformers 5's ``GenericForSequenceClassification`` and ``GenericForTokenClassification``
+(``transformers/modeling_layers.py``, the classes Llama, Qwen2, Mistral, ... inherit) and their losses
+(``transformers/loss/loss_utils.py``):
+
+- sequence classification: ``logits = score(hidden)`` on every position, (B, S, labels), then
+  ``pooled = logits[arange(B), last_non_pad_token]`` (B, labels), which keeps its two (B,) int64 indices, and
+  ``cross_entropy(pooled, labels)`` with no upcast (autocast's fp32 list makes it fp32 under mixed precision);
+- token classification: ``score(dropout(hidden))`` (the dropout is ``classifier_dropout``, else
+  ``hidden_dropout``, else 0.1), (B, S, labels); its loss upcasts (``logits.float()``) as the causal LM's does.
+
+The labels the loss keeps are the batch's own tensor (counted with the inputs), not a shifted copy. No
+vocabulary logits exist.
+
+>>> from kit.estimate.replay.tape import Tape
+>>> st = Setup(family="llama", B=2, S=8, H=64, F=176, nh=4, kvh=2, hd=16, V=1000, L=2, task="seq-cls", labels=3,
+...            head_trains=True)
+>>> tp = Tape(st)
+>>> classifier_head(tp, tp.new(2 * 8 * 64, F32, True)).last
+192
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kit.estimate.replay.setup import F32, I64, Setup  # noqa: F401 (Setup: the doctest's)
+from kit.estimate.replay.tape import Tape
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a classifier head leaves on the tape (bytes)."""
+
+    loss: int    # saved by the pooling and the loss (indices, log-softmax output)
+    live: int    # alive at the loss but not saved: the logits, the pooled logits, an fp32 copy
+    last: int    # the (B, S, labels) logits in their dtype (its grad has this size)
+    ls: int      # the log-softmax output alone
+
+
+def classifier_head(tp: Tape, h) -> Head:
+    """Replay ``st.task``'s head on the final hidden state ``h`` (after the final norm); the head's own saved
+    bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask)."""
+    st = tp.st
+    if st.task == "token-cls":
+        h = tp.dropout(h, st.p_head)
+    logits = tp.linear(h, st.H, st.labels, "score", trainable=st.head_trains, w=st.w_other, quant="none")
+    live = logits.n * logits.dt
+    if st.task == "seq-cls":
+        pooled = st.B * st.labels
+        index = 2 * st.B * I64 if logits.rg else 0      # arange(B) and last_non_pad_token, kept by the index
+        ls = pooled * (F32 if st.ac else logits.dt)
+        return Head(index + ls, live + pooled * logits.dt + (pooled * F32 if st.ac and logits.dt != F32 else 0),
+                    live, ls)
+    ls = logits.n * F32                                  # logits.float(), then log_softmax keeps its fp32 output
+    return Head(ls, live + (logits.n * F32 if logits.dt != F32 else 0), live, ls)
