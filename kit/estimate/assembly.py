@@ -18,7 +18,7 @@ from kit import inputs as kin
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate import reserved as kr
-from kit.estimate.evaluation import eval_peak
+from kit.estimate.evaluation import block_forward_bytes, eval_peak
 from kit.estimate.inventory import Info, default_targets, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
@@ -234,7 +234,7 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
     ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.labels or st.V, held=weights + c.optimizer,
                    copies=c.halves, inputs_per_row=batch_row_bytes(p.task, p.seq), gather=p.ev["gather"],
                    samples=p.ev["samples"], accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half),
-                   pooled=p.task == "seq-cls")
+                   pooled=p.task == "seq-cls", blocks=block_forward_bytes(st, p.ev["batch_size"]))
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": c.optimizer,
