@@ -92,6 +92,10 @@ def family_of(cfg) -> str:
     return family if family in FAMILIES else "llama"
 
 
+# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's.
+POOLERS = ("pooler.dense",)
+
+
 def task_of(model) -> str:
     """The task of a built model, from its class: "seq-cls" (``...ForSequenceClassification``), "token-cls"
     (``...ForTokenClassification``), else "causal-lm"."""
@@ -106,7 +110,7 @@ def _classifier(model, leaves, what: str) -> tuple:
     import torch.nn as nn
 
     labels = model.config.num_labels
-    heads = [l for l in leaves if l.part == "head" and l.kind == "linear"]
+    heads = [l for l in leaves if l.part == "head" and l.kind == "linear" and not l.name.endswith(POOLERS)]
     if len(heads) != 1 or heads[0].fout != labels:
         names = ", ".join(l.name for l in heads) or "none"
         raise UnsupportedModel(f"{what}'s classifier head is not one Linear to its {labels} labels (its Linear "
@@ -114,6 +118,13 @@ def _classifier(model, leaves, what: str) -> tuple:
                                "this one on a real step with kit.measure.track.Tracker.")
     drop = getattr(model, "dropout", None)
     return heads[0].name, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
+def _check_task(cfg, task: str, what: str) -> None:
+    """Refuse an encoder as a causal LM, in one sentence (before a model is built for it)."""
+    if task == "causal-lm" and FAMILIES[family_of(cfg)].encoder:
+        raise UnsupportedModel(f"{what} is an encoder, which the estimator replays under a classifier head: pass "
+                               "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")
 
 
 def inventory(model, cfg) -> Info:
@@ -145,7 +156,8 @@ def inventory(model, cfg) -> Info:
         kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
             "norm" if "norm" in type(mod).__name__.lower() else "other"
         parts = name.split(".")
-        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
+                   None)   # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N
         part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
         if idx is not None:
             blocks.add(".".join(parts[:idx + 1]))
@@ -159,6 +171,7 @@ def inventory(model, cfg) -> Info:
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
                                f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
     task = task_of(model)
+    _check_task(base_cfg, task, what)
     if isinstance(model, PreTrainedModel) and out is None and task == "causal-lm":
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
@@ -215,6 +228,8 @@ def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
 def _cached(key: str, stamp: str = "", task: str = "causal-lm", labels: int = 2) -> Info:   # stamp: a config.json's
     from kit import models                                                                  # hash (edited: new)
 
+    cfg = models.get_config(key)
+    _check_task(cfg, task, f"{cfg.model_type} ({type(cfg).__name__})")
     return inventory(models.build_model(key, device="meta", task=task, num_labels=labels), models.get_config(key))
 
 
@@ -225,6 +240,7 @@ def _cached_config(key: str, cfg, task: str = "causal-lm", labels: int = 2) -> I
     from kit import models
 
     key = (key, task, labels)
+    _check_task(cfg, task, f"{cfg.model_type} ({type(cfg).__name__})")
     if key not in _CONFIG_CACHE:
         if len(_CONFIG_CACHE) > 32:
             _CONFIG_CACHE.clear()
@@ -256,6 +272,11 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
         return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
+
+
+def info_for(options: dict) -> Info:
+    """The inventory of estimate() options' model, built for their task (``task``, ``num_labels``)."""
+    return info_of(options["model"], options.get("task") or "causal-lm", options.get("num_labels") or 2)
 
 
 @lru_cache(maxsize=256)

@@ -55,7 +55,7 @@ def read_model(model):
     else:  # the module itself: what is trainable and what is tied come from it
         target = model
         src["model"] = (model_name(model, cfg), f"the {type(model).__name__} module")
-    info = info_of(target)
+    info = info_of(target, task, getattr(cfg, "num_labels", 2))
     kit_q = {l.name for l in info.leaves if l.quantizable} if quant != "none" else set()
     if kit_q != qlayers:
         odd = sorted(kit_q ^ qlayers)[:3]

@@ -114,6 +114,7 @@ def replay(st: Setup) -> Replay:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
+    x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
 
@@ -158,9 +159,9 @@ def replay(st: Setup) -> Replay:
     if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
         shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
-    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
+    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable) if block_fn.final_norm else y
     if st.task != "causal-lm":  # a classifier head (kit.estimate.replay.task_heads): no vocabulary logits
-        ch = classifier_head(tp, h)
+        ch = classifier_head(tp, h, block_fn.encoder)
         if not (y.rg or st.lora):
             embed = block = block_sum = shared = 0
         return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total(), 0, ch.loss, ch.live,

@@ -170,17 +170,20 @@ class Setup:
         return one * BOOL * ((full > 0 and self.padded) + (slid > 0 and (self.padded or 0 < self.window <= self.S)))
 
 
-def around(*, final_norm: str, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False):
+def around(*, final_norm: str | None, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False,
+           embed_norm: bool = False, encoder: str | None = None):
     """Mark a family's block function with what its model does outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
     "rms_norm", "rms_norm_fp32", "rms_norm_offset"); ``positions``: a learned position
     embedding (it keeps the position ids); ``embd_dropout``: dropout (``Setup.p_embd``) on
     the embeddings' output; ``embed_scale``: the embeddings are multiplied by a scalar
-    (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale.
+    (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale; ``embed_norm``: a LayerNorm on the
+    embeddings' sum, before their dropout (BERT's); ``final_norm=None``: none before the head (post-norm blocks);
+    ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder.
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
-        block.embed_scale = embed_scale
+        block.embed_scale, block.embed_norm, block.encoder = embed_scale, embed_norm, encoder
         return block
     return mark

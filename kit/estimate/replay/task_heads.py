@@ -10,6 +10,11 @@ Read from transformers 5's ``GenericForSequenceClassification`` and ``GenericFor
 - token classification: ``score(dropout(hidden))`` (the dropout is ``classifier_dropout``, else
   ``hidden_dropout``, else 0.1), (B, S, labels); its loss upcasts (``logits.float()``) as the causal LM's does.
 
+Encoders (``encoder``, the block's :func:`~kit.estimate.replay.setup.around` mark) pool otherwise, read from
+their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]))`` (the first token is a view,
+so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; their token
+classification is ``classifier(dropout(hidden))``. Their losses are ``CrossEntropyLoss`` on the logits as they are.
+
 The labels the loss keeps are the batch's own tensor (counted with the inputs), not a shifted copy. No
 vocabulary logits exist.
 
@@ -38,10 +43,13 @@ class Head:
     ls: int      # the log-softmax output alone
 
 
-def classifier_head(tp: Tape, h) -> Head:
+def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
     """Replay ``st.task``'s head on the final hidden state ``h`` (after the final norm); the head's own saved
-    bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask)."""
+    bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask). ``encoder``: the
+    encoder's pooler kind ("bert"), None for a decoder's ``score``."""
     st = tp.st
+    if encoder:
+        return encoder_head(tp, h)
     if st.task == "token-cls":
         h = tp.dropout(h, st.p_head)
     logits = tp.linear(h, st.H, st.labels, "score", trainable=st.head_trains, w=st.w_other, quant="none")
@@ -54,3 +62,19 @@ def classifier_head(tp: Tape, h) -> Head:
                     live, ls)
     ls = logits.n * F32                                  # logits.float(), then log_softmax keeps its fp32 output
     return Head(ls, live + (logits.n * F32 if logits.dt != F32 else 0), live, ls)
+
+
+def encoder_head(tp: Tape, h) -> Head:
+    """BERT's classifier heads (see the module doc): the pooler, dropout and ``classifier`` on the first token for
+    sequence classification, dropout and ``classifier`` on every token for token classification."""
+    st = tp.st
+    if st.task == "seq-cls":
+        first = tp.split(h, st.S)[0]     # hidden[:, 0]: a view, (B, H), of the whole hidden state
+        pooled = tp.linear(first, st.H, st.H, "dense", trainable=st.base_trainable, w=st.w_other, quant="none")
+        h = tp.new(pooled.n, pooled.dt, pooled.rg)    # tanh: a new output, which it keeps
+        tp.save(h, when=h.rg)
+    h = tp.dropout(h, st.p_head)
+    logits = tp.linear(h, st.H, st.labels, "classifier", trainable=st.head_trains, w=st.w_other, quant="none")
+    ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
+    live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
+    return Head(ls, live, logits.n * logits.dt, ls)
