@@ -24,11 +24,6 @@ from dataclasses import dataclass
 from kit.estimate.replay import BOOL, promote
 from kit.training_setup import GATHER  # noqa: F401 (loss: no compute_metrics; logits; preprocess_logits_for_metrics)
 
-# The families whose model loop and block are Llama's (LlamaModel.forward, LlamaDecoderLayer, LlamaMLP):
-# block_forward_bytes knows what their no_grad forward holds at its largest.
-LLAMA_LOOP = ("llama", "mistral", "qwen2", "qwen3")
-
-
 @dataclass(frozen=True)
 class EvalPeak:
     """The evaluation loop's peak (bytes) and the moment it happens."""
@@ -38,24 +33,43 @@ class EvalPeak:
     gathered_bytes: int       # gathered predictions and labels on the device at that moment
 
 
-def block_forward_bytes(st, Be: int) -> int | None:
-    """The largest a no_grad forward holds inside the blocks at eval batch ``Be``, for the :data:`LLAMA_LOOP`
-    families in plain weights (None elsewhere: :func:`eval_peak` then takes one block's saved bytes, a bound).
+def _llama_loop(st, T: int, hidden, mlp) -> int:
+    """Llama's loop (LlamaModel.forward, LlamaDecoderLayer, LlamaMLP), at block 2's (or 1's) MLP:
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` holds the activation, the up projection and their product,
+    three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of ``LlamaModel.forward`` till it
+    returns), the block's input (the loop's ``hidden_states``), the residual after attention and the MLP's normed
+    input (three where block 1 is the only one: its input is ``inputs_embeds``)."""
+    return T * ((4 if st.L > 1 else 3) * st.H * hidden + 3 * st.F * mlp)
 
-    At block 2's (or 1's) MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` holds the activation, the up
-    projection and their product, three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of
-    ``LlamaModel.forward`` till it returns), the block's input (the loop's ``hidden_states``), the residual after
-    attention and the MLP's normed input (three where block 1 is the only one: its input is ``inputs_embeds``); and
-    the rotary cos/sin and the attention mask the model made. LoRA on an MLP projection adds temporaries there.
+
+def _bert_loop(st, T: int, hidden, mlp) -> int:
+    """BERT's loop (BertModel.forward, BertLayer.feed_forward_chunk), at block 2's (or 1's) feed-forward: beside
+    ``embedding_output`` (a local of ``BertModel.forward``), the block's input and ``attention_output``, either the
+    dense layer's and GELU's (B, S, F) outputs, or GELU's output with ``LayerNorm(dense(h) + attention_output)``'s
+    three hidden states (the dense output, the sum, the norm's output)."""
+    hold = (3 if st.L > 1 else 2) * st.H * hidden
+    return T * max(hold + 2 * st.F * mlp, hold + st.H * (2 * hidden + mlp) + st.F * mlp)
+
+
+# The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
+NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
+                 "bert": _bert_loop}
+
+
+def block_forward_bytes(st, Be: int) -> int | None:
+    """The largest a no_grad forward holds inside the blocks at eval batch ``Be``, for the :data:`NO_GRAD_LOOPS`
+    families in plain weights (None elsewhere: :func:`eval_peak` then takes one block's saved bytes, a bound):
+    the loop's tensors at its largest moment, the rotary cos/sin and the attention mask the model made. LoRA on an
+    MLP projection adds temporaries there (None too).
     """
-    if st.family not in LLAMA_LOOP or st.quant != "none" or any(k.startswith("mlp.") for k in st.lora):
+    loop = NO_GRAD_LOOPS.get(st.family)
+    if loop is None or st.quant != "none" or any(k.startswith(("mlp.", "intermediate.", "output.")) for k in st.lora):
         return None
-    T = Be * st.S
     hidden = promote(st.w_other, st.ac) if st.ac else st.w_other   # the residual stream (half + fp32 -> fp32)
     mlp = st.ac or promote(hidden, st.w)
-    cos_sin = 2 * st.S * (st.rotary or st.hd) * st.w_other
+    cos_sin = 2 * st.S * (st.rotary or st.hd) * st.w_other if loop is _llama_loop else 0
     mask = Be * st.S * st.S * (st.w_other if st.eager else BOOL) if st.padded or st.eager else 0
-    return T * ((4 if st.L > 1 else 3) * st.H * hidden + 3 * st.F * mlp) + cos_sin + mask
+    return loop(st, Be * st.S, hidden, mlp) + cos_sin + mask
 
 
 def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
