@@ -36,11 +36,12 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
 8. ``optim="paged_adamw_32bit"`` and ``"adamw_bnb_8bit"`` on the same twin: bitsandbytes runs its CPU kernels in
    torch ops inside its custom ops (temporaries a dispatch mode cannot see, this meter does), and its paged state
    is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them;
-9. transformers' task guides for classifiers: ``AutoModelForSequenceClassification.from_pretrained(path,
-   num_labels=3)`` + ``DataCollatorWithPadding`` (and ``AutoModelForTokenClassification`` +
-   ``DataCollatorForTokenClassification``) + ``Trainer`` with an eval set, full fine-tuning and peft's
-   ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of ``score`` trains); ``estimate_trainer``, and
-   ``trainer.evaluate()`` metered after training (``per_device_eval_batch_size`` 8).
+9. transformers' task guides for classifiers (decoders: tiny Qwen2 and Llama; an encoder: tiny BERT):
+   ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)`` + ``DataCollatorWithPadding`` (and
+   ``AutoModelForTokenClassification`` + ``DataCollatorForTokenClassification``) + ``Trainer`` with an eval set,
+   full fine-tuning and peft's ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of the head,
+   ``score`` or ``classifier``, trains); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training
+   (``per_device_eval_batch_size`` 8).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -572,7 +573,7 @@ def client_loop(work, meter_cls, use_cache=None, B=4, S=64, steps=3, with_option
 
 
 def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, lengths=(64,), labels=3, rows=32,
-                       sequential=False):
+                       sequential=False, lora_dropout=0.1):
     """A classifier as transformers' task guides build it (see 9. in the module doc), for ``task`` "seq-cls" or
     "token-cls"; row i has ``lengths[i % len(lengths)]`` tokens; ``sequential``: the rows are trained in order
     (``train_sampling_strategy="sequential"``), so a test knows each step's batch."""
@@ -588,7 +589,7 @@ def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, leng
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS" if task == "seq-cls" else "TOKEN_CLS", r=8,
-                                                 lora_alpha=16, lora_dropout=0.1))
+                                                 lora_alpha=16, lora_dropout=lora_dropout))
     texts = {n: equal_text_rows(tok, n, rows) for n in set(lengths)}
     enc = tok([texts[lengths[i % len(lengths)]][i] for i in range(rows)])
     if task == "seq-cls":
@@ -606,12 +607,12 @@ def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, leng
                    data_collator=collator)
 
 
-def client_classifier(work, task, lora=False, family="tiny-qwen2"):
+def client_classifier(work, task, lora=False, family="tiny-qwen2", lora_dropout=0.1):
     from kit.estimate import estimate_trainer
 
-    trainer = classifier_trainer(work, task, lora=lora, family=family)
+    trainer = classifier_trainer(work, task, lora=lora, family=family, lora_dropout=lora_dropout)
     head = "AutoModelForSequenceClassification" if task == "seq-cls" else "AutoModelForTokenClassification"
-    how = "LoRA r8 (SEQ_CLS: score in modules_to_save)" if lora else "full FT"
+    how = f"LoRA r8 dropout {lora_dropout} (SEQ_CLS: the head in modules_to_save)" if lora else "full FT"
     yield (f"9. {task} task guide", f"{family} {head}, 3 labels, {how}, B4 x 64, eval B8 x 16 rows", trainer,
            lambda: estimate_trainer(trainer, device="cpu"))
 
@@ -684,10 +685,13 @@ def rows_to_run(work, only=None):
         R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
     R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))
     R.append(("bitsandbytes 8-bit AdamW", lambda m: run_trainer_client(client_offload(work, "adam8"), m)))
-    for task, lora, family in (("seq-cls", False, "tiny-qwen2"), ("seq-cls", True, "tiny-qwen2"),
-                               ("token-cls", False, "tiny-llama"), ("seq-cls", False, "tiny-llama")):
-        R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family}",
-                  lambda m, t=task, lo=lora, f=family: run_trainer_client(client_classifier(work, t, lo, f), m)))
+    for task, lora, family, drop in (("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1),
+                                     ("token-cls", False, "tiny-llama", 0), ("seq-cls", False, "tiny-llama", 0),
+                                     ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0),
+                                     ("seq-cls", True, "tiny-bert", 0.0), ("seq-cls", True, "tiny-bert", 0.1)):
+        R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
+                  lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
+                      client_classifier(work, t, lo, f, d), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

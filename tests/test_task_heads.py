@@ -31,11 +31,14 @@ def _ratios(est, peaks):
             est.eval_peak_bytes / peaks.evaluate)
 
 
-@pytest.mark.parametrize("task,lora,family", [("seq-cls", False, "tiny-qwen2"), ("seq-cls", True, "tiny-qwen2"),
-                                              ("token-cls", False, "tiny-llama")])
-def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family):
-    """Step 1, the steady step and evaluate() (eval batch 8), against the profiler's meter."""
-    _, _, est, peaks = rc.run_trainer_client(rc.client_classifier(work, task, lora, family), rc.ProfilerMeter)
+@pytest.mark.parametrize("task,lora,family,dropout", [
+    ("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1), ("token-cls", False, "tiny-llama", 0),
+    ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0)])
+def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family, dropout):
+    """Step 1, the steady step and evaluate() (eval batch 8), against the profiler's meter; LoRA with peft's
+    SEQ_CLS task type (the head's modules_to_save copy trains)."""
+    gen = rc.client_classifier(work, task, lora, family, dropout)
+    _, _, est, peaks = rc.run_trainer_client(gen, rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
     for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
         assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment, est.eval_moment)
@@ -95,3 +98,15 @@ def test_cli_takes_task_and_num_labels(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=32, task="token-cls",
                                           num_labels=7).peak_bytes
+
+
+def test_bert_by_name_and_its_refusals():
+    """The shipped bert-base-uncased (BertForSequenceClassification, 2 labels: 109,483,778 parameters); an
+    encoder is refused as a causal LM; LoRA dropout on an encoder is said to be approximate."""
+    est = estimate("bert-base-uncased", batch_size=8, seq_len=128, task="seq-cls", num_labels=2)
+    assert est.params == build_model("bert-base-uncased", device="meta", task="seq-cls").num_parameters() \
+        == 109_483_778
+    with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
+        estimate("tiny-bert", batch_size=1, seq_len=8)
+    lora = estimate("tiny-bert", batch_size=1, seq_len=8, task="seq-cls", lora_r=8, lora_dropout=0.1)
+    assert any(getattr(n, "code", None) == "encoder-lora-dropout" for n in lora.notes)

@@ -129,7 +129,7 @@ def estimate(model, **setup) -> Estimate:
                          train_head=kin.flag("train_head", o["train_head"], allow_none=True))
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
-        + kl.notes(liger, ev["gather"])
+        + kl.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     expandable = kr.expandable_from_env() if expandable is None else expandable
