@@ -36,7 +36,7 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
 8. ``optim="paged_adamw_32bit"`` and ``"adamw_bnb_8bit"`` on the same twin: bitsandbytes runs its CPU kernels in
    torch ops inside its custom ops (temporaries a dispatch mode cannot see, this meter does), and its paged state
    is plain tensors on a CPU, counted in the CPU's peak as ``estimate_trainer(..., device="cpu")`` holds them;
-9. transformers' task guides for classifiers (decoders: tiny Qwen2 and Llama; an encoder: tiny BERT):
+9. transformers' task guides for classifiers (decoders: tiny Qwen2 and Llama; encoders: tiny BERT and RoBERTa):
    ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)`` + ``DataCollatorWithPadding`` (and
    ``AutoModelForTokenClassification`` + ``DataCollatorForTokenClassification``) + ``Trainer`` with an eval set,
    full fine-tuning and peft's ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of the head,
@@ -688,7 +688,8 @@ def rows_to_run(work, only=None):
     for task, lora, family, drop in (("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1),
                                      ("token-cls", False, "tiny-llama", 0), ("seq-cls", False, "tiny-llama", 0),
                                      ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0),
-                                     ("seq-cls", True, "tiny-bert", 0.0), ("seq-cls", True, "tiny-bert", 0.1)):
+                                     ("seq-cls", True, "tiny-bert", 0.0), ("seq-cls", True, "tiny-bert", 0.1),
+                                     ("seq-cls", False, "tiny-roberta", 0), ("seq-cls", True, "tiny-roberta", 0.0)):
         R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
                   lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
                       client_classifier(work, t, lo, f, d), m)))

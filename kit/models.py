@@ -84,21 +84,18 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32, tas
 
 
 def _auto_class(cfg: PretrainedConfig, task: str):
-    """The Auto class that builds ``task``'s model ("seq-cls", "token-cls": a classifier head; else a causal LM),
-    refusing in one sentence a config that transformers cannot build so."""
-    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
-    from transformers.models.auto import modeling_auto as auto
+    """The Auto class that builds ``task``'s model (a classifier head for "seq-cls" and "token-cls"; else a causal
+    LM), refusing in one sentence a config that transformers cannot build so."""
+    import transformers.models.auto.modeling_auto as auto
 
-    if task in ("seq-cls", "token-cls"):
-        cls, mapping, what = (AutoModelForSequenceClassification, auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
-                              "sequence") if task == "seq-cls" else \
-            (AutoModelForTokenClassification, auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, "token")
-        if type(cfg) not in mapping:
-            raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) has no {what} classification class in "
-                             f"transformers (AutoModelFor{cls.__name__[12:]}): estimate it as another task.")
-        return cls
-    _check_causal_lm(cfg)
-    return AutoModelForCausalLM
+    if task not in ("seq-cls", "token-cls"):
+        _check_causal_lm(cfg)
+        return AutoModelForCausalLM
+    what = "Sequence" if task == "seq-cls" else "Token"
+    if type(cfg) not in getattr(auto, f"MODEL_FOR_{what.upper()}_CLASSIFICATION_MAPPING"):
+        raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) has no AutoModelFor{what}Classification class in "
+                         "transformers: estimate it as another task.")
+    return getattr(transformers, f"AutoModelFor{what}Classification")
 
 
 def _check_causal_lm(cfg: PretrainedConfig) -> None:

@@ -33,7 +33,8 @@ def _ratios(est, peaks):
 
 @pytest.mark.parametrize("task,lora,family,dropout", [
     ("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1), ("token-cls", False, "tiny-llama", 0),
-    ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0)])
+    ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0),
+    ("seq-cls", False, "tiny-roberta", 0), ("seq-cls", True, "tiny-roberta", 0.0)])
 def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family, dropout):
     """Step 1, the steady step and evaluate() (eval batch 8), against the profiler's meter; LoRA with peft's
     SEQ_CLS task type (the head's modules_to_save copy trains)."""
@@ -103,9 +104,9 @@ def test_cli_takes_task_and_num_labels(capsys):
 def test_bert_by_name_and_its_refusals():
     """The shipped bert-base-uncased (BertForSequenceClassification, 2 labels: 109,483,778 parameters); an
     encoder is refused as a causal LM; LoRA dropout on an encoder is said to be approximate."""
-    est = estimate("bert-base-uncased", batch_size=8, seq_len=128, task="seq-cls", num_labels=2)
-    assert est.params == build_model("bert-base-uncased", device="meta", task="seq-cls").num_parameters() \
-        == 109_483_778
+    for name, params in (("bert-base-uncased", 109_483_778), ("roberta-base", 124_647_170)):
+        est = estimate(name, batch_size=8, seq_len=128, task="seq-cls", num_labels=2)
+        assert est.params == build_model(name, device="meta", task="seq-cls").num_parameters() == params
     with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
         estimate("tiny-bert", batch_size=1, seq_len=8)
     lora = estimate("tiny-bert", batch_size=1, seq_len=8, task="seq-cls", lora_r=8, lora_dropout=0.1)

@@ -19,7 +19,7 @@ from kit.estimate import quantization as kq
 from kit.estimate import replay as act
 from kit.estimate import reserved as kr
 from kit.estimate.evaluation import block_forward_bytes, eval_peak
-from kit.estimate.inventory import Info, default_targets, lora_matches
+from kit.estimate.inventory import Info, default_targets, in_module, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
 from kit.estimate.counts import Counts
@@ -112,7 +112,8 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
                              "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
     refuse_offload(offload or {}, ckpt=ckpt, reentrant=reentrant, fused=fused)
     refuse_for_classifier(info, fused=fused, liger=liger)
-    head_copy = bool(info.classifier and lora_r and info.classifier not in lora and train_head is not False)
+    head_copy = bool(info.classifier and lora_r and not any(in_module(n, info.classifier) for n in lora)
+                     and train_head is not False)
     return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
                 recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, tuple(liger),
                 offload or {}, info.task, head_copy)
@@ -171,7 +172,7 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
                      fused_head=p.fused, adapter=p.adapter, liger=p.liger, task=info.task, labels=info.num_labels,
                      head_trains=p.head_copy or (not p.lora_r and any(l.trainable for l in info.leaves
-                                                                      if l.name == info.classifier)),
+                                                                      if in_module(l.name, info.classifier))),
                      p_head=info.head_dropout, **shapes,
                      **{k: v for k, v in (("ckpt_every", p.offload.get("ckpt_every_n_layers", 1)),
                                           ("ckpt_offload", p.offload.get("checkpoint_offload", False)),

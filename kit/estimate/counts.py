@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
-from kit.estimate.inventory import Info
+from kit.estimate.inventory import Info, in_module
 from kit.presets import int8_bytes, nf4_bytes, optimizer_state_bytes
 
 PARTS = ("embed", "block", "head")
@@ -75,7 +75,7 @@ def count_parameters(info: Info, p) -> Counts:
             pieces = [(p.lora_r * l.fin, p.adapter), (p.lora_r * l.fout, p.adapter)]
             w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
-        elif p.head_copy and l.name == info.classifier:  # peft's modules_to_save: a trained copy beside it
+        elif p.head_copy and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
             pieces = [(l.weight, other), (l.bias, other)]
             w_bytes += n * other
             c.params += n

@@ -53,7 +53,7 @@ def _bert_loop(st, T: int, hidden, mlp) -> int:
 
 # The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
 NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
-                 "bert": _bert_loop}
+                 "bert": _bert_loop, "roberta": _bert_loop}
 
 
 def block_forward_bytes(st, Be: int) -> int | None:

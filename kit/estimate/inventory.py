@@ -40,7 +40,7 @@ class Info:
     output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
     task: str = "causal-lm"          # the head: "causal-lm", "seq-cls", "token-cls" (kit.training_setup.TASKS)
     num_labels: int = 0              # a classifier head's classes
-    classifier: str | None = None    # ... its Linear's module name ("score"), peft's modules_to_save
+    classifier: str | None = None    # ... its module's name ("score", "classifier"): peft's modules_to_save copies it
     head_dropout: float = 0.0        # ... the dropout before it (token classification's)
 
     @property
@@ -96,6 +96,11 @@ def family_of(cfg) -> str:
 POOLERS = ("pooler.dense",)
 
 
+def in_module(name: str, module: str | None) -> bool:
+    """Whether the leaf ``name`` is the module ``module`` or inside it."""
+    return bool(module) and (name == module or name.startswith(module + "."))
+
+
 def task_of(model) -> str:
     """The task of a built model, from its class: "seq-cls" (``...ForSequenceClassification``), "token-cls"
     (``...ForTokenClassification``), else "causal-lm"."""
@@ -105,24 +110,29 @@ def task_of(model) -> str:
 
 
 def _classifier(model, leaves, what: str) -> tuple:
-    """(its Linear's name, classes, the dropout before it) of a classifier model's head: the Linear outside the
-    blocks that gives ``config.num_labels`` outputs; anything else there is refused, naming it."""
+    """(its module's name, classes, the dropout before it) of a classifier model's head: the Linear outside the
+    blocks that gives ``config.num_labels`` outputs, alone or in a head module with a dense layer before it
+    (RoBERTa's ``classifier.dense`` -> ``classifier.out_proj``); the module is the model's attribute that holds it
+    (what peft's modules_to_save copies). Anything else there but a known pooler is refused, naming it."""
     import torch.nn as nn
 
     labels = model.config.num_labels
     heads = [l for l in leaves if l.part == "head" and l.kind == "linear" and not l.name.endswith(POOLERS)]
-    if len(heads) != 1 or heads[0].fout != labels:
+    last = [l for l in heads if l.fout == labels]
+    module = last[0].name.split(".")[0] if len(last) == 1 else None
+    if module is None or any(l.name.split(".")[0] != module for l in heads) or len(heads) > 2:
         names = ", ".join(l.name for l in heads) or "none"
         raise UnsupportedModel(f"{what}'s classifier head is not one Linear to its {labels} labels (its Linear "
                                f"layers outside the blocks: {names}), which the estimator does not replay: measure "
                                "this one on a real step with kit.measure.track.Tracker.")
-    drop = getattr(model, "dropout", None)
-    return heads[0].name, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+    drop = getattr(model, "dropout", None) or getattr(getattr(model, module, None), "dropout", None)
+    return module, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
 
 
 def _check_task(cfg, task: str, what: str) -> None:
     """Refuse an encoder as a causal LM, in one sentence (before a model is built for it)."""
-    if task == "causal-lm" and FAMILIES[family_of(cfg)].encoder:
+    block = FAMILIES.get(getattr(cfg, "model_type", None))
+    if task == "causal-lm" and block is not None and block.encoder:
         raise UnsupportedModel(f"{what} is an encoder, which the estimator replays under a classifier head: pass "
                                "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")
 

@@ -14,8 +14,8 @@ from kit.estimate.replay.setup import around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
-def block(tp: Tape, x):
+def layer(tp: Tape, x):
+    """One BERT layer (``RobertaLayer`` is this layer, copied)."""
     st, H = tp.st, tp.st.H
     q = tp.linear(x, H, H, "attention.self.query")
     k = tp.linear(x, H, H, "attention.self.key")
@@ -26,3 +26,8 @@ def block(tp: Tape, x):
     f = tp.gelu(tp.linear(x, H, st.F, "intermediate.dense"))
     m = tp.dropout(tp.linear(f, st.F, H, "output.dense"), st.p_resid)
     return tp.layer_norm(tp.binary(m, x), st.base_trainable)
+
+
+@around(final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
+def block(tp: Tape, x):
+    return layer(tp, x)

@@ -112,6 +112,8 @@ def replay(st: Setup) -> Replay:
         tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
         if block_fn.positions:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
+        for _ in range(block_fn.id_rows):  # (RoBERTa's position ids and token types, made from the ids)
+            tp.save(tp.new(T, I64, False))
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum

@@ -171,7 +171,7 @@ class Setup:
 
 
 def around(*, final_norm: str | None, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False,
-           embed_norm: bool = False, encoder: str | None = None):
+           embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0):
     """Mark a family's block function with what its model does outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
@@ -180,10 +180,12 @@ def around(*, final_norm: str | None, positions: bool = False, embd_dropout: boo
     the embeddings' output; ``embed_scale``: the embeddings are multiplied by a scalar
     (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale; ``embed_norm``: a LayerNorm on the
     embeddings' sum, before their dropout (BERT's); ``final_norm=None``: none before the head (post-norm blocks);
-    ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder.
+    ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder;
+    ``id_rows``: (B, S) int64 tensors the embeddings make and keep besides the input ids (RoBERTa's position ids
+    and token types).
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
-        block.embed_scale, block.embed_norm, block.encoder = embed_scale, embed_norm, encoder
+        block.embed_scale, block.embed_norm, block.encoder, block.id_rows = embed_scale, embed_norm, encoder, id_rows
         return block
     return mark

@@ -12,7 +12,9 @@ Read from transformers 5's ``GenericForSequenceClassification`` and ``GenericFor
 
 Encoders (``encoder``, the block's :func:`~kit.estimate.replay.setup.around` mark) pool otherwise, read from
 their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]))`` (the first token is a view,
-so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; their token
+so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; RoBERTa's
+``out_proj(dropout(tanh(dense(dropout(hidden[:, 0])))))`` (its first dropout makes a (B, H) tensor: the
+hidden state is not kept); their token
 classification is ``classifier(dropout(hidden))``. Their losses are ``CrossEntropyLoss`` on the logits as they are.
 
 The labels the loss keeps are the batch's own tensor (counted with the inputs), not a shifted copy. No
@@ -49,7 +51,7 @@ def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
     encoder's pooler kind ("bert"), None for a decoder's ``score``."""
     st = tp.st
     if encoder:
-        return encoder_head(tp, h)
+        return encoder_head(tp, h, encoder)
     if st.task == "token-cls":
         h = tp.dropout(h, st.p_head)
     logits = tp.linear(h, st.H, st.labels, "score", trainable=st.head_trains, w=st.w_other, quant="none")
@@ -64,17 +66,24 @@ def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
     return Head(ls, live + (logits.n * F32 if logits.dt != F32 else 0), live, ls)
 
 
-def encoder_head(tp: Tape, h) -> Head:
-    """BERT's classifier heads (see the module doc): the pooler, dropout and ``classifier`` on the first token for
-    sequence classification, dropout and ``classifier`` on every token for token classification."""
+def encoder_head(tp: Tape, h, encoder: str) -> Head:
+    """An encoder's classifier heads (see the module doc): on the first token for sequence classification, BERT's
+    pooler, dropout and ``classifier``, or RoBERTa's ``RobertaClassificationHead``; dropout and ``classifier`` on
+    every token for token classification."""
     st = tp.st
-    if st.task == "seq-cls":
+    if st.task == "seq-cls" and encoder == "roberta":   # dropout (its mask: the first token's), dense, tanh, ...
+        x = tp.dropout(tp.split(h, st.S)[0], st.p_head)
+        dense = tp.linear(x, st.H, st.H, "dense", trainable=st.head_trains, w=st.w_other, quant="none")
+        h = tp.new(dense.n, dense.dt, dense.rg)
+        tp.save(h, when=h.rg)
+    elif st.task == "seq-cls":
         first = tp.split(h, st.S)[0]     # hidden[:, 0]: a view, (B, H), of the whole hidden state
         pooled = tp.linear(first, st.H, st.H, "dense", trainable=st.base_trainable, w=st.w_other, quant="none")
         h = tp.new(pooled.n, pooled.dt, pooled.rg)    # tanh: a new output, which it keeps
         tp.save(h, when=h.rg)
     h = tp.dropout(h, st.p_head)
-    logits = tp.linear(h, st.H, st.labels, "classifier", trainable=st.head_trains, w=st.w_other, quant="none")
+    name = "out_proj" if st.task == "seq-cls" and encoder == "roberta" else "classifier"
+    logits = tp.linear(h, st.H, st.labels, name, trainable=st.head_trains, w=st.w_other, quant="none")
     ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
     live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
     return Head(ls, live, logits.n * logits.dt, ls)
