@@ -738,8 +738,8 @@ def report(lines, details, seconds, cross) -> str:
            "step a `record_function` range): the storages alive at the step's start that it could free (weights, "
            "quant state, buffers, grads, optimizer state, the batch; the loop's previous outputs) + the highest "
            "running sum of the allocator's events in the step. Step 1 against `first_step_peak_bytes`; steady = the "
-           "larger of steps 2 and 3, against `peak_bytes`; where the client has an eval set, `trainer.evaluate()` after "
-           "training, one window from the weights, buffers and optimizer state alive, against `eval_peak_bytes`. "
+           "larger of steps 2 and 3, against `peak_bytes`; where the client has an eval set, `trainer.evaluate()` "
+           "after training, one window from the weights, buffers and optimizer state alive, against `eval_peak_bytes`. "
            "Estimates: `estimate_trainer(trainer, device=\"cpu\")`; "
            "the loop: `estimate(model, batch_size=, seq_len=, device=\"cpu\", optimizer=\"adamw\", padded=False)`. "
            f"Band: estimate/measured in [{BAND[0]}, {BAND[1]}].", "",

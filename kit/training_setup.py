@@ -21,7 +21,7 @@ from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
 GATHER = ("loss", "logits", "preprocessed")  # what Trainer.evaluate() keeps (kit.estimate.evaluation)
-TASKS = ("causal-lm", "seq-cls", "token-cls")  # the head: AutoModelFor{CausalLM,SequenceClassification,TokenClassification}
+TASKS = ("causal-lm", "seq-cls", "token-cls")  # the head: AutoModelForCausalLM, ...SequenceClassification, ...Token...
 _UNSET = dataclasses.MISSING
 
 
@@ -53,8 +53,8 @@ class TrainingSetup:
                        flag="--task", choices=TASKS)
     num_labels: int = option(2, "classes of a seq-cls or token-cls head (config.num_labels; a built model's head says "
                              "it)", flag="--num-labels", kind=int)
-    train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as peft's "
-                                "modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
+    train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as "
+                                "peft's modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
                                 "TOKEN_CLS task types do it, yes)")
     precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "
                             "fp32, or the --accelerate-config file's mixed_precision", flag="--precision",
