@@ -733,7 +733,7 @@ def report(lines, details, seconds, cross) -> str:
            f"- device: CPU; hardware: {machine.hardware()}",
            f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
            f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}",
-           f"- command: `python benchmarks/real_clients.py` ({seconds:.0f} s)", "",
+           f"- command: `{' '.join(['python benchmarks/real_clients.py', *sys.argv[1:]])}` ({seconds:.0f} s)", "",
            "Measured: PyTorch profiler memory events (`profile_memory=True`, one profile over the run, each optimizer "
            "step a `record_function` range): the storages alive at the step's start that it could free (weights, "
            "quant state, buffers, grads, optimizer state, the batch; the loop's previous outputs) + the highest "
