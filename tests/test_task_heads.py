@@ -111,3 +111,22 @@ def test_bert_by_name_and_its_refusals():
         estimate("tiny-bert", batch_size=1, seq_len=8)
     lora = estimate("tiny-bert", batch_size=1, seq_len=8, task="seq-cls", lora_r=8, lora_dropout=0.1)
     assert any(getattr(n, "code", None) == "encoder-lora-dropout" for n in lora.notes)
+
+
+def test_a_head_of_the_users_own_is_refused_naming_its_modules():
+    """AutoModel + mean pooling + Linear (the sentence-transformers pattern) is not replayed yet: one sentence that
+    names the base and the head's modules."""
+    import torch.nn as nn
+    from transformers import AutoModel
+
+    from kit.models import get_config
+
+    class MeanPooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = AutoModel.from_config(get_config("tiny-llama"))
+            self.head = nn.Linear(128, 3)
+
+    with pytest.raises(ValueError, match=r"^MeanPooled holds a LlamaModel \(encoder\) under a head of its own "
+                                         r"\(head\)[^\n]*\.$"):
+        estimate(MeanPooled(), batch_size=1, seq_len=8)

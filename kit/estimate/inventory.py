@@ -275,6 +275,7 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
         if base is None:
+            _refuse_own_head(model)
             raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM, so the estimator "
                                    "cannot read its architecture: pass a causal LM built by transformers "
                                    "(AutoModelForCausalLM), a module that holds one, its config, a config.json path "
@@ -282,6 +283,22 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
         return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
+
+
+def _refuse_own_head(model) -> None:
+    """A module that holds a transformers base model (AutoModel: no LM or classifier head) under a head of the
+    user's own (pooling, Linear layers) is refused in one sentence naming the modules the kit cannot read."""
+    from transformers import PreTrainedModel
+
+    inner = next(((n, m) for n, m in model.named_modules() if n and isinstance(m, PreTrainedModel)), None)
+    if inner is None:
+        return
+    name, base = inner
+    own = [n for n, m in model.named_children() if n != name.split(".")[0] and any(True for _ in m.parameters())]
+    raise UnsupportedModel(f"{type(model).__name__} holds a {type(base).__name__} ({name}) under a head of its own "
+                           f"({', '.join(own) or 'in its forward'}), which the estimator does not replay yet: estimate "
+                           f"the {base.config.model_type} model with task='seq-cls' or 'token-cls' (its transformers "
+                           "classifier), or measure this one on a real step with kit.measure.track.Tracker.")
 
 
 def info_for(options: dict) -> Info:
