@@ -65,6 +65,10 @@ REGISTRY = {
     "tiny-bert": "tiny-bert.json",
     "tiny-roberta": "tiny-roberta.json",
 }
+# The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
+# setups are causal LMs', does not list them.
+ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
+                      "tiny-bert", "tiny-roberta"})
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
