@@ -39,6 +39,12 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
 9. ``optim="adafactor"`` (transformers' Adafactor as Trainer builds it: factored second moments, no first moment)
    and 10. ``Trainer(optimizers=(torch.optim.Muon(2-D parameters), None))``, full fine-tuning of a 4-block
    tiny-llama in fp32 and bf16, at B4 x 64 (the backward is the peak) and B1 x 16 (the optimizer step is).
+11. transformers' task guides for classifiers (decoders: tiny Qwen2 and Llama; encoders: tiny BERT and RoBERTa):
+   ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)`` + ``DataCollatorWithPadding`` (and
+   ``AutoModelForTokenClassification`` + ``DataCollatorForTokenClassification``) + ``Trainer`` with an eval set,
+   full fine-tuning and peft's ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of the head,
+   ``score`` or ``classifier``, trains); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training
+   (``per_device_eval_batch_size`` 8).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -600,7 +606,70 @@ def client_loop(work, meter_cls, use_cache=None, B=4, S=64, steps=3, with_option
     return ("5. plain PyTorch loop", setup, est, meter.peaks)
 
 
+def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, lengths=(64,), labels=3, rows=32,
+                       sequential=False, lora_dropout=0.1):
+    """A classifier as transformers' task guides build it (see 9. in the module doc), for ``task`` "seq-cls" or
+    "token-cls"; row i has ``lengths[i % len(lengths)]`` tokens; ``sequential``: the rows are trained in order
+    (``train_sampling_strategy="sequential"``), so a test knows each step's batch."""
+    from datasets import Dataset
+    from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                              DataCollatorForTokenClassification, DataCollatorWithPadding, Trainer, TrainingArguments)
+
+    tok = tokenizer()
+    auto = AutoModelForSequenceClassification if task == "seq-cls" else AutoModelForTokenClassification
+    torch.manual_seed(0)
+    model = auto.from_pretrained(twin_dir(family, work), num_labels=labels)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS" if task == "seq-cls" else "TOKEN_CLS", r=8,
+                                                 lora_alpha=16, lora_dropout=lora_dropout))
+    texts = {n: equal_text_rows(tok, n, rows) for n in set(lengths)}
+    enc = tok([texts[lengths[i % len(lengths)]][i] for i in range(rows)])
+    if task == "seq-cls":
+        enc["labels"] = [i % labels for i in range(rows)]
+        collator = DataCollatorWithPadding(tok)
+    else:
+        enc["labels"] = [[j % labels for j in range(len(ids))] for ids in enc["input_ids"]]
+        collator = DataCollatorForTokenClassification(tok)
+    ds = Dataset.from_dict(dict(enc))
+    args = TrainingArguments(output_dir=os.path.join(work, task), per_device_train_batch_size=B,
+                             per_device_eval_batch_size=8, use_cpu=True, max_steps=3, report_to="none",
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                             train_sampling_strategy="sequential" if sequential else "random")
+    return Trainer(model=model, args=args, train_dataset=ds, eval_dataset=ds.select(range(min(16, rows))),
+                   data_collator=collator)
+
+
+def client_classifier(work, task, lora=False, family="tiny-qwen2", lora_dropout=0.1):
+    from kit.estimate import estimate_trainer
+
+    trainer = classifier_trainer(work, task, lora=lora, family=family, lora_dropout=lora_dropout)
+    head = "AutoModelForSequenceClassification" if task == "seq-cls" else "AutoModelForTokenClassification"
+    how = f"LoRA r8 dropout {lora_dropout} (SEQ_CLS: the head in modules_to_save)" if lora else "full FT"
+    yield (f"9. {task} task guide", f"{family} {head}, 3 labels, {how}, B4 x 64, eval B8 x 16 rows", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
+
+
 # ---- running ----------------------------------------------------------------------------------------------------
+class StepPeaks(list):
+    """Each optimizer step's measured peak, and ``evaluate``: the measured ``trainer.evaluate()`` after training
+    (None where the client has no eval set)."""
+
+    evaluate = None
+
+
+def meter_evaluate(trainer, meter_cls) -> int:
+    """``trainer.evaluate()`` in one metered window: held = the weights, buffers, (no) grads and optimizer state
+    alive when it begins (as during training: Trainer evaluates after ``zero_grad``)."""
+    meter = meter_cls()
+    meter.start()
+    meter.begin(held_bytes(trainer.model, trainer.optimizer))
+    trainer.evaluate()
+    meter.end()
+    return meter.stop()[0]
+
+
 def run_trainer_client(gen, meter_cls):
     label, setup, trainer, make_estimate = next(gen)
     try:
@@ -609,7 +678,9 @@ def run_trainer_client(gen, meter_cls):
         est = e
     meter = meter_trainer(trainer, meter_cls())
     trainer.train()
-    peaks = meter.peaks
+    peaks = StepPeaks(meter.peaks)
+    if trainer.eval_dataset is not None:
+        peaks.evaluate = meter_evaluate(trainer, meter_cls)
     gen.close()   # a client's stand-ins, open through the training, close here
     del trainer
     gc.collect()
@@ -652,6 +723,14 @@ def rows_to_run(work, only=None):
         for dtype, batch, seq in ((None, 4, 64), (None, 1, 16), ("bfloat16", 4, 64), ("bfloat16", 1, 16)):
             R.append((f"{optimizer} {dtype or 'fp32'} B{batch} x {seq}", lambda m, o=optimizer, d=dtype, b=batch, s=seq:
                       run_trainer_client(client_optimizer(work, o, d, b, s), m)))
+    for task, lora, family, drop in (("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1),
+                                     ("token-cls", False, "tiny-llama", 0), ("seq-cls", False, "tiny-llama", 0),
+                                     ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0),
+                                     ("seq-cls", True, "tiny-bert", 0.0), ("seq-cls", True, "tiny-bert", 0.1),
+                                     ("seq-cls", False, "tiny-roberta", 0), ("seq-cls", True, "tiny-roberta", 0.0)):
+        R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
+                  lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
+                      client_classifier(work, t, lo, f, d), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 
@@ -663,16 +742,19 @@ def format_row(label, setup, est, peaks) -> tuple[str, list]:
     """One table line, and the flags it raises."""
     meas1 = peaks[0] if peaks else None
     steady = max(peaks[1:]) if len(peaks) > 1 else None
-    m1 = f"{meas1 / MiB:.2f}" if meas1 else "not taken"
-    ms = f"{steady / MiB:.2f}" if steady else "not taken"
+    ev = getattr(peaks, "evaluate", None)
+    m1, ms, me = (f"{x / MiB:.2f}" if x else "not taken" for x in (meas1, steady, ev))
     if isinstance(est, Exception):
         first = str(est).strip().splitlines()[0]
-        return (f"| {label} | {setup} | refused: \"{first}\" | {m1} | — | refused | {ms} | — | refused |", [])
+        return (f"| {label} | {setup} | refused: \"{first}\" | {m1} | — | refused | {ms} | — | refused | {me} | — | "
+                "refused |", [])
     r1, rs = ratio(est.first_step_peak_bytes, meas1), ratio(est.peak_bytes, steady)
-    flags = [f"{what} {r:.4f}" for what, r in (("step 1", r1), ("steady", rs)) if not BAND[0] <= r <= BAND[1]]
+    checked = (("step 1", r1), ("steady", rs)) + ((("evaluate", ratio(est.eval_peak_bytes, ev)),) if ev else ())
+    flags = [f"{what} {r:.4f}" for what, r in checked if not BAND[0] <= r <= BAND[1]]
+    eval_cells = f"{est.eval_peak_bytes / MiB:.2f} | {me} | {checked[2][1]:.4f}" if ev else "— | not taken | —"
     return (f"| {label} | {setup} | {est.first_step_peak_bytes / MiB:.2f} | {m1} | {r1:.4f} | "
-            f"{est.peak_bytes / MiB:.2f} | {ms} | {rs:.4f} | {'OUTSIDE 2%: ' + ', '.join(flags) if flags else 'ok'} |",
-            flags)
+            f"{est.peak_bytes / MiB:.2f} | {ms} | {rs:.4f} | {eval_cells} | "
+            f"{'OUTSIDE 2%: ' + ', '.join(flags) if flags else 'ok'} |", flags)
 
 
 def report(lines, details, seconds, cross) -> str:
@@ -689,17 +771,20 @@ def report(lines, details, seconds, cross) -> str:
            f"- device: CPU; hardware: {machine.hardware()}",
            f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
            f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}",
-           f"- command: `python benchmarks/real_clients.py` ({seconds:.0f} s)", "",
+           f"- command: `{' '.join(['python benchmarks/real_clients.py', *sys.argv[1:]])}` ({seconds:.0f} s)", "",
            "Measured: PyTorch profiler memory events (`profile_memory=True`, one profile over the run, each optimizer "
            "step a `record_function` range): the storages alive at the step's start that it could free (weights, "
            "quant state, buffers, grads, optimizer state, the batch; the loop's previous outputs) + the highest "
            "running sum of the allocator's events in the step. Step 1 against `first_step_peak_bytes`; steady = the "
-           "larger of steps 2 and 3, against `peak_bytes`. Estimates: `estimate_trainer(trainer, device=\"cpu\")`; "
+           "larger of steps 2 and 3, against `peak_bytes`; where the client has an eval set, `trainer.evaluate()` "
+           "after training, one window from the weights, buffers and optimizer state alive, against `eval_peak_bytes`. "
+           "Estimates: `estimate_trainer(trainer, device=\"cpu\")`; "
            "the loop: `estimate(model, batch_size=, seq_len=, device=\"cpu\", optimizer=\"adamw\", padded=False)`. "
            f"Band: estimate/measured in [{BAND[0]}, {BAND[1]}].", "",
            "| client | setup | est. step 1 (MiB) | measured step 1 (MiB) | ratio step 1 | est. steady (MiB) | "
-           "measured steady (MiB) | ratio steady | flag |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---|", *lines, ""]
+           "measured steady (MiB) | ratio steady | est. evaluate (MiB) | measured evaluate (MiB) | ratio evaluate | "
+           "flag |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", *lines, ""]
     out.append("- the loop's \"outputs kept through backward\" estimate option: "
                + (f"`{opt}` (kit/training_setup.py), passed in the rows that name it" if opt else
                   "not in kit/training_setup.py when this ran, so the loop rows are estimated without it"))

@@ -56,12 +56,24 @@ REGISTRY = {
     "tiny-gemma3": "tiny-gemma3.json",
     "tiny-gpt-neox": "tiny-gpt-neox.json",
     "tiny-mistral": "tiny-mistral.json",
+    # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
+    # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
+    "bert-base-uncased": "bert-base-uncased.json",
+    "google-bert/bert-base-uncased": "bert-base-uncased.json",
+    "roberta-base": "roberta-base.json",
+    "FacebookAI/roberta-base": "roberta-base.json",
+    "tiny-bert": "tiny-bert.json",
+    "tiny-roberta": "tiny-roberta.json",
 }
+# The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
+# setups are causal LMs', does not list them.
+ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
+                      "tiny-bert", "tiny-roberta"})
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
 TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
-          "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral"}
+          "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -73,7 +85,9 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "EleutherAI/pythia-1b": "tiny-gpt-neox", "meta-llama/Llama-3.1-8B": "tiny-llama",
            "meta-llama/Llama-3.2-3B": "tiny-llama", "HuggingFaceTB/SmolLM2-135M": "tiny-llama",
            "HuggingFaceTB/SmolLM2-360M-Instruct": "tiny-llama", "HuggingFaceTB/SmolLM2-1.7B-Instruct": "tiny-llama",
-           "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama"}
+           "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama",
+           "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
+           "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
 _GATED_ORGS = ("meta-llama/", "google/", "mistralai/")
 

@@ -52,7 +52,8 @@ def _build_device(device) -> str:
     return text
 
 
-def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> nn.Module:
+def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32, task: str = "causal-lm",
+                num_labels: int = 2) -> nn.Module:
     """A random-weight twin built from a config, on ``"cpu"``, ``"cuda"`` (built where it runs: no copy in RAM)
     or ``"meta"`` (no memory, instant).
 
@@ -69,15 +70,32 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32) -> 
         del cfg.kit_vocab_head
         cfg.vocab_size -= 1
         cfg.pad_token_id = None
-    _check_causal_lm(cfg)
+    auto = _auto_class(cfg, task)
+    if task != "causal-lm":
+        cfg.num_labels = num_labels
     try:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg, **_dtype_kw(dtype))
+            model = auto.from_config(cfg, **_dtype_kw(dtype))
     except (ValueError, TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError, AssertionError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"transformers could not build a {cfg.model_type} model from this config "
                          f"({type(exc).__name__}: {first}): check its sizes (hidden size, heads, layers).") from exc
     return VocabHeadModel(model) if head else model
+
+
+def _auto_class(cfg: PretrainedConfig, task: str):
+    """The Auto class that builds ``task``'s model (a classifier head for "seq-cls" and "token-cls"; else a causal
+    LM), refusing in one sentence a config that transformers cannot build so."""
+    import transformers.models.auto.modeling_auto as auto
+
+    if task not in ("seq-cls", "token-cls"):
+        _check_causal_lm(cfg)
+        return AutoModelForCausalLM
+    what = "Sequence" if task == "seq-cls" else "Token"
+    if type(cfg) not in getattr(auto, f"MODEL_FOR_{what.upper()}_CLASSIFICATION_MAPPING"):
+        raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) has no AutoModelFor{what}Classification class in "
+                         "transformers: estimate it as another task.")
+    return getattr(transformers, f"AutoModelFor{what}Classification")
 
 
 def _check_causal_lm(cfg: PretrainedConfig) -> None:

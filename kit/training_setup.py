@@ -22,6 +22,7 @@ from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
 GATHER = ("loss", "logits", "preprocessed")  # what Trainer.evaluate() keeps (kit.estimate.evaluation)
+TASKS = ("causal-lm", "seq-cls", "token-cls")  # the head: AutoModelForCausalLM, ...SequenceClassification, ...Token...
 _UNSET = dataclasses.MISSING
 
 
@@ -47,6 +48,15 @@ class TrainingSetup:
                              suggest=1, panel=True)
     seq_len: int = option(None, "tokens per sequence", flag="--seq-len", kind=int, required=True, suggest=2,
                           panel=True)
+    task: str = option("causal-lm", "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
+                       "(AutoModelForSequenceClassification: batch x labels logits), token-cls "
+                       "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it",
+                       flag="--task", choices=TASKS)
+    num_labels: int = option(2, "classes of a seq-cls or token-cls head (config.num_labels; a built model's head says "
+                             "it)", flag="--num-labels", kind=int)
+    train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as "
+                                "peft's modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
+                                "TOKEN_CLS task types do it, yes)")
     precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "
                             "fp32, or the --accelerate-config file's mixed_precision", flag="--precision",
                             choices=tuple(DTYPES), cli_default=None, suggest=4, panel=True)

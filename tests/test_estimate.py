@@ -292,7 +292,8 @@ def _config_json(tmp_path, cfg):
     ("BloomConfig", r"^bloom \(BloomConfig\) has no replay"),
     ("GPTJConfig", r"^gptj \(GPTJConfig\) has no replay"),
     ("T5Config", r"^t5 \(T5Config\) is not a causal language model"),
-    ("BertConfig", r"^bert \(BertLMHeadModel\) is not a decoder-only causal LM"),
+    ("BertConfig", r"^bert \(BertConfig\) is an encoder, which the estimator replays under a classifier head: "
+                   r"pass task='seq-cls'"),
     ("MixtralConfig", r"^mixtral \(MixtralConfig\) is a mixture-of-experts model"),
 ])
 def test_other_architectures_are_refused_in_words(tmp_path, make, match):
@@ -319,8 +320,8 @@ def test_modules_that_are_not_causal_lms_are_refused():
         with pytest.raises(E.UnsupportedModel, match="holds no transformers causal LM"):
             estimate(module, batch_size=1, seq_len=8)
     tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
-    with pytest.raises(E.UnsupportedModel, match=r"^bert \(BertModel\) is not a decoder-only causal LM"):
-        estimate(BertModel(BertConfig(**tiny)), batch_size=1, seq_len=8)   # it makes no vocabulary logits
+    with pytest.raises(E.UnsupportedModel, match=r"^bert \(BertModel\) is an encoder.*task='seq-cls'"):
+        estimate(BertModel(BertConfig(**tiny)), batch_size=1, seq_len=8)   # a bare encoder: no classifier head
     with pytest.raises(E.UnsupportedModel, match=r"LlamaModel\) has no language-model head.*ForCausalLM"):
         estimate(LlamaModel(LlamaConfig(**tiny)), batch_size=1, seq_len=8)
 

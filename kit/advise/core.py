@@ -58,7 +58,7 @@ from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
 from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
-from kit.estimate.inventory import info_of
+from kit.estimate.inventory import info_for
 from kit.estimate.read_model import read_model
 from kit.presets import resolve_device
 from kit.units import GiB, fmt_bytes, wrapped
@@ -222,7 +222,7 @@ def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
     if not model:
         return o, []
     try:
-        info_of(o["model"])
+        info_for(o)
     except ValueError:
         raise kin.InputError("setup", f"this Estimate's model ({o['model']!r}) cannot be rebuilt by name: pass a dict "
                                       "of estimate() options (model=<the config or module>, ...) or the Trainer.")
@@ -330,7 +330,7 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """
     lim = limit_for(device, safety)
     o = setup_options({"seq_len": 1, **setup} if isinstance(setup, dict) else setup, lim)[0]
-    top = min(info_of(o["model"]).max_positions or SEQ_CAP, SEQ_CAP)
+    top = min(info_for(o).max_positions or SEQ_CAP, SEQ_CAP)
     return largest_replayed(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
 
 

@@ -16,7 +16,7 @@ from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
 from kit.advise.edge import largest_fitting, largest_judged, largest_replayed
-from kit.estimate.inventory import info_of
+from kit.estimate.inventory import info_for
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
@@ -180,7 +180,7 @@ class Search:
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
         base["lora_targets"] = kin.targets(base["lora_targets"])
-        self.info = info_of(base["model"])
+        self.info = info_for(base)
         self.base = {**base, **{k: b.setup[k] for k in KW if k in b.setup and k not in ("model",
                                                                                         "checkpoint_reentrant")}}
         self.base_est = b

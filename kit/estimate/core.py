@@ -35,7 +35,7 @@ from kit.estimate.strategies import per_gpu
 from kit import runtime
 from kit.inputs import Note
 from kit.presets import DTYPES, QUANTIZATIONS
-from kit.training_setup import STRATEGIES, options
+from kit.training_setup import STRATEGIES, TASKS, options
 from kit.units import fmt_bytes
 
 # A note's code where bitsandbytes' 8-bit optimizer would kill the process (a tensor of 2^31 elements or more)
@@ -100,8 +100,10 @@ def estimate(model, **setup) -> Estimate:
                                {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
+    task = kin.choice("task", o["task"], TASKS)
+    num_labels = kin.whole_number("num_labels", o["num_labels"])
     try:
-        info = info_of(model)
+        info = info_of(model, task, num_labels)
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
@@ -128,10 +130,11 @@ def estimate(model, **setup) -> Estimate:
                          fused=fused,
                          adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
                          input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True),
-                         liger=liger, offload=offload)
+                         liger=liger, offload=offload,
+                         train_head=kin.flag("train_head", o["train_head"], allow_none=True))
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
-        + kl.notes(liger, ev["gather"])
+        + kl.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
     loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would

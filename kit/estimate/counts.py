@@ -5,13 +5,13 @@ per-leaf tensors :mod:`kit.estimate.reserved` lays out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from math import prod
 
 from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
-from kit.estimate.inventory import Info
+from kit.estimate.inventory import Info, in_module
 from kit.presets import int8_bytes, nf4_bytes
 
 PARTS = ("embed", "block", "head")
@@ -54,11 +54,19 @@ COUNTED: dict = {}   # count_key -> (the Info, its Counts): the walk does not de
 COUNTED_KEPT = 256
 
 
-def count_key(info: Info, p) -> tuple:
-    """What of the plan ``p`` the walk reads (never the batch, the sequence or the evaluation), with ``info``'s
-    identity: equal keys, equal counts."""
-    return (id(info), p.quant, p.bnb, p.load, p.kbit_recipe, frozenset(p.lora), p.lora_r, p.adapter, p.optimizer,
-            p.device, p.precision, p.fused, tuple(p.liger))
+# The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
+NOT_COUNTED = frozenset({"batch", "seq", "accum", "ev", "padded", "attn"})
+
+
+def count_key(info: Info, plan) -> tuple:
+    """Every field of ``plan`` but :data:`NOT_COUNTED`, with ``info``'s identity: equal keys, equal counts. (Built
+    from the plan's fields, so that a field added to the plan is in the key without a second edit here.)"""
+    def hashable(value):
+        if isinstance(value, (set, frozenset)):
+            return frozenset(value)
+        return repr(sorted(value.items())) if isinstance(value, dict) else value
+
+    return (id(info),) + tuple(hashable(getattr(plan, f.name)) for f in fields(plan) if f.name not in NOT_COUNTED)
 
 
 def count_parameters(info: Info, p) -> Counts:
@@ -102,6 +110,11 @@ def _count(info: Info, p) -> Counts:
                       (p.lora_r * l.fout, p.adapter, (l.fout, p.lora_r))]    # lora_B: [out, r]
             w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
+        elif p.head_copy and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
+            shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
+            pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
+            w_bytes += n * other
+            c.params += n
         elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]

@@ -30,13 +30,13 @@ from kit.estimate.read_model import (
     read_model,
     trainer_reentrant,
 )
-from kit.estimate.read_peft import read_lora_config, targets_for
+from kit.estimate.read_peft import read_lora_config, read_task, targets_for
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
 from kit.model_configs import get_config
 
-_ORDER = ("model", "batch_size", "seq_len", "padded", "grad_accum", "precision", "optimizer", "optim_args",
-          "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r", "lora_targets",
-          "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
+_ORDER = ("model", "task", "num_labels", "train_head", "batch_size", "seq_len", "padded", "grad_accum", "precision",
+          "optimizer", "optim_args", "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r",
+          "lora_targets", "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
           "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
 
 
@@ -129,7 +129,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
     est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
     if dpo:
-        kd.finish(est, info_of(target), **fk)
+        kd.finish(est, info_of(target, opts.get("task", "causal-lm"), opts.get("num_labels", 2)), **fk)
     est.inputs = {**trainer_inputs(trainer), "seq_len": given_seq_len, "device": device}
     return est
 
@@ -155,7 +155,7 @@ def trainer_inputs(trainer) -> dict:
 
 def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
                   seq_len=None, padded: bool | None = None, load_dtype=None, attn_implementation=None,
-                  device: str = "cuda", sft_config=None, dpo_config=None):
+                  device: str = "cuda", sft_config=None, dpo_config=None, task=None, num_labels=None):
     """Predict the memory of a setup from the objects users write, before anything is loaded.
 
     ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
@@ -163,7 +163,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     ``quantization_config``: a ``BitsAndBytesConfig``; ``peft_config``: a ``LoraConfig``;
     ``seq_len``: the longest batch's length (needed). ``load_dtype`` is from_pretrained's ``dtype``
     (None: ``"auto"``, the config's dtype, as transformers 5 loads); ``attn_implementation`` None:
-    the config's, else sdpa where the model supports it.
+    the config's, else sdpa where the model supports it. ``task`` ("causal-lm", "seq-cls", "token-cls") and
+    ``num_labels``: the head (None: from ``peft_config.task_type``, SEQ_CLS or TOKEN_CLS, and the config).
 
     >>> from transformers import TrainingArguments
     >>> from peft import LoraConfig
@@ -232,7 +233,11 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     else:
 
         cfg = get_config(model_id_or_config)
-    info = info_of(model_id_or_config)
+    task, labels, train_head, tsrc = read_task(peft_config, task, num_labels, cfg)
+    opts.update({k: v for k, v in (("task", task), ("num_labels", labels), ("train_head", train_head))
+                 if v is not None})
+    src.update(tsrc)
+    info = info_of(model_id_or_config, task, labels or 2)
     src["model"] = (model_name(model_id_or_config, cfg), "estimate_from(model_id_or_config)")
     quant = read_bnb(quantization_config, "BitsAndBytesConfig")
     opts["quantization"] = quant

@@ -39,6 +39,10 @@ class Info:
     head_layers: tuple               # Linear modules added on top of the LM's logits, in forward order (V->..->V)
     max_positions: int | None
     output_head: str | None = None   # the output embedding's module name ('all-linear' skips it, as peft)
+    task: str = "causal-lm"          # the head: "causal-lm", "seq-cls", "token-cls" (kit.training_setup.TASKS)
+    num_labels: int = 0              # a classifier head's classes
+    classifier: str | None = None    # ... its module's name ("score", "classifier"): peft's modules_to_save copies it
+    head_dropout: float = 0.0        # ... the dropout before it (token classification's)
 
     @property
     def vocab_head(self) -> bool:
@@ -89,6 +93,51 @@ def family_of(cfg) -> str:
     return family if family in FAMILIES else "llama"
 
 
+# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's.
+POOLERS = ("pooler.dense",)
+
+
+def in_module(name: str, module: str | None) -> bool:
+    """Whether the leaf ``name`` is the module ``module`` or inside it."""
+    return bool(module) and (name == module or name.startswith(module + "."))
+
+
+def task_of(model) -> str:
+    """The task of a built model, from its class: "seq-cls" (``...ForSequenceClassification``), "token-cls"
+    (``...ForTokenClassification``), else "causal-lm"."""
+    name = type(model).__name__
+    return "seq-cls" if name.endswith("ForSequenceClassification") else \
+        "token-cls" if name.endswith("ForTokenClassification") else "causal-lm"
+
+
+def _classifier(model, leaves, what: str) -> tuple:
+    """(its module's name, classes, the dropout before it) of a classifier model's head: the Linear outside the
+    blocks that gives ``config.num_labels`` outputs, alone or in a head module with a dense layer before it
+    (RoBERTa's ``classifier.dense`` -> ``classifier.out_proj``); the module is the model's attribute that holds it
+    (what peft's modules_to_save copies). Anything else there but a known pooler is refused, naming it."""
+    import torch.nn as nn
+
+    labels = model.config.num_labels
+    heads = [l for l in leaves if l.part == "head" and l.kind == "linear" and not l.name.endswith(POOLERS)]
+    last = [l for l in heads if l.fout == labels]
+    module = last[0].name.split(".")[0] if len(last) == 1 else None
+    if module is None or any(l.name.split(".")[0] != module for l in heads) or len(heads) > 2:
+        names = ", ".join(l.name for l in heads) or "none"
+        raise UnsupportedModel(f"{what}'s classifier head is not one Linear to its {labels} labels (its Linear "
+                               f"layers outside the blocks: {names}), which the estimator does not replay: measure "
+                               "this one on a real step with kit.measure.track.Tracker.")
+    drop = getattr(model, "dropout", None) or getattr(getattr(model, module, None), "dropout", None)
+    return module, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
+def _check_task(cfg, task: str, what: str) -> None:
+    """Refuse an encoder as a causal LM, in one sentence (before a model is built for it)."""
+    block = FAMILIES.get(getattr(cfg, "model_type", None))
+    if task == "causal-lm" and block is not None and block.encoder:
+        raise UnsupportedModel(f"{what} is an encoder, which the estimator replays under a classifier head: pass "
+                               "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")
+
+
 def inventory(model, cfg) -> Info:
     import torch.nn as nn
     from transformers import PreTrainedModel
@@ -118,7 +167,8 @@ def inventory(model, cfg) -> Info:
         kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
             "norm" if "norm" in type(mod).__name__.lower() else "other"
         parts = name.split(".")
-        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers")), None)
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
+                   None)   # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N
         part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
         if idx is not None:
             blocks.add(".".join(parts[:idx + 1]))
@@ -132,7 +182,9 @@ def inventory(model, cfg) -> Info:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
                                f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
-    if isinstance(model, PreTrainedModel) and out is None:
+    task = task_of(model)
+    _check_task(base_cfg, task, what)
+    if isinstance(model, PreTrainedModel) and out is None and task == "causal-lm":
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
                                "model, its config or a config.json path.")
@@ -140,7 +192,8 @@ def inventory(model, cfg) -> Info:
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name)
+    cls = _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
+    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2])
 
 
 def base_lm(model):
@@ -184,27 +237,32 @@ def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
 
 
 @lru_cache(maxsize=32)
-def _cached(key: str, stamp: str = "") -> Info:   # stamp: a config.json's content hash (edited: new)
-    from kit import models
+def _cached(key: str, stamp: str = "", task: str = "causal-lm", labels: int = 2) -> Info:   # stamp: a config.json's
+    from kit import models                                                                  # hash (edited: new)
 
-    return inventory(models.build_model(key, device="meta"), models.get_config(key))
+    cfg = models.get_config(key)
+    _check_task(cfg, task, f"{cfg.model_type} ({type(cfg).__name__})")
+    return inventory(models.build_model(key, device="meta", task=task, num_labels=labels), models.get_config(key))
 
 
 _CONFIG_CACHE: dict = {}
 
 
-def _cached_config(key: str, cfg) -> Info:
+def _cached_config(key: str, cfg, task: str = "causal-lm", labels: int = 2) -> Info:
     from kit import models
 
+    key = (key, task, labels)
+    _check_task(cfg, task, f"{cfg.model_type} ({type(cfg).__name__})")
     if key not in _CONFIG_CACHE:
         if len(_CONFIG_CACHE) > 32:
             _CONFIG_CACHE.clear()
-        _CONFIG_CACHE[key] = inventory(models.build_model(cfg, device="meta"), cfg)
+        _CONFIG_CACHE[key] = inventory(models.build_model(cfg, device="meta", task=task, num_labels=labels), cfg)
     return _CONFIG_CACHE[key]
 
 
-def info_of(model) -> Info:
-    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached)."""
+def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
+    """The inventory of a registry name, config path, PretrainedConfig or nn.Module (cached). A name or a config
+    is built for ``task`` with ``num_labels``; a module's own class says its task."""
     from transformers import PretrainedConfig
 
     if isinstance(model, os.PathLike):
@@ -212,12 +270,14 @@ def info_of(model) -> Info:
     if isinstance(model, str):
         from kit.model_configs import config_stamp
 
-        return _cached(model, config_stamp(model))
+        return _cached(model, config_stamp(model), task, num_labels)
     if isinstance(model, PretrainedConfig):
-        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model)
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model, task,
+                              num_labels)
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
         if base is None:
+            _refuse_own_head(model)
             raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM, so the estimator "
                                    "cannot read its architecture: pass a causal LM built by transformers "
                                    "(AutoModelForCausalLM), a module that holds one, its config, a config.json path "
@@ -225,6 +285,27 @@ def info_of(model) -> Info:
         return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
+
+
+def _refuse_own_head(model) -> None:
+    """A module that holds a transformers base model (AutoModel: no LM or classifier head) under a head of the
+    user's own (pooling, Linear layers) is refused in one sentence naming the modules the kit cannot read."""
+    from transformers import PreTrainedModel
+
+    inner = next(((n, m) for n, m in model.named_modules() if n and isinstance(m, PreTrainedModel)), None)
+    if inner is None:
+        return
+    name, base = inner
+    own = [n for n, m in model.named_children() if n != name.split(".")[0] and any(True for _ in m.parameters())]
+    raise UnsupportedModel(f"{type(model).__name__} holds a {type(base).__name__} ({name}) under a head of its own "
+                           f"({', '.join(own) or 'in its forward'}), which the estimator does not replay yet: estimate "
+                           f"the {base.config.model_type} model with task='seq-cls' or 'token-cls' (its transformers "
+                           "classifier), or measure this one on a real step with kit.measure.track.Tracker.")
+
+
+def info_for(options: dict) -> Info:
+    """The inventory of estimate() options' model, built for their task (``task``, ``num_labels``)."""
+    return info_of(options["model"], options.get("task") or "causal-lm", options.get("num_labels") or 2)
 
 
 @lru_cache(maxsize=256)

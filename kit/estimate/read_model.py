@@ -9,7 +9,7 @@ import copy
 import sys
 
 from kit import inputs as kin
-from kit.estimate.inventory import info_of
+from kit.estimate.inventory import info_of, task_of
 from kit.estimate.offload_options import from_model
 from kit.estimate.read_peft import targets_for
 
@@ -35,6 +35,11 @@ def read_model(model):
     cfg = getattr(base, "config", None)
     opts, src, notes = {}, {}, []
     adapters = _read_adapters(base)
+    task = task_of(base)
+    if task != "causal-lm":   # the head, from the model's class; its classes from the config
+        opts.update(task=task, num_labels=cfg.num_labels)
+        src.update(task=(task, f"the model's class ({type(base).__name__})"),
+                   num_labels=(cfg.num_labels, "model.config.num_labels"))
     quant, qlayers, qsrc = _read_quant(base, cfg)
     if adapters and not isinstance(base, PreTrainedModel):
         raise ValueError(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
@@ -50,7 +55,7 @@ def read_model(model):
     else:  # the module itself: what is trainable and what is tied come from it
         target = model
         src["model"] = (model_name(model, cfg), f"the {type(model).__name__} module")
-    info = info_of(target)
+    info = info_of(target, task, getattr(cfg, "num_labels", 2))
     kit_q = {l.name for l in info.leaves if l.quantizable} if quant != "none" else set()
     if kit_q != qlayers:
         odd = sorted(kit_q ^ qlayers)[:3]
@@ -65,7 +70,11 @@ def read_model(model):
         q4, q4src = read_4bit(base)
         opts.update(q4), src.update(q4src)
     if adapters:
-        r, names, dropout = adapters
+        r, names, dropout, saved = adapters
+        if task != "causal-lm":
+            opts["train_head"] = bool(saved)
+            src["train_head"] = (bool(saved), f"peft's modules_to_save copy of {', '.join(saved)}" if saved else
+                                 "the classifier head is frozen (no modules_to_save copy)")
         dts = {dtype_name(p.dtype) for n, p in base.named_parameters() if ".lora_A." in n or ".lora_B." in n}
         if dts not in ({"fp32"}, {"bf16"}):
             raise kin.InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
@@ -109,7 +118,8 @@ def read_model(model):
 
 
 def _read_adapters(base):
-    """(r, {module names peft wrapped}, lora_dropout) of a model with LoRA layers, or None; refuses the rest."""
+    """(r, {module names peft wrapped}, lora_dropout, [modules_to_save copies that train]) of a model with LoRA
+    layers, or None; refuses the rest."""
     peft = sys.modules.get("peft")
     if peft is None:
         return None
@@ -141,13 +151,23 @@ def _read_adapters(base):
         raise ValueError(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
     extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
-    if extra:
-        raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(extra[:3])}"
-                         f"{', ...' if len(extra) > 3 else ''}: modules_to_save?), which the kit does not model "
-                         "with LoRA yet: where they need not train, freeze them (requires_grad_(False)); where they "
-                         "must train (peft's SEQ_CLS task adds the new classification head to modules_to_save), the "
-                         "kit cannot estimate this setup yet.")
-    return ranks.pop(), names, drops.pop()
+    saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
+    head = _classifier_name(base)
+    other = [n for n in extra if n.split(".modules_to_save.")[0] != head or ".modules_to_save." not in n]
+    if other:
+        what = f"the classifier head {head}'s modules_to_save copy" if head else "none"
+        raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
+                         f"{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it models "
+                         f"the adapters and, on a classifier, {what}): freeze them, or measure this setup on a real "
+                         "step with kit.measure.track.Tracker.")
+    return ranks.pop(), names, drops.pop(), saved
+
+
+def _classifier_name(base) -> str | None:
+    """The name of a classifier model's head (its Linear to the labels, peft's modules_to_save), or None."""
+    if task_of(base) == "causal-lm":
+        return None
+    return next((n for n in ("score", "classifier") if hasattr(base, n)), None)
 
 
 def _read_quant(base, cfg):

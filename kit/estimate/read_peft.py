@@ -10,6 +10,36 @@ from kit import inputs as kin
 from kit.estimate.inventory import default_targets, lora_matches
 
 
+# peft's classifier_module_names: what its SEQ_CLS and TOKEN_CLS task types add to modules_to_save
+CLASSIFIER_NAMES = ("classifier", "score")
+# LoraConfig.task_type -> the kit's task
+TASK_TYPES = {"SEQ_CLS": "seq-cls", "TOKEN_CLS": "token-cls"}
+
+
+def read_task(lc, task=None, num_labels=None, cfg=None):
+    """(task, num_labels, train_head, {option: (value, where)}) for estimate_from: given, else from the LoraConfig's
+    task_type (SEQ_CLS, TOKEN_CLS) and the config's num_labels; the head trains as peft's modules_to_save copy where
+    the task type (or modules_to_save) puts it there."""
+    kind = str(getattr(getattr(lc, "task_type", None), "value", getattr(lc, "task_type", None)))
+    src = {}
+    if task is None:
+        task = TASK_TYPES.get(kind, "causal-lm")
+        if task != "causal-lm":
+            src["task"] = (task, f"LoraConfig.task_type={kind}")
+    else:
+        src["task"] = (task, "estimate_from(task=...)")
+    if task == "causal-lm":
+        return task, None, None, src
+    labels = num_labels or getattr(cfg, "num_labels", None) or 2
+    src["num_labels"] = (labels, "estimate_from(num_labels=...)" if num_labels else "the config's num_labels")
+    saved = kind in TASK_TYPES or bool(set(getattr(lc, "modules_to_save", None) or ()) & set(CLASSIFIER_NAMES))
+    if lc is not None:
+        src["train_head"] = (saved, "peft's modules_to_save copy of the classifier head (LoraConfig.task_type or "
+                             "modules_to_save)" if saved else "LoraConfig has no classifier task_type: the head stays "
+                             "frozen")
+    return task, labels, saved if lc is not None else None, src
+
+
 def read_lora_config(lc, info):
     """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
     from peft import LoraConfig
@@ -19,6 +49,8 @@ def read_lora_config(lc, info):
         raise ValueError(f"peft_config is a {type(lc).__name__}: the kit models LoRA (a peft LoraConfig).")
     bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
                        "trainable_token_indices") if getattr(lc, k, None)]
+    if info.classifier and set(lc.modules_to_save or ()) <= set(CLASSIFIER_NAMES):  # the head's copy: modeled
+        bad = [k for k in bad if k != "modules_to_save"]
     if lc.bias != "none" or bad:
         raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
                          "LoRA (one r, bias='none', nothing else trainable).")

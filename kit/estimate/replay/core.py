@@ -17,6 +17,7 @@ from kit.estimate.replay.liger import LigerTape, flce_head
 from kit.estimate.replay.registry import FAMILIES
 from kit.estimate.replay.setup import F32, I64, Setup
 from kit.estimate.replay.tape import Tape
+from kit.estimate.replay.task_heads import classifier_head
 
 
 @dataclass
@@ -113,8 +114,11 @@ def replay(st: Setup) -> Replay:
         tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
         if block_fn.positions:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
+        for _ in range(block_fn.id_rows):  # (RoBERTa's position ids and token types, made from the ids)
+            tp.save(tp.new(T, I64, False))
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
+    x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
     embed_order = tuple(tp.order)
@@ -161,7 +165,16 @@ def replay(st: Setup) -> Replay:
         shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     head_from = len(tp.order)   # the head's saved tensors follow in tp.order
-    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable)
+    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable) if block_fn.final_norm else y
+    if st.task != "causal-lm":  # a classifier head (kit.estimate.replay.task_heads): no vocabulary logits
+        ch = classifier_head(tp, h, block_fn.encoder)
+        if not (y.rg or st.lora):
+            embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
+        return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total(), 0, ch.loss, ch.live,
+                      cache + tp.cache, bwd, bwd_grads, T * H * y.dt, copies_block, tp.copies_saved(), 0, ch.last,
+                      ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
+                      block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
+                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \

@@ -120,6 +120,10 @@ class Setup:
     ckpt_offload: bool = False   # with ckpt: save_on_cpu around each checkpointed block (kit.estimate.replay.offload)
     trl_offload: bool = False    # TRL's OffloadActivations around the step (kit.estimate.replay.trl_offload)
     sliding_at: tuple = ()       # indices of the sliding-window layers where only some are (config.layer_types)
+    task: str = "causal-lm"      # the head: "causal-lm" (lm_head, V logits), "seq-cls", "token-cls" (.task_heads)
+    labels: int = 0              # a classifier head's classes (its Linear's out_features)
+    head_trains: bool = False    # ... its Linear trains (full fine-tuning, or peft's modules_to_save copy)
+    p_head: float = 0.0          # ... the dropout before it (token classification)
 
     @property
     def T(self) -> int:
@@ -166,17 +170,22 @@ class Setup:
         return one * BOOL * ((full > 0 and self.padded) + (slid > 0 and (self.padded or 0 < self.window <= self.S)))
 
 
-def around(*, final_norm: str, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False):
+def around(*, final_norm: str | None, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False,
+           embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0):
     """Mark a family's block function with what its model does outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
     "rms_norm", "rms_norm_fp32", "rms_norm_offset"); ``positions``: a learned position
     embedding (it keeps the position ids); ``embd_dropout``: dropout (``Setup.p_embd``) on
     the embeddings' output; ``embed_scale``: the embeddings are multiplied by a scalar
-    (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale.
+    (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale; ``embed_norm``: a LayerNorm on the
+    embeddings' sum, before their dropout (BERT's); ``final_norm=None``: none before the head (post-norm blocks);
+    ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder;
+    ``id_rows``: (B, S) int64 tensors the embeddings make and keep besides the input ids (RoBERTa's position ids
+    and token types).
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
-        block.embed_scale = embed_scale
+        block.embed_scale, block.embed_norm, block.encoder, block.id_rows = embed_scale, embed_norm, encoder, id_rows
         return block
     return mark

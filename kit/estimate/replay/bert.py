@@ -1,0 +1,33 @@
+"""BERT: ``transformers.models.bert.modeling_bert.BertLayer`` (and ``BertEmbeddings``, ``BertModel``, ``BertPooler``).
+
+An encoder: attention is bidirectional, masked only where the batch has padding (``create_bidirectional_mask``);
+post-LayerNorm blocks (``LayerNorm(dropout(dense(x)) + input)`` after attention and after the GELU MLP), so no
+final norm before the head. Dropout on the attention probabilities, on both residual branches and on the
+embeddings. The embeddings are word + token-type + position, then LayerNorm and dropout; the word embedding keeps
+the ids, the token-type one the ``(1, S)`` int64 its buffer's ``gather`` makes (the ``positions`` mark: S int64; the
+position ids are a slice of a buffer, no new memory). The classifier heads are :mod:`.task_heads`' (the pooler:
+``tanh(dense(hidden[:, 0]))``).
+"""
+from __future__ import annotations
+
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+def layer(tp: Tape, x):
+    """One BERT layer (``RobertaLayer`` is this layer, copied)."""
+    st, H = tp.st, tp.st.H
+    q = tp.linear(x, H, H, "attention.self.query")
+    k = tp.linear(x, H, H, "attention.self.key")
+    v = tp.linear(x, H, H, "attention.self.value")
+    o = tp.attention(q, k, v, H)
+    a = tp.dropout(tp.linear(o, H, H, "attention.output.dense"), st.p_resid)
+    x = tp.layer_norm(tp.binary(a, x), st.base_trainable)
+    f = tp.gelu(tp.linear(x, H, st.F, "intermediate.dense"))
+    m = tp.dropout(tp.linear(f, st.F, H, "output.dense"), st.p_resid)
+    return tp.layer_norm(tp.binary(m, x), st.base_trainable)
+
+
+@around(final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
+def block(tp: Tape, x):
+    return layer(tp, x)

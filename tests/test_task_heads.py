@@ -1,0 +1,132 @@
+"""Classifier heads (sequence and token classification) on the decoder families the kit replays.
+
+Real Trainer runs on CPU tiny twins, as transformers' task guides write them (``benchmarks/real_clients.py``'s
+``classifier_trainer``), measured by that file's independent meter (PyTorch's profiler memory events) for step 1,
+the steady step and ``trainer.evaluate()``, and set beside ``estimate_trainer``'s figures.
+"""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import real_clients as rc  # noqa: E402
+
+from kit.estimate import estimate, estimate_trainer  # noqa: E402
+from kit.inputs import InputError  # noqa: E402
+from kit.models import build_model  # noqa: E402
+
+BAND = (0.98, 1.02)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("heads"))
+    os.environ["KIT_CACHE"] = os.path.join(path, "twins")
+    return path
+
+
+def _ratios(est, peaks):
+    return (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
+            est.eval_peak_bytes / peaks.evaluate)
+
+
+@pytest.mark.parametrize("task,lora,family,dropout", [
+    ("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1), ("token-cls", False, "tiny-llama", 0),
+    ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0),
+    ("seq-cls", False, "tiny-roberta", 0), ("seq-cls", True, "tiny-roberta", 0.0)])
+def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family, dropout):
+    """Step 1, the steady step and evaluate() (eval batch 8), against the profiler's meter; LoRA with peft's
+    SEQ_CLS task type (the head's modules_to_save copy trains)."""
+    gen = rc.client_classifier(work, task, lora, family, dropout)
+    _, _, est, peaks = rc.run_trainer_client(gen, rc.ProfilerMeter)
+    assert not isinstance(est, Exception), est
+    for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
+        assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment, est.eval_moment)
+    assert est.setup["task"] == task and est.setup["num_labels"] == 3
+    assert est.eval_moment == "forward (a block's MLP)"
+
+
+def test_each_step_judged_at_its_own_length(work):
+    """Batches of different lengths (DataCollatorWithPadding pads each to its longest row): each step's measured
+    peak against the estimate at that step's length."""
+    B, longest = 4, (48, 64, 56)
+    lengths = [n - (8 if i == B - 1 else 0) for n in longest for i in range(B)]   # one padded row per batch
+    trainer = rc.classifier_trainer(work, "seq-cls", lengths=lengths, rows=12, sequential=True)
+    meter = rc.meter_trainer(trainer, rc.ProfilerMeter())
+    trainer.train()
+    for step, (n, got) in enumerate(zip(longest, meter.peaks)):
+        est = estimate_trainer(trainer, seq_len=n, device="cpu")
+        figure = est.first_step_peak_bytes if step == 0 else est.peak_bytes
+        assert BAND[0] <= figure / got <= BAND[1], (step + 1, n, figure / got)
+
+
+def test_the_task_is_read_from_the_model_and_taken_by_name():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_model("tiny-qwen2", task="seq-cls", num_labels=5),
+                           LoraConfig(task_type="SEQ_CLS", r=8))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    by_name = estimate("tiny-qwen2", batch_size=2, seq_len=32, task="seq-cls", num_labels=5, lora_r=8)
+    assert by_name.trainable_params == trainable     # the adapters and score's modules_to_save copy
+    assert by_name.params == sum(p.numel() for p in model.parameters())
+    frozen = estimate("tiny-qwen2", batch_size=2, seq_len=32, task="seq-cls", num_labels=5, lora_r=8,
+                      train_head=False)
+    assert frozen.trainable_params == trainable - 5 * 128
+    lm = estimate("tiny-qwen2", batch_size=2, seq_len=32)
+    assert by_name.logits_bytes < lm.logits_bytes / 100     # no vocabulary logits
+
+
+def test_estimate_trainer_reads_task_labels_and_the_trained_head(work):
+    trainer = rc.classifier_trainer(work, "seq-cls", lora=True)
+    est = estimate_trainer(trainer, device="cpu")
+    assert est.sources["task"][0] == "seq-cls" and est.sources["num_labels"][0] == 3
+    assert est.sources["train_head"][0] is True and "score" in est.sources["train_head"][1]
+
+
+def test_a_classifier_refuses_the_fused_heads_in_one_sentence():
+    with pytest.raises(InputError, match="fused_lm_head fuses a causal LM's vocabulary head"):
+        estimate("tiny-qwen2", batch_size=1, seq_len=8, task="seq-cls", fused_lm_head=True)
+
+
+def test_cli_takes_task_and_num_labels(capsys):
+    import json
+
+    from kit.cli import main
+
+    main(["estimate", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32", "--task", "token-cls",
+          "--num-labels", "7", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=32, task="token-cls",
+                                          num_labels=7).peak_bytes
+
+
+def test_bert_by_name_and_its_refusals():
+    """The shipped bert-base-uncased (BertForSequenceClassification, 2 labels: 109,483,778 parameters); an
+    encoder is refused as a causal LM; LoRA dropout on an encoder is said to be approximate."""
+    for name, params in (("bert-base-uncased", 109_483_778), ("roberta-base", 124_647_170)):
+        est = estimate(name, batch_size=8, seq_len=128, task="seq-cls", num_labels=2)
+        assert est.params == build_model(name, device="meta", task="seq-cls").num_parameters() == params
+    with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
+        estimate("tiny-bert", batch_size=1, seq_len=8)
+    lora = estimate("tiny-bert", batch_size=1, seq_len=8, task="seq-cls", lora_r=8, lora_dropout=0.1)
+    assert any(getattr(n, "code", None) == "encoder-lora-dropout" for n in lora.notes)
+
+
+def test_a_head_of_the_users_own_is_refused_naming_its_modules():
+    """AutoModel + mean pooling + Linear (the sentence-transformers pattern) is not replayed yet: one sentence that
+    names the base and the head's modules."""
+    import torch.nn as nn
+    from transformers import AutoModel
+
+    from kit.models import get_config
+
+    class MeanPooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = AutoModel.from_config(get_config("tiny-llama"))
+            self.head = nn.Linear(128, 3)
+
+    with pytest.raises(ValueError, match=r"^MeanPooled holds a LlamaModel \(encoder\) under a head of its own "
+                                         r"\(head\)[^\n]*\.$"):
+        estimate(MeanPooled(), batch_size=1, seq_len=8)
