@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
+from kit.advise.answer import biggest_cause, classes_of, in_short
 from kit.advise.objects import in_objects
 from kit.advise.edge import largest_fitting, largest_judged
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
@@ -60,7 +61,8 @@ from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_of
 from kit.estimate.read_model import read_model
-from kit.presets import resolve_device
+from kit.estimate.reserved import HOW_TO
+from kit.presets import figures_said, resolve_device, short_label
 from kit.units import GiB, fmt_bytes, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
@@ -135,6 +137,8 @@ class Advice:
     objects: list = field(repr=False, default_factory=list)
     reserved_bytes: int = 0    # the setup's predicted max_memory_reserved() (kit.estimate.reserved)
     expandable_segments: bool = False   # the allocator setting it assumes
+    cause: str = ""            # the setup's biggest cause, in one line (kit.advise.answer.biggest_cause)
+    classes: dict = field(repr=False, default_factory=dict)   # object name -> the user's class (answer.classes_of)
 
     def to_json(self) -> dict:
         """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields); a
@@ -154,12 +158,76 @@ class Advice:
                 "max_eval_batch_size": self.max_eval_batch_size,
                 "suggestions": sug, "notes": self.notes}
 
+    @property
+    def judged_bytes(self) -> int:
+        """The figure judged against the usable limit (reserved, or the peak under a safety fraction)."""
+        return self.limit.usable_bytes - self.margin_bytes
+
+    def judged_name(self) -> str:
+        if self.limit.safety_fraction is not None:
+            return "peak (allocated)"
+        return "reserved at evaluate() (modelled)" if self.evaluates and self.eval_peak_bytes > self.peak_bytes \
+            else "reserved (modelled)"
+
+    def _f(self, n: int) -> str:
+        return fmt_bytes(n, "GiB" if self.limit.limit_bytes >= GiB else None)   # one unit in a text
+
+    def _margin(self, n: int) -> str:
+        return f"{self._f(n)} to spare" if n >= 0 else f"{self._f(-n)} short"
+
+    def verdict_line(self) -> str:
+        """The verdict with the one figure judged, by name, and the limit (and RAM where the build does not fit)."""
+        lim, f = self.limit, self._f
+        of = f(lim.limit_bytes) if lim.safety_fraction is None else \
+            f"{f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less {lim.safety_fraction:.0%})"
+        ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
+            f"; CPU build {f(self.cpu_build_bytes)} > {f(lim.ram_bytes)} RAM"
+        return (f"{'fits' if self.fits else 'DOES NOT FIT'} {short_label(lim.label)}: {f(self.judged_bytes)} "
+                f"{self.judged_name()} of {of} ({self._margin(self.margin_bytes)}){ram}")
+
+    def answer(self) -> list:
+        """At most 5 lines: the verdict, what the peak and reserved figures are (where both are shown), the
+        biggest cause, and the single best change (in the user's objects where there are some)."""
+        out = [self.verdict_line()]
+        if self.limit.safety_fraction is None and self.reserved_bytes and self.limit.kernels == "cuda":
+            out.append(figures_said(self.peak_bytes, "GiB" if self.limit.limit_bytes >= GiB else None))
+        if self.cause:
+            out.append(self.cause)
+        if self.fits:
+            out.append(f"no change needed; the largest batch that fits: {self.max_batch_size}, the longest "
+                       f"sequence: {self.max_seq_len}")
+        elif self.suggestions:
+            s = self.suggestions[0]
+            code = in_short(self.objects[0], self.classes) if self.objects else None
+            held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
+            out.append(f"{'best change' if s.fits else 'closest change (still short)'}: {code or s.cli} -> "
+                       f"{self._f(held)} {self.judged_name().split(' ')[0]}, {self._margin(s.margin_bytes)}")
+        return out
+
     @wrapped
-    def text(self, top: int | None = None) -> str:
-        """The verdict line, the ranked table (``top`` rows), then the largest batch and sequence that fit."""
-        lim = self.limit
-        f = lambda n: fmt_bytes(n, "GiB" if lim.limit_bytes >= GiB else None)  # noqa: E731 (one unit per column)
-        short = f"{f(self.margin_bytes)} to spare" if self.margin_bytes >= 0 else f"{f(-self.margin_bytes)} short"
+    def text(self, top: int | None = None, details: bool = False) -> str:
+        """The answer (:meth:`answer`), then the ranked changes (``top`` rows) one line each and the largest batch
+        and sequence that fit; ``details``: each change with its costs and in the user's objects, and the notes."""
+        if not details:
+            return "\n".join(self.answer() + self._short_rows(top))
+        return "\n".join(self.answer() + [""] + self.details(top))
+
+    def _short_rows(self, top: int | None) -> list:
+        rows, f = self.suggestions[:top], self._f
+        out = [f"{'changes that fit' if rows[0].fits else 'nothing tried fits; the closest'}, cheapest first "
+               f"(what {'reserved' if self.limit.safety_fraction is None else 'peak'} and margin; append to the "
+               "command):"] if rows else []
+        for i, s in enumerate(rows, 1):
+            held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
+            out.append(f"  {i:>2} {f(held):>10} {('+' if s.margin_bytes >= 0 else '-') + f(abs(s.margin_bytes)):>11}"
+                       f"  {s.cli}")
+        if not self.fits:
+            out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
+        return out
+
+    def details(self, top: int | None = None) -> list:
+        """The full text: the verdict with both figures, each change with its costs and in the user's objects."""
+        lim, f = self.limit, self._f
         ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
             f"; CPU build {f(self.cpu_build_bytes)} does NOT fit {f(lim.ram_bytes)} of RAM"
         if self.evaluates:
@@ -172,7 +240,7 @@ class Advice:
         else:
             what = (f"peak {f(self.peak_bytes)} of {f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a "
                     f"{lim.safety_fraction:.0%} safety margin)")
-        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {lim.label}: {what}: {short}{ram}"]
+        out = [f"{lim.label}: {what}: {self._margin(self.margin_bytes)}{ram}"]
         rows = self.suggestions[:top]
         if rows:
             out.append(("what makes it fit, cheapest first:" if rows[0].fits else "nothing tried fits; the closest:")
@@ -186,10 +254,10 @@ class Advice:
                     o = self.objects[i - 1]
                     code = o.statements() or ["(no field of your objects changes)"]
                     out += [f"{'':38}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
-                    out += [f"{'':38}not in an object: {n}" for n in o.notes]
+                    out += [f"{'':38}not in an object: {_said_once(n, s.costs)}" for n in o.notes]
         out += [f"note: {n}" for n in self.notes]
         out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
-        return "\n".join(out)
+        return out
 
     __str__ = text
 
@@ -258,7 +326,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
             str(getattr(strategy, "value", strategy)) != "no"
-    s = Search(opts, lim, kin.flag("evaluates", evaluates))
+    s = Search(opts, lim, kin.flag("evaluates", evaluates), flattened_rows(read))
     be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
@@ -297,7 +365,24 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
                   out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
                   [in_objects(x, given) for x in out] if given is not None and given.inputs else [],
-                  be.reserved_bytes, be.expandable_segments)
+                  be.reserved_bytes, be.expandable_segments, biggest_cause(be),
+                  classes_of(given.inputs if given is not None else None))
+
+
+def _said_once(note: str, costs: list) -> str:
+    """An objects note without the how-to its change's cost already gave (expandable_segments' variable)."""
+    return note.replace(HOW_TO, "as its cost above says") if any(HOW_TO in c for c in costs) else note
+
+
+def flattened_rows(est) -> int:
+    """The examples one micro-batch row holds: per_device_train_batch_size where it is flattened (padding-free),
+    else 1. The advisor cuts no row below MIN_ROW_TOKENS tokens (:mod:`kit.advise.search`)."""
+    inputs = getattr(est, "inputs", None) or {}
+    if not inputs.get("padding_free"):
+        return 1
+    args = next((inputs[k] for k in ("args", "sft_config", "training_args") if inputs.get(k) is not None), None)
+    rows = getattr(args, "per_device_train_batch_size", 1)
+    return rows if isinstance(rows, int) and rows > 0 else 1
 
 
 def _is_trainer(setup) -> bool:
