@@ -38,20 +38,23 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
         except ValueError as exc:
             problem = f"(no advice: {exc})"
     lines = answer(est, v, advice) + [problem] * bool(problem)
-    lines += full(est, preset, why, advice) if details else brief(est, why, advice)
+    lines += full(est, preset, why, advice) if details else brief(est, why) + [
+        "details: kit.check(..., details=True): the full table, where each setting was read from"
+        + (f", {len(advice.suggestions)} changes with their costs and code" if advice is not None else "")]
     print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long lines fold
     return est
 
 
-def answer(est, v, advice) -> list:
-    """The answer's lines: the advisor's where it ran (the same verdict, its best change), else the verdict's."""
+def answer(est, v, advice=None) -> list:
+    """The answer's lines: the advisor's where it ran (the same verdict, its best change), else the verdict's
+    (``v``: :func:`kit.presets.verdict` of ``est``)."""
     if advice is not None:
         return advice.answer()
     return [v.text] + [x for x in [figures_line(est)] if x] + [biggest_cause(est)] + ["no change needed"] * v.fits
 
 
-def brief(est, why, advice) -> list:
-    """The setup and its components at the peak in two lines, where the device came from, and the way on."""
+def brief(est, why=None) -> list:
+    """A blank line, the setup and its components at the peak in two lines, and where the device came from."""
     s, peak = est.setup, est.peak_bytes
     trained = f"LoRA r{s.get('lora_r')}" if s.get("lora_r") else "full fine-tune" if \
         est.trainable_params >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
@@ -60,10 +63,7 @@ def brief(est, why, advice) -> list:
     out = ["", f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}, "
                f"{quant}{trained}, {s.get('optimizer')}, checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
            "  at the peak: " + ", ".join(parts)]
-    more = len(advice.suggestions) if advice is not None else 0
-    return out + ([why] if why else []) + [
-        "details: kit.check(..., details=True): the full table, where each setting was read from"
-        + (f", {more} changes with their costs and code" if more else "")]
+    return out + ([why] if why else [])
 
 
 def full(est, preset, why, advice) -> list:

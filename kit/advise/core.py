@@ -213,11 +213,12 @@ class Advice:
         return "\n".join(self.answer() + [""] + self.details(top))
 
     def _short_rows(self, top: int | None) -> list:
+        """The changes after the best (the answer gives it), one line each: the figure judged, margin, options."""
         rows, f = self.suggestions[:top], self._f
-        out = [f"{'changes that fit' if rows[0].fits else 'nothing tried fits; the closest'}, cheapest first "
-               f"(what {'reserved' if self.limit.safety_fraction is None else 'peak'} and margin; append to the "
-               "command):"] if rows else []
-        for i, s in enumerate(rows, 1):
+        out = [f"{'other changes that fit' if rows[0].fits else 'the next closest'}, cheapest first "
+               f"({'reserved' if self.limit.safety_fraction is None else 'peak'}, margin; append to the command):"
+               ] if len(rows) > 1 else []
+        for i, s in enumerate(rows[1:], 2):
             held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
             out.append(f"  {i:>2} {f(held):>10} {('+' if s.margin_bytes >= 0 else '-') + f(abs(s.margin_bytes)):>11}"
                        f"  {s.cli}")
