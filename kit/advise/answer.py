@@ -12,9 +12,11 @@ import dataclasses
 
 from kit.units import fmt_bytes
 
+ANSWER_LINES = 5     # the answer's lines at most, folded at the page's width
 OUTSIZED = 0.5       # a module holding this share of the training state is named as the cause, not a component
 SHORT_WIDTH = 140    # characters: a suggestion in two lines at most; later objects are counted past it
 FIELDS = 2           # an object's changed fields written in short; the rest are "..." (the details write them)
+ENVIRONMENT = {"--expandable-segments": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA starts)"}
 CLASSES = {"training_args": "TrainingArguments", "sft_config": "SFTConfig", "args": "TrainingArguments",
            "peft_config": "LoraConfig", "quantization_config": "BitsAndBytesConfig"}
 
@@ -56,7 +58,7 @@ def _value(v) -> str:
 def in_short(objects, classes: dict | None = None, width: int = SHORT_WIDTH) -> str | None:
     """A suggestion in the user's objects (:class:`kit.advise.mapping.InObjects`), one line: each object's class
     with the fields that change, then ``from_pretrained``'s values; past ``width`` characters the rest is counted
-    (the details write it all); at most :data:`FIELDS` fields an object. None where no field of an object changes.
+    (``+N more``: the details write them); at most :data:`FIELDS` fields an object. None where no field of an object changes.
 
     >>> from kit.advise.mapping import InObjects
     >>> in_short(InObjects({"sft_config": {"max_length": 512, "optim": "paged_adamw_32bit"}}, {}, [], ""))
@@ -68,14 +70,16 @@ def in_short(objects, classes: dict | None = None, width: int = SHORT_WIDTH) -> 
     parts += [f"from_pretrained({k.replace('load_', '')}={_value(v)})" for k, v in objects.values.items()
               if k in ("load_dtype", "attn_implementation")]
     outside = [n.split(":")[0] for n in objects.notes if ": no object field" in n]   # as apply() finds them
-    if not parts:
-        return None
+    parts += [ENVIRONMENT[f] for f in outside if f in ENVIRONMENT]
+    outside = [f for f in outside if f not in ENVIRONMENT]
     if outside:
         parts.append(f"and outside your objects {', '.join(outside)}")
+    if not parts:
+        return None
     shown = [parts[0]]
     for p in parts[1:]:
         if len(", ".join(shown + [p])) > width:
             break
         shown.append(p)
     left = len(parts) - len(shown)
-    return ", ".join(shown) + (f" and {left} more (in the details)" if left else "")
+    return ", ".join(shown) + (f" +{left} more" if left else "")

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
-from kit.advise.answer import biggest_cause, classes_of, in_short
+from kit.advise.answer import ANSWER_LINES, SHORT_WIDTH, biggest_cause, classes_of, in_short
 from kit.advise.objects import in_objects
 from kit.advise.edge import largest_fitting, largest_judged
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
@@ -63,7 +63,7 @@ from kit.estimate.inventory import info_of
 from kit.estimate.read_model import read_model
 from kit.estimate.reserved import HOW_TO
 from kit.presets import figures_said, resolve_device, short_label
-from kit.units import GiB, fmt_bytes, wrapped
+from kit.units import WIDTH, GiB, fmt_bytes, wrap, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
 BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
@@ -198,10 +198,14 @@ class Advice:
                        f"sequence: {self.max_seq_len}")
         elif self.suggestions:
             s = self.suggestions[0]
-            code = in_short(self.objects[0], self.classes) if self.objects else None
             held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
-            out.append(f"{'best change' if s.fits else 'closest change (still short)'}: {code or s.cli} -> "
-                       f"{self._f(held)} {self.judged_name().split(' ')[0]}, {self._margin(s.margin_bytes)}")
+            head = f"{'best change' if s.fits else 'closest change (still short)'}: "
+            sign = "+" if s.margin_bytes >= 0 else "-"
+            tail = f" -> {self._f(held)} {self.judged_name().split(' ')[0]} ({sign}{self._f(abs(s.margin_bytes))})"
+            room = ANSWER_LINES - len(wrap("\n".join(out)).splitlines())   # the lines left for it, folded
+            width = room * (WIDTH - 4) - len(head) - len(tail) - 8
+            code = in_short(self.objects[0], self.classes, min(width, SHORT_WIDTH)) if self.objects else None
+            out.append(f"{head}{code or s.cli}{tail}")
         return out
 
     @wrapped
