@@ -4,7 +4,7 @@ own objects, in one line (:func:`in_short`). Prediction only.
 
 >>> from kit.estimate import estimate
 >>> biggest_cause(estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128))  # doctest: +ELLIPSIS
-'biggest cause: custom_layer, 2,525,916,822 parameters, ...% of the weights, gradients and optimizer state'
+'biggest cause: custom_layer, 2,525,916,822 parameters: ... GiB, 99% of weights + grads + optimizer state'
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def biggest_cause(est) -> str:
     if offenders and state and getattr(est, "num_gpus", 1) == 1:
         name, params, held = offenders[0]
         if held >= OUTSIZED * state:
-            return (f"biggest cause: {name}, {params:,} parameters, {fmt_bytes(held)}: {held / state:.0%} of the "
-                    "weights, gradients and optimizer state")
+            return (f"biggest cause: {name}, {params:,} parameters: {fmt_bytes(held)}, {held / state:.0%} of weights "
+                    "+ grads + optimizer state")
     parts = est.components()
     top = max(parts, key=parts.get)
     share = parts[top] / est.peak_bytes if est.peak_bytes else 0
@@ -58,7 +58,8 @@ def _value(v) -> str:
 def in_short(objects, classes: dict | None = None, width: int = SHORT_WIDTH) -> str | None:
     """A suggestion in the user's objects (:class:`kit.advise.mapping.InObjects`), one line: each object's class
     with the fields that change, then ``from_pretrained``'s values; past ``width`` characters the rest is counted
-    (``+N more``: the details write them); at most :data:`FIELDS` fields an object. None where no field of an object changes.
+    (``+N more``: the details write them); at most :data:`FIELDS` fields an object. None where no field of an
+    object changes.
 
     >>> from kit.advise.mapping import InObjects
     >>> in_short(InObjects({"sft_config": {"max_length": 512, "optim": "paged_adamw_32bit"}}, {}, [], ""))

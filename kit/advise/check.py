@@ -61,7 +61,8 @@ def brief(est, why=None) -> list:
     quant = "" if s.get("quantization") in (None, "none") else f"{s.get('quantization')} weights, "
     parts = [f"{k} {fmt_bytes(n)}" for k, n in est.components().items() if n >= 0.01 * peak]
     out = ["", f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}, "
-               f"{quant}{trained}, {s.get('optimizer')}, checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
+               f"{quant}{trained}, {s.get('optimizer')}, checkpointing "
+               f"{'on' if s.get('gradient_checkpointing') else 'off'}",
            "  at the peak: " + ", ".join(parts)]
     return out + ([why] if why else [])
 

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
-from kit.advise.answer import ANSWER_LINES, SHORT_WIDTH, biggest_cause, classes_of, in_short
+from kit.advise import said
+from kit.advise.answer import biggest_cause, classes_of
 from kit.advise.objects import in_objects
 from kit.advise.edge import largest_fitting, largest_judged
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
@@ -61,9 +62,8 @@ from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_of
 from kit.estimate.read_model import read_model
-from kit.estimate.reserved import HOW_TO
-from kit.presets import figures_said, resolve_device, short_label
-from kit.units import WIDTH, GiB, fmt_bytes, wrap, wrapped
+from kit.presets import resolve_device
+from kit.units import fmt_bytes, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
 BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
@@ -164,105 +164,25 @@ class Advice:
         return self.limit.usable_bytes - self.margin_bytes
 
     def judged_name(self) -> str:
-        if self.limit.safety_fraction is not None:
-            return "peak (allocated)"
-        return "reserved at evaluate() (modelled)" if self.evaluates and self.eval_peak_bytes > self.peak_bytes \
-            else "reserved (modelled)"
-
-    def _f(self, n: int) -> str:
-        return fmt_bytes(n, "GiB" if self.limit.limit_bytes >= GiB else None)   # one unit in a text
-
-    def _margin(self, n: int) -> str:
-        return f"{self._f(n)} to spare" if n >= 0 else f"{self._f(-n)} short"
-
-    def verdict_line(self) -> str:
-        """The verdict with the one figure judged, by name, and the limit (and RAM where the build does not fit)."""
-        lim, f = self.limit, self._f
-        of = f(lim.limit_bytes) if lim.safety_fraction is None else \
-            f"{f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less {lim.safety_fraction:.0%})"
-        ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
-            f"; CPU build {f(self.cpu_build_bytes)} > {f(lim.ram_bytes)} RAM"
-        return (f"{'fits' if self.fits else 'DOES NOT FIT'} {short_label(lim.label)}: {f(self.judged_bytes)} "
-                f"{self.judged_name()} of {of} ({self._margin(self.margin_bytes)}){ram}")
+        """The name of the figure judged, as the text says it ("reserved (modelled)", "peak (allocated)")."""
+        return said.judged_name(self)
 
     def answer(self) -> list:
         """At most 5 lines: the verdict, what the peak and reserved figures are (where both are shown), the
         biggest cause, and the single best change (in the user's objects where there are some)."""
-        out = [self.verdict_line()]
-        if self.limit.safety_fraction is None and self.reserved_bytes and self.limit.kernels == "cuda":
-            out.append(figures_said(self.peak_bytes, "GiB" if self.limit.limit_bytes >= GiB else None))
-        if self.cause:
-            out.append(self.cause)
-        if self.fits:
-            out.append(f"no change needed; the largest batch that fits: {self.max_batch_size}, the longest "
-                       f"sequence: {self.max_seq_len}")
-        elif self.suggestions:
-            s = self.suggestions[0]
-            held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
-            head = f"{'best change' if s.fits else 'closest change (still short)'}: "
-            sign = "+" if s.margin_bytes >= 0 else "-"
-            tail = f" -> {self._f(held)} {self.judged_name().split(' ')[0]} ({sign}{self._f(abs(s.margin_bytes))})"
-            room = ANSWER_LINES - len(wrap("\n".join(out)).splitlines())   # the lines left for it, folded
-            width = room * (WIDTH - 4) - len(head) - len(tail) - 8
-            code = in_short(self.objects[0], self.classes, min(width, SHORT_WIDTH)) if self.objects else None
-            out.append(f"{head}{code or s.cli}{tail}")
-        return out
+        return said.answer(self)
 
     @wrapped
     def text(self, top: int | None = None, details: bool = False) -> str:
         """The answer (:meth:`answer`), then the ranked changes (``top`` rows) one line each and the largest batch
         and sequence that fit; ``details``: each change with its costs and in the user's objects, and the notes."""
         if not details:
-            return "\n".join(self.answer() + self._short_rows(top))
+            return "\n".join(self.answer() + said.short_rows(self, top))
         return "\n".join(self.answer() + [""] + self.details(top))
-
-    def _short_rows(self, top: int | None) -> list:
-        """The changes after the best (the answer gives it), one line each: the figure judged, margin, options."""
-        rows, f = self.suggestions[:top], self._f
-        out = [f"{'other changes that fit' if rows[0].fits else 'the next closest'}, cheapest first "
-               f"({'reserved' if self.limit.safety_fraction is None else 'peak'}, margin; append to the command):"
-               ] if len(rows) > 1 else []
-        for i, s in enumerate(rows[1:], 2):
-            held = s.reserved_bytes if self.limit.safety_fraction is None and s.reserved_bytes else s.peak_bytes
-            out.append(f"  {i:>2} {f(held):>10} {('+' if s.margin_bytes >= 0 else '-') + f(abs(s.margin_bytes)):>11}"
-                       f"  {s.cli}")
-        if not self.fits:
-            out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
-        return out
 
     def details(self, top: int | None = None) -> list:
         """The full text: the verdict with both figures, each change with its costs and in the user's objects."""
-        lim, f = self.limit, self._f
-        ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
-            f"; CPU build {f(self.cpu_build_bytes)} does NOT fit {f(lim.ram_bytes)} of RAM"
-        if self.evaluates:
-            ram += f"; evaluate() {f(self.eval_peak_bytes)}" + (" does NOT fit" if self.eval_peak_bytes >
-                                                                lim.usable_bytes else "")
-        if lim.safety_fraction is None:
-            what = (f"peak {f(self.peak_bytes)} allocated, {f(self.reserved_bytes)} reserved (the caching allocator "
-                    f"modelled, expandable_segments {'on' if self.expandable_segments else 'off'}) of "
-                    f"{f(lim.limit_bytes)}")
-        else:
-            what = (f"peak {f(self.peak_bytes)} of {f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a "
-                    f"{lim.safety_fraction:.0%} safety margin)")
-        out = [f"{lim.label}: {what}: {self._margin(self.margin_bytes)}{ram}"]
-        rows = self.suggestions[:top]
-        if rows:
-            out.append(("what makes it fit, cheapest first:" if rows[0].fits else "nothing tried fits; the closest:")
-                       + f"\n  {'#':>2} {'peak':>10} {'reserved':>10} {'margin':>11}  changes (append to the command)")
-            for i, s in enumerate(rows, 1):
-                margin = ("+" if s.margin_bytes >= 0 else "-") + f(abs(s.margin_bytes))
-                held = f(s.reserved_bytes) if lim.safety_fraction is None else "-"
-                out.append(f"  {i:>2} {f(s.peak_bytes):>10} {held:>10} {margin:>11}  {s.cli}"
-                           + "".join(f"\n{'':38}cost: {c}" for c in s.costs))
-                if i <= len(self.objects):   # the same change in the user's own objects
-                    o = self.objects[i - 1]
-                    code = o.statements() or ["(no field of your objects changes)"]
-                    out += [f"{'':38}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
-                    out += [f"{'':38}not in an object: {_said_once(n, s.costs)}" for n in o.notes]
-        out += [f"note: {n}" for n in self.notes]
-        out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
-        return out
+        return said.details(self, top)
 
     __str__ = text
 
@@ -373,10 +293,6 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                   be.reserved_bytes, be.expandable_segments, biggest_cause(be),
                   classes_of(given.inputs if given is not None else None))
 
-
-def _said_once(note: str, costs: list) -> str:
-    """An objects note without the how-to its change's cost already gave (expandable_segments' variable)."""
-    return note.replace(HOW_TO, "as its cost above says") if any(HOW_TO in c for c in costs) else note
 
 
 def flattened_rows(est) -> int:

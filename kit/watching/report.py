@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kit.estimate.from_objects import PACKED_EVAL
 from kit.plot.live import in_notebook
 from kit.units import fmt_bytes, wrapped
+from kit.watching.advice import advice_text  # noqa: F401 (the report's advice, kept here by name)
 from kit.watching.alive import read_alive  # noqa: F401 (the report's reading, kept here by name)
 
 # phase key -> what it means, as the report says it
@@ -139,9 +140,10 @@ class TrainReport:
 
     def _oom_brief(self) -> list:
         said = (self.error or "").split(". ")[0]
-        who = "the Trainer can train again (from step 1)" if self.by == "kit.train" else \
-            "the model and optimizer train again"
-        return [f"  {said}", f"{self.by} caught it and did not raise: the kernel is usable, and {who}.",
+        who = "run and did not raise: the kernel is usable, and the Trainer can train again (from step 1)." \
+            if self.by == "kit.train" else ("loop and did not raise: the kernel is usable, and the model and optimizer "
+                                            "train again; your loop's outputs and loss hold theirs until you del them.")
+        return [f"  {said}", f"{self.by} stopped the {who}",
                 "details: report.text(details=True): what was alive by component beside the estimate, the largest "
                 "tensors and their holders, the fit advisor in full"]
 
@@ -281,31 +283,6 @@ def estimated_for(est, phase: str) -> tuple[dict, str | None]:
     parts["the rest"] = max(0, total - sum(parts.values()))
     parts["total"] = total
     return parts, name
-
-
-def advice_text(est, trainer, device_name: str) -> tuple[str, bool | None]:
-    """The fit advisor's verdict and top changes (or why there are none), and whether it says the setup
-    fits (None: no verdict). ``kit.advise`` is imported lazily: it may not be there."""
-    try:
-        from kit.advise import advise
-    except ImportError:
-        return "advisor not available", None
-    if est is None:
-        return "advisor: no estimate of this Trainer, so no advice", None
-    try:
-        a = advise(trainer, device=device_name, trainer_estimate=est)
-    except (ValueError, TypeError) as exc:
-        return f"advisor: could not run ({type(exc).__name__}: {exc})", None
-    text = a.text(top=3, details=True) if hasattr(a, "details") else str(a)
-    said = AdviceText("The fit advisor (prediction only):\n" + "\n".join("  " + ln for ln in text.splitlines()))
-    said.best = a.answer()[-1] if hasattr(a, "answer") and not a.fits and a.suggestions else None
-    return said, getattr(a, "fits", None)
-
-
-class AdviceText(str):
-    """The advisor's text in a report; ``best``: its best change in one line (the report's answer), or None."""
-
-    best: str | None = None
 
 
 def set_peak(report: TrainReport, rec, samples, est, split=None) -> None:
