@@ -12,8 +12,9 @@ from transformers import TrainingArguments
 
 import kit
 from kit.advise import advise, costs
+from kit.advise.answer import in_short
 from kit.cli.parser import main
-from kit.estimate import estimate, estimate_from
+from kit.estimate import estimate, estimate_from, estimate_trainer
 from kit.estimate.reserved import HOW_TO
 from kit.presets import PRESETS, verdict
 from kit.units import fmt_bytes
@@ -73,7 +74,7 @@ def test_check_of_an_sft_trainer_on_a_tiny_twin(tmp_path):
                          per_device_train_batch_size=4, packing=True, max_length=64)
     tr = trl.SFTTrainer(model=models.build_model("tiny-llama"), args=args, processing_class=data.shipped_tokenizer(),
                         train_dataset=Dataset.from_dict({"input_ids": ids}))
-    est = kit.estimate.estimate_trainer(tr)
+    est = estimate_trainer(tr)
     fits = _printed(kit.check, tr, device="colab-t4")
     assert fits[0] == verdict(est, "colab-t4").text and "reserved (modelled) of 14.56 GiB" in fits[0]
     assert len(fits) <= 15 and "no change needed" in fits
@@ -82,7 +83,7 @@ def test_check_of_an_sft_trainer_on_a_tiny_twin(tmp_path):
     a = advise(tr, tight, trainer_estimate=est)
     assert len(short) <= 15 and short[0].startswith(f"DOES NOT FIT a GPU with {fmt_bytes(tight)}: ")
     best = " ".join(" ".join(short[:6]).split())
-    assert ("best change: SFTConfig(" in best or "best change: LoraConfig(" in best) and a.suggestions[0].fits
+    assert a.objects and f"best change: {in_short(a.objects[0], a.classes)} -> " in best and a.suggestions[0].fits
     full = " ".join(_printed(kit.check, tr, device=tight, details=True))
     assert "where each setting was read from:" in full and "SFTConfig.packing" in full
 

@@ -39,8 +39,8 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
             problem = f"(no advice: {exc})"
     lines = answer(est, v, advice) + [problem] * bool(problem)
     lines += full(est, preset, why, advice) if details else brief(est, why) + [
-        "details: kit.check(..., details=True): the full table, where each setting was read from"
-        + (f", {len(advice.suggestions)} changes with their costs and code" if advice is not None else "")]
+        "details: kit.check(..., details=True): the full table, where each setting came from"
+        + (", every change in full" if advice is not None else "")]
     print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long lines fold
     return est
 

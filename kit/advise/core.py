@@ -269,10 +269,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of "
                      f"{fmt_bytes(lim.ram_bytes)} RAM, and neither 16-bit nor 4-bit weights fit there: no change "
                      "the advisor tries helps")
-    if not found:   # nothing fits: the closest tried, to show how far it is
-        found = sorted(level, key=lambda n: n[2].peak_bytes)[:3]
-    best = sorted(found, key=s.rank)[:MAX_SUGGESTIONS]
-    out = sorted((s.suggestion(*s.refine(*n)) for n in best), key=lambda x: x.rank)
+    out = _suggestions(s, found)
+    if not out:   # nothing fits (with rows of a useful length): the closest tried, to show how far it is
+        out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda n: n[2].peak_bytes)[:3])
     if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
         out += [x for x in [shard_suggestion(s, out)] if x]
     ev, mev, b = be.eval_peak_bytes, 0, s.base
@@ -293,6 +292,17 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                   be.reserved_bytes, be.expandable_segments, biggest_cause(be),
                   classes_of(given.inputs if given is not None else None))
 
+
+
+def _suggestions(s: Search, nodes: list) -> list:
+    """The cheapest :data:`MAX_SUGGESTIONS` of ``nodes``, each refined, none cutting rows below a useful length."""
+    out = []
+    for node in sorted(nodes, key=s.rank):
+        node = s.refine(*node)
+        out += [] if s.too_short(node) else [s.suggestion(*node)]
+        if len(out) == MAX_SUGGESTIONS:
+            break
+    return sorted(out, key=lambda x: x.rank)
 
 
 def flattened_rows(est) -> int:
