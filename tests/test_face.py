@@ -111,6 +111,10 @@ def test_kit_estimate_opens_with_the_answer_and_details_give_the_table():
     assert short[0] == verdict(est, "colab-t4").text and short[3] == "no change needed"
     assert len(short) <= 10 and "PEAK" not in "\n".join(short) and short[-1].startswith("details: --details")
     assert full[:4] == short[:4] and any("PEAK (predicted max allocated" in ln for ln in full)
+    said = json.loads("\n".join(_printed(main, argv + ["--json"])))["verdict"]   # new fields: the figure judged
+    assert (said["judged"], said["judged_bytes"], said["limit_bytes"]) == ("reserved (modelled)", est.reserved_bytes,
+                                                                           T4.gpu_bytes)
+    assert said["gpu_margin_bytes"] == T4.gpu_bytes - est.reserved_bytes
 
 
 def test_one_number_per_verdict_the_reserved_figure_by_name():

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         out = est.to_json()
         v = verdict(est, preset)
         out["verdict"] = {"preset": v.preset.name, "fits": v.fits, "gpu_margin_bytes": v.gpu_margin_bytes,
-                          "ram_margin_bytes": v.ram_margin_bytes, "text": v.text}
+                          "ram_margin_bytes": v.ram_margin_bytes, "text": v.text, "judged": v.judged_name,
+                          "judged_bytes": v.judged_bytes, "limit_bytes": v.limit_bytes}
         print(json.dumps(out, indent=2))
     else:
         print(face(est, preset, {"model": args.model, **from_arguments(args)}, getattr(args, "details", False)))
