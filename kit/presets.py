@@ -130,8 +130,7 @@ def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | 
         hw = machine.hardware()
         if not hw["gpu_total_bytes"]:
             if key is None:
-                return PRESETS["colab-t4"], ("no GPU was found here, so this was judged against the colab-t4 preset "
-                                             f"({PRESETS['colab-t4'].label})")
+                return PRESETS["colab-t4"], "no GPU was found here, so this was judged against the colab-t4 preset"
             if cpu_ok:
                 return Preset("this", "this machine (CPU and RAM)", None, hw["ram_total_bytes"]), None
             raise InputError("device", "device 'this' reads this machine's GPU, and no CUDA GPU was found here: "
@@ -156,6 +155,9 @@ class Verdict:
     gpu_margin_bytes: int | None   # GPU memory - reserved_bytes (the peak where none was modelled; None on "cpu")
     ram_margin_bytes: int          # RAM - cpu_build_bytes (or - peak_bytes on "cpu")
     text: str
+    judged_bytes: int | None = None   # the figure judged (shown in ``text``): reserved, else the peak
+    judged_name: str = ""             # its name, as ``text`` says it: "reserved (modelled)", "peak (allocated)"
+    limit_bytes: int | None = None    # what it was judged against (GPU memory for torch; RAM on "cpu")
 
     @wrapped
     def __str__(self) -> str:
@@ -163,14 +165,15 @@ class Verdict:
 
 
 def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
-    """Compare an :class:`~kit.estimate.Estimate` with a device preset.
+    """Compare an :class:`~kit.estimate.Estimate` with a device preset; the text names the one figure judged.
 
-    On a GPU preset the training peak must fit in GPU memory and building the model
-    on the CPU must fit in RAM. On ``"cpu"`` the training peak must fit in RAM.
+    On a GPU preset what the caching allocator holds (the estimate's modelled ``reserved_bytes``; the allocated
+    peak where none was modelled) must fit in GPU memory, and building the model on the CPU must fit in RAM
+    (said only where it does not: the table says the build's figure). On ``"cpu"`` the training peak must fit in RAM.
 
     >>> from kit.estimate import estimate
     >>> print(verdict(estimate("distilgpt2+vocab-head", batch_size=1, seq_len=128), "colab-t4"))  # doctest: +ELLIPSIS
-    DOES NOT FIT Colab T4 ...
+    DOES NOT FIT Colab T4: ... GiB reserved (modelled) of 14.56 GiB (... GiB short)...
     """
     if isinstance(preset, str):
         if preset not in PRESETS:
@@ -178,21 +181,49 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         preset = PRESETS[preset]
     if preset.gpu_bytes is None:
         gpu_margin, ram_margin = None, preset.ram_bytes - est.peak_bytes
-        fits = ram_margin >= 0
-        what = f"training peak {fmt_bytes(est.peak_bytes)} vs RAM {fmt_bytes(preset.ram_bytes)}"
+        fits, judged, name, limit = ram_margin >= 0, est.peak_bytes, "training peak", preset.ram_bytes
+        what = f"training peak {fmt_bytes(est.peak_bytes)} of {fmt_bytes(preset.ram_bytes)} RAM ({_margin(ram_margin)})"
     else:
-        held = getattr(est, "reserved_bytes", 0) or est.peak_bytes   # what the allocator holds, modelled
-        gpu_margin = preset.gpu_bytes - held
-        if est.peak_bytes <= preset.gpu_bytes < held:   # the allocated peak fits: the allocator's model alone says no
+        reserved = getattr(est, "reserved_bytes", 0)
+        judged = reserved or est.peak_bytes   # what the allocator holds, modelled
+        name, limit = "reserved (modelled)" if reserved else "peak (allocated)", preset.gpu_bytes
+        gpu_margin = preset.gpu_bytes - judged
+        if est.peak_bytes <= preset.gpu_bytes < judged:   # the allocated peak fits: the allocator's model alone says no
             _add_note(est, allocator_model_note(est))
         ram_margin = preset.ram_bytes - est.cpu_build_bytes
         fits = gpu_margin >= 0 and ram_margin >= 0
-        reserved = f", {fmt_bytes(held)} reserved" if held != est.peak_bytes else ""
-        what = (f"GPU peak {fmt_bytes(est.peak_bytes)}{reserved} of {fmt_bytes(preset.gpu_bytes)} "
-                f"({_margin(gpu_margin)}); CPU build {fmt_bytes(est.cpu_build_bytes)} of "
-                f"{fmt_bytes(preset.ram_bytes)} RAM ({_margin(ram_margin)})")
+        ram = "" if ram_margin >= 0 else \
+            f"; CPU build {fmt_bytes(est.cpu_build_bytes)} > {fmt_bytes(preset.ram_bytes)} RAM"
+        what = f"{fmt_bytes(judged)} {name} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
     head = "fits" if fits else "DOES NOT FIT"
-    return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {preset.label}: {what}")
+    return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged, name, limit)
+
+
+def short_label(preset: Preset | str) -> str:
+    """A preset's label (or a label) without its parentheses: the verdict says the limit itself.
+
+    >>> short_label(PRESETS["colab-t4"]), short_label("Colab T4 (14.56 GiB for torch, 12.7 GiB RAM) less 2 GiB")
+    ('Colab T4', 'Colab T4 less 2 GiB')
+    """
+    return re.sub(r" \([^()]*\)", "", preset if isinstance(preset, str) else preset.label)
+
+
+def figures_line(est) -> str | None:
+    """One line saying what the peak and the reserved figure each are, where an estimate has both (None: not).
+
+    >>> from kit.estimate import estimate
+    >>> print(figures_line(estimate("tiny-gpt2", batch_size=1, seq_len=32)))  # doctest: +ELLIPSIS
+    (peak ... MiB: live tensors at their most, max allocated; reserved adds torch's cached blocks and must fit)
+    """
+    if not getattr(est, "reserved_bytes", 0) or est.setup.get("device") == "cpu":
+        return None
+    return figures_said(est.peak_bytes)
+
+
+def figures_said(peak_bytes: int, unit: str | None = None) -> str:
+    """What the peak (its figure given) and the reserved figure each are, in one line."""
+    return (f"(peak {fmt_bytes(peak_bytes, unit)}: live tensors at their most, max allocated; reserved adds "
+            "torch's cached blocks and must fit)")
 
 
 # The allocator model's known error, from benchmarks/results/reserved_layout-2026-12-01-cpu.md (its gap columns: the
@@ -273,5 +304,5 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
         lines.append(f"note: the evaluation needs {fmt_bytes(est.eval_peak_bytes)}, over the {fmt_bytes(v.preset.gpu_bytes)} "
                      "the device has: with evaluation on, lower per_device_eval_batch_size (or set "
                      "eval_accumulation_steps when compute_metrics gathers the logits)")
-    lines.append(v.text)
+    lines += [x for x in [figures_line(est)] if x] + [v.text]
     return "\n".join(lines)

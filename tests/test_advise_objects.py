@@ -18,7 +18,7 @@ import kit
 from kit import data, models
 from kit.advise import advise
 from kit.advise.objects import apply, in_objects
-from kit.advise.search import Suggestion
+from kit.advise.search import MIN_ROW_TOKENS, Suggestion
 from kit.estimate import estimate, estimate_from, estimate_trainer
 from kit.inputs import InputError
 
@@ -55,7 +55,7 @@ def test_a_trainer_suggestion_applied_to_its_args(tmp_path):
     before = copy.deepcopy(tr.args.to_dict())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        est = kit.check(tr, device=40_000_000)
+        est = kit.check(tr, device=40_000_000, details=True)
     s = advise(tr, 40_000_000, trainer_estimate=est).suggestions[0]
     assert s.fits and s.changes == {"batch-size": 1, "grad-accum": 8}
     new = apply(s, trainer=tr)
@@ -118,7 +118,7 @@ def test_estimate_from_a_4bit_suggestion_with_checkpointing():
     q = new["quantization_config"]
     assert (q.load_in_4bit, q.bnb_4bit_quant_type, q.bnb_4bit_use_double_quant, str(q.bnb_4bit_compute_dtype)) == \
         (True, "nf4", True, "torch.bfloat16")
-    again = estimate_from(MODEL, device="cpu", **new)
+    again = estimate_from(MODEL, device="cpu", **{"seq_len": 128, **new})   # (a Trainer's rows: no object holds them)
     assert again.peak_bytes == s.peak_bytes
     got = _ran(in_objects(s, est).code, training_args=args)
     assert {k: got[k] for k in new} == new
@@ -139,17 +139,28 @@ def test_an_sft_config_gets_a_shorter_max_length():
 def test_a_padding_free_sft_config_holds_rows_of_max_length():
     """One flattened row of per_device_train_batch_size x max_length tokens: a shorter row is a shorter
     max_length, rounded down to whole rows (said), and re-estimated at those tokens."""
-    cfg = _sft(per_device_train_batch_size=4, max_length=64, padding_free=True)
+    cfg = _sft(per_device_train_batch_size=2, max_length=128, padding_free=True)
     est = estimate_from(MODEL, sft_config=cfg, device="cpu")
     assert est.setup["seq_len"] == 256
     s = _first(advise(est, int(est.peak_bytes * 0.5), safety=0), "seq-len")
-    rows = s.changes["seq-len"] // 4
+    rows = s.changes["seq-len"] // 2
+    assert rows >= MIN_ROW_TOKENS                      # no row is cut below a useful length
     new = apply(s, sft_config=cfg)
     assert new["sft_config"].max_length == rows and new["sft_config"].padding_free
     again = estimate_from(MODEL, device="cpu", **new)
-    assert again.peak_bytes == estimate(**{**s.options, "seq_len": 4 * rows}).peak_bytes
+    assert again.peak_bytes == estimate(**{**s.options, "seq_len": 2 * rows}).peak_bytes
     plan = in_objects(s, est)
-    assert any(f"= 4 x {rows} = {4 * rows} tokens" in n for n in plan.notes) == bool(s.changes["seq-len"] % 4)
+    assert any(f"= 2 x {rows} = {2 * rows} tokens" in n for n in plan.notes) == bool(s.changes["seq-len"] % 2)
+
+
+def test_no_flattened_row_is_cut_below_a_useful_length():
+    """Notebook 02's fold 2 (4 rows of 30 tokens in one row): the advisor once suggested max_length=3. No row is
+    cut below MIN_ROW_TOKENS: here no sequence cut is suggested at all."""
+    cfg = _sft(per_device_train_batch_size=4, max_length=30, padding_free=True)
+    est = estimate_from(MODEL, sft_config=cfg, device="cpu")
+    a = advise(est, int(est.peak_bytes * 0.5), safety=0)
+    assert a.suggestions and not any("seq-len" in s.changes for s in a.suggestions)
+    assert all("max_length" not in o.code for o in a.objects)
 
 
 def test_padding_free_turned_on_is_the_sft_config_field():

@@ -60,9 +60,14 @@ def test_load_dtype_defaults(capsys):
     assert json.loads(out)["setup"]["load_dtype"] == "bf16"
 
 
-def test_table_by_default(capsys):
-    code, out, _ = _run(["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128"], capsys)
-    assert code == 0
+def test_the_answer_by_default_and_the_table_with_details(capsys):
+    argv = ["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128"]
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and out.startswith("DOES NOT FIT Colab T4: ") and "reserved (modelled) of 14.56 GiB" in out
+    assert "biggest cause: custom_layer" in out and "best change: --lora-r 256 --lora-targets custom_layer" in out
+    assert "PEAK" not in out and out.rstrip().splitlines()[-1].startswith("details: --details")
+    code, out, _ = _run(argv + ["--details"], capsys)
+    assert code == 0 and out.startswith("DOES NOT FIT Colab T4: ")
     for row in ("weights", "gradients", "optimizer state", "activations", "logits & loss", "PEAK",
                 "custom_layer", "Colab T4"):
         assert row in out
@@ -110,8 +115,8 @@ def test_optimizer_takes_the_trainer_names_help_lists(capsys):
 
 
 def test_the_default_optimizer_is_trainers_and_the_table_names_it(capsys):
-    _, out, _ = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8"], capsys)
-    assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.splitlines()[1]
+    _, out, _ = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--details"], capsys)
+    assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.split("\n\n", 1)[1].splitlines()[1]
 
 
 def test_the_evaluation_phase_in_json_and_table(capsys):
@@ -122,8 +127,8 @@ def test_the_evaluation_phase_in_json_and_table(capsys):
     # compute_metrics gathers 200 rows of fp32 logits on the GPU; torch.cat holds the old, the new and the result
     assert data["eval_moment"] == "gathering predictions (torch.cat)"
     assert data["eval_peak_bytes"] > 2 * 200 * 512 * 128256 * 4 > data["peak_bytes"]
-    code, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--eval-accumulation-steps", "1"],
-                        capsys)
+    code, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--eval-accumulation-steps", "1",
+                                "--details"], capsys)
     assert code == 0 and "evaluation (batch 8, logits gathered)" in out
     code, _, err = _run(argv + ["--eval-gather", "logits"], capsys)
     assert code == 2 and err.startswith("error: argument --eval-samples: ")

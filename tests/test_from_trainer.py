@@ -15,6 +15,8 @@ from kit import data, models
 from kit.advise import check
 from kit.estimate import estimate, estimate_from, estimate_trainer
 from kit.inputs import InputError
+from kit.presets import resolve_device, verdict
+from kit.units import fmt_bytes
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 BYTES = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
@@ -216,12 +218,19 @@ def test_estimate_trainer_refuses_in_one_sentence(ds, tok):
 def test_check_prints_the_table_the_verdict_and_the_sources(ds, tok):
     model = models.load_model("tiny-gpt2", device="cpu")
     tr = trainer(model, ds, tok, per_device_train_batch_size=2)
-    out = io.StringIO()
+    out, full = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out):
         est = kit.check(tr)
-    text = out.getvalue()
-    assert est.peak_bytes > 0 and "PEAK" in text and "where each setting was read from" in text
-    assert "TrainingArguments.per_device_train_batch_size" in text
+    with contextlib.redirect_stdout(full):
+        kit.check(tr, details=True)
+    text, details = out.getvalue(), full.getvalue()
+    # the answer first, in at most 15 lines: the verdict names the figure judged (reserved) and the limit
+    v = verdict(est, resolve_device(None)[0])
+    assert text.startswith(v.text.split(":")[0] + f": {fmt_bytes(est.reserved_bytes)} reserved (modelled) of ")
+    assert len(text.splitlines()) <= 15 and "PEAK" not in text and "details=True" in text
+    # the details: the table, where each setting was read from
+    assert est.peak_bytes > 0 and "PEAK" in details and "where each setting was read from" in details
+    assert "TrainingArguments.per_device_train_batch_size" in details
     if not torch.cuda.is_available():
         assert "no GPU was found here, so this was judged against the colab-t4 preset" in text
     for device, label in (("l4", "L4"), (est.peak_bytes - 1, "DOES NOT FIT a GPU with")):
@@ -250,7 +259,7 @@ def test_check_judges_against_this_gpu(monkeypatch):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         check(estimate_from("tiny-gpt2", seq_len=32))
-    assert "fits this GPU (Tesla T4" in out.getvalue()
+    assert out.getvalue().startswith("fits this GPU: ") and "of 14.00 GiB" in out.getvalue().splitlines()[0]
 
 
 def test_seq_len_reads_the_longest_row_of_the_whole_dataset(tok):

@@ -63,6 +63,8 @@ def test_a_loop_that_keeps_its_outputs_through_backward(tmp_path):
     flat = " ".join(str(r).split())
     assert flat.startswith("Watched 3 steps of your loop, no out-of-memory error")
     assert f"ratio {r.first_step_ratio:.3f}" in flat and f"ratio {r.later_steps_ratio:.3f}" in flat
+    assert "the estimate took outputs_kept=True: detected" not in flat and "details: report.text(details=True)" in flat
+    flat = " ".join(r.text(details=True).split())      # the notes: in the details
     assert "the estimate took outputs_kept=True: detected" in flat and "Evaluation" not in flat
     w.close()
 

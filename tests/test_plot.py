@@ -159,4 +159,4 @@ def test_breakdown_is_an_estimate_alone_against_a_near_limit():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ESTIMATED peak"]
     assert not any("not run" in t or "measured" in t.lower() for t in _texts(ax) + _legend(ax))
     assert "Colab T4: limit 15.00 GiB" in _legend(ax)            # near the bar: drawn as a line
-    assert any("does NOT fit, 35.00 GiB over" in t for t in _texts(ax))
+    assert any("does NOT fit, peak 50.00 GiB is 35.00 GiB over" in t for t in _texts(ax))   # the figure, by name

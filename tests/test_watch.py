@@ -162,7 +162,8 @@ def test_a_completed_run_sets_the_measured_peak_beside_the_estimate(ds, tok, tmp
     assert 1.0 <= r.between_steps_bytes / r.estimate_between_bytes <= 1.005     # measured 1.0003
     # a reading between steps is not the peak's moment: the peak is shown as not taken, with no ratio to its estimate
     assert r.measured_peak_bytes is None and r.ratio is None
-    flat = " ".join(str(r).split())                   # (the report folds long lines)
+    assert ("details: report.text(details=True)" in str(r)) == bool(r.notes)   # the notes, where any, apart
+    flat = " ".join(r.text(details=True).split())     # (the report folds long lines)
     peak, between = flat.split("Training peak: not taken")[1].split("Between steps")
     assert f"estimated {fmt_bytes(r.estimate_peak_bytes)} (its step 2 on)" in peak and "ratio" not in peak
     assert f"ratio {r.between_steps_bytes / r.estimate_between_bytes:.3f}" in between
@@ -308,7 +309,10 @@ def test_a_cap_between_step_1_and_step_2_runs_out_at_step_2_and_is_reported(ds, 
     assert report.error.startswith("OutOfMemoryError: kit memory cap: live tensors would reach ")
     assert f"over the cap of {fmt_bytes(cap)}" in report.error and report.cap_bytes == cap
     assert str(report).startswith(f"OUT OF MEMORY at step 2, during {PHASES['forward_backward']}.")
-    assert f"The run had a memory cap of {fmt_bytes(cap)}: CPU live-tensor counter" in str(report)
+    first = " ".join(str(report).split())             # the answer: the figure alive then, by name, and the cap
+    assert f"Alive then: {fmt_bytes(report.measured['total'])} (CPU live tensors, measured) of the " \
+           f"{fmt_bytes(cap)} cap." in first and len(str(report).splitlines()) <= 15
+    assert f"The run had a memory cap of {fmt_bytes(cap)}: CPU live-tensor counter" in report.text(details=True)
     m = report.measured
     assert m["total"] <= cap                                   # the failing op's outputs were never counted
     assert m["weights"] / est.weights_bytes == 1.0 and 1.0 <= m["optimizer state"] / est.optimizer_bytes <= 1.0001

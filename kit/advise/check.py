@@ -1,41 +1,82 @@
-"""``kit.check(trainer)``: the estimate of a built Trainer (or of any Estimate), its verdict for a device, where
-each setting was read from and, when it does not fit, the fit advisor's top changes. Prediction only.
+"""``kit.check(trainer)``: the answer first (the verdict with the figure judged, the biggest cause, the best change),
+then the setup and its components in a few lines; ``details=True`` adds the full estimate table, where each
+setting was read from and the fit advisor's changes with their costs and code. Prediction only.
 
 >>> from kit.estimate import estimate_from
 >>> est = check(estimate_from("tiny-gpt2", seq_len=64), device="colab-t4")  # doctest: +ELLIPSIS
-tiny-gpt2: batch 8 x seq 64, fp32, ...
+fits Colab T4: ... reserved (modelled) of 14.56 GiB (... to spare)
+...
 """
 from __future__ import annotations
 
+from kit.advise.answer import biggest_cause
 from kit.advise.core import advise
 from kit.estimate import Estimate, estimate_trainer
-from kit.presets import resolve_device, verdict
-from kit.units import wrap
+from kit.presets import figures_line, resolve_device, verdict
+from kit.units import fmt_bytes, wrap
+
+TOP = 3   # the fit advisor's changes shown
 
 
-def check(trainer_or_estimate, device=None, *, seq_len=None):
-    """Print the estimate table, the verdict and where each setting was read from; return the Estimate.
+def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = False):
+    """Print the answer first (at most 5 lines), the setup in brief and the next changes; return the Estimate.
 
-    ``device``: None judges against this GPU (what torch can have of it now: total memory less
-    what other processes and the CUDA context use), or, with no GPU here, the ``"colab-t4"``
-    preset, and says so. A preset name (``"l4"``, ``"a100-80"``...), ``"this"`` or a number of
-    bytes judges against that (:func:`kit.presets.resolve_device`).
+    ``details=True`` prints the answer, then everything: the estimate table, where each setting was read from,
+    and each of the advisor's changes with its costs and in your objects. ``device``: None judges against this
+    GPU (what torch can have of it now: total memory less what other processes and the CUDA context use), or,
+    with no GPU here, the ``"colab-t4"`` preset, and says so. A preset name (``"l4"``, ``"a100-80"``...),
+    ``"this"`` or a number of bytes judges against that (:func:`kit.presets.resolve_device`).
     """
     preset, why = resolve_device(device)
     est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
         estimate_trainer(trainer_or_estimate, seq_len=seq_len, device="cuda" if preset.gpu_bytes else "cpu")
-    lines = [est.table(preset)] + ([why] if why else [])
+    v = verdict(est, preset)
+    advice, problem = None, None
+    if not v.fits:  # the fit advisor's changes
+        try:
+            advice = advise(trainer_or_estimate, preset, trainer_estimate=est)
+        except ValueError as exc:
+            problem = f"(no advice: {exc})"
+    lines = answer(est, v, advice) + [problem] * bool(problem)
+    lines += full(est, preset, why, advice) if details else brief(est, why) + [
+        "details: kit.check(..., details=True): the full table, where each setting came from"
+        + (", every change in full" if advice is not None else "")]
+    print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long lines fold
+    return est
+
+
+def answer(est, v, advice=None) -> list:
+    """The answer's lines: the advisor's where it ran (the same verdict, its best change), else the verdict's
+    (``v``: :func:`kit.presets.verdict` of ``est``)."""
+    if advice is not None:
+        return advice.answer()
+    return [v.text] + [x for x in [figures_line(est)] if x] + [biggest_cause(est)] + ["no change needed"] * v.fits
+
+
+def brief(est, why=None) -> list:
+    """A blank line, the setup and its components at the peak in two lines, and where the device came from."""
+    s, peak = est.setup, est.peak_bytes
+    trained = f"LoRA r{s.get('lora_r')}" if s.get("lora_r") else "full fine-tune" if \
+        est.trainable_params >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
+    quant = "" if s.get("quantization") in (None, "none") else f"{s.get('quantization')} weights, "
+    parts = [f"{k} {fmt_bytes(n)}" for k, n in est.components().items() if n >= 0.01 * peak]
+    out = ["", f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}, "
+               f"{quant}{trained}, {s.get('optimizer')}, checkpointing "
+               f"{'on' if s.get('gradient_checkpointing') else 'off'}",
+           "  at the peak: " + ", ".join(parts)]
+    return out + ([why] if why else [])
+
+
+def full(est, preset, why, advice) -> list:
+    """Everything: the estimate table, where the device came from, the sources, the advisor's changes in full."""
+    out = ["", est.table(preset)] + ([why] if why else [])
     sources = getattr(est, "sources", None)
     if sources:
-        lines.append("where each setting was read from:")
-        lines += [f"  {k:<24}{show_value(v):<22}{w}" for k, (v, w) in sources.items()]
-    if not verdict(est, preset).fits:  # the fit advisor's top 3 changes
-        try:
-            lines.append(advise(trainer_or_estimate, preset, trainer_estimate=est).text(top=3))
-        except ValueError as exc:
-            lines.append(f"(no advice: {exc})")
-    print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long source lines fold
-    return est
+        out.append("where each setting was read from:")
+        out += [f"  {k:<24}{show_value(v):<22} {w}" for k, (v, w) in sources.items()]
+    if advice is not None:
+        out += ["", "the fit advisor in full:"] + advice.details(TOP)
+    return out
 
 
 def show_value(v) -> str:

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.advise.gpus import shard_suggestion
+from kit.advise import said
+from kit.advise.answer import biggest_cause, classes_of
 from kit.advise.objects import in_objects
 from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
@@ -61,7 +63,7 @@ from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_for
 from kit.estimate.read_model import read_model
 from kit.presets import resolve_device
-from kit.units import GiB, fmt_bytes, wrapped
+from kit.units import fmt_bytes, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
 BEAM, MAX_CHANGES, MAX_SUGGESTIONS = 4, 3, 5   # triples grow from the BEAM pairs of lowest peak
@@ -135,6 +137,8 @@ class Advice:
     objects: list = field(repr=False, default_factory=list)
     reserved_bytes: int = 0    # the setup's predicted max_memory_reserved() (kit.estimate.reserved)
     expandable_segments: bool = False   # the allocator setting it assumes
+    cause: str = ""            # the setup's biggest cause, in one line (kit.advise.answer.biggest_cause)
+    classes: dict = field(repr=False, default_factory=dict)   # object name -> the user's class (answer.classes_of)
 
     def to_json(self) -> dict:
         """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields); a
@@ -154,44 +158,31 @@ class Advice:
                 "max_eval_batch_size": self.max_eval_batch_size,
                 "suggestions": sug, "notes": self.notes}
 
+    @property
+    def judged_bytes(self) -> int:
+        """The figure judged against the usable limit (reserved, or the peak under a safety fraction)."""
+        return self.limit.usable_bytes - self.margin_bytes
+
+    def judged_name(self) -> str:
+        """The name of the figure judged, as the text says it ("reserved (modelled)", "peak (allocated)")."""
+        return said.judged_name(self)
+
+    def answer(self) -> list:
+        """At most 5 lines: the verdict, what the peak and reserved figures are (where both are shown), the
+        biggest cause, and the single best change (in the user's objects where there are some)."""
+        return said.answer(self)
+
     @wrapped
-    def text(self, top: int | None = None) -> str:
-        """The verdict line, the ranked table (``top`` rows), then the largest batch and sequence that fit."""
-        lim = self.limit
-        f = lambda n: fmt_bytes(n, "GiB" if lim.limit_bytes >= GiB else None)  # noqa: E731 (one unit per column)
-        short = f"{f(self.margin_bytes)} to spare" if self.margin_bytes >= 0 else f"{f(-self.margin_bytes)} short"
-        ram = "" if self.cpu_build_bytes <= lim.ram_bytes else \
-            f"; CPU build {f(self.cpu_build_bytes)} does NOT fit {f(lim.ram_bytes)} of RAM"
-        if self.evaluates:
-            ram += f"; evaluate() {f(self.eval_peak_bytes)}" + (" does NOT fit" if self.eval_peak_bytes >
-                                                                lim.usable_bytes else "")
-        if lim.safety_fraction is None and lim.kernels == "cpu":   # no caching allocator: the peak is judged
-            what = f"peak {f(self.peak_bytes)} of {f(lim.limit_bytes)}"
-        elif lim.safety_fraction is None:
-            what = (f"peak {f(self.peak_bytes)} allocated, {f(self.reserved_bytes)} reserved (the caching allocator "
-                    f"modelled, expandable_segments {'on' if self.expandable_segments else 'off'}) of "
-                    f"{f(lim.limit_bytes)}")
-        else:
-            what = (f"peak {f(self.peak_bytes)} of {f(lim.usable_bytes)} usable ({f(lim.limit_bytes)} less a "
-                    f"{lim.safety_fraction:.0%} safety margin)")
-        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {lim.label}: {what}: {short}{ram}"]
-        rows = self.suggestions[:top]
-        if rows:
-            out.append(("what makes it fit, cheapest first:" if rows[0].fits else "nothing tried fits; the closest:")
-                       + f"\n  {'#':>2} {'peak':>10} {'reserved':>10} {'margin':>11}  changes (append to the command)")
-            for i, s in enumerate(rows, 1):
-                margin = ("+" if s.margin_bytes >= 0 else "-") + f(abs(s.margin_bytes))
-                held = f(s.reserved_bytes) if lim.safety_fraction is None else "-"
-                out.append(f"  {i:>2} {f(s.peak_bytes):>10} {held:>10} {margin:>11}  {s.cli}"
-                           + "".join(f"\n{'':38}cost: {c}" for c in s.costs))
-                if i <= len(self.objects):   # the same change in the user's own objects
-                    o = self.objects[i - 1]
-                    code = o.statements() or ["(no field of your objects changes)"]
-                    out += [f"{'':38}{'in your objects: ' if j == 0 else '':17}{c}" for j, c in enumerate(code)]
-                    out += [f"{'':38}not in an object: {n}" for n in o.notes]
-        out += [f"note: {n}" for n in self.notes]
-        out.append(f"largest batch that fits: {self.max_batch_size}; longest sequence: {self.max_seq_len}")
-        return "\n".join(out)
+    def text(self, top: int | None = None, details: bool = False) -> str:
+        """The answer (:meth:`answer`), then the ranked changes (``top`` rows) one line each and the largest batch
+        and sequence that fit; ``details``: each change with its costs and in the user's objects, and the notes."""
+        if not details:
+            return "\n".join(self.answer() + said.short_rows(self, top))
+        return "\n".join(self.answer() + [""] + self.details(top))
+
+    def details(self, top: int | None = None) -> list:
+        """The full text: the verdict with both figures, each change with its costs and in the user's objects."""
+        return said.details(self, top)
 
     __str__ = text
 
@@ -263,7 +254,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
             str(getattr(strategy, "value", strategy)) != "no"
-    s = Search(opts, lim, kin.flag("evaluates", evaluates), cancelled)
+    s = Search(opts, lim, kin.flag("evaluates", evaluates), flattened_rows(read), cancelled)
     be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
@@ -281,10 +272,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of "
                      f"{fmt_bytes(lim.ram_bytes)} RAM, and neither 16-bit nor 4-bit weights fit there: no change "
                      "the advisor tries helps")
-    if not found:   # nothing fits: the closest tried, to show how far it is
-        found = sorted(level, key=lambda n: n[2].peak_bytes)[:3]
-    best = sorted(found, key=s.rank)[:MAX_SUGGESTIONS]
-    out = sorted((s.suggestion(*s.refine(*n)) for n in best), key=lambda x: x.rank)
+    out = _suggestions(s, found)
+    if not out:   # nothing fits (with rows of a useful length): the closest tried, to show how far it is
+        out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda n: n[2].peak_bytes)[:3])
     if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
         out += [x for x in [shard_suggestion(s, out)] if x]
     ev, mev, b = be.eval_peak_bytes, 0, s.base
@@ -302,7 +292,31 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
                   out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
                   [in_objects(x, given) for x in out] if given is not None and given.inputs else [],
-                  be.reserved_bytes, be.expandable_segments)
+                  be.reserved_bytes, be.expandable_segments, biggest_cause(be),
+                  classes_of(given.inputs if given is not None else None))
+
+
+
+def _suggestions(s: Search, nodes: list) -> list:
+    """The cheapest :data:`MAX_SUGGESTIONS` of ``nodes``, each refined, none cutting rows below a useful length."""
+    out = []
+    for node in sorted(nodes, key=s.rank):
+        node = s.refine(*node)
+        out += [] if s.too_short(node) else [s.suggestion(*node)]
+        if len(out) == MAX_SUGGESTIONS:
+            break
+    return sorted(out, key=lambda x: x.rank)
+
+
+def flattened_rows(est) -> int:
+    """The examples one micro-batch row holds: per_device_train_batch_size where it is flattened (padding-free),
+    else 1. The advisor cuts no row below MIN_ROW_TOKENS tokens (:mod:`kit.advise.search`)."""
+    inputs = getattr(est, "inputs", None) or {}
+    if not inputs.get("padding_free"):
+        return 1
+    args = next((inputs[k] for k in ("args", "sft_config", "training_args") if inputs.get(k) is not None), None)
+    rows = getattr(args, "per_device_train_batch_size", 1)
+    return rows if isinstance(rows, int) and rows > 0 else 1
 
 
 def _is_trainer(setup) -> bool:

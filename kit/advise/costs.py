@@ -3,6 +3,8 @@ its table. Each figure in them is an estimate's, or says it is a rule of thumb.
 """
 from __future__ import annotations
 
+import importlib.util
+
 from kit import inputs as kin
 from kit.advise import levers
 from kit.estimate.reserved import HOW_TO
@@ -15,9 +17,27 @@ def trains_weights(o) -> bool:  # weights are trained in the loaded dtype (full 
     return not o["lora_r"]
 
 
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (found, not imported: the advisor stays light)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):   # a broken or half-removed install: not usable
+        return False
+
+
+def needs(package: str, pip_name: str | None = None) -> str:
+    """The words a cost adds for a package: nothing where it is installed here, else how to install it.
+
+    >>> needs("importlib"), needs("no_such_package_kit", "no-such")
+    ('', '; needs `pip install no-such` (not installed here)')
+    """
+    return "" if installed(package) else f"; needs `pip install {pip_name or package}` (not installed here)"
+
+
 def cost(m, b, o, be, e) -> str:
     """What move ``m`` costs, taking base options ``b`` (estimate ``be``) to ``o`` (estimate ``e``)."""
-    f, bnb = fmt_bytes, "needs bitsandbytes (Colab lacks it)"
+    f, bnb = fmt_bytes, needs("bitsandbytes")
+    liger = "" if installed("liger_kernel") else " and `pip install liger-kernel` (not installed here)"
     frozen = bool(o["lora_r"]) or not be.context.trainable["block"]   # the blocks' weights get no grads
     weights = f"weights {f(be.weights_bytes)} -> {f(e.weights_bytes)}"
     trained = f"{e.trainable_params:,} trainable parameters instead of {be.trainable_params:,}"
@@ -33,7 +53,7 @@ def cost(m, b, o, be, e) -> str:
                                f"freed block serves a request of another size: reserved {f(be.reserved_bytes)} -> "
                                f"{f(e.reserved_bytes)} (modelled, not measured); {HOW_TO}"),
         "liger": lambda: (f"none in the math: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE{'' if o.get('fused_lm_head') else ', and a fused linear cross-entropy that never builds the (batch, seq, vocab) logits'}); "
-                          "needs `pip install liger-kernel` and a CUDA GPU; TrainingArguments(use_liger_kernel=True); "
+                          f"needs a CUDA GPU{liger}; TrainingArguments(use_liger_kernel=True); "
                           "estimated from Liger 0.8.2's source, not yet measured on a GPU"),
         "fused": lambda: "none: the same AdamW update in one fused kernel (optim='adamw_torch_fused'), no temporaries",
         "sdpa": lambda: "none: the same attention through torch's sdpa, without the S x S scores",
@@ -59,12 +79,12 @@ def cost(m, b, o, be, e) -> str:
         "mixed": lambda: f"numerics: {o['precision']} autocast (fp32 master weights kept"
                          f"{', loss scaling' if o['precision'] == 'fp16' else ''}); usually faster on a GPU",
         "adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise; optimizer state {f(be.optimizer_bytes)} -> "
-                         f"{f(e.optimizer_bytes)}; {bnb}",
+                         f"{f(e.optimizer_bytes)}{bnb}",
         "paged-adam": lambda: (f"same numerics (AdamW's state in fp32, bitsandbytes' PagedAdamW32bit): "
                                f"{f(e.paged_optimizer_bytes)} of it in CUDA managed memory, outside this peak, paged "
-                               "to RAM when the GPU runs short (slower then, by how much is not measured); " + bnb),
+                               "to RAM when the GPU runs short (slower then, by how much is not measured)" + bnb),
         "paged-adam8": lambda: f"numerics: AdamW state in 8 bits, block-wise, {f(e.paged_optimizer_bytes)} of it in "
-                               "CUDA managed memory, outside this peak: paged to RAM under pressure (slower then); "
+                               "CUDA managed memory, outside this peak: paged to RAM under pressure (slower then)"
                                + bnb,
         "lean": lambda: f"numerics: the non-quantized weights stay in {o['load_dtype']}, not upcast to fp32 (no "
                         "prepare_model_for_kbit_training: turn on checkpointing and input grads yourself)",
@@ -79,7 +99,7 @@ def cost(m, b, o, be, e) -> str:
         "head-lora": lambda: f"changes the model: {o['lora_targets'][0]}'s weight is frozen and a rank-{o['lora_r']} "
                              f"update trains ({trained}); zero the frozen weight first and the layer is a low-rank map "
                              "(scenario 1's fix (b)), whose frozen weight still costs its bytes",
-        "8bit": lambda: f"changes the model: base weights in 8 bits (LLM.int8){lora}; {bnb}",
-        "4bit": lambda: f"changes the model: base weights in NF4 4-bit{lora}; {bnb}",
+        "8bit": lambda: f"changes the model: base weights in 8 bits (LLM.int8){lora}{bnb}",
+        "4bit": lambda: f"changes the model: base weights in NF4 4-bit{lora}{bnb}",
     }
     return words[m]()

@@ -20,6 +20,7 @@ from kit.estimate.inventory import info_for
 from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
+MIN_ROW_TOKENS = 32   # the shortest training row the advisor suggests (scenario 2's user trains rows of 30)
 INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (docs/known-failures.md)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
 CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
@@ -128,7 +129,7 @@ MOVES = {
     "ckpt-offload": (_offload("checkpoint_offload"), 2), "trl-offload": (_offload("activation_offloading"), 2),
     "eval": (_eval, 1),
     # probed at their extreme (1/8 of the sequence, batch 1), then refined to the least change that fits
-    "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > 1 else None, 5),
+    "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > c.min_seq_len else None, 5),
     "split": (lambda o, c: {"batch_size": 1, "grad_accum": o["grad_accum"] * o["batch_size"]}
               if o["batch_size"] > 1 else None, 1),
     "paged-adam": (_paged32, 1),   # after the split: it needs bitsandbytes, which Colab lacks
@@ -172,10 +173,12 @@ class Cancelled(Exception):
 
 class Search:
     """One advise() call: the base options, the limit, and every estimate made (cached by options).
-    ``cancelled``: a callable asked before each new estimate; when it returns True, :class:`Cancelled` is raised."""
+    ``rows``: the examples one flattened (padding-free) row holds; ``cancelled``: a callable asked before each new
+    estimate; when it returns True, :class:`Cancelled` is raised."""
 
-    def __init__(self, base: dict, lim, evaluates: bool = False, cancelled=None):
+    def __init__(self, base: dict, lim, evaluates: bool = False, rows: int = 1, cancelled=None):
         self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
+        self.min_seq_len = MIN_ROW_TOKENS * rows
         self.cancelled = cancelled
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
@@ -263,6 +266,11 @@ class Search:
             o["eval_batch_size"] = largest_fitting(lambda n: self.peak({**o, "eval_batch_size": n}, "eval_peak_bytes"),
                                                    1, b["eval_batch_size"], use)
         return names, o, self.estimate(o)
+
+    def too_short(self, node) -> bool:
+        """A node whose rows are cut below :data:`MIN_ROW_TOKENS` (after :meth:`refine`): never suggested."""
+        o = node[1]
+        return o["seq_len"] != self.base["seq_len"] and o["seq_len"] < self.min_seq_len
 
     def changes(self, o) -> dict:
         b = self.base

@@ -101,7 +101,7 @@ def real_size_figure(real=None):
 
     real = real or s1.predict_original("real")
     t4, t4_name = _t4()
-    return plot.breakdown(real.estimate.components(), t4, device_label=t4_name,
+    return plot.breakdown(real.estimate.components(), t4, device_label=t4_name, judged=real.estimate,
                           title=f"ESTIMATED at real size: {real.name}, one training step (nothing measured)")
 
 
@@ -129,7 +129,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
     s1_sum["advice"] = {"rows": advice.rows, "data": advice.data}
     glance["real"] = (f"**Scenario 1 at the user's real size**, ESTIMATED before loading anything: "
                       f"`{real.name}` needs **{fmt_bytes(real.peak_bytes)}** at the peak of a training step; "
-                      f"{plot.limit_text(real.peak_bytes, t4, t4_name)}. The head `{real.offender}` is the cause.")
+                      f"{plot.limit_text(real.estimate, t4, t4_name)}. The head `{real.offender}` is the cause.")
     recipe = "" if size == "real" else (
         f" The Colab recipe at this size (fp16 mixed precision on a GPU, accumulation {s1.USER['grad_accum']}) "
         f"is ESTIMATED at {fmt_bytes(pred.peak_bytes)}; that is not what runs here, so it is not compared.")

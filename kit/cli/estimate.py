@@ -36,6 +36,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_setup_options(p)
     p.add_argument("--preset", choices=list(PRESETS), default="colab-t4", help="device for the verdict")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--details", action="store_true", help="after the answer, the full table: every component, the "
+                   "phases a run meets, the biggest modules and the notes")
     p.set_defaults(func=run)
     _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
     return p
@@ -111,15 +113,39 @@ def run(args: argparse.Namespace) -> int:
         v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
         out = est.to_json()
         out["verdict"] = {"preset": v.preset.name, "fits": v.fits, "gpu_margin_bytes": v.gpu_margin_bytes,
-                          "ram_margin_bytes": v.ram_margin_bytes, "text": v.text}
+                          "ram_margin_bytes": v.ram_margin_bytes, "text": v.text, "judged": v.judged_name,
+                          "judged_bytes": v.judged_bytes, "limit_bytes": v.limit_bytes}
         print(json.dumps(out, indent=2))
     else:
-        print(est.table(preset))
+        print(face(est, preset, {"model": args.model, **from_arguments(args)}, getattr(args, "details", False)))
         if args.accelerate_config:
             from kit.estimate.launch import launch_command
 
             print(f"\nPer GPU, for: {launch_command(args.accelerate_config)}")
     return 0
+
+
+def face(est, preset: str, setup: dict, details: bool = False) -> str:
+    """The answer first (the verdict with the figure judged, the biggest cause, and where it does not fit the fit
+    advisor's best change for ``setup``, estimate()'s keywords), then the setup in brief, or with ``details`` the
+    full table."""
+    from kit.advise.check import answer, brief
+    from kit.presets import verdict
+    from kit.units import wrap
+
+    v, advice, problem = verdict(est, preset), None, []
+    if not v.fits:
+        try:
+            with quiet():
+                from kit.advise import advise
+
+                advice = advise(setup, preset)
+        except ValueError as exc:
+            problem = [f"(no advice: {one_line(exc)})"]
+    if details:
+        return wrap("\n".join(answer(est, v, advice) + problem)) + "\n\n" + est.table(preset)
+    return wrap("\n".join(answer(est, v, advice) + problem + brief(est) + [
+        "details: --details (the full table); what else fits: python -m kit fit with the same options"]))
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import sys
 
 from kit.training_setup import flag_of, from_arguments
 
+TOP = 5             # the changes the default text lists, one line each (--details: all, with their costs)
 _FLAGS: dict = {}   # this command's other options (--device, --safety ...), to name one in an error
 
 
@@ -39,6 +40,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval", dest="evaluates", action="store_true",
                    help="the run evaluates: Trainer.evaluate()'s peak (at --eval-batch-size) must fit too")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--details", action="store_true", help="each change with what it costs, the notes, and the "
+                   "verdict's peak and reserved figures")
     p.set_defaults(func=run)
     _FLAGS.update({a.dest: a.option_strings[0] for a in p._actions if a.option_strings}, setup="--model")
     return p
@@ -83,5 +86,12 @@ def run(args: argparse.Namespace) -> int:
         if traceback_wanted():
             raise
         return 1
-    print(json.dumps(advice.to_json(), indent=2) if args.json else advice.text())
+    if args.json:
+        print(json.dumps(advice.to_json(), indent=2))
+    elif args.details:
+        print(advice.text(details=True))
+    else:
+        print(advice.text(top=TOP))
+        print(f"details: --details ({len(advice.suggestions)} changes, what each costs"
+              + (f", {len(advice.notes)} notes)" if advice.notes else ")"))
     return 0

@@ -9,20 +9,26 @@ from kit.units import fmt_bytes, gib
 OFF_SCALE = 2.0     # a limit over twice the highest bar is stated in text and drawn in a side panel
 
 
-def limit_text(peak_bytes: int | float, limit_bytes: int | float, device_label: str | None = None) -> str:
-    """The device verdict in words, for a limit too far off a chart's scale to draw as a line.
+def limit_text(peak_bytes, limit_bytes: int | float, device_label: str | None = None, figure: str = "peak") -> str:
+    """The device verdict in words, for a limit too far off a chart's scale to draw as a line. ``figure`` names
+    the figure judged (``peak_bytes``). An estimate in place of ``peak_bytes`` is judged as the verdicts judge it
+    (:func:`kit.presets.verdict`): its reserved figure, "reserved (modelled)", where it has one.
 
     >>> limit_text(2**30, 15 * 2**30, "Colab T4")
-    'limit 15.00 GiB on a Colab T4: fits, 93.3% to spare'
-    >>> limit_text(60 * 2**30, 15 * 2**30)
-    'limit 15.00 GiB: does NOT fit, 45.00 GiB over (4.0x the limit)'
+    'limit 15.00 GiB on a Colab T4: fits, peak 1.00 GiB, 93.3% to spare'
+    >>> limit_text(60 * 2**30, 15 * 2**30, figure="reserved (modelled)")
+    'limit 15.00 GiB: does NOT fit, reserved (modelled) 60.00 GiB is 45.00 GiB over (4.0x the limit)'
     """
+    if hasattr(peak_bytes, "peak_bytes"):   # an Estimate
+        held = getattr(peak_bytes, "reserved_bytes", 0)
+        peak_bytes, figure = (held, "reserved (modelled)") if held else (peak_bytes.peak_bytes, figure)
     where = f" on a {device_label}" if device_label else ""
     spare = limit_bytes - peak_bytes
     if spare >= 0:
-        return f"limit {gib(limit_bytes):.2f} GiB{where}: fits, {100 * spare / limit_bytes:.1f}% to spare"
-    return (f"limit {gib(limit_bytes):.2f} GiB{where}: does NOT fit, {fmt_bytes(-spare)} over "
-            f"({peak_bytes / limit_bytes:.1f}x the limit)")
+        return (f"limit {gib(limit_bytes):.2f} GiB{where}: fits, {figure} {fmt_bytes(peak_bytes)}, "
+                f"{100 * spare / limit_bytes:.1f}% to spare")
+    return (f"limit {gib(limit_bytes):.2f} GiB{where}: does NOT fit, {figure} {fmt_bytes(peak_bytes)} is "
+            f"{fmt_bytes(-spare)} over ({peak_bytes / limit_bytes:.1f}x the limit)")
 
 
 def _stack(ax, x, components: dict, scale: int = UNIT_BYTES["GiB"]) -> float:
@@ -45,13 +51,15 @@ def _checked(components: dict) -> dict:
 
 
 def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, device_label: str | None,
-                    xlabels: list[str], not_run: bool = False, unit: str | None = "GiB") -> Figure:
+                    xlabels: list[str], not_run: bool = False, unit: str | None = "GiB",
+                    judged=None) -> Figure:
     """The shared body: stacked estimate at x=0, ``bars`` [(label, bytes)] after it, and the limit.
 
     The bars set the main axis' scale. A limit within ``OFF_SCALE`` times the highest bar is a
     dashed line on it; a farther one is stated in text on the main axis, and a narrow side panel
     draws the bars against it (the first axis is always the bars' own scale). ``unit``: the main axis' unit
-    (None: the one that suits its highest value, :func:`kit.plot.style.axis_unit`).
+    (None: the one that suits its highest value, :func:`kit.plot.style.axis_unit`). ``judged``: the estimate whose
+    figure the verdict judges (its reserved figure), where not the highest bar's peak.
     """
     total_bytes = sum(components.values())
     top_bytes = max([total_bytes] + [b for _, b in bars])
@@ -80,7 +88,8 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
         draw_limit(ax, limit_bytes, "limit" if not device_label else f"{device_label}: limit", unit)
         top = max(top, limit_bytes / scale)
     if limit_bytes is not None:
-        ax.text(0.98, 0.03, limit_text(top_bytes, limit_bytes, device_label).replace(": ", ":\n", 1),
+        said = limit_text(top_bytes if judged is None else judged, limit_bytes, device_label)
+        ax.text(0.98, 0.03, said.replace(": ", ":\n", 1),
                 transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=9, bbox=dict(boxstyle="round", facecolor="white", edgecolor="0.7"))
     ax.set_xticks(range(len(xlabels)), xlabels)
@@ -134,15 +143,17 @@ def predicted_vs_measured(components: dict, measured_peak_bytes: int | None, lim
 
 
 def breakdown(components: dict, limit_bytes: int | None = None, title: str = "ESTIMATED peak",
-              device_label: str | None = None, unit: str | None = "GiB") -> Figure:
+              device_label: str | None = None, unit: str | None = "GiB", judged=None) -> Figure:
     """An estimate alone (nothing measured): its components stacked in one bar, against the device.
 
     Like :func:`predicted_vs_measured` without a measured column: the limit is a line when it
-    is near, else written as text with a side panel.
+    is near, else written as text with a side panel. ``judged``: the Estimate, where the verdict is to judge its
+    reserved figure (as :func:`kit.presets.verdict` does), not the bar's peak.
 
     >>> fig = breakdown({"weights": 10 * 2**30, "optimizer state": 20 * 2**30}, 15 * 2**30, device_label="Colab T4")
     >>> print([t.get_text() for t in fig.axes[0].texts][-1])
     limit 15.00 GiB on a Colab T4:
-    does NOT fit, 15.00 GiB over (2.0x the limit)
+    does NOT fit, peak 30.00 GiB is 15.00 GiB over (2.0x the limit)
     """
-    return _bars_and_limit(_checked(components), [], limit_bytes, title, device_label, ["ESTIMATED peak"], unit=unit)
+    return _bars_and_limit(_checked(components), [], limit_bytes, title, device_label, ["ESTIMATED peak"], unit=unit,
+                           judged=judged)

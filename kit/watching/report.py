@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kit.estimate.from_objects import PACKED_EVAL
 from kit.plot.live import in_notebook
 from kit.units import fmt_bytes, wrapped
+from kit.watching.advice import advice_text  # noqa: F401 (the report's advice, kept here by name)
 from kit.watching.alive import read_alive  # noqa: F401 (the report's reading, kept here by name)
 
 # phase key -> what it means, as the report says it
@@ -110,16 +111,47 @@ class TrainReport:
         return _ratio(self.later_steps_peak_bytes, self.estimate_peak_bytes)
 
     @wrapped
-    def text(self) -> str:
-        return "\n".join(self._oom_lines() if self.oom else self._done_lines())
+    def text(self, details: bool = False) -> str:
+        """The answer first (at most 5 lines); ``details``: everything the run read, and the advisor in full."""
+        if not self.oom:
+            return "\n".join(self._done_lines(details))
+        return "\n".join(self._oom_answer() + (self._oom_lines() if details else self._oom_brief()))
 
     __str__ = text
 
-    def _oom_lines(self) -> list:
+    def _oom_answer(self) -> list:
+        """What died and where, the figure that was alive then, the biggest part of it, and the best change."""
         what = "CUDA allocated" if self.reading == "cuda_allocated" else "CPU live tensors"
         when = "before the first step" if self.phase == "setup" else f"at step {self.step}"
+        total = self.measured.get("total")
+        cap = f" of the {fmt_bytes(self.cap_bytes)} cap" if self.cap_bytes else ""
+        alive = f" Alive then: {fmt_bytes(total)} ({what}, measured){cap}." if total is not None else \
+            f" The run had a{cap[3:]}." if cap else ""
+        out = [f"OUT OF MEMORY {when}, during {self.phase_text}.{alive}"]
+        parts = {k: v for k, v in self.measured.items() if k != "total" and v is not None}
+        if parts:
+            top = max(parts, key=parts.get)
+            est = self.estimated.get(top)
+            out.append(f"biggest then: {_rest_label(top, self.reading)}, {fmt_bytes(parts[top])} (measured"
+                       + (f"; estimated {fmt_bytes(est)})" if est is not None else ")"))
+        best = getattr(self.advice, "best", None)
+        if best:
+            out.append(best)
+        return out
+
+    def _oom_brief(self) -> list:
+        said = (self.error or "").split(". ")[0]
+        who = "run and did not raise: the kernel is usable, and the Trainer can train again (from step 1)." \
+            if self.by == "kit.train" else ("loop and did not raise: the kernel is usable, and the model and optimizer "
+                                            "train again; your loop's outputs and loss hold theirs until you del them.")
+        return [f"  {said}", f"{self.by} stopped the {who}",
+                "details: report.text(details=True): what was alive by component beside the estimate, the largest "
+                "tensors and their holders, the fit advisor in full"]
+
+    def _oom_lines(self) -> list:
         freed = "".join(f", the {k} ({fmt_bytes(v)})" for k, v in self.freed.items())
-        out = [f"OUT OF MEMORY {when}, during {self.phase_text}.", f"  {self.error}",
+        what = "CUDA allocated" if self.reading == "cuda_allocated" else "CPU live tensors"
+        out = ["", f"  {self.error}",
                *([f"  The run had a memory cap of {fmt_bytes(self.cap_bytes)}: {self.cap_how}."]
                  if self.cap_bytes else []),
                (f"  kit.train stopped the run and did not raise. It released the failed call's frames{freed}: "
@@ -151,7 +183,8 @@ class TrainReport:
             out.append(f"Allocator history saved to {self.snapshot_path}: drag it onto https://pytorch.org/memory_viz.")
         return out + [f"note: {n}" for n in self.notes]
 
-    def _done_lines(self) -> list:
+    def _done_lines(self, details: bool = False) -> list:
+        """The run's verdict and its peaks beside the estimate; ``details``: the notes too."""
         out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."
                if self.by == "kit.train" else
                f"Watched {self.step} steps of your loop, no out-of-memory error ({self.seconds:.1f} s)."]
@@ -194,7 +227,10 @@ class TrainReport:
                        f"{self.between_steps_bytes / self.estimate_between_bytes:.3f}")
         if self.snapshot_path:
             out.append(f"Allocator history saved to {self.snapshot_path}: drag it onto https://pytorch.org/memory_viz.")
-        return out + [f"note: {n}" for n in self.notes]
+        if details:
+            return out + [f"note: {n}" for n in self.notes]
+        return out + [f"details: report.text(details=True): {len(self.notes)} note{'s' * (len(self.notes) > 1)}"
+                      ] if self.notes else out
 
 
 def _ratio(measured, estimated) -> float | None:
@@ -248,24 +284,6 @@ def estimated_for(est, phase: str) -> tuple[dict, str | None]:
     parts["the rest"] = max(0, total - sum(parts.values()))
     parts["total"] = total
     return parts, name
-
-
-def advice_text(est, trainer, device_name: str) -> tuple[str, bool | None]:
-    """The fit advisor's verdict and top changes (or why there are none), and whether it says the setup
-    fits (None: no verdict). ``kit.advise`` is imported lazily: it may not be there."""
-    try:
-        from kit.advise import advise
-    except ImportError:
-        return "advisor not available", None
-    if est is None:
-        return "advisor: no estimate of this Trainer, so no advice", None
-    try:
-        a = advise(trainer, device=device_name, trainer_estimate=est)
-    except (ValueError, TypeError) as exc:
-        return f"advisor: could not run ({type(exc).__name__}: {exc})", None
-    text = a.text(top=3) if hasattr(a, "text") else str(a)
-    return "The fit advisor (prediction only):\n" + "\n".join("  " + ln for ln in text.splitlines()), \
-        getattr(a, "fits", None)
 
 
 def set_peak(report: TrainReport, rec, samples, est, split=None) -> None:
