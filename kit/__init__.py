@@ -1,6 +1,6 @@
 """The memory kit: predict, measure and fix memory when fine-tuning language models.
 
-One package per concept (the README's "Layout" is the map): ``estimate`` (the prediction), ``measure`` (the
+One package per concept (docs/layout.md is the map): ``estimate`` (the prediction), ``measure`` (the
 readings, stages, cleanup and leaks), ``advise`` (what fits, and ``check``), ``plot``, ``watching`` (the
 user's own run), ``widgets`` (the panel), ``scenarios`` (the worked cases), ``cli`` (``python -m kit``), over
 the foundations (``units``, ``inputs``, ``training_setup``, ``presets``, ``dtypes``, ``machine``, ``runtime``,
@@ -27,7 +27,7 @@ _logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
 
 
 def __getattr__(name):
-    # `kit.panel(scenario=1|2)` (the contract the README documents), imported on first use so that
+    # `kit.panel(scenario=1|2)` (the contract docs/cli-and-api.md documents), imported on first use so that
     # `import kit` stays light (no ipywidgets, no torch.cuda).
     if name == "panel":
         from kit.widgets import panel

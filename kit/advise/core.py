@@ -141,7 +141,7 @@ class Advice:
     classes: dict = field(repr=False, default_factory=dict)   # object name -> the user's class (answer.classes_of)
 
     def to_json(self) -> dict:
-        """The ``python -m kit fit --json`` object (the README's "What will make it fit" lists its fields); a
+        """The ``python -m kit fit --json`` object (docs/cli-and-api.md's "What will make it fit" lists its fields); a
         suggestion of an object input has ``"objects"`` too (:meth:`kit.advise.objects.InObjects.to_json`)."""
         lim = self.limit
         sug = [s.to_json() for s in self.suggestions]

@@ -1,4 +1,4 @@
-"""``python -m kit estimate``: predict one training setup's memory (the README's "Command line").
+"""``python -m kit estimate``: predict one training setup's memory (docs/cli-and-api.md, "Command line").
 
 >>> # python -m kit estimate --model distilgpt2+vocab-head --batch-size 1 --seq-len 128 --precision fp16
 >>> # python -m kit estimate --model meta-llama/Meta-Llama-3-8B --batch-size 1 --seq-len 512 \\
