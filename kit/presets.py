@@ -194,7 +194,9 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         fits = gpu_margin >= 0 and ram_margin >= 0
         ram = "" if ram_margin >= 0 else \
             f"; CPU build {fmt_bytes(est.cpu_build_bytes)} > {fmt_bytes(preset.ram_bytes)} RAM"
-        what = f"{fmt_bytes(judged)} {name} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
+        gpus = getattr(est, "num_gpus", 1)   # a multi-GPU estimate's bytes are one GPU's: the verdict says so
+        each = f" per GPU ({est.strategy} over {gpus} GPUs)" if gpus > 1 else ""
+        what = f"{fmt_bytes(judged)} {name}{each} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
     head = "fits" if fits else "DOES NOT FIT"
     return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged, name, limit)
 

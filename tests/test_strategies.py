@@ -186,7 +186,10 @@ def test_cli_accelerate_config_sets_the_launch_and_flags_win(capsys):
     data = json.loads(out)
     assert (data["num_gpus"], data["setup"]["precision"]) == (2, "fp32")
     code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "ddp.yaml")], capsys)
-    assert "PER GPU: ddp over 2 GPUs" in out and f"accelerate launch --config_file {DATA / 'ddp.yaml'}" in out
+    assert "reserved (modelled) per GPU (ddp over 2 GPUs) of" in out.splitlines()[0]   # the answer says it
+    assert f"accelerate launch --config_file {DATA / 'ddp.yaml'}" in out
+    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "ddp.yaml"), "--details"], capsys)
+    assert "PER GPU: ddp over 2 GPUs" in out
 
 
 def test_cli_errors_name_the_flag(capsys):
