@@ -104,6 +104,7 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         if fold in done:
             state["folds"].append({**done[fold], "resumed": True})
             continue
+        models_alive = count_live_models()   # at the fold's start, where the user's loop loads its next model
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
         with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
             state["init"], check, losses = fixed_fold(model, state["init"], train_ds, eval_ds, tok, p, output_dir,
@@ -112,7 +113,7 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         if not back:  # name what holds the excess (a slow walk, so only when it is needed)
             print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
                                          raise_on_leak=False).text(), flush=True)
-        rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back,
+        rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back, models_alive=models_alive,
                            baseline_bytes=state["baseline_bytes"], **losses, run_key=key)
         append_result(path, rec)  # on disk before anything else can fail
         state["folds"].append(rec)
@@ -197,7 +198,8 @@ def run_scenario2(model_name: str = "tiny-llama", *, folds: int = 5, broken_fold
              "models_alive_in_training", "oom", "oom_during")
     return {"broken": {"folds": [{k: f[k] for k in keep + extra if k in f} for f in broken["folds"]],
                        "oom_at_fold": broken["oom_at_fold"]},
-            "fixed": {"folds": [{**{k: f[k] for k in keep}, "adapter_reset_ok": f["adapter_reset_ok"]}
-                                for f in fixed["folds"]], "oom_at_fold": fixed["oom_at_fold"]},
+            "fixed": {"folds": [{**{k: f[k] for k in keep + ("models_alive",) if k in f},
+                                 "adapter_reset_ok": f["adapter_reset_ok"]} for f in fixed["folds"]],
+                      "oom_at_fold": fixed["oom_at_fold"]},
             "cap_bytes": broken["cap_bytes"], "cap": broken["cap"], "recipe": recipe or "today's TRL",
             "advice_reset_changed_nothing": bool(advice["changed_nothing"] and advice["fold1_changed_adapter"])}

@@ -185,7 +185,8 @@ def trl_of_the_post(recipe: str | None):
         yield
         return
     if recipe != "standard":
-        raise ValueError(f"recipe must be None (today's TRL) or 'standard' (the TRL of the user's post), not {recipe!r}.")
+        raise ValueError(f"recipe must be None (today's TRL) or 'standard' (the TRL of the user's post), "
+                         f"not {recipe!r}.")
     today, SFTTrainer = SFTTrainer, PostSFTTrainer
     try:
         yield
