@@ -235,16 +235,18 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
     if not broken and not fixed:
         raise ValueError("nothing to draw: pass the fold records of at least one loop")
     folds_n = max(len(broken), len(fixed))
-    loops = [("the user's loop", OKABE_ITO["vermillion"], broken, "models_alive_after_load", _load_bytes),
-             ("fixed loop", OKABE_ITO["blue"], fixed, "models_alive", lambda f: f.get("peak_bytes"))]
-    drawn = [read(f) for _, _, recs, _, read in loops for f in recs if read(f) is not None]
+    loops = [("the user's loop", OKABE_ITO["vermillion"], broken, "models_alive_after_load", _load_bytes,
+              "the user's loop: its load's peak"),
+             ("fixed loop", OKABE_ITO["blue"], fixed, "models_alive", lambda f: f.get("peak_bytes"),
+              "fixed loop: its fold's peak")]
+    drawn = [read(f) for _, _, recs, _, read, _ in loops for f in recs if read(f) is not None]
     unit = axis_unit(max(drawn + [limit_bytes or 0], default=0), unit)
     scale = UNIT_BYTES[unit]
     fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
     count_ax, bytes_ax = fig.subplots(1, 2)
     if title:
         fig.suptitle(title)
-    for i, (name, colour, recs, count_key, read) in enumerate(loops):
+    for i, (name, colour, recs, count_key, read, what) in enumerate(loops):
         xs = [j + (i - 0.5) * 0.4 for j in range(len(recs))]
         counts = [f.get(count_key) for f in recs]
         bars = count_ax.bar([x for x, c in zip(xs, counts) if c is not None], [c for c in counts if c is not None],
@@ -252,7 +254,7 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
         count_ax.bar_label(bars, fontsize=8, padding=1)
         values = [read(f) for f in recs]
         bars = bytes_ax.bar([x for x, v in zip(xs, values) if v is not None],
-                            [v / scale for v in values if v is not None], 0.4, color=colour, label=name)
+                            [v / scale for v in values if v is not None], 0.4, color=colour, label=what)
         bytes_ax.bar_label(bars, labels=[fmt_bytes(v, unit) for v in values if v is not None], fontsize=7, padding=1)
         for x, f in zip(xs, recs):
             if f.get("oom"):
@@ -265,7 +267,7 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
         ax.set_axisbelow(True)
     count_ax.set_title("models alive at the load")
     count_ax.set_ylabel("models in memory")
-    count_ax.set_ylim(0, max([f.get(k) or 0 for _, _, recs, k, _ in loops for f in recs] + [1]) + 1)
+    count_ax.set_ylim(0, max([f.get(k) or 0 for _, _, recs, k, _, _ in loops for f in recs] + [1]) + 1)
     bytes_ax.set_title("memory at the load")
     bytes_ax.set_ylabel(unit_label(unit))
     draw_limit(bytes_ax, limit_bytes, label="cap", unit=unit)
