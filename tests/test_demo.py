@@ -128,7 +128,7 @@ def test_scenario1_runs_under_a_t4_scaled_to_the_twin_the_original_runs_out_and_
 
 
 def test_scenario2_broken_loop_runs_out_at_fold_2_and_the_fixed_loop_stays_flat_under_the_same_cap(demo):
-    from kit.scenarios.cross_validation.predict import scaled_cap
+    from kit.scenarios.cross_validation.cap import scaled_cap
 
     out, s = demo
     s2 = s["scenario2"]
