@@ -79,7 +79,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _ratio(measured, estimated) -> str:
+def _ratio(measured, estimated, oom: bool = False) -> str:
+    if oom:
+        return "out of memory (caught)"
     return f"{measured / estimated:.2f}" if measured and estimated else "not run"
 
 
@@ -153,6 +155,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
     cap = scenario1_cap(size, pred, real)
     if cap:
         step.say(f"    {cap['text']}")
+        glance.setdefault("caps", []).append("Scenario 1: " + cap["text"])
         s1_sum["cap"] = {"cap_bytes": cap["cap_bytes"], "limit_bytes": cap["limit_bytes"], "text": cap["text"]}
     advice = s1.advice_table(size)
     s1_sum["real_size_estimate"] = {"peak_bytes": real.peak_bytes, "cpu_build_bytes": real.cpu_build_bytes,
@@ -186,7 +189,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
     s1_sum["original"].update(estimate_peak_bytes=original["estimate_peak_bytes"], measured_peak_bytes=measured,
                               oom=original["oom"])
     glance["runs"] = [["the user's setup", setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
-                       _ratio(measured, est.peak_bytes)]]
+                       _ratio(measured, est.peak_bytes, original["oom"])]]
     if original["refused"]:
         said = f"The kit did not start it: {original['refused']}"
     elif original["oom"]:
@@ -220,7 +223,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         fix_setup = (f"{s1.run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
                      f"{record['grad_accum']}, {record['steps']} optimizer steps")
         rows.append([f"({which}) {label}", fix_setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
-                     _ratio(measured, est.peak_bytes),
+                     _ratio(measured, est.peak_bytes, record.get("oom")),
                      {True: "yes", False: "NO", None: "n/a"}[record.get("returned")],
                      ("OUT OF MEMORY under the cap, caught. " if record.get("oom") else "") + record.get("note", "")])
         glance["runs"].append([f"fix {record['name']}", fix_setup, *rows[-1][2:5]])
@@ -242,6 +245,10 @@ def _at_a_glance(glance: dict) -> Section:
     paragraphs, table = [], None
     if "real" in glance:
         paragraphs.append("1. " + glance["real"] + " (figure below: an estimate, nothing measured)")
+    if glance.get("caps"):
+        paragraphs.append(f"{len(paragraphs) + 1}. **The runs here had a smaller GPU**, a memory cap scaled from a "
+                          "Colab T4 to the tiny twins, so that what fails on a T4 fails here too. "
+                          + " ".join(glance["caps"]))
     if glance.get("runs"):
         paragraphs.append(f"{len(paragraphs) + 1}. **Every run on this machine** ({machine.device_name()}), ESTIMATED "
                           "for the setup as it ran, then MEASURED (table below the figure; each run has a chart "

@@ -89,6 +89,7 @@ def scenario2(size: str, out: Path, summary: dict, sections: list, step, glance:
     cap = scaled_cap(model, recipe=recipe, **settings) if size == "smoke" else None
     if cap:
         step.say(f"    {cap['text']}")
+        glance.setdefault("caps", []).append("Scenario 2: " + cap["text"])
     big = estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit", lora_r=8,
                    lora_targets=("q_proj", "v_proj"))
     t4 = PRESETS["colab-t4"].gpu_bytes
