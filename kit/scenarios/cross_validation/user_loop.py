@@ -117,11 +117,12 @@ class FoldWatch:
         self.tracker, self.on_fold_end = tracker, on_fold_end
         self.folds: list[dict] = []
         self.current: dict = {}
+        self.attached = False     # attach() ran this fold: SFTTrainer(...) finished preparing the model
 
     @contextmanager
     def __call__(self, half: str, fold: int):
         if half == "load":
-            self.current = {"fold": fold}
+            self.current, self.attached = {"fold": fold}, False
         rec = self.current
         try:
             with self.tracker.stage(f"broken: {half}", reset_peak=True, collect=False, tensor_peak=True) as stage:
@@ -129,7 +130,7 @@ class FoldWatch:
         except BaseException:
             # in the train half before attach(): SFTTrainer(...) was still preparing fold 2's model
             rec.update(self._readings(half, stage),
-                       oom_during="prepare" if half == "train" and not rec.get("attached") else half)
+                       oom_during="prepare" if half == "train" and not self.attached else half)
             raise
         finally:
             if half == "load" and "oom_during" not in rec:
@@ -141,7 +142,7 @@ class FoldWatch:
     def attach(self, trainer) -> None:
         """The kit's readings on the user's trainer: the tracker's callback, a count of the models when
         ``train()`` begins (after the old trainer was let go), and no per-step log lines."""
-        self.current["attached"] = True
+        self.attached = True
         for callback in (self.tracker.callback(), _CountAtTrainBegin(self.current)):
             trainer.add_callback(callback)
         trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
