@@ -12,7 +12,7 @@ from __future__ import annotations
 from kit.estimate import estimate
 from kit.presets import PRESETS
 from kit.scenarios.cross_validation.predict import options_of, user_estimate
-from kit.units import fmt_bytes
+from kit.units import fmt_bytes, wrap
 
 USER_MODEL = "meta-llama/Meta-Llama-3-8B"   # the user's model
 
@@ -52,4 +52,4 @@ def scaled_cap(model_name: str, preset: str = "colab-t4", real_model: str = USER
             f"{limit / real.weights_bytes:.2f} of these models, as the {gpu} holds {limit / real.weights_bytes:.2f} "
             f"of the real ones.")
     return {"cap_bytes": cap, "limit_bytes": limit, "model_weights_bytes": mine,
-            "real_weights_bytes": real.weights_bytes, "models_per_gpu": limit / real.weights_bytes, "text": text}
+            "real_weights_bytes": real.weights_bytes, "models_per_gpu": limit / real.weights_bytes, "text": wrap(text)}

@@ -38,7 +38,7 @@ from kit.scenarios.cross_validation.folds import KFold, user_data
 from kit.scenarios.cross_validation.lora_reset import lora_config
 from kit.scenarios.cross_validation.training import (PostSFTTrainer, count_live_models, fold_count, loop_params,
                                                      sft_config)
-from kit.units import fmt_bytes
+from kit.units import fmt_bytes, wrap
 
 
 def free_gpu_cache() -> None:
@@ -159,7 +159,7 @@ class FoldWatch:
         rec["peak_bytes"] = max(peaks) if peaks else None
         rec.setdefault("end_bytes", rec.get("loaded_bytes"))
         self.folds.append(rec)
-        print(fold_line(rec), flush=True)
+        print(wrap(fold_line(rec)), flush=True)
         if self.on_fold_end is not None:
             self.on_fold_end(list(self.folds))
 
@@ -172,8 +172,7 @@ class FoldWatch:
 
 # where a fold of the user's loop ran out of memory (a fold record's ``oom_during``), in words
 OOM_MOMENTS = {"load": "while loading", "train": "while training",
-               "prepare": "while SFTTrainer(...) prepared the new model (the 2024 recipe's fp32 upcast), the old "
-                          "trainer still alive: the end of the load"}
+               "prepare": "while SFTTrainer(...) prepared the new model (the fp32 upcast), the old one still alive"}
 
 
 @contextmanager
@@ -249,8 +248,8 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     cleanup.release()  # the loop's models die with its frame; collect them and empty the CUDA cache
     if result.oom:
         fold = watch.current.get("fold")
-        print(f"OUT OF MEMORY at fold {fold}, {OOM_MOMENTS.get(watch.current.get('oom_during'), 'while training')}"
-              f": {result.error}", flush=True)
+        print(wrap(f"OUT OF MEMORY at fold {fold}, {OOM_MOMENTS.get(watch.current.get('oom_during'), 'while training')}"
+                   f": {result.error}"), flush=True)
         watch.close_failed()
     return {"folds": watch.folds, "oom_at_fold": watch.current.get("fold") if result.oom else None,
             "cap_bytes": cap.cap_bytes, "cap": cap.how}
