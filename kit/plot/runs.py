@@ -224,7 +224,8 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
     """The user's loop against the fixed one at each fold's load, at a glance: left, the models alive (the user's
     loop counts them after each load; the fixed loop's fold records carry ``models_alive``); right, the memory of
     that moment (the user's loop: the peak while loading, or, where it ran out, the highest reading before the
-    error; the fixed loop: the fold's peak), against ``limit_bytes``. A fold that ran out of memory is marked OOM.
+    error; the fixed loop: the fold's peak), against ``limit_bytes``. A fold that ran out of memory is marked with
+    an X on the limit it crossed.
 
     >>> fig = load_moment([{"fold": 1, "load_peak_bytes": 2**20, "models_alive_after_load": 1},
     ...                    {"fold": 2, "load_peak_bytes": 2**21, "models_alive_after_load": 2, "oom": True}],
@@ -257,9 +258,11 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
                             [v / scale for v in values if v is not None], 0.4, color=colour, label=what)
         bytes_ax.bar_label(bars, labels=[fmt_bytes(v, unit) for v in values if v is not None], fontsize=7, padding=1)
         for x, f in zip(xs, recs):
-            if f.get("oom"):
-                bytes_ax.annotate("OOM", (x, (read(f) or 0) / scale), textcoords="offset points", xytext=(0, 12),
-                                  ha="center", color=OKABE_ITO["vermillion"], fontsize=11, weight="bold")
+            if f.get("oom"):   # it crossed the cap (or the device): marked there; its bar is the last reading before
+                at = (limit_bytes if limit_bytes is not None else read(f) or 0) / scale
+                bytes_ax.plot([x], [at], "X", color=OKABE_ITO["vermillion"], markersize=11)
+                bytes_ax.annotate("out of memory", (x, at), textcoords="offset points", xytext=(0, 9), ha="center",
+                                  color=OKABE_ITO["vermillion"], fontsize=9, weight="bold")
     ticks = [f"fold {j + 1}" for j in range(folds_n)]
     for ax in (count_ax, bytes_ax):
         ax.set_xticks(range(folds_n), ticks)
@@ -272,8 +275,8 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
     bytes_ax.set_ylabel(unit_label(unit))
     draw_limit(bytes_ax, limit_bytes, label="cap", unit=unit)
     bytes_ax.set_ylim(0, max(drawn + [limit_bytes or 0, 1]) / scale * 1.25)
-    count_ax.legend(loc="upper left", fontsize=8)
-    bytes_ax.legend(loc="upper left", fontsize=8)
+    for ax in (count_ax, bytes_ax):   # below the axes, clear of the bars and the out-of-memory mark
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=8, frameon=False)
     return fig
 
 
