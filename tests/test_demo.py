@@ -13,9 +13,13 @@ from kit import machine
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", str(out), "--size", "smoke"],
-                         capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:]
+    PRINTED[out] = run.stdout
     return out, json.loads((out / "summary.json").read_text())
+
+
+PRINTED = {}    # what the demo printed (stdout and stderr together), by its folder
 
 
 def test_summary_contract(demo):
@@ -83,10 +87,72 @@ def test_original_compares_like_with_like(demo):
     assert original["recipe_estimate_peak_bytes"] == s1.predict_original("smoke").peak_bytes
     if not machine.has_cuda():                       # on a CPU the run is fp32 with 2 micro-batches
         assert original["estimate_peak_bytes"] != original["recipe_estimate_peak_bytes"]
-    assert 0.9 <= original["measured_peak_bytes"] / original["estimate_peak_bytes"] <= 1.1
+    if original["oom"]:                              # under the scaled cap: stopped by it, so not measured
+        assert original["measured_peak_bytes"] is None
+    else:
+        assert 0.9 <= original["measured_peak_bytes"] / original["estimate_peak_bytes"] <= 1.1
     for which, fix in zip("abc", s["scenario1"]["fixes"]):   # each ratio: the same setup, the same accumulation
         assert fix["estimate_peak_bytes"] == s1.estimate_fix(which, "smoke", as_run=True,
                                                              grad_accum=fix["grad_accum"]).peak_bytes
+
+
+def test_the_demo_prints_at_most_40_lines_with_the_where_to_look_line_last(demo):
+    out, _ = demo
+    lines = PRINTED[out].splitlines()
+    assert 0 < len(lines) <= 40, PRINTED[out]
+    assert lines[-1].startswith("Wrote ") and str(out / "report.md") in lines[-1]
+    for noise in ("Map:", "Filter", "Packing", "Warning", "warn(", "it/s]", "Traceback"):
+        assert noise not in PRINTED[out], f"{noise!r} reached the terminal"
+    assert (out / "demo.log").stat().st_size > 0      # they went to the log
+
+
+def test_scenario1_runs_under_a_t4_scaled_to_the_twin_the_original_runs_out_and_fixes_are_measured(demo):
+    from kit.presets import PRESETS
+    from kit.scenarios.custom_head import scenario as s1
+
+    out, s = demo
+    cap, t4 = s["scenario1"]["cap"], PRESETS["colab-t4"].gpu_bytes
+    twin, real = s1.predict_original("smoke"), s1.predict_original("real")
+    assert cap["limit_bytes"] == t4 and cap["cap_bytes"] == t4 * twin.peak_bytes // real.peak_bytes
+    assert cap["text"] in PRINTED[out] and cap["how"].startswith("CPU live-tensor counter")
+    assert s["scenario1"]["original"]["oom"] is True
+    assert s["scenario1"]["original"]["estimate_peak_bytes"] > cap["cap_bytes"]   # why: the estimate says so
+    fixes = {f["name"]: f for f in s["scenario1"]["fixes"]}
+    for fix in s["scenario1"]["fixes"]:
+        if fix["estimate_peak_bytes"] < 0.9 * cap["cap_bytes"]:       # clearly under the cap: it ran, measured
+            assert fix["oom"] is False and 0 < fix["measured_peak_bytes"] < cap["cap_bytes"]
+            assert 0.9 <= fix["measured_peak_bytes"] / fix["estimate_peak_bytes"] <= 1.1
+        elif fix["estimate_peak_bytes"] > 1.0 * cap["cap_bytes"]:     # over it: caught, as on a T4 at real size
+            assert fix["oom"] is True and fix["measured_peak_bytes"] is None
+    assert sum(f["measured_peak_bytes"] is not None for f in fixes.values()) >= 2
+
+
+def test_scenario2_broken_loop_runs_out_at_fold_2_and_the_fixed_loop_stays_flat_under_the_same_cap(demo):
+    from kit.scenarios.cross_validation.cap import scaled_cap
+
+    out, s = demo
+    s2 = s["scenario2"]
+    cap = s2["cap"]
+    assert cap["cap_bytes"] == scaled_cap("tiny-llama", recipe="standard", batch_size=1, seq_len=8)["cap_bytes"]
+    assert cap["text"] in PRINTED[out]
+    assert s2["broken"]["oom_at_fold"] == 2
+    fold2 = s2["broken"]["folds"][1]
+    assert fold2["oom"] is True and fold2["oom_during"] in ("load", "prepare") and fold2["models_alive_after_load"] == 2
+    fixed = s2["fixed"]["folds"]
+    assert s2["fixed"]["oom_at_fold"] is None and len(fixed) == 5
+    assert all(f["peak_bytes"] <= cap["cap_bytes"] and f["models_alive"] == 1 for f in fixed)
+    assert max(f["peak_bytes"] for f in fixed) - min(f["peak_bytes"] for f in fixed) <= 0.02 * fixed[0]["peak_bytes"]
+    assert (out / "s2_load_moment.png").stat().st_size > 0
+
+
+def test_every_measured_estimated_pair_of_the_second_fold_is_matched(demo):
+    """Fold 2's load, measured, beside the estimate of the same moment (right after from_pretrained): within 5%."""
+    import re
+
+    out, _ = demo
+    md = (out / "report.md").read_text()
+    ratios = [float(r) for r in re.findall(r"MEASURED [^,;]+, ESTIMATED [^(;]+\((\d+\.\d+)x\)", md)]
+    assert len(ratios) == 2 and all(0.95 <= r <= 1.05 for r in ratios), ratios
 
 
 def test_second_fold_text_counts_models(demo):
@@ -98,13 +164,13 @@ def test_second_fold_text_counts_models(demo):
 
 
 def test_second_fold_text_says_the_count_not_a_guess():
-    from kit.cli.demo import _second_fold
+    from kit.cli.demo_folds import second_fold_text
 
     higher_but_one = [{"load_peak_bytes": 1, "models_alive_after_load": 1},
                       {"load_peak_bytes": 9, "models_alive_after_load": 1}]
-    assert _second_fold(higher_but_one).startswith("loads with 1 model alive")
+    assert second_fold_text(higher_but_one).startswith("loads with 1 model alive")
     three = [{"load_peak_bytes": 1, "models_alive_after_load": 1}, {"load_peak_bytes": 1, "models_alive_after_load": 3}]
-    assert "3 models alive" in _second_fold(three) and "two" not in _second_fold(three)
+    assert "3 models alive" in second_fold_text(three) and "two" not in second_fold_text(three)
 
 
 def test_unwritable_out_is_a_clear_error(tmp_path):
@@ -137,11 +203,11 @@ def _fake_scenarios(monkeypatch):
             fig = plt.figure()
             summary[f"scenario{key}"] = {"ran": True}
             sections.append(demo_cli.Section(f"Scenario {key}", ["faked"],
-                                             images=[demo_cli._save(fig, out, f"s{key}_plot")]))
+                                             images=[demo_cli.save_png(fig, out, f"s{key}_plot")]))
         return run
 
     monkeypatch.setattr(demo_cli, "_scenario1", fake("1"))
-    monkeypatch.setattr(demo_cli, "_scenario2", fake("2"))
+    monkeypatch.setattr(demo_cli, "scenario2", fake("2"))
     return lambda out, scenario: demo_cli.run(argparse.Namespace(out=str(out), size="smoke", scenario=scenario))
 
 

@@ -175,3 +175,82 @@ def test_the_shipped_solutions_run_where_the_kit_is_installed(tmp_path):
         for text in outputs:
             code, run = text.split("----- its run -----")
             assert "----- its code -----" in code and run.strip(), text
+
+
+# ---- the learner copies read as a learner reads them --------------------------------------------------------------
+DEVELOPER = re.compile(r"`make\b|\bmake (?:demo|test|notebooks|learner-notebooks|gpu-check|gpu-wheels)\b|gpu[-_]check"
+                       r"|benchmarks/|results/|\bpytest\b|\bnbval\b|\.venv\b", re.IGNORECASE)
+SAVED_OUTPUTS = re.compile(r"outputs? saved|saved with (?:it|this notebook)|the saved outputs", re.IGNORECASE)
+LONGEST_SENTENCE = 50   # words
+LONGEST_OUTPUT = 25     # lines a cell may print
+
+
+def sentences(markdown: str) -> list[str]:
+    """A markdown cell's sentences: code blocks and table rows left out, list items and paragraphs apart, and a
+    full stop inside brackets not taken for a sentence's end.
+
+    >>> [len(s.split()) for s in sentences("One two. Three (four. five) six!\\n\\n- seven\\n- eight nine")]
+    [2, 4, 1, 2]
+    """
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
+    text = re.sub(r"^\s*\|.*\|\s*$", " ", text, flags=re.MULTILINE)
+    text = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(". ", "; "), text)
+    parts = re.split(r"(?<=[.!?:])\s+(?=[A-Z*`\"'(\[])|\n\s*\n|\n(?=\s*(?:[-*]|\d+\.)\s)", text)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _markdown(path):
+    return [(i + 1, _src(c)) for i, c in enumerate(_cells(path)) if c["cell_type"] == "markdown"]
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_a_learner_copy_names_no_developer_command_or_file(path):
+    found = [(n, m.group(0)) for n, text in _markdown(path) for m in DEVELOPER.finditer(text)]
+    assert found == [], f"developer commands or files in the prose (cell, text): {found}"
+
+
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.name)
+def test_a_learner_copy_has_no_sentence_over_50_words_and_presumes_no_saved_outputs(path):
+    long = [(n, len(s.split()), s[:80]) for n, text in _markdown(path) for s in sentences(text)
+            if len(s.split()) > LONGEST_SENTENCE]
+    assert long == [], f"sentences over {LONGEST_SENTENCE} words (cell, words, start): {long}"
+    saved = [n for n, text in _markdown(path) if SAVED_OUTPUTS.search(text)]
+    assert saved == [], f"cells that speak of saved outputs, which a learner copy has none of: {saved}"
+
+
+def _output_lines(output: dict) -> int:
+    """Lines a cell's output shows: a stream's or a result's text; a Markdown result's non-blank lines, where a
+    collapsed ``<details>`` part shows one line (its summary); a figure or a widget, none."""
+    if output.get("output_type") == "stream":
+        return len("".join(output["text"]).splitlines())
+    data = output.get("data", {})
+    if "image/png" in data or "application/vnd.jupyter.widget-view+json" in data:
+        return 0
+    if "text/markdown" in data:
+        shown = re.sub(r"<details><summary>.*?</details>", "(collapsed)", "".join(data["text/markdown"]),
+                       flags=re.DOTALL)
+        return sum(1 for line in shown.splitlines() if line.strip())
+    return len("".join(data.get("text/plain", "")).splitlines())
+
+
+# xfail until the answer-first texts land (issue 33 item 1, another branch): on this branch the cells still over 25
+# lines all print kit.check, an estimate's table, the advisor, the lever table or kit.train's report.
+@pytest.mark.xfail(strict=False, reason="kit.check / est.table / advisor / levers / report texts are being shortened "
+                                        "on another branch; the outputs are refreshed after the merge")
+@pytest.mark.parametrize("path", INSTRUCTOR, ids=lambda p: p.name)
+def test_no_cell_a_learner_runs_prints_over_25_lines(path):
+    """The instructor copies hold the outputs of a smoke run (make notebooks): each code cell the learner copy keeps
+    prints at most 25 lines (a widget's or a figure's output is no text). A listing of the user's code
+    (``inspect.getsource``) is code to read, not output, and is not counted."""
+    kept = {_src(c).replace("# NBVAL_CHECK_OUTPUT\n", "").replace("# NBVAL_IGNORE_OUTPUT\n", "")
+            for c in _cells(ROOT / "notebooks" / "learner" / path.name) if c["cell_type"] == "code"}
+    over = []
+    for i, c in enumerate(_cells(path)):
+        if c["cell_type"] != "code" or learner.is_instructor_cell(c) or _src(c).startswith(learner.SOLUTION_TITLE) \
+                or "getsource(" in _src(c) or "_source()" in _src(c):
+            continue
+        lines = sum(_output_lines(o) for o in c["outputs"])
+        src = _src(c).replace("# NBVAL_CHECK_OUTPUT\n", "").replace("# NBVAL_IGNORE_OUTPUT\n", "")
+        if lines > LONGEST_OUTPUT and src in kept:
+            over.append((i + 1, lines, src.splitlines()[0][:60]))
+    assert over == [], f"cells printing over {LONGEST_OUTPUT} lines (cell, lines, first line): {over}"

@@ -191,15 +191,17 @@ def test_fixed_loop_resumes_after_a_crash(tmp_path, monkeypatch):
 def test_scenario2_summary_shape(tmp_path, monkeypatch):
     monkeypatch.setattr(cv, "run_broken_loop", lambda *a, **k: {
         "folds": [{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "train_loss": 0.1}],
-        "oom_at_fold": None})
+        "oom_at_fold": None, "cap_bytes": None, "cap": "no cap"})
     monkeypatch.setattr(cv, "show_advice_reset", lambda *a, **k: {"changed_nothing": True,
                                                                   "fold1_changed_adapter": True})
     monkeypatch.setattr(cv, "run_fixed_loop", lambda *a, **k: {"folds": [
-        {"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True, "eval_loss": 1.0}]})
+        {"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True, "eval_loss": 1.0,
+         "models_alive": 1}], "oom_at_fold": None, "cap_bytes": None, "cap": "no cap"})
     s2 = cv.run_scenario2(output_dir=tmp_path)
     assert s2 == {"broken": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}], "oom_at_fold": None},
-                  "fixed": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "adapter_reset_ok": True}]},
-                  "advice_reset_changed_nothing": True}
+                  "fixed": {"folds": [{"start_bytes": 1, "peak_bytes": 2, "end_bytes": 1, "models_alive": 1,
+                                       "adapter_reset_ok": True}], "oom_at_fold": None},
+                  "cap_bytes": None, "cap": "no cap", "recipe": "today's TRL", "advice_reset_changed_nothing": True}
 
 
 # ---- the results file: never lose a finished fold ---------------------------------------------

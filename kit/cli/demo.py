@@ -3,7 +3,7 @@
 On this machine's best default (``kit.runtime.mode()``): tiny CPU twins without a GPU,
 real sizes with one. For each scenario it predicts the original setup, measures (or
 safely fails) it, measures the fixes and checks the cleanup. It writes PNG plots,
-``report.md``, ``report.html`` and ``summary.json`` (fields in the README) into DIR.
+``report.md``, ``report.html`` and ``summary.json`` (fields in docs/cli-and-api.md) into DIR.
 A failed step is reported, the figures already gathered are still written, and the
 exit status is 1.
 
@@ -12,6 +12,8 @@ exit status is 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 import traceback
@@ -19,36 +21,52 @@ from pathlib import Path
 
 from kit import machine, runtime
 from kit.cli import outputs
+from kit.cli.demo_folds import save_png, scenario2, t4_preset
 from kit.cli.report import Section
 from kit.inputs import InputError
 from kit.measure import device
 from kit.units import fmt_bytes
 
-CV_MODEL = {"smoke": "tiny-llama", "real": "meta-llama/Llama-3.2-1B"}
-CV_SETTINGS = {"smoke": {}, "real": {"seq_len": 256}}
+LOG = "demo.log"     # what the libraries print during the runs
 S1_STEPS = 2        # scenario 1's measured runs: two optimizer steps, so AdamW's state exists during backward
 
 
 class Steps:
-    """One tqdm bar over the scenarios; each step is named on the bar and printed above it."""
+    """One line per stage on the terminal (``console``), numbered; everything else goes to the log."""
 
-    def __init__(self, total: int):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=total, unit="scenario", dynamic_ncols=True)
+    def __init__(self, console):
+        self.console, self.count = console, 0
 
     def __call__(self, label: str) -> None:
-        self.bar.set_description(label)
-        self.bar.write(f"-> {label}")
+        self.count += 1
+        self.say(f"[{self.count}] {label}")
 
-    def done_scenario(self) -> None:
-        self.bar.update(1)
+    def say(self, line: str) -> None:
+        self.console.write(line + "\n")
+        self.console.flush()
 
-    def __enter__(self) -> "Steps":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.bar.close()
+@contextlib.contextmanager
+def output_to_log(path: Path):
+    """Inside the block, all the process prints (the libraries' warnings and progress bars, the loaders' lines, C
+    code's too: the file descriptors themselves are redirected) goes to ``path``; yields a stream to the terminal
+    for the demo's own lines."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    console = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    with open(path, "a", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield console
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, old in zip((1, 2), saved):
+                os.dup2(old, fd)
+                os.close(old)
+            console.close()
 
 
 def register(subparsers) -> None:
@@ -61,23 +79,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _save(fig, out: Path, name: str) -> Path:
-    import matplotlib.pyplot as plt
-
-    path = outputs.claim(out, f"{name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _t4():
-    from kit.presets import PRESETS
-
-    t4 = PRESETS["colab-t4"]
-    return t4.gpu_bytes, t4.label.split(" (")[0]        # "Colab T4"
-
-
-def _ratio(measured, estimated) -> str:
+def _ratio(measured, estimated, oom: bool = False) -> str:
+    if oom:
+        return "out of memory (caught)"
     return f"{measured / estimated:.2f}" if measured and estimated else "not run"
 
 
@@ -100,9 +104,34 @@ def real_size_figure(real=None):
     from kit.scenarios.custom_head import scenario as s1
 
     real = real or s1.predict_original("real")
-    t4, t4_name = _t4()
+    t4, t4_name = t4_preset()
     return plot.breakdown(real.estimate.components(), t4, device_label=t4_name, judged=real.estimate,
                           title=f"ESTIMATED at real size: {real.name}, one training step (nothing measured)")
+
+
+def scenario1_cap(size: str, pred, real) -> dict | None:
+    """In smoke mode, a T4 scaled to the twin: the T4's bytes x (the twin's ESTIMATED peak / the real model's),
+    both for the user's Colab recipe; None at real size (the device is the device).
+
+    >>> from kit.scenarios.custom_head import scenario as s1
+    >>> cap = scenario1_cap("smoke", s1.predict_original("smoke"), s1.predict_original("real"))
+    >>> cap["cap_bytes"] < 2**30 < cap["limit_bytes"]
+    True
+    """
+    if size != "smoke":
+        return None
+    t4, t4_name = t4_preset()
+    cap = t4 * pred.peak_bytes // real.peak_bytes
+    return {"cap_bytes": cap, "limit_bytes": t4, "text": (
+        f"Memory cap {fmt_bytes(cap)}: a {t4_name}'s {fmt_bytes(t4)} x {pred.name}'s peak "
+        f"({fmt_bytes(pred.peak_bytes)}) / {real.name}'s ({fmt_bytes(real.peak_bytes)}), both ESTIMATED for the "
+        "user's Colab recipe.")}
+
+
+def _capped(cap: dict | None):
+    from kit.measure.controls import memory_cap
+
+    return memory_cap(cap["cap_bytes"] if cap else None)
 
 
 def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
@@ -110,7 +139,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
     from kit.scenarios.custom_head import runs as s1_runs
     from kit.scenarios.custom_head import scenario as s1
 
-    t4, t4_name = _t4()
+    t4, t4_name = t4_preset()
     step("scenario 1: predict the original")
     pred = s1.predict_original(size)       # the Colab recipe (fp16 on a GPU, accumulation 16) at this run's size
     real = pred if size == "real" else s1.predict_original("real")  # an estimate: instant at any size
@@ -122,7 +151,12 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         "estimate_peak_bytes": as_run.peak_bytes, "measured_peak_bytes": None, "oom": False,
         "recipe_estimate_peak_bytes": pred.peak_bytes, "precision": precision, "grad_accum": accum,
         "steps": S1_STEPS}, "fixes": []}
-    glance["real_figure"] = _save(real_size_figure(real), out, "s1_breakdown")
+    glance["real_figure"] = save_png(real_size_figure(real), out, "s1_breakdown")
+    cap = scenario1_cap(size, pred, real)
+    if cap:
+        step.say(f"    {cap['text']}")
+        glance.setdefault("caps", []).append("Scenario 1: " + cap["text"])
+        s1_sum["cap"] = {"cap_bytes": cap["cap_bytes"], "limit_bytes": cap["limit_bytes"], "text": cap["text"]}
     advice = s1.advice_table(size)
     s1_sum["real_size_estimate"] = {"peak_bytes": real.peak_bytes, "cpu_build_bytes": real.cpu_build_bytes,
                                     "fits_t4": real.fits_t4}
@@ -145,36 +179,41 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         pre=[real.text()] + ([pred.text()] if real is not pred else []) + [advice.text()]))
 
     step("scenario 1: run the original, OOM-safe")
-    original, tracker = s1_runs.run_original_safely(size, steps=S1_STEPS, grad_accum=accum)
+    with _capped(cap) as capped:
+        original, tracker = s1_runs.run_original_safely(size, steps=S1_STEPS, grad_accum=accum)
+    if cap:
+        s1_sum["cap"]["how"] = capped.how
     # the user's own Trainer was read as it ran (its tokenizer's vocabulary): the record's estimate, else the prediction
     est = _estimate_as_recorded(original.get("estimate") or as_run, original, "the original")
     measured = original["measured_peak_bytes"]
     s1_sum["original"].update(estimate_peak_bytes=original["estimate_peak_bytes"], measured_peak_bytes=measured,
                               oom=original["oom"])
     glance["runs"] = [["the user's setup", setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
-                       _ratio(measured, est.peak_bytes)]]
+                       _ratio(measured, est.peak_bytes, original["oom"])]]
     if original["refused"]:
         said = f"The kit did not start it: {original['refused']}"
     elif original["oom"]:
-        said = f"It ran out of memory, as predicted; the kit caught it and freed the memory. ({original['error']})"
+        said = (f"It ran out of memory{' under the cap' if cap else ''}, as predicted; the kit caught it and freed "
+                f"the memory. ({original['error']})")
     else:
         said = (f"It ran: MEASURED peak **{fmt_bytes(measured)}** ({original['reading']}), "
                 f"{measured / est.peak_bytes:.2f}x the ESTIMATE of the same setup ({fmt_bytes(est.peak_bytes)}).")
     images = []
     if measured is not None:
-        images.append(_save(plot.predicted_vs_measured(
+        images.append(save_png(plot.predicted_vs_measured(
             est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
             title=f"The original as run here ({precision}, accumulation {accum}): ESTIMATED vs MEASURED"),
             out, "s1_original_vs_estimate"))
     if tracker.records:
-        images.append(_save(plot.stage_bars(tracker, "Scenario 1, the original: MEASURED per stage"), out,
+        images.append(save_png(plot.stage_bars(tracker, "Scenario 1, the original: MEASURED per stage"), out,
                             "s1_original"))
     sections.append(Section("Scenario 1: the original, run safely", [said], images=images))
 
     rows, images = [], []
     for which, label in s1.FIXES.items():
         step(f"scenario 1: fix ({which}) {label}")
-        record, tracker = s1_runs.run_fix(which, size, steps=S1_STEPS)
+        with _capped(cap):
+            record, tracker = s1_runs.run_fix(which, size, steps=S1_STEPS)
         s1_sum["fixes"].append({k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
                                                             "returned", "oom", "steps", "grad_accum")})
         # The chart draws the record's estimate: the setup as run, with the run's accumulation.
@@ -184,13 +223,16 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         fix_setup = (f"{s1.run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
                      f"{record['grad_accum']}, {record['steps']} optimizer steps")
         rows.append([f"({which}) {label}", fix_setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
-                     _ratio(measured, est.peak_bytes),
-                     {True: "yes", False: "NO", None: "n/a"}[record.get("returned")], record.get("note", "")])
+                     _ratio(measured, est.peak_bytes, record.get("oom")),
+                     {True: "yes", False: "NO", None: "n/a"}[record.get("returned")],
+                     ("OUT OF MEMORY under the cap, caught. " if record.get("oom") else "") + record.get("note", "")])
         glance["runs"].append([f"fix {record['name']}", fix_setup, *rows[-1][2:5]])
-        images.append(_save(plot.predicted_vs_measured(
-            est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
-            title=f"Fix ({which}) as run here: ESTIMATED vs MEASURED"), out, f"s1_fix_{which}"))
+        if measured is not None:
+            images.append(save_png(plot.predicted_vs_measured(
+                est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
+                title=f"Fix ({which}) as run here: ESTIMATED vs MEASURED"), out, f"s1_fix_{which}"))
     sections.append(Section("Scenario 1: fixes that work, estimated and measured", [
+        (cap["text"] + " A fix that runs out of memory under it is marked in the note. " if cap else "") +
         f"Each fix was ESTIMATED for the setup as it ran here, then MEASURED over a short Trainer run "
         f"(reading: `{device.best_reading()}`). Each chart draws the bars on their own scale; the "
         f"{t4_name}'s verdict is written on it, and the small panel draws the bars against the whole GPU."],
@@ -198,97 +240,15 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
                 "note"], rows), images=images))
 
 
-def _alive(n) -> str:
-    return f"{n} model{'' if n == 1 else 's'} alive"
-
-
-def _second_fold(broken: list, prediction: dict | None = None) -> str:
-    """Where the broken loop's second model came, from the counted models (not from the bytes); with
-    ``prediction`` (``fold2_prediction``), fold 2's measured bytes beside the estimate of the same moment.
-
-    >>> _second_fold([{"load_peak_bytes": 2**20, "models_alive_after_load": 1},
-    ...               {"load_peak_bytes": 2**21, "models_alive_after_load": 2, "models_alive_in_training": 1}])
-    'loads with 2 models alive (the first with 1 model alive), a load peak of 2.00 MiB against 1.00 MiB; it trains with 1 model alive.'
-    """
-    if len(broken) < 2:
-        return "never started."
-    first, second = broken[0], broken[1]
-    where = f"a load peak of {fmt_bytes(second['load_peak_bytes'])} against {fmt_bytes(first['load_peak_bytes'])}"
-    if second.get("models_alive_after_load") is None:
-        return f"loads with {where} (the models alive were not counted)."
-    training = second.get("models_alive_in_training")
-    text = (f"loads with {_alive(second['models_alive_after_load'])} (the first with "
-            f"{_alive(first.get('models_alive_after_load'))}), {where}"
-            + (f"; it trains with {_alive(training)}." if training is not None else "."))
-    if prediction:   # each measurement beside the estimate of the same moment, counted from before fold 1
-        base, pairs = first.get("start_bytes") or 0, []
-        for what, k in (("fold 2 loaded", "loaded_bytes"), ("its load peak", "load_peak_bytes")):
-            got = None if second.get(k) is None else second[k] - base
-            pairs.append(f"{what}: MEASURED {fmt_bytes(got)}, ESTIMATED {fmt_bytes(prediction.get(k))}"
-                         + (f" ({got / prediction[k]:.4f}x)" if got and prediction.get(k) else ""))
-        text += " Counted from before fold 1, " + "; ".join(pairs) + "."
-    return text
-
-
-def _scenario2(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
-    from kit import plot
-    from kit.estimate import estimate
-    from kit.presets import PRESETS
-    from kit.scenarios.cross_validation import fixed_loop as s2
-    from kit.scenarios.cross_validation.notebook import fold2_prediction
-
-    model = CV_MODEL[size]
-    p = {**s2.DEFAULTS, **CV_SETTINGS[size]}
-    step("scenario 2: predict one fold")
-    est = estimate(model, batch_size=p["batch_size"], seq_len=p["seq_len"], quantization=p["quantization"],
-                   lora_r=p["lora_r"], lora_targets=p["lora_targets"])
-    big = estimate("meta-llama/Meta-Llama-3-8B", batch_size=1, seq_len=512, quantization="4bit", lora_r=8,
-                   lora_targets=("q_proj", "v_proj"))
-    t4 = PRESETS["colab-t4"].gpu_bytes
-    step("scenario 2: broken loop, advice reset, fixed loop")
-    result = s2.run_scenario2(model, folds=5, broken_folds=3, output_dir=outputs.claim(out, "cv-runs"),
-                              **CV_SETTINGS[size])
-    summary["scenario2"] = {**result, "estimate": {
-        "model": model, "peak_bytes": est.peak_bytes, "weights_bytes": est.weights_bytes,
-        "two_models_bytes": fold2_prediction(est)["loaded_bytes"],
-        "llama3_8b_nf4_loaded_weights_bytes": big.loaded_weights_bytes,
-        "llama3_8b_nf4_training_weights_bytes": big.weights_bytes}}
-    broken, fixed = result["broken"]["folds"], result["fixed"]["folds"]
-    labelled = [dict(f, label=f"fold {i + 1}" + (f" ({_alive(f['models_alive_after_load'])} after load)"
-                                                  if f.get("models_alive_after_load") is not None else ""))
-                for i, f in enumerate(broken)]
-    images = [_save(plot.folds(labelled, limit_bytes=t4 if size == "real" else None,
-                               title="Broken loop: MEASURED per fold"), out, "s2_broken_folds"),
-              _save(plot.folds(fixed, baseline_bytes=fixed[0]["start_bytes"],
-                               title="Fixed loop: MEASURED per fold"), out, "s2_fixed_folds")]
-    rows = [[f"broken {i + 1}", fmt_bytes(f["start_bytes"]), fmt_bytes(f["peak_bytes"]), fmt_bytes(f["end_bytes"]), ""]
-            for i, f in enumerate(broken)]
-    rows += [[f"fixed {i + 1}", fmt_bytes(f["start_bytes"]), fmt_bytes(f["peak_bytes"]), fmt_bytes(f["end_bytes"]),
-              "verified" if f["adapter_reset_ok"] else "NOT reset"] for i, f in enumerate(fixed)]
-    spread = max(abs(f["end_bytes"] - fixed[0]["end_bytes"]) for f in fixed) / max(fixed[0]["end_bytes"], 1)
-    sections.append(Section("Scenario 2: QLoRA cross-validation that dies on fold 2", [
-        f"ESTIMATED for one fold of `{model}` ({p['quantization']}, LoRA r={p['lora_r']}): "
-        f"**{fmt_bytes(est.peak_bytes)}** peak, of which weights {fmt_bytes(est.weights_bytes)}; when fold 2 loads "
-        f"beside the old fold's model and optimizer state, {fmt_bytes(fold2_prediction(est)['loaded_bytes'])}.",
-        f"Llama-3-8B in NF4 with double quant is ESTIMATED at {fmt_bytes(big.loaded_weights_bytes)} of weights "
-        f"as loaded ({big.loaded_weights_bytes / 1e9:.2f} GB), not the 'about 4 GB' often quoted: embeddings and "
-        f"lm_head stay 16-bit. peft's prepare_model_for_kbit_training then upcasts those to fp32: "
-        f"{fmt_bytes(big.weights_bytes)} while training.",
-        "MEASURED: in the broken loop the second fold " + _second_fold(broken, fold2_prediction(est)) +
-        (f" It ran out of memory at fold {result['broken']['oom_at_fold']}." if result["broken"]["oom_at_fold"] else ""),
-        "The advice's LoRA reset (`if 'lora' in model.named_modules()`) " + (
-            "**changed nothing**: fold 2 trained on from fold 1's adapter." if result["advice_reset_changed_nothing"]
-            else "did reset the adapter here."),
-        f"The fixed loop loads once, restores the saved adapter each fold and releases each Trainer: every fold "
-        f"ends within {100 * spread:.2f}% of fold 1 (MEASURED, `{device.best_reading()}`)."],
-        table=(["fold", "start", "peak", "end", "adapter reset"], rows), images=images))
-
-
 def _at_a_glance(glance: dict) -> Section:
     """The two stories first: the real-size estimate against the device, then every run, estimated vs measured."""
     paragraphs, table = [], None
     if "real" in glance:
         paragraphs.append("1. " + glance["real"] + " (figure below: an estimate, nothing measured)")
+    if glance.get("caps"):
+        paragraphs.append(f"{len(paragraphs) + 1}. **The runs here had a smaller GPU**, a memory cap scaled from a "
+                          "Colab T4 to the tiny twins, so that what fails on a T4 fails here too. "
+                          + " ".join(glance["caps"]))
     if glance.get("runs"):
         paragraphs.append(f"{len(paragraphs) + 1}. **Every run on this machine** ({machine.device_name()}), ESTIMATED "
                           "for the setup as it ran, then MEASURED (table below the figure; each run has a chart "
@@ -315,11 +275,17 @@ def run(args: argparse.Namespace) -> int:
     sections = [Section("This run", [runtime.describe().replace("\n", "  \n"),
                                      f"Sizes: **{size}**. Every figure below was computed or measured by the kit "
                                      "in this run; the text says which."])]
-    scenarios, glance = {"1": _scenario1, "2": _scenario2}, {}
+    scenarios, glance = {"1": _scenario1, "2": scenario2}, {}
     chosen = list(scenarios) if args.scenario == "all" else [args.scenario]
     failures = []
     started = time.time()
-    with Steps(total=len(chosen)) as step:
+    print(f"Memory kit demo, {size} size, on {machine.device_name()}: one line per stage; the libraries' output "
+          f"goes to {out / LOG}", flush=True)
+    with output_to_log(outputs.claim(out, LOG)) as console:
+        from kit.scenarios import notebook
+
+        notebook.quiet()      # fewer progress bars and library notes in the log too
+        step = Steps(console)
         for key in chosen:
             try:
                 scenarios[key](size, out, summary, sections, step, glance)
@@ -327,7 +293,6 @@ def run(args: argparse.Namespace) -> int:
                 failures.append(f"scenario {key}: {type(e).__name__}: {e}")
                 sections.append(Section(f"Scenario {key}: FAILED", [f"{type(e).__name__}: {e}"],
                                         pre=[traceback.format_exc(limit=-3)]))
-            step.done_scenario()
     if glance:
         sections.insert(1, _at_a_glance(glance))
     summary["errors"] = failures
@@ -341,9 +306,10 @@ def run(args: argparse.Namespace) -> int:
 
         failures.append(f"writing the report into {out}: {e.strerror or e}")
         paths = report.write(tempfile.mkdtemp(prefix="kit-demo-"), "Memory kit demo report", sections, summary)
+    first = next((p for p in paths if str(p).endswith(".md")), paths[0])
     pngs = [n for n in outputs.written(out) if n.endswith(".png")]   # this run's plots, no one else's
-    print(f"\nWrote {', '.join(str(p) for p in paths)} and {len(pngs)} PNG plots in {out} "
-          f"in {summary['seconds']} s.")
     for f in failures:
-        print(f"FAILED {f}", file=sys.stderr)
+        print(f"FAILED {f}", file=sys.stderr, flush=True)
+    print(f"Wrote {', '.join(str(p) for p in paths)} and {len(pngs)} PNG plots in {out} "
+          f"in {summary['seconds']} s. Read {first} first.", flush=True)
     return 1 if failures else 0

@@ -14,8 +14,8 @@ alone or beside a measurement, against the device).
 from __future__ import annotations
 
 from kit.plot.estimate import OFF_SCALE, breakdown, limit_text, predicted_vs_measured
-from kit.plot.runs import folds, stage_bars, sweep, timeline
+from kit.plot.runs import folds, load_moment, stage_bars, sweep, timeline
 from kit.plot.style import CYCLE, GIB_LABEL, OKABE_ITO, WIDTH_IN
 
-__all__ = ["OFF_SCALE", "breakdown", "limit_text", "predicted_vs_measured", "folds", "stage_bars", "sweep",
-           "timeline", "CYCLE", "GIB_LABEL", "OKABE_ITO", "WIDTH_IN"]
+__all__ = ["OFF_SCALE", "breakdown", "limit_text", "predicted_vs_measured", "folds", "load_moment", "stage_bars",
+           "sweep", "timeline", "CYCLE", "GIB_LABEL", "OKABE_ITO", "WIDTH_IN"]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from kit.plot.style import GIB_LABEL, OKABE_ITO, UNIT_BYTES, axis_unit, draw_limit, new_figure, short_label, unit_label
+from kit.plot.style import (GIB_LABEL, OKABE_ITO, UNIT_BYTES, WIDTH_IN, axis_unit, draw_limit, new_figure, short_label,
+                            unit_label)
 from kit.units import fmt_bytes, gib
 
 
@@ -216,3 +217,74 @@ def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str 
     ax.set_ylim(bottom=0, top=max(y_oom, top) * 1.2 or 1.0)
     ax.legend(loc="upper left", fontsize=8)
     return fig
+
+
+def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title: str | None = None,
+                unit: str | None = None) -> Figure:
+    """The user's loop against the fixed one at each fold's load, at a glance: left, the models alive (the user's
+    loop counts them after each load; the fixed loop's fold records carry ``models_alive``); right, the memory of
+    that moment (the user's loop: the peak while loading, or, where it ran out, the highest reading before the
+    error; the fixed loop: the fold's peak), against ``limit_bytes``. A fold that ran out of memory is marked with
+    an X on the limit it crossed.
+
+    >>> fig = load_moment([{"fold": 1, "load_peak_bytes": 2**20, "models_alive_after_load": 1},
+    ...                    {"fold": 2, "load_peak_bytes": 2**21, "models_alive_after_load": 2, "oom": True}],
+    ...                   [{"fold": 1, "peak_bytes": 2**20, "models_alive": 1}], limit_bytes=3 * 2**20)
+    >>> [ax.get_title() for ax in fig.axes]
+    ['models alive at the load', 'memory at the load']
+    """
+    if not broken and not fixed:
+        raise ValueError("nothing to draw: pass the fold records of at least one loop")
+    folds_n = max(len(broken), len(fixed))
+    loops = [("the user's loop", OKABE_ITO["vermillion"], broken, "models_alive_after_load", _load_bytes,
+              "the user's loop: its load's peak"),
+             ("fixed loop", OKABE_ITO["blue"], fixed, "models_alive", lambda f: f.get("peak_bytes"),
+              "fixed loop: its fold's peak")]
+    drawn = [read(f) for _, _, recs, _, read, _ in loops for f in recs if read(f) is not None]
+    unit = axis_unit(max(drawn + [limit_bytes or 0], default=0), unit)
+    scale = UNIT_BYTES[unit]
+    fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
+    count_ax, bytes_ax = fig.subplots(1, 2)
+    if title:
+        fig.suptitle(title)
+    for i, (name, colour, recs, count_key, read, what) in enumerate(loops):
+        xs = [j + (i - 0.5) * 0.4 for j in range(len(recs))]
+        counts = [f.get(count_key) for f in recs]
+        bars = count_ax.bar([x for x, c in zip(xs, counts) if c is not None], [c for c in counts if c is not None],
+                            0.4, color=colour, label=name)
+        count_ax.bar_label(bars, fontsize=8, padding=1)
+        values = [read(f) for f in recs]
+        bars = bytes_ax.bar([x for x, v in zip(xs, values) if v is not None],
+                            [v / scale for v in values if v is not None], 0.4, color=colour, label=what)
+        bytes_ax.bar_label(bars, labels=[fmt_bytes(v, unit) for v in values if v is not None], fontsize=7, padding=1)
+        for x, f in zip(xs, recs):
+            if f.get("oom"):   # it crossed the cap (or the device): marked there; its bar is the last reading before
+                at = (limit_bytes if limit_bytes is not None else read(f) or 0) / scale
+                bytes_ax.plot([x], [at], "X", color=OKABE_ITO["vermillion"], markersize=11)
+                bytes_ax.annotate("out of memory", (x, at), textcoords="offset points", xytext=(0, 9), ha="center",
+                                  color=OKABE_ITO["vermillion"], fontsize=9, weight="bold")
+    ticks = [f"fold {j + 1}" for j in range(folds_n)]
+    for ax in (count_ax, bytes_ax):
+        ax.set_xticks(range(folds_n), ticks)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    count_ax.set_title("models alive at the load")
+    count_ax.set_ylabel("models in memory")
+    count_ax.set_ylim(0, max([f.get(k) or 0 for _, _, recs, k, _, _ in loops for f in recs] + [1]) + 1)
+    bytes_ax.set_title("memory at the load")
+    bytes_ax.set_ylabel(unit_label(unit))
+    draw_limit(bytes_ax, limit_bytes, label="cap", unit=unit)
+    bytes_ax.set_ylim(0, max(drawn + [limit_bytes or 0, 1]) / scale * 1.25)
+    for ax in (count_ax, bytes_ax):   # below the axes, clear of the bars and the out-of-memory mark
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=8, frameon=False)
+    return fig
+
+
+def _load_bytes(fold: dict) -> int | None:
+    """The user's loop at a fold's load: the peak while loading; where the fold ran out of memory while SFTTrainer
+    prepared the new model (still the load: the old trainer alive), the highest reading before the error."""
+    values = [fold.get("load_peak_bytes")]
+    if fold.get("oom_during") == "prepare":
+        values.append(fold.get("train_peak_bytes"))
+    values = [v for v in values if v is not None]
+    return max(values) if values else None

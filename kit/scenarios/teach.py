@@ -94,6 +94,8 @@ TERMS = [
     ("temporaries", "tensors that live only inside one operation (an upcast copy, a matmul's workspace)"),
     ("autocast weight copies", "under mixed precision, a 16-bit copy of each fp32 weight made for the forward pass"),
     ("allocated", "bytes held by live tensors (`torch.cuda.memory_allocated`): what runs out first"),
+    ("caching allocator", ("PyTorch's manager of GPU memory: it keeps the blocks that tensors free, to hand them "
+                           "out again, instead of giving them back to the GPU")),
     ("reserved", ("allocated + the caching allocator's spare blocks (`memory_reserved`); `empty_cache()` returns "
                   "only the spare")),
     ("NVML", "the driver's count (what `nvidia-smi` shows): reserved + the CUDA context and the libraries' kernels"),
@@ -102,6 +104,11 @@ TERMS = [
     ("GB and GiB", ("1 GB = 10^9 bytes; 1 GiB = 2^30 bytes = {gib_in_gb:.3f} GB. The kit says GiB; \"about 4 GB\" "
                     "is {four_gb:.2f} GiB")),
     ("NF4, double quant", "4-bit weights on a normal-distribution grid (NF4), with their block scales quantized too"),
+    ("upcast", "turning a tensor into a wider dtype, such as 16-bit into fp32: twice the bytes"),
+    ("meta device", ("PyTorch's make-believe device: tensors with shapes and dtypes but no data, so a model built "
+                     "there takes no memory; the kit counts models there")),
+    ("memory cap", ("a limit the kit sets on the memory a run may take, as if the GPU were that small: past it, "
+                    "the run gets the same out-of-memory error")),
     ("LoRA", ("small trainable matrices A and B beside a frozen layer; B starts at zero, so training starts from "
               "the base")),
     ("gradient checkpointing", ("keep only each block's input, recompute the rest in the backward: less memory, "
@@ -118,19 +125,33 @@ def _terms() -> list[tuple[str, str]]:
     return [(t, m.format(gib_in_gb=GiB / 1e9, four_gb=4e9 / GiB)) for t, m in TERMS]
 
 
+# the glossary's terms shown collapsed, one click away (the counters' fine print); the rest are shown open
+MORE_TERMS = ("NVML", "RSS", "live-tensor bytes", "GB and GiB")
+
+
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>\n"
+
+
 def glossary_markdown() -> str:
-    """The glossary and the bytes-per-parameter cheat sheet, as Markdown (the numbers computed here).
+    """The glossary and the bytes-per-parameter cheat sheet, as Markdown (the numbers computed here): the words of
+    the breakdowns in a table, the counters' fine print (:data:`MORE_TERMS`) and the bytes per parameter collapsed
+    beneath it, one click away, so that the cell shows at most 25 lines.
 
     >>> "| NF4 weight (4-bit, double quant) | 0.516 |" in glossary_markdown()
     True
     """
     rows = "\n".join(f"| {what} | {b:.3g} | {why} |" for what, b, why in bytes_per_parameter())
-    glossary_rows = "\n".join(f"| **{term}** | {meaning} |" for term, meaning in _terms())
+    table = "| word | what it means |\n|---|---|\n"
+    shown = "\n".join(f"| **{term}** | {meaning} |" for term, meaning in _terms() if term not in MORE_TERMS)
+    more = "\n".join(f"| **{term}** | {meaning} |" for term, meaning in _terms() if term in MORE_TERMS)
     return ("**Words before numbers.** The kit's breakdowns use these words; each bar of a breakdown is one of "
-            "them.\n\n| word | what it means |\n|---|---|\n" + glossary_rows + "\n"
-            "\n**Bytes per parameter** (computed by the kit, `kit.scenarios.teach.bytes_per_parameter`). Training "
-            "an fp32 weight with AdamW costs 4 + 4 + 8 = 16 bytes; a frozen one only its weight.\n\n"
-            "| what | bytes per parameter | why |\n|---|---|---|\n" + rows + "\n")
+            "them.\n\n" + table + shown + "\n\n"
+            + _details("More words: the counters, GB and GiB", table + more)
+            + _details("Bytes per parameter (computed by the kit)",
+                       "Training an fp32 weight with AdamW costs 4 + 4 + 8 = 16 bytes; a frozen one only its weight "
+                       "(`kit.scenarios.teach.bytes_per_parameter`).\n\n| what | bytes per parameter | why |\n"
+                       "|---|---|---|\n" + rows))
 
 
 def glossary():

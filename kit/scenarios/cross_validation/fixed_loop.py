@@ -24,6 +24,7 @@ from pathlib import Path
 from kit import inputs as kin
 from kit import runtime
 from kit.measure import cleanup, leaks, oom
+from kit.measure.controls import memory_cap
 from kit.measure.track import Tracker
 from kit.scenarios.cross_validation.folds import (append_result, check_writable, fold_texts, read_results, run_key,
                                                  set_aside)
@@ -103,6 +104,7 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         if fold in done:
             state["folds"].append({**done[fold], "resumed": True})
             continue
+        models_alive = count_live_models()   # at the fold's start, where the user's loop loads its next model
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
         with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
             state["init"], check, losses = fixed_fold(model, state["init"], train_ds, eval_ds, tok, p, output_dir,
@@ -111,7 +113,7 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         if not back:  # name what holds the excess (a slow walk, so only when it is needed)
             print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
                                          raise_on_leak=False).text(), flush=True)
-        rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back,
+        rec = fold_record(stage, fold, adapter_reset_ok=check.ok, back_at_baseline=back, models_alive=models_alive,
                            baseline_bytes=state["baseline_bytes"], **losses, run_key=key)
         append_result(path, rec)  # on disk before anything else can fail
         state["folds"].append(rec)
@@ -119,10 +121,22 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         notify_fold("fixed", state["folds"], on_fold_end)
 
 
+def _load_and_run(state: dict, model_name: str, p: dict, recipe, load: bool, splits, tok, *rest):
+    """The base model loaded once (unless every fold is on file), then :func:`_fixed_folds`; the model freed after."""
+    model = load_for_training(model_name, p, recipe) if load else None  # once, outside the loop
+    try:
+        _fixed_folds(state, model, splits, tok, p, *rest)
+    finally:  # on any error too: the finished folds are on disk, the base model goes
+        del model
+        state["init"] = None
+        cleanup.release()
+
+
 @runtime.once_per_run()
 def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir="cv-runs/fixed",
                    results_path=None, resume: bool = True, tolerance: float = 0.01,
-                   tracker=None, on_fold_end=None, **settings) -> dict:
+                   tracker=None, on_fold_end=None, recipe: str | None = None, cap_bytes: int | None = None,
+                   **settings) -> dict:
     """The fixed loop. Returns ``{"folds", "baseline_bytes", "results_path", "trained_folds", "oom_at_fold"}``.
 
     The base model is loaded and wrapped with peft once; at each fold start the adapter
@@ -134,7 +148,9 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     fold ends. With ``resume=True`` folds already in that file are not trained again; a file
     of other settings, or with an unreadable line, is refused in words and left as it is.
     With ``resume=False`` an existing file is moved aside (``cv_results.before-N.jsonl``),
-    never deleted, and the run starts a new one.
+    never deleted, and the run starts a new one. ``recipe``: the k-bit recipe of the model loaded once (None:
+    today's TRL; ``"standard"``: peft's fp32 upcast, as the TRL of the user's post). ``cap_bytes``: the loop, load
+    included, runs under that memory cap (``kit.measure.controls.memory_cap``); ``cap`` says which.
 
     >>> fixed = run_fixed_loop("tiny-llama", folds=5)            # doctest: +SKIP
     >>> [f["adapter_reset_ok"] for f in fixed["folds"]]           # doctest: +SKIP
@@ -144,44 +160,46 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     resume, tolerance = kin.flag("resume", resume), kin.fraction("tolerance", tolerance)
     tracker = tracker if tracker is not None else Tracker()
     path = Path(results_path or Path(output_dir) / "cv_results.jsonl")
-    key = run_key(model_name, {"folds": folds, **p})
+    key = run_key(model_name, {"folds": folds, **p, **({"recipe": recipe} if recipe else {})})
     done = read_results(path, key, folds) if resume else {}
     if not resume and (aside := set_aside(path)) is not None:
         print(f"resume=False: the earlier folds in {path} are kept in {aside}; this run starts a new file.",
               flush=True)
     check_writable(path)   # before any fold trains: a finished fold's figures always have somewhere to go
     tok, splits = fold_texts(model_name, folds, p["max_samples"])
-    model = load_for_training(model_name, p) if len(done) < len(splits) else None  # once, outside the loop
     state = {"fold": 0, "folds": [], "trained": [], "baseline_bytes": None, "init": None}
-    try:
-        result = oom.oom_safe(_fixed_folds, state, model, splits, tok, p, output_dir, tracker,
-                                  on_fold_end, done, path, key, tolerance, setup={"model": model_name, **p})
-    finally:  # on any error too: the finished folds are on disk, the base model goes
-        del model
-        state["init"] = None
-        cleanup.release()
+    with memory_cap(cap_bytes) as cap:
+        result = oom.oom_safe(_load_and_run, state, model_name, p, recipe, len(done) < len(splits), splits, tok,
+                              output_dir, tracker, on_fold_end, done, path, key, tolerance,
+                              setup={"model": model_name, **p})
     if result.oom:
         print(f"OUT OF MEMORY at fold {state['fold']}; the folds before it are kept in {path}", flush=True)
     return {"folds": state["folds"], "baseline_bytes": state["baseline_bytes"], "results_path": str(path),
-            "trained_folds": state["trained"], "oom_at_fold": state["fold"] if result.oom else None}
+            "trained_folds": state["trained"], "oom_at_fold": state["fold"] if result.oom else None,
+            "cap_bytes": cap.cap_bytes, "cap": cap.how}
 
 
 def run_scenario2(model_name: str = "tiny-llama", *, folds: int = 5, broken_folds: int = 3,
-                  output_dir="cv-runs", tracker=None, **settings) -> dict:
-    """Broken loop, advice reset and fixed loop, shaped like summary.json's ``"scenario2"``.
+                  output_dir="cv-runs", tracker=None, recipe: str | None = None, cap_bytes: int | None = None,
+                  **settings) -> dict:
+    """Broken loop, advice reset and fixed loop, shaped like summary.json's ``"scenario2"``; both loops with
+    ``recipe`` under ``cap_bytes`` (see :func:`run_fixed_loop`).
 
     >>> s2 = run_scenario2("tiny-llama", folds=3, steps_per_fold=2)   # doctest: +SKIP
     """
     out = Path(output_dir)
-    broken = run_broken_loop(model_name, folds=broken_folds, output_dir=out / "broken", tracker=tracker, **settings)
+    broken = run_broken_loop(model_name, folds=broken_folds, output_dir=out / "broken", tracker=tracker,
+                             recipe=recipe, cap_bytes=cap_bytes, **settings)
     advice = show_advice_reset(model_name, output_dir=out / "advice", **settings)
     fixed = run_fixed_loop(model_name, folds=folds, output_dir=out / "fixed", resume=False, tracker=tracker,
-                           **settings)
+                           recipe=recipe, cap_bytes=cap_bytes, **settings)
     keep = ("start_bytes", "peak_bytes", "end_bytes")
     extra = ("load_peak_bytes", "loaded_bytes", "models_alive_after_load", "train_peak_bytes",
              "models_alive_in_training", "oom", "oom_during")
     return {"broken": {"folds": [{k: f[k] for k in keep + extra if k in f} for f in broken["folds"]],
                        "oom_at_fold": broken["oom_at_fold"]},
-            "fixed": {"folds": [{**{k: f[k] for k in keep}, "adapter_reset_ok": f["adapter_reset_ok"]}
-                                for f in fixed["folds"]]},
+            "fixed": {"folds": [{**{k: f[k] for k in keep + ("models_alive",) if k in f},
+                                 "adapter_reset_ok": f["adapter_reset_ok"]} for f in fixed["folds"]],
+                      "oom_at_fold": fixed["oom_at_fold"]},
+            "cap_bytes": broken["cap_bytes"], "cap": broken["cap"], "recipe": recipe or "today's TRL",
             "advice_reset_changed_nothing": bool(advice["changed_nothing"] and advice["fold1_changed_adapter"])}

@@ -30,6 +30,7 @@ from kit.measure import cleanup, leaks
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
+from kit.scenarios.cross_validation.cap import run_estimate, scaled_cap  # noqa: F401 (the notebook reads nb.*)
 from kit.scenarios.cross_validation.fixed_loop import fixed_fold
 from kit.scenarios.cross_validation.folds import fold_texts, read_results
 from kit.scenarios.cross_validation.predict import (
@@ -254,6 +255,27 @@ def fixed_text(fixed: dict, tolerance: float = 0.01) -> str:
         f"{all(f['back_at_baseline'] for f in folds)}",
         f"  end memory across folds varies by {fmt_bytes(spread)} ({spread / ends[0]:.2%} of fold 1's end)",
         f"  out of memory: {'at fold ' + str(fixed['oom_at_fold']) if fixed['oom_at_fold'] else 'no'}"])
+
+
+def crash_settings(settings: dict) -> dict:
+    """The loops' settings for the crash under a scaled cap (:func:`scaled_cap`): as given at real size; in smoke
+    mode one row of 8 tokens, so that the tiny twin, like the 8B, is mostly its weights (its activations and
+    logits would otherwise outweigh them, and no cap could hold one fold but not two models).
+
+    >>> crash_settings({"batch_size": 4, "seq_len": 30})["batch_size"] in (1, 4)
+    True
+    """
+    return {**settings, "batch_size": 1, "seq_len": 8} if runtime.is_smoke() else dict(settings)
+
+
+def load_moment_figure(broken: dict, fixed: dict, cap: dict | None = None):
+    """The user's loop and the fixed one at each fold's load (:func:`kit.plot.load_moment`): the models alive and
+    the memory, MEASURED, against the cap of :func:`scaled_cap` when given.
+
+    >>> fig = load_moment_figure({"folds": []}, {"folds": [{"fold": 1, "peak_bytes": 2**20, "models_alive": 1}]})
+    """
+    return plot.load_moment(broken["folds"], fixed["folds"], cap["cap_bytes"] if cap else None,
+                            title=f"At each fold's load, MEASURED ({kdevice.best_reading()})")
 
 
 def fixed_fold_source() -> str:

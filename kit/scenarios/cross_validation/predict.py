@@ -148,7 +148,9 @@ def fold2_prediction(est) -> dict:
     """Where the user's loop doubles, ESTIMATED from one fold's estimate: bytes at three moments.
 
     - ``leftover_bytes``: what fold 1's trainer still holds when fold 2 starts loading;
-    - ``loaded_bytes``: fold 2's model loaded beside them (two models alive), and
+    - ``from_pretrained_bytes``: right after fold 2's ``from_pretrained``, its model as loaded (no recipe, no
+      adapter yet) beside them;
+    - ``loaded_bytes``: fold 2's model loaded and prepared beside them (two models alive), and
       ``load_peak_bytes``: the peak of that load, which under the standard k-bit recipe adds the moment of
       the last fp32 upcast (:func:`upcast_moment_bytes`; today's TRL runs no upcast);
     - ``train_peak_bytes``: fold 2 training, after ``trainer = ...`` let the old trainer go:
@@ -161,8 +163,8 @@ def fold2_prediction(est) -> dict:
     old = fold1_leftovers(est)
     loaded = old + est.weights_bytes
     upcast = upcast_moment_bytes(est.setup["model"]) if est.setup.get("kbit_recipe") == "standard" else 0
-    return {"leftover_bytes": old, "loaded_bytes": loaded, "load_peak_bytes": loaded + upcast,
-            "train_peak_bytes": est.peak_bytes}
+    return {"leftover_bytes": old, "from_pretrained_bytes": old + est.loaded_weights_bytes, "loaded_bytes": loaded,
+            "load_peak_bytes": loaded + upcast, "train_peak_bytes": est.peak_bytes}
 
 
 def _verdict(n: int, limit: int) -> str:

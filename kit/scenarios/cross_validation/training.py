@@ -107,6 +107,15 @@ def kbit_recipe(model, recipe: str = "standard"):
     return model
 
 
+class PostSFTTrainer(SFTTrainer):
+    """``SFTTrainer`` as the TRL of the user's 2024 post ran it on a k-bit model: peft's
+    ``prepare_model_for_kbit_training`` (:func:`kbit_recipe` ``"standard"``: every 16-bit part upcast to fp32)
+    before the trainer wraps the model. TRL 1.x no longer calls it; all else is today's SFTTrainer."""
+
+    def __init__(self, model=None, *args, **kwargs):
+        super().__init__(kbit_recipe(model, "standard"), *args, **kwargs)
+
+
 def _load(model_name: str, quantization: str):
     model = kmodels.load_model(model_name, quantization=quantization)
     model.config.use_cache = False  # as the user did; the KV cache is useless in training

@@ -31,12 +31,14 @@ from kit import data as kdata
 from kit import models as kmodels
 from kit import runtime
 from kit.measure import cleanup, oom
+from kit.measure.controls import memory_cap
 from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.scenarios.cross_validation.folds import KFold, user_data
 from kit.scenarios.cross_validation.lora_reset import lora_config
-from kit.scenarios.cross_validation.training import count_live_models, fold_count, loop_params, sft_config
-from kit.units import fmt_bytes
+from kit.scenarios.cross_validation.training import (PostSFTTrainer, count_live_models, fold_count, loop_params,
+                                                     sft_config)
+from kit.units import fmt_bytes, wrap
 
 
 def free_gpu_cache() -> None:
@@ -115,17 +117,20 @@ class FoldWatch:
         self.tracker, self.on_fold_end = tracker, on_fold_end
         self.folds: list[dict] = []
         self.current: dict = {}
+        self.attached = False     # attach() ran this fold: SFTTrainer(...) finished preparing the model
 
     @contextmanager
     def __call__(self, half: str, fold: int):
         if half == "load":
-            self.current = {"fold": fold}
+            self.current, self.attached = {"fold": fold}, False
         rec = self.current
         try:
             with self.tracker.stage(f"broken: {half}", reset_peak=True, collect=False, tensor_peak=True) as stage:
                 yield
         except BaseException:
-            rec.update(self._readings(half, stage), oom_during=half)
+            # in the train half before attach(): SFTTrainer(...) was still preparing fold 2's model
+            rec.update(self._readings(half, stage),
+                       oom_during="prepare" if half == "train" and not self.attached else half)
             raise
         finally:
             if half == "load" and "oom_during" not in rec:
@@ -137,6 +142,7 @@ class FoldWatch:
     def attach(self, trainer) -> None:
         """The kit's readings on the user's trainer: the tracker's callback, a count of the models when
         ``train()`` begins (after the old trainer was let go), and no per-step log lines."""
+        self.attached = True
         for callback in (self.tracker.callback(), _CountAtTrainBegin(self.current)):
             trainer.add_callback(callback)
         trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
@@ -153,7 +159,7 @@ class FoldWatch:
         rec["peak_bytes"] = max(peaks) if peaks else None
         rec.setdefault("end_bytes", rec.get("loaded_bytes"))
         self.folds.append(rec)
-        print(fold_line(rec), flush=True)
+        print(wrap(fold_line(rec)), flush=True)
         if self.on_fold_end is not None:
             self.on_fold_end(list(self.folds))
 
@@ -162,6 +168,30 @@ class FoldWatch:
         if self.current and self.current not in self.folds:
             self.current["oom"] = True
             self._close(self.current)
+
+
+# where a fold of the user's loop ran out of memory (a fold record's ``oom_during``), in words
+OOM_MOMENTS = {"load": "while loading", "train": "while training",
+               "prepare": "while SFTTrainer(...) prepared the new model (the fp32 upcast), the old one still alive"}
+
+
+@contextmanager
+def trl_of_the_post(recipe: str | None):
+    """``recipe="standard"``: inside the block, the name ``SFTTrainer`` in :func:`user_fold_loop` is the trainer of
+    the TRL of the user's post (:class:`~kit.scenarios.cross_validation.training.PostSFTTrainer`, which runs peft's
+    fp32 upcast), so the loop runs as they ran it and its printed source stays theirs. None: today's TRL."""
+    global SFTTrainer
+    if recipe is None:
+        yield
+        return
+    if recipe != "standard":
+        raise ValueError(f"recipe must be None (today's TRL) or 'standard' (the TRL of the user's post), "
+                         f"not {recipe!r}.")
+    today, SFTTrainer = SFTTrainer, PostSFTTrainer
+    try:
+        yield
+    finally:
+        SFTTrainer = today
 
 
 def fold_line(rec: dict) -> str:
@@ -179,15 +209,16 @@ def fold_line(rec: dict) -> str:
         return "models not counted" if n is None else f"{n} model{'' if n == 1 else 's'} alive"
 
     line = f"fold {rec['fold']}: loading {b('start_bytes')} -> {b('load_peak_bytes')} peak ({alive('models_alive_after_load')})"
-    if rec.get("oom_during") == "load":
-        return line + "; OUT OF MEMORY while loading"
+    if rec.get("oom_during") in OOM_MOMENTS and rec["oom_during"] != "train":
+        return line + f"; OUT OF MEMORY {OOM_MOMENTS[rec['oom_during']]}"
     line += f"; training peak {b('train_peak_bytes')} ({alive('models_alive_in_training')})"
     return line + ("; OUT OF MEMORY while training" if rec.get("oom") else f"; end {b('end_bytes')}")
 
 
 @runtime.once_per_run()  # the MODEL line once, not once per fold
 def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_dir="cv-runs/broken",
-                    tracker=None, on_fold_end=None, **settings) -> dict:
+                    tracker=None, on_fold_end=None, recipe: str | None = None, cap_bytes: int | None = None,
+                    **settings) -> dict:
     """The user's loop, tracked per fold, OOM-safe: ``{"folds": [...], "oom_at_fold": int|None}``.
 
     Each fold record is :class:`FoldWatch`'s. An out-of-memory error is caught
@@ -195,7 +226,9 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     "train"), and the memory freed. ``on_fold_end(folds)`` gets the fold records so far, to
     redraw a chart. ``settings``: batch_size, seq_len, steps_per_fold, lora_r, lora_targets,
     quantization, max_samples, seed (see ``training.DEFAULTS``). The model is the real one where the Hub
-    serves it, else its architecture twin, loaded by the user's own ``from_pretrained`` line.
+    serves it, else its architecture twin, loaded by the user's own ``from_pretrained`` line. ``recipe="standard"``:
+    as the TRL of their post ran it (:func:`trl_of_the_post`). ``cap_bytes``: the loop runs under that memory cap
+    (``kit.measure.controls.memory_cap``: a GPU of that size; on a CPU, a live-tensor cap); ``cap`` says which.
 
     >>> broken = run_broken_loop("tiny-llama", folds=2)        # doctest: +SKIP
     >>> broken["folds"][1]["models_alive_after_load"]            # doctest: +SKIP
@@ -208,13 +241,15 @@ def run_broken_loop(model_name: str = "tiny-llama", *, folds: int = 3, output_di
     runtime.say(line)
     watch = FoldWatch(tracker, on_fold_end)
     gc.collect()  # an earlier run's garbage must not be counted as this loop's
-    result = oom.oom_safe(user_fold_loop, data, KFold(n_splits=folds), model_path, bnb_for(p),
-                          lora_config(p["lora_r"], p["lora_targets"]), sft_config(p, output_dir), tokenizer, watch,
-                          setup={"model": model_name, **p})
+    with memory_cap(cap_bytes) as cap, trl_of_the_post(recipe):
+        result = oom.oom_safe(user_fold_loop, data, KFold(n_splits=folds), model_path, bnb_for(p),
+                              lora_config(p["lora_r"], p["lora_targets"]), sft_config(p, output_dir), tokenizer,
+                              watch, setup={"model": model_name, **p})
     cleanup.release()  # the loop's models die with its frame; collect them and empty the CUDA cache
     if result.oom:
         fold = watch.current.get("fold")
-        print(f"OUT OF MEMORY at fold {fold}, while {'loading' if watch.current.get('oom_during') == 'load' else 'training'}"
-              f": {result.error}", flush=True)
+        print(wrap(f"OUT OF MEMORY at fold {fold}, {OOM_MOMENTS.get(watch.current.get('oom_during'), 'while training')}"
+                   f": {result.error}"), flush=True)
         watch.close_failed()
-    return {"folds": watch.folds, "oom_at_fold": watch.current.get("fold") if result.oom else None}
+    return {"folds": watch.folds, "oom_at_fold": watch.current.get("fold") if result.oom else None,
+            "cap_bytes": cap.cap_bytes, "cap": cap.how}
