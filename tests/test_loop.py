@@ -216,7 +216,7 @@ def test_i35_12_an_oom_on_a_cpu_names_no_caching_allocator_and_no_fits_verdict()
         armed["on"] = i == 2
         _full_step(w, model, opt, batch)
     h.remove()
-    text = " ".join(str(w.report).split())
+    text = " ".join(w.report.text(details=True).split())   # the answer and the details
     assert w.report.oom and "caching allocator" not in text and "reserved" not in text, text
     assert "largest batch that fits" not in text and "fits this machine's CPU and RAM:" not in text, text
     assert ("The fit advisor: the estimate fits this machine's RAM, yet this step ran out of memory, so the "
@@ -265,7 +265,7 @@ def test_i35_13_gradient_accumulation_in_a_plain_loop_is_counted_and_estimated()
     plain = estimate("tiny-llama", batch_size=8, seq_len=128, optimizer="adamw", device="cpu", padded=False)
     assert w.steps[1].peak_bytes / plain.first_step_peak_bytes > 1.05      # without it, step 1 is under
     assert "the estimate took grad_accum=4: detected: 4 forward passes per optimizer step" in " ".join(
-        str(w.report).split())
+        w.report.text(details=True).split())
     w.close()
 
 

@@ -73,7 +73,8 @@ def test_the_advisor_offers_expandable_segments_first_where_they_close_the_gap()
     assert top.peak_bytes == e.peak_bytes and top.reserved_bytes == estimate(**QWEN, expandable_segments=True).reserved_bytes
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in top.costs[0] and "before torch initialises" in \
         top.costs[0]
-    assert "reserved (the caching allocator modelled, expandable_segments off)" in " ".join(a.text().split())
+    assert "reserved (the caching allocator modelled, expandable_segments off)" in " ".join(
+        a.text(details=True).split())
     # with a flat safety fraction the allocator is not modelled, so the setting is not offered
     assert all("expandable-segments" not in s.changes for s in advise(QWEN, "42GiB", safety=0.05).suggestions)
 

@@ -233,10 +233,10 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     else:
 
         cfg = get_config(model_id_or_config)
-    task, labels, train_head, tsrc = read_task(peft_config, task, num_labels, cfg)
+    task, labels, train_head, task_src = read_task(peft_config, task, num_labels, cfg)
     opts.update({k: v for k, v in (("task", task), ("num_labels", labels), ("train_head", train_head))
                  if v is not None})
-    src.update(tsrc)
+    src.update(task_src)
     info = info_of(model_id_or_config, task, labels or 2)
     src["model"] = (model_name(model_id_or_config, cfg), "estimate_from(model_id_or_config)")
     quant = read_bnb(quantization_config, "BitsAndBytesConfig")

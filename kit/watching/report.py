@@ -229,8 +229,11 @@ class TrainReport:
             out.append(f"Allocator history saved to {self.snapshot_path}: drag it onto https://pytorch.org/memory_viz.")
         if details:
             return out + [f"note: {n}" for n in self.notes]
-        return out + [f"details: report.text(details=True): {len(self.notes)} note{'s' * (len(self.notes) > 1)}"
-                      ] if self.notes else out
+        # bytes alive before train() that are not this Trainer's change how the ratio above reads: said at once
+        # (kit.watching.trainer puts that note first)
+        said, rest = (self.notes[:1], self.notes[1:]) if self.others_bytes else ([], self.notes)
+        out += [f"note: {n}" for n in said]
+        return out + [f"details: report.text(details=True): {len(rest)} note{'s' * (len(rest) > 1)}"] if rest else out
 
 
 def _ratio(measured, estimated) -> float | None:

@@ -46,7 +46,7 @@ def rank_check(my_rank, preset: str = "colab-t4") -> str:
     memory (:func:`usable_bytes`: its reserved figure judged, as the fit advisor judges).
 
     >>> print(rank_check(256))
-    rank 256: ESTIMATED peak 917.27 MiB, reserved 1.01 GiB, fits the 14.56 GiB of Colab T4 (reserved judged); rank
+    rank 256: ESTIMATED peak 917.27 MiB, reserved 1.03 GiB, fits the 14.56 GiB of Colab T4 (reserved judged); rank
         + 1 fits too: go higher
     """
     vocab = kmodels.get_config("distilgpt2").vocab_size + 1  # the pad token the user added
