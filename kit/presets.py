@@ -258,23 +258,25 @@ def _margin(n: int) -> str:
 
 @wrapped
 def render(est, preset: str | Preset = "colab-t4") -> str:
-    """The readable table of an estimate: components at the peak, offenders, a verdict.
+    """The readable table of an estimate, answer first: the verdict and what its figures are, then the components at
+    the peak, the phases a run meets, the biggest modules and the notes.
 
     >>> from kit.estimate import estimate
     >>> print(render(estimate("tiny-gpt2", batch_size=2, seq_len=64)))   # doctest: +SKIP
     """
     s = est.setup
-    lines = [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
-             f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')},",
-             f"  optimizer {s.get('optimizer')} (optim={s.get('optim')!r})"
-             f", checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
-             f"params {est.params:,} ({est.trainable_params:,} trainable)",
-             f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]
-    for k, v in est.components().items():
-        lines.append(f"  {k:<46}{fmt_bytes(v, 'GiB'):>12}")
-        if k == "gradients" and v == 0 and est.trainable_params:
-            lines.append("    (none yet at this moment: the backward makes them as it goes, and Trainer's")
-            lines.append("    zero_grad(set_to_none=True) freed the last step's)")
+    v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
+    lines = [v.text] + [x for x in [figures_line(est)] if x]
+    lines += [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
+              f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')},",
+              f"  optimizer {s.get('optimizer')} (optim={s.get('optim')!r})"
+              f", checkpointing {'on' if s.get('gradient_checkpointing') else 'off'}",
+              f"params {est.params:,} ({est.trainable_params:,} trainable)",
+              f"  {'at the peak: ' + est.peak_moment:<46}{'GiB':>12}"]
+    for k, v_bytes in est.components().items():
+        lines.append(f"  {k:<46}{fmt_bytes(v_bytes, 'GiB'):>12}")
+        if k == "gradients" and v_bytes == 0 and est.trainable_params:
+            lines.append("    (none yet: the backward makes them, and zero_grad(set_to_none=True) freed the last)")
     lines.append(f"  {'PEAK (predicted max allocated, ' + est.peak_phase + ')':<46}"
                  f"{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     if getattr(est, "reserved_bytes", 0) and s.get("device") != "cpu":
@@ -283,11 +285,9 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     lines.append(f"  {'CPU RAM to build the model':<46}{fmt_bytes(est.cpu_build_bytes, 'GiB'):>12}")
     if getattr(est, "offloaded_bytes", 0):   # checkpoint offload / TRL's activation_offloading
         lines.append(f"  {'pinned CPU RAM for offloaded activations':<46}{fmt_bytes(est.offloaded_bytes, 'GiB'):>12}")
-    lines.append("the phases a run meets (predicted max allocated):")
-    lines.append(f"  {'step 1 (no optimizer state in its backward)':<46}{fmt_bytes(est.first_step_peak_bytes, 'GiB'):>12}")
-    lines.append(f"  {'step 2 on (the peak above)':<46}{fmt_bytes(est.peak_bytes, 'GiB'):>12}")
     ev = f"evaluation (batch {s.get('eval_batch_size')}, {_EVAL[s.get('eval_gather', 'loss')]})"
-    lines.append(f"  {ev:<46}{fmt_bytes(est.eval_peak_bytes, 'GiB'):>12}")
+    lines.append(f"phases (max allocated): step 1 {fmt_bytes(est.first_step_peak_bytes, 'GiB')}, step 2 on "
+                 f"{fmt_bytes(est.peak_bytes, 'GiB')}, {ev} {fmt_bytes(est.eval_peak_bytes, 'GiB')}")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
     c = getattr(est, "context", None)
     if getattr(est, "num_gpus", 1) > 1 and c is not None:  # a module's bytes are the whole model's, not one GPU's
@@ -297,14 +297,12 @@ def render(est, preset: str | Preset = "colab-t4") -> str:
     else:
         lines.append("biggest modules by training bytes (their weights + grads + optimizer state, and their share of "
                      "all):")
-    for name, p, b in est.offenders[:5]:
+    for name, p, b in est.offenders[:3]:
         share = 100 * b / state if state else 0
         lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}%)")
-    v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
     lines += [f"note: {n}" for n in est.notes]
     if v.preset.gpu_bytes is not None and est.eval_peak_bytes > v.preset.gpu_bytes:
         lines.append(f"note: the evaluation needs {fmt_bytes(est.eval_peak_bytes)}, over the {fmt_bytes(v.preset.gpu_bytes)} "
                      "the device has: with evaluation on, lower per_device_eval_batch_size (or set "
                      "eval_accumulation_steps when compute_metrics gathers the logits)")
-    lines += [x for x in [figures_line(est)] if x] + [v.text]
     return "\n".join(lines)

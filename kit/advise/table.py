@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kit.advise.core import limit_for, setup_options
 from kit.advise.search import MOVES, Search, cli
+from kit.presets import short_label
 from kit.units import GiB, fmt_bytes, wrapped
 
 NAMES = {   # move -> what a practitioner calls it
@@ -54,15 +55,15 @@ class Levers:
     @wrapped
     def __str__(self) -> str:
         unit, div = ("GiB", GiB) if self.limit_bytes >= GiB else ("MiB", 2**20)
-        f = lambda n: f"{n / div:.2f}"  # noqa: E731
-        out = [f"your setup: peak {fmt_bytes(self.setup_peak_bytes, unit)}, reserved "
-               f"{fmt_bytes(self.setup_reserved_bytes, unit)} against {self.label} (ESTIMATED); each lever alone, "
-               f"in {unit}:",
-               f"  {'lever':<31} {'cost':<19} {'peak':>7} {'reserved':>8} {'saves':>7}  fits  change"]
-        for r in (r for r in self.rows if r.peak_bytes is not None):
-            saves = self.setup_reserved_bytes - r.reserved_bytes
-            out.append(f"  {r.name:<31} {r.cost:<19} {f(r.peak_bytes):>7} {f(r.reserved_bytes):>8} "
-                       f"{f(saves):>7}  {'yes' if r.fits else 'no':<4}  {r.cli}")
+        shown = [r for r in self.rows if r.peak_bytes is not None]
+        fit = [r.name for r in shown if r.fits]
+        answer = (f"alone, {len(fit)} of {len(shown)} levers make it fit: {'; '.join(fit)}" if fit else
+                  f"alone, none of the {len(shown)} levers makes it fit: combine them (the fit advisor does)")
+        # the reserved figure is the one judged; each Row keeps its peak (peak_bytes) beside it
+        out = [f"your setup: reserved {fmt_bytes(self.setup_reserved_bytes, unit)} against "
+               f"{short_label(self.label)} (ESTIMATED); {answer}",
+               f"  {'lever':<31} {'cost':<20} {'reserved':>8}  change ({unit})"]
+        out += [f"  {r.name:<31} {r.cost:<20} {r.reserved_bytes / div:>8.2f}  {r.cli}" for r in shown]
         idle = [r.name for r in self.rows if r.peak_bytes is None]
         if idle:
             out.append(f"not for this setup (already so, or it does not apply): {', '.join(idle)}")
