@@ -257,16 +257,17 @@ def _margin(n: int) -> str:
 
 
 @wrapped
-def render(est, preset: str | Preset = "colab-t4") -> str:
-    """The readable table of an estimate, answer first: the verdict and what its figures are, then the components at
-    the peak, the phases a run meets, the biggest modules and the notes.
+def render(est, preset: str | Preset = "colab-t4", answer: bool = True) -> str:
+    """The readable table of an estimate, answer first: the verdict and what its figures are (left out with
+    ``answer=False``, where the answer was just printed), then the components at the peak, the phases a run meets,
+    the biggest modules and the notes.
 
     >>> from kit.estimate import estimate
     >>> print(render(estimate("tiny-gpt2", batch_size=2, seq_len=64)))   # doctest: +SKIP
     """
     s = est.setup
     v = verdict(est, preset)   # (first: a verdict may add its note to est.notes)
-    lines = [v.text] + [x for x in [figures_line(est)] if x]
+    lines = [v.text] + [x for x in [figures_line(est)] if x] if answer else []
     lines += [f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}"
               f", quantization {s.get('quantization')}, lora_r {s.get('lora_r')},",
               f"  optimizer {s.get('optimizer')} (optim={s.get('optim')!r})"

@@ -138,7 +138,7 @@ def test_a_per_gpu_table_gives_each_module_its_share_of_the_whole_model():
     whole_state = whole.weights_bytes + whole.gradients_bytes + whole.optimizer_bytes
     per_gpu_state = sharded.weights_bytes + sharded.gradients_bytes + sharded.optimizer_bytes
     assert per_gpu_state < whole_state / 3   # (so a share of one GPU's would read four times as much)
-    assert "the whole model's before sharding" in table and len(rows) == 5
+    assert "the whole model's before sharding" in table and len(rows) == 3   # the three biggest
     for (name, params, share), (want_name, want_params, want_bytes) in zip(rows, whole.offenders):
         assert (name, int(params.replace(",", ""))) == (want_name, want_params)
         assert int(share) == round(100 * want_bytes / whole_state), (name, share, want_bytes, whole_state)

@@ -69,7 +69,7 @@ def brief(est, why=None) -> list:
 
 def full(est, preset, why, advice) -> list:
     """Everything: the estimate table, where the device came from, the sources, the advisor's changes in full."""
-    out = ["", est.table(preset)] + ([why] if why else [])
+    out = ["", est.table(preset, answer=False)] + ([why] if why else [])   # (the answer is printed above it)
     sources = getattr(est, "sources", None)
     if sources:
         out.append("where each setting was read from:")

@@ -143,7 +143,7 @@ def face(est, preset: str, setup: dict, details: bool = False) -> str:
         except ValueError as exc:
             problem = [f"(no advice: {one_line(exc)})"]
     if details:
-        return wrap("\n".join(answer(est, v, advice) + problem)) + "\n\n" + est.table(preset)
+        return wrap("\n".join(answer(est, v, advice) + problem)) + "\n\n" + est.table(preset, answer=False)
     return wrap("\n".join(answer(est, v, advice) + problem + brief(est) + [
         "details: --details (the full table); what else fits: python -m kit fit with the same options"]))
 

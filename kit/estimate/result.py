@@ -115,10 +115,11 @@ class Estimate:
         d["components"] = dict(self.components())
         return d
 
-    def table(self, preset: str = "colab-t4") -> str:
-        """A readable table: one row per component, the offenders and a device verdict."""
+    def table(self, preset: str = "colab-t4", answer: bool = True) -> str:
+        """A readable table, answer first (the verdict; ``answer=False`` leaves it out): one row per component, the
+        phases, the offenders and the notes."""
 
-        return render(self, preset)
+        return render(self, preset, answer)
 
 
 @dataclass
@@ -137,8 +138,8 @@ class ShardedEstimate(Estimate):
     def components(self) -> "OrderedDict[str, int]":
         return OrderedDict((k, self._parts.get(k, 0)) for k in COMPONENTS + EXTRA)
 
-    def table(self, preset: str = "colab-t4") -> str:
+    def table(self, preset: str = "colab-t4", answer: bool = True) -> str:
         off = f", CPU RAM for the offloaded shards {fmt_bytes(self.cpu_offload_bytes)} per rank" \
             if self.cpu_offload else ""
         return (f"PER GPU: {self.strategy} over {self.num_gpus} GPUs{off} (every byte below is one GPU's)\n"
-                + super().table(preset))
+                + super().table(preset, answer))
