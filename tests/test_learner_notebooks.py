@@ -196,7 +196,7 @@ def sentences(markdown: str) -> list[str]:
     text = re.sub(r"^\s*\|.*\|\s*$", " ", text, flags=re.MULTILINE)
     text = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(". ", "; "), text)
     parts = re.split(r"(?<=[.!?:])\s+(?=[A-Z*`\"'(\[])|\n\s*\n|\n(?=\s*(?:[-*]|\d+\.)\s)", text)
-    return [p.strip() for p in parts if p.strip()]
+    return [re.sub(r"^(?:[-*]|\d+\.)\s+", "", p.strip()) for p in parts if p.strip()]   # (a list item's marker is no word)
 
 
 def _markdown(path):
