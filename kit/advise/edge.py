@@ -52,7 +52,9 @@ def largest_replayed(estimate_of, lim, lo: int, hi: int, at: int | None = None, 
         gap = judged - allocated(n)
         n = largest_fitting(lambda x: allocated(x) + gap, fits_below + 1, top, usable) if fits_below < top else n
         n = max(n, fits_below + 1)               # none by that gap: the next one up, modelled
-    return fits_below if fits_below >= top else largest_judged(estimate_of, lim, fits_below + 1, top, evaluates=evaluates)
+    if fits_below >= top:
+        return fits_below
+    return largest_judged(estimate_of, lim, fits_below + 1, top, evaluates=evaluates)
 
 
 def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:

@@ -62,7 +62,8 @@ def _adam8(paged):
             return None
         if c.too_big and trains_weights(o):
             c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
-                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: docs/known-failures.md)")
+                        "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: "
+                        "docs/known-failures.md)")
             return None
         return {"optimizer": "paged-adamw-8bit" if paged else "adamw-8bit"}
     return move

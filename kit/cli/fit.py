@@ -1,4 +1,5 @@
-"""``python -m kit fit``: what makes a training setup fit a device, cheapest first (docs/cli-and-api.md, "What will make it fit").
+"""``python -m kit fit``: what makes a training setup fit a device, cheapest first (docs/cli-and-api.md, "What will
+make it fit").
 
 It takes every ``estimate`` option, plus ``--device`` (a preset, ``this`` for this GPU now, or a number of
 bytes such as ``16GiB``), ``--safety`` (a fraction of the limit kept free against the allocated peak, in place of the default: the

@@ -153,8 +153,8 @@ def _alloc_conf_notes(conf) -> list:
         return []
     return [Note(f"{conf.var} sets {', '.join(conf.ignored)}, which the reserved figure's allocator model ignores "
                  f"(it reads {', '.join(runtime.MODELLED_KEYS)} alone): the reserved figure is the allocator's "
-                 f"without {'those settings' if len(conf.ignored) > 1 else 'that setting'}", field="expandable_segments",
-                 code="alloc-conf-ignored")]
+                 f"without {'those settings' if len(conf.ignored) > 1 else 'that setting'}",
+                 field="expandable_segments", code="alloc-conf-ignored")]
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

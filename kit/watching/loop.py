@@ -162,8 +162,8 @@ class LoopWatch:
             self.assumed["grad_accum"] = (self.given["grad_accum"], "given to kit.watch_loop")
         elif self._accum_seen is not None:
             opts["grad_accum"] = self._accum_seen
-            self.assumed["grad_accum"] = (self._accum_seen, f"detected: {self._accum_seen} forward pass"
-                                                            f"{'es' if self._accum_seen > 1 else ''} per optimizer step")
+            passes = f"{self._accum_seen} forward pass{'es' if self._accum_seen > 1 else ''}"
+            self.assumed["grad_accum"] = (self._accum_seen, f"detected: {passes} per optimizer step")
         else:
             self.assumed["grad_accum"] = (1, "assumed, not seen yet (known at the first optimizer.step())")
 
