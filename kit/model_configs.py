@@ -64,16 +64,24 @@ REGISTRY = {
     "FacebookAI/roberta-base": "roberta-base.json",
     "tiny-bert": "tiny-bert.json",
     "tiny-roberta": "tiny-roberta.json",
+    # answerdotai/ModernBERT-base's config.json as published on the Hub (written from it; transformers 5 reads its
+    # global_attn_every_n_layers and global/local_rope_theta into layer_types and rope_parameters), and its twin:
+    # 4 layers (global, local, local, global), local_attention 32 so that the local layers' window acts at S 64.
+    "answerdotai/ModernBERT-base": "ModernBERT-base.json",
+    "ModernBERT-base": "ModernBERT-base.json",
+    "tiny-modernbert": "tiny-modernbert.json",
 }
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
                       "tiny-bert", "tiny-roberta"})
+ENCODERS |= {"answerdotai/ModernBERT-base", "ModernBERT-base", "tiny-modernbert"}
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
 TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
+TINY |= {"tiny-modernbert"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -88,6 +96,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama",
            "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
+_SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert", "ModernBERT-base": "tiny-modernbert"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
 _GATED_ORGS = ("meta-llama/", "google/", "mistralai/")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.replay import BOOL, promote
+from kit.estimate.replay import BOOL, modernbert, promote
 from kit.training_setup import GATHER  # noqa: F401 (loss: no compute_metrics; logits; preprocess_logits_for_metrics)
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ def _bert_loop(st, T: int, hidden, mlp) -> int:
 # The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
 NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
                  "bert": _bert_loop, "roberta": _bert_loop}
+NO_GRAD_LOOPS["modernbert"] = modernbert.no_grad_loop
 
 
 def block_forward_bytes(st, Be: int) -> int | None:

@@ -93,8 +93,9 @@ def family_of(cfg) -> str:
     return family if family in FAMILIES else "llama"
 
 
-# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's.
-POOLERS = ("pooler.dense",)
+# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's,
+# ModernBERT's prediction head.
+POOLERS = ("pooler.dense", "head.dense")
 
 
 def in_module(name: str, module: str | None) -> bool:
@@ -126,7 +127,8 @@ def _classifier(model, leaves, what: str) -> tuple:
         raise UnsupportedModel(f"{what}'s classifier head is not one Linear to its {labels} labels (its Linear "
                                f"layers outside the blocks: {names}), which the estimator does not replay: measure "
                                "this one on a real step with kit.measure.track.Tracker.")
-    drop = getattr(model, "dropout", None) or getattr(getattr(model, module, None), "dropout", None)
+    drop = getattr(model, "dropout", None) or getattr(model, "drop", None) \
+        or getattr(getattr(model, module, None), "dropout", None)   # ModernBERT names it drop
     return module, labels, float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
 
 

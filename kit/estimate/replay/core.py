@@ -125,7 +125,7 @@ def replay(st: Setup) -> Replay:
 
     def run(masked, inp):
         tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
-        tp.masked = masked
+        tp.masked, tp.first = masked, block_fn.first_layer and inp is x
         return block_fn(tp, inp)
 
     # Block 1 reads the embeddings' output; the others read a block's output, which can differ from it: it
@@ -134,7 +134,7 @@ def replay(st: Setup) -> Replay:
     kinds_of = st.layer_kinds()
     y1 = run(st.first_masked(), x)
     entries = [(m, n, x) for m, n in kinds_of.items()]  # (masked, layers, input) per replay
-    if (y1.dt, y1.rg) != (x.dt, x.rg):
+    if (y1.dt, y1.rg) != (x.dt, x.rg) or block_fn.first_layer:
         rest = tp.new(T * H, y1.dt, y1.rg)
         entries = [(st.first_masked(), 1, x)] + [(m, n - (m == st.first_masked()), rest)
                                                  for m, n in kinds_of.items() if n - (m == st.first_masked())]

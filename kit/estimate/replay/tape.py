@@ -40,6 +40,7 @@ class Tape:
     def __init__(self, st: Setup):
         self.st, self.saved = st, {}
         self.masked = st.padded  # this block's attention gets a mask (see Setup.layer_kinds)
+        self.first = False       # this is block 1, replayed alone (the around mark's first_layer)
         self.heads_first = False  # rope's q comes out (B, nh, S, hd)-contiguous (its cat), see attention
         self.order, self.outs = [], []  # saved bytes in saving order; one entry per op output
         self.cache = 0       # autocast copies of trainable weights that nothing saves

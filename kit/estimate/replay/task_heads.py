@@ -71,6 +71,8 @@ def encoder_head(tp: Tape, h, encoder: str) -> Head:
     pooler, dropout and ``classifier``, or RoBERTa's ``RobertaClassificationHead``; dropout and ``classifier`` on
     every token for token classification."""
     st = tp.st
+    if encoder == "modernbert":
+        return modernbert_head(tp, h)
     if st.task == "seq-cls" and encoder == "roberta":   # dropout (its mask: the first token's), dense, tanh, ...
         x = tp.dropout(tp.split(h, st.S)[0], st.p_head)
         dense = tp.linear(x, st.H, st.H, "dense", trainable=st.head_trains, w=st.w_other, quant="none")
@@ -84,6 +86,29 @@ def encoder_head(tp: Tape, h, encoder: str) -> Head:
     h = tp.dropout(h, st.p_head)
     name = "out_proj" if st.task == "seq-cls" and encoder == "roberta" else "classifier"
     logits = tp.linear(h, st.H, st.labels, name, trainable=st.head_trains, w=st.w_other, quant="none")
+    ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
+    live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
+    return Head(ls, live, logits.n * logits.dt, ls)
+
+
+def modernbert_head(tp: Tape, h) -> Head:
+    """ModernBERT's ``...ForSequenceClassification`` and ``...ForTokenClassification``: sequence classification pools
+    first (``Setup.pooling``: "mean", ``(h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)``, whose product
+    keeps only the batch's mask and whose division keeps the (B, 1) int64 count; "cls", ``h[:, 0]``, a view that
+    makes the dense layer keep the whole hidden state); then ``ModernBertPredictionHead`` (dense, GELU, LayerNorm:
+    part of the base, frozen under LoRA), dropout and ``classifier``, and ``CrossEntropyLoss`` on the logits."""
+    st = tp.st
+    if st.task == "seq-cls" and st.pooling == "mean":
+        masked = tp.new(h.n, h.dt, h.rg)                  # h * mask: a new (B, S, H), nothing of h kept
+        h = tp.new(st.B * st.H, h.dt, h.rg)               # .sum(dim=1), then / count: (B, H)
+        tp.save(tp.new(st.B, I64, False), when=masked.rg)   # the divisor, kept for the quotient's grad
+        h = tp.new(h.n, h.dt, h.rg)
+    elif st.task == "seq-cls":
+        h = tp.split(h, st.S)[0]
+    dense = tp.linear(h, st.H, st.H, "head.dense", trainable=st.base_trainable, w=st.w_other, quant="none")
+    tp.save(dense, when=dense.rg)                         # GELU keeps its input
+    h = tp.dropout(tp.layer_norm(tp.new(dense.n, dense.dt, dense.rg), st.base_trainable), st.p_head)
+    logits = tp.linear(h, st.H, st.labels, "classifier", trainable=st.head_trains, w=st.w_other, quant="none")
     ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
     live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
     return Head(ls, live, logits.n * logits.dt, ls)

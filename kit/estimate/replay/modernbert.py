@@ -1,0 +1,62 @@
+"""ModernBERT: ``transformers.models.modernbert.modeling_modernbert.ModernBertEncoderLayer`` (and ``ModernBertModel``,
+``ModernBertEmbeddings``), as transformers 5.24 runs it.
+
+An encoder with pre-LayerNorm blocks (no biases): ``x + Wo(attn(attn_norm(x)))``, then ``x + mlp(mlp_norm(x))``;
+layer 0's ``attn_norm`` is an ``Identity`` (the embeddings end in a LayerNorm), so block 1 saves no norm there and its
+``Wqkv`` keeps the block's input (the ``first_layer`` mark: :func:`kit.estimate.replay.core.replay` replays block 1
+alone). Attention is one fused ``Wqkv``, unbound into q, k, v views (sdpa keeps v's whole (B, S, 3H) storage),
+rotary embeddings computed in fp32 (``q.float() * cos``, cast back) with one cos/sin pair per layer type (global
+and local thetas: ``Setup.rope_sets``), and bidirectional: a full mask only where the batch has padding, a sliding
+one (``|i - j| <= local_attention // 2``) on the local layers once S reaches that half window
+(``Setup.layer_kinds``); every ``global_attn_every_n_layers``-th layer is global. The MLP is GeGLU:
+``Wo(drop(gelu(input) * gate))`` with ``input, gate = Wi(x).chunk(2)`` (views of one (B, S, 2F) output, which GELU
+keeps). The embeddings are the token embedding, LayerNorm and dropout (no positions); ``final_norm`` before the
+head, which is :mod:`.task_heads`' ``modernbert_head`` (``classifier_pooling`` "mean" or "cls", then
+``ModernBertPredictionHead``: dense, GELU, LayerNorm; then dropout and ``classifier``).
+
+Unpadding: transformers 5.24's ModernBERT no longer unpads in the model (4.48-4.57 did, under flash-attention-2
+only): with sdpa or eager, as here and on a GPU without flash-attn, every layer runs on the padded (B, S) batch,
+which is what this replays. With ``attn_implementation="flash_attention_2"`` on a GPU, transformers' flash wrapper
+unpads q, k and v per layer to the batch's real tokens (``_upad_input``: index_first_axis copies, (tokens, H) each)
+and pads the output back; the projections and the MLP still run on (B, S): this replay counts sdpa's saved tensors
+there, not flash-attn's, so a padded batch under FA2 is estimated as sdpa would hold it.
+"""
+from __future__ import annotations
+
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+def layer(tp: Tape, x):
+    """One ModernBERT encoder layer; ``tp.first``: layer 0, whose ``attn_norm`` is an Identity."""
+    st, H = tp.st, tp.st.H
+    h = x if tp.first else tp.layer_norm(x, st.base_trainable)           # attn_norm
+    q, k, v = tp.split(tp.linear(h, H, 3 * H, "attn.Wqkv"), 3)          # qkv.view(..., 3, nh, hd).unbind(-3)
+    q, k = tp.rope(q, k, x, fp32=True)                                   # q.float() * cos + ..., .to(q's dtype)
+    o = tp.attention(q, k, v, H)
+    x = tp.binary(tp.dropout(tp.linear(o, H, H, "attn.Wo"), st.p_attn), x)   # out_drop
+    gelu_in, gate = tp.split(tp.linear(tp.layer_norm(x, st.base_trainable), H, 2 * st.F, "mlp.Wi"), 2)
+    tp.save(gelu_in, when=gelu_in.rg)                                    # GELU keeps its input (all of Wi's output)
+    act = tp.new(gelu_in.n, gelu_in.dt, gelu_in.rg)
+    m = tp.dropout(tp.binary(act, gate, True, True), st.p_resid)        # act(input) * gate, mlp.drop
+    return tp.binary(tp.linear(m, st.F, H, "mlp.Wo"), x)
+
+
+@around(final_norm="layer_norm", embd_dropout=True, embed_norm=True, encoder="modernbert", first_layer=True)
+def block(tp: Tape, x):
+    return layer(tp, x)
+
+
+def no_grad_loop(st, T: int, hidden, mlp) -> int:
+    """ModernBERT's no_grad forward at a block's largest moment, its GeGLU (``ModernBertEncoderLayer``,
+    ``ModernBertMLP``), for :mod:`kit.estimate.evaluation`: five hidden states (the embeddings' output, which
+    ``ModernBertModel.forward``'s ``mask_kwargs`` holds till it returns; the block's input, the model loop's
+    ``hidden_states``; ``attn_output``, a local of the layer till it returns; the residual after attention;
+    ``mlp_norm``'s output; four where block 1 is the only one: its input is the embeddings' output), beside ``Wi``'s (B, S, 2F) output (input and gate are views of it), GELU's output and
+    their product; or, at ``Wo``, the product and ``Wi``'s output beside ``Wo``'s (B, S, H) output. Besides the
+    blocks: the cos/sin of both layer types, (S, hd) each in the hidden states' dtype, and the local layers' mask
+    (B, S, S) bool, built once S reaches the half window (the full layers' one, where padded, the caller counts)."""
+    hold = (5 if st.L > 1 else 4) * st.H * hidden
+    local_mask = (T // st.S) * st.S * st.S if st.sliding and (st.padded or 0 < st.window <= st.S) else 0
+    return T * (hold + max(4 * st.F * mlp, st.H * mlp + 3 * st.F * mlp)) + local_mask \
+        + st.rope_sets * 2 * st.S * st.hd * hidden
