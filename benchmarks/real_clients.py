@@ -731,6 +731,10 @@ def rows_to_run(work, only=None):
         R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
                   lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
                       client_classifier(work, t, lo, f, d), m)))
+    from clients_modernbert import client_modernbert   # ModernBERT's twin, saved as a masked LM (its module doc)
+    for task in ("seq-cls", "token-cls"):
+        R.append((f"classifier {task} full tiny-modernbert",
+                  lambda m, t=task: run_trainer_client(client_modernbert(work, t), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 
