@@ -23,7 +23,7 @@ there, not flash-attn's, so a padded batch under FA2 is estimated as sdpa would 
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import F32, around
 from kit.estimate.replay.tape import Tape
 
 
@@ -33,6 +33,7 @@ def layer(tp: Tape, x):
     h = x if tp.first else tp.layer_norm(x, st.base_trainable)           # attn_norm
     q, k, v = tp.split(tp.linear(h, H, 3 * H, "attn.Wqkv"), 3)          # qkv.view(..., 3, nh, hd).unbind(-3)
     q, k = tp.rope(q, k, x, fp32=True)                                   # q.float() * cos + ..., .to(q's dtype)
+    tp.shared = tp.shared // F32 * x.dt    # ... where cos/sin are in the hidden states' dtype, not fp32
     o = tp.attention(q, k, v, H)
     x = tp.binary(tp.dropout(tp.linear(o, H, H, "attn.Wo"), st.p_attn), x)   # out_drop
     gelu_in, gate = tp.split(tp.linear(tp.layer_norm(x, st.base_trainable), H, 2 * st.F, "mlp.Wi"), 2)
