@@ -79,3 +79,23 @@ def test_modernbert_base_by_name_offline(capsys):
     assert json.loads(capsys.readouterr().out)["peak_bytes"] == est.peak_bytes
     with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
         estimate("tiny-modernbert", batch_size=1, seq_len=8)
+
+
+def test_lora_on_the_fused_projection_saves_what_autograd_saves():
+    """peft's SEQ_CLS LoRA on Wqkv (the kit's default target for ModernBERT, which peft has none for): the saved bytes
+    and the trainable parameters (the adapters and the classifier's modules_to_save copy)."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = get_config("tiny-modernbert")
+    torch.manual_seed(0)
+    model = get_peft_model(build_model(cfg, task="seq-cls", num_labels=3),
+                           LoraConfig(task_type="SEQ_CLS", r=8, target_modules=["Wqkv"], lora_dropout=0.0))
+    model.train()
+    B, S = 2, 64
+    ids = torch.randint(2, cfg.vocab_size, (B, S))
+    got = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                     "labels": torch.zeros(B, dtype=torch.long)})
+    est = estimate(cfg, batch_size=B, seq_len=S, task="seq-cls", num_labels=3, lora_r=8, lora_dropout=0.0,
+                   padded=False, device="cpu")
+    assert 0 <= got - est.saved_bytes <= B * S * 8 + 64, (est.saved_bytes, got)
+    assert est.trainable_params == sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -16,6 +16,7 @@ FAMILIES["modernbert"] = modernbert.block
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
 # the fused qkv projection (Phi-3), q and v (OLMo-2, as peft's default for Llama).
 LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj")}
+LORA_TARGETS["modernbert"] = ("Wqkv",)   # its fused q/k/v projection, as Phi-3's
 
 
 def config_shapes(cfg, family: str, hd: int) -> dict:
