@@ -16,10 +16,10 @@ head, which is :mod:`.task_heads`' ``modernbert_head`` (``classifier_pooling`` "
 
 Unpadding: transformers 5.24's ModernBERT does not unpad in the model (the 4.x versions, from 4.48, did, under
 flash-attention-2 only): with sdpa or eager, as here and on a GPU without flash-attn, every layer runs on the padded
-(B, S) batch, which is what this replays. With ``attn_implementation="flash_attention_2"`` on a GPU, transformers' flash wrapper
-unpads q, k and v per layer to the batch's real tokens (``_upad_input``: index_first_axis copies, (tokens, H) each)
-and pads the output back; the projections and the MLP still run on (B, S): this replay counts sdpa's saved tensors
-there, not flash-attn's, so a padded batch under FA2 is estimated as sdpa would hold it.
+(B, S) batch, which is what this replays. With ``attn_implementation="flash_attention_2"`` on a GPU, transformers'
+flash wrapper unpads q, k and v per layer to the batch's real tokens (``_upad_input``: index_first_axis copies,
+(tokens, H) each) and pads the output back; the projections and the MLP still run on (B, S): this replay counts
+sdpa's saved tensors there, not flash-attn's, so a padded batch under FA2 is estimated as sdpa would hold it.
 """
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ def no_grad_loop(st, T: int, hidden, mlp) -> int:
     ``ModernBertModel.forward``'s ``mask_kwargs`` holds till it returns; the block's input, the model loop's
     ``hidden_states``; ``attn_output``, a local of the layer till it returns; the residual after attention;
     ``mlp_norm``'s output; four where block 1 is the only one: its input is the embeddings' output), beside
-    ``Wi``'s (B, S, 2F) output (input and gate are views of it), GELU's output and their product; or, at ``Wo``, the product and ``Wi``'s output beside ``Wo``'s (B, S, H) output. Besides the
-    blocks: the cos/sin of both layer types, (S, hd) each in the hidden states' dtype, and the local layers' mask
-    (B, S, S) bool, built once S reaches the half window (the full layers' one, where padded, the caller counts)."""
+    ``Wi``'s (B, S, 2F) output (input and gate are views of it), GELU's output and their product; or, at ``Wo``,
+    the product and ``Wi``'s output beside ``Wo``'s (B, S, H) output. Besides the blocks: the cos/sin of both layer
+    types, (S, hd) each in the hidden states' dtype, and the local layers' mask (B, S, S) bool, built once S reaches
+    the half window (the full layers' one, where padded, the caller counts)."""
     hold = (5 if st.L > 1 else 4) * st.H * hidden
     local_mask = (T // st.S) * st.S * st.S if st.sliding and (st.padded or 0 < st.window <= st.S) else 0
     return T * (hold + max(4 * st.F * mlp, st.H * mlp + 3 * st.F * mlp)) + local_mask \
