@@ -68,14 +68,13 @@ REGISTRY = {
     # global_attn_every_n_layers and global/local_rope_theta into layer_types and rope_parameters), and its twin:
     # 4 layers (global, local, local, global), local_attention 32 so that the local layers' window acts at S 64.
     "answerdotai/ModernBERT-base": "ModernBERT-base.json",
-    "ModernBERT-base": "ModernBERT-base.json",
     "tiny-modernbert": "tiny-modernbert.json",
 }
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
                       "tiny-bert", "tiny-roberta"})
-ENCODERS |= {"answerdotai/ModernBERT-base", "ModernBERT-base", "tiny-modernbert"}
+ENCODERS |= {"answerdotai/ModernBERT-base", "tiny-modernbert"}
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
@@ -96,7 +95,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "tiny-llama",
            "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
-_SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert", "ModernBERT-base": "tiny-modernbert"}
+_SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
 _GATED_ORGS = ("meta-llama/", "google/", "mistralai/")
 

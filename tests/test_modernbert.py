@@ -67,15 +67,15 @@ def test_trainer_steps_and_evaluate_within_2_percent(work, task):
 
 
 def test_modernbert_base_by_name_offline(capsys):
-    """The shipped config (ModernBertForSequenceClassification, 2 labels: 149,606,402 parameters), by either name,
+    """The shipped config (ModernBertForSequenceClassification, 2 labels: 149,606,402 parameters), by its Hub id,
     through the API and the CLI; as a causal LM it is refused in one sentence."""
     from kit.cli import main
 
     est = estimate("answerdotai/ModernBERT-base", task="seq-cls", num_labels=2, batch_size=8, seq_len=512)
     assert est.params == build_model("answerdotai/ModernBERT-base", device="meta", task="seq-cls").num_parameters() \
         == 149_606_402
-    main(["estimate", "--model", "ModernBERT-base", "--task", "seq-cls", "--num-labels", "2", "--batch-size", "8",
-          "--seq-len", "512", "--json"])
+    main(["estimate", "--model", "answerdotai/ModernBERT-base", "--task", "seq-cls", "--num-labels", "2",
+          "--batch-size", "8", "--seq-len", "512", "--json"])
     assert json.loads(capsys.readouterr().out)["peak_bytes"] == est.peak_bytes
     with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
         estimate("tiny-modernbert", batch_size=1, seq_len=8)
