@@ -67,7 +67,7 @@ class AdviceView:
                         for _ in range(TOP)]
         self.texts = [W.HTML(value="", layout=W.Layout(width="780px")) for _ in range(TOP)]
         for i, b in enumerate(self.buttons):
-            b.on_click(lambda _button, index=index: self.apply(index))
+            b.on_click(lambda _button, index=i: self.apply(index))
         self.extra_html = W.HTML(value="")
         self.clear_button = W.Button(description="Clear", icon="times", layout=W.Layout(width="80px"),
                                      tooltip="drop the options the controls cannot show")
