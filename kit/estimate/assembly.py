@@ -29,7 +29,7 @@ from kit.estimate.counts import Counts
 @dataclass
 class Plan:
     """The options as read, named as :class:`~kit.training_setup.TrainingSetup` names them, and what they decide
-    before anything is counted (a ``None`` of the setup's resolved: checkpointing, the head, the input grads)."""
+    before anything is counted (where the setup says None, resolved: checkpointing, the head, the input grads)."""
 
     model: str
     batch_size: int
@@ -101,7 +101,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
             raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
                                  f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
                                  f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
-    std = quantization != "none" and kbit_recipe == "standard" and not vh  # prepare_model_for_kbit_training
+    std = quantization != "none" and kbit_recipe == "standard" and not vh  # Plan.kbit_prepared: the k-bit recipe runs
     # (8-bit layers keep their inputs through non-reentrant checkpointing)
     reentrant = bnb.reentrant_for(gradient_checkpointing, std)
     checkpointing = (vh or std) if gradient_checkpointing is None else bool(gradient_checkpointing)
