@@ -122,13 +122,13 @@ def tokenize(dataset, tokenizer, max_length: int = 128, padding=False):
     if padding and tokenizer.pad_token is None:
         raise ValueError("padding needs a pad token: use kit.data.load_tokenizer(), which sets one.")
 
-    def one(ds: Dataset) -> Dataset:
-        if "text" not in ds.column_names:
-            raise ValueError(f"expected a 'text' column, found {ds.column_names}.")
-        kept = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    def one(dataset: Dataset) -> Dataset:
+        if "text" not in dataset.column_names:
+            raise ValueError(f"expected a 'text' column, found {dataset.column_names}.")
+        kept = dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
         return kept.map(
             lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_length, padding=padding),
-            batched=True, remove_columns=ds.column_names)
+            batched=True, remove_columns=dataset.column_names)
 
     if isinstance(dataset, DatasetDict):
         return DatasetDict({split: one(ds) for split, ds in dataset.items()})
@@ -148,16 +148,16 @@ def collator(tokenizer) -> DataCollatorForLanguageModeling:
     return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=False)
 
 
-def dataset_bytes(ds) -> int:
+def dataset_bytes(dataset) -> int:
     """Bytes the tokenized data holds in its Arrow tables (all splits of a ``DatasetDict``).
 
     >>> dataset_bytes(Dataset.from_dict({"input_ids": [[1, 2, 3]]}))  # 3 int32 ids + a 4-byte offset
     16
     """
-    if isinstance(ds, DatasetDict):
-        return sum(dataset_bytes(split) for split in ds.values())
+    if isinstance(dataset, DatasetDict):
+        return sum(dataset_bytes(split) for split in dataset.values())
     # A filtered or selected Dataset keeps the whole parent table plus an index
     # mapping; flatten it so only the rows the dataset holds are counted.
-    if getattr(ds, "_indices", None) is not None:
-        ds = ds.flatten_indices()
-    return int(ds.data.nbytes)
+    if getattr(dataset, "_indices", None) is not None:
+        dataset = dataset.flatten_indices()
+    return int(dataset.data.nbytes)

@@ -97,7 +97,7 @@ def _adafactor_temporaries(tensors, device):
     (rows and columns) beside the update, then ``-update``: two fp32 tensors of the parameter's size and the larger
     of those; a 16-bit grad and weight add their fp32 copies (``grad.float()``, ``p.float()``)."""
     peak, last = 0, 0
-    for shape, dtype_bytes, _ in sorted(tensors, key=lambda t: not t[2]):
+    for shape, dtype_bytes, _ in sorted(tensors, key=lambda tensor: not tensor[2]):
         n = math.prod(shape)
         factors = math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1] if len(shape) >= 2 else 0
         peak = max(peak, FP32 * (2 * n + max(last, factors)) + (2 * FP32 * n if dtype_bytes != FP32 else 0))
@@ -172,9 +172,9 @@ TRAINER_OPTIM = {o.name: o.optim[0] for o in ROOM.values() if o.optim}
 
 def choices_help() -> str:
     """The CLI's help for ``--optimizer``: each choice with its ``TrainingArguments.optim`` name."""
-    def said(o):
-        inside = [text for text in (o.optim[0] if o.optim[0] != o.name else "", o.label) if text]
-        return f"{o.name} ({', '.join(inside)})" if inside else o.name
+    def said(entry):
+        inside = [text for text in (entry.optim[0] if entry.optim[0] != entry.name else "", entry.label) if text]
+        return f"{entry.name} ({', '.join(inside)})" if inside else entry.name
 
     choices = ", ".join(said(o) for o in ROOM.values() if o.optim)
     return f"{choices}; the TrainingArguments.optim names in brackets work too"

@@ -23,8 +23,8 @@ OPTIMIZERS = optimizers.TRAINER_OPTIM
 ALIASES = optimizers.BY_OPTIM
 
 
-def nf4_bytes(n: int, double_quant: bool = True, blocksize: int = 64) -> int:
-    """Bytes of one NF4 weight of ``n`` elements, as bitsandbytes' ``quantize_4bit`` stores it.
+def nf4_bytes(elements: int, double_quant: bool = True, blocksize: int = 64) -> int:
+    """Bytes of one NF4 weight of ``elements`` elements, as bitsandbytes' ``quantize_4bit`` stores it.
 
     Packed 4-bit values: n/2 bytes. One absmax per block of 64 (``blocksize=64``):
     without double quant an fp32 each, 4/64 = 0.0625 B/param. With double quant
@@ -37,10 +37,10 @@ def nf4_bytes(n: int, double_quant: bool = True, blocksize: int = 64) -> int:
     >>> nf4_bytes(4096 * 4096) / (4096 * 4096)    # doctest: +ELLIPSIS
     0.5159...
     """
-    blocks = -(-n // blocksize)
+    blocks = -(-elements // blocksize)
     if not double_quant:
-        return -(-n // 2) + 4 * blocks + 64
-    return -(-n // 2) + blocks + 4 * -(-blocks // 256) + 1024 + 64 + 4
+        return -(-elements // 2) + 4 * blocks + 64
+    return -(-elements // 2) + blocks + 4 * -(-blocks // 256) + 1024 + 64 + 4
 
 
 def int8_bytes(fin: int, fout: int) -> int:
@@ -48,14 +48,14 @@ def int8_bytes(fin: int, fout: int) -> int:
     return fin * fout + 4 * fout
 
 
-def optimizer_state_bytes(optimizer: str, n: int, dtype_bytes: int, embedding: bool = False) -> tuple[int, int]:
-    """(bytes the allocator holds, bytes paged outside it) of the state of ``n`` elements in one flat tensor
+def optimizer_state_bytes(optimizer: str, elements: int, dtype_bytes: int, embedding: bool = False) -> tuple[int, int]:
+    """(bytes the allocator holds, bytes paged outside it) of the state of ``elements`` elements in one flat tensor
     (:func:`kit.optimizers.state_bytes` reads a tensor's shape).
 
     >>> optimizer_state_bytes("adamw-8bit", 1024 * 1024, 4)
     (2129920, 0)
     """
-    return optimizers.state_bytes(optimizer, (n,), dtype_bytes, embedding)
+    return optimizers.state_bytes(optimizer, (elements,), dtype_bytes, embedding)
 
 
 @dataclass(frozen=True)
@@ -252,8 +252,8 @@ def _add_note(est, note) -> None:
 _EVAL = {"loss": "loss only", "logits": "logits gathered", "preprocessed": "preprocessed logits gathered"}
 
 
-def _margin(n: int) -> str:
-    return f"{fmt_bytes(n)} to spare" if n >= 0 else f"{fmt_bytes(-n)} short"
+def _margin(nbytes: int) -> str:
+    return f"{fmt_bytes(nbytes)} to spare" if nbytes >= 0 else f"{fmt_bytes(-nbytes)} short"
 
 
 @wrapped

@@ -170,7 +170,7 @@ FIELDS = {f.name: f for f in fields(TrainingSetup)}
 KEYWORDS = tuple(FIELDS)                                                     # estimate()'s keywords, model aside
 DEFAULTS = {k: f.default for k, f in FIELDS.items()}
 SUGGESTED = tuple(sorted((k for k, f in FIELDS.items() if f.metadata["suggest"]),  # what the fit advisor may change,
-                         key=lambda k: FIELDS[k].metadata["suggest"]))             # in the order its changes list them
+                         key=lambda name: FIELDS[name].metadata["suggest"]))  # in the order its changes list them
 PANEL = tuple(k for k, f in FIELDS.items() if f.metadata["panel"])           # what the widget panel holds
 
 

@@ -16,7 +16,7 @@ GiB = 1024**3
 _UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
 
 
-def fmt_bytes(n: int | float | None, unit: str | None = None, digits: int = 2) -> str:
+def fmt_bytes(nbytes: int | float | None, unit: str | None = None, digits: int = 2) -> str:
     """Format a byte count for people: ``fmt_bytes(5 * MiB) == '5.00 MiB'``.
 
     ``unit`` forces one of ``"GiB"``, ``"MiB"``, ``"KiB"`` or ``"B"`` (useful in
@@ -28,19 +28,19 @@ def fmt_bytes(n: int | float | None, unit: str | None = None, digits: int = 2) -
     >>> fmt_bytes(None)
     'n/a'
     """
-    if n is None:
+    if nbytes is None:
         return "n/a"
     if unit is None:
-        unit = next((name for name, size in _UNITS if abs(n) >= size), "B")
+        unit = next((name for name, size in _UNITS if abs(nbytes) >= size), "B")
     if unit == "B":
-        return f"{int(n)} B"
+        return f"{int(nbytes)} B"
     size = dict(_UNITS)[unit]
-    return f"{n / size:.{digits}f} {unit}"
+    return f"{nbytes / size:.{digits}f} {unit}"
 
 
-def gib(n: int | float) -> float:
+def gib(nbytes: int | float) -> float:
     """Bytes as a float number of GiB, for plot axes: ``gib(GiB) == 1.0``."""
-    return n / GiB
+    return nbytes / GiB
 
 
 WIDTH = 110  # characters: what Colab's output column shows on a laptop screen without a scroll bar
@@ -71,7 +71,7 @@ def wrap(text: str, width: int = WIDTH) -> str:
     return "\n".join(out)
 
 
-def wrapped(fn):
+def wrapped(func):
     """Decorate a function that returns text, so that its lines fit :data:`WIDTH` (:func:`wrap`).
 
     >>> wrapped(lambda: "x " * 80)().count("\\n")
@@ -79,8 +79,8 @@ def wrapped(fn):
     """
     import functools
 
-    @functools.wraps(fn)
+    @functools.wraps(func)
     def inner(*args, **kwargs):
-        return wrap(fn(*args, **kwargs))
+        return wrap(func(*args, **kwargs))
 
     return inner

@@ -38,8 +38,8 @@ def t4_preset():
     return t4.gpu_bytes, t4.label.split(" (")[0]        # "Colab T4"
 
 
-def alive(n) -> str:
-    return f"{n} model{'' if n == 1 else 's'} alive"
+def alive(count) -> str:
+    return f"{count} model{'' if count == 1 else 's'} alive"
 
 
 def second_fold_text(broken: list, prediction: dict | None = None) -> str:

@@ -43,16 +43,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def add_setup_options(p: argparse.ArgumentParser) -> None:
+def add_setup_options(parser: argparse.ArgumentParser) -> None:
     """The options that describe one training setup (:mod:`kit.training_setup` declares them): ``estimate`` and
     ``fit`` (:mod:`kit.cli.fit`) add them."""
-    p.add_argument("--model", required=True, type=str.strip, help="a shipped name (" + ", ".join(known_models()) + "), any "
-                   "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
-                   "or a path to a config.json")
-    add_arguments(p, optimizer_type=_optimizer)
-    p.add_argument("--accelerate-config", default=None, metavar="PATH",
-                   help="the YAML `accelerate config` wrote: its distributed_type, num_processes, fsdp/deepspeed "
-                        "config and mixed_precision set the options above (flags given here win)")
+    parser.add_argument("--model", required=True, type=str.strip,
+                        help="a shipped name (" + ", ".join(known_models()) + "), any "
+                        "Hub id such as Qwen/Qwen2.5-3B (only its config.json is fetched, when the Hub is reachable), "
+                        "or a path to a config.json")
+    add_arguments(parser, optimizer_type=_optimizer)
+    parser.add_argument("--accelerate-config", default=None, metavar="PATH",
+                        help="the YAML `accelerate config` wrote: its distributed_type, num_processes, fsdp/deepspeed "
+                             "config and mixed_precision set the options above (flags given here win)")
 
 
 def resolve_launch(args: argparse.Namespace) -> argparse.Namespace:

@@ -35,8 +35,8 @@ def _manifest(out: Path) -> list[str] | None:
     return [f for f in files if isinstance(f, str)] if isinstance(files, list) else None
 
 
-def _earlier(p: Path) -> bool:
-    return p.is_dir() and p.name.startswith("earlier-") and (p / MANIFEST).is_file()
+def _earlier(path: Path) -> bool:
+    return path.is_dir() and path.name.startswith("earlier-") and (path / MANIFEST).is_file()
 
 
 def written(out) -> list[str]:

@@ -28,9 +28,10 @@ class Section:
     images_first: bool = False   # figures right after the paragraphs, before the table and blocks
 
 
-def _order(s: Section, parts: dict) -> list:
+def _order(section: Section, parts: dict) -> list:
     """The rendered parts of a section in reading order: paragraphs, then table, blocks, figures."""
-    order = ["paragraphs", "images", "table", "pre"] if s.images_first else ["paragraphs", "table", "pre", "images"]
+    order = ["paragraphs", "images", "table", "pre"] if section.images_first else \
+        ["paragraphs", "table", "pre", "images"]
     return [x for k in order for x in parts[k]]
 
 
@@ -59,10 +60,10 @@ def _inline(text: str) -> str:
     return text.replace("  \n", "<br>\n")        # Markdown's hard line break
 
 
-def _cell(c) -> str:
+def _cell(cell) -> str:
     """A table cell: figures (bytes, ratios) right-aligned, words left-aligned."""
-    figure = re.fullmatch(r"[-+]?[\d.,]+( ?%| ?[KMG]iB| B|x)?|n/a|not run", str(c).strip())
-    return f"<td class='n'>{_inline(str(c))}</td>" if figure else f"<td>{_inline(str(c))}</td>"
+    figure = re.fullmatch(r"[-+]?[\d.,]+( ?%| ?[KMG]iB| B|x)?|n/a|not run", str(cell).strip())
+    return f"<td class='n'>{_inline(str(cell))}</td>" if figure else f"<td>{_inline(str(cell))}</td>"
 
 
 def to_html(title: str, sections: list[Section]) -> str:

@@ -28,57 +28,63 @@ from kit.estimate.counts import Counts
 
 @dataclass
 class Plan:
-    """The options as read, and what they decide before anything is counted."""
+    """The options as read, named as :class:`~kit.training_setup.TrainingSetup` names them, and what they decide
+    before anything is counted (where the setup says None, resolved: checkpointing, the head, the input grads)."""
 
     model: str
-    batch: int
-    seq: int
+    batch_size: int
+    seq_len: int
     precision: str
-    quant: str
+    quantization: str
     lora_r: int
-    lora: set                 # names of the Linear modules that get adapters
+    lora_modules: set         # names of the Linear modules that get adapters
     optimizer: str
-    ckpt: bool                # checkpointing on, the model's default resolved
-    reentrant: bool           # ... and reentrant
-    kbit_recipe: bool         # prepare_model_for_kbit_training runs (quantized, standard recipe, no head on logits)
-    accum: int
-    load: str                 # the load dtype's name
-    attn: str
-    recipe: str
+    gradient_checkpointing: bool  # checkpointing on, the model's default resolved
+    checkpoint_reentrant: bool    # ... and reentrant
+    kbit_recipe: str          # "standard": prepare_model_for_kbit_training (see kbit_prepared); "lean": no upcast
+    vocab_head: bool          # a head on the logits (Info.vocab_head): trained as loaded, no k-bit recipe
+    grad_accum: int
+    load_dtype: str           # the load dtype's name
+    attn_implementation: str
     lora_dropout: float
     padded: bool
     device: str
-    ev: dict                  # evaluate()'s batch size, gather, samples and accumulation
+    evaluation: dict          # evaluate()'s batch size, gather, samples and accumulation
     bnb: kq.Bnb
-    fused: bool = False       # TRL's fused LM head (kit.estimate.replay.fused_head)
-    adapter: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
-    input_grad: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
-    liger: tuple = ()         # Liger's kernels that run (kit.estimate.replay.liger.kernels)
+    fused_lm_head: bool = False   # TRL's fused LM head (kit.estimate.replay.fused_head)
+    adapter_dtype: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
+    input_require_grads: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
+    liger_kernels: tuple = ()     # Liger's kernels that run (kit.estimate.replay.liger.kernels)
     offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
     task: str = "causal-lm"   # the head (Info.task): "causal-lm", "seq-cls", "token-cls"
-    head_copy: bool = False   # LoRA on a classifier: peft's modules_to_save copy of its head trains
+    train_head: bool = False  # LoRA on a classifier: peft's modules_to_save copy of its head trains
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
     def load_bytes(self) -> act.Dt:        # the loaded weights' dtype
-        return act.dtype(self.load)
+        return act.dtype(self.load_dtype)
 
     @property
     def half(self) -> act.Dt | None:       # autocast's dtype (None: fp32, no autocast)
         return act.dtype(self.precision) if self.precision != "fp32" else None
 
     @property
+    def kbit_prepared(self) -> bool:       # prepare_model_for_kbit_training runs: quantized, standard, no vocab head
+        return self.quantization != "none" and self.kbit_recipe == "standard" and not self.vocab_head
+
+    @property
     def trained_bytes(self) -> act.Dt:     # the dtype of the parameters that are not 4-bit/8-bit, after the recipe
-        return act.FP32 if self.kbit_recipe else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
+        return act.FP32 if self.kbit_prepared else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
 
 
-def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, optimizer, ckpt, accum, load, attn,
-         recipe, lora_dropout, padded, device, ev, bnb=kq.Bnb(), fused=False, adapter="fp32",
-         input_grad=None, liger=(), offload=None, train_head=None) -> Plan:
+def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
+         gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
+         device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
+         liger_kernels=(), offload=None, train_head=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
-    if quant != "none" and not lora_r and not vh:
+    if quantization != "none" and not lora_r and not vh:
         raise kin.InputError("quantization", "4-bit/8-bit weights cannot be trained directly (Trainer refuses a "
                              "purely quantized model): add LoRA adapters with lora_r > 0.", code="quantized-needs-lora")
     if lora_targets and not lora_r:
@@ -95,28 +101,33 @@ def plan(info: Info, *, model, B, S, precision, quant, lora_r, lora_targets, opt
             raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
                                  f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
                                  f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
-    std = quant != "none" and recipe == "standard" and not vh  # prepare_model_for_kbit_training
-    reentrant = bnb.reentrant_for(ckpt, std)  # (8-bit layers keep their inputs through non-reentrant checkpointing)
-    ckpt = (vh or std) if ckpt is None else bool(ckpt)
+    std = quantization != "none" and kbit_recipe == "standard" and not vh  # Plan.kbit_prepared: the k-bit recipe runs
+    # (8-bit layers keep their inputs through non-reentrant checkpointing)
+    reentrant = bnb.reentrant_for(gradient_checkpointing, std)
+    checkpointing = (vh or std) if gradient_checkpointing is None else bool(gradient_checkpointing)
     head_trains = vh and not set(info.head_layers) & lora   # a head on the logits, not adapted, trains as loaded
-    if precision == "fp16" and load == "fp16" and device == "cuda" and not std and (not lora_r or head_trains):
+    if precision == "fp16" and load_dtype == "fp16" and device == "cuda" and not std and (not lora_r or head_trains):
         raise kin.InputError("load_dtype", "fp16 trainable weights under fp16 mixed precision fail at the first "
                              "optimizer step (GradScaler: 'Attempting to unscale FP16 gradients'): load the model in "
                              "fp32, or in bf16 on a GPU that has it.", code="fp16-trainable-weights")
-    if fused and (vh or getattr(info.config, "final_logit_softcapping", None)):
+    if fused_lm_head and (vh or getattr(info.config, "final_logit_softcapping", None)):
         raise kin.InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
                              "soft-capping or a head on the logits: estimate this model without it.",
                              code="fused-head-not-modeled")
-    if "flce" in liger and info.output_head in lora:
+    if "flce" in liger_kernels and info.output_head in lora:
         raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
                              "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
-    refuse_offload(offload or {}, ckpt=ckpt, reentrant=reentrant, fused=fused)
-    refuse_for_classifier(info, fused=fused, liger=liger)
+    refuse_offload(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
+    refuse_for_classifier(info, fused=fused_lm_head, liger=liger_kernels)
     head_copy = bool(info.classifier and lora_r and not any(in_module(n, info.classifier) for n in lora)
                      and train_head is not False)
-    return Plan(model, B, S, precision, quant, lora_r, lora, optimizer, ckpt, reentrant, std, accum, load, attn,
-                recipe, lora_dropout, padded, device, ev, bnb, fused, act.dtype(adapter), input_grad, tuple(liger),
-                offload or {}, info.task, head_copy)
+    return Plan(model=model, batch_size=batch_size, seq_len=seq_len, precision=precision, quantization=quantization,
+                lora_r=lora_r, lora_modules=lora, optimizer=optimizer, gradient_checkpointing=checkpointing,
+                checkpoint_reentrant=reentrant, kbit_recipe=kbit_recipe, vocab_head=bool(vh), grad_accum=grad_accum,
+                load_dtype=load_dtype, attn_implementation=attn_implementation, lora_dropout=lora_dropout,
+                padded=padded, device=device, evaluation=evaluation, bnb=bnb, fused_lm_head=fused_lm_head,
+                adapter_dtype=act.dtype(adapter_dtype), input_require_grads=input_require_grads,
+                liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy)
 
 
 def refuse_for_classifier(info: Info, *, fused: bool, liger) -> None:
@@ -131,9 +142,9 @@ def refuse_for_classifier(info: Info, *, fused: bool, liger) -> None:
                              code="fused-head-classifier")
 
 
-def input_requires_grad(p: Plan) -> bool:
+def input_requires_grad(plan: Plan) -> bool:
     """Whether the embeddings' output requires grad: ``enable_input_require_grads`` registered its hook (read
-    from a real model where there is one: ``Plan.input_grad``), else as the libraries and the kit's loaders do.
+    from a real model where there is one: ``Plan.input_require_grads``), else as the libraries and the kit's loaders do.
 
     ``PreTrainedModel.gradient_checkpointing_enable`` runs it for a model fed ``input_ids`` (transformers
     ``modeling_utils.py``), and ``peft.prepare_model_for_kbit_training`` only with its checkpointing
@@ -142,10 +153,10 @@ def input_requires_grad(p: Plan) -> bool:
     True)``). So: with checkpointing, and otherwise not (a trained embedding makes its output require grad
     anyway: the replay's own rule).
     """
-    return p.input_grad if p.input_grad is not None else p.ckpt
+    return plan.input_require_grads if plan.input_require_grads is not None else plan.gradient_checkpointing
 
 
-def replay_setup(info: Info, p: Plan) -> act.Setup:
+def replay_setup(info: Info, plan: Plan) -> act.Setup:
     """Stage 2: the shapes, dtypes and layers the activation replay runs on."""
     cfg = info.config
     if info.family == "gpt2":
@@ -160,43 +171,45 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
         shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
     # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
-    lora = {l.short: p.lora_r for l in info.leaves if l.name in p.lora and l.part == "block"} \
-        | {l.name.split(".")[-1]: p.lora_r for l in info.leaves if l.name in p.lora and l.part == "head"}
-    return act.Setup(family=info.family, B=p.batch, S=p.seq, V=cfg.vocab_size, w=p.load_bytes,
-                     w_other=p.trained_bytes, ac=p.half, base_trainable=not p.lora_r and not info.vocab_head,
-                     quant=p.quant, compute=act.dtype(p.bnb.compute_dtype),
-                     dequant=kq.dequant_bytes(p.bnb, p.load),  # (the replay puts each layer's at its backward)
-                     reentrant=p.reentrant, lora=lora, lora_dropout=p.lora_dropout,
-                     input_grad=input_requires_grad(p), attn=p.attn, padded=p.padded, ckpt=p.ckpt, device=p.device,
-                     head=tuple((l.name, l.fout) for l in head), head_w=p.load_bytes,
-                     head_trainable=bool(head) and all(l.trainable for l in head) and not p.lora_r,
-                     fused_head=p.fused, adapter=p.adapter, liger=p.liger, task=info.task, labels=info.num_labels,
-                     head_trains=p.head_copy or (not p.lora_r and any(l.trainable for l in info.leaves
-                                                                      if in_module(l.name, info.classifier))),
+    lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \
+        | {l.name.split(".")[-1]: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "head"}
+    return act.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
+                     w_other=plan.trained_bytes, ac=plan.half, base_trainable=not plan.lora_r and not info.vocab_head,
+                     quant=plan.quantization, compute=act.dtype(plan.bnb.compute_dtype),
+                     dequant=kq.dequant_bytes(plan.bnb, plan.load_dtype),  # (the replay: at each layer's backward)
+                     reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
+                     input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
+                     ckpt=plan.gradient_checkpointing, device=plan.device,
+                     head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
+                     head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
+                     fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, liger=plan.liger_kernels,
+                     task=info.task, labels=info.num_labels,
+                     head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
+                                                                             if in_module(l.name, info.classifier))),
                      p_head=info.head_dropout, **shapes,
-                     **{k: v for k, v in (("ckpt_every", p.offload.get("ckpt_every_n_layers", 1)),
-                                          ("ckpt_offload", p.offload.get("checkpoint_offload", False)),
-                                          ("trl_offload", p.offload.get("activation_offloading", False))) if v})
+                     **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
+                                          ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
+                                          ("trl_offload", plan.offload.get("activation_offloading", False))) if v})
 
 
-def encoder_notes(info: Info, p: Plan) -> list:
+def encoder_notes(info: Info, plan: Plan) -> list:
     """What the replay of an encoder does not yet follow, said where it applies: LoRA dropout on the attention's
     inputs, whose backward autograd runs while the attention's other grads wait (on tiny BERT twins, measured from
     -2.7% with dropout on ``query`` to +4.3% on ``value``; exact without dropout)."""
-    if not (act.FAMILIES[info.family].encoder and p.lora_r and p.lora_dropout):
+    if not (act.FAMILIES[info.family].encoder and plan.lora_r and plan.lora_dropout):
         return []
     return [kin.Note(f"LoRA dropout on an encoder ({info.family}): the backward's order around its attention is not "
                      "replayed op for op, so the peak may be a few percent off (exact with lora_dropout=0)",
                      field="lora_dropout", code="encoder-lora-dropout")]
 
 
-def batch_row_bytes(task: str, S: int) -> int:
+def batch_row_bytes(task: str, seq_len: int) -> int:
     """One row of the batch on the device: input_ids and attention_mask, [S] int64 each, and the labels: [S]
     int64 per token (causal LM, token classification), one int64 per sequence (sequence classification)."""
-    return 2 * S * 8 + (8 if task == "seq-cls" else S * 8)
+    return 2 * seq_len * 8 + (8 if task == "seq-cls" else seq_len * 8)
 
 
-def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dict | None = None,
+def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list, loop: dict | None = None,
            expandable: bool = False) -> Estimate:
     """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
     is the peak.
@@ -204,93 +217,105 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
     ``loop``: what a plain PyTorch loop holds beyond Trainer (:class:`~kit.training_setup.TrainingSetup`'s
     ``outputs_kept`` and ``grads_kept``; ``optimizer_before_move`` changes nothing on one device)."""
     loop = loop or {}
-    rp = act.replay(st)
-    g, L = c.grads, st.L
+    rp = act.replay(setup)
+    g, L = counts.grads, setup.L
     # the model's outputs, held from the forward into the next step's (`outputs = model(**batch)` rebound only when
     # the next forward returns): the logits Trainer lets go at the loss, and the KV cache (config.use_cache), whose
     # k/v sdpa does not save itself where GQA repeats them (one storage otherwise)
-    cache = 2 * L * p.batch * p.seq * st.kvh * st.hd * (p.half or p.load_bytes) \
-        if getattr(info.config, "use_cache", False) and st.kvh != st.nh else 0
+    cache = 2 * L * plan.batch_size * plan.seq_len * setup.kvh * setup.hd * (plan.half or plan.load_bytes) \
+        if getattr(info.config, "use_cache", False) and setup.kvh != setup.nh else 0
     held_out = rp.last_logits + cache if loop.get("outputs_kept") else 0
 
-    def peak(later: bool, **kw):   # step 1's forward has no earlier outputs beside it
+    def peak(later: bool, **kwargs):   # step 1's forward has no earlier outputs beside it
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
-                    for x in act.step_moments(rp, act.moments(rp, **kw), later)), key=lambda x: x.total)
+                    for x in act.step_moments(rp, act.moments(rp, **kwargs), later)), key=lambda moment: moment.total)
 
     fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
-                 wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"], tied=c.moved)
+                 wtemp_block=counts.wtemp["block"], wtemp_head=counts.wtemp["head"], head_half=counts.wtemp["head"],
+                 tied=counts.moved)
     # every grad alive from the forward on, each new one added in place: gradient accumulation's later
     # micro-batches, and every step after the first where zero_grad(set_to_none=False) keeps the grads
-    alive = dict(grads_embed=c.wnew["embed"], grads_block=0, grads_head=0, wtemp_block=max(c.wtemp["block"],
-                 c.wnew["block"]), wtemp_head=c.wnew["head"], grads_before=c.gradients, head_half=c.wtemp["head"],
-                 tied=c.moved)
+    alive = dict(grads_embed=counts.wnew["embed"], grads_block=0, grads_head=0,
+                 wtemp_block=max(counts.wtemp["block"], counts.wnew["block"]), wtemp_head=counts.wnew["head"],
+                 grads_before=counts.gradients, head_half=counts.wtemp["head"], tied=counts.moved)
     first, m = peak(False, **fresh), peak(True, **fresh)   # step 1 (no grads before its backward), the later steps
-    if p.accum > 1 and c.gradients:
-        first, m = (max(x, peak(later, **alive), key=lambda x: x.total) for x, later in ((first, False), (m, True)))
-    if loop.get("grads_kept") and c.gradients:
-        m = max(m, peak(True, **alive), key=lambda x: x.total)
-    weights = c.weights + info.buffers_bytes
-    inputs = p.batch * batch_row_bytes(p.task, p.seq)
-    fwdbwd = weights + c.optimizer + m.total + inputs
-    step_temp = optimizers.step_temporaries(p.optimizer, c.trained, p.device)   # its step's own, at their highest
-    step = weights + c.gradients + c.optimizer + step_temp + held_out
-    ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.labels or st.V, held=weights + c.optimizer,
-                   copies=c.halves, inputs_per_row=batch_row_bytes(p.task, p.seq), gather=p.ev["gather"],
-                   samples=p.ev["samples"], accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half),
-                   pooled=p.task == "seq-cls", blocks=block_forward_bytes(st, p.ev["batch_size"]))
+    if plan.grad_accum > 1 and counts.gradients:
+        first, m = (max(x, peak(later, **alive), key=lambda moment: moment.total)
+                    for x, later in ((first, False), (m, True)))
+    if loop.get("grads_kept") and counts.gradients:
+        m = max(m, peak(True, **alive), key=lambda moment: moment.total)
+    weights = counts.weights + info.buffers_bytes
+    inputs = plan.batch_size * batch_row_bytes(plan.task, plan.seq_len)
+    fwdbwd = weights + counts.optimizer + m.total + inputs
+    # its step's own, at their highest
+    step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)
+    step = weights + counts.gradients + counts.optimizer + step_temp + held_out
+    ev = eval_peak(rp, batch=plan.batch_size, eval_batch=plan.evaluation["batch_size"], seq_len=plan.seq_len,
+                   vocab=setup.labels or setup.V, held=weights + counts.optimizer, copies=counts.halves,
+                   inputs_per_row=batch_row_bytes(plan.task, plan.seq_len), gather=plan.evaluation["gather"],
+                   samples=plan.evaluation["samples"], accumulation=plan.evaluation["accumulation"],
+                   device=plan.device, mixed=bool(plan.half),
+                   pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, plan.evaluation["batch_size"]))
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
-        parts = {"weights": weights, "gradients": m.gradients, "optimizer state": c.optimizer,
+        parts = {"weights": weights, "gradients": m.gradients, "optimizer state": counts.optimizer,
                  "activations": m.activations, "logits & loss": m.logits, "autocast weight copies": m.copies,
                  "temporaries": m.temporaries + inputs}
     else:
         phase = moment = "optimizer step"
-        parts = {"weights": weights, "gradients": c.gradients, "optimizer state": c.optimizer,
+        parts = {"weights": weights, "gradients": counts.gradients, "optimizer state": counts.optimizer,
                  "temporaries": step_temp, **({"model outputs held": held_out} if held_out else {})}
     notes = notes + kq.notes(rp)
     host = act.host_peak(act.moments(rp, **fresh)) if rp.layers else 0   # pinned RAM for saved activations
-    notes += offload_notes(rp, p.offload, host, p.device) if rp.layers else []
+    notes += offload_notes(rp, plan.offload, host, plan.device) if rp.layers else []
     if ev.moment == "forward (a block)":
         notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
                               "saves in training: an upper bound (it is exact where the logits set it)",
                               field="eval_batch_size", code="eval-upper-bound"))
-    by_bytes = sorted(c.offenders, key=lambda t: (t[2], t[1]), reverse=True)
+    by_bytes = sorted(counts.offenders, key=lambda offender: (offender[2], offender[1]), reverse=True)
     peak = max(fwdbwd, step)
 
     def reserve(peak_bytes):   # on first use only: the allocator's model runs over the step laid out as tensors
-        if p.device != "cuda":
+        if plan.device != "cuda":
             return kr.Reserved(peak_bytes, 0, expandable, peak_bytes)
-        return kr.reserved(c.tensors, rp, peak_bytes, inputs=inputs, step_temp=step_temp, accum=p.accum,
+        return kr.reserved(counts.tensors, rp, peak_bytes, inputs=inputs, step_temp=step_temp, accum=plan.grad_accum,
                            expandable=expandable)
 
     return Estimate(
-        params=c.params, trainable_params=c.trainable, weights_bytes=weights, gradients_bytes=c.gradients,
-        optimizer_bytes=c.optimizer + c.paged, activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
+        params=counts.params, trainable_params=counts.trainable, weights_bytes=weights,
+        gradients_bytes=counts.gradients, optimizer_bytes=counts.optimizer + counts.paged,
+        activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
         peak_bytes=peak, first_step_peak_bytes=max(weights + first.total + inputs, step),
         eval_peak_bytes=ev.peak_bytes, eval_moment=ev.moment,
-        cpu_build_bytes=c.build + c.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
-        loaded_weights_bytes=c.loaded + info.buffers_bytes, paged_optimizer_bytes=c.paged,
+        cpu_build_bytes=counts.build + counts.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
+        loaded_weights_bytes=counts.loaded + info.buffers_bytes, paged_optimizer_bytes=counts.paged,
         autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=rp.saved_bytes(),
-        quantized_params=c.quantized, unquantized_params=c.unquantized, offloaded_bytes=host,
-        offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda t: t[1], reverse=True)[:5]
+        quantized_params=counts.quantized, unquantized_params=counts.unquantized, offloaded_bytes=host,
+        offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda offender: offender[1], reverse=True)[:5]
                                    if o not in by_bytes[:10]],
-        notes=notes, setup=dict(model=p.model, batch_size=p.batch, seq_len=p.seq, precision=p.precision,
-                                quantization=p.quant, lora_r=p.lora_r, optimizer=p.optimizer,
-                                optim=optimizers.trainer_optim(p.optimizer),
-                                gradient_checkpointing=p.ckpt, grad_accum=p.accum,
-                                load_dtype=p.load, attn_implementation=p.attn, kbit_recipe=p.recipe,
-                                device=p.device, **p.bnb.setup(p.quant, p.ckpt, p.reentrant),
-                                eval_batch_size=p.ev["batch_size"], eval_gather=p.ev["gather"],
-                                eval_samples=p.ev["samples"], eval_accumulation_steps=p.ev["accumulation"],
-                                expandable_segments=expandable, **({"fused_lm_head": True} if p.fused else {}),
-                                **({"liger_kernel": True} if p.liger else {}),
-                                **p.offload,   # (only the options that differ from their defaults)
-                                **({"adapter_dtype": "bf16"} if p.adapter == 2 else {}),
-                                **({"task": p.task, "num_labels": info.num_labels} if info.classifier else {}),
-                                **({"train_head": True} if p.head_copy else {})),
+        notes=notes, setup=dict(model=plan.model, batch_size=plan.batch_size, seq_len=plan.seq_len,
+                                precision=plan.precision, quantization=plan.quantization, lora_r=plan.lora_r,
+                                optimizer=plan.optimizer,
+                                optim=optimizers.trainer_optim(plan.optimizer),
+                                gradient_checkpointing=plan.gradient_checkpointing, grad_accum=plan.grad_accum,
+                                load_dtype=plan.load_dtype, attn_implementation=plan.attn_implementation,
+                                kbit_recipe=plan.kbit_recipe, device=plan.device,
+                                **plan.bnb.setup(plan.quantization, plan.gradient_checkpointing,
+                                                 plan.checkpoint_reentrant),
+                                eval_batch_size=plan.evaluation["batch_size"], eval_gather=plan.evaluation["gather"],
+                                eval_samples=plan.evaluation["samples"],
+                                eval_accumulation_steps=plan.evaluation["accumulation"],
+                                expandable_segments=expandable,
+                                **({"fused_lm_head": True} if plan.fused_lm_head else {}),
+                                **({"liger_kernel": True} if plan.liger_kernels else {}),
+                                **plan.offload,   # (only the options that differ from their defaults)
+                                **({"adapter_dtype": "bf16"} if plan.adapter_dtype == 2 else {}),
+                                **({"task": plan.task, "num_labels": info.num_labels} if info.classifier else {}),
+                                **({"train_head": True} if plan.train_head else {})),
         _parts=parts,
-        context=Context(rp=rp, grads=c.grads, wtemp=c.wtemp, moved=c.moved, inputs=inputs, step_temp=step_temp,
-                        L=L, weights=c.part_weights, opt=c.part_optimizer, trainable=c.part_trainable,
-                        buffers=info.buffers_bytes, H=st.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
-                        tensors=c.tensors),
+        context=Context(rp=rp, grads=counts.grads, wtemp=counts.wtemp, moved=counts.moved, inputs=inputs,
+                        step_temp=step_temp,
+                        L=L, weights=counts.part_weights, opt=counts.part_optimizer, trainable=counts.part_trainable,
+                        buffers=info.buffers_bytes, H=setup.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
+                        tensors=counts.tensors),
         expandable_segments=expandable)

@@ -123,14 +123,16 @@ def estimate(model, **setup) -> Estimate:
         raise kin.InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
                                                   "strategy='single'.", code="offload-one-gpu")
     plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
-                         B=batch_size, S=seq_len, precision=precision, quant=quantization, lora_r=lora_r,
-                         lora_targets=lora_targets, optimizer=optimizer, ckpt=gradient_checkpointing,
-                         accum=grad_accum, load=load_dtype, attn=attn_implementation, recipe=kbit_recipe,
-                         lora_dropout=lora_dropout, padded=padded, device=device, ev=ev, bnb=bnb,
-                         fused=fused,
-                         adapter=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
-                         input_grad=kin.flag("input_require_grads", o["input_require_grads"], allow_none=True),
-                         liger=liger, offload=offload,
+                         batch_size=batch_size, seq_len=seq_len, precision=precision, quantization=quantization,
+                         lora_r=lora_r, lora_targets=lora_targets, optimizer=optimizer,
+                         gradient_checkpointing=gradient_checkpointing, grad_accum=grad_accum, load_dtype=load_dtype,
+                         attn_implementation=attn_implementation, kbit_recipe=kbit_recipe,
+                         lora_dropout=lora_dropout, padded=padded, device=device, evaluation=ev, bnb=bnb,
+                         fused_lm_head=fused,
+                         adapter_dtype=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
+                         input_require_grads=kin.flag("input_require_grads", o["input_require_grads"],
+                                                      allow_none=True),
+                         liger_kernels=liger, offload=offload,
                          train_head=kin.flag("train_head", o["train_head"], allow_none=True))
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \

@@ -55,7 +55,7 @@ COUNTED_KEPT = 256
 
 
 # The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
-NOT_COUNTED = frozenset({"batch", "seq", "accum", "ev", "padded", "attn"})
+NOT_COUNTED = frozenset({"batch_size", "seq_len", "grad_accum", "evaluation", "padded", "attn_implementation"})
 
 
 def count_key(info: Info, plan) -> tuple:
@@ -87,7 +87,7 @@ def _count(info: Info, p) -> Counts:
     c, other = Counts(), p.trained_bytes
     for l in info.leaves:
         n = l.weight + l.bias
-        q = p.quant if l.quantizable else "none"
+        q = p.quantization if l.quantizable else "none"
         packed = nf4_bytes(l.weight, double_quant=p.bnb.double_quant) if q == "4bit" else \
             int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
         w_bytes = n * other if packed is None else kq.weight_bytes(l, q, p.bnb, other)
@@ -95,7 +95,7 @@ def _count(info: Info, p) -> Counts:
         # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
         # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
         # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
-        if p.quant == "none" or l.name in info.head_layers:
+        if p.quantization == "none" or l.name in info.head_layers:
             c.build += n * p.load_bytes
         else:
             c.streamed = max(c.streamed, l.weight * p.load_bytes)
@@ -105,12 +105,12 @@ def _count(info: Info, p) -> Counts:
         else:
             c.unquantized += n
         pieces = []   # (trainable elements, bytes per element, shape)
-        if l.name in p.lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
-            pieces = [(p.lora_r * l.fin, p.adapter, (p.lora_r, l.fin)),      # lora_A: [r, in]
-                      (p.lora_r * l.fout, p.adapter, (l.fout, p.lora_r))]    # lora_B: [out, r]
-            w_bytes += p.adapter * p.lora_r * (l.fin + l.fout)
+        if l.name in p.lora_modules:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
+            pieces = [(p.lora_r * l.fin, p.adapter_dtype, (p.lora_r, l.fin)),      # lora_A: [r, in]
+                      (p.lora_r * l.fout, p.adapter_dtype, (l.fout, p.lora_r))]    # lora_B: [out, r]
+            w_bytes += p.adapter_dtype * p.lora_r * (l.fin + l.fout)
             c.params += p.lora_r * (l.fin + l.fout)
-        elif p.head_copy and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
+        elif p.train_head and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
             w_bytes += n * other
@@ -132,7 +132,7 @@ def _count(info: Info, p) -> Counts:
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
             c.trained.append((shape, dt, l.kind != "norm" and k != l.bias))  # Trainer's weight-decay groups
-            fused = (p.fused or "flce" in p.liger) and l.name == info.output_head
+            fused = (p.fused_lm_head or "flce" in p.liger_kernels) and l.name == info.output_head
             half = p.half * k if p.half and dt != p.half and not fused else 0
             # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
             # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)

@@ -33,22 +33,22 @@ class EvalPeak:
     gathered_bytes: int       # gathered predictions and labels on the device at that moment
 
 
-def _llama_loop(st, T: int, hidden, mlp) -> int:
+def _llama_loop(setup, tokens: int, hidden, mlp) -> int:
     """Llama's loop (LlamaModel.forward, LlamaDecoderLayer, LlamaMLP), at block 2's (or 1's) MLP:
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` holds the activation, the up projection and their product,
     three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of ``LlamaModel.forward`` till it
     returns), the block's input (the loop's ``hidden_states``), the residual after attention and the MLP's normed
     input (three where block 1 is the only one: its input is ``inputs_embeds``)."""
-    return T * ((4 if st.L > 1 else 3) * st.H * hidden + 3 * st.F * mlp)
+    return tokens * ((4 if setup.L > 1 else 3) * setup.H * hidden + 3 * setup.F * mlp)
 
 
-def _bert_loop(st, T: int, hidden, mlp) -> int:
+def _bert_loop(setup, tokens: int, hidden, mlp) -> int:
     """BERT's loop (BertModel.forward, BertLayer.feed_forward_chunk), at block 2's (or 1's) feed-forward: beside
     ``embedding_output`` (a local of ``BertModel.forward``), the block's input and ``attention_output``, either the
     dense layer's and GELU's (B, S, F) outputs, or GELU's output with ``LayerNorm(dense(h) + attention_output)``'s
     three hidden states (the dense output, the sum, the norm's output)."""
-    hold = (3 if st.L > 1 else 2) * st.H * hidden
-    return T * max(hold + 2 * st.F * mlp, hold + st.H * (2 * hidden + mlp) + st.F * mlp)
+    hold = (3 if setup.L > 1 else 2) * setup.H * hidden
+    return tokens * max(hold + 2 * setup.F * mlp, hold + setup.H * (2 * hidden + mlp) + setup.F * mlp)
 
 
 # The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
@@ -57,54 +57,60 @@ NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_l
 NO_GRAD_LOOPS["modernbert"] = modernbert.no_grad_loop
 
 
-def block_forward_bytes(st, Be: int) -> int | None:
-    """The largest a no_grad forward holds inside the blocks at eval batch ``Be``, for the :data:`NO_GRAD_LOOPS`
+def block_forward_bytes(setup, eval_batch: int) -> int | None:
+    """The largest a no_grad forward holds inside the blocks at eval batch ``eval_batch``, for the :data:`NO_GRAD_LOOPS`
     families in plain weights (None elsewhere: :func:`eval_peak` then takes one block's saved bytes, a bound):
     the loop's tensors at its largest moment, the rotary cos/sin and the attention mask the model made. LoRA on an
     MLP projection adds temporaries there (None too).
     """
-    loop = NO_GRAD_LOOPS.get(st.family)
-    if loop is None or st.quant != "none" or any(k.startswith(("mlp.", "intermediate.", "output.")) for k in st.lora):
+    loop = NO_GRAD_LOOPS.get(setup.family)
+    mlp_lora = any(k.startswith(("mlp.", "intermediate.", "output.")) for k in setup.lora)
+    if loop is None or setup.quant != "none" or mlp_lora:
         return None
-    hidden = promote(st.w_other, st.ac) if st.ac else st.w_other   # the residual stream (half + fp32 -> fp32)
-    mlp = st.ac or promote(hidden, st.w)
-    cos_sin = 2 * st.S * (st.rotary or st.hd) * st.w_other if loop is _llama_loop else 0
-    mask = Be * st.S * st.S * (st.w_other if st.eager else BOOL) if st.padded or st.eager else 0
-    return loop(st, Be * st.S, hidden, mlp) + cos_sin + mask
+    # the residual stream (half + fp32 -> fp32)
+    hidden = promote(setup.w_other, setup.ac) if setup.ac else setup.w_other
+    mlp = setup.ac or promote(hidden, setup.w)
+    cos_sin = 2 * setup.S * (setup.rotary or setup.hd) * setup.w_other if loop is _llama_loop else 0
+    mask_element = setup.w_other if setup.eager else BOOL
+    mask = eval_batch * setup.S * setup.S * mask_element if setup.padded or setup.eager else 0
+    return loop(setup, eval_batch * setup.S, hidden, mlp) + cos_sin + mask
 
 
-def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
+def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, held: int, copies: int,
+              inputs_per_row: int,
               gather: str, samples: int | None, accumulation: int | None, device: str,
               mixed: bool, pooled: bool = False, blocks: int | None = None) -> EvalPeak:
-    """The peak of ``Trainer.evaluate()`` at eval batch ``Be``, from the training replay ``rp`` at batch ``B``.
+    """The peak of ``Trainer.evaluate()`` at eval batch ``eval_batch``, from the training replay ``replay`` at
+    batch ``batch``.
 
     ``held``: weights (+ optimizer state during training); ``copies``: autocast's cached half
     copies of the trainable weights. ``gather`` is one of :data:`GATHER` ("preprocessed"
     counts one int64 per token, as an ``argmax`` gives). ``samples``: the eval set's rows.
-    ``mixed``: fp16/bf16 mixed precision. ``V``: the logits' width (a classifier's labels); ``pooled``: one row
+    ``mixed``: fp16/bf16 mixed precision. ``vocab``: the logits' width (a classifier's labels); ``pooled``: one row
     of logits and one label per sequence (sequence classification), not one per token. ``blocks``: the blocks'
-    no_grad peak at ``Be`` where it is known (:func:`block_forward_bytes`); else one block's saved bytes bound it.
+    no_grad peak at ``eval_batch`` where it is known (:func:`block_forward_bytes`); else one block's saved bytes
+    bound it.
     """
-    scale = Be / B    # the replay's activations and logits are linear in the batch at a fixed length
+    scale = eval_batch / batch    # the replay's activations and logits are linear in the batch at a fixed length
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
     # loop gathers are fp32 then, whatever dtype the lm_head computed them in.
-    logits_dt = 4 if mixed or not rp.last_logits else rp.last_logits // (B * S * V)
-    loss = int(scale * (rp.logits_live + rp.ls + rp.hidden))   # logits, fp32 copy, log-softmax, hidden state
-    body = int(scale * max(rp.block, rp.block_in)) if blocks is None else blocks   # else a bound: one block's saved
-    per_seq = 1 if pooled else S   # positions gathered per sequence
-    per_row = per_seq * 8 + (per_seq * V * logits_dt if gather == "logits" else per_seq * 8
+    logits_dt = 4 if mixed or not replay.last_logits else replay.last_logits // (batch * seq_len * vocab)
+    loss = int(scale * (replay.logits_live + replay.ls + replay.hidden))  # logits, fp32 copy, log-softmax, hidden
+    body = int(scale * max(replay.block, replay.block_in)) if blocks is None else blocks  # else a bound: one block's
+    per_seq = 1 if pooled else seq_len   # positions gathered per sequence
+    per_row = per_seq * 8 + (per_seq * vocab * logits_dt if gather == "logits" else per_seq * 8
                              if gather == "preprocessed" else 0)
-    steps = -(-samples // Be) if samples else None
+    steps = -(-samples // eval_batch) if samples else None
     window = min(accumulation, steps) if accumulation and steps else accumulation or steps or 1
     if gather == "loss":
         before = last = 0
     else:
-        rows = window * Be if not samples else min(window * Be, samples)
+        rows = window * eval_batch if not samples else min(window * eval_batch, samples)
         moved = samples - rows if (device == "cpu" and samples) else 0     # the CPU keeps what was moved
-        last = moved * per_row + 2 * rows * per_row if rows > Be else moved * per_row + rows * per_row
-        before = moved * per_row + (rows - Be) * per_row
-    base = held + Be * inputs_per_row
-    fwd = max(("loss", loss), ("blocks", body), key=lambda t: t[1])
+        last = moved * per_row + 2 * rows * per_row if rows > eval_batch else moved * per_row + rows * per_row
+        before = moved * per_row + (rows - eval_batch) * per_row
+    base = held + eval_batch * inputs_per_row
+    fwd = max(("loss", loss), ("blocks", body), key=lambda candidate: candidate[1])
     at_loss = base + copies + before + fwd[1]
     at_cat = base + last   # after the forward: autocast has let go of its copies
     if gather != "loss" and at_cat > at_loss:

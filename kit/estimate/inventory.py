@@ -216,24 +216,24 @@ def base_lm(model):
     return None, ""
 
 
-def _head_on_logits(leaves, prefix: str, V: int, what: str) -> tuple:
+def _head_on_logits(leaves, prefix: str, vocab: int, what: str) -> tuple:
     """The Linear layers outside the LM, recognised by their shapes: a chain that takes the logits (in width
     V) and gives logits back (out width V), V->V or V->r->V, in the order the forward runs them. Any other
     layer outside the LM has no place in the replay, so it is refused."""
     outside = [l for l in leaves if prefix and not l.name.startswith(prefix)]
     linears = [l for l in outside if l.kind == "linear"]
-    chain = [l for l in linears if l.fin == V][:1]
-    while chain and chain[-1].fout != V:
+    chain = [l for l in linears if l.fin == vocab][:1]
+    while chain and chain[-1].fout != vocab:
         nxt = [l for l in linears if l.fin == chain[-1].fout and l not in chain]
         if not nxt:
             break
         chain.append(nxt[0])
-    if chain and chain[-1].fout != V:
+    if chain and chain[-1].fout != vocab:
         chain = []
     rest = [l.name for l in outside if l not in chain]
     if rest:
         raise UnsupportedModel(f"{what} adds {', '.join(rest)} on top of its language model, and the estimator "
-                               f"replays only layers on the logits (Linear(V, V), or V->r->V, with V = {V}): "
+                               f"replays only layers on the logits (Linear(V, V), or V->r->V, with V = {vocab}): "
                                "measure this one on a real step with kit.measure.track.Tracker, or pass the LM.")
     return tuple(l.name for l in chain)
 

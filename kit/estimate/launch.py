@@ -130,9 +130,9 @@ def _load(text: str, path: str) -> dict:
     return cfg
 
 
-def _fsdp(fc: dict, n: int, where: str, name: str = NAME) -> dict:
-    version = _whole(f"{where} fsdp_version", fc.get("fsdp_version"), 1, 1, name)
-    reshard = fc.get("fsdp_reshard_after_forward", fc.get("fsdp_sharding_strategy", True))
+def _fsdp(fsdp_config: dict, num_gpus: int, where: str, name: str = NAME) -> dict:
+    version = _whole(f"{where} fsdp_version", fsdp_config.get("fsdp_version"), 1, 1, name)
+    reshard = fsdp_config.get("fsdp_reshard_after_forward", fsdp_config.get("fsdp_sharding_strategy", True))
     if version >= 2 and isinstance(reshard, bool):
         strategy = "fsdp" if reshard else "fsdp-grad-op"
     else:
@@ -144,12 +144,12 @@ def _fsdp(fc: dict, n: int, where: str, name: str = NAME) -> dict:
             raise InputError(name, f"{where}: fsdp sharding strategy {reshard!r}: expected one of "
                              f"{', '.join(_FSDP1)} (or 1 to {len(_FSDP1_NUMBERS)}, or true/false with fsdp_version: 2).")
         strategy = _FSDP1[name_]
-    offload = _yes(fc.get("fsdp_offload_params", False)) and strategy != "ddp"
-    out = dict(strategy=strategy if n > 1 or strategy != "ddp" else "single", num_gpus=n,
+    offload = _yes(fsdp_config.get("fsdp_offload_params", False)) and strategy != "ddp"
+    out = dict(strategy=strategy if num_gpus > 1 or strategy != "ddp" else "single", num_gpus=num_gpus,
                cpu_offload=offload and strategy == "fsdp")
     if offload and strategy == "fsdp-grad-op":
         out["strategy"] = "fsdp"  # offloading needs the parameters resharded: FSDP2's CPUOffloadPolicy does so
-    if _yes(fc.get("fsdp_activation_checkpointing", False)):
+    if _yes(fsdp_config.get("fsdp_activation_checkpointing", False)):
         out["gradient_checkpointing"] = True
     return out
 
@@ -170,10 +170,10 @@ def _ds_json(file: str, name: str) -> dict:
     return ds
 
 
-def _deepspeed(dc: dict, n: int, here: str, where: str, name: str = NAME) -> dict:
-    stage, opt_dev, param_dev, accum = dc.get("zero_stage"), dc.get("offload_optimizer_device"), \
-        dc.get("offload_param_device"), dc.get("gradient_accumulation_steps")
-    file = dc.get("deepspeed_config_file")
+def _deepspeed(ds_config: dict, num_gpus: int, here: str, where: str, name: str = NAME) -> dict:
+    stage, opt_dev, param_dev, accum = ds_config.get("zero_stage"), ds_config.get("offload_optimizer_device"), \
+        ds_config.get("offload_param_device"), ds_config.get("gradient_accumulation_steps")
+    file = ds_config.get("deepspeed_config_file")
     if file:
         ds = _ds_json(file if os.path.isabs(str(file)) else os.path.join(here, str(file)), name)
         zo = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
@@ -186,10 +186,10 @@ def _deepspeed(dc: dict, n: int, here: str, where: str, name: str = NAME) -> dic
         raise InputError(name, f"{where}{' (' + str(file) + ')' if file else ''}: ZeRO stage {raw!r} is not one "
                          "DeepSpeed has: the stages are 0, 1, 2 and 3.")
     if stage == 0:
-        out = dict(strategy="ddp" if n > 1 else "single", num_gpus=n, cpu_offload=False)
+        out = dict(strategy="ddp" if num_gpus > 1 else "single", num_gpus=num_gpus, cpu_offload=False)
     else:
         off = any(str(d or "none").lower() in ("cpu", "nvme") for d in (opt_dev, param_dev))
-        out = dict(strategy=f"zero{stage}", num_gpus=n, cpu_offload=off)
+        out = dict(strategy=f"zero{stage}", num_gpus=num_gpus, cpu_offload=off)
     accum = _as_whole(accum) if accum not in (None, "auto") else None
     if accum is not None and accum > 1:
         out["grad_accum"] = accum
@@ -232,8 +232,8 @@ def read_training_launch(args) -> tuple[dict, list]:
     return {}, []
 
 
-def _yes(v) -> bool:
-    return v is True or str(v).strip().lower() in ("true", "yes", "1")
+def _yes(value) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
 def launch_command(path, script: str = "train.py") -> str:

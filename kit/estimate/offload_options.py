@@ -15,12 +15,12 @@ from kit.units import fmt_bytes
 OPTIONS = ("ckpt_every_n_layers", "checkpoint_offload", "activation_offloading")
 
 
-def read(o: dict) -> dict:
+def read(options: dict) -> dict:
     """The options as given to ``estimate()``, checked; only those that differ from the defaults."""
-    every = kin.whole_number("ckpt_every_n_layers", o.get("ckpt_every_n_layers", 1))
+    every = kin.whole_number("ckpt_every_n_layers", options.get("ckpt_every_n_layers", 1))
     out = {"ckpt_every_n_layers": every} if every != 1 else {}
     for k in OPTIONS[1:]:
-        if kin.flag(k, o.get(k) or False):
+        if kin.flag(k, options.get(k) or False):
             out[k] = True
     return out
 
@@ -50,12 +50,12 @@ def refuse_offload(opts: dict, *, ckpt: bool, reentrant: bool, fused: bool) -> N
         raise kin.InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
 
 
-def offload_notes(rp, opts: dict, host: int, device: str) -> list:
+def offload_notes(replay, opts: dict, host: int, device: str) -> list:
     """What the estimate took from these options, with the figures (``host``: the offloaded bytes)."""
-    notes, L = [], rp.L
+    notes, L = [], replay.L
     every = opts.get("ckpt_every_n_layers", 1)
     if every > 1:
-        on = [str(i) for i, l in enumerate(rp.layers, 1) if l.ckpt]
+        on = [str(i) for i, l in enumerate(replay.layers, 1) if l.ckpt]
         which = ", ".join(on) if len(on) <= 4 else f"{', '.join(on[:3])}, ..., {on[-1]}"
         notes.append(kin.Note(f"every_n_layers={every}: blocks {which} ({len(on)} of {L}) are checkpointed "
                               "(transformers: layer index % every_n_layers == 0); the others keep all they save",
@@ -79,37 +79,40 @@ def offload_notes(rp, opts: dict, host: int, device: str) -> list:
     return notes
 
 
-def from_ckpt_kwargs(kw, name: str, attr: str) -> tuple:
+def from_ckpt_kwargs(ckpt_kwargs, name: str, attr: str) -> tuple:
     """(options, sources) from ``activation_checkpointing_kwargs``: ``every_n_layers`` and ``offload``, which
     ``Trainer.train`` pops before the rest goes to ``torch.utils.checkpoint`` (transformers trainer.py)."""
     opts, src = {}, {}
-    if not isinstance(kw, dict):
+    if not isinstance(ckpt_kwargs, dict):
         return opts, src
-    every = kw.get("every_n_layers", 1)
+    every = ckpt_kwargs.get("every_n_layers", 1)
     if every != 1:
         opts["ckpt_every_n_layers"] = kin.whole_number("ckpt_every_n_layers", every)
         src["ckpt_every_n_layers"] = (every, f"{name}.{attr}['every_n_layers']")
-    if kw.get("offload"):
+    if ckpt_kwargs.get("offload"):
         opts["checkpoint_offload"] = True
         src["checkpoint_offload"] = (True, f"{name}.{attr}['offload'] (save_on_cpu around each checkpointed block)")
     return opts, src
 
 
-def from_model(layers: list, on: list) -> tuple:
-    """(options, sources) of a model whose checkpointing is on: which of its ``layers`` checkpoint (``on``), and
-    whether their checkpoint function is transformers' offloading one (``checkpoint_func`` under save_on_cpu)."""
+def from_model(layers: list, checkpointed: list) -> tuple:
+    """(options, sources) of a model whose checkpointing is on: which of its ``layers`` checkpoint
+    (``checkpointed``), and whether their checkpoint function is transformers' offloading one (``checkpoint_func``
+    under save_on_cpu)."""
     opts, src = {}, {}
-    if on and len(on) != len(layers):
-        flags = [m in on for m in layers]
+    if checkpointed and len(checkpointed) != len(layers):
+        flags = [m in checkpointed for m in layers]
         every = next((n for n in range(2, len(layers) + 1) if flags == [i % n == 0 for i in range(len(layers))]), None)
         if every is None:
-            raise kin.InputError("ckpt_every_n_layers", f"{len(on)} of {len(layers)} blocks are checkpointed, not "
+            raise kin.InputError("ckpt_every_n_layers",
+                                 f"{len(checkpointed)} of {len(layers)} blocks are checkpointed, not "
                                  "every n-th from the first (activation_checkpointing_enable(every_n_layers=n)): the "
                                  "kit models that pattern only; enable checkpointing with every_n_layers.")
         opts["ckpt_every_n_layers"] = every
-        src["ckpt_every_n_layers"] = (every, f"the model's layers: {len(on)} of {len(layers)} checkpoint, every "
+        src["ckpt_every_n_layers"] = (every,
+                                      f"the model's layers: {len(checkpointed)} of {len(layers)} checkpoint, every "
                                              f"{every}-th from the first")
-    f = getattr(on[0], "_gradient_checkpointing_func", None) if on else None
+    f = getattr(checkpointed[0], "_gradient_checkpointing_func", None) if checkpointed else None
     if getattr(getattr(f, "func", f), "__name__", "") == "checkpoint_func":
         opts["checkpoint_offload"] = True
         src["checkpoint_offload"] = (True, "the layers' checkpoint function (transformers' offload: save_on_cpu)")

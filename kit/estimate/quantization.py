@@ -112,12 +112,12 @@ def dequant_bytes(bnb: Bnb, load: str) -> int:
     """
     return DTYPES[load] + (DTYPES[bnb.compute_dtype] if bnb.compute_dtype != load else 0)
 
-def notes(rp) -> list:
+def notes(replay) -> list:
     """What the estimate says about the formats: the 8-bit inputs that checkpointing keeps."""
 
-    if not (rp.ckpt and rp.kept()):
+    if not (replay.ckpt and replay.kept()):
         return []
     return [f"8-bit layers keep their inputs through non-reentrant checkpointing (bitsandbytes holds them as ctx "
-            f"attributes, not saved tensors): {fmt_bytes(rp.kept())} of activations that checkpointing does "
+            f"attributes, not saved tensors): {fmt_bytes(replay.kept())} of activations that checkpointing does "
             "not free (prepare_model_for_kbit_training's own reentrant checkpointing keeps none: "
             "checkpoint_reentrant=True)"]

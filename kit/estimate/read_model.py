@@ -253,43 +253,45 @@ def _tied(base):
     return None if inp is None or out is None else out.weight is inp.weight
 
 
-def read_bnb(qc, name: str) -> str:
+def read_bnb(quant_config, name: str) -> str:
     """"none"|"4bit"|"8bit" from a BitsAndBytesConfig; refuses what the kit does not model."""
-    if qc is None:
+    if quant_config is None:
         return "none"
-    if type(qc).__name__ != "BitsAndBytesConfig":
-        raise ValueError(f"{type(qc).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
+    if type(quant_config).__name__ != "BitsAndBytesConfig":
+        raise ValueError(f"{type(quant_config).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
                          "(BitsAndBytesConfig).")
-    if getattr(qc, "llm_int8_skip_modules", None) or getattr(qc, "llm_int8_enable_fp32_cpu_offload", False):
+    if getattr(quant_config, "llm_int8_skip_modules", None) or \
+            getattr(quant_config, "llm_int8_enable_fp32_cpu_offload", False):
         raise ValueError(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
                          "quantizes the layers transformers quantizes by default, all on the GPU.")
-    if qc.load_in_4bit:
-        bnb_options(qc, name)  # refuses what is not modeled
+    if quant_config.load_in_4bit:
+        bnb_options(quant_config, name)  # refuses what is not modeled
         return "4bit"
-    if qc.load_in_8bit:
-        if getattr(qc, "llm_int8_has_fp16_weight", False):
+    if quant_config.load_in_8bit:
+        if getattr(quant_config, "llm_int8_has_fp16_weight", False):
             raise ValueError(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
                              "model: leave it False.")
         return "8bit"
     return "none"
 
 
-def bnb_options(qc, name: str = "BitsAndBytesConfig") -> dict:
+def bnb_options(quant_config, name: str = "BitsAndBytesConfig") -> dict:
     """estimate()'s 4-bit options (quant_type, double_quant, compute_dtype) from a 4-bit BitsAndBytesConfig.
 
     >>> from transformers import BitsAndBytesConfig
     >>> bnb_options(BitsAndBytesConfig(load_in_4bit=True))      # its defaults: FP4, no double quant, fp32
     {'quant_type': 'fp4', 'double_quant': False, 'compute_dtype': 'fp32'}
     """
-    qt = str(qc.bnb_4bit_quant_type)
+    qt = str(quant_config.bnb_4bit_quant_type)
     if qt not in ("nf4", "fp4"):
         raise kin.InputError("quant_type", f"{name}.bnb_4bit_quant_type={qt!r} is not a bitsandbytes 4-bit type: "
                                            "pass 'nf4' or 'fp4'.")
-    cd = str(qc.bnb_4bit_compute_dtype)
+    cd = str(quant_config.bnb_4bit_compute_dtype)
     if cd not in _DTYPE_NAMES:
         raise kin.InputError("compute_dtype", f"{name}.bnb_4bit_compute_dtype={cd} is not modeled: pass "
                                               "torch.float32, torch.float16 or torch.bfloat16.")
-    return dict(quant_type=qt, double_quant=bool(qc.bnb_4bit_use_double_quant), compute_dtype=_DTYPE_NAMES[cd])
+    return dict(quant_type=qt, double_quant=bool(quant_config.bnb_4bit_use_double_quant),
+                compute_dtype=_DTYPE_NAMES[cd])
 
 
 def read_4bit(base):
@@ -347,8 +349,8 @@ def trainer_reentrant(args, name: str = "TrainingArguments"):
     return True, f"{name}.{attr} has no use_reentrant: torch's default, reentrant"
 
 
-def dtype_name(d) -> str:
-    name = str(d)
+def dtype_name(dtype) -> str:
+    name = str(dtype)
     if name not in _DTYPE_NAMES and name not in ("fp32", "fp16", "bf16"):
         raise kin.InputError("load_dtype", f"dtype {name} is not modeled: the kit models fp32, fp16 and bf16 weights.")
     return _DTYPE_NAMES.get(name, name)

@@ -16,11 +16,11 @@ CLASSIFIER_NAMES = ("classifier", "score")
 TASK_TYPES = {"SEQ_CLS": "seq-cls", "TOKEN_CLS": "token-cls"}
 
 
-def read_task(lc, task=None, num_labels=None, cfg=None):
+def read_task(lora_config, task=None, num_labels=None, cfg=None):
     """(task, num_labels, train_head, {option: (value, where)}) for estimate_from: given, else from the LoraConfig's
     task_type (SEQ_CLS, TOKEN_CLS) and the config's num_labels; the head trains as peft's modules_to_save copy where
     the task type (or modules_to_save) puts it there."""
-    kind = str(getattr(getattr(lc, "task_type", None), "value", getattr(lc, "task_type", None)))
+    kind = str(getattr(getattr(lora_config, "task_type", None), "value", getattr(lora_config, "task_type", None)))
     src = {}
     if task is None:
         task = TASK_TYPES.get(kind, "causal-lm")
@@ -32,43 +32,44 @@ def read_task(lc, task=None, num_labels=None, cfg=None):
         return task, None, None, src
     labels = num_labels or getattr(cfg, "num_labels", None) or 2
     src["num_labels"] = (labels, "estimate_from(num_labels=...)" if num_labels else "the config's num_labels")
-    saved = kind in TASK_TYPES or bool(set(getattr(lc, "modules_to_save", None) or ()) & set(CLASSIFIER_NAMES))
-    if lc is not None:
+    saved = kind in TASK_TYPES or bool(set(getattr(lora_config, "modules_to_save", None) or ()) & set(CLASSIFIER_NAMES))
+    if lora_config is not None:
         src["train_head"] = (saved, "peft's modules_to_save copy of the classifier head (LoraConfig.task_type or "
                              "modules_to_save)" if saved else "LoraConfig has no classifier task_type: the head stays "
                              "frozen")
-    return task, labels, saved if lc is not None else None, src
+    return task, labels, saved if lora_config is not None else None, src
 
 
-def read_lora_config(lc, info):
+def read_lora_config(lora_config, info):
     """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
     from peft import LoraConfig
     from peft.tuners.tuners_utils import check_target_module_exists
 
-    if not isinstance(lc, LoraConfig):
-        raise ValueError(f"peft_config is a {type(lc).__name__}: the kit models LoRA (a peft LoraConfig).")
+    if not isinstance(lora_config, LoraConfig):
+        raise ValueError(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
     bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
-                       "trainable_token_indices") if getattr(lc, k, None)]
-    if info.classifier and set(lc.modules_to_save or ()) <= set(CLASSIFIER_NAMES):  # the head's copy: modeled
+                       "trainable_token_indices") if getattr(lora_config, k, None)]
+    if info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES):  # the head's copy: modeled
         bad = [k for k in bad if k != "modules_to_save"]
-    if lc.bias != "none" or bad:
+    if lora_config.bias != "none" or bad:
         raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
                          "LoRA (one r, bias='none', nothing else trainable).")
-    lc = copy.copy(lc)
+    lora_config = copy.copy(lora_config)
     linear = {l.name for l in info.leaves if l.kind == "linear"}
-    if isinstance(lc.target_modules, str) and lc.target_modules.lower() == kin.ALL_LINEAR:
-        lc.target_modules = linear - {info.output_head}
-    elif lc.target_modules is None:
-        lc.target_modules = set(default_targets(info))
-    found = {l.name: check_target_module_exists(lc, l.name) for l in info.leaves}
+    if isinstance(lora_config.target_modules, str) and lora_config.target_modules.lower() == kin.ALL_LINEAR:
+        lora_config.target_modules = linear - {info.output_head}
+    elif lora_config.target_modules is None:
+        lora_config.target_modules = set(default_targets(info))
+    found = {l.name: check_target_module_exists(lora_config, l.name) for l in info.leaves}
     names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
     if names - linear:
         raise ValueError(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
                          "Linear layer: the kit models LoRA on Linear layers only.")
     if not names:
-        raise kin.InputError("lora_targets", f"LoraConfig.target_modules={lc.target_modules!r} matches no Linear "
+        raise kin.InputError("lora_targets",
+                             f"LoraConfig.target_modules={lora_config.target_modules!r} matches no Linear "
                                              "module of this model.")
-    return lc.r, names, float(lc.lora_dropout)
+    return lora_config.r, names, float(lora_config.lora_dropout)
 
 
 def targets_for(info, names):
@@ -76,7 +77,8 @@ def targets_for(info, names):
     linear = tuple(l.name for l in info.leaves if l.kind == "linear")
     if names == set(linear) - {info.output_head}:
         return kin.ALL_LINEAR, []
-    for key in (lambda n: n.rsplit(".", 1)[-1], lambda n: next(l.short for l in info.leaves if l.name == n)):
+    for key in (lambda name: name.rsplit(".", 1)[-1],
+                lambda name: next(l.short for l in info.leaves if l.name == name)):
         short = tuple(sorted({key(n) for n in names}))
         if set(lora_matches(linear, short)) == names:
             return short, []

@@ -136,7 +136,7 @@ def read_seq_len(trainer, batch_size: int):
     if lengths is None and n and isinstance(get(0), dict) and "input_ids" in get(0):
         lengths = [len(get(i)["input_ids"]) for i in range(n)]
     if lengths is not None:
-        top = sorted(range(n), key=lambda i: -lengths[i])[:batch_size]
+        top = sorted(range(n), key=lambda index: -lengths[index])[:batch_size]
         batches = [[get(i) for i in top]]
     else:
         batches = [[get(i) for i in range(j, min(j + batch_size, n))] for j in range(0, n, batch_size)]

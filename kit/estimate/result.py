@@ -101,10 +101,10 @@ class Estimate:
         """Bytes per component at the peak moment, in :data:`COMPONENTS` order; sums to peak_bytes."""
         return OrderedDict((k, self._parts.get(k, 0)) for k in COMPONENTS)
 
-    def biggest(self, by: str = "training_bytes", n: int = 5) -> list:
-        """The ``n`` biggest modules by ``"training_bytes"`` or ``"params"``: (name, params, training_bytes)."""
-        key = {"training_bytes": lambda t: t[2], "params": lambda t: t[1]}[by]
-        return sorted(self.offenders, key=key, reverse=True)[:n]
+    def biggest(self, ranked_by: str = "training_bytes", count: int = 5) -> list:
+        """The ``count`` biggest modules by ``"training_bytes"`` or ``"params"``: (name, params, training_bytes)."""
+        key = {"training_bytes": lambda offender: offender[2], "params": lambda offender: offender[1]}[ranked_by]
+        return sorted(self.offenders, key=key, reverse=True)[:count]
 
     def to_json(self) -> dict:
         """The CLI's ``--json`` object: the contract's integer fields first, then more."""

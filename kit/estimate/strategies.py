@@ -51,8 +51,8 @@ from kit.presets import optimizer_state_bytes
 from kit.training_setup import STRATEGIES  # noqa: F401 (declared with the other options; kit.estimate names it)
 
 
-def _sh(n: int, N: int) -> int:
-    return math.ceil(n / N)
+def _sh(nbytes: int, num_gpus: int) -> int:
+    return math.ceil(nbytes / num_gpus)
 
 
 def per_gpu(est, strategy: str = "single", num_gpus: int = 1, cpu_offload: bool = False):
@@ -89,40 +89,40 @@ def per_gpu(est, strategy: str = "single", num_gpus: int = 1, cpu_offload: bool 
     return out
 
 
-def _states(est, c):
+def _states(est, context):
     """Bytes of weights (params only), grads and optimizer state on the device, one GPU."""
-    return sum(c.weights.values()), est.gradients_bytes, est.optimizer_bytes - est.paged_optimizer_bytes
+    return sum(context.weights.values()), est.gradients_bytes, est.optimizer_bytes - est.paged_optimizer_bytes
 
 
-def _base_parts(m, inputs) -> dict:
-    return {"activations": m.activations, "logits & loss": m.logits, "autocast weight copies": m.copies,
-            "temporaries": m.temporaries + inputs}
+def _base_parts(moment, inputs) -> dict:
+    return {"activations": moment.activations, "logits & loss": moment.logits, "autocast weight copies": moment.copies,
+            "temporaries": moment.temporaries + inputs}
 
 
-def _ddp(est, c, strategy, N, offload):
-    W, G, O = _states(est, c)
+def _ddp(est, context, strategy, num_gpus, offload):
+    W, G, O = _states(est, context)
     parts = OrderedDict((k, v) for k, v in est._parts.items())
     parts["communication buffers"] = G
     states = (est.weights_bytes, G, est.optimizer_bytes)
     return parts, est.peak_moment, states, dict(
-        comm_buffer_bytes=G, model_states_bytes=W + c.buffers + 2 * G + O, step=est.first_step_peak_bytes + G,
+        comm_buffer_bytes=G, model_states_bytes=W + context.buffers + 2 * G + O, step=est.first_step_peak_bytes + G,
         notes=[f"ddp: every GPU holds the whole model; the reducer's buckets copy every trainable grad "
                f"(gradient_as_bucket_view=False, accelerate's and Trainer's default)"])
 
 
-def _fsdp(est, c, strategy, N, offload):
+def _fsdp(est, context, strategy, num_gpus, offload):
 
-    rp, L, g, w = c.rp, c.L, c.grads, c.weights
-    W, G, O = _states(est, c)
+    rp, L, g, w = context.rp, context.L, context.grads, context.weights
+    W, G, O = _states(est, context)
     Wr, Wb, Gr, Gb = w["embed"] + w["head"], w["block"] // L, g["embed"] + g["head"], g["block"] // L
-    Ws, Gs, Os = (0, 0, 0) if offload else (_sh(W, N), _sh(G, N), _sh(O, N))
-    held = Ws + c.buffers + Os + c.inputs  # always on the GPU during forward/backward
+    Ws, Gs, Os = (0, 0, 0) if offload else (_sh(W, num_gpus), _sh(G, num_gpus), _sh(O, num_gpus))
+    held = Ws + context.buffers + Os + context.inputs  # always on the GPU during forward/backward
     grad_op = strategy == "fsdp-grad-op"
-    gb_sh = 0 if offload else _sh(Gb, N)
+    gb_sh = 0 if offload else _sh(Gb, num_gpus)
     cands = []
     for m in act.moments(rp, grads_embed=g["embed"], grads_block=gb_sh, grads_head=g["head"],
-                         wtemp_block=c.wtemp["block"], wtemp_head=c.wtemp["head"],
-                         head_half=c.wtemp["head"], tied=c.moved):
+                         wtemp_block=context.wtemp["block"], wtemp_head=context.wtemp["head"],
+                         head_half=context.wtemp["head"], tied=context.moved):
         i = int(m.where.split()[-1].rstrip(")")) if "block" in m.where else (0 if "embeddings" in m.where else L + 1)
         # gathered blocks: grad-op keeps blocks 1..i from the forward on; fsdp has block i and the next one's
         # all-gather (prefetched) in flight; the last block's reduce-scatter input is kept until the next one
@@ -132,32 +132,33 @@ def _fsdp(est, c, strategy, N, offload):
             blocks = min(i, L) if grad_op else (1 if 0 < i <= L else 0)
             ag = 0 if grad_op or i in (0, 1) else Wb
         rs = Gb if 0 < i < L else 0
-        cands.append((m.where, dict(weights=held - Os - c.inputs, **{"optimizer state": Os},
-                                    gradients=m.gradients, **_base_parts(m, c.inputs),
+        cands.append((m.where, dict(weights=held - Os - context.inputs, **{"optimizer state": Os},
+                                    gradients=m.gradients, **_base_parts(m, context.inputs),
                                     **{"unsharded parameters": Wr + blocks * Wb, "communication buffers": ag + rs})))
     # a block's reduce-scatter (the last one's: the most activations below it): its grads, whole, and the
     # reduce-scatter input beside them, the next block gathered (grad-op: all below it still are)
     below = rp.embed + rp.shared + (L - 1) * (rp.block_in if rp.ckpt else rp.block) + rp.kept()
     cands.append((f"reduce-scatter (block {L})", dict(
-        weights=held - Os - c.inputs, **{"optimizer state": Os}, gradients=g["head"] + Gb,
-        activations=below, temporaries=c.inputs,
+        weights=held - Os - context.inputs, **{"optimizer state": Os}, gradients=g["head"] + Gb,
+        activations=below, temporaries=context.inputs,
         **{"unsharded parameters": Wr + (L - 1 if grad_op else 1) * Wb * (L > 1), "communication buffers": Gb})))
     # the root's reduce-scatter, when backward ends: its parameters, grads and the reduce-scatter input
     cands.append(("reduce-scatter (root)", dict(
-        weights=held - Os - c.inputs, **{"optimizer state": Os}, gradients=Gr + L * gb_sh,
-        temporaries=c.inputs, **{"unsharded parameters": Wr, "communication buffers": Gr})))
-    step = dict(weights=Ws + c.buffers, gradients=Gs, **{"optimizer state": Os},
-                temporaries=_sh(c.step_temp, N) if not offload else 0)
+        weights=held - Os - context.inputs, **{"optimizer state": Os}, gradients=Gr + L * gb_sh,
+        temporaries=context.inputs, **{"unsharded parameters": Wr, "communication buffers": Gr})))
+    step = dict(weights=Ws + context.buffers, gradients=Gs, **{"optimizer state": Os},
+                temporaries=_sh(context.step_temp, num_gpus) if not offload else 0)
     cands.append(("optimizer step", step))
-    where, parts = max(cands, key=lambda t: sum(t[1].values()))
+    where, parts = max(cands, key=lambda candidate: sum(candidate[1].values()))
     fwd = max(sum(p.values()) - Os for w_, p in cands if w_ != "optimizer step")
-    off = _sh(W, N) + _sh(G, N) + _sh(O, N) if offload else 0
-    return parts, where, (Ws + c.buffers, Gs, Os + (_sh(est.paged_optimizer_bytes, N) if not offload else 0)), dict(
+    off = _sh(W, num_gpus) + _sh(G, num_gpus) + _sh(O, num_gpus) if offload else 0
+    paged = _sh(est.paged_optimizer_bytes, num_gpus) if not offload else 0
+    return parts, where, (Ws + context.buffers, Gs, Os + paged), dict(
         unsharded_bytes=parts.get("unsharded parameters", 0), comm_buffer_bytes=parts.get("communication buffers", 0),
-        model_states_bytes=Ws + c.buffers + Gs + Os, cpu_offload_bytes=off, step=max(fwd, sum(step.values())),
-        notes=[f"{strategy}: 1/{N} of the weights, grads and optimizer state per GPU (frozen weights too); "
+        model_states_bytes=Ws + context.buffers + Gs + Os, cpu_offload_bytes=off, step=max(fwd, sum(step.values())),
+        notes=[f"{strategy}: 1/{num_gpus} of the weights, grads and optimizer state per GPU (frozen weights too); "
                "each parameter's first dimension is padded to a multiple of the GPUs (not counted: under "
-               f"{N} rows a parameter)"] + ([
+               f"{num_gpus} rows a parameter)"] + ([
                    "fsdp with mixed precision: the gathered weights are counted in the load dtype and autocast "
                    "as on one GPU; accelerate's MixedPrecisionPolicy gathers them in 16 bits instead (not modelled: "
                    "an over-estimate of the gathered blocks)"] if est.setup["precision"] != "fp32"
@@ -169,37 +170,41 @@ def _fsdp(est, c, strategy, N, offload):
                                              "the GPU holds gathered blocks, grads and activations"] if offload else []))
 
 
-def _zero(est, c, strategy, N, offload):
+def _zero(est, context, strategy, num_gpus, offload):
     """DeepSpeed ZeRO: model states as DeepSpeed keeps them; activations as one GPU's forward/backward."""
 
     stage = int(strategy[-1])
-    w, L, rp = c.weights, c.L, c.rp
+    w, L, rp = context.weights, context.L, context.rp
     mixed = est.setup["precision"] != "fp32" and est.setup["quantization"] == "none"
-    scale = (lambda b: b // 2 if est.setup["load_dtype"] == "fp32" else b) if mixed else (lambda b: b)
+    halved = mixed and est.setup["load_dtype"] == "fp32"
+
+    def scale(nbytes):
+        return nbytes // 2 if halved else nbytes
     W = sum(scale(v) for v in w.values())  # DeepSpeed casts the module to fp16/bf16 under mixed precision
     T = est.trainable_params
     p = 2 if mixed or est.setup["load_dtype"] != "fp32" else 4
     G = p * T
     o32, paged = optimizer_state_bytes(est.setup["optimizer"], T, 4)
-    O = _sh(o32 + paged + 4 * T + 4 * T, N)  # + fp32 master weights + fp32 grads, in 1/N
-    bucket = min(T, c.H * c.H) * p if stage >= 2 else 0
-    Wg = _sh(W, N) if stage == 3 else W
-    Gg = _sh(G, N) if stage >= 2 else G
+    O = _sh(o32 + paged + 4 * T + 4 * T, num_gpus)  # + fp32 master weights + fp32 grads, in 1/N
+    bucket = min(T, context.H * context.H) * p if stage >= 2 else 0
+    Wg = _sh(W, num_gpus) if stage == 3 else W
+    Gg = _sh(G, num_gpus) if stage >= 2 else G
     unsh = 2 * scale(w["block"] // L) if stage == 3 else 0
     if offload:
         O, Wg = 0, (0 if stage == 3 else Wg)
-    m = max(act.moments(rp, grads_embed=0, grads_block=0, grads_head=0, wtemp_block=c.wtemp["block"],
-                        wtemp_head=c.wtemp["head"], head_half=c.wtemp["head"], tied=0), key=lambda x: x.total)
-    fb = dict(weights=Wg + c.buffers, gradients=Gg, **{"optimizer state": O}, **_base_parts(m, c.inputs),
+    m = max(act.moments(rp, grads_embed=0, grads_block=0, grads_head=0, wtemp_block=context.wtemp["block"],
+                        wtemp_head=context.wtemp["head"], head_half=context.wtemp["head"], tied=0),
+            key=lambda moment: moment.total)
+    fb = dict(weights=Wg + context.buffers, gradients=Gg, **{"optimizer state": O}, **_base_parts(m, context.inputs),
               **{"unsharded parameters": unsh, "communication buffers": bucket})
-    step = dict(weights=Wg + c.buffers, gradients=Gg, **{"optimizer state": O})
-    where, parts = max((m.where, fb), ("optimizer step", step), key=lambda t: sum(t[1].values()))
-    off = _sh(o32 + paged + 8 * T, N) + (_sh(W, N) if stage == 3 else 0) if offload else 0
-    return parts, where, (Wg + c.buffers, Gg, O), dict(
+    step = dict(weights=Wg + context.buffers, gradients=Gg, **{"optimizer state": O})
+    where, parts = max((m.where, fb), ("optimizer step", step), key=lambda candidate: sum(candidate[1].values()))
+    off = _sh(o32 + paged + 8 * T, num_gpus) + (_sh(W, num_gpus) if stage == 3 else 0) if offload else 0
+    return parts, where, (Wg + context.buffers, Gg, O), dict(
         unsharded_bytes=parts.get("unsharded parameters", 0), comm_buffer_bytes=parts.get("communication buffers", 0),
         model_states_bytes=Wg + Gg + O, cpu_offload_bytes=off, step=max(sum(fb.values()) - O, sum(step.values())),
         notes=[f"zero{stage}: DeepSpeed's model states (fp32 master weights, fp32 grads and optimizer state in "
-               f"1/{N}); not measured by the kit: activations follow one GPU's forward/backward"])
+               f"1/{num_gpus}); not measured by the kit: activations follow one GPU's forward/backward"])
 
 
 def model_states(est) -> int:

@@ -29,8 +29,8 @@ from kit.units import fmt_bytes
 MODES = ("cheap", "live", "off")
 
 
-def _signed(n: int) -> str:
-    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
+def _signed(nbytes: int) -> str:
+    return ("+" if nbytes >= 0 else "-") + fmt_bytes(abs(nbytes))
 
 
 @dataclass
@@ -84,8 +84,8 @@ class CellReading:
 class CellMemory:
     """The extension's state: the mode, the reading under way, the last one (``last``), what they cost."""
 
-    def __init__(self, ip, mode: str = "cheap"):
-        self.ip, self.mode = ip, mode
+    def __init__(self, ipython, mode: str = "cheap"):
+        self.ip, self.mode = ipython, mode
         self.last: CellReading | None = None
         self.cost_s = 0.0                         # the last cell's own reading time (pre + post)
         self._start = None
@@ -146,43 +146,43 @@ class CellMemory:
 _STATE: dict = {}
 
 
-def load(ip, mode: str = "cheap") -> CellMemory:
-    """Start the readings in the IPython shell ``ip`` (what ``%load_ext kit`` calls). Loading twice keeps one.
+def load(ipython, mode: str = "cheap") -> CellMemory:
+    """Start the readings in the IPython shell ``ipython`` (what ``%load_ext kit`` calls). Loading twice keeps one.
 
     >>> from IPython.core.interactiveshell import InteractiveShell     # doctest: +SKIP
     >>> load(InteractiveShell.instance()).mode                         # doctest: +SKIP
     'cheap'
     """
-    if ip is None or not hasattr(ip, "events"):
+    if ipython is None or not hasattr(ipython, "events"):
         raise ValueError("kit's cell readings need an IPython shell: run `%load_ext kit` in a notebook")
-    old = _STATE.get(id(ip))
+    old = _STATE.get(id(ipython))
     if old is not None:
         return old
-    cm = CellMemory(ip, mode)
-    ip.events.register("pre_run_cell", cm.pre)
-    ip.events.register("post_run_cell", cm.post)
-    ip.register_magic_function(cm.magic, magic_kind="line", magic_name="kit_cells")
-    _STATE[id(ip)] = cm
+    cm = CellMemory(ipython, mode)
+    ipython.events.register("pre_run_cell", cm.pre)
+    ipython.events.register("post_run_cell", cm.post)
+    ipython.register_magic_function(cm.magic, magic_kind="line", magic_name="kit_cells")
+    _STATE[id(ipython)] = cm
     return cm
 
 
-def unload(ip) -> None:
+def unload(ipython) -> None:
     """Stop the readings (what ``%unload_ext kit`` calls)."""
-    cm = _STATE.pop(id(ip), None)
+    cm = _STATE.pop(id(ipython), None)
     if cm is None:
         return
     for name, fn in (("pre_run_cell", cm.pre), ("post_run_cell", cm.post)):
         try:
-            ip.events.unregister(name, fn)
+            ipython.events.unregister(name, fn)
         except ValueError:
             pass
-    ip.magics_manager.magics["line"].pop("kit_cells", None)
+    ipython.magics_manager.magics["line"].pop("kit_cells", None)
 
 
-def current(ip=None) -> CellMemory | None:
-    """The loaded extension's state in ``ip`` (default: the running shell), or None."""
-    if ip is None:
+def current(ipython=None) -> CellMemory | None:
+    """The loaded extension's state in ``ipython`` (default: the running shell), or None."""
+    if ipython is None:
         from IPython import get_ipython
 
-        ip = get_ipython()
-    return _STATE.get(id(ip))
+        ipython = get_ipython()
+    return _STATE.get(id(ipython))

@@ -261,9 +261,9 @@ def _cuda_live() -> int:
 def _forget_names(objs: list, namespace: dict | None) -> None:
     ids = {id(o) for o in objs}
 
-    def drop(ns: dict, only=None) -> None:
-        for k in [k for k, v in ns.items() if id(v) in ids and (only is None or re.fullmatch(only, str(k)))]:
-            del ns[k]
+    def drop(scope: dict, only=None) -> None:
+        for k in [k for k, v in scope.items() if id(v) in ids and (only is None or re.fullmatch(only, str(k)))]:
+            del scope[k]
 
     if namespace is not None:
         drop(namespace)

@@ -176,8 +176,8 @@ class Snapshot:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Snapshot":
-        return cls(**d)
+    def from_dict(cls, data: dict) -> "Snapshot":
+        return cls(**data)
 
     @wrapped
     def text(self) -> str:

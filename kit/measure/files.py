@@ -16,12 +16,12 @@ from kit.measure.records import STAGE_FIELDS, Sample, StageRecord
 _SNAP_FIELDS = [f.name for f in fields(Snapshot) if f.name != "live_tensor_bytes"]
 
 
-def write_csv(t, path: str | Path) -> None:
+def write_csv(tracker, path: str | Path) -> None:
     """One row per reading (``kind`` = stage_start, stage_end or sample); stage peaks on stage_end rows."""
-    devs = sorted({d for r in t.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes or {}}
-                  | {d for s in t.samples for d in s.snap.live_tensor_bytes or {}})
+    devs = sorted({d for r in tracker.records for s in (r.start, r.end) if s for d in s.live_tensor_bytes or {}}
+                  | {d for s in tracker.samples for d in s.snap.live_tensor_bytes or {}})
     rows = []
-    for r in t.records:
+    for r in tracker.records:
         base = {"stage": r.name, "stage_index": r.index, "order": r.order, "depth": r.depth}
         rows.append({"kind": "stage_start", **base, "has_live": r.start.live_tensor_bytes is not None,
                      **_flat(r.start, devs)})
@@ -30,7 +30,7 @@ def write_csv(t, path: str | Path) -> None:
             peaks.update({f"stage_live_peak_{d}_bytes": r.live_peak_bytes.get(d) for d in devs})
             rows.append({"kind": "stage_end", **base, "has_live": r.end.live_tensor_bytes is not None,
                          **_flat(r.end, devs), **peaks})
-    for s in t.samples:
+    for s in tracker.samples:
         rows.append({"kind": "sample", "stage": s.stage, "stage_index": s.stage_index, "step": s.step,
                      "event": s.event, "has_live": s.has_live, "cost_s": s.cost_s, **_flat(s.snap, devs)})
     rows.sort(key=lambda row: row["time"])
@@ -41,24 +41,24 @@ def write_csv(t, path: str | Path) -> None:
         w.writerows(rows)
 
 
-def load(t, path: Path):
-    """Fill the empty tracker ``t`` from a file written by ``Tracker.to_json`` or ``Tracker.to_csv``."""
+def load(tracker, path: Path):
+    """Fill the empty tracker ``tracker`` from a file written by ``Tracker.to_json`` or ``Tracker.to_csv``."""
     if path.suffix == ".json":
         d = json.loads(path.read_text())
         if d.get("kit") != "track":
             raise ValueError(f"{path} is not a kit tracker file (no 'kit': 'track' field)")
-        t.device, t.reading = d["device"], d["reading"]
-        t.records = [StageRecord.from_dict(r) for r in d["stages"]]
-        t.samples = [Sample.from_dict(s) for s in d["samples"]]
+        tracker.device, tracker.reading = d["device"], d["reading"]
+        tracker.records = [StageRecord.from_dict(r) for r in d["stages"]]
+        tracker.samples = [Sample.from_dict(s) for s in d["samples"]]
     elif path.suffix == ".csv":
-        _load_csv(t, path)
+        _load_csv(tracker, path)
     else:
         raise ValueError(f"Tracker.load reads .json or .csv files, not {path.name!r}")
-    for r in t.records:
-        t._counts[r.name] = max(t._counts.get(r.name, 0), r.index + 1)
-    if t.records and t.records[0].on_cuda:
-        t.device, t.reading = "cuda", "cuda_allocated"
-    return t
+    for r in tracker.records:
+        tracker._counts[r.name] = max(tracker._counts.get(r.name, 0), r.index + 1)
+    if tracker.records and tracker.records[0].on_cuda:
+        tracker.device, tracker.reading = "cuda", "cuda_allocated"
+    return tracker
 
 
 def _flat(snap: Snapshot, devs: list[str]) -> dict:
@@ -67,19 +67,19 @@ def _flat(snap: Snapshot, devs: list[str]) -> dict:
     return d
 
 
-def _parse(key: str, v: str):
-    if v == "":
+def _parse(key: str, text: str):
+    if text == "":
         return None
-    if v in ("True", "False"):
-        return v == "True"
+    if text in ("True", "False"):
+        return text == "True"
     if key.endswith("_bytes") or key in ("stage_index", "order", "depth", "step"):
-        return int(v)
+        return int(text)
     if key in ("time", "cost_s"):
-        return float(v)
-    return v
+        return float(text)
+    return text
 
 
-def _load_csv(t, path: Path) -> None:
+def _load_csv(tracker, path: Path) -> None:
     with open(path, newline="") as f:
         rows = [{k: _parse(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
     open_recs: dict[int, StageRecord] = {}
@@ -89,8 +89,8 @@ def _load_csv(t, path: Path) -> None:
             snap.live_tensor_bytes = {k[5:-6]: v for k, v in row.items()
                                       if k.startswith("live_") and k.endswith("_bytes") and v is not None}
         if row["kind"] == "sample":
-            t.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
-                                    bool(row["has_live"]), row["cost_s"] or 0.0))
+            tracker.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
+                                          bool(row["has_live"]), row["cost_s"] or 0.0))
         elif row["kind"] == "stage_start":
             open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap, depth=row["depth"])
         else:
@@ -101,6 +101,6 @@ def _load_csv(t, path: Path) -> None:
             r.reset_peak, r.live_peak_exact, r.peak_note = bool(r.reset_peak), bool(r.live_peak_exact), r.peak_note or ""
             r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
                                  if k.startswith("stage_live_peak_") and k.endswith("_bytes") and v is not None}
-            t.records.append(r)
-    t.records += list(open_recs.values())
-    t.records.sort(key=lambda r: r.order)
+            tracker.records.append(r)
+    tracker.records += list(open_recs.values())
+    tracker.records.sort(key=lambda record: record.order)

@@ -166,13 +166,14 @@ def check_returned(baseline, *, tolerance_bytes: int = MiB, tolerance_frac: floa
                           now.best_bytes, allowed)
     if not report.ok:
         on = "cuda" if machine.has_cuda() else "cpu"
-        biggest = sorted((k for k in stores if k not in known and k[0].startswith(on)), key=lambda k: -stores[k][0])[:top]
+        biggest = sorted((k for k in stores if k not in known and k[0].startswith(on)),
+                         key=lambda key: -stores[key][0])[:top]
         groups = [[t for t in (w() for w in stores[k][1]) if t is not None] for k in biggest]
         biggest, groups = [k for k, g in zip(biggest, groups) if g], [g for g in groups if g]
         names = _holders(groups, 12, 3, sys._getframe(1)) if groups else []
         t = tensors = None
         for k, tensors, held in zip(biggest, groups, names):
-            t = max(tensors, key=lambda x: x.numel())
+            t = max(tensors, key=lambda tensor: tensor.numel())
             desc = f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
             report.tensors.append(TensorInfo(stores[k][0], k[0], desc, held))
         del groups, tensors, t
@@ -210,22 +211,22 @@ def holders_of(objs: list, *, max_depth: int = 12, max_paths: int = 3) -> list[s
     return _holders([list(objs)], max_depth, max_paths, sys._getframe(1))[0]
 
 
-def _stack_roots(f) -> dict:
-    """id(value) -> root name, for the locals of every running function from frame ``f`` up."""
+def _stack_roots(frame) -> dict:
+    """id(value) -> root name, for the locals of every running function from frame ``frame`` up."""
     stack = {}
-    while f is not None:
-        if f.f_code.co_filename != __file__:
-            module_level = f.f_code.co_name == "<module>"
-            local_vars = f.f_locals
+    while frame is not None:
+        if frame.f_code.co_filename != __file__:
+            module_level = frame.f_code.co_name == "<module>"
+            local_vars = frame.f_locals
             for name, v in local_vars.items():
-                stack.setdefault(id(v), f"{f.f_globals.get('__name__', '?')}.{name}" if module_level
-                                 else (name, f.f_code.co_name))
-            if f.f_code.co_flags & inspect.CO_OPTIMIZED and sys.version_info < (3, 13):
+                stack.setdefault(id(v), f"{frame.f_globals.get('__name__', '?')}.{name}" if module_level
+                                 else (name, frame.f_code.co_name))
+            if frame.f_code.co_flags & inspect.CO_OPTIMIZED and sys.version_info < (3, 13):
                 # Before 3.13, f_locals is a snapshot dict cached on the frame; left filled, it
                 # would keep alive whatever the function deletes later (even a tensor we report).
                 local_vars.clear()
             del local_vars
-        f = f.f_back
+        frame = frame.f_back
     return stack
 
 
@@ -241,10 +242,10 @@ def _holders(groups: list, max_depth: int, max_paths: int, frame, max_nodes: int
     came = [{id(o): None for o in g} for g in groups]   # per group: id -> (child id, label of the reference)
     paths: list[list[str]] = [[] for _ in groups]
 
-    def path_from(g: int, node_id: int, root) -> str:
+    def path_from(graph: int, node_id: int, root) -> str:
         parts = [root if isinstance(root, str) else root[0]]
-        while came[g].get(node_id):
-            node_id, label = came[g][node_id]
+        while came[graph].get(node_id):
+            node_id, label = came[graph][node_id]
             parts.append(label)
         return _pretty("".join(parts)) + ("" if isinstance(root, str) else f" (a local variable of {root[1]}())")
 
@@ -304,36 +305,36 @@ def _holders(groups: list, max_depth: int, max_paths: int, frame, max_nodes: int
     return [sorted(set(p), key=len)[:max_paths] for p in paths]
 
 
-def _edge(r, child, mods: dict) -> tuple[str, str | None]:
+def _edge(referrer, child, mods: dict) -> tuple[str, str | None]:
     """Label of the reference r -> child, and the root name when r is a root."""
-    if isinstance(r, dict):
-        key = next((k for k, v in r.items() if v is child), None)
+    if isinstance(referrer, dict):
+        key = next((k for k, v in referrer.items() if v is child), None)
         if key is None:                     # the child is a key, e.g. a parameter in optimizer.state
             return "{key}", None
-        if id(r) in mods:
-            return "", f"{mods[id(r)]}.{key}"
+        if id(referrer) in mods:
+            return "", f"{mods[id(referrer)]}.{key}"
         if isinstance(key, torch.Tensor):   # optimizer state is keyed by parameter
             return f"[<{type(key).__name__} {'x'.join(map(str, key.shape))}>]", None
         return (f"[{key!r}]" if isinstance(key, (str, int)) else f"[<{type(key).__name__}>]"), None
-    if isinstance(r, (list, tuple)):
-        return f"[{next((i for i, v in enumerate(r) if v is child), '?')}]", None
-    if isinstance(r, types.FrameType):
-        name = next((k for k, v in r.f_locals.items() if v is child), "?")
+    if isinstance(referrer, (list, tuple)):
+        return f"[{next((i for i, v in enumerate(referrer) if v is child), '?')}]", None
+    if isinstance(referrer, types.FrameType):
+        name = next((k for k, v in referrer.f_locals.items() if v is child), "?")
         return f".f_locals[{name!r}]", None
-    if isinstance(r, types.TracebackType):
-        return (".tb_frame" if r.tb_frame is child else ".tb_next"), None
-    if isinstance(r, BaseException):
+    if isinstance(referrer, types.TracebackType):
+        return (".tb_frame" if referrer.tb_frame is child else ".tb_next"), None
+    if isinstance(referrer, BaseException):
         return ".__traceback__", None
-    if isinstance(r, type):                   # child is the class's attribute dict
-        return "", f"class {r.__qualname__}"
-    d = getattr(r, "__dict__", None)
+    if isinstance(referrer, type):                   # child is the class's attribute dict
+        return "", f"class {referrer.__qualname__}"
+    d = getattr(referrer, "__dict__", None)
     if d is child:
         return ".__dict__", None
     if isinstance(d, dict):
         key = next((k for k, v in d.items() if v is child), None)
         if key is not None:
             return f".{key}", None
-    if isinstance(r, torch.Tensor) and r.grad is child:
+    if isinstance(referrer, torch.Tensor) and referrer.grad is child:
         return ".grad", None
     return f".<{type(child).__name__}>", None
 

@@ -41,7 +41,7 @@ class RunResult:
         return f"OUT OF MEMORY ({setup}) after {self.seconds:.1f} s: {self.error}"
 
 
-def oom_safe(fn, *args, setup: dict | None = None, tracker=None, stage: str | None = None, **kwargs) -> RunResult:
+def oom_safe(func, *args, setup: dict | None = None, tracker=None, stage: str | None = None, **kwargs) -> RunResult:
     """Run ``fn(*args, **kwargs)``; on an out-of-memory error, free its memory and return a result.
 
     Catches ``torch.OutOfMemoryError``, CUDA's "out of memory" RuntimeError and
@@ -54,18 +54,18 @@ def oom_safe(fn, *args, setup: dict | None = None, tracker=None, stage: str | No
     >>> r.oom, r.error                                               # doctest: +SKIP
     (True, 'OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')
     """
-    return _guarded(fn, args, kwargs, setup, tracker, stage, collect=True)
+    return _guarded(func, args, kwargs, setup, tracker, stage, collect=True)
 
 
-def _guarded(fn, args, kwargs, setup, tracker, stage, collect: bool) -> RunResult:
+def _guarded(func, args, kwargs, setup, tracker, stage, collect: bool) -> RunResult:
     setup = dict(setup or {})
     t = time.perf_counter()
     try:
         if tracker is not None:
-            with tracker.stage(stage or getattr(fn, "__name__", "run")):
-                value = fn(*args, **kwargs)
+            with tracker.stage(stage or getattr(func, "__name__", "run")):
+                value = func(*args, **kwargs)
         else:
-            value = fn(*args, **kwargs)
+            value = func(*args, **kwargs)
         return RunResult(True, value=value, setup=setup, seconds=time.perf_counter() - t)
     except BaseException as exc:
         if not device.is_oom(exc):
@@ -123,12 +123,13 @@ def largest_batch_size(train_fn, start: int, *, min_size: int = 1, refine: bool 
     results: list[RunResult] = []
     points: dict[int, SweepPoint] = {}
 
-    def attempt(bs: int, collect: bool = True) -> RunResult:
-        r = _guarded(_run_stage, (tracker, f"batch size {bs}", reset_peak, train_fn, bs), {}, {"batch_size": bs},
+    def attempt(batch_size: int, collect: bool = True) -> RunResult:
+        r = _guarded(_run_stage, (tracker, f"batch size {batch_size}", reset_peak, train_fn, batch_size), {},
+                     {"batch_size": batch_size},
                      None, None, collect)
         rec = tracker.records[-1]
         peak = rec.cuda_peak_bytes if rec.on_cuda else rec.rss_peak_bytes
-        points[bs] = SweepPoint(bs, None if r.oom else peak, r.oom)
+        points[batch_size] = SweepPoint(batch_size, None if r.oom else peak, r.oom)
         results.append(r)
         return r
 
@@ -164,7 +165,7 @@ def largest_batch_size(train_fn, start: int, *, min_size: int = 1, refine: bool 
     return BatchSizeSearch(best, sorted(points.values()), results)
 
 
-def _run_stage(tracker, name, reset_peak, fn, bs):
+def _run_stage(tracker, name, reset_peak, func, batch_size):
     # no gc walks: a sweep reads the peak counters, and oom_safe collects after a failure
     with tracker.stage(name, reset_peak=reset_peak, collect=False, live_tensors=False):
-        return fn(bs)
+        return func(batch_size)

@@ -25,8 +25,8 @@ class Sample:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Sample":
-        return cls(**{**d, "snap": Snapshot.from_dict(d["snap"])})
+    def from_dict(cls, data: dict) -> "Sample":
+        return cls(**{**data, "snap": Snapshot.from_dict(data["snap"])})
 
 
 @dataclass
@@ -88,13 +88,13 @@ class StageRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StageRecord":
-        end = Snapshot.from_dict(d["end"]) if d.get("end") else None
-        return cls(**{**d, "start": Snapshot.from_dict(d["start"]), "end": end})
+    def from_dict(cls, data: dict) -> "StageRecord":
+        end = Snapshot.from_dict(data["end"]) if data.get("end") else None
+        return cls(**{**data, "start": Snapshot.from_dict(data["start"]), "end": end})
 
 
-def stage_peak(reset: bool, p0, p1, seen: list, counters: list = (), reset_inside: bool = False
-          ) -> tuple[int | None, bool | None, str]:
+def stage_peak(reset: bool, peak_at_start, peak_at_end, seen: list, counters: list = (), reset_inside: bool = False
+               ) -> tuple[int | None, bool | None, str]:
     """Peak inside a stage from a global peak counter read at start (p0) and end (p1).
 
     ``reset``: the counter was reset at the stage's start (and the reset took). ``counters``:
@@ -102,15 +102,16 @@ def stage_peak(reset: bool, p0, p1, seen: list, counters: list = (), reset_insid
     someone reset it inside the stage, so what came before that reset is lost: never exact.
     """
     seen = [x for x in seen if x is not None]
-    if p1 is None:
+    if peak_at_end is None:
         return (max(seen) if seen else None), None, "no peak counter here"
-    readings = [c for c in (p0, *counters, p1) if c is not None]
+    readings = [c for c in (peak_at_start, *counters, peak_at_end) if c is not None]
     if reset_inside or any(b < a for a, b in zip(readings, readings[1:])):
-        return max([p1] + seen), False, "the counter was reset inside the stage (by a nested stage or another tool); highest reading since"
+        return max([peak_at_end] + seen), False, ("the counter was reset inside the stage (by a nested stage or "
+                                                  "another tool); highest reading since")
     if reset:
-        return max([p1] + seen), True, "reset at stage start"
-    if p1 > p0:
-        return max([p1] + seen), True, "the process peak rose during the stage"
-    if p1 < p0:
-        return max([p1] + seen), False, "another tool reset the peak inside the stage; peak since then"
-    return (max(seen) if seen else p1), False, "stayed under an earlier peak; highest reading seen"
+        return max([peak_at_end] + seen), True, "reset at stage start"
+    if peak_at_end > peak_at_start:
+        return max([peak_at_end] + seen), True, "the process peak rose during the stage"
+    if peak_at_end < peak_at_start:
+        return max([peak_at_end] + seen), False, "another tool reset the peak inside the stage; peak since then"
+    return (max(seen) if seen else peak_at_end), False, "stayed under an earlier peak; highest reading seen"

@@ -68,27 +68,27 @@ class TensorPeak:
             else:
                 self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
-    def _over(self, would: int, op) -> None:
+    def _over(self, would: int, where) -> None:
         # No tensor in this frame: the traceback keeps its frames (and their locals) alive.
 
         self.hits += 1
         raise torch.OutOfMemoryError(f"kit memory cap: live tensors would reach {fmt_bytes(would)}, "
-                                     f"over the cap of {fmt_bytes(self.limit_bytes)} ({op})")
+                                     f"over the cap of {fmt_bytes(self.limit_bytes)} ({where})")
 
     def _free(self, key: int) -> None:
         self.current_bytes -= self._sizes.pop(key, 0)
 
-    def _track(self, t) -> None:
-        inner = getattr(t, "__tensor_flatten__", None)
-        if inner is not None and issubclass(type(t), torch.Tensor):
+    def _track(self, tensor) -> None:
+        inner = getattr(tensor, "__tensor_flatten__", None)
+        if inner is not None and issubclass(type(tensor), torch.Tensor):
             # A wrapper subclass (DTensor: FSDP2's sharded parameters, their grads and optimizer state) has no
             # storage of its own (its storage() reports the global size with no data): count the tensors inside.
             for name in inner()[0]:
-                self._track(getattr(t, name))
+                self._track(getattr(tensor, name))
             return
-        if issubclass(type(t), torch.Tensor) and str(t.device) == self.device and not t.is_sparse:
+        if issubclass(type(tensor), torch.Tensor) and str(tensor.device) == self.device and not tensor.is_sparse:
             try:
-                storage = t.untyped_storage()
+                storage = tensor.untyped_storage()
             except Exception:  # tensor subclasses without a plain storage (bnb's quantized state)
                 return
             self._add(storage)
@@ -149,16 +149,16 @@ def saved_tensor_bytes(model, batch: dict) -> int:
     params = {p.untyped_storage().data_ptr() for p in getattr(model, "parameters", lambda: [])()}
     seen, held = {}, []
 
-    def pack(t):
-        st = t.untyped_storage()
+    def pack(tensor):
+        st = tensor.untyped_storage()
         if st.data_ptr() not in params:
             seen[st.data_ptr()] = st.nbytes()
-        held.append(t)   # alive till the count ends, so that no freed storage's address is counted twice
+        held.append(tensor)   # alive till the count ends, so that no freed storage's address is counted twice
         # The graph keeps nothing: a saved output kept by its own graph is a reference cycle through
         # C++, which Python's gc cannot see, so the graph, its activations and the model would leak.
         return None
 
-    def unpack(_):
+    def unpack(_packed):
         raise RuntimeError("saved_tensor_bytes only counts what a forward saves; that forward cannot run backward")
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):

@@ -113,9 +113,9 @@ class Tracker:
         for fn in list(self.listeners):
             fn(event, self)
 
-    def add_listener(self, fn) -> None:
+    def add_listener(self, listener) -> None:
         """Call ``fn(event, tracker)`` on ``"stage_start"``, ``"stage_end"`` and ``"sample"`` (LivePlot uses it)."""
-        self.listeners.append(fn)
+        self.listeners.append(listener)
 
     @property
     def current_stage(self) -> StageRecord | None:

@@ -31,12 +31,14 @@ def limit_text(peak_bytes, limit_bytes: int | float, device_label: str | None = 
             f"{fmt_bytes(-spare)} over ({peak_bytes / limit_bytes:.1f}x the limit)")
 
 
-def _stack(ax, x, components: dict, scale: int = UNIT_BYTES["GiB"]) -> float:
-    """The components stacked in one bar at ``x`` (zero ones left out); returns the total in units of ``scale``."""
+def _stack(axes, position, components: dict, scale: int = UNIT_BYTES["GiB"]) -> float:
+    """The components stacked in one bar at ``position`` (zero ones left out); returns the total in units of
+    ``scale``."""
     bottom = 0.0
     for i, (name, n) in enumerate(components.items()):
         if n:
-            ax.bar(x, n / scale, 0.55, bottom=bottom, color=CYCLE[i % len(CYCLE)], label=f"{name} ({fmt_bytes(n)})")
+            axes.bar(position, n / scale, 0.55, bottom=bottom, color=CYCLE[i % len(CYCLE)],
+                     label=f"{name} ({fmt_bytes(n)})")
             bottom += n / scale
     return bottom
 
@@ -102,21 +104,21 @@ def _bars_and_limit(components: dict, bars: list, limit_bytes, title: str, devic
     return fig
 
 
-def _side(ax, bars: list, limit_bytes: int, device_label: str | None) -> None:
+def _side(axes, bars: list, limit_bytes: int, device_label: str | None) -> None:
     """The bars against the whole limit: slivers, which is the point; each one's share is written on it."""
     for j, (label, n) in enumerate(bars):
-        ax.bar(j, gib(n), 0.6, color=OKABE_ITO["blue"] if j == 0 else "0.35")
-        ax.text(j, gib(n), f"{100 * n / limit_bytes:.1f}%", ha="center", va="bottom", fontsize=8)
-    ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5)
-    ax.text(len(bars) / 2 - 0.5, gib(limit_bytes), f"{gib(limit_bytes):.2f} GiB", ha="center", va="bottom",
-            fontsize=8, color=OKABE_ITO["vermillion"])
-    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
-    ax.set_xlim(-0.6, len(bars) - 0.4)
-    ax.set_ylim(0, gib(limit_bytes) * 1.12)
-    ax.set_xlabel(f"against the {device_label or 'limit'} (GiB)", fontsize=9)   # below: clear of the main title
-    ax.tick_params(axis="y", labelsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
+        axes.bar(j, gib(n), 0.6, color=OKABE_ITO["blue"] if j == 0 else "0.35")
+        axes.text(j, gib(n), f"{100 * n / limit_bytes:.1f}%", ha="center", va="bottom", fontsize=8)
+    axes.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5)
+    axes.text(len(bars) / 2 - 0.5, gib(limit_bytes), f"{gib(limit_bytes):.2f} GiB", ha="center", va="bottom",
+              fontsize=8, color=OKABE_ITO["vermillion"])
+    axes.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    axes.set_xlim(-0.6, len(bars) - 0.4)
+    axes.set_ylim(0, gib(limit_bytes) * 1.12)
+    axes.set_xlabel(f"against the {device_label or 'limit'} (GiB)", fontsize=9)   # below: clear of the main title
+    axes.tick_params(axis="y", labelsize=8)
+    axes.grid(axis="y", alpha=0.3)
+    axes.set_axisbelow(True)
 
 
 def predicted_vs_measured(components: dict, measured_peak_bytes: int | None, limit_bytes: int | None = None,

@@ -23,7 +23,7 @@ def _labels(records) -> list[str]:
     return [r.name if counts[r.name] == 1 else f"{r.name} #{r.index + 1}" for r in records]
 
 
-def _grouped(ax, names, series, width=0.8):
+def _grouped(axes, names, series, width=0.8):
     """Grouped bars; ``series`` is [(label, colour, [bytes or None per group])]. None is a reading
     that was not taken: written "not read" where its bar would stand, never drawn as 0."""
     n = len(series)
@@ -31,13 +31,14 @@ def _grouped(ax, names, series, width=0.8):
     for i, (label, colour, vals) in enumerate(series):
         xs = [j + (i - (n - 1) / 2) * w for j, v in enumerate(vals) if v is not None]
         hs = [gib(v) for v in vals if v is not None]
-        bars = ax.bar(xs, hs, w, label=label, color=colour)
-        ax.bar_label(bars, labels=[short_label(v) for v in vals if v is not None], fontsize=7, padding=1)
+        bars = axes.bar(xs, hs, w, label=label, color=colour)
+        axes.bar_label(bars, labels=[short_label(v) for v in vals if v is not None], fontsize=7, padding=1)
         for j, v in enumerate(vals):
             if v is None:
-                ax.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
-                        fontsize=6, color=colour)
-    ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center")
+                axes.text(j + (i - (n - 1) / 2) * w, 0, "not read", rotation=90, ha="center", va="bottom",
+                          fontsize=6, color=colour)
+    axes.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0,
+                    ha="right" if len(names) > 4 else "center")
 
 
 def stage_bars(tracker_or_records, title: str = "Memory per stage") -> Figure:
@@ -79,7 +80,7 @@ def timeline(tracker, title: str = "Memory over time", unit: str | None = "GiB")
     points += [(s.snap, s.has_live) for s in samples]
     if not points:
         raise ValueError("nothing to draw: the tracker has no readings yet")
-    points.sort(key=lambda p: p[0].time)
+    points.sort(key=lambda point: point[0].time)
     t0 = points[0][0].time
     on_cuda = points[0][0].cuda_allocated_bytes is not None
     fig, ax = new_figure(title=None)
@@ -95,11 +96,11 @@ def timeline(tracker, title: str = "Memory over time", unit: str | None = "GiB")
             ax.plot(*zip(*xy), style, color=colour, label=label, marker="o", markersize=3, linewidth=1.5)
 
     if on_cuda:
-        line("CUDA allocated", OKABE_ITO["blue"], lambda s: s.cuda_allocated_bytes)
-        line("CUDA reserved", OKABE_ITO["sky"], lambda s: s.cuda_reserved_bytes, style="--")
+        line("CUDA allocated", OKABE_ITO["blue"], lambda sample: sample.cuda_allocated_bytes)
+        line("CUDA reserved", OKABE_ITO["sky"], lambda sample: sample.cuda_reserved_bytes, style="--")
     else:
-        line("live CPU tensors", OKABE_ITO["blue"], lambda s: s.live("cpu"), only_live=True)
-    line("process RSS", OKABE_ITO["orange"], lambda s: s.rss_bytes)
+        line("live CPU tensors", OKABE_ITO["blue"], lambda sample: sample.live("cpu"), only_live=True)
+    line("process RSS", OKABE_ITO["orange"], lambda sample: sample.rss_bytes)
     shade = [OKABE_ITO["green"], OKABE_ITO["purple"]]
     for i, (r, label) in enumerate(zip(recs, _labels(recs))):
         if r.end is None or r.depth > 0:
@@ -193,7 +194,7 @@ def sweep(points: list, xlabel: str, limit_bytes: int | None = None, title: str 
         raise ValueError("points is empty: pass (size, peak_bytes or None, oom) tuples")
     if "GiB" not in ylabel:
         raise ValueError(f"ylabel must state the unit, GiB: {ylabel!r}")
-    pts = sorted((tuple(p)[:3] for p in points), key=lambda p: p[0])
+    pts = sorted((tuple(p)[:3] for p in points), key=lambda point: point[0])
     ok = [(s, gib(b)) for s, b, oom in pts if not oom and b is not None]
     failed = [s for s, _, oom in pts if oom]
     fig, ax = new_figure(title=title or f"Peak memory against {xlabel}")
@@ -238,7 +239,7 @@ def load_moment(broken: list, fixed: list, limit_bytes: int | None = None, title
     folds_n = max(len(broken), len(fixed))
     loops = [("the user's loop", OKABE_ITO["vermillion"], broken, "models_alive_after_load", _load_bytes,
               "the user's loop: its load's peak"),
-             ("fixed loop", OKABE_ITO["blue"], fixed, "models_alive", lambda f: f.get("peak_bytes"),
+             ("fixed loop", OKABE_ITO["blue"], fixed, "models_alive", lambda fold: fold.get("peak_bytes"),
               "fixed loop: its fold's peak")]
     drawn = [read(f) for _, _, recs, _, read, _ in loops for f in recs if read(f) is not None]
     unit = axis_unit(max(drawn + [limit_bytes or 0], default=0), unit)

@@ -43,19 +43,19 @@ def new_figure(height: float = 4.2, title: str | None = None):
     return fig, ax
 
 
-def short_label(n: int | float) -> str:
+def short_label(value: int | float) -> str:
     """A bar label: three significant digits in the unit that suits it.
 
     >>> short_label(2_372_164), short_label(623_000_000), short_label(1.01 * 2**30), short_label(0)
     ('2.26 MiB', '594 MiB', '1.01 GiB', '0 B')
     """
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}" if unit != "GiB" else f"{n / size:.2f} GiB"
-    return f"{n:.0f} B"
+        if value >= size:
+            return f"{value / size:.3g} {unit}" if unit != "GiB" else f"{value / size:.2f} GiB"
+    return f"{value:.0f} B"
 
 
-def draw_limit(ax, limit_bytes, label="limit", unit: str = "GiB"):
+def draw_limit(axes, limit_bytes, label="limit", unit: str = "GiB"):
     if limit_bytes is not None:
-        ax.axhline(limit_bytes / UNIT_BYTES[unit], color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
-                   label=f"{label} {fmt_bytes(limit_bytes, unit)}")
+        axes.axhline(limit_bytes / UNIT_BYTES[unit], color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
+                     label=f"{label} {fmt_bytes(limit_bytes, unit)}")

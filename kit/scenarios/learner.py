@@ -98,8 +98,8 @@ def _solution_code(source: str) -> str:
                      and ln.strip() not in NBVAL_MARKERS).strip("\n")
 
 
-def learner_copy(nb: dict, name: str) -> tuple[dict, dict[str, dict]]:
-    """The learner copy of one instructor notebook (``nb``, as JSON), and its solutions ``key -> {"notebook",
+def learner_copy(notebook: dict, name: str) -> tuple[dict, dict[str, dict]]:
+    """The learner copy of one instructor notebook (``notebook``, as JSON), and its solutions ``key -> {"notebook",
     "title", "code"}``.
 
     >>> nb = {"metadata": {}, "cells": [
@@ -110,7 +110,7 @@ def learner_copy(nb: dict, name: str) -> tuple[dict, dict[str, dict]]:
     >>> [_src(c) for c in copy_["cells"]][0].splitlines()[-1], solutions["09-add"]["code"]
     ('teach.solution("09-add")', 'x = 1 + 1')
     """
-    out = copy.deepcopy(nb)
+    out = copy.deepcopy(notebook)
     out["metadata"].pop("widgets", None)
     cells, solutions = [], {}
     for cell in out["cells"]:
@@ -143,13 +143,13 @@ def learner_copy(nb: dict, name: str) -> tuple[dict, dict[str, dict]]:
     return out, solutions
 
 
-def dumps(nb: dict) -> str:
+def dumps(notebook: dict) -> str:
     """A notebook as nbformat writes it (1-space indents, sorted keys, a final newline), so a rerun changes nothing.
 
     >>> dumps({"cells": [], "metadata": {}})
     '{\\n "cells": [],\\n "metadata": {}\\n}\\n'
     """
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def build(src_dir=INSTRUCTOR_DIR, out_dir=LEARNER_DIR, solutions_file=SOLUTIONS_FILE,

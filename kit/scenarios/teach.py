@@ -217,7 +217,7 @@ def solution(key: str, namespace: dict | None = None, *, solutions: dict | None 
 
 
 # -- the cheat sheet -------------------------------------------------------------------------------------------------
-def fixes(rank: int = 8, d: int = 4096) -> list[tuple[str, float, str, str]]:
+def fixes(rank: int = 8, width: int = 4096) -> list[tuple[str, float, str, str]]:
     """The five fixes that matter after the baseline, as ``(fix, bytes per parameter, what else it changes, its
     cost)``: the bytes of weight + gradient + optimizer state per parameter of a ``d x d`` layer trained with
     AdamW, computed by :mod:`kit.presets` (LoRA: the frozen base plus its rank-``rank`` adapters' fp32 weights,
@@ -226,7 +226,7 @@ def fixes(rank: int = 8, d: int = 4096) -> list[tuple[str, float, str, str]]:
     >>> [f"{b:.3g}" for _, b, _, _ in fixes()]
     ['16', '16', '16', '10', '2.06', '0.578']
     """
-    n, lora = d * d, 2 * rank * d  # LoRA: A (rank x d) and B (d x rank)
+    n, lora = width * width, 2 * rank * width  # LoRA: A (rank x d) and B (d x rank)
     full = (4 * n + 4 * n + optimizer_state_bytes("adamw", n, 4)[0]) / n
     adam8 = (4 * n + 4 * n + optimizer_state_bytes("adamw-8bit", n, 4)[0]) / n
     adapters = (4 * lora + 4 * lora + optimizer_state_bytes("adamw", lora, 4)[0]) / n

@@ -183,8 +183,8 @@ def _ckpt_name(args) -> str:
     return "activation_checkpointing" if hasattr(args, "activation_checkpointing") else "gradient_checkpointing"
 
 
-def _word(v) -> str:
-    return str(v.value if hasattr(v, "value") else v)
+def _word(value) -> str:
+    return str(value.value if hasattr(value, "value") else value)
 
 
 def _bnb(cfg) -> str:
@@ -276,7 +276,7 @@ def read_aloud(est) -> str:
       optimizer state            11.38 MiB   43%
     """
     parts, peak = est.components(), est.peak_bytes
-    rows = sorted(((k, v) for k, v in parts.items() if v), key=lambda kv: -kv[1])
+    rows = sorted(((k, v) for k, v in parts.items() if v), key=lambda item: -item[1])
     fixed = sum(parts.get(k, 0) for k in ("weights", "gradients", "optimizer state", "autocast weight copies"))
     lines = [f"ESTIMATED peak {fmt_bytes(peak)} ({est.peak_moment}):"]
     lines += [f"  {k:<24}{fmt_bytes(v):>12}  {v / peak:>4.0%}" for k, v in rows]

@@ -21,14 +21,15 @@ def _optimizers(trainer) -> list:
     return [o for o in (opt, getattr(opt, "optimizer", None)) if isinstance(o, torch.optim.Optimizer)]
 
 
-def _named(trainer, on: str) -> tuple[dict, dict]:
-    """(storage ptr -> (component, label)) for weights, gradients and optimizer state on ``on``, and their bytes."""
+def _named(trainer, device_type: str) -> tuple[dict, dict]:
+    """(storage ptr -> (component, label)) for weights, gradients and optimizer state on ``device_type``, and
+    their bytes."""
     names, sizes = {}, {"weights": 0, "gradients": 0, "optimizer state": 0}
     model = getattr(trainer, "model", None)
 
-    def add(t, comp, label):
-        if isinstance(t, torch.Tensor) and t.device.type == on and not t.is_meta:
-            st = t.untyped_storage()
+    def add(tensor, comp, label):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == device_type and not tensor.is_meta:
+            st = tensor.untyped_storage()
             if st.data_ptr() not in names and st.nbytes():
                 names[st.data_ptr()] = (comp, label)
                 sizes[comp] += st.nbytes()
@@ -103,11 +104,11 @@ def read_alive(trainer, exc, *, top: int = 5, holders: int = 3) -> tuple[dict, d
         if m:
             cuda["tried"] = m[1]
     lines, unnamed = [], []
-    for key, (nbytes, refs) in sorted(mine.items(), key=lambda kv: -kv[1][0])[:top]:
+    for key, (nbytes, refs) in sorted(mine.items(), key=lambda item: -item[1][0])[:top]:
         ts = [t for t in (w() for w in refs) if t is not None]
         if not ts:
             continue
-        t = max(ts, key=lambda x: x.numel())
+        t = max(ts, key=lambda tensor: tensor.numel())
         desc = f"{fmt_bytes(nbytes):>11}  {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
         who = names.get(key[1], (None, None))[1] or local.get(key[1])
         if who is None and len(unnamed) < holders:

@@ -15,7 +15,7 @@ from kit.measure.cleanup import forget_exceptions, malloc_trim, scrub
 from kit.units import fmt_bytes
 
 
-def release(trainer, w, measured: dict | None = None) -> dict:
+def release(trainer, watch, measured: dict | None = None) -> dict:
     """Drop the dead run's gradients and optimizer state; returns what was freed, by name (from ``measured``)."""
     model = getattr(trainer, "model", None)
     if model is not None:
@@ -24,9 +24,9 @@ def release(trainer, w, measured: dict | None = None) -> dict:
     for o in (opt, getattr(opt, "optimizer", None)):
         if hasattr(o, "state") and hasattr(o.state, "clear"):
             o.state.clear()
-    if w.made_optimizer:
+    if watch.made_optimizer:
         trainer.optimizer = None
-    if w.made_scheduler:
+    if watch.made_scheduler:
         trainer.lr_scheduler = None
     acc = getattr(trainer, "accelerator", None)
     if acc is not None and hasattr(acc, "free_memory"):
@@ -35,14 +35,14 @@ def release(trainer, w, measured: dict | None = None) -> dict:
     return {k: measured[k] for k in ("gradients", "optimizer state") if measured.get(k)}
 
 
-def tidy(trainer, w) -> None:
+def tidy(trainer, watch) -> None:
     """Forget stored exceptions (their frames), collect, return the allocator's cache; redraw the live plot."""
     forget_exceptions()
     gc.collect()
     device.empty_cache()
     malloc_trim()
-    if w.live is not None:
-        w.live.update()
+    if watch.live is not None:
+        watch.live.update()
 
 
 def alive_bytes() -> int:
@@ -55,14 +55,14 @@ def alive_bytes() -> int:
     return int(sum(device.live_tensor_bytes().values()))
 
 
-def interrupted(trainer, w, exc: BaseException) -> str:
+def interrupted(trainer, watch, exc: BaseException) -> str:
     """Clean up after Ctrl-C (a ``KeyboardInterrupt``) inside ``trainer.train()`` as after an out-of-memory error,
     and return the line that says so. The caller re-raises the interrupt."""
-    step, phase = w.phases.step, w.phases.phase
+    step, phase = watch.phases.step, watch.phases.phase
     before = alive_bytes()                         # the failed frames still alive
     scrub(exc)
-    release(trainer, w)
-    tidy(trainer, w)
+    release(trainer, watch)
+    tidy(trainer, watch)
     now = alive_bytes()
     when = "before the first step" if phase == "setup" else f"at step {step}"
     return (f"kit.train: interrupted {when} ({phase}). Released the interrupted call's frames, the gradients and "

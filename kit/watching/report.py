@@ -265,9 +265,9 @@ def eval_not_modeled(est) -> str | None:
     return str(why) if why is not None else None
 
 
-def _rest_label(k: str, reading: str) -> str:
-    if k != "the rest":
-        return k
+def _rest_label(name: str, reading: str) -> str:
+    if name != "the rest":
+        return name
     return "the rest (activations, temporaries)" if reading == "cuda_allocated" else \
         "the rest (Python-visible tensors)"
 

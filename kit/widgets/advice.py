@@ -67,12 +67,12 @@ class AdviceView:
                         for _ in range(TOP)]
         self.texts = [W.HTML(value="", layout=W.Layout(width="780px")) for _ in range(TOP)]
         for i, b in enumerate(self.buttons):
-            b.on_click(lambda _b, i=i: self.apply(i))
+            b.on_click(lambda _button, index=i: self.apply(index))
         self.extra_html = W.HTML(value="")
         self.clear_button = W.Button(description="Clear", icon="times", layout=W.Layout(width="80px"),
                                      tooltip="drop the options the controls cannot show")
         if clear is not None:
-            self.clear_button.on_click(lambda _b: clear())
+            self.clear_button.on_click(lambda _button: clear())
         self._lines = [W.HBox([b, t]) for b, t in zip(self.buttons, self.texts)]
         self._extra_row = W.HBox([self.clear_button, self.extra_html])
         self.ask_button = W.Button(description="What makes it fit?", icon="search", layout=W.Layout(width="180px"),
@@ -83,10 +83,10 @@ class AdviceView:
         self.widget = W.VBox([])
         self.widget.add_class("kit-advice")
 
-    def apply(self, i: int) -> None:
-        """Apply suggestion ``i`` (0 = the cheapest)."""
-        if i < len(self.rows):
-            self._apply(self.rows[i].options)
+    def apply(self, index: int) -> None:
+        """Apply suggestion ``index`` (0 = the cheapest)."""
+        if index < len(self.rows):
+            self._apply(self.rows[index].options)
 
     def update(self, options: dict | None, device, *, fits: bool, extra: dict | None = None) -> None:
         """A control changed: the largest batch for estimate() ``options`` (None: no estimate) on ``device`` (a

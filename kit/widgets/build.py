@@ -77,18 +77,19 @@ class Panel(PanelRuns):
     the setup is invalid, with ``.problem`` saying why), ``.reasons`` (the text beside each control),
     ``.history`` (one dict per run), ``.widget`` (what is displayed). See :func:`panel`."""
 
-    def __init__(self, scenario: int = 1, **kw):
+    def __init__(self, scenario: int = 1, **kwargs):
         if scenario not in DEFAULTS:
             raise ValueError(f"scenario must be 1 (custom head) or 2 (cross-validation), not {scenario!r}.")
-        unknown = set(kw) - set(OPTIONS)
+        unknown = set(kwargs) - set(OPTIONS)
         if unknown:
             raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
-        d = {**DEFAULTS[scenario], **panel_options.read_all(kw)}   # each read, or refused by name
+        d = {**DEFAULTS[scenario], **panel_options.read_all(kwargs)}   # each read, or refused by name
         model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
         self.scenario, self.steps = scenario, whole_number("steps", d.get("steps", 3))
         self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
         n_gpus, d["num_gpus"] = d.get("num_gpus", 1), 1    # the GPUs list takes any count (set below)
-        if "seq_len" in kw and d["seq_len"] > (top := min(max_positions(model), SEQ_CAP)):   # never clamped silently
+        top = min(max_positions(model), SEQ_CAP)
+        if "seq_len" in kwargs and d["seq_len"] > top:   # never clamped silently
             raise InputError("seq_len", f"seq_len {d['seq_len']:,} is beyond what the panel's slider takes for {model} "
                              f"({top:,}): pass at most {top:,}, or estimate longer ones with kit.estimate.estimate.")
         self.machine = this_machine()
@@ -131,7 +132,7 @@ class Panel(PanelRuns):
         self.model_message = W.HTML(value="")
         self.model_box.observe(lambda change: self.use_model(change["new"]), names="value")
         # Enter on the same text (the file fixed since) changes no value: the box's submit event retries it
-        self.model_box.on_msg(lambda _w, content, _b: content.get("event") == "submit" and self.use_model(
+        self.model_box.on_msg(lambda _widget, content, _buffers: content.get("event") == "submit" and self.use_model(
             self.model_box.value))
         self.use_button.on_click(self._on_use)
         c["model"].observe(self._model_picked, names="value")
@@ -353,7 +354,7 @@ class Panel(PanelRuns):
         display(self.widget)
 
 
-def panel(scenario: int = 1, **kw) -> Panel:
+def panel(scenario: int = 1, **kwargs) -> Panel:
     """Build the memory panel of scenario 1 (custom head) or 2 (QLoRA cross-validation).
 
     Options override the scenario's defaults: ``model`` (a shipped name, a Hub id or a config.json
@@ -366,4 +367,4 @@ def panel(scenario: int = 1, **kw) -> Panel:
     >>> p = panel(2)                               # doctest: +SKIP
     >>> p.controls["quantization"].value = "none"   # doctest: +SKIP
     """
-    return Panel(scenario, **kw)
+    return Panel(scenario, **kwargs)

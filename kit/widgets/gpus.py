@@ -18,14 +18,15 @@ STRATEGY_CHOICES = [("one GPU", "single"), ("DDP (replicated)", "ddp"), ("FSDP (
 GPU_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def gpu_controls(control, d: dict) -> dict:
-    """``{"strategy": Dropdown, "num_gpus": Dropdown}``, made with the panel's ``control`` factory; ``d``: the
+def gpu_controls(control, setup: dict) -> dict:
+    """``{"strategy": Dropdown, "num_gpus": Dropdown}``, made with the panel's ``control`` factory; ``setup``: the
     panel's options (``strategy``, ``num_gpus``). More than one GPU on "one GPU" switches to DDP, as
     ``accelerate launch --num_processes N`` does; back to one GPU, DDP switches back."""
     import ipywidgets as W
 
-    c = {"strategy": control(W.Dropdown, "multi-GPU strategy", d.get("strategy", "single"), options=STRATEGY_CHOICES),
-         "num_gpus": control(W.Dropdown, "GPUs", d.get("num_gpus", 1), options=list(GPU_CHOICES))}
+    c = {"strategy": control(W.Dropdown, "multi-GPU strategy", setup.get("strategy", "single"),
+                             options=STRATEGY_CHOICES),
+         "num_gpus": control(W.Dropdown, "GPUs", setup.get("num_gpus", 1), options=list(GPU_CHOICES))}
 
     def follow(change):
         if change["new"] > 1 and c["strategy"].value == "single":
@@ -36,19 +37,19 @@ def gpu_controls(control, d: dict) -> dict:
     return c
 
 
-def advanced_switch(c: dict, rows: dict, back_to_one):
+def advanced_switch(controls: dict, rows: dict, back_to_one):
     """The "advanced: more than one GPU" Checkbox: on, the strategy and GPUs ``rows`` show; off, they hide and
     ``back_to_one()`` is called. More than one GPU is for those who ask (a learner in smoke mode is not offered
     ZeRO-3 on 64 GPUs), so it starts off, unless the controls already describe more than one GPU."""
     import ipywidgets as W
 
-    many = c["strategy"].value != "single" or c["num_gpus"].value != 1
+    many = controls["strategy"].value != "single" or controls["num_gpus"].value != 1
     switch = W.Checkbox(value=many, description="advanced: more than one GPU", indent=False,
                         layout=W.Layout(width="440px"))
 
-    def show(on: bool) -> None:
+    def show(shown: bool) -> None:
         for k in ("strategy", "num_gpus"):
-            rows[k].layout.display = None if on else "none"
+            rows[k].layout.display = None if shown else "none"
 
     def changed(change) -> None:
         show(change["new"])
@@ -59,14 +60,14 @@ def advanced_switch(c: dict, rows: dict, back_to_one):
     return switch
 
 
-def launch(c: dict) -> dict:
+def launch(controls: dict) -> dict:
     """estimate()'s ``strategy`` and ``num_gpus`` from the controls."""
-    return {"strategy": c["strategy"].value, "num_gpus": c["num_gpus"].value}
+    return {"strategy": controls["strategy"].value, "num_gpus": controls["num_gpus"].value}
 
 
-def launch_problem(c: dict) -> str | None:
+def launch_problem(controls: dict) -> str | None:
     """Why a Run cannot measure this setup here (more than one GPU), or None."""
-    s, n = c["strategy"].value, c["num_gpus"].value
+    s, n = controls["strategy"].value, controls["num_gpus"].value
     if s == "single" and n == 1:
         return None
     return (f"a Run here is one process: the estimate is per GPU of {n} under {s} (benchmarks/multi_gpu.py "

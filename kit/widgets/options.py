@@ -34,13 +34,13 @@ def this_machine() -> Preset:
     return resolve_device("this", cpu_ok=True)[0]
 
 
-def control(kind, label: str, value, **kw):
+def control(kind, label: str, value, **kwargs):
     """One of the panel's controls. ``description_width`` and ``Layout(width)`` mean the same in ipywidgets 7.7
     and 8."""
     import ipywidgets as W
 
     return kind(value=value, description=label, style={"description_width": "150px"},
-                layout=W.Layout(width="440px"), **kw)
+                layout=W.Layout(width="440px"), **kwargs)
 
 
 def read(name: str, value):
@@ -85,13 +85,13 @@ def preset_key(value) -> str:
     return value.strip() if isinstance(value, str) else str(value)
 
 
-def read_all(d: dict) -> dict:
-    """Every option of ``d`` read (see :func:`read`).
+def read_all(options: dict) -> dict:
+    """Every option of ``options`` read (see :func:`read`).
 
     >>> read_all({"batch_size": "8", "gradient_checkpointing": "no"})
     {'batch_size': 8, 'gradient_checkpointing': False}
     """
-    return {k: read(k, v) for k, v in d.items()}
+    return {k: read(k, v) for k, v in options.items()}
 
 
 def with_value(options: list, value, label=None) -> list:
@@ -105,7 +105,7 @@ def with_value(options: list, value, label=None) -> list:
         return list(options)
     new = (label or str(value), value)
     if all(isinstance(v, (int, float)) for _, v in pairs):
-        pairs = sorted(pairs + [new], key=lambda p: p[1])
+        pairs = sorted(pairs + [new], key=lambda pair: pair[1])
     else:
         pairs.append(new)
     return pairs if any(isinstance(o, tuple) for o in options) else [v for _, v in pairs]

@@ -15,12 +15,12 @@ from kit.widgets import views as views
 
 
 class PanelRuns:
-    def _lock(self, on: bool) -> None:
-        self._running = on
+    def _lock(self, locked: bool) -> None:
+        self._running = locked
         for w in list(self.controls.values()) + [self.run_button, self.sweep_button, self.sweep_over,
                                                  self.model_box, self.use_button]:
-            w.disabled = on  # when off, _refresh disables again what makes no sense
-        if not on:
+            w.disabled = locked  # when off, _refresh disables again what makes no sense
+        if not locked:
             self._refresh()  # gives back each control's own disabled state and reason
 
     def _show(self, fig) -> None:

@@ -134,7 +134,7 @@ def amp_flags(model, precision: str, cuda: bool) -> dict:
     return {"fp16": cuda and precision == "fp16" and not fp16_weights, "bf16": precision == "bf16"}
 
 
-def trainer_for(model, tok, ds, setup: dict, steps: int, callbacks=()):
+def trainer_for(model, tok, dataset, setup: dict, steps: int, callbacks=()):
     """A Trainer for ``steps`` optimizer steps of ``setup`` (no saving, no logging)."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
@@ -145,7 +145,7 @@ def trainer_for(model, tok, ds, setup: dict, steps: int, callbacks=()):
         **amp_flags(model, precision, cuda), use_cpu=not cuda,
         optim=OPTIMIZERS[setup["optimizer"]], optim_args="momentum=0.9" if setup["optimizer"] == "sgd" else None,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=kdata.collator(tok),
                       callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)
     return trainer
@@ -198,8 +198,8 @@ def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None)
     return record, est, tracker
 
 
-def _point(model, tok, ds, setup: dict, steps: int, tracker: Tracker, name: str) -> int | None:
-    trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
+def _point(model, tok, dataset, setup: dict, steps: int, tracker: Tracker, name: str) -> int | None:
+    trainer = trainer_for(model, tok, dataset, setup, steps, [tracker.callback()])
     out = trainer.args.output_dir
     try:
         with tracker.stage(name, reset_peak=True, collect=False, tensor_peak=True) as rec:

@@ -22,12 +22,12 @@ COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#00
            "unsharded parameters": "#F0E442", "communication buffers": "#000000"}  # (the last two: kit.estimate.strategies)
 
 
-def estimate_html(e, v, p, problem: str | None = None) -> str:
+def estimate_html(est, verdict, preset, problem: str | None = None) -> str:
     """The estimate read aloud: :func:`verdict_html` (the answer), then :func:`details_html`."""
-    return verdict_html(e, v, p, problem) + ("" if e is None else details_html(e, p))
+    return verdict_html(est, verdict, preset, problem) + ("" if est is None else details_html(est, preset))
 
 
-def judged(e, p) -> tuple[str, int, int, str]:
+def judged(est, preset) -> tuple[str, int, int, str]:
     """What :func:`kit.presets.verdict` judged: (its name, its bytes, the limit, where). On a GPU the reserved
     figure (the allocated peak plus the caching allocator's modelled gap), on the CPU the training peak.
 
@@ -36,70 +36,70 @@ def judged(e, p) -> tuple[str, int, int, str]:
     >>> judged(estimate("tiny-gpt2", batch_size=2, seq_len=64, device="cpu"), PRESETS["cpu"])[0]
     'training peak'
     """
-    if p.gpu_bytes is None:
-        return "training peak", e.peak_bytes, p.ram_bytes, "RAM"
-    held = getattr(e, "reserved_bytes", 0) or e.peak_bytes
-    return ("reserved (modelled)" if held != e.peak_bytes else "peak allocated"), held, p.gpu_bytes, "GPU"
+    if preset.gpu_bytes is None:
+        return "training peak", est.peak_bytes, preset.ram_bytes, "RAM"
+    held = getattr(est, "reserved_bytes", 0) or est.peak_bytes
+    return ("reserved (modelled)" if held != est.peak_bytes else "peak allocated"), held, preset.gpu_bytes, "GPU"
 
 
-def verdict_html(e, v, p, problem: str | None = None) -> str:
+def verdict_html(est, verdict, preset, problem: str | None = None) -> str:
     """The answer in two lines: the verdict with the one figure it judged, by name, and the limit; the biggest
     cause. The figure shown is the figure judged (never the allocated peak beside a reserved verdict)."""
-    if e is None:
+    if est is None:
         return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
                 f"{html.escape(problem or '')}</div>")
-    name, figure, limit, where = judged(e, p)
-    colour, head = ("#009E73", "FITS") if v.fits else ("#D55E00", "DOES NOT FIT")
-    if getattr(e, "num_gpus", 1) > 1 or getattr(e, "strategy", "single") != "single":
-        head += f" EACH GPU ({e.num_gpus} x, {e.strategy})"
+    name, figure, limit, where = judged(est, preset)
+    colour, head = ("#009E73", "FITS") if verdict.fits else ("#D55E00", "DOES NOT FIT")
+    if getattr(est, "num_gpus", 1) > 1 or getattr(est, "strategy", "single") != "single":
+        head += f" EACH GPU ({est.num_gpus} x, {est.strategy})"
     margin = limit - figure
     spare = f"{fmt_bytes(margin)} to spare" if margin >= 0 else f"{fmt_bytes(-margin)} short"
     ram = ""
-    if p.gpu_bytes is not None and v.ram_margin_bytes is not None and v.ram_margin_bytes < 0:
-        ram = (f"; building the model needs <b>{fmt_bytes(e.cpu_build_bytes)}</b> of {fmt_bytes(p.ram_bytes)} RAM "
-               f"({fmt_bytes(-v.ram_margin_bytes)} short)")
-    top = e.offenders[0] if e.offenders else None
+    if preset.gpu_bytes is not None and verdict.ram_margin_bytes is not None and verdict.ram_margin_bytes < 0:
+        ram = (f"; building the model needs <b>{fmt_bytes(est.cpu_build_bytes)}</b> of "
+               f"{fmt_bytes(preset.ram_bytes)} RAM ({fmt_bytes(-verdict.ram_margin_bytes)} short)")
+    top = est.offenders[0] if est.offenders else None
     cause = (f"biggest: <b>{html.escape(top[0])}</b> {fmt_bytes(top[2])} with its training state &middot; "
              if top else "")
     return (f"<div class='kit-verdict' style='font-size:115%'><b style='color:{colour}'>{head}</b> "
-            f"{html.escape(p.label)}: <b class='kit-judged'>{fmt_bytes(figure)} {name}</b> of {fmt_bytes(limit)} "
+            f"{html.escape(preset.label)}: <b class='kit-judged'>{fmt_bytes(figure)} {name}</b> of {fmt_bytes(limit)} "
             f"{where} ({spare}){ram}</div>"
             f"<div class='kit-cause' style='font-size:85%'>{cause}the breakdown and the notes: Details below</div>")
 
 
-def details_html(e, p) -> str:
+def details_html(est, preset) -> str:
     """The details behind the verdict: the allocated peak and its moment, the breakdown bar (on its own scale beside
     a far limit), its legend, the model's size and CPU build, the notes."""
-    limit = p.gpu_bytes if p.gpu_bytes is not None else p.ram_bytes
-    own_scale = limit > OFF_SCALE * e.peak_bytes    # else a small model's bar is a sliver
-    scale = (e.peak_bytes if own_scale else max(e.peak_bytes, limit, 1)) * 1.05
-    parts = [(k, n) for k, n in e.components().items() if n > 0]
+    limit = preset.gpu_bytes if preset.gpu_bytes is not None else preset.ram_bytes
+    own_scale = limit > OFF_SCALE * est.peak_bytes    # else a small model's bar is a sliver
+    scale = (est.peak_bytes if own_scale else max(est.peak_bytes, limit, 1)) * 1.05
+    parts = [(k, n) for k, n in est.components().items() if n > 0]
     segs = "".join(f"<div title='{k}' style='width:{100 * n / scale:.3f}%;background:{COLOURS[k]}'></div>"
                    for k, n in parts)
     mark = "" if own_scale else (f"<div style='position:absolute;left:{100 * limit / scale:.3f}%;top:-4px;"
                                  f"bottom:-4px;border-left:3px dashed #D55E00'></div>")
     against = (f"<div class='kit-bar-limit' style='display:flex;align-items:center;gap:6px;font-size:85%;"
                f"max-width:860px'><div style='flex:1;height:6px;background:#eee;position:relative'><div "
-               f"style='width:{max(100 * e.peak_bytes / limit, 0.3):.3f}%;height:6px;background:#555'></div>"
+               f"style='width:{max(100 * est.peak_bytes / limit, 0.3):.3f}%;height:6px;background:#555'></div>"
                f"</div><span>the bar above, against the {fmt_bytes(limit)} limit: "
-               f"{100 * e.peak_bytes / limit:.2f}% of it</span></div>") if own_scale else ""
+               f"{100 * est.peak_bytes / limit:.2f}% of it</span></div>") if own_scale else ""
     legend = " ".join(f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
                       f"background:{COLOURS[k]}'></span> {k} {fmt_bytes(n)}</span>" for k, n in parts)
-    held = judged(e, p)
-    gap = (f"; the caching allocator is modelled to reserve {fmt_bytes(held[1] - e.peak_bytes)} more "
-           f"(expandable_segments {'on' if e.expandable_segments else 'off'}), and the verdict judges that"
-           if held[1] != e.peak_bytes else "")
+    held = judged(est, preset)
+    gap = (f"; the caching allocator is modelled to reserve {fmt_bytes(held[1] - est.peak_bytes)} more "
+           f"(expandable_segments {'on' if est.expandable_segments else 'off'}), and the verdict judges that"
+           if held[1] != est.peak_bytes else "")
     lines = [f"<div class='kit-peak-line' style='font-size:85%'>predicted peak <b class='kit-peak'>"
-             f"{fmt_bytes(e.peak_bytes)}</b> allocated (max_memory_allocated), at the "
-             f"{html.escape(e.peak_moment)}{gap}</div>",
+             f"{fmt_bytes(est.peak_bytes)}</b> allocated (max_memory_allocated), at the "
+             f"{html.escape(est.peak_moment)}{gap}</div>",
              f"<div class='kit-bar' style='position:relative;display:flex;height:24px;width:100%;max-width:860px;"
              f"background:#eee;margin:6px 0'>{segs}{mark}</div>", against,
              f"<div style='font-size:85%'>{legend}" + ("" if own_scale else
                                                      f" &middot; <span style='color:#D55E00'>- - limit "
                                                      f"{fmt_bytes(limit)}</span>") + "</div>",
-             f"<div style='font-size:85%;color:#555'>{e.params:,} params, {e.trainable_params:,} trainable; "
-             f"CPU RAM to build the model {fmt_bytes(e.cpu_build_bytes)} of {fmt_bytes(p.ram_bytes)}</div>"]
-    lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in e.notes]
+             f"<div style='font-size:85%;color:#555'>{est.params:,} params, {est.trainable_params:,} trainable; "
+             f"CPU RAM to build the model {fmt_bytes(est.cpu_build_bytes)} of {fmt_bytes(preset.ram_bytes)}</div>"]
+    lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in est.notes]
     return "".join(lines)
 
 
@@ -143,12 +143,12 @@ def message_html(text: str, kind: str = "error") -> str:
             f"max-width:860px'>{sign}{body}</div>")
 
 
-def status_html(r: dict) -> str:
+def status_html(run: dict) -> str:
     """A run's status, coloured, with its error or note."""
-    colour = {"ok": "#009E73", "sweep": "#0072B2"}.get(r["status"], "#D55E00")
-    text = r.get("error") or r.get("note")
+    colour = {"ok": "#009E73", "sweep": "#0072B2"}.get(run["status"], "#D55E00")
+    text = run.get("error") or run.get("note")
     extra = f": {html.escape(text)}" if text else ""
-    return f"<span class='kit-status' style='color:{colour}'><b>{r['status']}</b>{extra}</span>"
+    return f"<span class='kit-status' style='color:{colour}'><b>{run['status']}</b>{extra}</span>"
 
 def history_html(history: list) -> str:
     """Every run and sweep so far, one row each, measured beside predicted and their ratio."""

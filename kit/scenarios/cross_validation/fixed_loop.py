@@ -79,9 +79,9 @@ def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/adv
     return out
 
 
-def fixed_fold(model, init, train_ds, eval_ds, tokenizer, p: dict, output_dir, fold: int, tracker):
+def fixed_fold(model, init, train_ds, eval_ds, tokenizer, settings: dict, output_dir, fold: int, tracker):
     """One fold of the fixed loop, on the base model loaded and wrapped once. Returns (init, check, losses)."""
-    trainer = fold_trainer(model, train_ds, eval_ds, tokenizer, p, output_dir, fold, tracker)  # a new optimizer
+    trainer = fold_trainer(model, train_ds, eval_ds, tokenizer, settings, output_dir, fold, tracker)  # a new optimizer
     if init is None:  # saved once, after SFTTrainer cast the adapters to the dtype it trains them in
         init = save_adapter_init(model)
     restore_adapter(model, init)               # the adapter back at its saved init...
@@ -93,7 +93,7 @@ def fixed_fold(model, init, train_ds, eval_ds, tokenizer, p: dict, output_dir, f
     return init, check, losses
 
 
-def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, on_fold_end,
+def _fixed_folds(state: dict, model, splits, tok, settings: dict, output_dir, tracker, on_fold_end,
                  done: dict, path: Path, key: str, tolerance: float):
     """The fixed loop: :func:`fixed_fold` per fold, checked against the baseline and written to disk. Runs
     inside kit.measure.oom.oom_safe."""
@@ -107,8 +107,8 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         models_alive = count_live_models()   # at the fold's start, where the user's loop loads its next model
         # collect=False: take_baseline() or the previous fold's release() collected; so does this one's.
         with tracker.stage("fixed fold", reset_peak=True, collect=False, tensor_peak=True) as stage:
-            state["init"], check, losses = fixed_fold(model, state["init"], train_ds, eval_ds, tok, p, output_dir,
-                                                      fold, tracker)
+            state["init"], check, losses = fixed_fold(model, state["init"], train_ds, eval_ds, tok, settings,
+                                                      output_dir, fold, tracker)
         back = abs(stage.end_bytes - state["baseline_bytes"]) <= tolerance * state["baseline_bytes"]
         if not back:  # name what holds the excess (a slow walk, so only when it is needed)
             print(leaks.check_returned(baseline, tolerance_bytes=0, tolerance_frac=tolerance,
@@ -121,11 +121,11 @@ def _fixed_folds(state: dict, model, splits, tok, p: dict, output_dir, tracker, 
         notify_fold("fixed", state["folds"], on_fold_end)
 
 
-def _load_and_run(state: dict, model_name: str, p: dict, recipe, load: bool, splits, tok, *rest):
+def _load_and_run(state: dict, model_name: str, settings: dict, recipe, load: bool, splits, tok, *rest):
     """The base model loaded once (unless every fold is on file), then :func:`_fixed_folds`; the model freed after."""
-    model = load_for_training(model_name, p, recipe) if load else None  # once, outside the loop
+    model = load_for_training(model_name, settings, recipe) if load else None  # once, outside the loop
     try:
-        _fixed_folds(state, model, splits, tok, p, *rest)
+        _fixed_folds(state, model, splits, tok, settings, *rest)
     finally:  # on any error too: the finished folds are on disk, the base model goes
         del model
         state["init"] = None

@@ -33,20 +33,21 @@ RUN_FIELDS = {"start_bytes": "bytes", "peak_bytes": "bytes", "end_bytes": "bytes
 _NUMBERS = {"train_loss": "number", "baseline_bytes": "bytes"}   # read when present
 
 
-def k_fold_indices(n: int, k: int) -> list[tuple[list[int], list[int]]]:
+def k_fold_indices(count: int, folds: int) -> list[tuple[list[int], list[int]]]:
     """(train, test) row indices of k contiguous folds, like sklearn's ``KFold`` without shuffle.
 
     >>> [test for _, test in k_fold_indices(5, 2)]
     [[0, 1, 2], [3, 4]]
     """
-    if k < 2 or n < k:
-        raise ValueError(f"k-fold needs 2 <= k <= number of rows; got k={k}, rows={n}. Lower folds or add data.")
+    if folds < 2 or count < folds:
+        raise ValueError(f"k-fold needs 2 <= k <= number of rows; got k={folds}, rows={count}. "
+                         "Lower folds or add data.")
     bounds, start = [], 0
-    for i in range(k):
-        size = n // k + (1 if i < n % k else 0)
+    for i in range(folds):
+        size = count // folds + (1 if i < count % folds else 0)
         bounds.append((start, start + size))
         start += size
-    return [(list(range(0, a)) + list(range(b, n)), list(range(a, b))) for a, b in bounds]
+    return [(list(range(0, a)) + list(range(b, count)), list(range(a, b))) for a, b in bounds]
 
 
 class KFold:
@@ -60,10 +61,10 @@ class KFold:
     def __init__(self, n_splits: int = 5):
         self.n_splits = n_splits
 
-    def split(self, X):
+    def split(self, data):
         import numpy as np
 
-        for train, test in k_fold_indices(len(X), self.n_splits):
+        for train, test in k_fold_indices(len(data), self.n_splits):
             yield np.array(train, dtype=int), np.array(test, dtype=int)
 
 
@@ -92,13 +93,13 @@ def fold_texts(model_name: str, folds: int, max_samples: int | None = 200):
     return tok, [(ds.select(tr), ds.select(te)) for tr, te in k_fold_indices(len(ds), folds)]
 
 
-def run_key(model_name: str, p: dict) -> str:
+def run_key(model_name: str, settings: dict) -> str:
     """A short hash of the settings, stored with each fold so a resume never mixes two runs.
 
     >>> run_key("tiny-llama", {"folds": 5}) == run_key("tiny-llama", {"folds": 5})
     True
     """
-    blob = json.dumps({"model": model_name, **p}, sort_keys=True, default=str)
+    blob = json.dumps({"model": model_name, **settings}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -217,12 +218,12 @@ def _problem(line: str, folds: int | None) -> tuple[dict | None, str | None]:
     return rec, None
 
 
-def _is(v, kind: str) -> bool:
-    if v is None and kind == "number":   # a run that did not evaluate
+def _is(value, kind: str) -> bool:
+    if value is None and kind == "number":   # a run that did not evaluate
         return True
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return (isinstance(v, int) and v >= 0) if kind == "bytes" else v == v and abs(v) != float("inf")
+    return (isinstance(value, int) and value >= 0) if kind == "bytes" else value == value and abs(value) != float("inf")
 
 
 def _lines(path: Path) -> tuple[list[str], bool]:

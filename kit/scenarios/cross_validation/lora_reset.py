@@ -38,7 +38,7 @@ if 'lora' in model.named_modules():
             module.reset_parameters()"""
 
 
-def lora_config(r: int = 8, targets=("q_proj", "v_proj")) -> LoraConfig:
+def lora_config(rank: int = 8, targets=("q_proj", "v_proj")) -> LoraConfig:
     """The LoRA settings of both loops (peft's default init: A random, B zero). ``targets`` is a
     list of module names, a comma string, or peft's ``"all-linear"`` (every linear layer but lm_head).
 
@@ -47,11 +47,11 @@ def lora_config(r: int = 8, targets=("q_proj", "v_proj")) -> LoraConfig:
     >>> sorted(lora_config(8, "q_proj,v_proj").target_modules), lora_config(8, "all-linear").target_modules
     (['q_proj', 'v_proj'], 'all-linear')
     """
-    r, names = kin.whole_number("lora_r", r), kin.targets(targets)
+    rank, names = kin.whole_number("lora_r", rank), kin.targets(targets)
     if names is None:
         raise kin.InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
                                              "or 'all-linear'.")
-    return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.05, task_type="CAUSAL_LM",
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, task_type="CAUSAL_LM",
                       target_modules=names if names == kin.ALL_LINEAR else list(names))
 
 
@@ -108,13 +108,13 @@ def restore_adapter(model, init_state: dict[str, torch.Tensor], adapter_name: st
         raise ValueError(f"the saved state does not fit this adapter (unexpected keys: {unexpected[:3]}...).")
 
 
-def states_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+def states_equal(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
     """True when two adapter states hold the same names and bit-identical tensors (``torch.equal``).
 
     >>> states_equal({"w": torch.ones(2)}, {"w": torch.ones(2)})
     True
     """
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(a[k].device)) for k in a)
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k].to(first[k].device)) for k in first)
 
 
 @dataclass

@@ -93,8 +93,8 @@ class FoldChart:
                           title=f"{self.title} ({kdevice.best_reading()})")
 
 
-def _alive(n: int) -> str:
-    return f"\n{n} model{'' if n == 1 else 's'} after load"
+def _alive(count: int) -> str:
+    return f"\n{count} model{'' if count == 1 else 's'} after load"
 
 
 def _cell(value, fmt) -> str:
@@ -111,7 +111,7 @@ def fold_table(fold_records: list) -> str:
     cols = [("start_bytes", "start", b), ("load_peak_bytes", "load peak", b), ("models_alive_after_load", "models", txt),
             ("train_peak_bytes", "train peak", b), ("models_alive_in_training", "models", txt),
             ("peak_bytes", "peak", b), ("end_bytes", "end", b), ("adapter_reset_ok", "reset ok", txt),
-            ("back_at_baseline", "at baseline", txt), ("eval_loss", "eval loss", lambda v: f"{v:.4f}"),
+            ("back_at_baseline", "at baseline", txt), ("eval_loss", "eval loss", lambda value: f"{value:.4f}"),
             ("resumed", "from file", txt)]
     user_loop = any("load_peak_bytes" in r for r in fold_records)
     cols = [c for c in cols if any(c[0] in r for r in fold_records) and not (user_loop and c[0] == "peak_bytes")]
@@ -139,16 +139,16 @@ def simulate_crash(results_path, keep_folds: int) -> list[int]:
     return sorted(int(k) for k in read_results(path))
 
 
-def _measure_one(model_name: str, recipe: str, p: dict, tok, train_ds) -> dict:
+def _measure_one(model_name: str, recipe: str, settings: dict, tok, train_ds) -> dict:
     from transformers import set_seed
 
     baseline = leaks.take_baseline().snapshot.best_bytes
-    set_seed(p["seed"])  # the same LoRA init and data order for both recipes
-    model = load_for_training(model_name, p, recipe)
+    set_seed(settings["seed"])  # the same LoRA init and data order for both recipes
+    model = load_for_training(model_name, settings, recipe)
     gc.collect()
     weights_bytes = kdevice.snapshot().best_bytes - baseline
     tracker, out = Tracker(), tempfile.mkdtemp(prefix="kit-recipes-")
-    trainer = fold_trainer(model, train_ds, None, tok, p, out, 1, tracker)
+    trainer = fold_trainer(model, train_ds, None, tok, settings, out, 1, tracker)
     with tracker.stage(f"{recipe} recipe", reset_peak=True, collect=False, tensor_peak=True) as stage:
         loss = trainer.train().training_loss
     trainer = cleanup.release(trainer)

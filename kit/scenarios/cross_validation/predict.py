@@ -83,7 +83,7 @@ def weights_split(model_name: str) -> list[tuple[str, int]]:
                 continue  # quantized
             part = f"{norms} norms" if "norm" in name.split(".")[-1] else name
             parts[part] = parts.get(part, 0) + p.numel()
-    return sorted(parts.items(), key=lambda kv: -kv[1])
+    return sorted(parts.items(), key=lambda item: -item[1])
 
 
 @wrapped
@@ -167,8 +167,8 @@ def fold2_prediction(est) -> dict:
             "load_peak_bytes": loaded + upcast, "train_peak_bytes": est.peak_bytes}
 
 
-def _verdict(n: int, limit: int) -> str:
-    return "fits" if n <= limit else f"DOES NOT FIT ({fmt_bytes(n - limit)} over)"
+def _verdict(nbytes: int, limit: int) -> str:
+    return "fits" if nbytes <= limit else f"DOES NOT FIT ({fmt_bytes(nbytes - limit)} over)"
 
 
 def two_models_text(est, preset: str = "colab-t4") -> str:

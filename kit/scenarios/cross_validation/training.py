@@ -49,8 +49,8 @@ def _on_meta(model) -> bool:
     return next((p.is_meta for p in model.parameters()), True)
 
 
-def sft_config(p: dict, output_dir, gpu: bool | None = None) -> SFTConfig:
-    """The user's ``SFTConfig``, in TRL 1.x's names, with the loop's settings ``p`` (:func:`loop_params`).
+def sft_config(settings: dict, output_dir, gpu: bool | None = None) -> SFTConfig:
+    """The user's ``SFTConfig``, in TRL 1.x's names, with the loop's settings ``settings`` (:func:`loop_params`).
 
     The user's: ``packing=True``, ``dataset_text_field="text"``, a max length (``max_seq_length`` in the TRL of
     their post, ``max_length`` now; both moved from ``SFTTrainer(...)`` into ``SFTConfig``), gradient
@@ -64,22 +64,22 @@ def sft_config(p: dict, output_dir, gpu: bool | None = None) -> SFTConfig:
     """
     cuda = machine.has_cuda() if gpu is None else gpu
     return SFTConfig(
-        output_dir=str(output_dir), per_device_train_batch_size=p["batch_size"],
-        per_device_eval_batch_size=p["batch_size"], gradient_checkpointing=True,
+        output_dir=str(output_dir), per_device_train_batch_size=settings["batch_size"],
+        per_device_eval_batch_size=settings["batch_size"], gradient_checkpointing=True,
         fp16=cuda, bf16=False,
-        dataset_text_field="text", max_length=p["seq_len"], packing=True,
-        max_steps=p["steps_per_fold"], learning_rate=2e-4, logging_strategy="no", save_strategy="no",
-        report_to="none", disable_tqdm=True, use_cpu=not cuda, seed=p["seed"])
+        dataset_text_field="text", max_length=settings["seq_len"], packing=True,
+        max_steps=settings["steps_per_fold"], learning_rate=2e-4, logging_strategy="no", save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=not cuda, seed=settings["seed"])
 
 
-def fold_trainer(model, train_ds, eval_ds, tokenizer, p: dict, output_dir, fold: int, tracker, callbacks=(),
+def fold_trainer(model, train_ds, eval_ds, tokenizer, settings: dict, output_dir, fold: int, tracker, callbacks=(),
                  peft_config=None) -> SFTTrainer:
     """One fold's ``SFTTrainer``, on text datasets (``"text"`` column), with the kit's tracker. A new trainer
     makes a new optimizer in ``train()``: no optimizer state carries over. With ``peft_config`` it wraps the
     model itself (the user's way); given a ``PeftModel`` it trains that one."""
-    trainer = SFTTrainer(model=model, args=sft_config(p, Path(output_dir) / f"fold{fold}"), train_dataset=train_ds,
-                         eval_dataset=eval_ds, processing_class=tokenizer, peft_config=peft_config,
-                         callbacks=[tracker.callback(), *callbacks])
+    trainer = SFTTrainer(model=model, args=sft_config(settings, Path(output_dir) / f"fold{fold}"),
+                         train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=[tracker.callback(), *callbacks])
     trainer.remove_callback(PrinterCallback)  # we print one line per fold instead
     return trainer
 
@@ -122,19 +122,19 @@ def _load(model_name: str, quantization: str):
     return model
 
 
-def load_for_training(model_name: str, p: dict, recipe: str | None = None):
+def load_for_training(model_name: str, settings: dict, recipe: str | None = None):
     """The model the fixed loop trains: loaded once (4-bit by default), wrapped with LoRA once.
 
     ``recipe`` None is today's TRL: ``SFTTrainer`` turns on checkpointing and the inputs' grads itself, and
     casts the adapters to bf16 on a quantized model. ``"standard"`` / ``"lean"``: :func:`kbit_recipe` first.
     """
-    model = _load(model_name, p["quantization"])
+    model = _load(model_name, settings["quantization"])
     if recipe is not None:
         model = kbit_recipe(model, recipe)
-    return get_peft_model(model, lora_config(p["lora_r"], p["lora_targets"]))
+    return get_peft_model(model, lora_config(settings["lora_r"], settings["lora_targets"]))
 
 
-def loop_params(**kw) -> dict:
+def loop_params(**settings) -> dict:
     """The loops' settings, read with :mod:`kit.inputs` (numpy ints, '8', a comma string of targets ...).
 
     >>> loop_params(steps_per_fold="2", lora_targets="q_proj,k_proj")["lora_targets"]
@@ -144,11 +144,11 @@ def loop_params(**kw) -> dict:
     ...
     kit.inputs.InputError: steps_per_fold must be a whole number >= 1, not 0.
     """
-    unknown = set(kw) - set(DEFAULTS)
+    unknown = set(settings) - set(DEFAULTS)
     if unknown:
         raise kin.InputError(sorted(unknown)[0], f"unknown settings {sorted(unknown)}; the settings are "
                                                  f"{sorted(DEFAULTS)}.")
-    p = {**DEFAULTS, **{k: v for k, v in kw.items() if v is not None}}
+    p = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     for name in ("batch_size", "seq_len", "steps_per_fold", "lora_r", "max_samples"):
         p[name] = kin.whole_number(name, p[name])
     p["seed"] = kin.whole_number("seed", p["seed"], minimum=0)

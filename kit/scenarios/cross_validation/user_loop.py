@@ -58,14 +58,14 @@ def user_bnb_config() -> BitsAndBytesConfig:
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def bnb_for(p: dict):
+def bnb_for(settings: dict):
     """The user's 4-bit settings for ``quantization="4bit"``, the kit's 8-bit ones (None: no quantization)."""
-    return user_bnb_config() if p["quantization"] == "4bit" else kmodels.bnb_config(p["quantization"])
+    return user_bnb_config() if settings["quantization"] == "4bit" else kmodels.bnb_config(settings["quantization"])
 
 
-def user_fold_loop(data, kf, model_name, bnb_config, lora_config, training_arguments, tokenizer, watch) -> None:
+def user_fold_loop(data, kfold, model_name, bnb_config, lora_config, training_arguments, tokenizer, watch) -> None:
     """The user's loop with SFTTrainer. The kit's lines are the two ``with watch(...)`` and ``watch.attach``."""
-    for fold, (train_index, test_index) in enumerate(kf.split(data), 1):  # enumerate: the kit's fold number
+    for fold, (train_index, test_index) in enumerate(kfold.split(data), 1):  # enumerate: the kit's fold number
         training_data, test_data = data['text'][train_index], data['text'][test_index]
         training_data = Dataset.from_pandas(training_data.to_frame().reset_index())
         test_data = Dataset.from_pandas(test_data.to_frame().reset_index())

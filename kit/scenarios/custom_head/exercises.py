@@ -152,9 +152,9 @@ def toy_model(device: str = "meta"):
     import torch
     from torch import nn
 
-    def block(d, hidden):
-        return nn.Sequential(nn.LayerNorm(d, device=device), nn.Linear(d, hidden, device=device), nn.GELU(),
-                             nn.Linear(hidden, d, device=device))
+    def block(width, hidden):
+        return nn.Sequential(nn.LayerNorm(width, device=device), nn.Linear(width, hidden, device=device), nn.GELU(),
+                             nn.Linear(hidden, width, device=device))
 
     with torch.device(device):
         blocks = nn.ModuleList([block(256, 1024) for _ in range(4)])

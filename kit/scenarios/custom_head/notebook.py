@@ -105,7 +105,8 @@ def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
 
 def _live(title: str) -> Tracker:
     tracker = Tracker()
-    LivePlot(tracker, draw=lambda t: plot.timeline(t, title=f"{title} ({kdevice.best_reading()})", unit=None))
+    LivePlot(tracker, draw=lambda tracked: plot.timeline(tracked, title=f"{title} ({kdevice.best_reading()})",
+                                                         unit=None))
     return tracker
 
 

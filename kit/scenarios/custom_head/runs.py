@@ -66,9 +66,9 @@ def peak_of_run(est, steps: int) -> int:
     return est.first_step_peak_bytes if steps == 1 else est.peak_bytes
 
 
-def fix_trainer_for(model, tok, ds, precision: str, optimizer: str, steps: int, accum: int, callbacks=()):
-    """The Trainer every fix's run trains: ``model`` on the tokenized rows ``ds``, batch 1, ``accum`` micro-batches,
-    ``steps`` optimizer steps, in ``precision`` with ``optimizer``; nothing saved or reported."""
+def fix_trainer_for(model, tok, dataset, precision: str, optimizer: str, steps: int, accum: int, callbacks=()):
+    """The Trainer every fix's run trains: ``model`` on the tokenized rows ``dataset``, batch 1, ``accum``
+    micro-batches, ``steps`` optimizer steps, in ``precision`` with ``optimizer``; nothing saved or reported."""
     from transformers import Trainer, TrainingArguments
 
     cuda = machine.has_cuda()
@@ -78,22 +78,22 @@ def fix_trainer_for(model, tok, ds, precision: str, optimizer: str, steps: int, 
         fp16=cuda and precision == "fp16", bf16=precision == "bf16", report_to="none",
         optim=OPTIMIZERS[optimizer],
         save_strategy="no", logging_steps=1, disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=kdata.collator(tok),
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=kdata.collator(tok),
                       callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # the live plot and the record say what matters
     return trainer
 
 
-def _measured_run(make, tok, ds, precision: str, optimizer: str, steps: int, accum: int,
+def _measured_run(make, tok, dataset, precision: str, optimizer: str, steps: int, accum: int,
                   tracker: Tracker) -> int | None:
-    """build -> Trainer init -> train -> cleanup on the tokenized rows ``ds``, each a tracker stage; returns
+    """build -> Trainer init -> train -> cleanup on the tokenized rows ``dataset``, each a tracker stage; returns
     train's peak."""
     trainer, model = None, None
     try:
         with tracker.stage("build"):
             model = make(machine.device_name())
         with tracker.stage("Trainer init"):
-            trainer = fix_trainer_for(model, tok, ds, precision, optimizer, steps, accum, [tracker.callback()])
+            trainer = fix_trainer_for(model, tok, dataset, precision, optimizer, steps, accum, [tracker.callback()])
         with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes

@@ -319,7 +319,7 @@ def find_culprit(model, top: int = 5, **setup) -> str:
     own = [(n or "(top)", sum(p.numel() for p in m.parameters(recurse=False) if p.requires_grad))
            for n, m in module.named_modules()]
     lines = ["By trainable parameters:"] + [f"  {n:<40} {c:>15,}" for n, c in sorted(
-        (x for x in own if x[1]), key=lambda x: -x[1])[:top]]
+        (x for x in own if x[1]), key=lambda part: -part[1])[:top]]
     lines += ["By estimated training bytes (weights, grads, optimizer state):"]
     try:
         lines += [f"  {n:<40} {fmt_bytes(b):>15}" for n, _, b in estimate_user(model, **setup).offenders[:top]]
