@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import gc
 from collections import namedtuple
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -160,29 +161,49 @@ class _Allocator:
             self.at_peak = (self.segments, self.reserved - self.allocated)
 
     def malloc(self, nbytes: int) -> int | None:  # DeviceCachingAllocator::malloc(): a block's index, or None
-        size = MIN_BLOCK_BYTES * max(1, -(-nbytes // MIN_BLOCK_BYTES))   # round_size()
+        # (the hot path of a replay: the helpers' steps written out in place, with the lists as locals)
+        size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES or MIN_BLOCK_BYTES  # round_size()
         small = size <= SMALL_SIZE_BYTES
         pool = self.pools[small]  # get_pool()
-        block = self._get_free_block(pool, size)
-        if block is None:
-            block = self._alloc_block(pool, size)
-            if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
-                self.release_cached_blocks()
-                self.retries += 1
+        blocks = pool.blocks
+        i = bisect.bisect_left(blocks, (size,))
+        if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
+            block = blocks.pop(i)[3]
+        else:
+            block = self._get_free_block(pool, size) if i < len(blocks) else None
+            if block is None:
                 block = self._alloc_block(pool, size)
-                if block is None:
-                    return None
-        remaining = self.size[block] - size  # should_split()
+                if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
+                    self.release_cached_blocks()
+                    self.retries += 1
+                    block = self._alloc_block(pool, size)
+                    if block is None:
+                        return None
+        sizes = self.size
+        remaining = sizes[block] - size  # should_split()
         if (remaining >= MIN_BLOCK_BYTES) if small or self.expandable else (remaining > SMALL_SIZE_BYTES):
-            rest = self._new(self.seg[block], self.off[block] + size, remaining)  # alloc_found_block(): tail free
-            self._link(rest, self.next[block])
-            self._link(block, rest)
-            self.size[block] = size
-            self._add(pool, rest)
+            seg, off, after = self.seg[block], self.off[block] + size, self.next[block]   # alloc_found_block():
+            rest = len(sizes)                                                             # the tail, free
+            self.seg.append(seg)
+            self.off.append(off)
+            sizes.append(remaining)
+            self.mapped.append(True)
+            self.used.append(False)
+            self.prev.append(block)
+            self.next.append(after)
+            if after != NONE:
+                self.prev[after] = rest
+            self.next[block] = rest
+            sizes[block] = size
+            bisect.insort(blocks, (remaining, seg.seq, off, rest))
         self.used[block] = True
-        self.allocated += self.size[block]
+        self.allocated += sizes[block]
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
+        if self.fresh_peak:   # the reserved peak this request set: what the cache held beyond live blocks then
+            if self.reserved == self.peak_reserved:
+                self.at_peak = (self.segments, self.reserved - self.allocated)
+            self.fresh_peak = False
         return block
 
     def _get_free_block(self, pool: _Pool, size: int) -> int | None:  # get_free_block()
@@ -220,13 +241,28 @@ class _Allocator:
         self.size[dst] += self.size[src]
         self._drop(pool, src)
 
-    def free(self, block: int) -> None:  # free() -> free_block()
-        self.used[block] = False
-        self.allocated -= self.size[block]
-        pool = self.pools[self.seg[block].small]
-        self._merge(pool, block, self.prev[block])
-        self._merge(pool, block, self.next[block])
-        self._add(pool, block)
+    def free(self, block: int) -> None:  # free() -> free_block(): the block merges with its free neighbours
+        used, sizes, offs, prevs, nexts = self.used, self.size, self.off, self.prev, self.next
+        used[block] = False
+        self.allocated -= sizes[block]
+        seg = self.seg[block]
+        blocks = self.pools[seg.small].blocks
+        before = prevs[block]   # (a live block is mapped: only a mapped neighbour merges with it)
+        if before != NONE and not used[before] and self.mapped[before]:   # try_merge_blocks()
+            del blocks[bisect.bisect_left(blocks, (sizes[before], seg.seq, offs[before]))]
+            offs[block] = offs[before]
+            sizes[block] += sizes[before]
+            before = prevs[block] = prevs[before]
+            if before != NONE:
+                nexts[before] = block
+        after = nexts[block]
+        if after != NONE and not used[after] and self.mapped[after]:
+            del blocks[bisect.bisect_left(blocks, (sizes[after], seg.seq, offs[after]))]
+            sizes[block] += sizes[after]
+            after = nexts[block] = nexts[after]
+            if after != NONE:
+                prevs[after] = block
+        bisect.insort(blocks, (sizes[block], seg.seq, offs[block], block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
@@ -305,6 +341,13 @@ class _Allocator:
         self._add(pool, b)
         self.reserved -= end - begin
 
+    def run(self, oom_at: int | None) -> AllocatorRun:
+        """The stats so far."""
+        return AllocatorRun(peak_reserved_bytes=self.peak_reserved, peak_allocated_bytes=self.peak_allocated,
+                            reserved_bytes=self.reserved, allocated_bytes=self.allocated, segments=self.at_peak[0],
+                            expandable=self.expandable, oom_at=oom_at, gap_at_peak_bytes=self.at_peak[1],
+                            retries=self.retries)
+
     def release_cached_blocks(self) -> None:  # release_cached_blocks() -> release_blocks(), large pool first
         for pool in (self.pools[False], self.pools[True]):
             to_unmap = []
@@ -337,10 +380,18 @@ def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None
     >>> simulate([("alloc", "a", 11 * MiB)], expandable=True).peak_reserved_bytes // MiB
     20
     """
-    collecting = gc.isenabled()   # the replay makes no cycles: the collector's passes over every object in the
-    gc.disable()                  # process (a full one takes hundreds of ms beside transformers) wait till it ends
-    try:
+    with no_collector():
         return _replay(events, expandable, limit_bytes)
+
+
+@contextmanager
+def no_collector():
+    """Python's cycle collector off for the block: a replay makes no cycles, and the collector's passes over every
+    object in the process (a full one takes hundreds of ms beside transformers) wait till it ends."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
@@ -371,10 +422,33 @@ def _replay(events, expandable: bool, limit_bytes: int | None) -> AllocatorRun:
             a.release_cached_blocks()
         else:
             raise ValueError(f"event {i}: unknown operation {op!r}")
-        if a.fresh_peak:
-            if a.reserved == a.peak_reserved:
-                a.at_peak = (a.segments, a.reserved - a.allocated)
-            a.fresh_peak = False
-    return AllocatorRun(peak_reserved_bytes=a.peak_reserved, peak_allocated_bytes=a.peak_allocated,
-                        reserved_bytes=a.reserved, allocated_bytes=a.allocated, segments=a.at_peak[0],
-                        expandable=expandable, oom_at=oom_at, gap_at_peak_bytes=a.at_peak[1], retries=a.retries)
+    return a.run(oom_at)
+
+
+class Replayer:
+    """The allocator fed one request at a time, as a layout makes them (:mod:`kit.estimate.reserved`), with no
+    event list between: ``alloc(key, nbytes)``, ``free(key)``, then :meth:`run`. An ``alloc`` of no bytes or of a
+    live key, and a ``free`` of a key not live, are passed over. No limit: nothing runs out. Call it with the cycle
+    collector off (:func:`no_collector`), as :func:`simulate` runs.
+
+    >>> r = Replayer()
+    >>> r.alloc("a", 5 * MiB); r.alloc("b", 5 * MiB); r.free("a"); r.free("a")
+    >>> r.run() == simulate([("alloc", "a", 5 * MiB), ("alloc", "b", 5 * MiB), ("free", "a")])
+    True
+    """
+
+    def __init__(self, expandable: bool = False):
+        self.allocator = _Allocator(expandable, None)
+        self.live: dict = {}
+
+    def alloc(self, key, nbytes: int) -> None:
+        if nbytes > 0 and key not in self.live:
+            self.live[key] = self.allocator.malloc(nbytes)
+
+    def free(self, key) -> None:
+        block = self.live.pop(key, None)
+        if block is not None:
+            self.allocator.free(block)
+
+    def run(self) -> AllocatorRun:
+        return self.allocator.run(None)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.allocator import simulate
+from kit.estimate.allocator import Replayer, no_collector
 
 HOW_TO = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch initialises CUDA: in a notebook, "
           "`import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` in the first cell, before "
@@ -89,15 +89,18 @@ def _tensors(total: int, listed: tuple, size: int) -> tuple:
     return tuple(listed) if listed and sum(listed) == total else tuple(_chunks(total, size))
 
 
-def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 2) -> list:
+def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 2, into=None) -> list:
     """The step's tensors as ``("alloc", key, bytes)`` / ``("free", key)`` events (the module doc says which).
 
     ``tensors``: per leaf, ``(part, weight bytes, [(grad bytes, optimizer state bytes)])`` in module order;
     ``rp``: the forward's :class:`~kit.estimate.replay.Replay`; ``inputs``: the micro-batch's input tensors' bytes.
     Each saved tensor is one event, at the size the replay gave it (scenario 1's head: its fp16 weight copy is one
     tensor of V x V, not thousands of hidden-state-sized pieces), so the events grow with the layers only.
+    ``into``: where the events go as they are made, instead (a :class:`kit.estimate.allocator.Replayer`, which
+    passes over the same events the list leaves out); then nothing is returned.
     """
-    t, L, hid = _Trace(), max(1, rp.L), rp.hidden
+    t = _Trace() if into is None else into
+    L, hid = max(1, rp.L), rp.hidden
     for i, (_, w, _) in enumerate(tensors):
         t.alloc(("w", i), w)
     blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
@@ -185,7 +188,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
             for i, (_, _, own) in enumerate(tensors):
                 for k in range(len(own)):
                     t.free(("g", i, k))
-    return t.events
+    return t.events if into is None else None
 
 
 def layout_key(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, expandable: bool = False) -> tuple:
@@ -202,7 +205,10 @@ def reserved(tensors, rp, peak_bytes: int, *, inputs: int, step_temp: int, accum
     the panel estimate the same setup many times over, and each then replays it once."""
     key = layout_key(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum, expandable=expandable)
     if key not in RUNS:
-        run = simulate(step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum), expandable=expandable)
+        replayer = Replayer(expandable)
+        with no_collector():
+            step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum, into=replayer)
+        run = replayer.run()
         if len(RUNS) >= RUNS_KEPT:
             del RUNS[next(iter(RUNS))]   # the oldest
         RUNS[key] = (max(0, run.peak_reserved_bytes - run.peak_allocated_bytes), run.peak_allocated_bytes)
