@@ -212,11 +212,15 @@ class _Allocator:
         if i == len(blocks):
             return None
         if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
-            def grows_to(b: int) -> int:
-                after = self.next[b]
-                return self.size[b] + (self.size[after] if after != NONE and not self.mapped[after] else 0)
-            while i + 1 < len(blocks) and grows_to(blocks[i + 1][3]) < grows_to(blocks[i][3]):
-                i += 1
+            sizes, nexts, mapped, last = self.size, self.next, self.mapped, len(blocks) - 1
+            after = nexts[blocks[i][3]]
+            grows = blocks[i][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
+            while i < last:
+                after = nexts[blocks[i + 1][3]]
+                grows_next = blocks[i + 1][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
+                if grows_next >= grows:
+                    break
+                i, grows = i + 1, grows_next
         return blocks.pop(i)[3]
 
     def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
@@ -263,6 +267,43 @@ class _Allocator:
             if after != NONE:
                 prevs[after] = block
         bisect.insort(blocks, (sizes[block], seg.seq, offs[block], block))
+
+    def free_all(self, blocks) -> None:
+        """:meth:`free` of each of ``blocks``, at once: freed blocks merge into runs, as in any order, and each run
+        enters the free list once. (Frees raise no peak, and the free blocks they leave are the same in any order.)"""
+        used, sizes, offs, prevs, nexts, mapped = self.used, self.size, self.off, self.prev, self.next, self.mapped
+        pending = set(blocks)
+        for block in pending:
+            used[block] = False
+            self.allocated -= sizes[block]
+        for block in blocks:
+            if block not in pending:   # merged into another of the run already
+                continue
+            pending.discard(block)
+            seg = self.seg[block]
+            pool = self.pools[seg.small].blocks
+            before = prevs[block]
+            while before != NONE and not used[before] and mapped[before]:
+                if before in pending:
+                    pending.discard(before)
+                else:
+                    del pool[bisect.bisect_left(pool, (sizes[before], seg.seq, offs[before]))]
+                offs[block] = offs[before]
+                sizes[block] += sizes[before]
+                before = prevs[block] = prevs[before]
+            if before != NONE:
+                nexts[before] = block
+            after = nexts[block]
+            while after != NONE and not used[after] and mapped[after]:
+                if after in pending:
+                    pending.discard(after)
+                else:
+                    del pool[bisect.bisect_left(pool, (sizes[after], seg.seq, offs[after]))]
+                sizes[block] += sizes[after]
+                after = nexts[block] = nexts[after]
+            if after != NONE:
+                prevs[after] = block
+            bisect.insort(pool, (sizes[block], seg.seq, offs[block], block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
@@ -449,6 +490,13 @@ class Replayer:
         block = self.live.pop(key, None)
         if block is not None:
             self.allocator.free(block)
+
+    def free_all(self, keys) -> None:
+        """``free`` of each of ``keys``, in one pass (:meth:`_Allocator.free_all`: the same blocks as one by one)."""
+        live = self.live
+        blocks = [live.pop(key) for key in keys if key in live]
+        if blocks:
+            self.allocator.free_all(blocks)
 
     def run(self) -> AllocatorRun:
         return self.allocator.run(None)

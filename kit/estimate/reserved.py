@@ -70,6 +70,10 @@ class _Trace:
             self.events.append(("free", key))
             self.live.discard(key)
 
+    def free_all(self, keys):
+        for key in keys:
+            self.free(key)
+
 
 def _chunks(total: int, size: int) -> list:
     """``total`` bytes as tensors of ``size`` (the last one the rest)."""
@@ -166,8 +170,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
             grads(layers[j], start)
             t.alloc("bt", rp.block_bwd - rp.block - hid)
             t.free("bt")
-            for k in reversed(range(len(order))):
-                t.free(("s", j, k))
+            t.free_all([("s", j, k) for k in reversed(range(len(order)))])
             t.free(("x", j))
         grads(parts["embed"], start)
         for k in range(len(embed)):
@@ -185,9 +188,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
             first_state = False
             t.alloc("steptemp", step_temp)
             t.free("steptemp")
-            for i, (_, _, own) in enumerate(tensors):
-                for k in range(len(own)):
-                    t.free(("g", i, k))
+            t.free_all([("g", i, k) for i, (_, _, own) in enumerate(tensors) for k in range(len(own))])
     return t.events if into is None else None
 
 
