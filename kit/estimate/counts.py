@@ -55,7 +55,8 @@ COUNTED_KEPT = 256
 
 
 # The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
-NOT_COUNTED = frozenset({"batch", "seq", "accum", "ev", "padded", "attn"})
+NOT_COUNTED = frozenset({"batch", "seq", "accum", "ev", "padded", "attn", "ckpt", "reentrant", "recipe", "lora_dropout",
+                         "input_grad", "offload", "task"})
 
 
 def count_key(info: Info, plan) -> tuple:
