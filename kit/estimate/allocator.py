@@ -120,10 +120,11 @@ class _Allocator:
         self.fresh_peak = False
         self.seg, self.off, self.size, self.mapped, self.used, self.prev, self.next = [], [], [], [], [], [], []
 
-    def view(self, b: int) -> BlockView:
-        """Block ``b``'s fields."""
-        return BlockView(self.seg[b], self.off[b], self.size[b], self.mapped[b], self.used[b], self.prev[b],
-                         self.next[b])
+    def view(self, block: int) -> BlockView:
+        """Block ``block``'s fields."""
+        return BlockView(self.seg[block], self.off[block], self.size[block], self.mapped[block], self.used[block],
+                         self.prev[block],
+                         self.next[block])
 
     def _new(self, seg: _Segment, off: int, size: int, mapped: bool = True) -> int:
         self.seg.append(seg)
@@ -135,24 +136,24 @@ class _Allocator:
         self.next.append(NONE)
         return len(self.off) - 1
 
-    def _link(self, a: int, b: int) -> None:
-        """Make ``a`` and ``b`` neighbours in their segment (``Block::splice()``); either may be ``NONE``."""
-        if a != NONE:
-            self.next[a] = b
-        if b != NONE:
-            self.prev[b] = a
+    def _link(self, first: int, second: int) -> None:
+        """Make ``first`` and ``second`` neighbours in their segment (``Block::splice()``); either may be ``NONE``."""
+        if first != NONE:
+            self.next[first] = second
+        if second != NONE:
+            self.prev[second] = first
 
-    def _add(self, pool: _Pool, b: int) -> None:  # insert_into_blocks(), or unmapped.insert()
-        if self.mapped[b]:
-            bisect.insort(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b], b))
+    def _add(self, pool: _Pool, block: int) -> None:  # insert_into_blocks(), or unmapped.insert()
+        if self.mapped[block]:
+            bisect.insort(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block], block))
         else:
-            bisect.insort(pool.unmapped, (self.seg[b].seq, self.off[b], b))
+            bisect.insort(pool.unmapped, (self.seg[block].seq, self.off[block], block))
 
-    def _drop(self, pool: _Pool, b: int) -> None:  # erase_from_blocks(), or unmapped.erase()
-        if self.mapped[b]:
-            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b]))]
+    def _drop(self, pool: _Pool, block: int) -> None:  # erase_from_blocks(), or unmapped.erase()
+        if self.mapped[block]:
+            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block]))]
         else:
-            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[b].seq, self.off[b]))]
+            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[block].seq, self.off[block]))]
 
     def _grow(self, nbytes: int) -> None:  # reserved_bytes.increase()
         self.reserved += nbytes
@@ -320,27 +321,27 @@ class _Allocator:
         self._add(pool, u)
         return u
 
-    def _map_block(self, pool: _Pool, b: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
-        page, off = self.seg[b].page_bytes, self.off[b]
+    def _map_block(self, pool: _Pool, block: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
+        page, off = self.seg[block].page_bytes, self.off[block]
         end = -(-(off + size) // page) * page
         nbytes = end - off  # whole pages: the offset is page-aligned
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return False
-        self._drop(pool, b)
-        left = self.prev[b] != NONE  # an unmapped block's neighbours are mapped: mapped ranges join
+        self._drop(pool, block)
+        left = self.prev[block] != NONE  # an unmapped block's neighbours are mapped: mapped ranges join
         right = False
-        if nbytes < self.size[b]:
-            rest = self._new(self.seg[b], end, self.size[b] - nbytes, mapped=False)
-            self._link(rest, self.next[b])
-            self._link(b, rest)
+        if nbytes < self.size[block]:
+            rest = self._new(self.seg[block], end, self.size[block] - nbytes, mapped=False)
+            self._link(rest, self.next[block])
+            self._link(block, rest)
             self._add(pool, rest)
         else:
-            right = self.next[b] != NONE
-        self.size[b], self.mapped[b] = nbytes, True
+            right = self.next[block] != NONE
+        self.size[block], self.mapped[block] = nbytes, True
         self.segments += 1 - left - right
-        self._merge(pool, b, self.prev[b])
-        self._merge(pool, b, self.next[b])
-        self._add(pool, b)
+        self._merge(pool, block, self.prev[block])
+        self._merge(pool, block, self.next[block])
+        self._add(pool, block)
         self._grow(nbytes)
         return True
 
@@ -356,30 +357,30 @@ class _Allocator:
         self._drop(pool, c)
         return c
 
-    def _unmap_block(self, pool: _Pool, b: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
-        page, off, size = self.seg[b].page_bytes, self.off[b], self.size[b]
+    def _unmap_block(self, pool: _Pool, block: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
+        page, off, size = self.seg[block].page_bytes, self.off[block], self.size[block]
         begin, end = -(-off // page) * page, (off + size) // page * page
         if begin >= end:  # no whole page inside this free block
             return
-        self._drop(pool, b)
-        before, after = self.prev[b], self.next[b]
+        self._drop(pool, block)
+        before, after = self.prev[block], self.next[block]
         left = begin > off or (before != NONE and self.mapped[before])
         right = end < off + size or (after != NONE and self.mapped[after])
         if begin > off:  # a partial page at either end stays mapped, a free block of its own
-            head = self._new(self.seg[b], off, begin - off)
+            head = self._new(self.seg[block], off, begin - off)
             self._link(before, head)
-            self._link(head, b)
+            self._link(head, block)
             self._add(pool, head)
         if end < off + size:
-            tail = self._new(self.seg[b], end, off + size - end)
+            tail = self._new(self.seg[block], end, off + size - end)
             self._link(tail, after)
-            self._link(b, tail)
+            self._link(block, tail)
             self._add(pool, tail)
-        self.off[b], self.size[b], self.mapped[b] = begin, end - begin, False
+        self.off[block], self.size[block], self.mapped[block] = begin, end - begin, False
         self.segments += left + right - 1
-        self._merge(pool, b, self.prev[b])
-        self._merge(pool, b, self.next[b])
-        self._add(pool, b)
+        self._merge(pool, block, self.prev[block])
+        self._merge(pool, block, self.next[block])
+        self._add(pool, block)
         self.reserved -= end - begin
 
     def run(self, oom_at: int | None) -> AllocatorRun:
