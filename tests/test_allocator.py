@@ -273,3 +273,29 @@ def test_freeing_blocks_at_once_leaves_what_freeing_them_one_by_one_leaves(expan
             n = rng.randrange(1, rng.choice([4 * KiB, MiB, 12 * MiB, 200 * MiB]))
             live_one[key], live_many[key] = one.malloc(n), many.malloc(n)
     assert one.run(None) == many.run(None)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(expandable):
+    """``malloc_free`` (the reserved layout's temporaries) against ``malloc`` and ``free``: the same free blocks,
+    reserved bytes and allocated peak, on a random workload."""
+    rng = random.Random(5)
+    apart, together = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
+    live_apart, live_together = {}, {}
+    for key in range(4000):
+        n = rng.randrange(1, rng.choice([4 * KiB, MiB, 12 * MiB, 200 * MiB]))
+        roll = rng.random()
+        if roll < 0.3:
+            apart.free(apart.malloc(n))
+            together.malloc_free(n)
+        elif roll < 0.5 and live_apart:
+            k = rng.choice(sorted(live_apart))
+            apart.free(live_apart.pop(k))
+            together.free(live_together.pop(k))
+        else:
+            live_apart[key], live_together[key] = apart.malloc(n), together.malloc(n)
+        assert sorted(t[:3] for p in apart.pools.values() for t in p.blocks) == sorted(
+            t[:3] for p in together.pools.values() for t in p.blocks)
+        assert (apart.allocated, apart.reserved, apart.peak_allocated) == (
+            together.allocated, together.reserved, together.peak_allocated)
+    assert apart.run(None) == together.run(None)

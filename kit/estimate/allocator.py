@@ -208,6 +208,11 @@ class _Allocator:
         return block
 
     def _get_free_block(self, pool: _Pool, size: int) -> int | None:  # get_free_block()
+        i = self._best_fit(pool, size)
+        return None if i is None else pool.blocks.pop(i)[3]
+
+    def _best_fit(self, pool: _Pool, size: int) -> int | None:
+        """Where in ``pool.blocks`` the block :meth:`_get_free_block` takes is, or None."""
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks):
@@ -222,7 +227,25 @@ class _Allocator:
                 if grows_next >= grows:
                     break
                 i, grows = i + 1, grows_next
-        return blocks.pop(i)[3]
+        return i
+
+    def malloc_free(self, nbytes: int) -> None:
+        """:meth:`malloc`, then :meth:`free` of that block, at once. Where a cached block serves the request the
+        cache is left as it was (no free block borders another, so its split-off rest merges back and nothing
+        else): only the allocated peak moves. Else a segment is made, as :meth:`malloc` makes it."""
+        size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES or MIN_BLOCK_BYTES
+        small = size <= SMALL_SIZE_BYTES
+        pool = self.pools[small]
+        i = self._best_fit(pool, size)
+        if i is None:
+            block = self.malloc(nbytes)
+            if block is not None:
+                self.free(block)
+            return
+        remaining = pool.blocks[i][0] - size   # should_split(): a block not split counts whole
+        held = size if ((remaining >= MIN_BLOCK_BYTES) if small or self.expandable else
+                        (remaining > SMALL_SIZE_BYTES)) else pool.blocks[i][0]
+        self.peak_allocated = max(self.peak_allocated, self.allocated + held)
 
     def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
         if self.expandable:
@@ -491,6 +514,18 @@ class Replayer:
         block = self.live.pop(key, None)
         if block is not None:
             self.allocator.free(block)
+
+    def alloc_all(self, keys, sizes) -> None:
+        """``alloc`` of each key at its size, in order."""
+        live, malloc = self.live, self.allocator.malloc
+        for key, nbytes in zip(keys, sizes):
+            if nbytes > 0 and key not in live:
+                live[key] = malloc(nbytes)
+
+    def passing(self, key, nbytes: int) -> None:
+        """``alloc`` and at once ``free``: a temporary (:meth:`_Allocator.malloc_free`)."""
+        if nbytes > 0 and key not in self.live:
+            self.allocator.malloc_free(nbytes)
 
     def free_all(self, keys) -> None:
         """``free`` of each of ``keys``, in one pass (:meth:`_Allocator.free_all`: the same blocks as one by one)."""

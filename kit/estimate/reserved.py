@@ -74,6 +74,15 @@ class _Trace:
         for key in keys:
             self.free(key)
 
+    def alloc_all(self, keys, sizes):
+        for key, nbytes in zip(keys, sizes):
+            self.alloc(key, nbytes)
+
+    def passing(self, key, nbytes):   # a temporary: made and freed at once
+        if nbytes > 0 and key not in self.live:
+            self.alloc(key, nbytes)
+            self.free(key)
+
 
 def _chunks(total: int, size: int) -> list:
     """``total`` bytes as tensors of ``size`` (the last one the rest)."""
@@ -118,6 +127,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     head = _tensors(replay.head + replay.head_in, replay.head_order, hid)   # the final norm's, lm_head's, a custom
     a = min(max(1, accum), 2)
     first_state = True
+    saved = [[("s", j, k) for k in range(len(order))] for j in range(L)]   # each block's saved tensors' keys
 
     def grads(ids, start):   # a part's weight grads: made at a window's start and kept; later, added in place
         for i in ids:
@@ -125,8 +135,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
                 if start:
                     t.alloc(("g", i, k), g)
                 else:
-                    t.alloc(("gt", i, k), g)
-                    t.free(("gt", i, k))
+                    t.passing(("gt", i, k), g)
 
     for s in range(steps * a):
         start = s % a == 0
@@ -139,8 +148,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             if replay.ckpt:
                 t.alloc(("x", j), replay.block_in)
             else:
-                for k, b in enumerate(order):
-                    t.alloc(("s", j, k), b)
+                t.alloc_all(saved[j], order)
         for k, b in enumerate(head):
             t.alloc(("h", k), b)
         t.alloc("logits", replay.last_logits)
@@ -163,14 +171,12 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             t.free(("h", k))
         for j in reversed(range(L)):   # each block's backward: recompute, grads, free what it saved
             if replay.ckpt:
-                for k, b in enumerate(order):
-                    t.alloc(("s", j, k), b)
+                t.alloc_all(saved[j], order)
             t.alloc(("gh", j), hid)
             t.free(("gh", j + 1))
             grads(layers[j], start)
-            t.alloc("bt", replay.block_bwd - replay.block - hid)
-            t.free("bt")
-            t.free_all([("s", j, k) for k in reversed(range(len(order)))])
+            t.passing("bt", replay.block_bwd - replay.block - hid)
+            t.free_all(saved[j][::-1])
             t.free(("x", j))
         grads(parts["embed"], start)
         for k in range(len(embed)):
@@ -186,8 +192,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
                         t.alloc(("st", i, k, 0), state // 2)
                         t.alloc(("st", i, k, 1), state - state // 2)
             first_state = False
-            t.alloc("steptemp", step_temp)
-            t.free("steptemp")
+            t.passing("steptemp", step_temp)
             t.free_all([("g", i, k) for i, (_, _, own) in enumerate(tensors) for k in range(len(own))])
     return t.events if into is None else None
 
