@@ -4,7 +4,7 @@ The estimate predicts ``max_memory_allocated()``. The allocator reserves more (`
 rounds every request, carves blocks out of 2 MiB, 20 MiB or request-sized segments, and keeps freed blocks
 cached for reuse, where a later request of another size may not fit them. How much more depends on the order
 and sizes of the step's tensors, so the kit lays the step out as tensors (:func:`step_trace`) and runs them
-through its model of the allocator (:func:`kit.estimate.allocator.simulate`), with and without
+through its model of the allocator (:class:`kit.estimate.allocator.Replayer`, as it is laid out), with and without
 ``expandable_segments``:
 
 - the model's weights, one tensor per layer, in module order (loaded first, kept);
@@ -16,7 +16,8 @@ through its model of the allocator (:func:`kit.estimate.allocator.simulate`), wi
   ``zero_grad(set_to_none=True)``.
 
 Two optimizer steps are laid out (with accumulation, two micro-batches each): the allocator's cache settles by
-the second (a third changed no gap, by the byte, over the setups of tests/test_reserved.py). The gap the allocator adds over this trace's own allocated peak is added to the estimate's peak.
+the second (a third changed no gap, by the byte, over the setups of tests/test_reserved.py). The gap the
+allocator adds over this trace's own allocated peak is added to the estimate's peak.
 Transient tensors that nothing saves (an attention output before its projection) are not laid out, so the trace's
 allocated peak is a little under the estimate's; ``Reserved.trace_peak_bytes`` keeps it beside the gap.
 
