@@ -250,3 +250,52 @@ def test_200k_events_replay_in_well_under_2_seconds():
         elapsed = time.perf_counter() - t0
         assert run.oom_at is None and run.allocated_bytes > 0
         assert elapsed < 2.0, f"{elapsed:.2f} s for 200,000 events (expandable={expandable})"
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_freeing_blocks_at_once_leaves_what_freeing_them_one_by_one_leaves(expandable):
+    """``free_all`` (the reserved layout frees a block's saved tensors so) against ``free`` one at a time: the same
+    free blocks (size, segment, offset), the same allocated and reserved bytes, after every batch and at the end."""
+    rng = random.Random(3)
+    one, many = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
+    live_one, live_many = {}, {}
+    for key in range(4000):
+        if live_one and rng.random() < 0.2:
+            batch = rng.sample(sorted(live_one), min(len(live_one), rng.randrange(1, 40)))
+            for k in batch:
+                one.free(live_one.pop(k))
+            many.free_all([live_many.pop(k) for k in batch])
+            for a, b in ((one, many),):
+                assert sorted(t[:3] for p in a.pools.values() for t in p.blocks) == sorted(
+                    t[:3] for p in b.pools.values() for t in p.blocks)
+                assert (a.allocated, a.reserved) == (b.allocated, b.reserved)
+        else:
+            n = rng.randrange(1, rng.choice([4 * KiB, MiB, 12 * MiB, 200 * MiB]))
+            live_one[key], live_many[key] = one.malloc(n), many.malloc(n)
+    assert one.run(None) == many.run(None)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(expandable):
+    """``malloc_free`` (the reserved layout's temporaries) against ``malloc`` and ``free``: the same free blocks,
+    reserved bytes and allocated peak, on a random workload."""
+    rng = random.Random(5)
+    apart, together = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
+    live_apart, live_together = {}, {}
+    for key in range(4000):
+        n = rng.randrange(1, rng.choice([4 * KiB, MiB, 12 * MiB, 200 * MiB]))
+        roll = rng.random()
+        if roll < 0.3:
+            apart.free(apart.malloc(n))
+            together.malloc_free(n)
+        elif roll < 0.5 and live_apart:
+            k = rng.choice(sorted(live_apart))
+            apart.free(live_apart.pop(k))
+            together.free(live_together.pop(k))
+        else:
+            live_apart[key], live_together[key] = apart.malloc(n), together.malloc(n)
+        assert sorted(t[:3] for p in apart.pools.values() for t in p.blocks) == sorted(
+            t[:3] for p in together.pools.values() for t in p.blocks)
+        assert (apart.allocated, apart.reserved, apart.peak_allocated) == (
+            together.allocated, together.reserved, together.peak_allocated)
+    assert apart.run(None) == together.run(None)

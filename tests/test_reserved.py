@@ -140,8 +140,8 @@ def test_a_laid_out_step_is_replayed_once_and_the_cache_gives_the_same_figures(m
 
     kr.RUNS.clear()
     calls = []
-    real = kr.simulate
-    monkeypatch.setattr(kr, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = kr.Replayer
+    monkeypatch.setattr(kr, "Replayer", lambda *a, **k: calls.append(1) or real(*a, **k))
     first = estimate(**CASES["llama1b-lora"]).reserved
     again = estimate(**CASES["llama1b-lora"]).reserved
     assert first == again and len(calls) == 1
@@ -167,3 +167,20 @@ def test_parameters_are_counted_once_per_model_and_options_and_the_figures_stay_
     assert kept == fresh and walks == []
     estimate(**dict(CASES["qlora-8b"], lora_r=8))   # another option the walk reads: walked again
     assert walks == [1]
+
+
+def test_the_fields_the_count_leaves_out_are_the_plans_and_leave_the_figures_alone(monkeypatch):
+    """NOT_COUNTED names fields of the plan (a renamed field would silently rejoin the key), and an estimate whose
+    counts come from another setup's walk (checkpointing, its recipe and the task differ) is a fresh one's."""
+    from dataclasses import fields
+
+    from kit.estimate import counts
+    from kit.estimate.assembly import Plan
+
+    assert counts.NOT_COUNTED <= {f.name for f in fields(Plan)}
+    for name in ("qlora-8b", "llama1b-lora"):
+        for ckpt in (False, True):
+            counts.COUNTED.clear()
+            fresh = estimate(**dict(CASES[name], gradient_checkpointing=ckpt)).to_json()
+            estimate(**dict(CASES[name], gradient_checkpointing=not ckpt))
+            assert estimate(**dict(CASES[name], gradient_checkpointing=ckpt)).to_json() == fresh

@@ -51,8 +51,8 @@ def classes_of(inputs: dict | None) -> dict:
     return out
 
 
-def _value(v) -> str:
-    return str(v) if type(v).__name__ == "Code" else repr(v)
+def _value(value) -> str:
+    return str(value) if type(value).__name__ == "Code" else repr(value)
 
 
 def in_short(objects, classes: dict | None = None, width: int = SHORT_WIDTH) -> str | None:

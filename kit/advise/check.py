@@ -45,12 +45,13 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
     return est
 
 
-def answer(est, v, advice=None) -> list:
+def answer(est, verdict, advice=None) -> list:
     """The answer's lines: the advisor's where it ran (the same verdict, its best change), else the verdict's
-    (``v``: :func:`kit.presets.verdict` of ``est``)."""
+    (``verdict``: :func:`kit.presets.verdict` of ``est``)."""
     if advice is not None:
         return advice.answer()
-    return [v.text] + [x for x in [figures_line(est)] if x] + [biggest_cause(est)] + ["no change needed"] * v.fits
+    return [verdict.text] + [x for x in [figures_line(est)] if x] + [biggest_cause(est)] + \
+        ["no change needed"] * verdict.fits
 
 
 def brief(est, why=None) -> list:
@@ -79,12 +80,12 @@ def full(est, preset, why, advice) -> list:
     return out
 
 
-def show_value(v) -> str:
+def show_value(value) -> str:
     """A setting's value as :func:`check` prints it: a list joined by commas, or its count when long.
 
     >>> show_value(("q_proj", "v_proj")), show_value(16)
     ('q_proj,v_proj', '16')
     """
-    if isinstance(v, (tuple, list)):
-        return ",".join(map(str, v)) if len(",".join(map(str, v))) <= 40 else f"{len(v)} modules"
-    return str(v)
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) if len(",".join(map(str, value))) <= 40 else f"{len(value)} modules"
+    return str(value)

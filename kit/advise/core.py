@@ -87,15 +87,15 @@ class Limit:
     def usable_bytes(self) -> int:
         return self.limit_bytes if self.safety_fraction is None else int(self.limit_bytes * (1 - self.safety_fraction))
 
-    def judged(self, e, evaluates: bool = False, exact: bool = True) -> int:
-        """What of estimate ``e`` must fit :attr:`usable_bytes`: its reserved figure (the allocated peak plus the
+    def judged(self, est, evaluates: bool = False, exact: bool = True) -> int:
+        """What of estimate ``est`` must fit :attr:`usable_bytes`: its reserved figure (the allocated peak plus the
         allocator's modelled gap), or the allocated peak where a safety fraction stands in for the gap; the
         evaluation's where it is judged and higher. ``exact=False``: a peak over the limit already is returned
         without the gap (it fails either way, and the allocator's model is not run: the search's shortcut)."""
-        peak = max(e.peak_bytes, e.eval_peak_bytes if evaluates else 0)
+        peak = max(est.peak_bytes, est.eval_peak_bytes if evaluates else 0)
         if self.safety_fraction is not None or not exact and peak > self.usable_bytes:
             return peak
-        return peak + e.reserved_gap_bytes
+        return peak + est.reserved_gap_bytes
 
 
 def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
@@ -112,7 +112,8 @@ def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
     p, _ = resolve_device("this" if isinstance(device, str) and device.strip().lower() == "this gpu" else device)
     if p.gpu_bytes is None:
         return Limit(p.name, p.label, p.ram_bytes, p.ram_bytes, safety, "bf16", "cpu")
-    return Limit(p.name, p.label, p.gpu_bytes, p.ram_bytes, safety, run_dtype(p.capability)[0] if p.capability else "bf16")
+    return Limit(p.name, p.label, p.gpu_bytes, p.ram_bytes, safety,
+                 run_dtype(p.capability)[0] if p.capability else "bf16")
 
 
 @dataclass
@@ -267,20 +268,20 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         found = [n for n in level if s.fits(n[2])]
         if found:
             break   # every pair of single moves is tried; then the BEAM pairs of lowest peak grow a third
-        frontier = [n[0] for n in sorted(level, key=lambda n: n[2].peak_bytes)[:None if size == 1 else BEAM]]
+        frontier = [n[0] for n in sorted(level, key=lambda node: node[2].peak_bytes)[:None if size == 1 else BEAM]]
     if impossible:
         notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of "
                      f"{fmt_bytes(lim.ram_bytes)} RAM, and neither 16-bit nor 4-bit weights fit there: no change "
                      "the advisor tries helps")
     out = _suggestions(s, found)
     if not out:   # nothing fits (with rows of a useful length): the closest tried, to show how far it is
-        out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda n: n[2].peak_bytes)[:3])
+        out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda node: node[2].peak_bytes)[:3])
     if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
         out += [x for x in [shard_suggestion(s, out)] if x]
     ev, mev, b = be.eval_peak_bytes, 0, s.base
     acc = {"eval_accumulation_steps": 1} if b["eval_gather"] != "loss" and not b["eval_accumulation_steps"] else {}
     if evaluates or ev > lim.usable_bytes:   # the largest eval batch (gathered logits moved off the GPU)
-        mev = largest_fitting(lambda n: s.peak({**b, **acc, "eval_batch_size": n}, "eval_peak_bytes"), 1,
+        mev = largest_fitting(lambda size: s.peak({**b, **acc, "eval_batch_size": size}, "eval_peak_bytes"), 1,
                               b["eval_batch_size"], lim.usable_bytes)
     if not s.evaluates and ev > lim.usable_bytes and s.fits(be):   # not judged: say it
         notes.append(f"if the Trainer evaluates (judge it with evaluates=True, or --eval), evaluate() needs "
@@ -297,15 +298,15 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
 
 
 
-def _suggestions(s: Search, nodes: list) -> list:
+def _suggestions(search: Search, nodes: list) -> list:
     """The cheapest :data:`MAX_SUGGESTIONS` of ``nodes``, each refined, none cutting rows below a useful length."""
     out = []
-    for node in sorted(nodes, key=s.rank):
-        node = s.refine(*node)
-        out += [] if s.too_short(node) else [s.suggestion(*node)]
+    for node in sorted(nodes, key=search.rank):
+        node = search.refine(*node)
+        out += [] if search.too_short(node) else [search.suggestion(*node)]
         if len(out) == MAX_SUGGESTIONS:
             break
-    return sorted(out, key=lambda x: x.rank)
+    return sorted(out, key=lambda suggestion: suggestion.rank)
 
 
 def flattened_rows(est) -> int:
@@ -348,7 +349,7 @@ def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     return largest_replayed(_cached(o, "seq_len"), lim, 1, top, o["seq_len"])
 
 
-def _cached(o: dict, key: str):
-    """x -> estimate() of ``o`` with ``key`` at x, each made once (the search reads one twice)."""
+def _cached(setup: dict, key: str):
+    """value -> estimate() of ``setup`` with ``key`` at that value, each made once (the search reads one twice)."""
     made = {}
-    return lambda x: made[x] if x in made else made.setdefault(x, estimate(**{**o, key: x}))
+    return lambda value: made[value] if value in made else made.setdefault(value, estimate(**{**setup, key: value}))

@@ -5,19 +5,19 @@ runs the allocator's model about once).
 from __future__ import annotations
 
 
-def largest_judged(estimate_of, lim, lo: int, hi: int, at: int | None = None, evaluates: bool = False) -> int:
+def largest_judged(estimate_of, lim, low: int, high: int, known: int | None = None, evaluates: bool = False) -> int:
     """:func:`largest_fitting` on what ``lim`` judges (``lim.judged``: the reserved figure) of ``estimate_of(x)``
     (an Estimate, or None where the estimator refuses x). A probe whose allocated peak fails already is judged
     without the allocator's model (the reserved figure is never below it): the model runs for the probes under
     the limit only."""
-    def held(x):
-        e = estimate_of(x)
+    def held(value):
+        e = estimate_of(value)
         return float("inf") if e is None else lim.judged(e, evaluates, exact=False)
 
-    return largest_fitting(held, lo, hi, lim.usable_bytes, at)
+    return largest_fitting(held, low, high, lim.usable_bytes, known)
 
 
-def largest_replayed(estimate_of, lim, lo: int, hi: int, at: int | None = None, evaluates: bool = False,
+def largest_replayed(estimate_of, lim, low: int, high: int, known: int | None = None, evaluates: bool = False,
                      tries: int = 6) -> int:
     """:func:`largest_judged` with the allocator's model run near the answer, not at every probe. The largest x by
     its allocated peak comes first (no allocator model: the reserved figure is never below it, so nothing above
@@ -34,11 +34,11 @@ def largest_replayed(estimate_of, lim, lo: int, hi: int, at: int | None = None, 
     """
     usable = lim.usable_bytes
 
-    def allocated(x):
-        e = estimate_of(x)
+    def allocated(value):
+        e = estimate_of(value)
         return float("inf") if e is None else max(e.peak_bytes, e.eval_peak_bytes if evaluates else 0)
 
-    fits_below, top = lo - 1, largest_fitting(allocated, lo, hi, usable, at)   # x <= fits_below fit; > top fail
+    fits_below, top = low - 1, largest_fitting(allocated, low, high, usable, known)   # x <= fits_below fit; > top fail
     n, gap = top, 0
     for _ in range(tries):
         if fits_below >= top:
@@ -50,44 +50,45 @@ def largest_replayed(estimate_of, lim, lo: int, hi: int, at: int | None = None, 
         else:
             top = n - 1
         gap = judged - allocated(n)
-        n = largest_fitting(lambda x: allocated(x) + gap, fits_below + 1, top, usable) if fits_below < top else n
+        n = largest_fitting(lambda value: allocated(value) + gap, fits_below + 1, top, usable) \
+            if fits_below < top else n
         n = max(n, fits_below + 1)               # none by that gap: the next one up, modelled
     if fits_below >= top:
         return fits_below
     return largest_judged(estimate_of, lim, fits_below + 1, top, evaluates=evaluates)
 
 
-def largest_fitting(peak, lo: int, hi: int, limit: int, at: int | None = None) -> int:
+def largest_fitting(peak, low: int, high: int, limit: int, known: int | None = None) -> int:
     """The largest x in [lo, hi] with ``peak(x) <= limit`` (``peak`` non-decreasing), or ``lo - 1``.
 
     Peaks are piecewise linear in batch and sequence (quadratic with eager attention), so it interpolates
     between the bracketing points, halving the weight of an end kept twice (regula falsi, Illinois): about
-    two estimates after the ends on a linear piece. ``at``: a point whose peak is known (cached), which
+    two estimates after the ends on a linear piece. ``known``: a point whose peak is known (cached), which
     replaces one end.
 
     >>> largest_fitting(lambda x: 10 * x + 5, 1, 1000, 4321), largest_fitting(lambda x: x * x, 1, 10**6, 2e6)
     (431, 1414)
     """
-    fat = peak(at) - limit if at is not None and lo < at < hi else None
+    fat = peak(known) - limit if known is not None and low < known < high else None
     if fat is not None and fat <= 0:
-        lo, fa = at, fat
+        low, fa = known, fat
     else:
-        hi, fb = (at, fat) if fat is not None else (hi, None)
-        fa = peak(lo) - limit
+        high, fb = (known, fat) if fat is not None else (high, None)
+        fa = peak(low) - limit
         if fa > 0:
-            return lo - 1
+            return low - 1
     if fat is None or fat <= 0:
-        fb = (peak(hi) if hi > lo else fa + limit) - limit
+        fb = (peak(high) if high > low else fa + limit) - limit
         if fb <= 0:
-            return hi
+            return high
     side = steps = 0
-    while hi - lo > 1:
+    while high - low > 1:
         steps += 1   # interpolate 8 times at most, then bisect: at most 8 + log2(hi - lo) estimates
-        x = lo + int((hi - lo) * -fa / (fb - fa)) if fb != float("inf") and steps <= 8 else (lo + hi) // 2
-        x = min(max(x, lo + 1), hi - 1)
+        x = low + int((high - low) * -fa / (fb - fa)) if fb != float("inf") and steps <= 8 else (low + high) // 2
+        x = min(max(x, low + 1), high - 1)
         fx = peak(x) - limit
         if fx <= 0:
-            lo, fa, fb, side = x, fx, fb / 2 if side == -1 else fb, -1
+            low, fa, fb, side = x, fx, fb / 2 if side == -1 else fb, -1
         else:
-            hi, fb, fa, side = x, fx, fa / 2 if side == 1 else fa, 1
-    return lo
+            high, fb, fa, side = x, fx, fa / 2 if side == 1 else fa, 1
+    return low

@@ -20,20 +20,20 @@ GPU_COUNTS = (2, 4, 8, 16, 32, 64)   # the counts tried, in order (one node, the
 TIER = 9                             # after 4-bit (8): more hardware, and a multi-process launch
 
 
-def shard_suggestion(s, closest=()):
+def shard_suggestion(search, closest=()):
     """The smallest ``num_gpus`` (FSDP, then FSDP with CPU offload) at which a setup fits each GPU, as a
-    :class:`kit.advise.search.Suggestion`; None when none of :data:`GPU_COUNTS` does. ``s``: the Search;
+    :class:`kit.advise.search.Suggestion`; None when none of :data:`GPU_COUNTS` does. ``search``: the Search;
     the setups tried are ``s.base`` as it is, then each of ``closest`` (the suggestions that came nearest on
     one GPU); the fewest GPUs win, then the setup tried first."""
 
-    have = s.base.get("num_gpus", 1) or 1
+    have = search.base.get("num_gpus", 1) or 1
     for offload in (False, True):
         for n in (n for n in GPU_COUNTS if n > have or offload and n >= have):
             for near in (None, *closest):
-                o = {**(near.options if near else s.base), "strategy": "fsdp", "num_gpus": n,
+                o = {**(near.options if near else search.base), "strategy": "fsdp", "num_gpus": n,
                      **({"cpu_offload": True} if offload else {})}
-                e = s.estimate(o)
-                if not s.fits(e):
+                e = search.estimate(o)
+                if not search.fits(e):
                     continue
                 changes = {**(near.changes if near else {}), "strategy": "fsdp", "num-gpus": n,
                            **({"cpu-offload": True} if offload else {})}
@@ -44,7 +44,7 @@ def shard_suggestion(s, closest=()):
                         (f"; the shards live in RAM ({fmt_bytes(e.cpu_offload_bytes)} per process), slower still"
                          if offload else ""))
                 tiers = (TIER, *(near.tiers if near else ()))
-                return Suggestion(changes, cli(changes), e.peak_bytes, True, s.margin(e),
-                                  [*(near.costs if near else []), cost], tiers, *s.largest(o), e.cpu_build_bytes,
+                return Suggestion(changes, cli(changes), e.peak_bytes, True, search.margin(e),
+                                  [*(near.costs if near else []), cost], tiers, *search.largest(o), e.cpu_build_bytes,
                                   e.eval_peak_bytes, o, (False, tiers))
     return None

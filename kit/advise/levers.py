@@ -16,34 +16,35 @@ from kit.estimate.trl import MODELED
 from kit.units import fmt_bytes
 
 
-def _trl(o) -> bool:
-    return bool(o.get("loss_type") or o.get("fused_lm_head"))
+def _trl(setup) -> bool:
+    return bool(setup.get("loss_type") or setup.get("fused_lm_head"))
 
 
-def padding_free(o, c):
+def padding_free(setup, search):
     """The move: where TRL runs and a micro-batch of several rows is padded, the same tokens in one row."""
-    if not _trl(o) or not o.get("padded", True) or o.get("padding_free") or o["batch_size"] < 2 \
-            or o["seq_len"] != c.base["seq_len"]:   # not after "seq": its refinement reads seq_len as a row's
+    if not _trl(setup) or not setup.get("padded", True) or setup.get("padding_free") or setup["batch_size"] < 2 \
+            or setup["seq_len"] != search.base["seq_len"]:   # not after "seq": its refinement reads seq_len as a row's
         return None
-    return {"batch_size": 1, "seq_len": o["batch_size"] * o["seq_len"], "padding_free": True}
+    return {"batch_size": 1, "seq_len": setup["batch_size"] * setup["seq_len"], "padding_free": True}
 
 
-def cost(b, o) -> str:
-    return (f"none at equal tokens: the same {b['batch_size']} rows and loss in one row of {o['seq_len']} tokens "
+def cost(base, setup) -> str:
+    return (f"none at equal tokens: the same {base['batch_size']} rows and loss in one row of {setup['seq_len']} "
+            "tokens "
             "(SFTConfig(padding_free=True); position_ids restart per sequence, so no row attends to another); the "
-            f"estimate holds every row at {b['seq_len']} tokens: the padding your rows carry is saved on top, "
+            f"estimate holds every row at {base['seq_len']} tokens: the padding your rows carry is saved on top, "
             "which it does not know")
 
 
-def notes(s) -> set[str]:
+def notes(search) -> set[str]:
     """The notes of a :class:`kit.advise.search.Search` whose setup runs TRL's loss and does not fit."""
-    o, be = s.base, s.base_est
-    if s.fits(be) or not _trl(o):
+    o, be = search.base, search.base_est
+    if search.fits(be) or not _trl(o):
         return set()
     out = {f"loss_type='chunked_nll' is no lever in TRL {MODELED}: SFTConfig rewrites it to 'nll', whose loss "
            "SFTTrainer already computes in tiles (its fused LM head, no logits): the same peak"}
-    ch = padding_free(o, s)
-    e = ch and s.estimate({**o, **ch})
+    ch = padding_free(o, search)
+    e = ch and search.estimate({**o, **ch})
     if e and e.peak_bytes >= be.peak_bytes:
         out.add(f"padding_free=True at equal tokens (one row of {o['batch_size']} x {o['seq_len']}) peaks at "
                 f"{fmt_bytes(e.peak_bytes)}, not less than {fmt_bytes(be.peak_bytes)} (its block-diagonal mask "

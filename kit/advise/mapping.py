@@ -64,7 +64,7 @@ class InObjects:
         >>> InObjects({"args": {"bf16": True}}, {}, [], "args = ...").to_json()["fields"]
         {'args': {'bf16': True}}
         """
-        js = lambda v: str(v) if isinstance(v, Code) else list(v) if isinstance(v, tuple) else v
+        js = lambda value: str(value) if isinstance(value, Code) else list(value) if isinstance(value, tuple) else value
         return {"code": self.code, "fields": {k: {f: js(v) for f, v in d.items()} for k, d in self.fields.items()},
                 "values": {k: js(v) for k, v in self.values.items()}, "notes": list(self.notes)}
 
@@ -113,26 +113,26 @@ def _has_field(ctx, name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(_args_class(ctx))}
 
 
-def _value(s, cli: str, kw: str):
+def _value(suggestion, cli: str, keyword: str):
     """The suggested value of an option: estimate()'s (``options``) where it has it, else the CLI value."""
-    if kw in (getattr(s, "options", None) or {}):
-        return s.options[kw]
-    return s.changes[cli]
+    if keyword in (getattr(suggestion, "options", None) or {}):
+        return suggestion.options[keyword]
+    return suggestion.changes[cli]
 
 
 # -- the mapping -------------------------------------------------------------------------------------------------
-def plan(s, ctx) -> InObjects:
-    """Suggestion ``s`` in the objects of :func:`context` ``ctx``: the fields that change, the notes, the code (the
+def plan(suggestion, ctx) -> InObjects:
+    """``suggestion`` in the objects of :func:`context` ``ctx``: the fields that change, the notes, the code (the
     module doc has an example)."""
-    if not hasattr(s, "changes") or not isinstance(s.changes, dict):
+    if not hasattr(suggestion, "changes") or not isinstance(suggestion.changes, dict):
         raise kin.InputError("suggestion", f"suggestion must be one of advise(...).suggestions, not "
-                                           f"{type(s).__name__}.")
-    o = getattr(s, "options", None) or {}
+                                           f"{type(suggestion).__name__}.")
+    o = getattr(suggestion, "options", None) or {}
     sft, trainer = ctx["sft"], ctx["trainer"]
     args, peft, quant, values, notes, new = {}, {}, {}, {}, [], {}
-    kws = {KEYWORD.get(c, c.replace("-", "_")): c for c in s.changes}
+    kws = {KEYWORD.get(c, c.replace("-", "_")): c for c in suggestion.changes}
     free_after = ctx["padding_free"] or bool(o.get("padding_free")) or kws.get("padding_free") is not None and bool(
-        s.changes[kws["padding_free"]])
+        suggestion.changes[kws["padding_free"]])
     quant_after = o.get("quantization", ctx["quantization_config"] is not None and "k-bit" or "none")
 
     def put(name, value):   # a TrainingArguments / SFTConfig field, where it changes
@@ -141,7 +141,7 @@ def plan(s, ctx) -> InObjects:
 
     launch = [c for kw, c in kws.items() if kw in LAUNCH]
     for kw, cli in kws.items():
-        v = _value(s, cli, kw)
+        v = _value(suggestion, cli, kw)
         flag = f"--{cli} {v}" if not isinstance(v, bool) else f"--{cli}" if v else f"--no-{cli}"
         if kw in ARGS:
             if kw == "batch_size" and free_after:
@@ -216,8 +216,9 @@ def plan(s, ctx) -> InObjects:
                 if v == "lean" else "run prepare_model_for_kbit_training(model)"))
         elif kw in LAUNCH:
             if cli == launch[0]:
-                n = o.get("num_gpus", s.changes.get("num-gpus"))
-                flags = " ".join("--" + c + ("" if s.changes[c] is True else f" {s.changes[c]}") for c in launch)
+                n = o.get("num_gpus", suggestion.changes.get("num-gpus"))
+                said = suggestion.changes
+                flags = " ".join("--" + c + ("" if said[c] is True else f" {said[c]}") for c in launch)
                 notes.append(f"{flags}"
                              f": no object field: launch on {n} GPUs (accelerate launch --num_processes {n}, "
                              "distributed_type: FSDP, fsdp_version: 2"
@@ -249,14 +250,14 @@ def plan(s, ctx) -> InObjects:
     return out
 
 
-def _src(v) -> str:
-    return str(v) if isinstance(v, Code) else repr(v)
+def _src(value) -> str:
+    return str(value) if isinstance(value, Code) else repr(value)
 
 
-def _code(p: InObjects, ctx, quant) -> str:
+def _code(mapped: InObjects, ctx, quant) -> str:
     imports, lines = [], []
-    kw = lambda d: ", ".join(f"{k}={_src(v)}" for k, v in d.items())
-    name, f = ctx["name"], p.fields
+    kw = lambda fields: ", ".join(f"{k}={_src(v)}" for k, v in fields.items())
+    name, f = ctx["name"], mapped.fields
 
     def made(var, fields, expr, new_from):   # a copy of the user's object with fields changed, or a new one
         if expr is None:
@@ -270,7 +271,7 @@ def _code(p: InObjects, ctx, quant) -> str:
     if name in f:
         made(name, f[name], None if ctx["args"] is None else ctx["expr"], ("transformers", "TrainingArguments"))
     if "peft_config" in f:
-        new = p.new.get("peft_config")
+        new = mapped.new.get("peft_config")
         made("peft_config", {**f["peft_config"], "task_type": "CAUSAL_LM"} if new else f["peft_config"],
              None if new else ctx["peft_expr"], ("peft", "LoraConfig"))
     if "quantization_config" in f:
@@ -279,16 +280,16 @@ def _code(p: InObjects, ctx, quant) -> str:
         else:
             imports.append("from transformers import BitsAndBytesConfig")
             lines.append(f"quantization_config = BitsAndBytesConfig({kw(quant)})")
-    for k, v in p.values.items():
+    for k, v in mapped.values.items():
         where = {"load_dtype": "from_pretrained(..., dtype=load_dtype)",
                  "attn_implementation": "from_pretrained(..., attn_implementation=attn_implementation)",
                  "seq_len": "no object holds it: your rows' length (the note below)"}[k]
         lines.append(f"{k} = {_src(v)}  # {where}")
-    if any(isinstance(v, Code) for d in [*f.values(), p.values] for v in (d or {}).values()):
+    if any(isinstance(v, Code) for d in [*f.values(), mapped.values] for v in (d or {}).values()):
         imports.append("import torch")
-    if ctx["trainer"] and (set(f) - {"args"} or set(p.values) - {"seq_len"}):
+    if ctx["trainer"] and (set(f) - {"args"} or set(mapped.values) - {"seq_len"}):
         lines.append("# then load the model again with these, and build the Trainer with args=args")
     elif ctx["trainer"] and "args" in f:
         lines.append("# then build the Trainer again with args=args")
-    lines += [f"# {n}" for n in p.notes]
+    lines += [f"# {n}" for n in mapped.notes]
     return "\n".join(sorted(set(imports), key=imports.index) + lines)

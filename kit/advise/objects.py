@@ -61,9 +61,9 @@ def _kinds() -> dict:
     from transformers import BitsAndBytesConfig, TrainingArguments
 
     return {"sft_config": (kt.is_sft, "trl SFTConfig"),
-            "training_args": (lambda o: isinstance(o, TrainingArguments), "transformers TrainingArguments"),
-            "peft_config": (lambda o: isinstance(o, LoraConfig), "peft LoraConfig"),
-            "quantization_config": (lambda o: isinstance(o, BitsAndBytesConfig), "transformers BitsAndBytesConfig")}
+            "training_args": (lambda obj: isinstance(obj, TrainingArguments), "transformers TrainingArguments"),
+            "peft_config": (lambda obj: isinstance(obj, LoraConfig), "peft LoraConfig"),
+            "quantization_config": (lambda obj: isinstance(obj, BitsAndBytesConfig), "transformers BitsAndBytesConfig")}
 
 
 def _check_kinds(given: dict) -> None:
@@ -160,7 +160,7 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     if strict and missing:
         raise kin.InputError("suggestion", f"{missing[0]}: no object of yours holds the change "
                                            f"{missing[0].split(':')[0]}, so apply() cannot make it.")
-    plain = lambda d: {k: v.value if isinstance(v, Code) else v for k, v in d.items()}
+    plain = lambda fields: {k: v.value if isinstance(v, Code) else v for k, v in fields.items()}
     out = {}
     name = ctx["name"]
     if ctx["args"] is not None:

@@ -28,40 +28,42 @@ KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
 
 
 # -- the moves ----------------------------------------------------------------------------------------------
-def _liger(o, c):   # Liger's kernels, where a GPU runs them (the estimate refuses a family they do not patch)
-    return None if o.get("liger_kernel") or c.lim.kernels != "cuda" else {"liger_kernel": True}
+def _liger(setup, search):   # Liger's kernels, where a GPU runs them (the estimate refuses a family they do not patch)
+    return None if setup.get("liger_kernel") or search.lim.kernels != "cuda" else {"liger_kernel": True}
 
 
-def _ckpt_half(o, c):   # checkpointing every other block: about half the recompute, part of the saving
-    return None if o["gradient_checkpointing"] or c.base["seq_len"] != o["seq_len"] else \
+def _ckpt_half(setup, search):   # checkpointing every other block: about half the recompute, part of the saving
+    return None if setup["gradient_checkpointing"] or search.base["seq_len"] != setup["seq_len"] else \
         {"gradient_checkpointing": True, "ckpt_every_n_layers": 2}
 
 
 def _offload(key):   # what checkpointing keeps, to pinned RAM: transformers' save_on_cpu, or TRL's offloader
-    def move(o, c):
-        if o.get(key) or (key == "activation_offloading" and not o.get("fused_lm_head")) or \
-                o.get("ckpt_every_n_layers", 1) != 1 or (key == "checkpoint_offload" and o.get("activation_offloading")):
+    def move(setup, search):
+        if setup.get(key) or (key == "activation_offloading" and not setup.get("fused_lm_head")) or \
+                setup.get("ckpt_every_n_layers", 1) != 1 or \
+                (key == "checkpoint_offload" and setup.get("activation_offloading")):
             return None
         return {"gradient_checkpointing": True, key: True}
     return move
 
 
-def _paged32(o, c):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
-    if o["optimizer"] not in ("adamw", "adamw-fused"):
+def _paged32(setup, search):   # the same AdamW in 32 bits, its state paged off the allocator (bitsandbytes)
+    if setup["optimizer"] not in ("adamw", "adamw-fused"):
         return None
-    if c.too_big and trains_weights(o):   # bitsandbytes 0.50 backends/cuda/ops.py: ct.c_int32(g.numel())
-        c.notes.add(f"paged AdamW (bitsandbytes) is not suggested: {c.too_big} has more than 2^31 - 1 elements, "
+    if search.too_big and trains_weights(setup):   # bitsandbytes 0.50 backends/cuda/ops.py: ct.c_int32(g.numel())
+        search.notes.add(f"paged AdamW (bitsandbytes) is not suggested: {search.too_big} has more than 2^31 - 1 "
+                         "elements, "
                     "and bitsandbytes passes its 32-bit optimizer kernel the element count as a C int32")
         return None
     return {"optimizer": "paged-adamw"}
 
 
 def _adam8(paged):
-    def move(o, c):
-        if o["optimizer"] not in ("adamw", "adamw-fused"):   # 8-bit AdamW replaces a 32-bit AdamW only
+    def move(setup, search):
+        if setup["optimizer"] not in ("adamw", "adamw-fused"):   # 8-bit AdamW replaces a 32-bit AdamW only
             return None
-        if c.too_big and trains_weights(o):
-            c.notes.add(f"8-bit AdamW is not suggested: {c.too_big} has more than 2^31 - 1 elements, and "
+        if search.too_big and trains_weights(setup):
+            search.notes.add(f"8-bit AdamW is not suggested: {search.too_big} has more than 2^31 - 1 elements, and "
                         "bitsandbytes' 8-bit optimizer kills the process on it (no exception; seen on an H200: "
                         "docs/known-failures.md)")
             return None
@@ -70,44 +72,47 @@ def _adam8(paged):
 
 
 def _lora(targets):
-    return lambda o, c: None if o["lora_r"] or c.info.vocab_head or o["quantization"] != "none" else \
+    return lambda setup, search: \
+        None if setup["lora_r"] or search.info.vocab_head or setup["quantization"] != "none" else \
         {"lora_r": LORA_R, "lora_targets": targets}
 
 
 def _quant(bits):
-    def move(o, c):
-        if o["quantization"] != "none":
+    def move(setup, search):
+        if setup["quantization"] != "none":
             return None
-        lora = {} if o["lora_r"] or c.info.vocab_head else {"lora_r": LORA_R, "lora_targets": kin.ALL_LINEAR}
-        trl = {"kbit_recipe": "lean", "adapter_dtype": "bf16"} if o.get("fused_lm_head") else {}  # as SFTTrainer does
-        return {"quantization": bits, **lora, **trl, "load_dtype": c.lim.half if o["lora_r"] or lora else o["load_dtype"]}
+        lora = {} if setup["lora_r"] or search.info.vocab_head else {"lora_r": LORA_R, "lora_targets": kin.ALL_LINEAR}
+        trl = {"kbit_recipe": "lean", "adapter_dtype": "bf16"} if setup.get("fused_lm_head") else {}  # as SFTTrainer
+        load = search.lim.half if setup["lora_r"] or lora else setup["load_dtype"]
+        return {"quantization": bits, **lora, **trl, "load_dtype": load}
     return move
 
 
-def _w16(o, c):
-    if o["load_dtype"] != "fp32" or o["quantization"] != "none":
+def _w16(setup, search):
+    if setup["load_dtype"] != "fp32" or setup["quantization"] != "none":
         return None
-    if trains_weights(o):  # fp16 trained weights under fp16 autocast: Trainer's grad scaler refuses them
-        return {"load_dtype": "bf16", **({"precision": "bf16"} if o["precision"] == "fp16" else {})}
-    return {"load_dtype": c.lim.half}
+    if trains_weights(setup):  # fp16 trained weights under fp16 autocast: Trainer's grad scaler refuses them
+        return {"load_dtype": "bf16", **({"precision": "bf16"} if setup["precision"] == "fp16" else {})}
+    return {"load_dtype": search.lim.half}
 
 
-def _eval(o, c):   # probed at eval batch 1; the gathered logits leave the GPU every step
-    if not c.evaluates or o["eval_batch_size"] == 1 and (o["eval_gather"] == "loss" or o["eval_accumulation_steps"]):
+def _eval(setup, search):   # probed at eval batch 1; the gathered logits leave the GPU every step
+    if not search.evaluates or setup["eval_batch_size"] == 1 and (setup["eval_gather"] == "loss"
+                                                                 or setup["eval_accumulation_steps"]):
         return None
-    return {"eval_batch_size": 1, **({"eval_accumulation_steps": 1} if o["eval_gather"] != "loss"
-                                     and not o["eval_accumulation_steps"] else {})}
+    return {"eval_batch_size": 1, **({"eval_accumulation_steps": 1} if setup["eval_gather"] != "loss"
+                                     and not setup["eval_accumulation_steps"] else {})}
 
 
-def _head(o, c):
-    if o["lora_r"] or not c.outsized:
+def _head(setup, search):
+    if setup["lora_r"] or not search.outsized:
         return None
-    name, fin, fout = c.outsized
+    name, fin, fout = search.outsized
     return {"lora_r": max(8, min(256, min(fin, fout) // 64)), "lora_targets": (name,)}
 
 
-def _expandable(o, c):   # judged on reserved, on a GPU: the setting changes nothing else
-    if o.get("expandable_segments") or c.lim.kernels != "cuda" or c.lim.safety_fraction is not None:
+def _expandable(setup, search):   # judged on reserved, on a GPU: the setting changes nothing else
+    if setup.get("expandable_segments") or search.lim.kernels != "cuda" or search.lim.safety_fraction is not None:
         return None
     return {"expandable_segments": True}
 
@@ -119,27 +124,30 @@ MOVES = {
     "liger": (_liger, 0),             # a chunked loss and fused layer kernels: the same math
     "head-lora": (_head, 6), "lora-all": (_lora(kin.ALL_LINEAR), 6), "lora": (_lora(None), 6),
     "8bit": (_quant("8bit"), 7), "4bit": (_quant("4bit"), 8),
-    "mixed": (lambda o, c: {"precision": c.lim.half} if o["precision"] == "fp32" else None, 3),
-    "lean": (lambda o, c: {"kbit_recipe": "lean"} if o["quantization"] != "none" and o["kbit_recipe"] == "standard"
+    "mixed": (lambda setup, search: {"precision": search.lim.half} if setup["precision"] == "fp32" else None, 3),
+    "lean": (lambda setup, search: {"kbit_recipe": "lean"}
+             if setup["quantization"] != "none" and setup["kbit_recipe"] == "standard"
              else None, 3),
     "w16": (_w16, 3), "adam8": (_adam8(False), 3), "paged-adam8": (_adam8(True), 3),
-    "fused": (lambda o, c: {"optimizer": "adamw-fused"} if o["optimizer"] == "adamw" else None, 0),
-    "sdpa": (lambda o, c: {"attn_implementation": "sdpa"} if o["attn_implementation"] == "eager" else None, 0),
+    "fused": (lambda setup, search: {"optimizer": "adamw-fused"} if setup["optimizer"] == "adamw" else None, 0),
+    "sdpa": (lambda setup, search: {"attn_implementation": "sdpa"} if setup["attn_implementation"] == "eager" else None,
+             0),
     "ckpt-half": (_ckpt_half, 2),   # before full checkpointing: less recompute where it is enough
-    "ckpt": (lambda o, c: None if o["gradient_checkpointing"] else {"gradient_checkpointing": True}, 2),
+    "ckpt": (lambda setup, search: None if setup["gradient_checkpointing"] else {"gradient_checkpointing": True}, 2),
     "ckpt-offload": (_offload("checkpoint_offload"), 2), "trl-offload": (_offload("activation_offloading"), 2),
     "eval": (_eval, 1),
     # probed at their extreme (1/8 of the sequence, batch 1), then refined to the least change that fits
-    "seq": (lambda o, c: {"seq_len": max(1, o["seq_len"] // 8)} if o["seq_len"] > c.min_seq_len else None, 5),
-    "split": (lambda o, c: {"batch_size": 1, "grad_accum": o["grad_accum"] * o["batch_size"]}
-              if o["batch_size"] > 1 else None, 1),
+    "seq": (lambda setup, search: {"seq_len": max(1, setup["seq_len"] // 8)}
+            if setup["seq_len"] > search.min_seq_len else None, 5),
+    "split": (lambda setup, search: {"batch_size": 1, "grad_accum": setup["grad_accum"] * setup["batch_size"]}
+              if setup["batch_size"] > 1 else None, 1),
     "paged-adam": (_paged32, 1),   # after the split: it needs bitsandbytes, which Colab lacks
     "padding-free": (levers.padding_free, 0),   # where TRL runs: the same tokens in one row (kit.advise.levers)
 }
 
 
-def _tier(m, o) -> int:
-    return 4 if m == "w16" and trains_weights(o) else MOVES[m][1]
+def _tier(move, setup) -> int:
+    return 4 if move == "w16" and trains_weights(setup) else MOVES[move][1]
 
 
 @dataclass
@@ -189,7 +197,7 @@ class Search:
                                                                                         "checkpoint_reentrant")}}
         self.base_est = b
         big = [l for l in self.info.leaves if l.kind == "linear" and l.trainable]
-        top = max(big, key=lambda l: l.weight, default=None)
+        top = max(big, key=lambda leaf: leaf.weight, default=None)
         self.outsized = (top.name, top.fin, top.fout) if top and not self.base["lora_r"] and \
             top.weight > b.trainable_params / 2 else None
         self.too_big = next((l.name + ".weight" for l in self.info.leaves if l.trainable and l.weight > INT32_MAX),
@@ -197,30 +205,30 @@ class Search:
         self.maxpos = min(self.info.max_positions or SEQ_CAP, SEQ_CAP)
         self.notes |= levers.notes(self)   # TRL's chunked_nll and padding-free, where they do not help
 
-    def estimate(self, o: dict) -> Estimate | None:
-        key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in o.items())
+    def estimate(self, setup: dict) -> Estimate | None:
+        key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in setup.items())
         if key not in self.cache:
             if self.cancelled is not None and self.cancelled():
                 raise Cancelled
             try:
-                self.cache[key] = estimate(**o)
+                self.cache[key] = estimate(**setup)
             except ValueError:   # a combination the estimator refuses (e.g. targets that match nothing)
                 self.cache[key] = None
         return self.cache[key]
 
-    def peak(self, o: dict, what: str = "judged") -> float:
+    def peak(self, setup: dict, what: str = "judged") -> float:
         """The peak ``fits`` judges (training's; evaluation's too where it is judged), or one field."""
-        e = self.estimate(o)
+        e = self.estimate(setup)
         if e is None:
             return float("inf")
         return self.lim.judged(e, self.evaluates, exact=False) if what == "judged" else getattr(e, what)
 
-    def fits(self, e) -> bool:
+    def fits(self, est) -> bool:
         """The judged peak fits the device, the CPU build its RAM, and what training keeps in that RAM fits it
         too: optimizer state paged out of the GPU's allocator (bitsandbytes' managed memory, paged to RAM under
         pressure) and offloaded activations (pinned)."""
-        return e is not None and self.lim.judged(e, self.evaluates, exact=False) <= self.lim.usable_bytes \
-            and max(e.cpu_build_bytes, e.paged_optimizer_bytes + e.offloaded_bytes) <= self.lim.ram_bytes
+        return est is not None and self.lim.judged(est, self.evaluates, exact=False) <= self.lim.usable_bytes \
+            and max(est.cpu_build_bytes, est.paged_optimizer_bytes + est.offloaded_bytes) <= self.lim.ram_bytes
 
     def apply(self, names) -> dict | None:
         o = dict(self.base)
@@ -236,12 +244,12 @@ class Search:
         estimated cheapest first (the cost is known before the estimate); once ``enough`` fit, the costlier
         ones are not estimated at all."""
         todo = {}
-        for names in sorted(sets, key=lambda n: tuple(i for i, m in enumerate(MOVES) if m in n)):
+        for names in sorted(sets, key=lambda move_set: tuple(i for i, m in enumerate(MOVES) if m in move_set)):
             o = self.apply(names)
             if o is not None:   # the same options reached by two sets of moves: once
                 todo.setdefault(tuple(sorted((k, str(v)) for k, v in o.items() if k != "model")), (names, o))
         out, fitting = [], []
-        for names, o in sorted(todo.values(), key=lambda n: self.prefix(*n)):
+        for names, o in sorted(todo.values(), key=lambda node: self.prefix(*node)):
             if len(fitting) >= enough and self.prefix(names, o) > fitting[enough - 1]:
                 break
             e = self.estimate(o)
@@ -250,63 +258,68 @@ class Search:
                 fitting += [self.prefix(names, o)] if self.fits(e) else []
         return out
 
-    def refine(self, names, o, e):
+    def refine(self, names, setup, est):
         """The probed moves of a node that fits, taken back to the least change that still fits."""
-        if not self.fits(e) or not {"seq", "split", "eval"} & names:
-            return names, o, e
-        use, b, o = self.lim.usable_bytes, self.base, dict(o)   # (use: the eval batch's limit, judged as allocated)
+        if not self.fits(est) or not {"seq", "split", "eval"} & names:
+            return names, setup, est
+        use, b, setup = self.lim.usable_bytes, self.base, dict(setup)   # (use: the eval batch's limit, as allocated)
         if "seq" in names:   # costlier than the split: keep as much of the sequence as fits
-            o["seq_len"] = largest_judged(lambda n: self.estimate({**o, "seq_len": n}), self.lim, o["seq_len"],
+            setup["seq_len"] = largest_judged(lambda size: self.estimate({**setup, "seq_len": size}), self.lim,
+                                              setup["seq_len"],
                                           b["seq_len"] - 1, evaluates=self.evaluates)
         if "split" in names:
             divs = [d for d in range(1, b["batch_size"]) if b["batch_size"] % d == 0]
-            o["batch_size"] = divs[largest_judged(lambda i: self.estimate({**o, "batch_size": divs[i]}), self.lim, 0,
+            setup["batch_size"] = divs[largest_judged(lambda index: self.estimate({**setup, "batch_size": divs[index]}),
+                                                      self.lim, 0,
                                                   len(divs) - 1, evaluates=self.evaluates)]
-            o["grad_accum"] = b["grad_accum"] * b["batch_size"] // o["batch_size"]
+            setup["grad_accum"] = b["grad_accum"] * b["batch_size"] // setup["batch_size"]
         if "eval" in names:
-            o["eval_batch_size"] = largest_fitting(lambda n: self.peak({**o, "eval_batch_size": n}, "eval_peak_bytes"),
+            setup["eval_batch_size"] = largest_fitting(lambda size: self.peak({**setup, "eval_batch_size": size},
+                                                                               "eval_peak_bytes"),
                                                    1, b["eval_batch_size"], use)
-        return names, o, self.estimate(o)
+        return names, setup, self.estimate(setup)
 
     def too_short(self, node) -> bool:
         """A node whose rows are cut below :data:`MIN_ROW_TOKENS` (after :meth:`refine`): never suggested."""
         o = node[1]
         return o["seq_len"] != self.base["seq_len"] and o["seq_len"] < self.min_seq_len
 
-    def changes(self, o) -> dict:
+    def changes(self, setup) -> dict:
         b = self.base
-        changes = {CLI[k]: cli_value(o[k]) for k in CLI if o[k] != b[k]}
+        changes = {CLI[k]: cli_value(setup[k]) for k in CLI if setup[k] != b[k]}
         if {"quantization", "kbit-recipe"} & set(changes):   # they change checkpointing's default: say it
-            changes["gradient-checkpointing"] = o["gradient_checkpointing"]
+            changes["gradient-checkpointing"] = setup["gradient_checkpointing"]
         return changes
 
-    def prefix(self, names, o) -> tuple:
+    def prefix(self, names, setup) -> tuple:
         """The cost rank known before estimating: the tiers, costliest first; the moves' order; the options."""
-        return (tuple(sorted((_tier(m, o) for m in names), reverse=True)),
-                tuple(i for i, m in enumerate(MOVES) if m in names), len(self.changes(o)))
+        return (tuple(sorted((_tier(m, setup) for m in names), reverse=True)),
+                tuple(i for i, m in enumerate(MOVES) if m in names), len(self.changes(setup)))
 
     def rank(self, node) -> tuple:
         """Cheapest first: fits, then the costliest change's tier (then the next), fewer options, lower peak."""
         names, o, e = node
         return (not self.fits(e),) + self.prefix(names, o) + (e.peak_bytes,)
 
-    def suggestion(self, names, o, e) -> Suggestion:
-        costs = [cost(m, self.base, o, self.base_est, e) for m in MOVES if m in names]
-        changes, rank = self.changes(o), self.rank((names, o, e))
-        return Suggestion(changes, cli(changes), e.peak_bytes, self.fits(e), self.margin(e), costs, rank[1],
-                          *self.largest(o), e.cpu_build_bytes, e.eval_peak_bytes, o, rank, e.reserved_bytes)
+    def suggestion(self, names, setup, est) -> Suggestion:
+        costs = [cost(m, self.base, setup, self.base_est, est) for m in MOVES if m in names]
+        changes, rank = self.changes(setup), self.rank((names, setup, est))
+        return Suggestion(changes, cli(changes), est.peak_bytes, self.fits(est), self.margin(est), costs, rank[1],
+                          *self.largest(setup), est.cpu_build_bytes, est.eval_peak_bytes, setup, rank,
+                          est.reserved_bytes)
 
-    def margin(self, e) -> int:
+    def margin(self, est) -> int:
         """The usable limit less what is judged (:meth:`kit.advise.core.Limit.judged`)."""
-        return self.lim.usable_bytes - self.lim.judged(e, self.evaluates)
+        return self.lim.usable_bytes - self.lim.judged(est, self.evaluates)
 
-    def largest(self, o) -> tuple[int, int]:
-        return tuple(largest_replayed(lambda n, k=k: self.estimate({**o, k: n}), self.lim, 1, top, o[k], self.evaluates)
+    def largest(self, setup) -> tuple[int, int]:
+        return tuple(largest_replayed(lambda size, key=k: self.estimate({**setup, key: size}), self.lim, 1, top,
+                                      setup[k], self.evaluates)
                      for k, top in (("batch_size", BATCH_CAP), ("seq_len", self.maxpos)))
 
 
-def cli_value(v):
-    return ",".join(v) if isinstance(v, tuple) else v
+def cli_value(value):
+    return ",".join(value) if isinstance(value, tuple) else value
 
 
 def cli(changes: dict) -> str:

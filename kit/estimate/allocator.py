@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import gc
 from collections import namedtuple
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -119,10 +120,11 @@ class _Allocator:
         self.fresh_peak = False
         self.seg, self.off, self.size, self.mapped, self.used, self.prev, self.next = [], [], [], [], [], [], []
 
-    def view(self, b: int) -> BlockView:
-        """Block ``b``'s fields."""
-        return BlockView(self.seg[b], self.off[b], self.size[b], self.mapped[b], self.used[b], self.prev[b],
-                         self.next[b])
+    def view(self, block: int) -> BlockView:
+        """Block ``block``'s fields."""
+        return BlockView(self.seg[block], self.off[block], self.size[block], self.mapped[block], self.used[block],
+                         self.prev[block],
+                         self.next[block])
 
     def _new(self, seg: _Segment, off: int, size: int, mapped: bool = True) -> int:
         self.seg.append(seg)
@@ -134,24 +136,24 @@ class _Allocator:
         self.next.append(NONE)
         return len(self.off) - 1
 
-    def _link(self, a: int, b: int) -> None:
-        """Make ``a`` and ``b`` neighbours in their segment (``Block::splice()``); either may be ``NONE``."""
-        if a != NONE:
-            self.next[a] = b
-        if b != NONE:
-            self.prev[b] = a
+    def _link(self, first: int, second: int) -> None:
+        """Make ``first`` and ``second`` neighbours in their segment (``Block::splice()``); either may be ``NONE``."""
+        if first != NONE:
+            self.next[first] = second
+        if second != NONE:
+            self.prev[second] = first
 
-    def _add(self, pool: _Pool, b: int) -> None:  # insert_into_blocks(), or unmapped.insert()
-        if self.mapped[b]:
-            bisect.insort(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b], b))
+    def _add(self, pool: _Pool, block: int) -> None:  # insert_into_blocks(), or unmapped.insert()
+        if self.mapped[block]:
+            bisect.insort(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block], block))
         else:
-            bisect.insort(pool.unmapped, (self.seg[b].seq, self.off[b], b))
+            bisect.insort(pool.unmapped, (self.seg[block].seq, self.off[block], block))
 
-    def _drop(self, pool: _Pool, b: int) -> None:  # erase_from_blocks(), or unmapped.erase()
-        if self.mapped[b]:
-            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[b], self.seg[b].seq, self.off[b]))]
+    def _drop(self, pool: _Pool, block: int) -> None:  # erase_from_blocks(), or unmapped.erase()
+        if self.mapped[block]:
+            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block]))]
         else:
-            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[b].seq, self.off[b]))]
+            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[block].seq, self.off[block]))]
 
     def _grow(self, nbytes: int) -> None:  # reserved_bytes.increase()
         self.reserved += nbytes
@@ -160,43 +162,90 @@ class _Allocator:
             self.at_peak = (self.segments, self.reserved - self.allocated)
 
     def malloc(self, nbytes: int) -> int | None:  # DeviceCachingAllocator::malloc(): a block's index, or None
-        size = MIN_BLOCK_BYTES * max(1, -(-nbytes // MIN_BLOCK_BYTES))   # round_size()
+        # (the hot path of a replay: the helpers' steps written out in place, with the lists as locals)
+        size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES or MIN_BLOCK_BYTES  # round_size()
         small = size <= SMALL_SIZE_BYTES
         pool = self.pools[small]  # get_pool()
-        block = self._get_free_block(pool, size)
-        if block is None:
-            block = self._alloc_block(pool, size)
-            if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
-                self.release_cached_blocks()
-                self.retries += 1
+        blocks = pool.blocks
+        i = bisect.bisect_left(blocks, (size,))
+        if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
+            block = blocks.pop(i)[3]
+        else:
+            block = self._get_free_block(pool, size) if i < len(blocks) else None
+            if block is None:
                 block = self._alloc_block(pool, size)
-                if block is None:
-                    return None
-        remaining = self.size[block] - size  # should_split()
+                if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
+                    self.release_cached_blocks()
+                    self.retries += 1
+                    block = self._alloc_block(pool, size)
+                    if block is None:
+                        return None
+        sizes = self.size
+        remaining = sizes[block] - size  # should_split()
         if (remaining >= MIN_BLOCK_BYTES) if small or self.expandable else (remaining > SMALL_SIZE_BYTES):
-            rest = self._new(self.seg[block], self.off[block] + size, remaining)  # alloc_found_block(): tail free
-            self._link(rest, self.next[block])
-            self._link(block, rest)
-            self.size[block] = size
-            self._add(pool, rest)
+            seg, off, after = self.seg[block], self.off[block] + size, self.next[block]   # alloc_found_block():
+            rest = len(sizes)                                                             # the tail, free
+            self.seg.append(seg)
+            self.off.append(off)
+            sizes.append(remaining)
+            self.mapped.append(True)
+            self.used.append(False)
+            self.prev.append(block)
+            self.next.append(after)
+            if after != NONE:
+                self.prev[after] = rest
+            self.next[block] = rest
+            sizes[block] = size
+            bisect.insort(blocks, (remaining, seg.seq, off, rest))
         self.used[block] = True
-        self.allocated += self.size[block]
+        self.allocated += sizes[block]
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
+        if self.fresh_peak:   # the reserved peak this request set: what the cache held beyond live blocks then
+            if self.reserved == self.peak_reserved:
+                self.at_peak = (self.segments, self.reserved - self.allocated)
+            self.fresh_peak = False
         return block
 
     def _get_free_block(self, pool: _Pool, size: int) -> int | None:  # get_free_block()
+        i = self._best_fit(pool, size)
+        return None if i is None else pool.blocks.pop(i)[3]
+
+    def _best_fit(self, pool: _Pool, size: int) -> int | None:
+        """Where in ``pool.blocks`` the block :meth:`_get_free_block` takes is, or None."""
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks):
             return None
         if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
-            def grows_to(b: int) -> int:
-                after = self.next[b]
-                return self.size[b] + (self.size[after] if after != NONE and not self.mapped[after] else 0)
-            while i + 1 < len(blocks) and grows_to(blocks[i + 1][3]) < grows_to(blocks[i][3]):
-                i += 1
-        return blocks.pop(i)[3]
+            sizes, nexts, mapped, last = self.size, self.next, self.mapped, len(blocks) - 1
+            after = nexts[blocks[i][3]]
+            grows = blocks[i][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
+            while i < last:
+                after = nexts[blocks[i + 1][3]]
+                grows_next = blocks[i + 1][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
+                if grows_next >= grows:
+                    break
+                i, grows = i + 1, grows_next
+        return i
+
+    def malloc_free(self, nbytes: int) -> None:
+        """:meth:`malloc`, then :meth:`free` of that block, at once. Where a cached block serves the request the
+        cache is left as it was (no free block borders another, so its split-off rest merges back and nothing
+        else): only the allocated peak moves. Else a segment is made, as :meth:`malloc` makes it."""
+        size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES or MIN_BLOCK_BYTES
+        small = size <= SMALL_SIZE_BYTES
+        pool = self.pools[small]
+        i = self._best_fit(pool, size)
+        if i is None:
+            block = self.malloc(nbytes)
+            if block is not None:
+                self.free(block)
+            return
+        remaining = pool.blocks[i][0] - size   # should_split(): a block not split counts whole
+        held = size if ((remaining >= MIN_BLOCK_BYTES) if small or self.expandable else
+                        (remaining > SMALL_SIZE_BYTES)) else pool.blocks[i][0]
+        self.peak_allocated = max(self.peak_allocated, self.allocated + held)
 
     def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
         if self.expandable:
@@ -220,13 +269,65 @@ class _Allocator:
         self.size[dst] += self.size[src]
         self._drop(pool, src)
 
-    def free(self, block: int) -> None:  # free() -> free_block()
-        self.used[block] = False
-        self.allocated -= self.size[block]
-        pool = self.pools[self.seg[block].small]
-        self._merge(pool, block, self.prev[block])
-        self._merge(pool, block, self.next[block])
-        self._add(pool, block)
+    def free(self, block: int) -> None:  # free() -> free_block(): the block merges with its free neighbours
+        used, sizes, offs, prevs, nexts = self.used, self.size, self.off, self.prev, self.next
+        used[block] = False
+        self.allocated -= sizes[block]
+        seg = self.seg[block]
+        blocks = self.pools[seg.small].blocks
+        before = prevs[block]   # (a live block is mapped: only a mapped neighbour merges with it)
+        if before != NONE and not used[before] and self.mapped[before]:   # try_merge_blocks()
+            del blocks[bisect.bisect_left(blocks, (sizes[before], seg.seq, offs[before]))]
+            offs[block] = offs[before]
+            sizes[block] += sizes[before]
+            before = prevs[block] = prevs[before]
+            if before != NONE:
+                nexts[before] = block
+        after = nexts[block]
+        if after != NONE and not used[after] and self.mapped[after]:
+            del blocks[bisect.bisect_left(blocks, (sizes[after], seg.seq, offs[after]))]
+            sizes[block] += sizes[after]
+            after = nexts[block] = nexts[after]
+            if after != NONE:
+                prevs[after] = block
+        bisect.insort(blocks, (sizes[block], seg.seq, offs[block], block))
+
+    def free_all(self, blocks) -> None:
+        """:meth:`free` of each of ``blocks``, at once: freed blocks merge into runs, as in any order, and each run
+        enters the free list once. (Frees raise no peak, and the free blocks they leave are the same in any order.)"""
+        used, sizes, offs, prevs, nexts, mapped = self.used, self.size, self.off, self.prev, self.next, self.mapped
+        pending = set(blocks)
+        for block in pending:
+            used[block] = False
+            self.allocated -= sizes[block]
+        for block in blocks:
+            if block not in pending:   # merged into another of the run already
+                continue
+            pending.discard(block)
+            seg = self.seg[block]
+            pool = self.pools[seg.small].blocks
+            before = prevs[block]
+            while before != NONE and not used[before] and mapped[before]:
+                if before in pending:
+                    pending.discard(before)
+                else:
+                    del pool[bisect.bisect_left(pool, (sizes[before], seg.seq, offs[before]))]
+                offs[block] = offs[before]
+                sizes[block] += sizes[before]
+                before = prevs[block] = prevs[before]
+            if before != NONE:
+                nexts[before] = block
+            after = nexts[block]
+            while after != NONE and not used[after] and mapped[after]:
+                if after in pending:
+                    pending.discard(after)
+                else:
+                    del pool[bisect.bisect_left(pool, (sizes[after], seg.seq, offs[after]))]
+                sizes[block] += sizes[after]
+                after = nexts[block] = nexts[after]
+            if after != NONE:
+                prevs[after] = block
+            bisect.insort(pool, (sizes[block], seg.seq, offs[block], block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
@@ -243,27 +344,27 @@ class _Allocator:
         self._add(pool, u)
         return u
 
-    def _map_block(self, pool: _Pool, b: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
-        page, off = self.seg[b].page_bytes, self.off[b]
+    def _map_block(self, pool: _Pool, block: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
+        page, off = self.seg[block].page_bytes, self.off[block]
         end = -(-(off + size) // page) * page
         nbytes = end - off  # whole pages: the offset is page-aligned
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return False
-        self._drop(pool, b)
-        left = self.prev[b] != NONE  # an unmapped block's neighbours are mapped: mapped ranges join
+        self._drop(pool, block)
+        left = self.prev[block] != NONE  # an unmapped block's neighbours are mapped: mapped ranges join
         right = False
-        if nbytes < self.size[b]:
-            rest = self._new(self.seg[b], end, self.size[b] - nbytes, mapped=False)
-            self._link(rest, self.next[b])
-            self._link(b, rest)
+        if nbytes < self.size[block]:
+            rest = self._new(self.seg[block], end, self.size[block] - nbytes, mapped=False)
+            self._link(rest, self.next[block])
+            self._link(block, rest)
             self._add(pool, rest)
         else:
-            right = self.next[b] != NONE
-        self.size[b], self.mapped[b] = nbytes, True
+            right = self.next[block] != NONE
+        self.size[block], self.mapped[block] = nbytes, True
         self.segments += 1 - left - right
-        self._merge(pool, b, self.prev[b])
-        self._merge(pool, b, self.next[b])
-        self._add(pool, b)
+        self._merge(pool, block, self.prev[block])
+        self._merge(pool, block, self.next[block])
+        self._add(pool, block)
         self._grow(nbytes)
         return True
 
@@ -279,31 +380,38 @@ class _Allocator:
         self._drop(pool, c)
         return c
 
-    def _unmap_block(self, pool: _Pool, b: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
-        page, off, size = self.seg[b].page_bytes, self.off[b], self.size[b]
+    def _unmap_block(self, pool: _Pool, block: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
+        page, off, size = self.seg[block].page_bytes, self.off[block], self.size[block]
         begin, end = -(-off // page) * page, (off + size) // page * page
         if begin >= end:  # no whole page inside this free block
             return
-        self._drop(pool, b)
-        before, after = self.prev[b], self.next[b]
+        self._drop(pool, block)
+        before, after = self.prev[block], self.next[block]
         left = begin > off or (before != NONE and self.mapped[before])
         right = end < off + size or (after != NONE and self.mapped[after])
         if begin > off:  # a partial page at either end stays mapped, a free block of its own
-            head = self._new(self.seg[b], off, begin - off)
+            head = self._new(self.seg[block], off, begin - off)
             self._link(before, head)
-            self._link(head, b)
+            self._link(head, block)
             self._add(pool, head)
         if end < off + size:
-            tail = self._new(self.seg[b], end, off + size - end)
+            tail = self._new(self.seg[block], end, off + size - end)
             self._link(tail, after)
-            self._link(b, tail)
+            self._link(block, tail)
             self._add(pool, tail)
-        self.off[b], self.size[b], self.mapped[b] = begin, end - begin, False
+        self.off[block], self.size[block], self.mapped[block] = begin, end - begin, False
         self.segments += left + right - 1
-        self._merge(pool, b, self.prev[b])
-        self._merge(pool, b, self.next[b])
-        self._add(pool, b)
+        self._merge(pool, block, self.prev[block])
+        self._merge(pool, block, self.next[block])
+        self._add(pool, block)
         self.reserved -= end - begin
+
+    def run(self, oom_at: int | None) -> AllocatorRun:
+        """The stats so far."""
+        return AllocatorRun(peak_reserved_bytes=self.peak_reserved, peak_allocated_bytes=self.peak_allocated,
+                            reserved_bytes=self.reserved, allocated_bytes=self.allocated, segments=self.at_peak[0],
+                            expandable=self.expandable, oom_at=oom_at, gap_at_peak_bytes=self.at_peak[1],
+                            retries=self.retries)
 
     def release_cached_blocks(self) -> None:  # release_cached_blocks() -> release_blocks(), large pool first
         for pool in (self.pools[False], self.pools[True]):
@@ -337,10 +445,18 @@ def simulate(events, *, expandable: bool = False, limit_bytes: int | None = None
     >>> simulate([("alloc", "a", 11 * MiB)], expandable=True).peak_reserved_bytes // MiB
     20
     """
-    collecting = gc.isenabled()   # the replay makes no cycles: the collector's passes over every object in the
-    gc.disable()                  # process (a full one takes hundreds of ms beside transformers) wait till it ends
-    try:
+    with no_collector():
         return _replay(events, expandable, limit_bytes)
+
+
+@contextmanager
+def no_collector():
+    """Python's cycle collector off for the block: a replay makes no cycles, and the collector's passes over every
+    object in the process (a full one takes hundreds of ms beside transformers) wait till it ends."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
@@ -371,10 +487,52 @@ def _replay(events, expandable: bool, limit_bytes: int | None) -> AllocatorRun:
             a.release_cached_blocks()
         else:
             raise ValueError(f"event {i}: unknown operation {op!r}")
-        if a.fresh_peak:
-            if a.reserved == a.peak_reserved:
-                a.at_peak = (a.segments, a.reserved - a.allocated)
-            a.fresh_peak = False
-    return AllocatorRun(peak_reserved_bytes=a.peak_reserved, peak_allocated_bytes=a.peak_allocated,
-                        reserved_bytes=a.reserved, allocated_bytes=a.allocated, segments=a.at_peak[0],
-                        expandable=expandable, oom_at=oom_at, gap_at_peak_bytes=a.at_peak[1], retries=a.retries)
+    return a.run(oom_at)
+
+
+class Replayer:
+    """The allocator fed one request at a time, as a layout makes them (:mod:`kit.estimate.reserved`), with no
+    event list between: ``alloc(key, nbytes)``, ``free(key)``, then :meth:`run`. An ``alloc`` of no bytes or of a
+    live key, and a ``free`` of a key not live, are passed over. No limit: nothing runs out. Call it with the cycle
+    collector off (:func:`no_collector`), as :func:`simulate` runs.
+
+    >>> r = Replayer()
+    >>> r.alloc("a", 5 * MiB); r.alloc("b", 5 * MiB); r.free("a"); r.free("a")
+    >>> r.run() == simulate([("alloc", "a", 5 * MiB), ("alloc", "b", 5 * MiB), ("free", "a")])
+    True
+    """
+
+    def __init__(self, expandable: bool = False):
+        self.allocator = _Allocator(expandable, None)
+        self.live: dict = {}
+
+    def alloc(self, key, nbytes: int) -> None:
+        if nbytes > 0 and key not in self.live:
+            self.live[key] = self.allocator.malloc(nbytes)
+
+    def free(self, key) -> None:
+        block = self.live.pop(key, None)
+        if block is not None:
+            self.allocator.free(block)
+
+    def alloc_all(self, keys, sizes) -> None:
+        """``alloc`` of each key at its size, in order."""
+        live, malloc = self.live, self.allocator.malloc
+        for key, nbytes in zip(keys, sizes):
+            if nbytes > 0 and key not in live:
+                live[key] = malloc(nbytes)
+
+    def passing(self, key, nbytes: int) -> None:
+        """``alloc`` and at once ``free``: a temporary (:meth:`_Allocator.malloc_free`)."""
+        if nbytes > 0 and key not in self.live:
+            self.allocator.malloc_free(nbytes)
+
+    def free_all(self, keys) -> None:
+        """``free`` of each of ``keys``, in one pass (:meth:`_Allocator.free_all`: the same blocks as one by one)."""
+        live = self.live
+        blocks = [live.pop(key) for key in keys if key in live]
+        if blocks:
+            self.allocator.free_all(blocks)
+
+    def run(self) -> AllocatorRun:
+        return self.allocator.run(None)

@@ -55,7 +55,9 @@ COUNTED_KEPT = 256
 
 
 # The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
-NOT_COUNTED = frozenset({"batch_size", "seq_len", "grad_accum", "evaluation", "padded", "attn_implementation"})
+NOT_COUNTED = frozenset({"batch_size", "seq_len", "grad_accum", "evaluation", "padded", "attn_implementation",
+                         "gradient_checkpointing", "checkpoint_reentrant", "lora_dropout", "input_require_grads",
+                         "offload", "task"})
 
 
 def count_key(info: Info, plan) -> tuple:
@@ -69,61 +71,61 @@ def count_key(info: Info, plan) -> tuple:
     return (id(info),) + tuple(hashable(getattr(plan, f.name)) for f in fields(plan) if f.name not in NOT_COUNTED)
 
 
-def count_parameters(info: Info, p) -> Counts:
-    """Stage 1: one pass over the layers, as ``p`` (a :class:`kit.estimate.assembly.Plan`) says; made once per
+def count_parameters(info: Info, plan) -> Counts:
+    """Stage 1: one pass over the layers, as ``plan`` (a :class:`kit.estimate.assembly.Plan`) says; made once per
     model and the options it reads (:func:`count_key`), and shared: read it, never change it. The fit advisor's
     and the panel's many estimates of one model differ mostly in batch and sequence, which it does not read."""
-    key = count_key(info, p)
+    key = count_key(info, plan)
     kept = COUNTED.get(key)
     if kept is not None and kept[0] is info:   # (the Info is kept too, so its id is not reused meanwhile)
         return kept[1]
     if len(COUNTED) >= COUNTED_KEPT:
         del COUNTED[next(iter(COUNTED))]   # the oldest
-    COUNTED[key] = (info, _count(info, p))
+    COUNTED[key] = (info, _count(info, plan))
     return COUNTED[key][1]
 
 
-def _count(info: Info, p) -> Counts:
-    c, other = Counts(), p.trained_bytes
+def _count(info: Info, plan) -> Counts:
+    c, other = Counts(), plan.trained_bytes
     for l in info.leaves:
         n = l.weight + l.bias
-        q = p.quantization if l.quantizable else "none"
-        packed = nf4_bytes(l.weight, double_quant=p.bnb.double_quant) if q == "4bit" else \
+        q = plan.quantization if l.quantizable else "none"
+        packed = nf4_bytes(l.weight, double_quant=plan.bnb.double_quant) if q == "4bit" else \
             int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
-        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, p.bnb, other)
+        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, plan.bnb, other)
         c.params += n
         # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
         # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
         # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
-        if p.quantization == "none" or l.name in info.head_layers:
-            c.build += n * p.load_bytes
+        if plan.quantization == "none" or l.name in info.head_layers:
+            c.build += n * plan.load_bytes
         else:
-            c.streamed = max(c.streamed, l.weight * p.load_bytes)
-        c.loaded += n * p.load_bytes if packed is None else packed + l.bias * p.load_bytes
+            c.streamed = max(c.streamed, l.weight * plan.load_bytes)
+        c.loaded += n * plan.load_bytes if packed is None else packed + l.bias * plan.load_bytes
         if packed is not None:
             c.quantized += l.weight
         else:
             c.unquantized += n
         pieces = []   # (trainable elements, bytes per element, shape)
-        if l.name in p.lora_modules:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
-            pieces = [(p.lora_r * l.fin, p.adapter_dtype, (p.lora_r, l.fin)),      # lora_A: [r, in]
-                      (p.lora_r * l.fout, p.adapter_dtype, (l.fout, p.lora_r))]    # lora_B: [out, r]
-            w_bytes += p.adapter_dtype * p.lora_r * (l.fin + l.fout)
-            c.params += p.lora_r * (l.fin + l.fout)
-        elif p.train_head and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
+        if l.name in plan.lora_modules:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
+            pieces = [(plan.lora_r * l.fin, plan.adapter_dtype, (plan.lora_r, l.fin)),      # lora_A: [r, in]
+                      (plan.lora_r * l.fout, plan.adapter_dtype, (l.fout, plan.lora_r))]    # lora_B: [out, r]
+            w_bytes += plan.adapter_dtype * plan.lora_r * (l.fin + l.fout)
+            c.params += plan.lora_r * (l.fin + l.fout)
+        elif plan.train_head and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
             w_bytes += n * other
             c.params += n
-        elif l.trainable and not p.lora_r and packed is None:  # a tied weight counts at its owner
+        elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
         train_bytes, own = w_bytes, []
         for k, dt, shape in pieces:
             if not k:
                 continue
-            state, paged = optimizers.state_bytes(p.optimizer, shape, dt, embedding=l.kind == "embedding")
-            if p.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
+            state, paged = optimizers.state_bytes(plan.optimizer, shape, dt, embedding=l.kind == "embedding")
+            if plan.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
                 state, paged = state + paged, 0
             own.append((k * dt, state))
             c.grads[l.part] += k * dt
@@ -132,8 +134,8 @@ def _count(info: Info, p) -> Counts:
             c.part_optimizer[l.part] += state + paged
             c.part_trainable[l.part] += k
             c.trained.append((shape, dt, l.kind != "norm" and k != l.bias))  # Trainer's weight-decay groups
-            fused = (p.fused_lm_head or "flce" in p.liger_kernels) and l.name == info.output_head
-            half = p.half * k if p.half and dt != p.half and not fused else 0
+            fused = (plan.fused_lm_head or "flce" in plan.liger_kernels) and l.name == info.output_head
+            half = plan.half * k if plan.half and dt != plan.half and not fused else 0
             # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
             # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
@@ -145,10 +147,10 @@ def _count(info: Info, p) -> Counts:
         c.part_weights[l.part] += w_bytes
         c.tensors.append((l.part, w_bytes, own))
         c.offenders.append((l.name, n, train_bytes))
-    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not p.lora_r)
+    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not plan.lora_r)
     c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
     c.grads["head"] += c.moved
     if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
         c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
-        c.halves += c.moved // other * p.half if p.half and other == act.FP32 else 0  # lm_head casts the tied weight
+        c.halves += c.moved // other * plan.half if plan.half and other == act.FP32 else 0  # lm_head casts the tie
     return c

@@ -4,7 +4,7 @@ The estimate predicts ``max_memory_allocated()``. The allocator reserves more (`
 rounds every request, carves blocks out of 2 MiB, 20 MiB or request-sized segments, and keeps freed blocks
 cached for reuse, where a later request of another size may not fit them. How much more depends on the order
 and sizes of the step's tensors, so the kit lays the step out as tensors (:func:`step_trace`) and runs them
-through its model of the allocator (:func:`kit.estimate.allocator.simulate`), with and without
+through its model of the allocator (:class:`kit.estimate.allocator.Replayer`, as it is laid out), with and without
 ``expandable_segments``:
 
 - the model's weights, one tensor per layer, in module order (loaded first, kept);
@@ -16,7 +16,8 @@ through its model of the allocator (:func:`kit.estimate.allocator.simulate`), wi
   ``zero_grad(set_to_none=True)``.
 
 Two optimizer steps are laid out (with accumulation, two micro-batches each): the allocator's cache settles by
-the second (a third changed no gap, by the byte, over the setups of tests/test_reserved.py). The gap the allocator adds over this trace's own allocated peak is added to the estimate's peak.
+the second (a third changed no gap, by the byte, over the setups of tests/test_reserved.py). The gap the
+allocator adds over this trace's own allocated peak is added to the estimate's peak.
 Transient tensors that nothing saves (an attention output before its projection) are not laid out, so the trace's
 allocated peak is a little under the estimate's; ``Reserved.trace_peak_bytes`` keeps it beside the gap.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.allocator import simulate
+from kit.estimate.allocator import Replayer, no_collector
 
 HOW_TO = ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch initialises CUDA: in a notebook, "
           "`import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'` in the first cell, before "
@@ -60,15 +61,28 @@ class _Trace:
     def __init__(self):
         self.events, self.live = [], set()
 
-    def alloc(self, key, n):
-        if n > 0 and key not in self.live:
-            self.events.append(("alloc", key, n))
+    def alloc(self, key, nbytes):
+        if nbytes > 0 and key not in self.live:
+            self.events.append(("alloc", key, nbytes))
             self.live.add(key)
 
     def free(self, key):
         if key in self.live:
             self.events.append(("free", key))
             self.live.discard(key)
+
+    def free_all(self, keys):
+        for key in keys:
+            self.free(key)
+
+    def alloc_all(self, keys, sizes):
+        for key, nbytes in zip(keys, sizes):
+            self.alloc(key, nbytes)
+
+    def passing(self, key, nbytes):   # a temporary: made and freed at once
+        if nbytes > 0 and key not in self.live:
+            self.alloc(key, nbytes)
+            self.free(key)
 
 
 def _chunks(total: int, size: int) -> list:
@@ -89,15 +103,18 @@ def _tensors(total: int, listed: tuple, size: int) -> tuple:
     return tuple(listed) if listed and sum(listed) == total else tuple(_chunks(total, size))
 
 
-def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 2) -> list:
+def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, steps: int = 2, into=None) -> list:
     """The step's tensors as ``("alloc", key, bytes)`` / ``("free", key)`` events (the module doc says which).
 
     ``tensors``: per leaf, ``(part, weight bytes, [(grad bytes, optimizer state bytes)])`` in module order;
-    ``rp``: the forward's :class:`~kit.estimate.replay.Replay`; ``inputs``: the micro-batch's input tensors' bytes.
+    ``replay``: the forward's :class:`~kit.estimate.replay.Replay`; ``inputs``: the micro-batch's input tensors' bytes.
     Each saved tensor is one event, at the size the replay gave it (scenario 1's head: its fp16 weight copy is one
     tensor of V x V, not thousands of hidden-state-sized pieces), so the events grow with the layers only.
+    ``into``: where the events go as they are made, instead (a :class:`kit.estimate.allocator.Replayer`, which
+    passes over the same events the list leaves out); then nothing is returned.
     """
-    t, L, hid = _Trace(), max(1, rp.L), rp.hidden
+    t = _Trace() if into is None else into
+    L, hid = max(1, replay.L), replay.hidden
     for i, (_, w, _) in enumerate(tensors):
         t.alloc(("w", i), w)
     blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
@@ -106,11 +123,12 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
     layers[-1] += blocks[L * per:]
     parts = {"embed": [i for i, x in enumerate(tensors) if x[0] == "embed"],
              "head": [i for i, x in enumerate(tensors) if x[0] not in ("embed", "block")]}
-    order = rp.block_order or tuple(_chunks(rp.block, hid))
-    embed = _tensors(rp.embed, rp.embed_order, hid)             # what the embeddings save
-    head = _tensors(rp.head + rp.head_in, rp.head_order, hid)   # the final norm's, lm_head's, a custom head's
+    order = replay.block_order or tuple(_chunks(replay.block, hid))
+    embed = _tensors(replay.embed, replay.embed_order, hid)             # what the embeddings save
+    head = _tensors(replay.head + replay.head_in, replay.head_order, hid)   # the final norm's, lm_head's, a custom
     a = min(max(1, accum), 2)
     first_state = True
+    saved = [[("s", j, k) for k in range(len(order))] for j in range(L)]   # each block's saved tensors' keys
 
     def grads(ids, start):   # a part's weight grads: made at a window's start and kept; later, added in place
         for i in ids:
@@ -118,8 +136,7 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
                 if start:
                     t.alloc(("g", i, k), g)
                 else:
-                    t.alloc(("gt", i, k), g)
-                    t.free(("gt", i, k))
+                    t.passing(("gt", i, k), g)
 
     for s in range(steps * a):
         start = s % a == 0
@@ -127,26 +144,25 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
             t.alloc(("in", k), inputs // 3)
         for k, b in enumerate(embed):
             t.alloc(("e", k), b)
-        t.alloc("shared", rp.shared)
+        t.alloc("shared", replay.shared)
         for j in range(L):   # the forward: what each block saves (with checkpointing: its input)
-            if rp.ckpt:
-                t.alloc(("x", j), rp.block_in)
+            if replay.ckpt:
+                t.alloc(("x", j), replay.block_in)
             else:
-                for k, b in enumerate(order):
-                    t.alloc(("s", j, k), b)
+                t.alloc_all(saved[j], order)
         for k, b in enumerate(head):
             t.alloc(("h", k), b)
-        t.alloc("logits", rp.last_logits)
-        t.alloc("f32", rp.logits_live - rp.last_logits)   # the fp32 copy the loss reads
-        t.alloc("ls", rp.ls)
+        t.alloc("logits", replay.last_logits)
+        t.alloc("f32", replay.logits_live - replay.last_logits)   # the fp32 copy the loss reads
+        t.alloc("ls", replay.ls)
         t.free("f32")
         t.free("logits")                # Trainer lets the model's outputs go at the loss
-        t.alloc("gls", rp.ls)           # the backward of the loss: the log-softmax's grad and its input's
-        t.alloc("glog", rp.ls)
+        t.alloc("gls", replay.ls)           # the backward of the loss: the log-softmax's grad and its input's
+        t.alloc("glog", replay.ls)
         t.free("ls")
         t.free("gls")
-        if rp.last_logits != rp.ls:
-            t.alloc("gl", rp.last_logits)
+        if replay.last_logits != replay.ls:
+            t.alloc("gl", replay.last_logits)
             t.free("glog")
         grads(parts["head"], start)
         t.alloc(("gh", L), hid)
@@ -155,16 +171,13 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
         for k in range(len(head)):
             t.free(("h", k))
         for j in reversed(range(L)):   # each block's backward: recompute, grads, free what it saved
-            if rp.ckpt:
-                for k, b in enumerate(order):
-                    t.alloc(("s", j, k), b)
+            if replay.ckpt:
+                t.alloc_all(saved[j], order)
             t.alloc(("gh", j), hid)
             t.free(("gh", j + 1))
             grads(layers[j], start)
-            t.alloc("bt", rp.block_bwd - rp.block - hid)
-            t.free("bt")
-            for k in reversed(range(len(order))):
-                t.free(("s", j, k))
+            t.passing("bt", replay.block_bwd - replay.block - hid)
+            t.free_all(saved[j][::-1])
             t.free(("x", j))
         grads(parts["embed"], start)
         for k in range(len(embed)):
@@ -180,29 +193,29 @@ def step_trace(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, step
                         t.alloc(("st", i, k, 0), state // 2)
                         t.alloc(("st", i, k, 1), state - state // 2)
             first_state = False
-            t.alloc("steptemp", step_temp)
-            t.free("steptemp")
-            for i, (_, _, own) in enumerate(tensors):
-                for k in range(len(own)):
-                    t.free(("g", i, k))
-    return t.events
+            t.passing("steptemp", step_temp)
+            t.free_all([("g", i, k) for i, (_, _, own) in enumerate(tensors) for k in range(len(own))])
+    return t.events if into is None else None
 
 
-def layout_key(tensors, rp, *, inputs: int, step_temp: int, accum: int = 1, expandable: bool = False) -> tuple:
+def layout_key(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, expandable: bool = False) -> tuple:
     """Everything :func:`step_trace` and the replay read, as one hashable key: equal keys, equal events."""
-    return (tuple((part, w, tuple(own)) for part, w, own in tensors), tuple(getattr(rp, f) for f in TRACE_FIELDS),
+    return (tuple((part, w, tuple(own)) for part, w, own in tensors), tuple(getattr(replay, f) for f in TRACE_FIELDS),
             inputs // 3, step_temp, min(max(1, accum), 2), expandable)
 
 
-def reserved(tensors, rp, peak_bytes: int, *, inputs: int, step_temp: int, accum: int = 1,
+def reserved(tensors, replay, peak_bytes: int, *, inputs: int, step_temp: int, accum: int = 1,
              expandable: bool = False) -> Reserved:
     """The predicted ``max_memory_reserved()``: ``peak_bytes`` plus the allocator's gap on :func:`step_trace`.
 
     The replay's result is kept per laid-out step (:data:`RUNS`, the last :data:`RUNS_KEPT`): the fit advisor and
     the panel estimate the same setup many times over, and each then replays it once."""
-    key = layout_key(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum, expandable=expandable)
+    key = layout_key(tensors, replay, inputs=inputs, step_temp=step_temp, accum=accum, expandable=expandable)
     if key not in RUNS:
-        run = simulate(step_trace(tensors, rp, inputs=inputs, step_temp=step_temp, accum=accum), expandable=expandable)
+        replayer = Replayer(expandable)
+        with no_collector():
+            step_trace(tensors, replay, inputs=inputs, step_temp=step_temp, accum=accum, into=replayer)
+        run = replayer.run()
         if len(RUNS) >= RUNS_KEPT:
             del RUNS[next(iter(RUNS))]   # the oldest
         RUNS[key] = (max(0, run.peak_reserved_bytes - run.peak_allocated_bytes), run.peak_allocated_bytes)
