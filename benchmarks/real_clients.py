@@ -731,6 +731,8 @@ def rows_to_run(work, only=None):
         R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
                   lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
                       client_classifier(work, t, lo, f, d), m)))
+    import clients_encoders   # DistilBERT and DeBERTa-v3 classifiers (benchmarks/clients_encoders.py)
+    R += clients_encoders.rows(work)
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -51,9 +51,18 @@ def _bert_loop(st, T: int, hidden, mlp) -> int:
     return T * max(hold + 2 * st.F * mlp, hold + st.H * (2 * hidden + mlp) + st.F * mlp)
 
 
+def _distilbert_loop(st, T: int, hidden, mlp) -> int:
+    """DistilBERT's loop (DistilBertModel.forward, TransformerBlock, FFN.ff_chunk): beside ``embeddings`` (a local of
+    ``DistilBertModel.forward``), the block's input and ``attention_output``, the larger of lin1's and the
+    activation's (B, S, F) outputs, the activation's output with lin2's, or, once ``ff_chunk`` has returned,
+    ``output_layer_norm(ffn_output + attention_output)``'s three hidden states."""
+    hold = (3 if st.L > 1 else 2) * st.H * hidden
+    return T * (hold + max(2 * st.F * mlp, st.F * mlp + st.H * hidden, 3 * st.H * hidden))
+
+
 # The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
 NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
-                 "bert": _bert_loop, "roberta": _bert_loop}
+                 "bert": _bert_loop, "roberta": _bert_loop, "distilbert": _distilbert_loop}
 
 
 def block_forward_bytes(st, Be: int) -> int | None:
@@ -63,7 +72,8 @@ def block_forward_bytes(st, Be: int) -> int | None:
     MLP projection adds temporaries there (None too).
     """
     loop = NO_GRAD_LOOPS.get(st.family)
-    if loop is None or st.quant != "none" or any(k.startswith(("mlp.", "intermediate.", "output.")) for k in st.lora):
+    if loop is None or st.quant != "none" or \
+            any(k.startswith(("mlp.", "intermediate.", "output.", "ffn.")) for k in st.lora):
         return None
     hidden = promote(st.w_other, st.ac) if st.ac else st.w_other   # the residual stream (half + fp32 -> fp32)
     mlp = st.ac or promote(hidden, st.w)

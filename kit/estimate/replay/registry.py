@@ -3,7 +3,7 @@ families peft has no default for, and what besides the shapes a family's config 
 one module beside this one and one line in :data:`FAMILIES`."""
 from __future__ import annotations
 
-from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3, roberta
+from kit.estimate.replay import bert, distilbert, gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3, roberta
 
 # Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay.
 # Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other
@@ -12,9 +12,10 @@ FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "q
             "qwen3": qwen3.block, "olmo2": olmo2.block, "phi3": phi3.block, "gemma2": gemma2.block,
             "gemma3": gemma3.block, "gpt_neox": gpt_neox.block,
             "bert": bert.block, "roberta": roberta.block}   # encoders (a classifier head: .task_heads)
+FAMILIES |= {"distilbert": distilbert.block}
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
-# the fused qkv projection (Phi-3), q and v (OLMo-2, as peft's default for Llama).
-LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj")}
+# the fused qkv projection (Phi-3), q and v (OLMo-2, as peft's default for Llama; DistilBERT's q_lin and v_lin).
+LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj"), "distilbert": ("q_lin", "v_lin")}
 
 
 def config_shapes(cfg, family: str, hd: int) -> dict:
@@ -49,6 +50,8 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
     if family in ("bert", "roberta"):
         out["p_attn"] = getattr(cfg, "attention_probs_dropout_prob", 0.0)
         out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout_prob", 0.0)
+    if family == "distilbert":   # DistilBertConfig's own names
+        out.update(F=cfg.hidden_dim, p_resid=cfg.dropout, p_embd=cfg.dropout)
     if family == "gpt_neox":
         out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout", 0.0)
         out["parallel"] = bool(getattr(cfg, "use_parallel_residual", True))
