@@ -61,3 +61,27 @@ def test_distilbert_by_name_and_on_the_cli(capsys):
     assert lora.trainable_params == 6 * 2 * 8 * (768 + 768) + 768 * 2 + 2   # q_lin, v_lin; classifier's copy
     with pytest.raises(ValueError, match="is an encoder.*task='seq-cls'"):
         estimate("tiny-distilbert", batch_size=1, seq_len=8)
+
+
+def test_deberta_v3_classifier_steps_and_evaluate_within_2_percent(work):
+    """Full fine-tuning of DebertaV2ForSequenceClassification: disentangled attention (c2p and p2c over 256 position
+    buckets, gather keeping its (B * nh, S, 512) input), ContextPooler; evaluate() at the last layer's p2c gather."""
+    _within_2_percent(work, "tiny-deberta-v3")
+
+
+def test_deberta_v3_by_name_and_its_refusal(capsys):
+    """The shipped microsoft/deberta-v3-base (DebertaV2ForSequenceClassification, 2 labels: 184,423,682 parameters),
+    by name and through the CLI; DeBERTa-v2 xlarge's convolution is refused in one sentence."""
+    from kit.cli import main
+    from kit.models import get_config
+
+    est = estimate("microsoft/deberta-v3-base", batch_size=8, seq_len=128, task="seq-cls", num_labels=2)
+    assert est.params == build_model("microsoft/deberta-v3-base", device="meta", task="seq-cls").num_parameters() \
+        == 184_423_682
+    main(["estimate", "--model", "microsoft/deberta-v3-base", "--batch-size", "8", "--seq-len", "128",
+          "--task", "seq-cls", "--num-labels", "2", "--json"])
+    assert json.loads(capsys.readouterr().out)["peak_bytes"] == est.peak_bytes
+    cfg = get_config("tiny-deberta-v3")
+    cfg.conv_kernel_size = 3
+    with pytest.raises(ValueError, match=r"^deberta-v2 \(DebertaV2Config\) has a convolution[^\n]*\.$"):
+        estimate(cfg, batch_size=1, seq_len=8, task="seq-cls")

@@ -60,9 +60,27 @@ def _distilbert_loop(st, T: int, hidden, mlp) -> int:
     return T * (hold + max(2 * st.F * mlp, st.F * mlp + st.H * hidden, 3 * st.H * hidden))
 
 
+def _deberta_loop(st, T: int, hidden, mlp) -> int:
+    """DeBERTa-v2's loop (DebertaV2Model.forward, DebertaV2Encoder.forward, DisentangledSelfAttention) at the last
+    layer. The encoder keeps every layer's output (``all_hidden_states``: it always asks for them) beside
+    ``embedding_output``, the zero ``token_type_ids`` (B, S) int64, the (B, 1, S, S) int64 mask it multiplies out,
+    the (S, S) int64 ``relative_pos`` and the normed (2 span, H) table. In the attention: q, k and v, the content
+    scores, and, at the last disentangled term's ``gather``, its (B * nh, S, 2 span) input and (B * nh, S, S)
+    output, the earlier terms' results and their running sum, the repeated position projections and each term's
+    (S, S) int64 positions; else the MLP's two (B, S, F) tensors beside the attention's output."""
+    B, S, span2, terms = T // st.S, st.S, 2 * st.rel_span, len(st.rel_att)
+    square = B * st.nh * S * S
+    fixed = T * 8 + B * S * S * 8 + (S * S * 8 + span2 * st.H * hidden if terms else 0) + st.L * T * st.H * hidden
+    attn = 3 * T * st.H * mlp + square * mlp * (2 * terms if terms else 1)
+    if terms:
+        attn += (B * st.nh * S * span2 + terms * B * span2 * st.H) * mlp + terms * S * S * 8
+    return fixed + max(attn, T * st.H * hidden + 2 * T * st.F * mlp)
+
+
 # The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
 NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
-                 "bert": _bert_loop, "roberta": _bert_loop, "distilbert": _distilbert_loop}
+                 "bert": _bert_loop, "roberta": _bert_loop, "distilbert": _distilbert_loop,
+                 "deberta-v2": _deberta_loop}
 
 
 def block_forward_bytes(st, Be: int) -> int | None:
@@ -79,6 +97,7 @@ def block_forward_bytes(st, Be: int) -> int | None:
     mlp = st.ac or promote(hidden, st.w)
     cos_sin = 2 * st.S * (st.rotary or st.hd) * st.w_other if loop is _llama_loop else 0
     mask = Be * st.S * st.S * (st.w_other if st.eager else BOOL) if st.padded or st.eager else 0
+    mask = 0 if loop is _deberta_loop else mask   # (its own int64 mask, made whether padded or not)
     return loop(st, Be * st.S, hidden, mlp) + cos_sin + mask
 
 

@@ -119,6 +119,7 @@ def replay(st: Setup) -> Replay:
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum
+    x = tp.binary(x, tp.new(T, x.dt, False), save_b=True) if block_fn.embed_mask else x   # * mask (DeBERTa's)
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
     embed_order = tuple(tp.order)
