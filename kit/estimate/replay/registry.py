@@ -3,7 +3,8 @@ families peft has no default for, and what besides the shapes a family's config 
 one module beside this one and one line in :data:`FAMILIES`."""
 from __future__ import annotations
 
-from kit.estimate.replay import bert, deberta, distilbert, gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3, roberta
+from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, olmo2, phi3, qwen3, roberta
+from kit.estimate.replay import deberta, distilbert
 
 # Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay.
 # Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other
