@@ -49,14 +49,15 @@ def _relative(tp: Tape, q, k, rel):
     names = ("query_proj", "key_proj") if st.rel_share else ("pos_query_proj", "pos_key_proj")
     pos = {term: _heads(tp, tp.linear(rel, H, H, f"attention.self.{name}"), st.B)
            for term, name in zip(("p2c", "c2p"), names) if term in st.rel_att}
-    score = None
-    for term, content in (("c2p", q), ("p2c", k)):
-        if term not in st.rel_att:
-            continue
-        att = _bmm(tp, content, pos[term], BH * S * span2)
+    score, present = None, [t for t in ("c2p", "p2c") if t in st.rel_att]
+    for j, term in enumerate(present):
+        att = _bmm(tp, q if term == "c2p" else k, pos[term], BH * S * span2)
         tp.save(tp.new(S * S, I64, False), when=att.rg)   # the clamped bucket positions, gather's index
         tp.save(att, when=att.rg)                         # gather keeps its whole input
         term_bias = tp.new(BH * S * S, att.dt, att.rg)    # gather -> (B * nh, S, S)
+        if term_bias.rg:   # its backward (zeros like its input, scatter_add_ into it) runs while grads wait: the
+            later = len(present) - 1 - j   # scores' (one tensor the adds pass on), and a later term's inputs'
+            tp.outs[-1].temporaries = (BH * S * S + later * (st.B * span2 * H + st.T * H)) * att.dt
         term_bias = tp.new(term_bias.n, term_bias.dt, term_bias.rg)   # / scale (a 0-d tensor)
         score = tp.new(term_bias.n, term_bias.dt, term_bias.rg) if score is None else score   # 0 + ...; then +=
     return score
