@@ -101,4 +101,17 @@ def block(tp: Tape, x):
     x = tp.layer_norm(tp.binary(a, x), st.base_trainable)
     f = tp.gelu(tp.linear(x, H, st.F, "intermediate.dense"))
     m = tp.dropout(tp.linear(f, st.F, H, "output.dense"), st.p_resid)
-    return tp.layer_norm(tp.binary(m, x), st.base_trainable)
+    out = tp.layer_norm(tp.binary(m, x), st.base_trainable)
+    tp.transient = _forward_end(tp, (x, f, m, out))
+    return out
+
+
+def _forward_end(tp: Tape, locals_) -> int:
+    """What the last layer's forward holds at its end beside what is saved: its locals (``attention_output``, the
+    MLP's activation, the output dropout's and LayerNorm's outputs) where nothing saved them, and the encoder's: the
+    (B, 1, S, S) int64 mask it multiplies out, the (S, S) int64 ``relative_pos``, the normed (2 span, H) table, and
+    ``DebertaV2Model.forward``'s zero ``token_type_ids``, (B, S) int64."""
+    st = tp.st
+    mine = sum(t.n * t.dt for t in locals_ if st.ckpt or t.uid not in tp.saved)
+    rel = st.S * st.S * I64 + 2 * st.rel_span * st.H * (F32 if st.ac else st.w_other) if st.rel_span else 0
+    return mine + st.B * st.S * st.S * I64 + rel + st.T * I64

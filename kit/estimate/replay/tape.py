@@ -47,6 +47,7 @@ class Tape:
         self.wsaved = set()  # uids of saved weight copies
         self.shared = 0      # saved once for all blocks (rotary cos/sin)
         self.held = {}       # uid -> bytes of 8-bit layers' inputs, kept as ctx attributes (kit.estimate.quantization)
+        self.transient = 0   # alive at the last block's end in the forward, saved by nothing (a block sets it)
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it
