@@ -63,10 +63,12 @@ def test_distilbert_by_name_and_on_the_cli(capsys):
         estimate("tiny-distilbert", batch_size=1, seq_len=8)
 
 
-def test_deberta_v3_classifier_steps_and_evaluate_within_2_percent(work):
-    """Full fine-tuning of DebertaV2ForSequenceClassification: disentangled attention (c2p and p2c over 256 position
-    buckets, gather keeping its (B * nh, S, 512) input), ContextPooler; evaluate() at the last layer's p2c gather."""
-    _within_2_percent(work, "tiny-deberta-v3")
+@pytest.mark.parametrize("lora", [False, True])
+def test_deberta_v3_classifier_steps_and_evaluate_within_2_percent(work, lora):
+    """DebertaV2ForSequenceClassification, full fine-tuning and peft's SEQ_CLS LoRA (query_proj, value_proj; the
+    classifier's modules_to_save copy): disentangled attention (c2p and p2c over 256 position buckets, gather keeping
+    its (B * nh, S, 512) input), ContextPooler; evaluate() at the last layer's p2c gather."""
+    _within_2_percent(work, "tiny-deberta-v3", lora)
 
 
 def test_deberta_v3_by_name_and_its_refusal(capsys):
