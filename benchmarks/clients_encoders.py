@@ -32,17 +32,26 @@ def save_twin(name: str, work: str) -> str:
     return path
 
 
-def client_encoder(work, family, lora=False, lora_dropout=0.0):
-    """One row: the task guide's sequence classifier on ``family``'s twin (B4 x 64, eval B8 x 16 rows)."""
+def client_encoder(work, family, lora=False, checkpointing=False):
+    """One row: the task guide's sequence classifier on ``family``'s twin (B4 x 64, eval B8 x 16 rows);
+    ``checkpointing``: ``model.gradient_checkpointing_enable()`` on the built model, as transformers' docs write it."""
     save_twin(family, work)
-    return rc.client_classifier(work, "seq-cls", lora, family, lora_dropout)
+    gen = rc.client_classifier(work, "seq-cls", lora, family, 0.0)
+    label, setup, trainer, make_estimate = next(gen)
+    if checkpointing:
+        trainer.model.gradient_checkpointing_enable()
+        setup += ", model.gradient_checkpointing_enable()"
+    yield label, setup, trainer, make_estimate
+    gen.close()
 
 
 def rows(work):
-    """(row name, thunk) for real_clients.rows_to_run: full fine-tuning on each family, and LoRA on DeBERTa-v3 (peft
-    has default targets for it, query_proj and value_proj; none for DistilBERT)."""
+    """(row name, thunk) for real_clients.rows_to_run: full fine-tuning on each family; on DeBERTa-v3 also LoRA (peft
+    has default targets for it, query_proj and value_proj; none for DistilBERT) and gradient checkpointing."""
     out = []
-    for family, lora in ((FAMILIES[0], False), (FAMILIES[1], False), (FAMILIES[1], True)):
-        out.append((f"encoder seq-cls {'LoRA' if lora else 'full'} {family}",
-                    lambda m, f=family, lo=lora: rc.run_trainer_client(client_encoder(work, f, lo), m)))
+    for family, lora, ckpt in ((FAMILIES[0], False, False), (FAMILIES[1], False, False), (FAMILIES[1], True, False),
+                               (FAMILIES[1], False, True), (FAMILIES[1], True, True)):
+        name = f"encoder seq-cls {'LoRA' if lora else 'full'} {family}" + (" checkpointing" if ckpt else "")
+        out.append((name, lambda m, f=family, lo=lora, c=ckpt: rc.run_trainer_client(
+            client_encoder(work, f, lo, c), m)))
     return out

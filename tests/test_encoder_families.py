@@ -31,8 +31,9 @@ def _ratios(est, peaks):
             est.eval_peak_bytes / peaks.evaluate)
 
 
-def _within_2_percent(work, family, lora=False):
-    _, _, est, peaks = rc.run_trainer_client(ce.client_encoder(work, family, lora), rc.ProfilerMeter)
+def _within_2_percent(work, family, lora=False, checkpointing=False):
+    gen = ce.client_encoder(work, family, lora, checkpointing)
+    _, _, est, peaks = rc.run_trainer_client(gen, rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
     for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
         assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment, est.eval_moment)
@@ -63,12 +64,14 @@ def test_distilbert_by_name_and_on_the_cli(capsys):
         estimate("tiny-distilbert", batch_size=1, seq_len=8)
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_deberta_v3_classifier_steps_and_evaluate_within_2_percent(work, lora):
+@pytest.mark.parametrize("lora,checkpointing", [(False, False), (True, False), (False, True), (True, True)])
+def test_deberta_v3_classifier_steps_and_evaluate_within_2_percent(work, lora, checkpointing):
     """DebertaV2ForSequenceClassification, full fine-tuning and peft's SEQ_CLS LoRA (query_proj, value_proj; the
-    classifier's modules_to_save copy): disentangled attention (c2p and p2c over 256 position buckets, gather keeping
-    its (B * nh, S, 512) input), ContextPooler; evaluate() at the last layer's p2c gather."""
-    _within_2_percent(work, "tiny-deberta-v3", lora)
+    classifier's modules_to_save copy), with and without gradient checkpointing (which keeps each layer's mask,
+    relative positions and normed table): disentangled attention (c2p and p2c over 256 position buckets, gather
+    keeping its (B * nh, S, 512) input), ContextPooler; evaluate() at the last layer's p2c gather."""
+    est = _within_2_percent(work, "tiny-deberta-v3", lora, checkpointing)
+    assert est.setup["gradient_checkpointing"] is checkpointing
 
 
 def test_deberta_v3_by_name_and_its_refusal(capsys):

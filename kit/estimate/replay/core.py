@@ -57,6 +57,7 @@ class Replay:
     layers: tuple = ()     # per block (offload.Layer), with partial or offloaded checkpointing; () otherwise
     trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
     transient: int = 0     # alive at the last block's end in the forward, saved by nothing (Tape.transient)
+    shared_grad: int = 0   # the grad of an input every block takes, alive below the last block (Tape.shared_grad)
 
     @property
     def copies_saved(self) -> int:
@@ -177,7 +178,7 @@ def replay(st: Setup) -> Replay:
                       ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
                       block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
                       layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]),
-                      transient=tp.transient)
+                      transient=tp.transient, shared_grad=tp.shared_grad if y.rg else 0)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
@@ -306,7 +307,7 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
         moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
-                              rp.block_bwd - rp.block + wtemp_block))
+                              rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
     moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
                           grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
                           rp.hidden + (grads_embed + tied if acc else 2 * tied)))

@@ -90,6 +90,8 @@ def rel_table(tp: Tape):
     n = 2 * st.rel_span * st.H
     dt = F32 if st.ac else st.w_other
     tp.shared = 2 * 2 * st.rel_span * (F32 if st.device == "cuda" else dt) if st.base_trainable else 0
+    tp.shared += _encoder_args(st) if st.ckpt else 0   # checkpointing keeps each layer's arguments
+    tp.shared_grad = n * dt if st.base_trainable else 0   # its grad, summed over the layers as backward goes
     return tp.new(n, dt, st.base_trainable)
 
 
@@ -113,5 +115,11 @@ def _forward_end(tp: Tape, locals_) -> int:
     ``DebertaV2Model.forward``'s zero ``token_type_ids``, (B, S) int64."""
     st = tp.st
     mine = sum(t.n * t.dt for t in locals_ if st.ckpt or t.uid not in tp.saved)
+    return mine + (0 if st.ckpt and st.rel_span and st.rel_att else _encoder_args(st)) + st.T * I64
+
+
+def _encoder_args(st) -> int:
+    """What the encoder hands every layer besides the hidden state: the (B, 1, S, S) int64 mask, the (S, S) int64
+    ``relative_pos`` and the normed (2 span, H) table (what checkpointing keeps for the recompute)."""
     rel = st.S * st.S * I64 + 2 * st.rel_span * st.H * (F32 if st.ac else st.w_other) if st.rel_span else 0
-    return mine + st.B * st.S * st.S * I64 + rel + st.T * I64
+    return st.B * st.S * st.S * I64 + rel
