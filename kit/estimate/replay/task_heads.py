@@ -15,7 +15,9 @@ their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]
 so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; RoBERTa's
 ``out_proj(dropout(tanh(dense(dropout(hidden[:, 0])))))`` (its first dropout makes a (B, H) tensor: the
 hidden state is not kept); DistilBERT's ``classifier(dropout(relu(pre_classifier(hidden[:, 0]))))`` (BERT's pooler
-with ReLU, which keeps its output as tanh does, and ``seq_classif_dropout``); their token
+with ReLU, which keeps its output as tanh does, and ``seq_classif_dropout``); DeBERTa's ``ContextPooler``,
+``gelu(dense(hidden[:, 0]))`` with ``pooler_dropout`` 0 (BERT's pooler with GELU, which keeps its input: the same
+bytes); their token
 classification is ``classifier(dropout(hidden))``. Their losses are ``CrossEntropyLoss`` on the logits as they are.
 
 The labels the loss keeps are the batch's own tensor (counted with the inputs), not a shifted copy. No
