@@ -735,6 +735,8 @@ def rows_to_run(work, only=None):
     for task in ("seq-cls", "token-cls"):
         R.append((f"classifier {task} full tiny-modernbert",
                   lambda m, t=task: run_trainer_client(client_modernbert(work, t), m)))
+    import clients_encoders   # DistilBERT and DeBERTa-v3 classifiers (benchmarks/clients_encoders.py)
+    R += clients_encoders.rows(work)
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -58,6 +58,7 @@ REGISTRY = {
     "tiny-mistral": "tiny-mistral.json",
     # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
     # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
+    # distilbert/distilbert-base-uncased and microsoft/deberta-v3-base: their published config.json, written from it.
     "bert-base-uncased": "bert-base-uncased.json",
     "google-bert/bert-base-uncased": "bert-base-uncased.json",
     "roberta-base": "roberta-base.json",
@@ -69,18 +70,26 @@ REGISTRY = {
     # 4 layers (global, local, local, global), local_attention 32 so that the local layers' window acts at S 64.
     "answerdotai/ModernBERT-base": "ModernBERT-base.json",
     "tiny-modernbert": "tiny-modernbert.json",
+    "distilbert-base-uncased": "distilbert-base-uncased.json",
+    "distilbert/distilbert-base-uncased": "distilbert-base-uncased.json",
+    "microsoft/deberta-v3-base": "deberta-v3-base.json",
+    "tiny-distilbert": "tiny-distilbert.json",
+    "tiny-deberta-v3": "tiny-deberta-v3.json",
 }
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
                       "tiny-bert", "tiny-roberta"})
 ENCODERS |= {"answerdotai/ModernBERT-base", "tiny-modernbert"}
+                      "tiny-bert", "tiny-roberta", "distilbert-base-uncased", "distilbert/distilbert-base-uncased",
+                      "microsoft/deberta-v3-base", "tiny-distilbert", "tiny-deberta-v3"})
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
 TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin per replay family
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
 TINY |= {"tiny-modernbert"}
+TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -96,6 +105,8 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
 _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
+_SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
+           "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
 _GATED_ORGS = ("meta-llama/", "google/", "mistralai/")
 

@@ -165,7 +165,8 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                       p_attn=cfg.attn_pdrop, p_resid=cfg.resid_pdrop, p_embd=cfg.embd_pdrop)
     else:
         H, nh = cfg.hidden_size, cfg.num_attention_heads
-        shapes = dict(H=H, F=cfg.intermediate_size, nh=nh, kvh=getattr(cfg, "num_key_value_heads", None) or nh,
+        shapes = dict(H=H, F=getattr(cfg, "intermediate_size", 0), nh=nh,   # (DistilBERT's F: config_shapes)
+                      kvh=getattr(cfg, "num_key_value_heads", None) or nh,
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
         shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...

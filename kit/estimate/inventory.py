@@ -78,6 +78,13 @@ def family_of(cfg) -> str:
         raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
                                f"dense blocks only, so it would undercount the experts' activations: measure this "
                                f"one on a real step with kit.measure.track.Tracker, or pass {_COVERED}.")
+    if mt == "deberta-v2" and (getattr(cfg, "conv_kernel_size", 0) or
+                               getattr(cfg, "embedding_size", cfg.hidden_size) != cfg.hidden_size):
+        raise UnsupportedModel(f"{mt} ({cls}) has a convolution after its first layer or projected embeddings "
+                               "(DeBERTa-v2 xlarge and xxlarge), which the estimator does not replay (it replays "
+                               "DeBERTa-v3's layout): measure this one on a real step with kit.measure.track.Tracker.")
+    if mt in FAMILIES and FAMILIES[mt].encoder:   # an encoder with its own replay reads its config's own names
+        return mt
     missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     text = getattr(cfg, "text_config", None)
     if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
@@ -93,9 +100,9 @@ def family_of(cfg) -> str:
     return family if family in FAMILIES else "llama"
 
 
-# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's,
-# ModernBERT's prediction head.
-POOLERS = ("pooler.dense", "head.dense")
+# An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's (and
+# DeBERTa's ContextPooler), ModernBERT's prediction head, DistilBERT's pre_classifier.
+POOLERS = ("pooler.dense", "head.dense", "pre_classifier")
 
 
 def in_module(name: str, module: str | None) -> bool:

@@ -56,6 +56,8 @@ class Replay:
     head_order: tuple = ()   # the head's (final norm, lm_head, scenario 1's head), in saving order (the same)
     layers: tuple = ()     # per block (offload.Layer), with partial or offloaded checkpointing; () otherwise
     trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
+    transient: int = 0     # alive at the last block's end in the forward, saved by nothing (Tape.transient)
+    shared_grad: int = 0   # the grad of an input every block takes, alive below the last block (Tape.shared_grad)
 
     @property
     def copies_saved(self) -> int:
@@ -119,6 +121,7 @@ def replay(st: Setup) -> Replay:
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
     x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum
+    x = tp.binary(x, tp.new(T, x.dt, False), save_b=True) if block_fn.embed_mask else x   # * mask (DeBERTa's)
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
     embed_order = tuple(tp.order)
@@ -174,7 +177,8 @@ def replay(st: Setup) -> Replay:
                       cache + tp.cache, bwd, bwd_grads, T * H * y.dt, copies_block, tp.copies_saved(), 0, ch.last,
                       ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
                       block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
-                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
+                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]),
+                      transient=tp.transient, shared_grad=tp.shared_grad if y.rg else 0)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
@@ -279,7 +283,9 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
     kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
-    moments = [
+    moments = [Moment("forward (the last block)", acts - rp.head + rp.copies_head, 0, cb + rp.cache, grads_before,
+                      rp.transient)] if rp.transient else []
+    moments += [
         Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
         # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
         Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
@@ -301,7 +307,7 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
         moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
-                              rp.block_bwd - rp.block + wtemp_block))
+                              rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
     moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
                           grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
                           rp.hidden + (grads_embed + tied if acc else 2 * tied)))

@@ -4,6 +4,7 @@ one module beside this one and one line in :data:`FAMILIES`."""
 from __future__ import annotations
 
 from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, modernbert, olmo2, phi3, qwen3, roberta
+from kit.estimate.replay import deberta, distilbert
 
 # Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay.
 # Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other
@@ -13,10 +14,12 @@ FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "q
             "gemma3": gemma3.block, "gpt_neox": gpt_neox.block,
             "bert": bert.block, "roberta": roberta.block}   # encoders (a classifier head: .task_heads)
 FAMILIES["modernbert"] = modernbert.block
+FAMILIES |= {"distilbert": distilbert.block, "deberta-v2": deberta.block}
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
-# the fused qkv projection (Phi-3), q and v (OLMo-2, as peft's default for Llama).
-LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj")}
-LORA_TARGETS["modernbert"] = ("Wqkv",)   # its fused q/k/v projection, as Phi-3's
+# the fused qkv projection (Phi-3, ModernBERT), q and v (OLMo-2, as peft's default for Llama; DistilBERT's q_lin
+# and v_lin).
+LORA_TARGETS = {"phi3": ("qkv_proj",), "olmo2": ("q_proj", "v_proj"), "distilbert": ("q_lin", "v_lin"),
+                "modernbert": ("Wqkv",)}
 
 
 def config_shapes(cfg, family: str, hd: int) -> dict:
@@ -55,6 +58,15 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
         out["rope_sets"] = len(set(types))
         out["p_attn"], out["p_resid"] = cfg.attention_dropout, cfg.mlp_dropout
         out["p_embd"], out["pooling"] = cfg.embedding_dropout, cfg.classifier_pooling
+    if family == "distilbert":   # DistilBertConfig's own names
+        out.update(F=cfg.hidden_dim, p_resid=cfg.dropout, p_embd=cfg.dropout)
+    if family == "deberta-v2":   # the relative attention's span: DisentangledSelfAttention.pos_ebd_size
+        out.update(p_attn=cfg.attention_probs_dropout_prob, p_resid=cfg.hidden_dropout_prob,
+                   p_embd=cfg.hidden_dropout_prob)
+        if cfg.relative_attention:
+            span = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
+            out.update(rel_span=cfg.position_buckets if getattr(cfg, "position_buckets", -1) > 0 else span,
+                       rel_att=tuple(cfg.pos_att_type or ()), rel_share=bool(getattr(cfg, "share_att_key", False)))
     if family == "gpt_neox":
         out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout", 0.0)
         out["parallel"] = bool(getattr(cfg, "use_parallel_residual", True))

@@ -125,6 +125,9 @@ class Setup:
     head_trains: bool = False    # ... its Linear trains (full fine-tuning, or peft's modules_to_save copy)
     p_head: float = 0.0          # ... the dropout before it (token classification)
     pooling: str = "cls"         # ... a sequence's pooling before it: "cls" or "mean" (ModernBERT's config)
+    rel_span: int = 0            # DeBERTa's relative attention: its span (position_buckets), 2 x span table rows
+    rel_att: tuple = ()          # ... its disentangled terms ("c2p", "p2c")
+    rel_share: bool = True       # ... the table through the content projections (share_att_key), else its own
 
     @property
     def T(self) -> int:
@@ -172,7 +175,8 @@ class Setup:
 
 
 def around(*, final_norm: str | None, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False,
-           embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0, first_layer: bool = False):
+           embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0, first_layer: bool = False,
+           embed_mask: bool = False):
     """Mark a family's block function with what its model does outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
@@ -184,11 +188,12 @@ def around(*, final_norm: str | None, positions: bool = False, embd_dropout: boo
     ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder;
     ``id_rows``: (B, S) int64 tensors the embeddings make and keep besides the input ids (RoBERTa's position ids
     and token types); ``first_layer``: block 1 differs from the others (ModernBERT's layer 0 has no attention norm):
-    it is replayed alone, with ``Tape.first`` set.
+    it is replayed alone, with ``Tape.first`` set; ``embed_mask``: the normed embeddings are multiplied by the
+    attention mask made float, a (B, S, 1) tensor the mul keeps (DeBERTa's).
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
         block.embed_scale, block.embed_norm, block.encoder, block.id_rows = embed_scale, embed_norm, encoder, id_rows
-        block.first_layer = first_layer
+        block.first_layer, block.embed_mask = first_layer, embed_mask
         return block
     return mark

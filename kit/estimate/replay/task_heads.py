@@ -14,7 +14,10 @@ Encoders (``encoder``, the block's :func:`~kit.estimate.replay.setup.around` mar
 their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]))`` (the first token is a view,
 so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; RoBERTa's
 ``out_proj(dropout(tanh(dense(dropout(hidden[:, 0])))))`` (its first dropout makes a (B, H) tensor: the
-hidden state is not kept); their token
+hidden state is not kept); DistilBERT's ``classifier(dropout(relu(pre_classifier(hidden[:, 0]))))`` (BERT's pooler
+with ReLU, which keeps its output as tanh does, and ``seq_classif_dropout``); DeBERTa's ``ContextPooler``,
+``gelu(dense(hidden[:, 0]))`` with ``pooler_dropout`` 0 (BERT's pooler with GELU, which keeps its input: the same
+bytes); their token
 classification is ``classifier(dropout(hidden))``. Their losses are ``CrossEntropyLoss`` on the logits as they are.
 
 The labels the loss keeps are the batch's own tensor (counted with the inputs), not a shifted copy. No
@@ -80,8 +83,9 @@ def encoder_head(tp: Tape, h, encoder: str) -> Head:
         tp.save(h, when=h.rg)
     elif st.task == "seq-cls":
         first = tp.split(h, st.S)[0]     # hidden[:, 0]: a view, (B, H), of the whole hidden state
-        pooled = tp.linear(first, st.H, st.H, "dense", trainable=st.base_trainable, w=st.w_other, quant="none")
-        h = tp.new(pooled.n, pooled.dt, pooled.rg)    # tanh: a new output, which it keeps
+        name = "pre_classifier" if encoder == "distilbert" else "dense"
+        pooled = tp.linear(first, st.H, st.H, name, trainable=st.base_trainable, w=st.w_other, quant="none")
+        h = tp.new(pooled.n, pooled.dt, pooled.rg)    # tanh (DistilBERT: ReLU): a new output, which it keeps
         tp.save(h, when=h.rg)
     h = tp.dropout(h, st.p_head)
     name = "out_proj" if st.task == "seq-cls" and encoder == "roberta" else "classifier"
