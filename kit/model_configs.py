@@ -80,9 +80,8 @@ REGISTRY = {
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
                       "tiny-bert", "tiny-roberta"})
-ENCODERS |= {"answerdotai/ModernBERT-base", "tiny-modernbert"}
-                      "tiny-bert", "tiny-roberta", "distilbert-base-uncased", "distilbert/distilbert-base-uncased",
-                      "microsoft/deberta-v3-base", "tiny-distilbert", "tiny-deberta-v3"})
+ENCODERS |= {"answerdotai/ModernBERT-base", "tiny-modernbert", "distilbert-base-uncased",
+             "distilbert/distilbert-base-uncased", "microsoft/deberta-v3-base", "tiny-distilbert", "tiny-deberta-v3"}
 VOCAB_HEAD = "+vocab-head"
 _VOCAB_HEAD_NAMES = ("distilgpt2" + VOCAB_HEAD, "tiny-gpt2" + VOCAB_HEAD)
 TINY = {"tiny-gpt2", "tiny-llama"}
