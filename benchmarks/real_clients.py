@@ -731,6 +731,9 @@ def rows_to_run(work, only=None):
         R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
                   lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
                       client_classifier(work, t, lo, f, d), m)))
+    from clients_grpo import client_grpo, run_grpo_client   # issue 38: TRL's GRPOTrainer
+    for kind in ("beta0", "beta", "lora", "spg2"):
+        R.append((f"GRPOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_grpo(work, k), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

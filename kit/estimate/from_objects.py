@@ -19,6 +19,7 @@ from __future__ import annotations
 from kit import inputs as kin
 from kit import optimizers
 from kit.estimate import dpo as kd
+from kit.estimate import grpo as kg
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
@@ -77,12 +78,16 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     sft, given_seq_len = kt.is_sft(trainer), seq_len
     if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
         topts, tsrc, tnotes, _ = kt.read_sft_config(args, trainer=trainer)
+    if grpo := kg.is_grpo(trainer):  # TRL's GRPOTrainer (kit.estimate.grpo)
+        topts, tsrc, tnotes = kg.read_grpo_config(args)
+        kd.refuse_dropout(args, trainer.model.config, "GRPOConfig")
     if dpo := kd.is_dpo(trainer):  # TRL's DPOTrainer (kit.estimate.dpo); its other trainers are refused
         topts, tsrc, tnotes = kd.read_dpo_config(args)
         kd.refuse_dropout(args, trainer.model.config)
-    elif not sft:
+    elif not (sft or grpo):
         kd.refuse_other_trl(trainer)
-    opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "TrainingArguments")
+    opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "GRPOConfig" if grpo
+                                 else "TrainingArguments")
     if getattr(trainer, "optimizer", None) is not None:   # Trainer(optimizers=(opt, None)), or the one train() made
         given = optimizers.unwrap(trainer.optimizer)
         opts["optimizer"] = optimizers.name_of(given)
@@ -100,6 +105,14 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
+    if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        kg.refuse_quantized(opts)
+        P, same, at = kg.trainer_prompts(trainer, seq_len)
+        rollout = kg.rollout(args, P)
+        gopts, gsrc = kg.seq_options(rollout, same, at)
+        opts.update(gopts), src.update(gsrc)
+        seq_len, padded = opts.pop("seq_len"), opts.pop("padded")
     notes += cpu_fp16(opts, src, device, args)
     args_offload = opts.pop("args_offload")
     if args_ckpt := opts.pop("args_ckpt"):   # Trainer.train enables it anew, every_n_layers / offload as args say
@@ -113,6 +126,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:  # 2B rows padded to the longest pair, and the reference model
         sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
         (seq_len, padded), _ = sopts.values(), src.update(ssrc)
+    elif grpo:
+        pass
     elif seq_len is None:
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, where)
@@ -130,6 +145,11 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
     if dpo:
         kd.finish(est, info_of(target, opts.get("task", "causal-lm"), opts.get("num_labels", 2)), **fk)
+    if grpo:
+        ref = getattr(trainer, "ref_model", None)
+        kind, where = kg.reference_of(args, hasattr(trainer.model, "peft_config"), ref)
+        kg.finish(est, args, rollout, config=trainer.model.config, reference=kind, where=where,
+                  ref_weights=kd.held_bytes(ref) if ref is not None else 0)
     est.inputs = {**trainer_inputs(trainer), "seq_len": given_seq_len, "device": device}
     return est
 
