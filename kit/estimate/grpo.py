@@ -199,16 +199,39 @@ def _pass_peak(est, r, *, S, H, V, hidden_dt, weight_dt, separate: bool) -> tupl
     return labels + block, "a no-grad log-prob pass (a block, bounded)"
 
 
-def generate_bytes(est, r, *, L, kv_heads, head_dim, V, cache_dt) -> int:
-    """``generate()`` over ``G`` left-padded prompts: the prompt ids and mask on the device (int64 ``[G, P]``), the
-    dynamic KV cache at its largest (``L`` layers x keys and values x ``G x (P + C - 1)`` positions, in the model's
-    dtype) with one layer's keys re-made by ``torch.cat`` as the last position is appended, and a token's logits:
-    ``[G, 1, V]`` in the model's dtype, its fp32 copy and the processed scores and probabilities (fp32 ``[G, V]``)."""
-    G, P, C = r["G"], r["P"], r["C"]
-    per_pos = G * kv_heads * head_dim * cache_dt
-    cache = 2 * L * per_pos * (P + C - 1) + per_pos * (P + C - 2)
-    logits = G * V * cache_dt + 3 * G * V * F32
-    return 2 * G * P * I64 + cache + logits
+_LLAMA_LOOP = ("llama", "mistral", "qwen2", "qwen3")   # the families whose no-grad block loop is known
+
+
+def prefill_block_bytes(est, text, tokens: int, model_dt: int, rows: int, P: int) -> int:
+    """The largest a no-grad prefill holds inside the blocks, over ``tokens = G x P`` positions in the model's dtype:
+    for a Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three
+    ``[T, F]`` tensors beside four hidden states (:func:`kit.estimate.evaluation.block_forward_bytes` counts the
+    same loop), the rotary cos/sin and the ``[G, 1, P, P]`` bool mask of left-padded prompts; elsewhere at most
+    what one block saves in training, scaled to these tokens (an upper bound)."""
+    if text.model_type in _LLAMA_LOOP:
+        hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        four = 4 if text.num_hidden_layers > 1 else 3
+        return tokens * (four * text.hidden_size + 3 * text.intermediate_size) * model_dt + 2 * P * hd * model_dt \
+            + rows * P * P * BOOL
+    rp = est.context.rp
+    return max(rp.block, rp.block_in) * tokens // (est.setup["batch_size"] * est.setup["seq_len"])
+
+
+def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt) -> tuple[int, str]:
+    """``generate()`` over ``G`` left-padded prompts: the prompt ids and mask on the device (int64 ``[G, P]``) and
+    one token's logits (``logits_to_keep=1``: ``[G, 1, V]`` in the model's dtype, its fp32 copy, the processed scores
+    and the probabilities, fp32 ``[G, V]``) beside the larger of the prefill (the KV cache of ``P`` positions and
+    the blocks' no-grad moment, :func:`prefill_block_bytes`) and the last token (the dynamic cache at its largest,
+    ``L`` layers x keys and values x ``G x (P + C - 1)`` positions in the model's dtype, one layer's keys re-made
+    by ``torch.cat`` as the last position is appended, and the ids grown to ``[G, P + C]``)."""
+    G, P, C, L, V = r["G"], r["P"], r["C"], text.num_hidden_layers, text.vocab_size
+    per_pos = G * kv_heads * head_dim * model_dt
+    base = 2 * G * P * I64 + G * V * model_dt + 3 * G * V * F32
+    prefill = 2 * L * per_pos * P + prefill_block_bytes(est, text, G * P, model_dt, G, P)
+    last = 2 * L * per_pos * (P + C - 1) + per_pos * (P + C - 2) + 2 * G * (P + C) * I64
+    if prefill >= last:
+        return base + prefill, "generate() (the prefill of the prompts)"
+    return base + last, "generate() (the KV cache at its largest)"
 
 
 def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int, str]:
@@ -229,8 +252,7 @@ def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int
     if r["vllm"]:   # vLLM generates inside its own share (setup["vllm_reserved_fraction"], not counted here)
         gen, moment = 0, "generation in vLLM (its share, not counted)"
     else:
-        gen, moment = generate_bytes(est, r, L=L, kv_heads=kv_heads, head_dim=head_dim, V=V, cache_dt=model_dt), \
-            "generate() (the KV cache at its largest)"
+        gen, moment = generate_bytes(est, r, text=text, kv_heads=kv_heads, head_dim=head_dim, model_dt=model_dt)
     rollouts = 2 * G * S * I64 * 2   # prompt/completion ids and masks, and their concatenations
     passes = []
     if r["old_pass"]:
