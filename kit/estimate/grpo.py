@@ -177,13 +177,13 @@ def buffered_bytes(r: dict, reference: bool) -> int:
     return 2 * G * (P + C) * I64 + G * F32 + I64 + G * C * F32 * (int(r["old_pass"]) + int(reference))
 
 
-def _pass_peak(est, r, *, S, H, V, hidden_dt, weight_dt, separate: bool) -> tuple[int, str]:
+def _pass_peak(est, r, *, text, S, hidden_dt, weight_dt, separate: bool) -> tuple[int, str]:
     """One no-grad log-prob pass (``_get_per_token_logps_and_entropies``) over a chunk of ``B`` rows: the chunk's
     labels (``masked_fill``, int64), the fused head's no-grad moment (the final norm's output and its reshape copy,
     the targets, seven fp32 statistics, the ``[n, 32768]`` tile and, on a CPU, the fold's fp32 temporaries: no
     ``is_top1`` mask, which neither the policy's outputs nor a separate reference's ask), or a block's (at most what
-    one block saves in training: an upper bound), whichever is larger."""
-    rows = min(r["B"], r["G"])
+    one block saves in training: an upper bound), whichever is larger. The pass runs under the trainer's autocast."""
+    rows, H, V = min(r["B"], r["G"]), text.hidden_size, text.vocab_size
     half = dtype(est.setup["precision"]) if est.setup["precision"] != "fp32" else None
     fh = chunked_head(B=rows, S=S, H=H, V=V, hidden_dt=hidden_dt, weight_dt=weight_dt, compute_dt=half or hidden_dt,
                       head_trainable=False, hidden_grad=False, device=est.setup["device"])
@@ -191,43 +191,45 @@ def _pass_peak(est, r, *, S, H, V, hidden_dt, weight_dt, separate: bool) -> tupl
     mask = 0 if est.setup["device"] == "cuda" else min(N, TOKEN_CHUNK) * min(V, VOCAB_CHUNK) * BOOL
     head = fh["forward"] + fh["saved"] - 2 * N * F32 - mask
     outputs = N * (F32 + BOOL) if separate else N * (2 * F32 + BOOL)   # log_probs (+ entropy), label_mask
-    rp = est.context.rp
-    block = max(rp.block, rp.block_in) * rows // r["B"]
+    block, exact = block_loop_bytes(est, text, rows=rows, S=S, hidden_dt=hidden_dt, mlp_dt=half or hidden_dt,
+                                    padded=r["padded"])
     labels = rows * S * I64
     if head + outputs >= block:
         return labels + head + outputs, "a no-grad log-prob pass (at the fused head)"
-    return labels + block, "a no-grad log-prob pass (a block, bounded)"
+    return labels + block, "a no-grad log-prob pass (a block" + (")" if exact else ", bounded)")
 
 
 _LLAMA_LOOP = ("llama", "mistral", "qwen2", "qwen3")   # the families whose no-grad block loop is known
 
 
-def prefill_block_bytes(est, text, tokens: int, model_dt: int, rows: int, P: int) -> int:
-    """The largest a no-grad prefill holds inside the blocks, over ``tokens = G x P`` positions in the model's dtype:
-    for a Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three
-    ``[T, F]`` tensors beside four hidden states (:func:`kit.estimate.evaluation.block_forward_bytes` counts the
-    same loop), the rotary cos/sin and the ``[G, 1, P, P]`` bool mask of left-padded prompts; elsewhere at most
-    what one block saves in training, scaled to these tokens (an upper bound)."""
+def block_loop_bytes(est, text, *, rows: int, S: int, hidden_dt: int, mlp_dt: int, padded: bool) -> tuple[int, bool]:
+    """(bytes, exact) of the largest a no-grad forward holds inside the blocks over ``rows x S`` positions: for a
+    Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three ``[T, F]``
+    tensors beside four hidden states (:func:`kit.estimate.evaluation.block_forward_bytes` counts the same loop), the
+    rotary cos/sin and, where a row is padded, the ``[rows, 1, S, S]`` bool mask; elsewhere at most what one block
+    saves in training, scaled to these tokens (an upper bound: ``exact`` False)."""
+    T = rows * S
     if text.model_type in _LLAMA_LOOP:
         hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         four = 4 if text.num_hidden_layers > 1 else 3
-        return tokens * (four * text.hidden_size + 3 * text.intermediate_size) * model_dt + 2 * P * hd * model_dt \
-            + rows * P * P * BOOL
+        return T * (four * text.hidden_size * hidden_dt + 3 * text.intermediate_size * mlp_dt) + 2 * S * hd * \
+            hidden_dt + (rows * S * S * BOOL if padded else 0), True
     rp = est.context.rp
-    return max(rp.block, rp.block_in) * tokens // (est.setup["batch_size"] * est.setup["seq_len"])
+    return max(rp.block, rp.block_in) * T // (est.setup["batch_size"] * est.setup["seq_len"]), False
 
 
 def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt) -> tuple[int, str]:
     """``generate()`` over ``G`` left-padded prompts: the prompt ids and mask on the device (int64 ``[G, P]``) and
     one token's logits (``logits_to_keep=1``: ``[G, 1, V]`` in the model's dtype, its fp32 copy, the processed scores
     and the probabilities, fp32 ``[G, V]``) beside the larger of the prefill (the KV cache of ``P`` positions and
-    the blocks' no-grad moment, :func:`prefill_block_bytes`) and the last token (the dynamic cache at its largest,
+    the blocks' no-grad moment, :func:`block_loop_bytes`) and the last token (the dynamic cache at its largest,
     ``L`` layers x keys and values x ``G x (P + C - 1)`` positions in the model's dtype, one layer's keys re-made
     by ``torch.cat`` as the last position is appended, and the ids grown to ``[G, P + C]``)."""
     G, P, C, L, V = r["G"], r["P"], r["C"], text.num_hidden_layers, text.vocab_size
     per_pos = G * kv_heads * head_dim * model_dt
     base = 2 * G * P * I64 + G * V * model_dt + 3 * G * V * F32
-    prefill = 2 * L * per_pos * P + prefill_block_bytes(est, text, G * P, model_dt, G, P)
+    prefill = 2 * L * per_pos * P + block_loop_bytes(est, text, rows=G, S=P, hidden_dt=model_dt, mlp_dt=model_dt,
+                                                     padded=r["padded"])[0]
     last = 2 * L * per_pos * (P + C - 1) + per_pos * (P + C - 2) + 2 * G * (P + C) * I64
     if prefill >= last:
         return base + prefill, "generate() (the prefill of the prompts)"
@@ -241,7 +243,7 @@ def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int
     completions (int64 ``[G, P]``, ``[G, C]`` ids and masks, and ``prompt_completion_ids`` and ``attention_mask``
     ``[G, P + C]``)."""
     text = config.get_text_config()
-    L, H, V = text.num_hidden_layers, text.hidden_size, text.vocab_size
+    H = text.hidden_size
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or H // text.num_attention_heads
     load = est.setup["load_dtype"]
@@ -256,10 +258,11 @@ def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int
     rollouts = 2 * G * S * I64 * 2   # prompt/completion ids and masks, and their concatenations
     passes = []
     if r["old_pass"]:
-        passes.append(_pass_peak(est, r, S=S, H=H, V=V, hidden_dt=model_dt, weight_dt=model_dt, separate=False))
+        passes.append(_pass_peak(est, r, text=text, S=S, hidden_dt=model_dt, weight_dt=model_dt, separate=False))
     if reference != "none":
         old = G * r["C"] * F32 if r["old_pass"] else 0   # the old log-probs, held through the reference pass
-        ref = _pass_peak(est, r, S=S, H=H, V=V, hidden_dt=model_dt, weight_dt=model_dt, separate=reference == "model")
+        ref = _pass_peak(est, r, text=text, S=S, hidden_dt=model_dt, weight_dt=model_dt,
+                         separate=reference == "model")
         passes.append((ref[0] + old, ref[1].replace("a no-grad log-prob pass", "the reference's no-grad pass")))
     best = max([(gen, moment)] + [(rollouts + p, w) for p, w in passes], key=lambda t: t[0])
     return held + best[0], best[1]
@@ -331,6 +334,7 @@ def seq_options(r: dict, same_length: bool, where: str) -> tuple[dict, dict]:
     """(options, sources) of the training step's rows: ``B`` rows of ``P + C`` tokens, padded unless every prompt
     is one length and every completion its full length."""
     S, padded = r["P"] + r["C"], not (same_length and r["full"])
+    r["padded"] = padded
     return {"batch_size": r["B"], "seq_len": S, "padded": padded}, {
         "batch_size": (r["B"], "GRPOConfig.per_device_train_batch_size: the rows of one training step"),
         "seq_len": (S, f"{r['P']} prompt tokens ({where}) + {r['C']} completion tokens (max_completion_length)"),
