@@ -152,8 +152,9 @@ def run_grpo_client(gen, meter_cls):
     peaks = StepPeaks(meter.peaks)
     measured = [g for g in meter.generation if g is not None]
     gen_est = None if isinstance(est, Exception) else est.setup.get("generation_peak_bytes")
+    peaks.generation = max(measured) if measured else None
     if measured:
-        got = max(measured)
+        got = peaks.generation
         cell = f"{gen_est / MiB:.2f} MiB est. / {got / MiB:.2f} measured, ratio {gen_est / got:.4f}" if gen_est \
             else f"not estimated / {got / MiB:.2f} MiB measured"
     else:

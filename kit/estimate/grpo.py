@@ -303,6 +303,10 @@ def finish(est, cfg, r, *, config, reference: str, where: str, ref_weights: int)
                                   + ("; sleep mode releases it during the optimizer step"
                                      if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
                                   code="grpo-vllm-share"))
+    if est.setup["device"] == "cuda":
+        est.notes.append(kin.Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
+                                  "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
+                                  code="grpo-scored-positions"))
     if steady > est.peak_bytes:
         opt = est.optimizer_bytes - est.paged_optimizer_bytes
         est.peak_bytes, est.peak_phase, est.peak_moment = steady, "generation", moment
