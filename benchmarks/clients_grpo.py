@@ -135,6 +135,23 @@ def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16)
     yield "12. TRL GRPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
+def rise_cell(est, meter) -> str:
+    """The generation's rise above what its step began with, estimated and measured (the last generating step:
+    the held part is the weights, the optimizer state and the previous rollouts, the rise generate()'s and the
+    no-grad passes' own bytes), a sharper check than the peak where the held bytes dominate."""
+    from real_clients import MiB
+
+    steps = [k for k, g in enumerate(meter.generation) if g is not None]
+    if isinstance(est, Exception) or not steps or len(meter.generation) < 2:
+        return ""
+    k = steps[-1]
+    got = meter.generation[k] - meter.meter.held[k]
+    s = est.setup
+    held = est.weights_bytes + est.optimizer_bytes - est.paged_optimizer_bytes + s["buffered_rollouts_bytes"]
+    want = s["generation_peak_bytes"] - held
+    return f" (its rise above the step's start: {want / MiB:.3f} MiB est. / {got / MiB:.3f} measured)"
+
+
 def run_grpo_client(gen, meter_cls):
     """real_clients.run_trainer_client with the generation phase metered apart: the row's ``setup`` gains the
     estimated and measured generation peaks and their ratio (the estimate's ``generation_peak_bytes``)."""
@@ -157,6 +174,7 @@ def run_grpo_client(gen, meter_cls):
         got = peaks.generation
         cell = f"{gen_est / MiB:.2f} MiB est. / {got / MiB:.2f} measured, ratio {gen_est / got:.4f}" if gen_est \
             else f"not estimated / {got / MiB:.2f} MiB measured"
+        cell += rise_cell(est, meter)
     else:
         cell = "not taken"
     setup += f"; generation phase peak: {cell}"

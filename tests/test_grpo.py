@@ -22,7 +22,7 @@ warnings.filterwarnings("ignore")
 
 # A value other than the default for each refused field (set on the built config: GRPOConfig's own checks may
 # refuse some combinations first, and the estimator must refuse each by itself)
-REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "cast_lm_head_to_fp32": True, "cache_implementation": "static",
+REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_p": 0.1, "repetition_penalty": 1.1, "cast_lm_head_to_fp32": True, "cache_implementation": "static",
                   "entropy_coef": 0.1, "use_adaptive_entropy": True, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5,
                   "entropy_coef_delta": 0.01, "entropy_target": 0.3, "max_tool_calling_iterations": 2,
                   "use_transformers_continuous_batching": True, "transformers_continuous_batching_config": {},

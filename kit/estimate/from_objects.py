@@ -108,6 +108,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
         kg.refuse_quantized(opts)
+        kg.refuse_reward_models(trainer)
         P, same, at = kg.trainer_prompts(trainer, seq_len)
         rollout = kg.rollout(args, P)
         gopts, gsrc = kg.seq_options(rollout, same, at)

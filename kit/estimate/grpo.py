@@ -54,6 +54,7 @@ MODELED = {
     "vllm_enable_sleep_mode": "vLLM colocate releases its share during the optimizer step (not measured)",
     "vllm_importance_sampling_correction": "with vLLM: the old-log-prob pass always runs",
     "disable_dropout": "zeroes nn.Dropout modules (refused where the config names a dropout the replay applies)",
+    "temperature": "its processor's [G, V] output a generated token (other than 1), a scalar of the fused head",
     "sync_ref_model": "SyncRefModelCallback mixes the reference's weights in place: no bytes beyond the reference's",
 }
 # GRPOConfig fields that change no byte the kit counts, and why
@@ -63,9 +64,7 @@ _LOG = "what is logged"
 NO_MEMORY = {
     "trust_remote_code": "how the model's code is loaded", "num_generations_eval": "evaluation (not modeled)",
     "ds3_gather_for_generation": "DeepSpeed ZeRO-3 only (refused under strategies)",
-    "shuffle_dataset": "the order of the prompts", "temperature": "a scalar of the sampling and the fused head",
-    "top_p": "a [G, V] mask a generated token (the logits' processors)", "top_k": "a [G, V] mask a generated token",
-    "min_p": "a [G, V] mask a generated token", "repetition_penalty": "a [G, V] gather/scatter a generated token",
+    "shuffle_dataset": "the order of the prompts",
     "chat_template_kwargs": "how the prompts are rendered (their lengths are read from the dataset)",
     "vllm_model_impl": _VLLM, "vllm_structured_outputs_regex": _VLLM, "vllm_server_base_url": _VLLM,
     "vllm_server_host": _VLLM, "vllm_server_port": _VLLM, "vllm_server_timeout": _VLLM, "vllm_group_port": _VLLM,
@@ -110,11 +109,14 @@ REFUSED = {
     "transformers_continuous_batching_config": (lambda cfg: cfg.transformers_continuous_batching_config is not None,
                                                 "configures transformers' continuous batching (a paged cache)"),
     "use_transformers_paged": (_set("use_transformers_paged"), "generates with a paged KV cache"),
+    "top_p": (lambda cfg: cfg.top_p < 1.0, "sorts each generated token's logits (nucleus sampling's temporaries)"),
+    "top_k": (lambda cfg: bool(cfg.top_k), "keeps each generated token's top-k logits (topk's temporaries)"),
+    "min_p": (lambda cfg: cfg.min_p is not None, "filters each generated token's logits (its temporaries)"),
+    "repetition_penalty": (lambda cfg: cfg.repetition_penalty != 1.0, "gathers and scatters each generated token's "
+                           "logits"),
 }
 # generate() keywords that change no byte the kit counts (the others are refused by name)
-_GEN_KW = ("min_new_tokens", "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-           "eos_token_id", "pad_token_id", "bos_token_id", "suppress_tokens", "begin_suppress_tokens",
-           "bad_words_ids", "use_cache")
+_GEN_KW = ("min_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
 def is_grpo(obj) -> bool:
@@ -162,9 +164,10 @@ def rollout(cfg, prompt_len: int, name: str = "GRPOConfig") -> dict:
     vllm_is = cfg.use_vllm and cfg.vllm_importance_sampling_correction
     m = cfg.pad_to_multiple_of or 1
     P, C = -(-prompt_len // m) * m, -(-cfg.max_completion_length // m) * m
-    full = (cfg.generation_kwargs or {}).get("min_new_tokens") == cfg.max_completion_length
+    min_tokens = (cfg.generation_kwargs or {}).get("min_new_tokens") or 0
     return dict(B=B, G=B * spg, P=P, C=C, spg=spg, old_pass=bool(cfg.gradient_accumulation_steps % every or vllm_is),
-                full=full, vllm=cfg.use_vllm and cfg.vllm_mode == "colocate" and cfg.vllm_gpu_memory_utilization,
+                full=min_tokens == cfg.max_completion_length, min_tokens=min_tokens > 0, temperature=cfg.temperature,
+                vllm=cfg.use_vllm and cfg.vllm_mode == "colocate" and cfg.vllm_gpu_memory_utilization,
                 where=f"{name}: G = per_device_train_batch_size ({B}) x steps_per_generation ({spg}), completion "
                       f"max_completion_length ({cfg.max_completion_length})")
 
@@ -218,22 +221,41 @@ def block_loop_bytes(est, text, *, rows: int, S: int, hidden_dt: int, mlp_dt: in
     return max(rp.block, rp.block_in) * T // (est.setup["batch_size"] * est.setup["seq_len"]), False
 
 
-def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt) -> tuple[int, str]:
-    """``generate()`` over ``G`` left-padded prompts: the prompt ids and mask on the device (int64 ``[G, P]``) and
-    one token's logits (``logits_to_keep=1``: ``[G, 1, V]`` in the model's dtype, its fp32 copy, the processed scores
-    and the probabilities, fp32 ``[G, V]``) beside the larger of the prefill (the KV cache of ``P`` positions and
-    the blocks' no-grad moment, :func:`block_loop_bytes`) and the last token (the dynamic cache at its largest,
-    ``L`` layers x keys and values x ``G x (P + C - 1)`` positions in the model's dtype, one layer's keys re-made
-    by ``torch.cat`` as the last position is appended, and the ids grown to ``[G, P + C]``)."""
+def sampling_bytes(r: dict, V: int, model_dt: int, temperature: float) -> tuple[int, int]:
+    """(at the last token's sampling, during its forward) the bytes of ``[G, V]`` logits ``_sample`` holds
+    (transformers 5): the model's ``[G, 1, V]`` logits (model dtype) and ``next_token_logits`` (an fp32 copy) beside
+    the previous token's ``next_token_scores`` and ``probs`` (bound till rebound). With ``min_new_tokens``, two
+    processors run (``MinLengthLogitsProcessor``, as ``min_length = min_new_tokens + prompt``, and
+    ``MinNewTokensLengthLogitsProcessor``), each a ``clone`` and a ``torch.where`` (fp32 ``[G, V]``) beside the
+    previous one's output, an int64 ``arange(V)`` and its bool ``isin`` mask; without, a ``temperature`` other than 1
+    adds its output. During the next forward the previous token's ``next_token_logits``, scores (one tensor when no
+    processor ran) and ``probs`` are held."""
+    G = r["G"]
+    if r["min_tokens"]:
+        return G * V * (model_dt + 6 * F32) + V * (I64 + BOOL), 3 * G * V * F32
+    scaled = temperature != 1.0
+    return G * V * (model_dt + (4 if scaled else 3) * F32), (3 if scaled else 2) * G * V * F32
+
+
+def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt, temperature) -> tuple[int, str]:
+    """``generate()`` over ``G`` left-padded prompts, beside the prompt ids and mask (int64 ``[G, P]``): the largest
+    of the prefill (the KV cache of ``P`` positions, the blocks' no-grad moment, :func:`block_loop_bytes`, and the
+    first token's logits), the last token's sampling (the dynamic cache of ``P + C - 1`` positions: ``L`` layers x
+    keys and values x ``G`` rows in the model's dtype, and the ``[G, V]`` logits of :func:`sampling_bytes`) and its
+    forward's ``torch.cat`` (one layer's keys re-made one position longer while the old ones are alive); the ids and
+    attention mask grow to ``[G, P + C]`` (int64)."""
     G, P, C, L, V = r["G"], r["P"], r["C"], text.num_hidden_layers, text.vocab_size
+    S = P + C
     per_pos = G * kv_heads * head_dim * model_dt
-    base = 2 * G * P * I64 + G * V * model_dt + 3 * G * V * F32
+    sample, between = sampling_bytes(r, V, model_dt, temperature)
+    ids = 2 * G * S * I64
     prefill = 2 * L * per_pos * P + block_loop_bytes(est, text, rows=G, S=P, hidden_dt=model_dt, mlp_dt=model_dt,
                                                      padded=r["padded"])[0]
-    last = 2 * L * per_pos * (P + C - 1) + per_pos * (P + C - 2) + 2 * G * (P + C) * I64
-    if prefill >= last:
-        return base + prefill, "generate() (the prefill of the prompts)"
-    return base + last, "generate() (the KV cache at its largest)"
+    last = 2 * L * per_pos * (S - 1) + ids + sample
+    cat = 2 * L * per_pos * (S - 2) + per_pos * (S - 1) + ids + between
+    best = max((prefill, "the prefill of the prompts"), (last, "the last token's sampling"),
+               (cat, "the KV cache at its largest"), key=lambda t: t[0])
+    return 2 * G * P * I64 + best[0], f"generate() ({best[1]})"
 
 
 def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int, str]:
@@ -254,7 +276,8 @@ def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int
     if r["vllm"]:   # vLLM generates inside its own share (setup["vllm_reserved_fraction"], not counted here)
         gen, moment = 0, "generation in vLLM (its share, not counted)"
     else:
-        gen, moment = generate_bytes(est, r, text=text, kv_heads=kv_heads, head_dim=head_dim, model_dt=model_dt)
+        gen, moment = generate_bytes(est, r, text=text, kv_heads=kv_heads, head_dim=head_dim, model_dt=model_dt,
+                                     temperature=r["temperature"])
     rollouts = 2 * G * S * I64 * 2   # prompt/completion ids and masks, and their concatenations
     passes = []
     if r["old_pass"]:
@@ -353,3 +376,15 @@ def refuse_quantized(opts: dict) -> None:
     if opts.get("quantization", "none") != "none":
         raise kin.InputError("quantization", "GRPOTrainer on a quantized (bitsandbytes) model is not modeled: "
                              "estimate it unquantized.", code="grpo-quantized")
+
+
+def refuse_reward_models(trainer) -> None:
+    """Reward models (``reward_funcs`` given as ids or modules: loaded, held on the device, run on every
+    generation's completions) are not modeled: refused in one sentence that names them."""
+    import torch
+
+    models = [type(f).__name__ for f in getattr(trainer, "reward_funcs", []) if isinstance(f, torch.nn.Module)]
+    if models:
+        raise kin.InputError("reward_funcs", f"GRPOTrainer's reward_funcs hold a reward model ({', '.join(models)}), "
+                             "whose weights and forward the kit does not model: estimate with reward functions "
+                             "only.", code="grpo-reward-model")
