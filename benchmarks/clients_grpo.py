@@ -106,7 +106,8 @@ def mark_generation(trainer) -> None:
 def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16):
     """TRL's quick-start GRPOTrainer; ``kind``: "beta0" (no reference), "beta" (beta=0.04: a reference copy),
     "lora" (LoRA r8 q,v with beta=0.04: the adapter-disabled policy as reference), "spg2" (steps_per_generation=2:
-    one generation of 8 rows for two steps, and the old-log-prob pass)."""
+    one generation of 8 rows for two steps, and the old-log-prob pass), "long" ("beta0" with 128 completion tokens:
+    the KV cache and the sampling's logits set the generation's rise)."""
     from peft import LoraConfig
     from real_clients import tokenizer, twin_dir
     from trl import GRPOConfig, GRPOTrainer
@@ -118,6 +119,8 @@ def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16)
     extra = {"beta": 0.04} if kind in ("beta", "lora") else {}
     if kind == "spg2":
         extra["steps_per_generation"] = 2
+    if kind == "long":
+        completion_len = 128
     args = GRPOConfig(output_dir=os.path.join(work, "grpo"), use_cpu=True, bf16=False, report_to="none",
                       max_steps=3, save_strategy="no", logging_strategy="no", disable_tqdm=True,
                       per_device_train_batch_size=4, num_generations=4, max_completion_length=completion_len,
@@ -129,7 +132,8 @@ def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16)
     mark_generation(trainer)
     what = {"beta0": "full FT, beta=0 (no reference)", "beta": "full FT, beta=0.04 (a reference copy)",
             "lora": "LoRA r8 q,v, beta=0.04 (reference: the adapter disabled)",
-            "spg2": "full FT, beta=0, steps_per_generation=2 (+ the old-log-prob pass)"}[kind]
+            "spg2": "full FT, beta=0, steps_per_generation=2 (+ the old-log-prob pass)",
+            "long": "full FT, beta=0, a long completion"}[kind]
     setup = (f"{what}, ckpt (GRPOConfig default), fp32, B4, num_generations 4, prompt {prompt_len} + completion "
              f"{completion_len} tokens")
     yield "12. TRL GRPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
