@@ -142,3 +142,31 @@ def test_gpu_vllm_colocate_reserves_its_share():
     est = estimate_from("tiny-qwen2", grpo_config=args, seq_len=3)
     assert abs(taken - est.setup["vllm_reserved_fraction"] * total) <= 0.05 * total
     del tr
+
+
+def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path):
+    """kit.watch on a GRPOTrainer: each step's generation is a "generation" stage (the phase callback says which
+    step's), the timeline draws it, and close() puts GRPOTrainer's method back."""
+    import kit
+    from clients_grpo import client_grpo
+    from kit.plot import timeline
+
+    os.environ.setdefault("KIT_CACHE", str(tmp_path / "twins"))
+    _, _, tr, _ = next(client_grpo(str(tmp_path), "beta0"))
+    tr.args.max_steps = 2
+    seen = []
+    inner = tr._generate_and_score_completions
+
+    def spy(*a, **k):
+        seen.append(w.phases.phase)
+        return inner(*a, **k)
+
+    tr._generate_and_score_completions = spy
+    w = kit.watch(tr, plot=False, estimate=False)
+    tr.train()
+    stages = [r for r in w.tracker.records if r.name == "generation"]
+    assert len(stages) == 2 and all(r.end is not None for r in stages)
+    assert seen == ["first_generation", "generation"]
+    assert timeline(w.tracker) is not None
+    w.close()
+    assert tr._generate_and_score_completions is spy
