@@ -107,7 +107,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
-        kg.refuse_quantized(opts)
+        kg.refuse_unmodeled(opts)
         kg.refuse_reward_models(trainer)
         P, same, at = kg.trainer_prompts(trainer, seq_len)
         rollout = kg.rollout(args, P)
@@ -289,7 +289,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     src["attn_implementation"] = auto_attn(cfg, attn_implementation)
     opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
     if grpo:
-        kg.refuse_quantized(opts)
+        kg.refuse_unmodeled(opts)
     if quant != "none" and (sft or dpo):
         opts["quantization"] = quant
     elif quant != "none":

@@ -371,8 +371,13 @@ def seq_options(r: dict, same_length: bool, where: str) -> tuple[dict, dict]:
         "generation_batch": (r["G"], r["where"])}
 
 
-def refuse_quantized(opts: dict) -> None:
-    """GRPOTrainer on a bitsandbytes model (what it does to it is not read): refused in one sentence."""
+def refuse_unmodeled(opts: dict) -> None:
+    """GRPOTrainer on a bitsandbytes model (what it does to it is not read), or under DeepSpeed/FSDP (the
+    generation's gathered weights, the reference prepared by them): refused in one sentence."""
+    if opts.get("strategy", "single") != "single":
+        raise kin.InputError("strategy", f"GRPOTrainer under {opts['strategy']} (the weights gathered for generation, "
+                             "the reference prepared by DeepSpeed or FSDP) is not modeled: the kit estimates "
+                             "GRPOTrainer on one GPU.", code="grpo-strategy")
     if opts.get("quantization", "none") != "none":
         raise kin.InputError("quantization", "GRPOTrainer on a quantized (bitsandbytes) model is not modeled: "
                              "estimate it unquantized.", code="grpo-quantized")
