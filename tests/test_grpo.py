@@ -22,7 +22,8 @@ warnings.filterwarnings("ignore")
 
 # A value other than the default for each refused field (set on the built config: GRPOConfig's own checks may
 # refuse some combinations first, and the estimator must refuse each by itself)
-REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_p": 0.1, "repetition_penalty": 1.1, "cast_lm_head_to_fp32": True, "cache_implementation": "static",
+REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_p": 0.1, "repetition_penalty": 1.1,
+                  "cast_lm_head_to_fp32": True, "cache_implementation": "static",
                   "entropy_coef": 0.1, "use_adaptive_entropy": True, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5,
                   "entropy_coef_delta": 0.01, "entropy_target": 0.3, "max_tool_calling_iterations": 2,
                   "use_transformers_continuous_batching": True, "transformers_continuous_batching_config": {},
@@ -170,3 +171,14 @@ def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path):
     assert timeline(w.tracker) is not None
     w.close()
     assert tr._generate_and_score_completions is spy
+
+
+def test_check_prints_the_generation_phase(capsys):
+    """kit.check of a GRPO estimate: the answer first, then the setup with the generation phase's own peak."""
+    import kit
+
+    est = estimate_from("tiny-qwen2", grpo_config=_config(beta=0.04, max_completion_length=16), seq_len=12)
+    kit.check(est, device="colab-t4")
+    out = capsys.readouterr().out
+    assert out.startswith("fits Colab T4") and "generation phase:" in out
+    assert f"{est.setup['generation_rows']} rows x 12 + 16 tokens" in out

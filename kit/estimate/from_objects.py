@@ -250,7 +250,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         from transformers import TrainingArguments
 
         training_args, name = TrainingArguments(), "TrainingArguments()"
-    elif not (sft or dpo or grpo):   # a dict of TrainingArguments' keywords is read into one; anything else refused by name
+    elif not (sft or dpo or grpo):   # a dict of TrainingArguments' keywords is read into one; else refused by name
         training_args = kin.training_arguments("training_args", training_args)
     given["training_args"] = None if sft or grpo or name == "TrainingArguments()" else training_args
     opts, src, notes = read_args(training_args, name)
