@@ -45,6 +45,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    full fine-tuning and peft's ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of the head,
    ``score`` or ``classifier``, trains); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training
    (``per_device_eval_batch_size`` 8).
+12. TRL's quick-start ``GRPOTrainer`` (``benchmarks/clients_grpo.py``): a tiny Qwen2 twin by path, its
+   ``reward_num_unique_chars``, prompts of 12 tokens, completions of a fixed length (``min_new_tokens``), fp32:
+   beta=0, beta>0 (a reference copy), LoRA (the adapter-disabled reference), steps_per_generation=2, and a long
+   completion; the generation phase (``_generate_and_score_completions``) metered apart in the setup cell.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -737,6 +741,9 @@ def rows_to_run(work, only=None):
                   lambda m, t=task: run_trainer_client(client_modernbert(work, t), m)))
     import clients_encoders   # DistilBERT and DeBERTa-v3 classifiers (benchmarks/clients_encoders.py)
     R += clients_encoders.rows(work)
+    from clients_grpo import client_grpo, run_grpo_client   # issue 38: TRL's GRPOTrainer
+    for kind in ("beta0", "beta", "lora", "spg2", "long"):
+        R.append((f"GRPOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_grpo(work, k), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

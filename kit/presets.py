@@ -289,6 +289,10 @@ def render(est, preset: str | Preset = "colab-t4", answer: bool = True) -> str:
     ev = f"evaluation (batch {s.get('eval_batch_size')}, {_EVAL[s.get('eval_gather', 'loss')]})"
     lines.append(f"phases (max allocated): step 1 {fmt_bytes(est.first_step_peak_bytes, 'GiB')}, step 2 on "
                  f"{fmt_bytes(est.peak_bytes, 'GiB')}, {ev} {fmt_bytes(est.eval_peak_bytes, 'GiB')}")
+    if s.get("generation_peak_bytes"):   # GRPOTrainer's generation phase (kit.estimate.grpo), its own peak
+        lines.append(f"  generation ({s['generation_rows']} rows, {s['prompt_len']} + {s['completion_len']} tokens, "
+                     f"at {s['generation_moment']}): step 1 {fmt_bytes(s['first_generation_peak_bytes'], 'GiB')}, "
+                     f"later {fmt_bytes(s['generation_peak_bytes'], 'GiB')}")
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
     c = getattr(est, "context", None)
     if getattr(est, "num_gpus", 1) > 1 and c is not None:  # a module's bytes are the whole model's, not one GPU's

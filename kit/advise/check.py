@@ -65,6 +65,9 @@ def brief(est, why=None) -> list:
                f"{quant}{trained}, {s.get('optimizer')}, checkpointing "
                f"{'on' if s.get('gradient_checkpointing') else 'off'}",
            "  at the peak: " + ", ".join(parts)]
+    if s.get("generation_peak_bytes"):   # GRPOTrainer (kit.estimate.grpo): the generation phase, its own peak
+        out.append(f"  generation phase: {fmt_bytes(s['generation_peak_bytes'])} at {s['generation_moment']} "
+                   f"({s['generation_rows']} rows x {s['prompt_len']} + {s['completion_len']} tokens)")
     return out + ([why] if why else [])
 
 

@@ -36,7 +36,7 @@ from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_hea
 from kit.estimate.trl import refuse_shared, refuser
 
 MODELED = "1.16"
-_OTHER = ("GRPOTrainer", "KTOTrainer", "RLOOTrainer", "RewardTrainer", "DistillationTrainer", "PPOTrainer",
+_OTHER = ("KTOTrainer", "RLOOTrainer", "RewardTrainer", "DistillationTrainer", "PPOTrainer",
           "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer",
           "PRMTrainer")
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
@@ -56,11 +56,13 @@ def is_dpo(obj) -> bool:
 
 
 def refuse_other_trl(trainer) -> None:
-    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer and DPOTrainer)."""
+    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer, DPOTrainer and
+    GRPOTrainer)."""
     name = type(trainer).__name__
     if type(trainer).__module__.startswith("trl.") or name in _OTHER:
-        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer and DPOTrainer, not {name}, whose "
-                             "own forward passes, generation and losses the kit does not model.", code="trl-trainer")
+        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer, DPOTrainer and GRPOTrainer, not "
+                             f"{name}, whose own forward passes, generation and losses the kit does not model.",
+                             code="trl-trainer")
 
 
 def reference_of(trainer=None, cfg=None, peft: bool = False):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from kit import inputs as kin
 from kit import optimizers
 from kit.estimate import dpo as kd
+from kit.estimate import grpo as kg
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of
@@ -77,12 +78,16 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     sft, given_seq_len = kt.is_sft(trainer), seq_len
     if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
         topts, tsrc, tnotes, _ = kt.read_sft_config(args, trainer=trainer)
+    if grpo := kg.is_grpo(trainer):  # TRL's GRPOTrainer (kit.estimate.grpo)
+        topts, tsrc, tnotes = kg.read_grpo_config(args)
+        kd.refuse_dropout(args, trainer.model.config, "GRPOConfig")
     if dpo := kd.is_dpo(trainer):  # TRL's DPOTrainer (kit.estimate.dpo); its other trainers are refused
         topts, tsrc, tnotes = kd.read_dpo_config(args)
         kd.refuse_dropout(args, trainer.model.config)
-    elif not sft:
+    elif not (sft or grpo):
         kd.refuse_other_trl(trainer)
-    opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "TrainingArguments")
+    opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "GRPOConfig" if grpo
+                                 else "TrainingArguments")
     if getattr(trainer, "optimizer", None) is not None:   # Trainer(optimizers=(opt, None)), or the one train() made
         given = optimizers.unwrap(trainer.optimizer)
         opts["optimizer"] = optimizers.name_of(given)
@@ -100,6 +105,15 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
+    if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        kg.refuse_unmodeled(opts)
+        kg.refuse_reward_models(trainer)
+        P, same, at = kg.trainer_prompts(trainer, seq_len)
+        rollout = kg.rollout(args, P)
+        gopts, gsrc = kg.seq_options(rollout, same, at)
+        opts.update(gopts), src.update(gsrc)
+        seq_len, padded = opts.pop("seq_len"), opts.pop("padded")
     notes += cpu_fp16(opts, src, device, args)
     args_offload = opts.pop("args_offload")
     if args_ckpt := opts.pop("args_ckpt"):   # Trainer.train enables it anew, every_n_layers / offload as args say
@@ -113,7 +127,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:  # 2B rows padded to the longest pair, and the reference model
         sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
         (seq_len, padded), _ = sopts.values(), src.update(ssrc)
-    elif seq_len is None:
+    elif seq_len is None and not grpo:
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, where)
         src["padded"] = (padded, ("rows of different lengths in a batch, or a 0 in its attention_mask" if padded else
@@ -123,13 +137,18 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
             src["batch_size"] = (1, f"{opts['batch_size']} rows flattened into one (padding-free)")
             flattened_eval(opts, src, notes, opts["batch_size"])
             opts.update(batch_size=1, padding_free=True)
-    else:
+    elif not grpo:
         padded = True
         src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
         src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
     est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
     if dpo:
         kd.finish(est, info_of(target, opts.get("task", "causal-lm"), opts.get("num_labels", 2)), **fk)
+    if grpo:
+        ref = getattr(trainer, "ref_model", None)
+        kind, where = kg.reference_of(args, hasattr(trainer.model, "peft_config"), ref)
+        kg.finish(est, args, rollout, config=trainer.model.config, reference=kind, where=where,
+                  ref_weights=kd.held_bytes(ref) if ref is not None else 0)
     est.inputs = {**trainer_inputs(trainer), "seq_len": given_seq_len, "device": device}
     return est
 
@@ -155,7 +174,8 @@ def trainer_inputs(trainer) -> dict:
 
 def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
                   seq_len=None, padded: bool | None = None, load_dtype=None, attn_implementation=None,
-                  device: str = "cuda", sft_config=None, dpo_config=None, task=None, num_labels=None):
+                  device: str = "cuda", sft_config=None, dpo_config=None, task=None, num_labels=None,
+                  grpo_config=None):
     """Predict the memory of a setup from the objects users write, before anything is loaded.
 
     ``model_id_or_config``: what ``estimate`` takes (a registry name, Hub id, config.json path or
@@ -165,6 +185,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     (None: ``"auto"``, the config's dtype, as transformers 5 loads); ``attn_implementation`` None:
     the config's, else sdpa where the model supports it. ``task`` ("causal-lm", "seq-cls", "token-cls") and
     ``num_labels``: the head (None: from ``peft_config.task_type``, SEQ_CLS or TOKEN_CLS, and the config).
+    ``grpo_config``: TRL's GRPOConfig (:mod:`kit.estimate.grpo`), where ``seq_len`` is the longest prompt in tokens
+    (GRPOTrainer does not truncate prompts; the completion adds ``max_completion_length``).
 
     >>> from transformers import TrainingArguments
     >>> from peft import LoraConfig
@@ -194,6 +216,18 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
             seq_len = -(-dpo_config.max_length // m) * m
             ssrc = ("DPOConfig.max_length: each prompt+completion row is truncated to it (padded up to "
                     "pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
+    if grpo := grpo_config is not None:  # TRL's GRPOTrainer (kit.estimate.grpo)
+        if training_args is not None or sft or dpo or not kg.is_grpo(grpo_config):
+            raise kin.InputError("grpo_config", "pass a trl GRPOConfig alone: it is GRPOTrainer's TrainingArguments.")
+        topts, tsrc, tnotes = kg.read_grpo_config(grpo_config)
+        d, a, q, where = kt.read_sft_model(grpo_config, "GRPOConfig")
+        if load_dtype is None and d is not None:
+            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
+        attn_implementation = a if attn_implementation is None else attn_implementation
+        quantization_config = q if quantization_config is None else quantization_config
+        if seq_len is None:
+            raise kin.InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
+                                 "tokens (GRPOTrainer does not truncate prompts).")
     if sft:
         topts, tsrc, tnotes, free = kt.read_sft_config(sft_config)
         d, a, q, where = kt.read_sft_model(sft_config)
@@ -209,15 +243,16 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
                                         "estimate_trainer reads it from a built Trainer's data.")
     name = "TrainingArguments"
-    if sft or dpo:
-        training_args, name = (sft_config, "SFTConfig") if sft else (dpo_config, "DPOConfig")
+    if sft or dpo or grpo:
+        training_args, name = (sft_config, "SFTConfig") if sft else (dpo_config, "DPOConfig") if dpo else \
+            (grpo_config, "GRPOConfig")
     if training_args is None:
         from transformers import TrainingArguments
 
         training_args, name = TrainingArguments(), "TrainingArguments()"
-    elif not (sft or dpo):   # a dict of TrainingArguments' keywords is read into one; anything else refused by name
+    elif not (sft or dpo or grpo):   # a dict of TrainingArguments' keywords is read into one; else refused by name
         training_args = kin.training_arguments("training_args", training_args)
-    given["training_args"] = None if sft or name == "TrainingArguments()" else training_args
+    given["training_args"] = None if sft or grpo or name == "TrainingArguments()" else training_args
     opts, src, notes = read_args(training_args, name)
     if dpo:
         pairs = kd.pairs_options(opts, src, notes, name)
@@ -253,6 +288,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src["load_dtype"] = dsrc
     src["attn_implementation"] = auto_attn(cfg, attn_implementation)
     opts["load_dtype"], opts["attn_implementation"] = src["load_dtype"][0], src["attn_implementation"][0]
+    if grpo:
+        kg.refuse_unmodeled(opts)
     if quant != "none" and (sft or dpo):
         opts["quantization"] = quant
     elif quant != "none":
@@ -294,6 +331,14 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         opts.update(topts), src.update(tsrc), notes.extend(tnotes)
         kd.refuse_dropout(dpo_config, cfg)
         kind, _, rwhere = kd.reference_of(cfg=dpo_config, peft=peft_config is not None)
+    if grpo:  # B rows of prompt + completion a step; G generated at once
+        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        kd.refuse_dropout(grpo_config, cfg, "GRPOConfig")
+        rollout = kg.rollout(grpo_config, seq_len)
+        gopts, gsrc = kg.seq_options(rollout, not padded, "estimate_from(seq_len=...)")
+        seq_len, padded = gopts.pop("seq_len"), gopts.pop("padded")
+        opts.update(gopts), src.update(gsrc)
+        kind, rwhere = kg.reference_of(grpo_config, peft_config is not None)
     notes += cpu_fp16(opts, src, device, training_args)
     src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")
     est = _run(model_id_or_config, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
@@ -302,7 +347,10 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
                   ref_weights=est.loaded_weights_bytes if kind == "model" else 0, ref_model=None,
                   precompute_pairs=dpo_config.precompute_ref_batch_size or pairs, precompute_model=None,
                   weighting=dpo_config.use_weighting)
-    est.inputs = dict(given, padding_free=bool(sft and free))
+    if grpo:  # the reference (a copy as loaded, or the adapter-disabled policy), the generation phase
+        kg.finish(est, grpo_config, rollout, config=cfg, reference=kind, where=rwhere,
+                  ref_weights=est.loaded_weights_bytes if kind == "model" else 0)
+    est.inputs = dict(given, padding_free=bool(sft and free), grpo_config=grpo_config)
     return est
 
 

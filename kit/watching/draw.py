@@ -28,7 +28,12 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
                                         ("+ optimizer state", w + g + o, "black", "-."),
                                         ("predicted peak", est.peak_bytes, "black", "--")):
             ax.axhline(gib(n), color=OKABE_ITO[colour], linestyle=style, linewidth=1.2, label=f"{label} {fmt_bytes(n)}")
+        gen = getattr(est, "setup", {}).get("generation_peak_bytes")
+        if gen:   # GRPOTrainer's generation phase, its own predicted peak
+            ax.axhline(gib(gen), color=OKABE_ITO["vermillion"], linestyle=":", linewidth=1.2,
+                       label=f"predicted generation peak {fmt_bytes(gen)}")
         top = max(top, est.peak_bytes)
+    _shade_generation(ax, tracker)
     if limit_bytes:
         if limit_bytes <= OFF_SCALE * top:
             ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
@@ -38,6 +43,19 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
                     transform=ax.transAxes, ha="right", va="top", fontsize=8, color=OKABE_ITO["vermillion"])
     ax.legend(loc="upper left", fontsize=7, ncols=2)
     return fig
+
+
+def _shade_generation(ax, tracker) -> None:
+    """GRPOTrainer's generation stages (:mod:`kit.watching.generation`), shaded apart: inside kit.train's "train"
+    stage they are nested, which the timeline does not shade."""
+    recs = list(getattr(tracker, "records", []))
+    gens = [r for r in recs if r.name == "generation" and r.end is not None]
+    if not gens:
+        return
+    t0 = min([r.start.time for r in recs] + [s.snap.time for s in getattr(tracker, "samples", [])])
+    for i, r in enumerate(gens):
+        ax.axvspan(r.start.time - t0, r.end.time - t0, color=OKABE_ITO["vermillion"], alpha=0.18, linewidth=0,
+                   label="generation (GRPOTrainer)" if i == 0 else None)
 
 
 def draw_steps(tracker, steps, est=None, limit_bytes=None, limit_label="limit"):

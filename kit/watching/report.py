@@ -28,6 +28,9 @@ PHASES = {
     "optimizer_step": "a later optimizer step",
     "after_step": "between steps (zero_grad, the scheduler, logging, saving)",
     "evaluation": "evaluation (Trainer.evaluate)",
+    "first_generation": "the first step's generation (GRPOTrainer's completions and no-grad passes, no optimizer "
+                        "state yet)",
+    "generation": "a later step's generation (GRPOTrainer's completions and no-grad passes)",
     "end": "the end of train() (saving, loading the best model)",
 }
 # phase -> (the Estimate field predicting its peak, which components the estimate has alive then)
@@ -35,6 +38,8 @@ _EST = {"setup": ("weights_bytes", ("weights",)),
         "first_forward_backward": ("first_step_peak_bytes", ("weights", "gradients")),
         "first_optimizer_step": ("first_step_peak_bytes", ("weights", "gradients", "optimizer state")),
         "evaluation": ("eval_peak_bytes", ("weights", "optimizer state")),
+        "first_generation": ("first_step_peak_bytes", ("weights",)),
+        "generation": ("peak_bytes", ("weights", "optimizer state")),
         "end": ("peak_bytes", ("weights", "optimizer state"))}
 _ALL = ("weights", "gradients", "optimizer state")
 _FIELD = {"weights": "weights_bytes", "gradients": "gradients_bytes", "optimizer state": "optimizer_bytes"}

@@ -41,7 +41,7 @@ from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
 from kit.units import MiB, fmt_bytes
-from kit.watching import recover
+from kit.watching import generation, recover
 from kit.watching.draw import draw_watch
 from kit.watching.peaks import PeakSplit
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
@@ -59,7 +59,8 @@ class PhaseCallback(TrainerCallback):
         """The part of the run a step's phase belongs to: "first" (setup and a step with no optimizer state yet),
         "later", or "evaluation"."""
         return "evaluation" if self.phase == "evaluation" else \
-            "first" if self.phase in ("setup", "first_forward_backward", "first_optimizer_step") else "later"
+            "first" if self.phase in ("setup", "first_forward_backward", "first_generation", "first_optimizer_step") \
+            else "later"
 
     def mark(self, part: str | None = None) -> str | None:
         """Tell kit.train's PeakSplit (when one runs) that ``part`` (default: this phase's) begins; returns the part
@@ -161,6 +162,7 @@ class Watch:
                     del tr.evaluate
                 else:
                     tr.evaluate = ev.inner
+            generation.detach(tr)
             tr.__dict__.pop("_kit_watch", None)
         self.tracker.listeners[:] = [f for f in self.tracker.listeners if not isinstance(f, _Redraw)]
 
@@ -203,6 +205,7 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
     trainer.callback_handler.callbacks.insert(0, phases)
     trainer.callback_handler.add_callback(callback)
     trainer.evaluate = _Evaluate(trainer, phases)
+    generation.attach(trainer, phases, tracker)   # GRPOTrainer: its generation, a stage of its own
     live = None
     if plot is not False:
         from kit.plot.live import LivePlot, in_notebook
@@ -323,11 +326,14 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
 
 
 def _others_bytes(trainer) -> int:
-    """Bytes alive now (CUDA allocated, or every CPU tensor) that are not the Trainer's weights, buffers or optimizer
-    state: another model, tensors the user holds (and on CUDA torch's cuBLAS workspaces)."""
+    """Bytes alive now (CUDA allocated, or every CPU tensor) that are not the Trainer's weights, buffers (its reference
+    model's too) or optimizer state: another model, tensors the user holds (and on CUDA torch's cuBLAS workspaces)."""
     on = "cuda" if machine.has_cuda() else "cpu"
     model, opt = getattr(trainer, "model", None), getattr(trainer, "optimizer", None)
     tensors = [*(model.parameters() if model is not None else ()), *(model.buffers() if model is not None else ())]
+    ref = getattr(trainer, "ref_model", None)   # DPOTrainer's and GRPOTrainer's reference: the Trainer's own
+    if isinstance(ref, torch.nn.Module):
+        tensors += [*ref.parameters(), *ref.buffers()]
     for inner in (opt, getattr(opt, "optimizer", None)):        # accelerate's AcceleratedOptimizer wraps one
         state = getattr(inner, "state", None)
         if isinstance(state, dict):

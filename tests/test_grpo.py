@@ -1,0 +1,184 @@
+"""TRL's GRPOTrainer (the behaviour of TRL 1.16): every GRPOConfig field modeled or refused by name,
+estimate_trainer against real GRPOTrainer steps on a tiny CPU twin (the independent meter of
+benchmarks/real_clients.py, with the generation phase metered apart), and estimate_from(grpo_config=...)."""
+import dataclasses
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+from transformers import TrainingArguments  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+from kit import inputs  # noqa: E402
+from kit.estimate import estimate_from, grpo  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+# A value other than the default for each refused field (set on the built config: GRPOConfig's own checks may
+# refuse some combinations first, and the estimator must refuse each by itself)
+REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_p": 0.1, "repetition_penalty": 1.1,
+                  "cast_lm_head_to_fp32": True, "cache_implementation": "static",
+                  "entropy_coef": 0.1, "use_adaptive_entropy": True, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5,
+                  "entropy_coef_delta": 0.01, "entropy_target": 0.3, "max_tool_calling_iterations": 2,
+                  "use_transformers_continuous_batching": True, "transformers_continuous_batching_config": {},
+                  "use_transformers_paged": True}
+
+
+def _config(**kw):
+    return GRPOConfig(output_dir="/tmp/kit-grpo-test", use_cpu=True, bf16=False, report_to="none", **kw)
+
+
+def test_every_grpo_config_field_is_modeled_or_refused():
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    tables = {"modeled": set(grpo.MODELED), "no memory": set(grpo.NO_MEMORY), "refused": set(grpo.REFUSED)}
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
+    assert not missing, f"GRPOConfig fields neither modeled nor refused: {missing}"
+    stale = [f for t in tables.values() for f in t if f not in fields]
+    assert not stale, f"tables name fields GRPOConfig no longer has: {stale}"
+    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
+    assert not twice, f"fields in more than one table: {twice}"
+    assert set(REFUSED_VALUES) == tables["refused"]
+
+
+@pytest.mark.parametrize("field", sorted(grpo.REFUSED))
+def test_refused_field_gets_one_sentence_naming_it(field):
+    cfg = _config()
+    setattr(cfg, field, REFUSED_VALUES[field])
+    with pytest.raises(inputs.InputError) as e:
+        grpo.read_grpo_config(cfg)
+    msg = str(e.value)
+    assert f"GRPOConfig.{field} " in msg and msg.count(". ") == 0 and msg.endswith("estimate without it.")
+    assert e.value.name == field
+
+
+def test_default_config_reads_without_refusal_and_names_no_memory_fields():
+    opts, src, notes = grpo.read_grpo_config(_config())
+    assert opts == {"fused_lm_head": True}
+    assert all(k in src for k in grpo.NO_MEMORY)
+
+
+def test_unknown_generation_kwargs_refused_by_name():
+    with pytest.raises(inputs.InputError, match="num_beams") as e:
+        grpo.read_grpo_config(_config(generation_kwargs={"num_beams": 4}))
+    assert e.value.name == "generation_kwargs"
+
+
+def test_estimate_from_grpo_config_phases():
+    """Prompt 12 + completion 16 on the tiny Qwen2: the reference copy adds the loaded weights, the generation phase
+    is its own figure (step 1 without optimizer state), the buffered rollouts sit beside the training step."""
+    kw = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=16)
+    plain = estimate_from("tiny-qwen2", grpo_config=_config(**kw), seq_len=12, device="cpu")
+    ref = estimate_from("tiny-qwen2", grpo_config=_config(beta=0.04, **kw), seq_len=12, device="cpu")
+    assert plain.setup["reference"] == "none" and ref.setup["reference"] == "model"
+    assert ref.weights_bytes - plain.weights_bytes == plain.loaded_weights_bytes
+    assert plain.setup["seq_len"] == 28 and plain.setup["generation_rows"] == 4
+    assert plain.setup["first_generation_peak_bytes"] < plain.setup["generation_peak_bytes"]
+    assert ref.setup["generation_moment"].startswith("the reference's no-grad pass")
+    spg = estimate_from("tiny-qwen2", grpo_config=_config(steps_per_generation=2, **kw), seq_len=12, device="cpu")
+    assert spg.setup["generation_rows"] == 8 and spg.setup["old_logprob_pass"]
+
+
+def test_estimate_from_needs_the_prompt_length():
+    with pytest.raises(inputs.InputError, match="longest prompt"):
+        estimate_from("tiny-qwen2", grpo_config=_config())
+
+
+def test_vllm_colocate_share_labelled_not_measured():
+    cfg = _config(use_vllm=True, vllm_gpu_memory_utilization=0.25, max_completion_length=64)
+    est = estimate_from("tiny-qwen2", grpo_config=cfg, seq_len=12)
+    assert est.setup["vllm_reserved_fraction"] == 0.25
+    note = [n for n in est.notes if getattr(n, "code", "") == "grpo-vllm-share"]
+    assert note and "not measured" in str(note[0])
+    assert est.setup["old_logprob_pass"]   # vLLM's importance sampling correction (on by default)
+
+
+def _run_row(tmp_path, kind):
+    import real_clients
+    from clients_grpo import client_grpo, run_grpo_client
+
+    os.environ.setdefault("KIT_CACHE", str(tmp_path / "twins"))
+    torch.manual_seed(0)
+    label, setup, est, peaks = run_grpo_client(client_grpo(str(tmp_path), kind), real_clients.ProfilerMeter)
+    return est, peaks, setup
+
+
+@pytest.mark.parametrize("kind", ["beta0", "beta"])
+def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind):
+    """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
+    GRPOTrainer steps (TRL's quick-start reward, fixed completion lengths)."""
+    est, peaks, setup = _run_row(tmp_path, kind)
+    assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02
+    assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02
+    assert 0.98 <= est.setup["generation_peak_bytes"] / peaks.generation <= 1.02, setup
+
+
+@pytest.mark.gpu
+def test_gpu_vllm_colocate_reserves_its_share():
+    """What a GPU must confirm (vLLM cannot run on this CPU machine): GRPOTrainer with use_vllm=True in colocate mode
+    takes about vllm_gpu_memory_utilization of the device beside training, as the estimate's setup says."""
+    pytest.importorskip("vllm")
+    from clients_grpo import reward_num_unique_chars
+    from real_clients import twin_dir
+    from trl import GRPOTrainer
+
+    from kit import data
+
+    free_before, total = torch.cuda.mem_get_info()
+    args = GRPOConfig(output_dir=str("/tmp/kit-grpo-vllm"), use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=0.3, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=16, max_steps=1, report_to="none")
+    from datasets import Dataset
+
+    tr = GRPOTrainer(model=twin_dir("tiny-qwen2", "/tmp/kit-grpo-vllm"), reward_funcs=reward_num_unique_chars,
+                     args=args, processing_class=data.shipped_tokenizer(),
+                     train_dataset=Dataset.from_dict({"prompt": ["the the the"] * 8}))
+    taken = free_before - torch.cuda.mem_get_info()[0]
+    est = estimate_from("tiny-qwen2", grpo_config=args, seq_len=3)
+    assert abs(taken - est.setup["vllm_reserved_fraction"] * total) <= 0.05 * total
+    del tr
+
+
+def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path):
+    """kit.watch on a GRPOTrainer: each step's generation is a "generation" stage (the phase callback says which
+    step's), the timeline draws it, and close() puts GRPOTrainer's method back."""
+    import kit
+    from clients_grpo import client_grpo
+    from kit.plot import timeline
+
+    os.environ.setdefault("KIT_CACHE", str(tmp_path / "twins"))
+    _, _, tr, _ = next(client_grpo(str(tmp_path), "beta0"))
+    tr.args.max_steps = 2
+    seen = []
+    inner = tr._generate_and_score_completions
+
+    def spy(*a, **k):
+        seen.append(w.phases.phase)
+        return inner(*a, **k)
+
+    tr._generate_and_score_completions = spy
+    w = kit.watch(tr, plot=False, estimate=False)
+    tr.train()
+    stages = [r for r in w.tracker.records if r.name == "generation"]
+    assert len(stages) == 2 and all(r.end is not None for r in stages)
+    assert seen == ["first_generation", "generation"]
+    assert timeline(w.tracker) is not None
+    w.close()
+    assert tr._generate_and_score_completions is spy
+
+
+def test_check_prints_the_generation_phase(capsys):
+    """kit.check of a GRPO estimate: the answer first, then the setup with the generation phase's own peak."""
+    import kit
+
+    est = estimate_from("tiny-qwen2", grpo_config=_config(beta=0.04, max_completion_length=16), seq_len=12)
+    kit.check(est, device="colab-t4")
+    out = capsys.readouterr().out
+    assert out.startswith("fits Colab T4") and "generation phase:" in out
+    assert f"{est.setup['generation_rows']} rows x 12 + 16 tokens" in out
