@@ -55,6 +55,7 @@ from kit.advise.gpus import shard_suggestion
 from kit.advise import said
 from kit.advise.answer import biggest_cause, classes_of
 from kit.advise.objects import in_objects
+from kit.advise.grpo_levers import advise_grpo
 from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
@@ -244,11 +245,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     if _is_trainer(setup) and trainer_estimate is None:
         trainer_estimate = estimate_trainer(setup)
     read = trainer_estimate if _is_trainer(setup) else setup if isinstance(setup, Estimate) else None
-    if read is not None and read.setup.get("grpo"):   # kit.estimate.grpo: its generation phase, its levers
-        raise kin.InputError("setup", "the fit advisor does not search GRPOTrainer's levers yet (its generation phase "
-                                      "and reference are estimated, not searched): change the GRPOConfig "
-                                      "(num_generations, max_completion_length, per_device_train_batch_size, beta) "
-                                      "and estimate again.", code="grpo-not-searched")
+    if read is not None and read.setup.get("grpo"):   # GRPOTrainer: its own levers, in its GRPOConfig
+        return advise_grpo(read, lim, model=setup.model.config if _is_trainer(setup) else None)
     if read is not None and "reference" in read.setup:   # kit.estimate.dpo: a reference model, its own phases
         raise kin.InputError("setup", "the fit advisor searches Trainer and SFTTrainer setups, and DPOTrainer's "
                                       "reference model and phases are estimated but not searched: change the "
