@@ -197,7 +197,8 @@ class GrpoAdvice:
             return out + ["no GRPO lever applies to this setup"]
         best = self.suggestions[0]
         head = "best change" if best.fits else "closest change (still short)"
-        return out + [f"{head}: {best.code()} -> {self._f(best.judged_bytes)} (its cost: details=True)"]
+        return out + [f"{head}: {best.code()} -> {self._f(best.judged_bytes)} "
+                      "(its cost, and the other levers: details=True)"]
 
     def details(self, top: int | None = None) -> list:
         """Every lever tried, cheapest first: its figure, whether it fits, its code and its cost; then the notes."""

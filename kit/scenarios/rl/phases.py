@@ -12,6 +12,8 @@ from __future__ import annotations
 from kit.units import fmt_bytes, wrapped
 
 SUSPECTS = ("generation", "reference", "logits")
+_KIND = {"none": "beta=0.0: none", "model": "a second copy of the model",
+         "adapter-disabled": "the policy with its adapter disabled: no copy"}
 
 
 def suspects(est) -> dict:
@@ -41,7 +43,7 @@ def read_aloud(est) -> str:
              f"{s['generation_moment']}",
              "the suspects (ESTIMATED):",
              f"  generation adds {fmt_bytes(found['generation'])} above the weights and optimizer state it runs beside",
-             f"  the reference model holds {fmt_bytes(found['reference'])} ({s['reference']})",
+             f"  the reference model holds {fmt_bytes(found['reference'])} ({_KIND[s['reference']]})",
              f"  the logits and loss take {fmt_bytes(found['logits'])} at the training step's peak (fused head: tiles)",
              f"largest of the three: {largest(est)}; beside them, the training step's saved activations: "
              f"{fmt_bytes(found['activations'])}"]

@@ -24,7 +24,7 @@ from kit import data as kdata
 from kit.advise.grpo_levers import LEVERS, changed_config, lora_config
 from kit.assets import TRAIN_TEXT
 from kit.estimate import estimate_from
-from kit.units import wrap
+from kit.units import fmt_bytes, wrap
 
 REAL_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"   # ungated, Apache-2.0
 SHIPPED_CONFIG = "Qwen/Qwen2.5-0.5B"        # the same architecture: the config the kit ships, read offline
@@ -140,3 +140,26 @@ def apply_best(size: str, cfg, advice) -> tuple:
         changes.update(lever[1](cfg, est) or {})
         peft = peft or lever[2]
     return changed_config(cfg, changes), peft
+
+
+def try_completion(cfg, completion: int, device="colab-t4") -> tuple[bool, str]:
+    """(fits, a line): ``cfg`` at real size with ``max_completion_length=completion``, ESTIMATED and judged against
+    ``device`` as the advisor judges it (peak + the allocator's modelled gap)."""
+    from kit.advise import limit_for
+    from kit.advise.grpo_levers import judged
+
+    lim = limit_for(device)
+    new = changed_config(cfg, {"max_completion_length": completion,
+                               "generation_kwargs": {"min_new_tokens": completion}})
+    figure = judged(real_estimate(new), lim)
+    fits = figure <= lim.usable_bytes
+    return fits, (f"max_completion_length={completion}: ESTIMATED {fmt_bytes(figure)} (peak + allocator gap) of "
+                  f"{fmt_bytes(lim.usable_bytes)}: " + ("fits" if fits else "does NOT fit"))
+
+
+def cap_bytes(size: str, device="colab-t4"):
+    """The memory cap a run gets: at real size the device's memory for torch (a larger GPU then runs as the T4
+    would), in smoke mode none (the twin is far under any device)."""
+    from kit.advise import limit_for
+
+    return limit_for(device).limit_bytes if size == "real" else None
