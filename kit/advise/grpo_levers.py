@@ -188,9 +188,9 @@ class GrpoAdvice:
     def answer(self) -> list:
         """At most five lines: the verdict with the figure judged and the limit, the cause, the best change."""
         lim, margin = self.limit, self.limit.usable_bytes - self.judged_bytes
-        out = [f"{'fits' if self.fits else 'DOES NOT FIT'} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + "
-               f"allocator gap (GRPO, modelled) of {self._f(lim.usable_bytes)} ("
-               f"{self._f(abs(margin))} {'to spare' if margin >= 0 else 'short'})", self.cause()]
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap (GRPO, "
+               f"modelled) of {self._f(lim.usable_bytes)} ({self._f(abs(margin))} {'to spare' if margin >= 0 else 'short'})", self.cause()]
         if self.fits:
             return out + ["no change needed"]
         if not self.changes:
