@@ -188,9 +188,9 @@ class GrpoAdvice:
     def answer(self) -> list:
         """At most five lines: the verdict with the figure judged and the limit, the cause, the best change."""
         lim, margin = self.limit, self.limit.usable_bytes - self.judged_bytes
-        verdict = "fits" if self.fits else "DOES NOT FIT"
+        verdict, spare = ("fits", "to spare") if self.fits else ("DOES NOT FIT", "short")
         out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap (GRPO, "
-               f"modelled) of {self._f(lim.usable_bytes)} ({self._f(abs(margin))} {'to spare' if margin >= 0 else 'short'})", self.cause()]
+               f"modelled) of {self._f(lim.usable_bytes)} ({self._f(abs(margin))} {spare})", self.cause()]
         if self.fits:
             return out + ["no change needed"]
         if not self.changes:
