@@ -2,10 +2,13 @@
 same setup (``estimate_trainer`` of the very Trainer, on this device's kernels).
 
 The generation phase is ``GRPOTrainer._generate_and_score_completions`` (called from ``_prepare_inputs`` at the start
-of each step that generates): on CUDA its peak is ``max_memory_allocated`` read as it returns (``kit.train`` resets
-the peak at each step's start, and the generation runs first in the step); on a CPU an exact count of live tensor
-bytes (:class:`kit.measure.tensor_peak.TensorPeak`, which counts the weights, optimizer state and buffered rollouts
-alive at its start). The steps' peaks are ``kit.train``'s own (step 1 apart from the later steps).
+of each step that generates): on CUDA its peak is max allocated, reset as it starts (:func:`kit.measure.device.
+reset_peak`, which ``kit.train``'s tracker counts) and read as it returns. The reset restarts ``kit.train``'s own
+counter too, so its part's peak then counts from the last generation's start: exact for the notebook's two steps
+(each part is one step, whose generation runs first), the last step's alone with more. On a CPU, an exact count of
+live tensor bytes (:class:`kit.measure.tensor_peak.TensorPeak`, which counts the weights, optimizer state and
+buffered rollouts alive at its start), which leaves ``kit.train``'s count alone. The steps' peaks are
+``kit.train``'s own (step 1 apart from the later steps). The CUDA path has not run on a GPU yet.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kit import machine
 from kit.estimate import estimate_trainer
-from kit.measure import cleanup
+from kit.measure import cleanup, device
 from kit.measure.tensor_peak import TensorPeak
 from kit.units import fmt_bytes
 from kit.watching.trainer import train
@@ -29,10 +32,9 @@ class GenerationMeter:
     def _metered(self, inner):
         def generate_and_score(*args, **kwargs):
             if machine.has_cuda():
-                import torch
-
+                device.reset_peak()
                 out = inner(*args, **kwargs)
-                self.peaks.append(torch.cuda.max_memory_allocated())
+                self.peaks.append(device.peak_allocated_bytes())
                 return out
             with TensorPeak() as peak:
                 out = inner(*args, **kwargs)
