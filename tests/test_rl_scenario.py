@@ -83,3 +83,19 @@ def test_smoke_run_measured_beside_its_estimate(tmp_path):
     for phase, est, got in run.rows():
         assert got is not None and 0.98 <= got / est <= 1.02, (phase, est, got)
     assert "not taken" not in runs.table([run])
+
+
+def test_check_of_a_grpo_trainer_gives_its_levers_in_its_grpo_config(tmp_path, capsys):
+    """kit.check(grpo_trainer) on a device it does not fit: the GRPO answer (no refusal), whose best change is
+    re-estimated from the Trainer's model config, prompt length and GRPOConfig."""
+    import kit
+    from kit.estimate import estimate_trainer
+    from kit.scenarios import notebook
+
+    notebook.quiet()
+    trainer = rl.trainer("smoke", rl.grpo_config("smoke", str(tmp_path)))
+    est = estimate_trainer(trainer, device="cpu")   # (check judges a GPU: its peak is a little higher)
+    kit.check(trainer, device=int(est.peak_bytes * 0.9))
+    out = capsys.readouterr().out
+    runs.release(trainer)
+    assert out.startswith("DOES NOT FIT") and "best change: GRPOConfig(" in out and "no advice" not in out
