@@ -99,3 +99,13 @@ def test_check_of_a_grpo_trainer_gives_its_levers_in_its_grpo_config(tmp_path, c
     out = capsys.readouterr().out
     runs.release(trainer)
     assert out.startswith("DOES NOT FIT") and "best change: GRPOConfig(" in out and "no advice" not in out
+
+
+def test_verdict_says_each_outcome_measured_beside_estimated():
+    from types import SimpleNamespace as Run
+
+    oom = Run(report=Run(oom=True, step=1, phase_text="the backward pass"), est=Run(peak_bytes=5))
+    done = Run(report=Run(oom=False, measured_peak_bytes=2**30), est=Run(peak_bytes=2**30))
+    text = runs.verdict(oom, done, "gradient checkpointing")
+    assert text.startswith("as written: ran out of memory at step 1 (the backward pass); with gradient checkpointing:")
+    assert "MEASURED peak 1.00 GiB (ESTIMATED 1.00 GiB)" in text.replace("\n    ", " ")

@@ -235,7 +235,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
     ``eval_strategy`` says, else False (the eval peak is then a note). ``cancelled``: a callable asked before each
     estimate of the search; once it returns True, :class:`kit.advise.search.Cancelled` is raised (the panel calls a
-    search off when a control moves).
+    search off when a control moves). A GRPOTrainer, or its estimate, gets its own levers, each a change in its
+    GRPOConfig (:func:`kit.advise.grpo_levers.advise_grpo`: a :class:`~kit.advise.grpo_levers.GrpoAdvice`).
 
     >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
     >>> a.fits, a.suggestions[0].changes

@@ -18,7 +18,7 @@ from kit import machine
 from kit.estimate import estimate_trainer
 from kit.measure import cleanup, device
 from kit.measure.tensor_peak import TensorPeak
-from kit.units import fmt_bytes
+from kit.units import fmt_bytes, wrap
 from kit.watching.trainer import train
 
 
@@ -99,3 +99,17 @@ def table(runs: list) -> str:
 def release(trainer) -> None:
     """Free a finished run's Trainer and model, so that the next run starts from the baseline."""
     cleanup.release(trainer, free_model=True)
+
+
+def _outcome(run) -> str:
+    r = run.report
+    if r.oom:
+        return f"ran out of memory at step {r.step} ({r.phase_text})"
+    if r.measured_peak_bytes is None:
+        return "completed (its peak not taken)"
+    return f"completed, MEASURED peak {fmt_bytes(r.measured_peak_bytes)} (ESTIMATED {fmt_bytes(run.est.peak_bytes)})"
+
+
+def verdict(before, after, change: str) -> str:
+    """The fix's answer first: each run's outcome and peak, MEASURED beside ESTIMATED (``change``: the lever)."""
+    return wrap(f"as written: {_outcome(before)}; with {change}: {_outcome(after)}")
