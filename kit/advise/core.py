@@ -55,6 +55,7 @@ from kit.advise.gpus import shard_suggestion
 from kit.advise import said
 from kit.advise.answer import biggest_cause, classes_of
 from kit.advise.objects import in_objects
+from kit.advise.grpo_levers import advise_grpo
 from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype
@@ -235,7 +236,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
     ``eval_strategy`` says, else False (the eval peak is then a note). ``cancelled``: a callable asked before each
     estimate of the search; once it returns True, :class:`kit.advise.search.Cancelled` is raised (the panel calls a
-    search off when a control moves).
+    search off when a control moves). A GRPOTrainer, or its estimate, gets its own levers, each a change in its
+    GRPOConfig (:func:`kit.advise.grpo_levers.advise_grpo`: a :class:`~kit.advise.grpo_levers.GrpoAdvice`).
 
     >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
     >>> a.fits, a.suggestions[0].changes
@@ -245,11 +247,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     if _is_trainer(setup) and trainer_estimate is None:
         trainer_estimate = estimate_trainer(setup)
     read = trainer_estimate if _is_trainer(setup) else setup if isinstance(setup, Estimate) else None
-    if read is not None and read.setup.get("grpo"):   # kit.estimate.grpo: its generation phase, its levers
-        raise kin.InputError("setup", "the fit advisor does not search GRPOTrainer's levers yet (its generation phase "
-                                      "and reference are estimated, not searched): change the GRPOConfig "
-                                      "(num_generations, max_completion_length, per_device_train_batch_size, beta) "
-                                      "and estimate again.", code="grpo-not-searched")
+    if read is not None and read.setup.get("grpo"):   # GRPOTrainer: its own levers, in its GRPOConfig
+        return advise_grpo(read, lim, model=setup.model.config if _is_trainer(setup) else None)
     if read is not None and "reference" in read.setup:   # kit.estimate.dpo: a reference model, its own phases
         raise kin.InputError("setup", "the fit advisor searches Trainer and SFTTrainer setups, and DPOTrainer's "
                                       "reference model and phases are estimated but not searched: change the "
