@@ -731,6 +731,13 @@ def rows_to_run(work, only=None):
         R.append((f"classifier {task} {'LoRA' if lora else 'full'} {family} {drop}",
                   lambda m, t=task, lo=lora, f=family, d=drop: run_trainer_client(
                       client_classifier(work, t, lo, f, d), m)))
+    import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
+    for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
+        R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(
+            own.client_own_head(work, f, p), m)))
+    R.append(("own head tiny-llama mean 2 layers", lambda m: run_trainer_client(own.client_own_head(
+        work, hidden=32), m)))
+    R.append(("own head loop tiny-llama mean", lambda m: own.client_own_head_loop(work, m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -113,20 +113,79 @@ def test_bert_by_name_and_its_refusals():
     assert any(getattr(n, "code", None) == "encoder-lora-dropout" for n in lora.notes)
 
 
-def test_a_head_of_the_users_own_is_refused_naming_its_modules():
-    """AutoModel + mean pooling + Linear (the sentence-transformers pattern) is not replayed yet: one sentence that
-    names the base and the head's modules."""
+@pytest.mark.parametrize("family,pooling,hidden", [("tiny-llama", "mean", 0), ("tiny-qwen2", "last", 0),
+                                                   ("tiny-bert", "cls", 0), ("tiny-llama", "mean", 32)])
+def test_a_head_of_the_users_own_under_trainer_within_2_percent(work, family, pooling, hidden):
+    """AutoModel + pooling + dropout + Linear layer(s) + CrossEntropyLoss (benchmarks/clients_own_head.py), under
+    Trainer: step 1 and the steady step against the profiler's meter; evaluate() on the encoder."""
+    import clients_own_head as own
+
+    _, _, est, peaks = rc.run_trainer_client(own.client_own_head(work, family, pooling, hidden), rc.ProfilerMeter)
+    assert not isinstance(est, Exception), est
+    ratios = _ratios(est, peaks)
+    for what, r in zip(("step 1", "steady", "evaluate"), ratios[:3 if family == "tiny-bert" else 2]):
+        assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment)
+    assert est.setup["task"] == "seq-cls" and est.setup["num_labels"] == 3
+    assert any(getattr(n, "code", None) == "own-head" for n in est.notes)
+
+
+def test_a_head_of_the_users_own_under_watch_loop_within_2_percent(work):
+    import clients_own_head as own
+
+    _, _, est, peaks = own.client_own_head_loop(work, rc.ProfilerMeter)
+    assert not isinstance(est, Exception), est
+    assert BAND[0] <= est.first_step_peak_bytes / peaks[0] <= BAND[1]
+    assert BAND[0] <= est.peak_bytes / max(peaks[1:]) <= BAND[1]
+
+
+def test_a_head_of_the_users_own_that_cannot_be_read_is_refused_naming_it():
+    """A head whose logits are not pooled (one per token), or whose forward reads what the stand-in hidden state
+    lacks (the pooler's output), is refused in one sentence naming the module."""
     import torch.nn as nn
     from transformers import AutoModel
 
     from kit.models import get_config
 
-    class MeanPooled(nn.Module):
+    class PerToken(nn.Module):
+        def __init__(self, name="tiny-llama", pooler=False):
+            super().__init__()
+            self.encoder = AutoModel.from_config(get_config(name))
+            self.head = nn.Linear(self.encoder.config.hidden_size, 3)
+            self.pooler = pooler
+
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+            return {"logits": self.head(out.pooler_output if self.pooler else out.last_hidden_state)}
+
+    with pytest.raises(ValueError, match=r"^PerToken's head on its LlamaModel \(encoder\) gives logits of shape "
+                                         r"\(2, 8, 3\)[^\n]*\.$"):
+        estimate(PerToken(), batch_size=1, seq_len=8)
+    with pytest.raises(ValueError, match=r"^PerToken's head on its BertModel \(encoder\) cannot be read: its forward "
+                                         r"failed[^\n]*\.$"):
+        estimate(PerToken("tiny-bert", pooler=True), batch_size=1, seq_len=8)
+
+
+def test_a_head_of_the_users_own_by_estimate_and_compute_loss():
+    """estimate() of the module itself; a forward without a loss (Trainer's compute_loss) is read with a note."""
+    import torch.nn as nn
+    from transformers import AutoModel
+
+    from kit.models import get_config
+
+    class NoLoss(nn.Module):
         def __init__(self):
             super().__init__()
             self.encoder = AutoModel.from_config(get_config("tiny-llama"))
-            self.head = nn.Linear(128, 3)
+            self.head = nn.Linear(128, 5)
 
-    with pytest.raises(ValueError, match=r"^MeanPooled holds a LlamaModel \(encoder\) under a head of its own "
-                                         r"\(head\)[^\n]*\.$"):
-        estimate(MeanPooled(), batch_size=1, seq_len=8)
+        def forward(self, input_ids, attention_mask=None):
+            return self.head(self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0])
+
+    model = NoLoss()
+    est = estimate(model, batch_size=2, seq_len=32, device="cpu")
+    assert est.trainable_params == sum(p.numel() for p in model.parameters())
+    from kit.estimate.read_model import read_model
+
+    _, opts, _, notes = read_model(model)
+    assert opts["task"] == "seq-cls" and opts["num_labels"] == 5
+    assert any(getattr(n, "code", None) == "own-head-loss" for n in notes)

@@ -173,10 +173,16 @@ def replay_setup(info: Info, p: Plan) -> act.Setup:
                      fused_head=p.fused, adapter=p.adapter, liger=p.liger, task=info.task, labels=info.num_labels,
                      head_trains=p.head_copy or (not p.lora_r and any(l.trainable for l in info.leaves
                                                                       if in_module(l.name, info.classifier))),
-                     p_head=info.head_dropout, **shapes,
+                     p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
                      **{k: v for k, v in (("ckpt_every", p.offload.get("ckpt_every_n_layers", 1)),
                                           ("ckpt_offload", p.offload.get("checkpoint_offload", False)),
                                           ("trl_offload", p.offload.get("activation_offloading", False))) if v})
+
+
+def own_bytes(head) -> tuple:
+    """The replay's figures of a head of the user's own (:class:`kit.estimate.own_head.OwnHead`): saved bytes per
+    token, per row and once, and the logits' bytes per row; () for a transformers head."""
+    return (head.per_token, head.per_row, head.fixed, head.logits_row) if head else ()
 
 
 def encoder_notes(info: Info, p: Plan) -> list:
@@ -237,7 +243,8 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
     ev = eval_peak(rp, B=p.batch, Be=p.ev["batch_size"], S=p.seq, V=st.labels or st.V, held=weights + c.optimizer,
                    copies=c.halves, inputs_per_row=batch_row_bytes(p.task, p.seq), gather=p.ev["gather"],
                    samples=p.ev["samples"], accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half),
-                   pooled=p.task == "seq-cls", blocks=block_forward_bytes(st, p.ev["batch_size"]))
+                   pooled=p.task == "seq-cls", blocks=block_forward_bytes(st, p.ev["batch_size"]),
+                   head=info.own_head.eval_bytes(p.ev["batch_size"], p.seq) if info.own_head else 0)
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": c.optimizer,

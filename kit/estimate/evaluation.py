@@ -74,7 +74,7 @@ def block_forward_bytes(st, Be: int) -> int | None:
 
 def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
               gather: str, samples: int | None, accumulation: int | None, device: str,
-              mixed: bool, pooled: bool = False, blocks: int | None = None) -> EvalPeak:
+              mixed: bool, pooled: bool = False, blocks: int | None = None, head: int = 0) -> EvalPeak:
     """The peak of ``Trainer.evaluate()`` at eval batch ``Be``, from the training replay ``rp`` at batch ``B``.
 
     ``held``: weights (+ optimizer state during training); ``copies``: autocast's cached half
@@ -83,12 +83,15 @@ def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, in
     ``mixed``: fp16/bf16 mixed precision. ``V``: the logits' width (a classifier's labels); ``pooled``: one row
     of logits and one label per sequence (sequence classification), not one per token. ``blocks``: the blocks'
     no_grad peak at ``Be`` where it is known (:func:`block_forward_bytes`); else one block's saved bytes bound it.
+    ``head``: the most a head of the user's own holds at once beside the hidden state at ``Be`` (its pooling's
+    temporaries: :class:`kit.estimate.own_head.OwnHead`), 0 for a transformers head.
     """
     scale = Be / B    # the replay's activations and logits are linear in the batch at a fixed length
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
     # loop gathers are fp32 then, whatever dtype the lm_head computed them in.
     logits_dt = 4 if mixed or not rp.last_logits else rp.last_logits // (B * S * V)
     loss = int(scale * (rp.logits_live + rp.ls + rp.hidden))   # logits, fp32 copy, log-softmax, hidden state
+    loss = max(loss, int(scale * rp.hidden) + head) if head else loss
     body = int(scale * max(rp.block, rp.block_in)) if blocks is None else blocks   # else a bound: one block's saved
     per_seq = 1 if pooled else S   # positions gathered per sequence
     per_row = per_seq * 8 + (per_seq * V * logits_dt if gather == "logits" else per_seq * 8

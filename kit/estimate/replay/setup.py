@@ -124,6 +124,8 @@ class Setup:
     labels: int = 0              # a classifier head's classes (its Linear's out_features)
     head_trains: bool = False    # ... its Linear trains (full fine-tuning, or peft's modules_to_save copy)
     p_head: float = 0.0          # ... the dropout before it (token classification)
+    own: tuple = ()              # a head of the user's own (kit.estimate.own_head): its saved bytes per token, per
+                                 # row and once, and its logits' bytes per row; () for a transformers head
 
     @property
     def T(self) -> int:
