@@ -45,6 +45,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    full fine-tuning and peft's ``LoraConfig(task_type="SEQ_CLS")`` (its ``modules_to_save`` copy of the head,
    ``score`` or ``classifier``, trains); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training
    (``per_device_eval_batch_size`` 8).
+12. the user's own head (``benchmarks/clients_own_head.py``): ``AutoModel.from_pretrained`` (tiny Llama, Qwen2, BERT)
+   + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
+   ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
+   in a plain loop watched by ``kit.watch_loop`` (``watch.estimate``).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).

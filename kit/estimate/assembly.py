@@ -185,6 +185,16 @@ def own_bytes(head) -> tuple:
     return (head.per_token, head.per_row, head.fixed, head.logits_row) if head else ()
 
 
+def own_head_cache(info: Info, st: act.Setup, rows: int, dt: int) -> int:
+    """The KV cache a decoder base under a head of the user's own builds in evaluation (bytes): Trainer sets
+    ``model.config.use_cache = args.use_cache`` (False) only on a model with a ``config``, so a plain module's base
+    keeps its own (``use_cache=True`` in most configs), and its eval-mode forward fills a cache of every layer's
+    k and v, (rows, kvh, S, hd) each, alive till the module's forward returns."""
+    if not info.own_head or act.FAMILIES[info.family].encoder or not getattr(info.config, "use_cache", False):
+        return 0
+    return 2 * st.L * rows * st.kvh * st.S * st.hd * dt
+
+
 def encoder_notes(info: Info, p: Plan) -> list:
     """What the replay of an encoder does not yet follow, said where it applies: LoRA dropout on the attention's
     inputs, whose backward autograd runs while the attention's other grads wait (on tiny BERT twins, measured from
@@ -244,7 +254,8 @@ def phases(info: Info, p: Plan, c: Counts, st: act.Setup, notes: list, loop: dic
                    copies=c.halves, inputs_per_row=batch_row_bytes(p.task, p.seq), gather=p.ev["gather"],
                    samples=p.ev["samples"], accumulation=p.ev["accumulation"], device=p.device, mixed=bool(p.half),
                    pooled=p.task == "seq-cls", blocks=block_forward_bytes(st, p.ev["batch_size"]),
-                   head=info.own_head.eval_bytes(p.ev["batch_size"], p.seq) if info.own_head else 0)
+                   head=info.own_head.eval_bytes(p.ev["batch_size"], p.seq) if info.own_head else 0,
+                   kv_cache=own_head_cache(info, st, p.ev["batch_size"], p.half or p.load_bytes))
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": c.optimizer,

@@ -74,7 +74,8 @@ def block_forward_bytes(st, Be: int) -> int | None:
 
 def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, inputs_per_row: int,
               gather: str, samples: int | None, accumulation: int | None, device: str,
-              mixed: bool, pooled: bool = False, blocks: int | None = None, head: int = 0) -> EvalPeak:
+              mixed: bool, pooled: bool = False, blocks: int | None = None, head: int = 0,
+              kv_cache: int = 0) -> EvalPeak:
     """The peak of ``Trainer.evaluate()`` at eval batch ``Be``, from the training replay ``rp`` at batch ``B``.
 
     ``held``: weights (+ optimizer state during training); ``copies``: autocast's cached half
@@ -84,7 +85,8 @@ def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, in
     of logits and one label per sequence (sequence classification), not one per token. ``blocks``: the blocks'
     no_grad peak at ``Be`` where it is known (:func:`block_forward_bytes`); else one block's saved bytes bound it.
     ``head``: the most a head of the user's own holds at once beside the hidden state at ``Be`` (its pooling's
-    temporaries: :class:`kit.estimate.own_head.OwnHead`), 0 for a transformers head.
+    temporaries: :class:`kit.estimate.own_head.OwnHead`), 0 for a transformers head; ``kv_cache``: the KV cache the
+    forward fills and holds till it returns (a base model under such a head keeps its config's ``use_cache``).
     """
     scale = Be / B    # the replay's activations and logits are linear in the batch at a fixed length
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
@@ -106,7 +108,7 @@ def eval_peak(rp, *, B: int, Be: int, S: int, V: int, held: int, copies: int, in
         last = moved * per_row + 2 * rows * per_row if rows > Be else moved * per_row + rows * per_row
         before = moved * per_row + (rows - Be) * per_row
     base = held + Be * inputs_per_row
-    fwd = max(("loss", loss), ("blocks", body), key=lambda t: t[1])
+    fwd = max(("loss", loss + kv_cache), ("blocks", body + kv_cache), key=lambda t: t[1])
     at_loss = base + copies + before + fwd[1]
     at_cat = base + last   # after the forward: autocast has let go of its copies
     if gather != "loss" and at_cat > at_loss:
