@@ -34,6 +34,7 @@ def _ratios(est, peaks):
 @pytest.mark.parametrize("task,lora,family,dropout", [
     ("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1), ("token-cls", False, "tiny-llama", 0),
     ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0),
+    ("seq-cls", True, "tiny-bert", 0.1),
     ("seq-cls", False, "tiny-roberta", 0), ("seq-cls", True, "tiny-roberta", 0.0)])
 def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family, dropout):
     """Step 1, the steady step and evaluate() (eval batch 8), against the profiler's meter; LoRA with peft's

@@ -56,6 +56,7 @@ class Replay:
     head_order: tuple = ()   # the head's (final norm, lm_head, scenario 1's head), in saving order (the same)
     layers: tuple = ()     # per block (offload.Layer), with partial or offloaded checkpointing; () otherwise
     trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
+    fwd_unsaved: int = 0   # an encoder's last block at its end: its locals and the embeddings' output, unsaved
 
     @property
     def copies_saved(self) -> int:
@@ -151,6 +152,9 @@ def replay(st: Setup) -> Replay:
         held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
         cache += layers * (tp.copies if st.ckpt else tp.cache)
         more.append((inp.uid in tp.saved, tp.copies, tp.cache, T * H * inp.dt))
+    # an encoder's forward ends in its last block with its locals alive, and BertModel's embedding_output
+    unsaved = sum(t.n * t.dt for t in {t.uid: t for t in tp.block_locals}.values() if t.uid not in tp.saved) \
+        + (0 if more[0][0] or st.L == 1 else T * H * x.dt) if block_fn.encoder else 0
     block, _, copies_block, bwd, bwd_grads, _ = biggest = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
@@ -174,7 +178,8 @@ def replay(st: Setup) -> Replay:
                       cache + tp.cache, bwd, bwd_grads, T * H * y.dt, copies_block, tp.copies_saved(), 0, ch.last,
                       ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
                       block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
-                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
+                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]),
+                      fwd_unsaved=unsaved)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
@@ -280,6 +285,8 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
     kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
     moments = [
+        *([Moment("forward (the last block)", acts - rp.head + rp.copies_head, 0, copies + rp.cache, grads_before,
+                  rp.fwd_unsaved)] if rp.fwd_unsaved else []),
         Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
         # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
         Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),

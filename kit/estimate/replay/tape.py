@@ -47,6 +47,7 @@ class Tape:
         self.wsaved = set()  # uids of saved weight copies
         self.shared = 0      # saved once for all blocks (rotary cos/sin)
         self.held = {}       # uid -> bytes of 8-bit layers' inputs, kept as ctx attributes (kit.estimate.quantization)
+        self.block_locals = ()  # an encoder block's tensors alive at its last op, saved or not (replay.bert)
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it
