@@ -80,18 +80,22 @@ def client_own_head(work, family="tiny-llama", pooling="mean", hidden=0):
            "full FT, B4 x 64, eval B8 x 16 rows", trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
-def client_own_head_loop(work, meter_cls, family="tiny-llama", pooling="mean", B=4, S=64, steps=3):
-    """The same model in a plain PyTorch loop watched by ``kit.watch_loop``: its estimate against the meter."""
+def client_own_head_loop(work, meter_cls, family="tiny-llama", pooling="mean", B=4, S=64, steps=3, lengths=None,
+                         watch_box=None):
+    """The same model in a plain PyTorch loop watched by ``kit.watch_loop``: its estimate against the meter.
+    ``lengths``: step i's batch has ``lengths[i]`` tokens (else ``S``); ``watch_box``: a list the watch is put in."""
     import kit
 
     tok = rc.tokenizer()
     torch.manual_seed(0)
     model = PooledClassifier(rc.twin_dir(family, work), 3, pooling)
-    rows = _rows(tok, 3, B * steps, S)
+    rows = [r for i, n in enumerate(lengths or [S] * steps) for r in _rows(tok, 3, B, n)]
     loader = torch.utils.data.DataLoader(rows, batch_size=B, collate_fn=lambda r: {
         k: torch.tensor([x[k] for x in r]) for k in r[0]})
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
     watch = kit.watch_loop(model, optimizer, plot=False)
+    if watch_box is not None:
+        watch_box.append(watch)
     meter = meter_cls()
     model.train()
     meter.start()

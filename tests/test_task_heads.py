@@ -62,6 +62,27 @@ def test_each_step_judged_at_its_own_length(work):
         assert BAND[0] <= figure / got <= BAND[1], (step + 1, n, figure / got)
 
 
+def test_watch_loop_judges_each_step_at_its_own_length(work):
+    """kit.watch_loop over batches of 8 rows of 160, 240 and 96 tokens (the backward is each step's peak): each
+    step's estimate is made at its own shape, and each measured peak (the profiler's meter) is within 2% of it; the
+    report's note says the shapes varied."""
+    import clients_own_head as own
+
+    box, lengths = [], (160, 240, 96)
+    _, _, est, peaks = own.client_own_head_loop(work, rc.ProfilerMeter, B=8, lengths=lengths, watch_box=box)
+    steps = box[0].steps
+    assert [s.shape for s in steps] == [(8, n) for n in lengths]
+    for step, got in zip(steps, peaks):
+        assert BAND[0] <= step.estimate_bytes / got <= BAND[1], (step.step, step.shape, step.estimate_bytes / got)
+    assert steps[1].estimate_bytes > steps[2].estimate_bytes * 1.1    # the length matters at these shapes
+    from dataclasses import replace
+
+    from kit.watching.loop import own_lengths
+
+    measured = [replace(step, peak_bytes=got) for step, got in zip(steps, peaks)]   # (the watch took no reading)
+    assert own_lengths(measured)[0].startswith("batches varied in shape (8 x 96 to 8 x 240): each step judged")
+
+
 def test_the_task_is_read_from_the_model_and_taken_by_name():
     from peft import LoraConfig, get_peft_model
 

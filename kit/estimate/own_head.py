@@ -134,7 +134,8 @@ def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
     base.forward = lambda *a, **k: BaseModelOutput(last_hidden_state=hidden)   # an instance attribute: the stub
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), live:
-            out = model(input_ids=ids, attention_mask=mask, **({"labels": labels} if takes_labels else {}))
+            # forward, not __call__: hooks on the module (kit.watch_loop's, the user's) must not see the probe
+            out = model.forward(input_ids=ids, attention_mask=mask, **({"labels": labels} if takes_labels else {}))
             loss, logits = _loss_and_logits(out)
             if logits is None or logits.dim() != 2 or logits.shape[0] != rows:
                 shape = "no logits" if logits is None else f"logits of shape {tuple(logits.shape)}"

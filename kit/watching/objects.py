@@ -14,12 +14,15 @@ from kit import optimizers
 @dataclass
 class StepPeak:
     """One watched step: its number (1 = the first), whether the optimizer had no state yet, its peak bytes
-    (None: not taken) and the time it ended (``time.time()``, as the tracker's readings)."""
+    (None: not taken), the time it ended (``time.time()``, as the tracker's readings), its batch's shape and the
+    estimate at that shape: where batches vary in length, each step is judged at its own."""
 
     step: int
     first: bool
     peak_bytes: int | None
     end: float
+    shape: tuple | None = None           # (rows, tokens) of its batch, as its first forward read it
+    estimate_bytes: int | None = None    # the estimate at that shape (step 1's figure for a first step)
 
 
 def optimizer_name(optimizer) -> str:
