@@ -62,6 +62,21 @@ def test_each_step_judged_at_its_own_length(work):
         assert BAND[0] <= figure / got <= BAND[1], (step + 1, n, figure / got)
 
 
+def test_kit_train_judges_each_step_at_its_own_length(work):
+    """kit.train over batches of 48, 64 and 56 tokens (DataCollatorWithPadding): each step's exact CPU peak (read
+    apart) beside estimate_trainer at that step's length, within 2%, and the report's note says so."""
+    import kit
+
+    B, longest = 4, (48, 64, 56)
+    lengths = [n - (8 if i == B - 1 else 0) for n in longest for i in range(B)]
+    trainer = rc.classifier_trainer(work, "seq-cls", lengths=lengths, rows=12, sequential=True)
+    report = kit.train(trainer, plot=False, tensor_peak=True)
+    assert [s.shape for s in report.steps] == [(B, n) for n in longest]
+    for step in report.steps:
+        assert BAND[0] <= step.estimate_bytes / step.peak_bytes <= BAND[1], (step, step.estimate_bytes / step.peak_bytes)
+    assert any("each step judged at its own" in n for n in report.notes)
+
+
 def test_watch_loop_judges_each_step_at_its_own_length(work):
     """kit.watch_loop over batches of 8 rows of 160, 240 and 96 tokens (the backward is each step's peak): each
     step's estimate is made at its own shape, and each measured peak (the profiler's meter) is within 2% of it; the

@@ -56,7 +56,7 @@ from kit.training_setup import KEYWORDS
 from kit.units import fmt_bytes
 from kit.watching import recover
 from kit.watching.draw import draw_steps
-from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name
+from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name, own_lengths
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive
 
 _WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its LoopWatch (one a model)
@@ -414,24 +414,6 @@ def step(model, optimizer, batch=None, **kwargs):
     ...     model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
     """
     return watch_loop(model, optimizer, **kwargs).step(batch)
-
-
-def own_lengths(steps) -> list:
-    """Where batches varied in shape, a note judging each step at its own: the step whose measured peak is
-    furthest from the estimate at its shape, and the ratio.
-
-    >>> own_lengths([StepPeak(1, True, 110, 0.0, (4, 64), 100), StepPeak(2, False, 90, 0.0, (4, 48), 100)])
-    ['batches varied in shape (4 x 48 to 4 x 64): each step judged at its own, the furthest is step 1 (4 x 64): measured 110 B, estimated 100 B at its shape, ratio 1.100']
-    """
-    judged = [s for s in steps if s.peak_bytes and s.estimate_bytes and s.shape]
-    if len({s.shape for s in judged}) < 2:
-        return []
-    worst = max(judged, key=lambda s: abs(s.peak_bytes / s.estimate_bytes - 1))
-    low, high = min(s.shape for s in judged), max(s.shape for s in judged)
-    return [f"batches varied in shape ({low[0]} x {low[1]} to {high[0]} x {high[1]}): each step judged at its own, "
-            f"the furthest is step {worst.step} ({worst.shape[0]} x {worst.shape[1]}): measured "
-            f"{fmt_bytes(worst.peak_bytes)}, estimated {fmt_bytes(worst.estimate_bytes)} at its shape, ratio "
-            f"{worst.peak_bytes / worst.estimate_bytes:.3f}"]
 
 
 def _weak(obj):
