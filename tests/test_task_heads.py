@@ -236,3 +236,20 @@ def test_kit_check_reads_a_head_of_the_users_own(work, capsys):
     kit.check(own.own_head_trainer(work, "tiny-qwen2", "last"), device=16 * 2**30)
     out = capsys.readouterr().out
     assert out.strip() and "holds no transformers" not in out and "cannot be read" not in out
+
+
+def test_estimate_from_reads_a_head_of_the_users_own(work):
+    """estimate_from(module, TrainingArguments) of an own-head module gives what estimate_trainer gives for the same
+    setup (equal-length rows: unpadded)."""
+    import clients_own_head as own
+    from transformers import TrainingArguments
+
+    from kit.estimate import estimate_from
+
+    trainer = own.own_head_trainer(work)
+    by_trainer = estimate_trainer(trainer, device="cpu")
+    by_objects = estimate_from(trainer.model, trainer.args, seq_len=64, padded=False, device="cpu")
+    assert isinstance(trainer.args, TrainingArguments)
+    assert (by_objects.first_step_peak_bytes, by_objects.peak_bytes, by_objects.eval_peak_bytes) == \
+        (by_trainer.first_step_peak_bytes, by_trainer.peak_bytes, by_trainer.eval_peak_bytes)
+    assert by_objects.setup["task"] == "seq-cls" and by_objects.setup["num_labels"] == 3
