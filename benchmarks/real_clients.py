@@ -49,6 +49,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``reward_num_unique_chars``, prompts of 12 tokens, completions of a fixed length (``min_new_tokens``), fp32:
    beta=0, beta>0 (a reference copy), LoRA (the adapter-disabled reference), steps_per_generation=2, and a long
    completion; the generation phase (``_generate_and_score_completions``) metered apart in the setup cell.
+12. the user's own head (``benchmarks/clients_own_head.py``): ``AutoModel.from_pretrained`` (tiny Llama, Qwen2, BERT)
+   + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
+   ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
+   in a plain loop watched by ``kit.watch_loop`` (``watch.estimate``).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -744,6 +748,13 @@ def rows_to_run(work, only=None):
     from clients_grpo import client_grpo, run_grpo_client   # issue 38: TRL's GRPOTrainer
     for kind in ("beta0", "beta", "lora", "spg2", "long"):
         R.append((f"GRPOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_grpo(work, k), m)))
+    import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
+    for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
+        R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(
+            own.client_own_head(work, f, p), m)))
+    R.append(("own head tiny-llama mean 2 layers", lambda m: run_trainer_client(own.client_own_head(
+        work, hidden=32), m)))
+    R.append(("own head loop tiny-llama mean", lambda m: own.client_own_head_loop(work, m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -187,10 +187,26 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                      task=info.task, labels=info.num_labels,
                      head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
                                                                              if in_module(l.name, info.classifier))),
-                     p_head=info.head_dropout, **shapes,
+                     p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
                      **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
                                           ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
                                           ("trl_offload", plan.offload.get("activation_offloading", False))) if v})
+
+
+def own_bytes(head) -> tuple:
+    """The replay's figures of a head of the user's own (:class:`kit.estimate.own_head.OwnHead`): saved bytes per
+    token, per row and once, and the logits' bytes per row; () for a transformers head."""
+    return (head.per_token, head.per_row, head.fixed, head.logits_row) if head else ()
+
+
+def own_head_cache(info: Info, setup: act.Setup, rows: int, dtype_bytes: int) -> int:
+    """The KV cache a decoder base under a head of the user's own builds in evaluation (bytes): Trainer sets
+    ``model.config.use_cache = args.use_cache`` (False) only on a model with a ``config``, so a plain module's base
+    keeps its own (``use_cache=True`` in most configs), and its eval-mode forward fills a cache of every layer's
+    k and v, (rows, kvh, S, hd) each, alive till the module's forward returns."""
+    if not info.own_head or act.FAMILIES[info.family].encoder or not getattr(info.config, "use_cache", False):
+        return 0
+    return 2 * setup.L * rows * setup.kvh * setup.S * setup.hd * dtype_bytes
 
 
 def encoder_notes(info: Info, plan: Plan) -> list:
@@ -256,7 +272,9 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                    inputs_per_row=batch_row_bytes(plan.task, plan.seq_len), gather=plan.evaluation["gather"],
                    samples=plan.evaluation["samples"], accumulation=plan.evaluation["accumulation"],
                    device=plan.device, mixed=bool(plan.half),
-                   pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, plan.evaluation["batch_size"]))
+                   pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, plan.evaluation["batch_size"]),
+                   head=info.own_head.eval_bytes(plan.evaluation["batch_size"], plan.seq_len) if info.own_head else 0,
+                   kv_cache=own_head_cache(info, setup, plan.evaluation["batch_size"], plan.half or plan.load_bytes))
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": counts.optimizer,

@@ -108,7 +108,8 @@ def block_forward_bytes(setup, eval_batch: int) -> int | None:
 def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, held: int, copies: int,
               inputs_per_row: int,
               gather: str, samples: int | None, accumulation: int | None, device: str,
-              mixed: bool, pooled: bool = False, blocks: int | None = None) -> EvalPeak:
+              mixed: bool, pooled: bool = False, blocks: int | None = None, head: int = 0,
+              kv_cache: int = 0) -> EvalPeak:
     """The peak of ``Trainer.evaluate()`` at eval batch ``eval_batch``, from the training replay ``replay`` at
     batch ``batch``.
 
@@ -119,12 +120,17 @@ def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, 
     of logits and one label per sequence (sequence classification), not one per token. ``blocks``: the blocks'
     no_grad peak at ``eval_batch`` where it is known (:func:`block_forward_bytes`); else one block's saved bytes
     bound it.
+    ``head``: the most a head of the user's own holds at once beside the hidden state at ``eval_batch`` (its
+    pooling's temporaries: :class:`kit.estimate.own_head.OwnHead`), 0 for a transformers head; ``kv_cache``: the KV
+    cache the forward fills and holds till it returns (a base model under such a head keeps its config's
+    ``use_cache``).
     """
     scale = eval_batch / batch    # the replay's activations and logits are linear in the batch at a fixed length
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
     # loop gathers are fp32 then, whatever dtype the lm_head computed them in.
     logits_dt = 4 if mixed or not replay.last_logits else replay.last_logits // (batch * seq_len * vocab)
     loss = int(scale * (replay.logits_live + replay.ls + replay.hidden))  # logits, fp32 copy, log-softmax, hidden
+    loss = max(loss, int(scale * replay.hidden) + head) if head else loss
     body = int(scale * max(replay.block, replay.block_in)) if blocks is None else blocks  # else a bound: one block's
     per_seq = 1 if pooled else seq_len   # positions gathered per sequence
     per_row = per_seq * 8 + (per_seq * vocab * logits_dt if gather == "logits" else per_seq * 8
@@ -139,7 +145,7 @@ def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, 
         last = moved * per_row + 2 * rows * per_row if rows > eval_batch else moved * per_row + rows * per_row
         before = moved * per_row + (rows - eval_batch) * per_row
     base = held + eval_batch * inputs_per_row
-    fwd = max(("loss", loss), ("blocks", body), key=lambda candidate: candidate[1])
+    fwd = max(("loss", loss + kv_cache), ("blocks", body + kv_cache), key=lambda candidate: candidate[1])
     at_loss = base + copies + before + fwd[1]
     at_cat = base + last   # after the forward: autocast has let go of its copies
     if gather != "loss" and at_cat > at_loss:

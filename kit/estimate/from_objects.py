@@ -31,6 +31,7 @@ from kit.estimate.read_model import (
     read_model,
     trainer_reentrant,
 )
+from kit.estimate.own_head import read_own_head
 from kit.estimate.read_peft import read_lora_config, read_task, targets_for
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
 from kit.model_configs import get_config
@@ -264,7 +265,11 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         reentrant, where = trainer_reentrant(training_args, name)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if hasattr(model_id_or_config, "named_modules"):
-        cfg = model_id_or_config.config
+        # a module of the user's own under a head of its own (kit.estimate.own_head): its base's config, its task
+        own = read_own_head(model_id_or_config) if getattr(model_id_or_config, "config", None) is None else None
+        cfg = model_id_or_config.get_submodule(own.base).config if own else model_id_or_config.config
+        if own and task is None:
+            task, num_labels = "seq-cls", own.labels
     else:
 
         cfg = get_config(model_id_or_config)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kit.estimate.own_head import read_own_head
 from kit.estimate.replay import FAMILIES, LORA_TARGETS
 
 
@@ -43,6 +44,7 @@ class Info:
     num_labels: int = 0              # a classifier head's classes
     classifier: str | None = None    # ... its module's name ("score", "classifier"): peft's modules_to_save copies it
     head_dropout: float = 0.0        # ... the dropout before it (token classification's)
+    own_head: object = None          # a head of the user's own on a base model (kit.estimate.own_head.OwnHead)
 
     @property
     def vocab_head(self) -> bool:
@@ -147,14 +149,14 @@ def _check_task(cfg, task: str, what: str) -> None:
                                "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")
 
 
-def inventory(model, cfg) -> Info:
+def inventory(model, cfg, own=None) -> Info:
     import torch.nn as nn
     from transformers import PreTrainedModel
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    base, prefix = base_lm(model)
+    base, prefix = (model.get_submodule(own.base), own.base + ".") if own else base_lm(model)
     base_cfg = base.config
     family = family_of(base_cfg)
     what = f"{base_cfg.model_type} ({type(model).__name__})"
@@ -183,7 +185,9 @@ def inventory(model, cfg) -> Info:
             blocks.add(".".join(parts[:idx + 1]))
         leaves.append(Leaf(
             name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
-            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params),
+            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params)
+            and not (own and name.endswith(POOLERS)),   # a head of one's own reads the last hidden state: no grad
+            # reaches the base's pooler (a head that reads pooler_output is refused by its probe)
             linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
             part, ".".join(parts[idx + 1:]) if idx is not None else name, tied,
             (fout, fin) if linear else tuple(w.shape) if w is not None else ()))
@@ -191,18 +195,26 @@ def inventory(model, cfg) -> Info:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
                                f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
-    task = task_of(model)
+    task = "seq-cls" if own else task_of(model)
     _check_task(base_cfg, task, what)
     if isinstance(model, PreTrainedModel) and out is None and task == "causal-lm":
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
                                "model, its config or a config.json path.")
-    head_layers = _head_on_logits(leaves, prefix, base_cfg.vocab_size, what)
+    head_layers = () if own else _head_on_logits(leaves, prefix, base_cfg.vocab_size, what)
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
     maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
-    cls = _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
-    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2])
+    cls = (_own_module(leaves, prefix), own.labels, own.dropout) if own else \
+        _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
+    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2],
+                own)
+
+
+def _own_module(leaves, prefix: str) -> str | None:
+    """The module of a head of the user's own that holds its last Linear layer (its child of the top module)."""
+    linears = [l.name for l in leaves if l.kind == "linear" and not l.name.startswith(prefix)]
+    return linears[-1].split(".")[0] if linears else None
 
 
 def base_lm(model):
@@ -285,8 +297,10 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
                               num_labels)
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
+        own = read_own_head(model) if base is None else None   # refuses a head it cannot read, naming it
+        if own is not None:
+            return inventory(model, model.get_submodule(own.base).config, own)
         if base is None:
-            _refuse_own_head(model)
             raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM, so the estimator "
                                    "cannot read its architecture: pass a causal LM built by transformers "
                                    "(AutoModelForCausalLM), a module that holds one, its config, a config.json path "
@@ -294,22 +308,6 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
         return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
-
-
-def _refuse_own_head(model) -> None:
-    """A module that holds a transformers base model (AutoModel: no LM or classifier head) under a head of the
-    user's own (pooling, Linear layers) is refused in one sentence naming the modules the kit cannot read."""
-    from transformers import PreTrainedModel
-
-    inner = next(((n, m) for n, m in model.named_modules() if n and isinstance(m, PreTrainedModel)), None)
-    if inner is None:
-        return
-    name, base = inner
-    own = [n for n, m in model.named_children() if n != name.split(".")[0] and any(True for _ in m.parameters())]
-    raise UnsupportedModel(f"{type(model).__name__} holds a {type(base).__name__} ({name}) under a head of its own "
-                           f"({', '.join(own) or 'in its forward'}), which the estimator does not replay yet: estimate "
-                           f"the {base.config.model_type} model with task='seq-cls' or 'token-cls' (its transformers "
-                           "classifier), or measure this one on a real step with kit.measure.track.Tracker.")
 
 
 def info_for(options: dict) -> Info:

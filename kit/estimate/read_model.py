@@ -11,6 +11,7 @@ import sys
 from kit import inputs as kin
 from kit.estimate.inventory import info_of, task_of
 from kit.estimate.offload_options import from_model
+from kit.estimate.own_head import own_head_notes, read_own_head
 from kit.estimate.read_peft import targets_for
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
@@ -34,9 +35,17 @@ def read_model(model):
                          "built by transformers.")
     cfg = getattr(base, "config", None)
     opts, src, notes = {}, {}, []
+    own = read_own_head(base) if cfg is None else None   # a head of the user's own on a base model (AutoModel)
+    cfg = base.get_submodule(own.base).config if own else cfg
     adapters = _read_adapters(base)
-    task = task_of(base)
-    if task != "causal-lm":   # the head, from the model's class; its classes from the config
+    task = "seq-cls" if own else task_of(base)
+    if own:
+        notes += own_head_notes(base, own)
+        opts.update(task=task, num_labels=own.labels)
+        src.update(task=(task, f"{type(base).__name__}'s own head on its {own.base} (pooled logits, read by running "
+                               "the head on a stand-in hidden state)"),
+                   num_labels=(own.labels, "the width of the head's logits"))
+    elif task != "causal-lm":   # the head, from the model's class; its classes from the config
         opts.update(task=task, num_labels=cfg.num_labels)
         src.update(task=(task, f"the model's class ({type(base).__name__})"),
                    num_labels=(cfg.num_labels, "model.config.num_labels"))

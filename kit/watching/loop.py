@@ -56,7 +56,7 @@ from kit.training_setup import KEYWORDS
 from kit.units import fmt_bytes
 from kit.watching import recover
 from kit.watching.draw import draw_steps
-from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name
+from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name, own_lengths
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive
 
 _WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its LoopWatch (one a model)
@@ -85,6 +85,7 @@ class LoopWatch:
         self.step_no, self.phase, self.stopped, self._oom_report = 0, "setup", False, None
         self._logits, self._kept_seen, self._grads_seen, self._said = None, None, None, False
         self._forwards, self._accum_seen = 0, None     # forwards with grad since the last optimizer step; per step
+        self._step_shape, self._at_shape = None, {}     # this step's batch shape; estimates at other shapes
         self.t0 = time.perf_counter()
         if limit_bytes is None:
             here, _ = resolve_device("this", cpu_ok=True)
@@ -115,9 +116,11 @@ class LoopWatch:
     def _forward_begins(self, module, args, kwargs):
         if torch.is_grad_enabled():
             self._forwards += 1
-        if self.shape is None:
+        if self.shape is None or self._step_shape is None:
             batch = kwargs if "input_ids" in kwargs else (args[0] if args else None)
-            self.shape, self.padded = batch_shape(batch), has_padding(batch) if isinstance(batch, dict) else None
+            self._step_shape = self._step_shape or batch_shape(batch)
+            if self.shape is None:
+                self.shape, self.padded = batch_shape(batch), has_padding(batch) if isinstance(batch, dict) else None
 
     def _forward_ends(self, module, args, output):
         logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
@@ -213,6 +216,7 @@ class LoopWatch:
             grads = any(p.grad is not None for p in self.model.parameters() if p.requires_grad)
             if grads != self._grads_seen:
                 self._grads_seen, self.estimate = grads, None    # estimated again with what was seen
+        self._step_shape = batch_shape(batch) if batch is not None else None
         if batch is not None and self.shape is None:
             self.shape, self.padded = batch_shape(batch), has_padding(batch)
         if self.estimate is None:
@@ -238,13 +242,32 @@ class LoopWatch:
             exc = None
             return
         peak = meter.peak_bytes if exact else device.peak_allocated_bytes()
-        self.steps.append(StepPeak(n, fresh, peak, time.time()))
         if self.estimate is None or (n == 1 and self._kept_seen and "outputs_kept" not in self.given):
             self.estimate = None
             self._make_estimate()
+        shape = self._step_shape
+        self.steps.append(StepPeak(n, fresh, peak, time.time(), shape, self._estimate_at(shape, fresh)))
         self.tracker.sample(n, live_tensors=False, event="step")
         if self.live is not None and n <= 2:    # the first step and the first later one, always drawn
             self.live.update()
+
+    def _estimate_at(self, shape, first: bool) -> int | None:
+        """The estimate's figure (step 1's, or the later steps') at a step's own batch shape: the watch's estimate
+        where the shape is the one it was made at, else the same options at this shape (once per shape)."""
+        est = self.estimate
+        if est is None or shape is None:
+            return None
+        if shape != (est.setup.get("batch_size"), est.setup.get("seq_len")) and self.options is not None:
+            if shape not in self._at_shape:
+                try:
+                    self._at_shape[shape] = predict(self._target(), **dict(self.options, batch_size=shape[0],
+                                                                             seq_len=shape[1]))
+                except ValueError:
+                    self._at_shape[shape] = None
+            est = self._at_shape[shape]
+        if est is None:
+            return None
+        return est.first_step_peak_bytes if first else est.peak_bytes
 
     def batches(self, iterable):
         """Yield from ``iterable`` until an out-of-memory error stops the watch (then the loop ends).
@@ -316,7 +339,7 @@ class LoopWatch:
         r.measured_peak_bytes, r.peak_exact = max(train, default=None), bool(exact and train)
         if est is not None:
             r.estimate_peak_bytes, r.estimate_first_step_bytes = est.peak_bytes, est.first_step_peak_bytes
-        r.notes += self._assumption_notes()
+        r.notes += self._assumption_notes() + own_lengths(self.steps)
         if est is None:
             r.notes.append(f"no estimate beside the measurement: {self.estimate_error or 'not asked for'}")
         return r

@@ -43,6 +43,8 @@ class PeakSplit:
         self.part: str | None = None
         self.peaks: dict = {}
         self.parts_seen: list = []
+        self.step: int | None = None   # the optimizer step running (None: none, or evaluation)
+        self.steps: dict = {}          # step -> its peak: each step read apart, to be judged at its own length
 
     @property
     def taken(self) -> bool:
@@ -58,15 +60,18 @@ class PeakSplit:
         device.reset_peak()
         return peak
 
-    def switch(self, part: str | None) -> None:
-        """End the running part (its peak is kept, the larger where it ran before) and start ``part``."""
-        if part == self.part:
+    def switch(self, part: str | None, step: int | None = None) -> None:
+        """End the running part (its peak is kept, the larger where it ran before) and start ``part``; ``step``:
+        the optimizer step it belongs to (a new step starts a new reading even within the same part)."""
+        if part == self.part and step == self.step:
             return
         if self.taken:
             peak = self._read_and_restart()
             if self.part is not None:
                 self.peaks[self.part] = max(self.peaks.get(self.part, 0), peak)
-        self.part = part
+            if self.step is not None:
+                self.steps[self.step] = max(self.steps.get(self.step, 0), peak)
+        self.part, self.step = part, step
         if part is not None and part not in self.parts_seen:
             self.parts_seen.append(part)
 

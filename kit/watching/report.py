@@ -81,6 +81,8 @@ class TrainReport:
     between_steps_bytes: int | None = None          # CPU: highest live-tensor reading between steps
     estimate_between_bytes: int | None = None       # weights + gradients + optimizer state
     notes: list = field(default_factory=list)
+    steps: list = field(default_factory=list)       # StepPeak per step, each beside the estimate at its own shape
+                                                    # (kit.train, where the batches' lengths varied)
     cap_bytes: int | None = None                    # kit.train(cap_bytes=...): the memory cap the run had
     cap_how: str | None = None                      # how it was set (a CUDA memory fraction, or the CPU counter)
     others_bytes: int | None = None                 # alive before train() and not this Trainer's (in the peaks)

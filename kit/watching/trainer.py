@@ -43,6 +43,7 @@ from kit.presets import resolve_device
 from kit.units import MiB, fmt_bytes
 from kit.watching import generation, recover
 from kit.watching.draw import draw_watch
+from kit.watching.objects import StepPeak, batch_shape, own_lengths
 from kit.watching.peaks import PeakSplit
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
 
@@ -54,6 +55,8 @@ class PhaseCallback(TrainerCallback):
     def __init__(self):
         self.step, self.phase, self._first = 0, "setup", 1
         self.split = None     # kit.train's PeakSplit while it runs: each step's part read apart
+        self.shapes: dict = {}   # step -> (rows, tokens) of its first micro-batch, as the model's forward saw it
+        self._hook = None
 
     def part(self) -> str:
         """The part of the run a step's phase belongs to: "first" (setup and a step with no optimizer state yet),
@@ -68,8 +71,15 @@ class PhaseCallback(TrainerCallback):
         if self.split is None:
             return None
         was = self.split.part
-        self.split.switch(part or self.part())
+        part = part or self.part()
+        self.split.switch(part, None if part == "evaluation" else self.step)
         return was
+
+    def _forward(self, module, args, kwargs) -> None:
+        if self.phase in ("first_forward_backward", "forward_backward") and self.step not in self.shapes:
+            shape = batch_shape(kwargs if "input_ids" in kwargs else (args[0] if args else None))
+            if shape is not None:
+                self.shapes[self.step] = shape
 
     def _fresh(self, kwargs) -> bool:
         state = getattr(kwargs.get("optimizer"), "state", None)
@@ -77,6 +87,9 @@ class PhaseCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.step, self.phase, self._first = state.global_step, "setup", state.global_step + 1
+        model = kwargs.get("model")
+        if self._hook is None and isinstance(model, torch.nn.Module):   # each step's batch shape
+            self._hook = model.register_forward_pre_hook(self._forward, with_kwargs=True)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.step = state.global_step + 1
@@ -94,6 +107,9 @@ class PhaseCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.phase = "end"
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
 
 class _Evaluate:
@@ -321,8 +337,32 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         rec.live_peak_bytes["cpu"] = max([rec.live_peak_bytes.get("cpu", 0), *split.peaks.values()])
         rec.live_peak_exact = True
     set_peak(report, rec, w.tracker.samples, w.estimate, split)
+    report.steps = judged_steps(trainer, w, split)
+    report.notes += own_lengths(report.steps)
     _say_others(report, others)
     return report
+
+
+def judged_steps(trainer, w, split) -> list:
+    """Each optimizer step's peak (read apart) beside the estimate at its own batch shape: where the batches vary in
+    length (``DataCollatorWithPadding`` pads each to its longest row), each step is judged at its own length
+    (``estimate_trainer(trainer, seq_len=...)`` once per length, the estimate's own where it matches)."""
+    est, shapes, at = w.estimate, w.phases.shapes, {}
+    if est is None or len({s for _, s in shapes.values()}) < 2:
+        return []
+    steps = []
+    for n, shape in sorted(shapes.items()):
+        if shape[1] not in at:
+            try:
+                at[shape[1]] = est if shape[1] == est.setup.get("seq_len") else \
+                    estimate_trainer(trainer, seq_len=shape[1], device=machine.device_name())
+            except ValueError:
+                at[shape[1]] = None
+        first = n == w.phases._first
+        figure = None if at[shape[1]] is None else \
+            at[shape[1]].first_step_peak_bytes if first else at[shape[1]].peak_bytes
+        steps.append(StepPeak(n, first, split.steps.get(n) if split.taken else None, 0.0, shape, figure))
+    return steps
 
 
 def _others_bytes(trainer) -> int:

@@ -22,10 +22,14 @@ def layer(tp: Tape, x):
     v = tp.linear(x, H, H, "attention.self.value")
     o = tp.attention(q, k, v, H)
     a = tp.dropout(tp.linear(o, H, H, "attention.output.dense"), st.p_resid)
-    x = tp.layer_norm(tp.binary(a, x), st.base_trainable)
-    f = tp.gelu(tp.linear(x, H, st.F, "intermediate.dense"))
+    h = tp.layer_norm(tp.binary(a, x), st.base_trainable)
+    f = tp.gelu(tp.linear(h, H, st.F, "intermediate.dense"))
     m = tp.dropout(tp.linear(f, st.F, H, "output.dense"), st.p_resid)
-    return tp.layer_norm(tp.binary(m, x), st.base_trainable)
+    y = tp.layer_norm(tp.binary(m, h), st.base_trainable)
+    # alive at the block's last op, saved or not: its input (the encoder loop's hidden_states), attention_output,
+    # the GELU's output (BertLayer's intermediate_output), the dropout's output (BertOutput's hidden_states), and y
+    tp.block_locals = (x, h, f, m, y)
+    return y
 
 
 @around(final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")

@@ -154,6 +154,9 @@ def replay(st: Setup) -> Replay:
         held = max(held, (sum(tp.held.values()), sum(b for u, b in tp.held.items() if u in tp.saved)))
         cache += layers * (tp.copies if st.ckpt else tp.cache)
         more.append((inp.uid in tp.saved, tp.copies, tp.cache, T * H * inp.dt))
+    # BERT's forward ends in its last block with its locals alive, and BertModel's embedding_output (tp.block_locals)
+    unsaved = sum(t.n * t.dt for t in {t.uid: t for t in tp.block_locals}.values() if t.uid not in tp.saved) \
+        + (0 if more[0][0] or st.L == 1 else T * H * x.dt) if tp.block_locals else 0
     block, _, copies_block, bwd, bwd_grads, _ = biggest = max(kinds)  # the moments take the biggest block
     block_sum = sum(saved * layers for saved, layers, *_ in kinds) if len(kinds) > 1 else 0
     copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
@@ -178,7 +181,7 @@ def replay(st: Setup) -> Replay:
                       ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
                       block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
                       layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]),
-                      transient=tp.transient, shared_grad=tp.shared_grad if y.rg else 0)
+                      transient=tp.transient + unsaved, shared_grad=tp.shared_grad if y.rg else 0)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \

@@ -128,6 +128,8 @@ class Setup:
     rel_span: int = 0            # DeBERTa's relative attention: its span (position_buckets), 2 x span table rows
     rel_att: tuple = ()          # ... its disentangled terms ("c2p", "p2c")
     rel_share: bool = True       # ... the table through the content projections (share_att_key), else its own
+    own: tuple = ()              # a head of the user's own (kit.estimate.own_head): its saved bytes per token, per
+                                 # row and once, and its logits' bytes per row; () for a transformers head
 
     @property
     def T(self) -> int:

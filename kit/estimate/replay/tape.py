@@ -50,6 +50,7 @@ class Tape:
         self.held = {}       # uid -> bytes of 8-bit layers' inputs, kept as ctx attributes (kit.estimate.quantization)
         self.transient = 0   # alive at the last block's end in the forward, saved by nothing (a block sets it)
         self.shared_grad = 0  # a grad of an input all blocks share, growing from the last block's backward on
+        self.block_locals = ()  # an encoder block's tensors alive at its last op, saved or not (replay.bert)
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it

@@ -53,6 +53,8 @@ def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
     bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask). ``encoder``: the
     encoder's pooler kind ("bert"), None for a decoder's ``score``."""
     st = tp.st
+    if st.own:
+        return own_head(tp, h)
     if encoder:
         return encoder_head(tp, h, encoder)
     if st.task == "token-cls":
@@ -116,3 +118,15 @@ def modernbert_head(tp: Tape, h) -> Head:
     ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
     live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
     return Head(ls, live, logits.n * logits.dt, ls)
+
+
+def own_head(tp: Tape, h) -> Head:
+    """A head of the user's own (:mod:`kit.estimate.own_head`), as its probe read it: what its graph keeps per token
+    (a mean pooling's expanded mask, a hidden state a view keeps) stays on ``tp`` beside the hidden state's grad in
+    the head's backward; what it keeps per row (pooled vector, dropout's mask, each Linear's input, the loss's) is
+    freed there; its (B, labels) logits are alive at the loss, and the loss's log-softmax is fp32 (B, labels)."""
+    st = tp.st
+    per_token, per_row, fixed, logits_row = st.own
+    tp.save(tp.new(per_token * st.B * st.S, 1, False))
+    logits = logits_row * st.B
+    return Head(per_row * st.B + fixed, logits, logits, st.B * st.labels * F32)
