@@ -311,3 +311,38 @@ def test_free_list_entries_sort_as_their_fields_do_and_read_back():
     entries = [allocator.free_entry(*each) for each in fields]
     assert [allocator.entry_fields(entry) for entry in entries] == fields
     assert sorted(entries) == [allocator.free_entry(*each) for each in sorted(fields)]
+
+
+class _MapsRunsOnly(allocator._Allocator):
+    """The allocator with expandable segments' general path only: no ``_map_after`` shortcut."""
+
+    def _map_after(self, pool, free, unmapped, size):
+        return self._map_run(pool, free, size)
+
+
+def test_a_growing_tail_mapped_at_once_leaves_what_the_general_path_leaves():
+    """``_map_after`` (a free block and the unmapped one after it, mapped in one go) against ``_map_run``: the same
+    blocks, by index and field, the same free lists and counters, after every event of a random workload with a
+    limit (failed maps, release and retry) and ``empty_cache``."""
+    fast, general = allocator._Allocator(True, 1024 * MiB), _MapsRunsOnly(True, 1024 * MiB)
+    live, failed = {}, set()
+    for i, (op, key, *n) in enumerate(random_events(6000, seed=7, max_live=300)):
+        if op == "alloc":
+            block = fast.malloc(n[0])
+            assert general.malloc(n[0]) == block
+            if block is None:
+                failed.add(key)
+            else:
+                live[key] = block
+        elif key not in failed:
+            block = live.pop(key)
+            fast.free(block)
+            general.free(block)
+        if i % 700 == 0:
+            fast.release_cached_blocks()
+            general.release_cached_blocks()
+        state = {name: value for name, value in vars(fast).items() if name != "pools"}
+        assert state == {name: value for name, value in vars(general).items() if name != "pools"}
+        assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
+            (p.blocks, p.unmapped) for p in general.pools.values()]
+    assert fast.run(None) == general.run(None)

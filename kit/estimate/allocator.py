@@ -395,15 +395,52 @@ class _Allocator:
 
     def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> int | None:
         c = self._find_expandable_block(pool, size)  # try_allocate_expandable_block()
-        if not self.mapped[c] and not self._map_block(pool, c, min(self.size[c], size)):
+        after = self.next[c]
+        if (self.mapped[c] and after != NONE and not self.mapped[after]
+                and self.size[c] < size <= self.size[c] + self.size[after]):
+            return self._map_after(pool, c, after, size)
+        return self._map_run(pool, c, size)
+
+    def _map_after(self, pool: _Pool, free: int, unmapped: int, size: int) -> int | None:
+        """:meth:`_map_run` where the run is a free block and the unmapped block after it, which holds the pages
+        missing: a segment's tail growing, as each weight, gradient and optimizer state does the first time. The
+        same steps, the same state after them, with ``_map_block``'s calls written out and its listing of the
+        block (taken at once) left out."""
+        sizes, offs, nexts = self.size, self.off, self.next
+        page, off = self.seg[unmapped].page_bytes, offs[unmapped]
+        end = -(-(off + size - sizes[free]) // page) * page
+        nbytes = end - off
+        if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return None
-        while self.size[c] < size:  # free -> unmapped: map what is missing; it merges with c
-            nxt = self.next[c]
-            if not self._map_block(pool, nxt, min(size - self.size[c], self.size[nxt])):
+        self._drop(pool, unmapped)
+        spanned = nbytes >= sizes[unmapped]   # no unmapped rest: the mapped range after, if any, joins
+        if not spanned:
+            rest = self._new(self.seg[unmapped], end, sizes[unmapped] - nbytes, mapped=False)
+            self._link(rest, nexts[unmapped])
+            self._link(unmapped, rest)
+            self._add(pool, rest)
+        self.mapped[unmapped] = True
+        self.segments -= spanned and nexts[unmapped] != NONE
+        offs[unmapped] = offs[free]   # try_merge_blocks() with the free block before
+        self._link(self.prev[free], unmapped)
+        sizes[unmapped] = nbytes + sizes[free]
+        self._drop(pool, free)
+        if spanned:
+            self._merge(pool, unmapped, nexts[unmapped])
+        self._grow(nbytes)
+        return unmapped
+
+    def _map_run(self, pool: _Pool, block: int, size: int) -> int | None:
+        """Map what ``block`` and the free or unmapped blocks after it lack of ``size``; the block, taken."""
+        if not self.mapped[block] and not self._map_block(pool, block, min(self.size[block], size)):
+            return None
+        while self.size[block] < size:  # free -> unmapped: map what is missing; it merges with block
+            after = self.next[block]
+            if not self._map_block(pool, after, min(size - self.size[block], self.size[after])):
                 return None
-            c = nxt
-        self._drop(pool, c)
-        return c
+            block = after
+        self._drop(pool, block)
+        return block
 
     def _unmap_block(self, pool: _Pool, block: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
         page, off, size = self.seg[block].page_bytes, self.off[block], self.size[block]
