@@ -188,6 +188,8 @@ class _Allocator:
         pool = self.pools[small]  # get_pool()
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, size << SIZE_SHIFT)
+        if i == len(blocks) and self.limit is None and not self.expandable:   # no cached block fits
+            return self._take_new_segment(blocks, small, size)
         if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
             block = blocks.pop(i) & BLOCK_MASK
         else:
@@ -225,6 +227,44 @@ class _Allocator:
             if self.reserved == self.peak_reserved:
                 self.at_peak = (self.segments, self.reserved - self.allocated)
             self.fresh_peak = False
+        return block
+
+    def _take_new_segment(self, blocks: list, small: bool, size: int) -> int:
+        """:meth:`malloc`'s steps where no cached block fits and nothing limits cudaMalloc, without expandable
+        segments: ``alloc_block()`` makes a segment, ``alloc_found_block()`` takes its head and leaves its tail (if
+        split off) free. The same blocks, by index and field, and the same stats, in one step: as each weight and
+        optimizer state of a large model is allocated."""
+        seg_bytes = allocation_size(size)
+        self.seq += 1
+        self.segments += 1
+        seg = _Segment(self.seq, small, seg_bytes)
+        remaining = seg_bytes - size   # should_split()
+        split = (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES)
+        held = size if split else seg_bytes
+        block = len(self.off)
+        self.seg.append(seg)
+        self.off.append(0)
+        self.size.append(held)
+        self.mapped.append(True)
+        self.used.append(True)
+        self.prev.append(NONE)
+        self.next.append(block + 1 if split else NONE)
+        if split:
+            self.seg.append(seg)
+            self.off.append(size)
+            self.size.append(remaining)
+            self.mapped.append(True)
+            self.used.append(False)
+            self.prev.append(block)
+            self.next.append(NONE)
+            bisect.insort(blocks, remaining << SIZE_SHIFT | seg.seq << SEQ_SHIFT | size << OFFSET_SHIFT | block + 1)
+        self.reserved += seg_bytes
+        self.allocated += held
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self.at_peak = (self.segments, self.reserved - self.allocated)
         return block
 
     def _get_free_block(self, pool: _Pool, size: int, first: int) -> int | None:  # get_free_block()
