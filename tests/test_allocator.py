@@ -191,7 +191,7 @@ def walk(a, live):
     """Every block of every segment (as ``BlockView``s), from the live blocks and the free lists, each segment's
     list head first."""
     heads = set()
-    for b in list(live.values()) + [t[-1] for p in a.pools.values() for t in p.free_blocks() + p.unmapped]:
+    for b in list(live.values()) + [t[-1] for p in a.pools.values() for t in p.blocks + p.unmapped]:
         while a.prev[b] != allocator.NONE:
             b = a.prev[b]
         heads.add(b)
@@ -228,14 +228,13 @@ def test_the_books_balance_on_a_random_workload(expandable):
             assert seg[0].off == 0 and all(x.off + x.size == y.off for x, y in pairwise(seg))
             assert not any(x.mapped == y.mapped and not x.allocated and not y.allocated for x, y in pairwise(seg))
         blocks = [b for seg in segs for b in seg]
-        listed = sorted(t[:3] for p in a.pools.values() for t in p.free_blocks())
+        listed = sorted(t[:3] for p in a.pools.values() for t in p.blocks)
         assert sorted((b.size, b.seg.seq, b.off) for b in blocks if not b.allocated and b.mapped) == listed
         assert sorted((b.seg.seq, b.off) for b in blocks if not b.mapped) == sorted(
             t[:2] for p in a.pools.values() for t in p.unmapped)
         for p in a.pools.values():
-            listed = p.free_blocks()
-            assert listed == sorted(listed, key=lambda t: t[:3]) and all(a.seg[t[-1]].small == p.small
-                                                                         for t in listed + p.unmapped)
+            assert p.blocks == sorted(p.blocks, key=lambda t: t[:3]) and all(a.seg[t[-1]].small == p.small
+                                                                             for t in p.blocks + p.unmapped)
         assert a.allocated == sum(a.size[b] for b in live.values())
         assert a.reserved == sum(b.size for seg in segs for b in seg if b.mapped) <= limit_bytes
         ranges = sum(1 for seg in segs for j, b in enumerate(seg) if b.mapped and (j == 0 or not seg[j - 1].mapped))
@@ -267,8 +266,8 @@ def test_freeing_blocks_at_once_leaves_what_freeing_them_one_by_one_leaves(expan
                 one.free(live_one.pop(k))
             many.free_all([live_many.pop(k) for k in batch])
             for a, b in ((one, many),):
-                assert sorted(t[:3] for p in a.pools.values() for t in p.free_blocks()) == sorted(
-                    t[:3] for p in b.pools.values() for t in p.free_blocks())
+                assert sorted(t[:3] for p in a.pools.values() for t in p.blocks) == sorted(
+                    t[:3] for p in b.pools.values() for t in p.blocks)
                 assert (a.allocated, a.reserved) == (b.allocated, b.reserved)
         else:
             n = rng.randrange(1, rng.choice([4 * KiB, MiB, 12 * MiB, 200 * MiB]))
@@ -295,22 +294,11 @@ def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(
             together.free(live_together.pop(k))
         else:
             live_apart[key], live_together[key] = apart.malloc(n), together.malloc(n)
-        assert sorted(t[:3] for p in apart.pools.values() for t in p.free_blocks()) == sorted(
-            t[:3] for p in together.pools.values() for t in p.free_blocks())
+        assert sorted(t[:3] for p in apart.pools.values() for t in p.blocks) == sorted(
+            t[:3] for p in together.pools.values() for t in p.blocks)
         assert (apart.allocated, apart.reserved, apart.peak_allocated) == (
             together.allocated, together.reserved, together.peak_allocated)
     assert apart.run(None) == together.run(None)
-
-
-def test_free_list_entries_sort_as_their_fields_do_and_read_back():
-    """The free lists' packed ints (``free_entry``) order as the (size, segment, offset, block) tuples they pack,
-    and ``entry_fields`` gives those fields back, up to an expandable segment's offsets (``VA_BYTES``)."""
-    rng = random.Random(34)
-    fields = [(512 * rng.randrange(1, 1 << 30), rng.randrange(1 << 20), rng.choice([0, allocator.VA_BYTES,
-               512 * rng.randrange(1 << 40)]), rng.randrange(1 << 20)) for _ in range(2000)]
-    entries = [allocator.free_entry(*each) for each in fields]
-    assert [allocator.entry_fields(entry) for entry in entries] == fields
-    assert sorted(entries) == [allocator.free_entry(*each) for each in sorted(fields)]
 
 
 class _MapsRunsOnly(allocator._Allocator):

@@ -94,35 +94,16 @@ class AllocatorRun:
 _Segment = namedtuple("_Segment", "seq small page_bytes")  # seq: creation order; page_bytes: expandable only
 NONE = -1   # no neighbour: the segment's end
 BlockView = namedtuple("BlockView", "seg off size mapped allocated prev next")   # one block, read (tests, debugging)
-# A free list's entry is one int, (size, segment seq, offset, block) packed so that ints sort as those tuples do
-# (compared faster than tuples): block < 2**32, offset < 2**64 (VA_BYTES), seq < 2**32.
-OFFSET_SHIFT, SEQ_SHIFT, SIZE_SHIFT = 32, 96, 128
-BLOCK_MASK = (1 << OFFSET_SHIFT) - 1
-
-
-def free_entry(size: int, seq: int, off: int, block: int = 0) -> int:
-    """A free list's entry; with ``block`` 0, where the entry of (size, seq, off) sorts (``bisect_left``)."""
-    return size << SIZE_SHIFT | seq << SEQ_SHIFT | off << OFFSET_SHIFT | block
-
-
-def entry_fields(entry: int) -> tuple:
-    """``(size, seq, off, block)`` of a free list's entry."""
-    return (entry >> SIZE_SHIFT, entry >> SEQ_SHIFT & BLOCK_MASK, entry >> OFFSET_SHIFT & ((1 << 64) - 1),
-            entry & BLOCK_MASK)
 
 
 class _Pool:
-    """``BlockPool``: free blocks by (size, segment, offset), as :func:`free_entry` ints; unmapped ones by (segment,
-    offset), tuples. Entries end with the block's index."""
+    """``BlockPool``: free blocks by (size, segment, offset); unmapped ones by (segment, offset). Entries end with
+    the block's index."""
 
     def __init__(self, small: bool):
         self.small = small
         self.blocks: list = []
         self.unmapped: list = []
-
-    def free_blocks(self) -> list:
-        """The free list as ``(size, seq, off, block)`` tuples, in order (tests, debugging)."""
-        return [entry_fields(entry) for entry in self.blocks]
 
 
 class _Allocator:
@@ -164,14 +145,13 @@ class _Allocator:
 
     def _add(self, pool: _Pool, block: int) -> None:  # insert_into_blocks(), or unmapped.insert()
         if self.mapped[block]:
-            bisect.insort(pool.blocks, free_entry(self.size[block], self.seg[block].seq, self.off[block], block))
+            bisect.insort(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block], block))
         else:
             bisect.insort(pool.unmapped, (self.seg[block].seq, self.off[block], block))
 
     def _drop(self, pool: _Pool, block: int) -> None:  # erase_from_blocks(), or unmapped.erase()
         if self.mapped[block]:
-            del pool.blocks[bisect.bisect_left(pool.blocks, free_entry(self.size[block], self.seg[block].seq,
-                                                                         self.off[block]))]
+            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block]))]
         else:
             del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[block].seq, self.off[block]))]
 
@@ -187,11 +167,11 @@ class _Allocator:
         small = size <= SMALL_SIZE_BYTES
         pool = self.pools[small]  # get_pool()
         blocks = pool.blocks
-        i = bisect.bisect_left(blocks, size << SIZE_SHIFT)
+        i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks) and self.limit is None and not self.expandable:   # no cached block fits
             return self._take_new_segment(blocks, small, size)
         if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
-            block = blocks.pop(i) & BLOCK_MASK
+            block = blocks.pop(i)[3]
         else:
             block = self._get_free_block(pool, size, i) if i < len(blocks) else None
             if block is None:
@@ -218,7 +198,7 @@ class _Allocator:
                 self.prev[after] = rest
             self.next[block] = rest
             sizes[block] = size
-            bisect.insort(blocks, remaining << SIZE_SHIFT | seg.seq << SEQ_SHIFT | off << OFFSET_SHIFT | rest)
+            bisect.insort(blocks, (remaining, seg.seq, off, rest))
         self.used[block] = True
         self.allocated += sizes[block]
         if self.allocated > self.peak_allocated:
@@ -257,7 +237,7 @@ class _Allocator:
             self.used.append(False)
             self.prev.append(block)
             self.next.append(NONE)
-            bisect.insort(blocks, remaining << SIZE_SHIFT | seg.seq << SEQ_SHIFT | size << OFFSET_SHIFT | block + 1)
+            bisect.insort(blocks, (remaining, seg.seq, size, block + 1))
         self.reserved += seg_bytes
         self.allocated += held
         if self.allocated > self.peak_allocated:
@@ -269,23 +249,22 @@ class _Allocator:
 
     def _get_free_block(self, pool: _Pool, size: int, first: int) -> int | None:  # get_free_block()
         i = self._best_fit(pool, size, first)
-        return None if i is None else pool.blocks.pop(i) & BLOCK_MASK
+        return None if i is None else pool.blocks.pop(i)[3]
 
     def _best_fit(self, pool: _Pool, size: int, first: int | None = None) -> int | None:
         """Where in ``pool.blocks`` the block :meth:`_get_free_block` takes is, or None. ``first``: the first
         entry of at least ``size``, where the caller has looked it up already."""
         blocks = pool.blocks
-        i = bisect.bisect_left(blocks, size << SIZE_SHIFT) if first is None else first
+        i = bisect.bisect_left(blocks, (size,)) if first is None else first
         if i == len(blocks):
             return None
         if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
             sizes, nexts, mapped, last = self.size, self.next, self.mapped, len(blocks) - 1
-            after = nexts[blocks[i] & BLOCK_MASK]
-            grows = sizes[blocks[i] & BLOCK_MASK] + (sizes[after] if after != NONE and not mapped[after] else 0)
+            after = nexts[blocks[i][3]]
+            grows = blocks[i][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
             while i < last:
-                after = nexts[blocks[i + 1] & BLOCK_MASK]
-                grows_next = (sizes[blocks[i + 1] & BLOCK_MASK]
-                              + (sizes[after] if after != NONE and not mapped[after] else 0))
+                after = nexts[blocks[i + 1][3]]
+                grows_next = blocks[i + 1][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
                 if grows_next >= grows:
                     break
                 i, grows = i + 1, grows_next
@@ -304,10 +283,9 @@ class _Allocator:
             if block is not None:
                 self.free(block)
             return
-        found = pool.blocks[i] >> SIZE_SHIFT
-        remaining = found - size   # should_split(): a block not split counts whole
+        remaining = pool.blocks[i][0] - size   # should_split(): a block not split counts whole
         held = size if ((remaining >= MIN_BLOCK_BYTES) if small or self.expandable else
-                        (remaining > SMALL_SIZE_BYTES)) else found
+                        (remaining > SMALL_SIZE_BYTES)) else pool.blocks[i][0]
         self.peak_allocated = max(self.peak_allocated, self.allocated + held)
 
     def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
@@ -337,10 +315,10 @@ class _Allocator:
         used[block] = False
         self.allocated -= sizes[block]
         seg = self.seg[block]
-        blocks, in_seg = self.pools[seg.small].blocks, seg.seq << SEQ_SHIFT   # in_seg: the entries' segment bits
+        blocks = self.pools[seg.small].blocks
         before = prevs[block]   # (a live block is mapped: only a mapped neighbour merges with it)
         if before != NONE and not used[before] and self.mapped[before]:   # try_merge_blocks()
-            del blocks[bisect.bisect_left(blocks, sizes[before] << SIZE_SHIFT | in_seg | offs[before] << OFFSET_SHIFT)]
+            del blocks[bisect.bisect_left(blocks, (sizes[before], seg.seq, offs[before]))]
             offs[block] = offs[before]
             sizes[block] += sizes[before]
             before = prevs[block] = prevs[before]
@@ -348,12 +326,12 @@ class _Allocator:
                 nexts[before] = block
         after = nexts[block]
         if after != NONE and not used[after] and self.mapped[after]:
-            del blocks[bisect.bisect_left(blocks, sizes[after] << SIZE_SHIFT | in_seg | offs[after] << OFFSET_SHIFT)]
+            del blocks[bisect.bisect_left(blocks, (sizes[after], seg.seq, offs[after]))]
             sizes[block] += sizes[after]
             after = nexts[block] = nexts[after]
             if after != NONE:
                 prevs[after] = block
-        bisect.insort(blocks, sizes[block] << SIZE_SHIFT | in_seg | offs[block] << OFFSET_SHIFT | block)
+        bisect.insort(blocks, (sizes[block], seg.seq, offs[block], block))
 
     def free_all(self, blocks) -> None:
         """:meth:`free` of each of ``blocks``, at once: freed blocks merge into runs, as in any order, and each run
@@ -368,14 +346,13 @@ class _Allocator:
                 continue
             pending.discard(block)
             seg = self.seg[block]
-            pool, in_seg = self.pools[seg.small].blocks, seg.seq << SEQ_SHIFT
+            pool = self.pools[seg.small].blocks
             before = prevs[block]
             while before != NONE and not used[before] and mapped[before]:
                 if before in pending:
                     pending.discard(before)
                 else:
-                    entry = sizes[before] << SIZE_SHIFT | in_seg | offs[before] << OFFSET_SHIFT
-                    del pool[bisect.bisect_left(pool, entry)]
+                    del pool[bisect.bisect_left(pool, (sizes[before], seg.seq, offs[before]))]
                 offs[block] = offs[before]
                 sizes[block] += sizes[before]
                 before = prevs[block] = prevs[before]
@@ -386,13 +363,12 @@ class _Allocator:
                 if after in pending:
                     pending.discard(after)
                 else:
-                    entry = sizes[after] << SIZE_SHIFT | in_seg | offs[after] << OFFSET_SHIFT
-                    del pool[bisect.bisect_left(pool, entry)]
+                    del pool[bisect.bisect_left(pool, (sizes[after], seg.seq, offs[after]))]
                 sizes[block] += sizes[after]
                 after = nexts[block] = nexts[after]
             if after != NONE:
                 prevs[after] = block
-            bisect.insort(pool, sizes[block] << SIZE_SHIFT | in_seg | offs[block] << OFFSET_SHIFT | block)
+            bisect.insort(pool, (sizes[block], seg.seq, offs[block], block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
@@ -518,7 +494,7 @@ class _Allocator:
     def release_cached_blocks(self) -> None:  # release_cached_blocks() -> release_blocks(), large pool first
         for pool in (self.pools[False], self.pools[True]):
             to_unmap = []
-            for b in [entry & BLOCK_MASK for entry in pool.blocks]:
+            for _, _, _, b in list(pool.blocks):
                 if self.expandable:
                     to_unmap.append(b)
                 elif self.prev[b] == NONE and self.next[b] == NONE:  # release_block(): cudaFree a free segment
