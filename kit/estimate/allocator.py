@@ -262,7 +262,7 @@ class _Allocator:
             sizes, nexts, mapped, last = self.size, self.next, self.mapped, len(blocks) - 1
             after = nexts[blocks[i][3]]
             grows = blocks[i][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
-            while i < last:
+            while i < last and blocks[i + 1][0] < grows:   # (a block at least ``grows`` grows to no less)
                 after = nexts[blocks[i + 1][3]]
                 grows_next = blocks[i + 1][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
                 if grows_next >= grows:
