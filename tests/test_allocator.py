@@ -299,3 +299,62 @@ def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(
         assert (apart.allocated, apart.reserved, apart.peak_allocated) == (
             together.allocated, together.reserved, together.peak_allocated)
     assert apart.run(None) == together.run(None)
+
+
+class _MapsRunsOnly(allocator._Allocator):
+    """The allocator with expandable segments' general path only: no ``_map_after`` shortcut."""
+
+    def _map_after(self, pool, free, unmapped, size):
+        return self._map_run(pool, free, size)
+
+
+def test_a_growing_tail_mapped_at_once_leaves_what_the_general_path_leaves():
+    """``_map_after`` (a free block and the unmapped one after it, mapped in one go) against ``_map_run``: the same
+    blocks, by index and field, the same free lists and counters, after every event of a random workload with a
+    limit (failed maps, release and retry) and ``empty_cache``."""
+    fast, general = allocator._Allocator(True, 1024 * MiB), _MapsRunsOnly(True, 1024 * MiB)
+    live, failed = {}, set()
+    for i, (op, key, *n) in enumerate(random_events(6000, seed=7, max_live=300)):
+        if op == "alloc":
+            block = fast.malloc(n[0])
+            assert general.malloc(n[0]) == block
+            if block is None:
+                failed.add(key)
+            else:
+                live[key] = block
+        elif key not in failed:
+            block = live.pop(key)
+            fast.free(block)
+            general.free(block)
+        if i % 700 == 0:
+            fast.release_cached_blocks()
+            general.release_cached_blocks()
+        state = {name: value for name, value in vars(fast).items() if name != "pools"}
+        assert state == {name: value for name, value in vars(general).items() if name != "pools"}
+        assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
+            (p.blocks, p.unmapped) for p in general.pools.values()]
+    assert fast.run(None) == general.run(None)
+
+
+def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
+    """``_take_new_segment`` (no limit, no expandable segments: the reserved layout's replays) against the general
+    path (taken under a limit never reached): the same blocks, by index and field, the same free lists and
+    counters, after every event of a random workload with ``empty_cache``."""
+    fast, general = allocator._Allocator(False, None), allocator._Allocator(False, 1 << 62)
+    live = {}
+    for i, (op, key, *n) in enumerate(random_events(6000, seed=11, max_live=300)):
+        if op == "alloc":
+            live[key] = fast.malloc(n[0])
+            assert general.malloc(n[0]) == live[key]
+        else:
+            block = live.pop(key)
+            fast.free(block)
+            general.free(block)
+        if i % 700 == 0:
+            fast.release_cached_blocks()
+            general.release_cached_blocks()
+        state = {name: value for name, value in vars(fast).items() if name not in ("pools", "limit")}
+        assert state == {name: value for name, value in vars(general).items() if name not in ("pools", "limit")}
+        assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
+            (p.blocks, p.unmapped) for p in general.pools.values()]
+    assert fast.run(None) == general.run(None)

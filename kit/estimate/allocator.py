@@ -168,10 +168,12 @@ class _Allocator:
         pool = self.pools[small]  # get_pool()
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, (size,))
+        if i == len(blocks) and self.limit is None and not self.expandable:   # no cached block fits
+            return self._take_new_segment(blocks, small, size)
         if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
             block = blocks.pop(i)[3]
         else:
-            block = self._get_free_block(pool, size) if i < len(blocks) else None
+            block = self._get_free_block(pool, size, i) if i < len(blocks) else None
             if block is None:
                 block = self._alloc_block(pool, size)
                 if block is None:  # release_available_cached_blocks() is a no-op at the default max_split_size
@@ -207,21 +209,60 @@ class _Allocator:
             self.fresh_peak = False
         return block
 
-    def _get_free_block(self, pool: _Pool, size: int) -> int | None:  # get_free_block()
-        i = self._best_fit(pool, size)
+    def _take_new_segment(self, blocks: list, small: bool, size: int) -> int:
+        """:meth:`malloc`'s steps where no cached block fits and nothing limits cudaMalloc, without expandable
+        segments: ``alloc_block()`` makes a segment, ``alloc_found_block()`` takes its head and leaves its tail (if
+        split off) free. The same blocks, by index and field, and the same stats, in one step: as each weight and
+        optimizer state of a large model is allocated."""
+        seg_bytes = allocation_size(size)
+        self.seq += 1
+        self.segments += 1
+        seg = _Segment(self.seq, small, seg_bytes)
+        remaining = seg_bytes - size   # should_split()
+        split = (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES)
+        held = size if split else seg_bytes
+        block = len(self.off)
+        self.seg.append(seg)
+        self.off.append(0)
+        self.size.append(held)
+        self.mapped.append(True)
+        self.used.append(True)
+        self.prev.append(NONE)
+        self.next.append(block + 1 if split else NONE)
+        if split:
+            self.seg.append(seg)
+            self.off.append(size)
+            self.size.append(remaining)
+            self.mapped.append(True)
+            self.used.append(False)
+            self.prev.append(block)
+            self.next.append(NONE)
+            bisect.insort(blocks, (remaining, seg.seq, size, block + 1))
+        self.reserved += seg_bytes
+        self.allocated += held
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self.at_peak = (self.segments, self.reserved - self.allocated)
+        return block
+
+    def _get_free_block(self, pool: _Pool, size: int, first: int) -> int | None:  # get_free_block()
+        i = self._best_fit(pool, size, first)
         return None if i is None else pool.blocks.pop(i)[3]
 
-    def _best_fit(self, pool: _Pool, size: int) -> int | None:
-        """Where in ``pool.blocks`` the block :meth:`_get_free_block` takes is, or None."""
+    def _best_fit(self, pool: _Pool, size: int, first: int | None = None) -> int | None:
+        """Where in ``pool.blocks`` the block :meth:`_get_free_block` takes is, or None. ``first``: the first
+        entry of at least ``size``, where the caller has looked it up already."""
         blocks = pool.blocks
-        i = bisect.bisect_left(blocks, (size,))
+        i = bisect.bisect_left(blocks, (size,)) if first is None else first
         if i == len(blocks):
             return None
         if self.expandable:  # best fit by the size a block can grow to: pass over one bordering unmapped space
             sizes, nexts, mapped, last = self.size, self.next, self.mapped, len(blocks) - 1
             after = nexts[blocks[i][3]]
             grows = blocks[i][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
-            while i < last:
+            while i < last and blocks[i + 1][0] < grows:   # (a block at least ``grows`` grows to no less)
                 after = nexts[blocks[i + 1][3]]
                 grows_next = blocks[i + 1][0] + (sizes[after] if after != NONE and not mapped[after] else 0)
                 if grows_next >= grows:
@@ -370,15 +411,52 @@ class _Allocator:
 
     def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> int | None:
         c = self._find_expandable_block(pool, size)  # try_allocate_expandable_block()
-        if not self.mapped[c] and not self._map_block(pool, c, min(self.size[c], size)):
+        after = self.next[c]
+        if (self.mapped[c] and after != NONE and not self.mapped[after]
+                and self.size[c] < size <= self.size[c] + self.size[after]):
+            return self._map_after(pool, c, after, size)
+        return self._map_run(pool, c, size)
+
+    def _map_after(self, pool: _Pool, free: int, unmapped: int, size: int) -> int | None:
+        """:meth:`_map_run` where the run is a free block and the unmapped block after it, which holds the pages
+        missing: a segment's tail growing, as each weight, gradient and optimizer state does the first time. The
+        same steps, the same state after them, with ``_map_block``'s calls written out and its listing of the
+        block (taken at once) left out."""
+        sizes, offs, nexts = self.size, self.off, self.next
+        page, off = self.seg[unmapped].page_bytes, offs[unmapped]
+        end = -(-(off + size - sizes[free]) // page) * page
+        nbytes = end - off
+        if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return None
-        while self.size[c] < size:  # free -> unmapped: map what is missing; it merges with c
-            nxt = self.next[c]
-            if not self._map_block(pool, nxt, min(size - self.size[c], self.size[nxt])):
+        self._drop(pool, unmapped)
+        spanned = nbytes >= sizes[unmapped]   # no unmapped rest: the mapped range after, if any, joins
+        if not spanned:
+            rest = self._new(self.seg[unmapped], end, sizes[unmapped] - nbytes, mapped=False)
+            self._link(rest, nexts[unmapped])
+            self._link(unmapped, rest)
+            self._add(pool, rest)
+        self.mapped[unmapped] = True
+        self.segments -= spanned and nexts[unmapped] != NONE
+        offs[unmapped] = offs[free]   # try_merge_blocks() with the free block before
+        self._link(self.prev[free], unmapped)
+        sizes[unmapped] = nbytes + sizes[free]
+        self._drop(pool, free)
+        if spanned:
+            self._merge(pool, unmapped, nexts[unmapped])
+        self._grow(nbytes)
+        return unmapped
+
+    def _map_run(self, pool: _Pool, block: int, size: int) -> int | None:
+        """Map what ``block`` and the free or unmapped blocks after it lack of ``size``; the block, taken."""
+        if not self.mapped[block] and not self._map_block(pool, block, min(self.size[block], size)):
+            return None
+        while self.size[block] < size:  # free -> unmapped: map what is missing; it merges with block
+            after = self.next[block]
+            if not self._map_block(pool, after, min(size - self.size[block], self.size[after])):
                 return None
-            c = nxt
-        self._drop(pool, c)
-        return c
+            block = after
+        self._drop(pool, block)
+        return block
 
     def _unmap_block(self, pool: _Pool, block: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
         page, off, size = self.seg[block].page_bytes, self.off[block], self.size[block]
