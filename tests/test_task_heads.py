@@ -254,3 +254,39 @@ def test_estimate_from_reads_a_head_of_the_users_own(work):
     assert (by_objects.first_step_peak_bytes, by_objects.peak_bytes, by_objects.eval_peak_bytes) == \
         (by_trainer.first_step_peak_bytes, by_trainer.peak_bytes, by_trainer.eval_peak_bytes)
     assert by_objects.setup["task"] == "seq-cls" and by_objects.setup["num_labels"] == 3
+
+
+def test_reading_a_head_of_the_users_own_leaves_nothing_behind():
+    """The probe that reads a head keeps no graph: once the user lets the model go, it and every tensor the probe
+    made are freed (a graph that keeps its own saved outputs is a cycle through C++ that gc cannot break)."""
+    import gc
+    import weakref
+
+    import torch
+    import torch.nn as nn
+    from transformers import AutoModel
+
+    from kit.estimate.own_head import read_own_head
+    from kit.models import get_config
+
+    class MeanHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = AutoModel.from_config(get_config("tiny-llama"))
+            self.head = nn.Linear(self.encoder.config.hidden_size, 3)
+
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            logits = self.head(self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                               .mean(1))
+            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    model = MeanHead()
+    assert read_own_head(model).per_row > 0
+    gone = weakref.ref(model)
+    hidden_size = model.encoder.config.hidden_size
+    del model
+    gc.collect()
+    assert gone() is None
+    probes = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.dim() == 3
+              and o.shape[-1] == hidden_size and not o.any()]   # the stand-in hidden states: zeros (rows, tokens, H)
+    assert probes == []

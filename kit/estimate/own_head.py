@@ -126,14 +126,22 @@ def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
     aside = {_key(t) for t in (*model.parameters(), *model.buffers(), ids, mask, labels)}
     saved, live = {}, _Live(aside)
 
-    def pack(t):
-        if _key(t) not in aside:
-            saved[_key(t)] = t.untyped_storage().nbytes()
-        return t
+    held = []   # the saved tensors, alive till the probe ends: no freed storage's address is counted twice
+
+    def pack(tensor):
+        if _key(tensor) not in aside:
+            saved[_key(tensor)] = tensor.untyped_storage().nbytes()
+        held.append(tensor)
+        # The graph keeps nothing: a saved tensor kept by its own graph is a reference cycle through C++, which
+        # Python's gc cannot see, so each probe would leak its graph and the tensors it saved.
+        return None
+
+    def unpack(_packed):
+        raise RuntimeError("the kit's head probe only counts what a forward saves; it never runs backward")
 
     base.forward = lambda *a, **k: BaseModelOutput(last_hidden_state=hidden)   # an instance attribute: the stub
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), live:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), live:
             # forward, not __call__: hooks on the module (kit.watch_loop's, the user's) must not see the probe
             out = model.forward(input_ids=ids, attention_mask=mask, **({"labels": labels} if takes_labels else {}))
             loss, logits = _loss_and_logits(out)
@@ -151,8 +159,10 @@ def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
                            "on a real step with kit.measure.track.Tracker.") from None
     finally:
         del base.forward
-    return sum(saved.values()), int(logits.shape[1]), logits[0].numel() * logits.element_size(), \
-        _loss_and_logits(out)[0] is None, live.peak
+    result = (sum(saved.values()), int(logits.shape[1]), logits[0].numel() * logits.element_size(),
+              _loss_and_logits(out)[0] is None, live.peak)
+    held.clear()
+    return result
 
 
 class _Live:
