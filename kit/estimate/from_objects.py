@@ -6,8 +6,8 @@ verdict for this GPU and where each setting was read from.
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
 (adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence (a ``ValueError``),
-never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU (:mod:`kit.estimate.strategies`), over
-the launch's ``WORLD_SIZE`` GPUs.
+never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU
+(:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
@@ -55,8 +55,8 @@ def flattened_eval(opts: dict, src: dict, notes: list, rows: int) -> None:
     src["eval_batch_size"] = (1, f"{be} evaluation rows flattened into one (padding-free), as in training")
     if be != rows:
         notes.append(kin.Note(f"a padding-free evaluation flattens {be} rows into one, and training {rows}: the "
-                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}", field="eval_batch_size",
-                              code=PACKED_EVAL))
+                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}",
+                              field="eval_batch_size", code=PACKED_EVAL))
 
 
 def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
