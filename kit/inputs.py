@@ -227,7 +227,8 @@ def byte_count(name: str, value, none_means: str | None = None) -> int | None:
     other text are refused in one sentence.
 
     >>> import numpy as np
-    >>> byte_count("cap_bytes", np.int64(2**30)), byte_count("cap_bytes", 1.5e9), byte_count("cap_bytes", None, "no cap")
+    >>> (byte_count("cap_bytes", np.int64(2**30)), byte_count("cap_bytes", 1.5e9),
+    ...  byte_count("cap_bytes", None, "no cap"))
     (1073741824, 1500000000, None)
     >>> byte_count("cap_bytes", float("inf"), "no cap")
     Traceback (most recent call last):

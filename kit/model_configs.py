@@ -201,10 +201,11 @@ def model_name(value) -> str:
 
     >>> model_name(" tiny-llama "), model_name(Path("cfg/config.json"))
     ('tiny-llama', 'cfg/config.json')
-    >>> model_name(None)
+    >>> model_name(None)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    kit.inputs.InputError: model must be a shipped name, a Hub id, a config.json path, a PretrainedConfig or an nn.Module, not None.
+    kit.inputs.InputError: model must be a shipped name, a Hub id, a config.json path, a PretrainedConfig
+    or an nn.Module, not None.
     """
     from os import PathLike, fspath
 
@@ -273,7 +274,8 @@ def _hub_config(repo_id: str) -> PretrainedConfig:
                          f"(huggingface_hub.login()) if it is yours, {own_path}. Known names: "
                          f"{', '.join(known_models())}.") from exc
     except LocalEntryNotFoundError as exc:
-        raise ValueError(f"Unknown model {repo_id!r}: it is no shipped name, and the Hugging Face Hub cannot be reached "
+        raise ValueError(f"Unknown model {repo_id!r}: it is no shipped name, "
+                         "and the Hugging Face Hub cannot be reached "
                          f"from here to fetch its config.json. Known names: {', '.join(known_models())}. A path to "
                          "its config.json (a file of a few KB) works too.") from exc
     except EntryNotFoundError as exc:

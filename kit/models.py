@@ -27,7 +27,8 @@ from kit import dtypes, machine, runtime
 
 # Configs are model_configs' room; these names stay part of kit.models' API.
 from kit.model_configs import CONFIG_DIR, REGISTRY, TINY, VOCAB_HEAD, get_config, known_models, smoke_twin, split_name
-from kit.vocab_head import VocabHeadModel  # noqa: F401 (part of kit.models' API: load_model and build_model wrap with it)
+# part of kit.models' API: load_model and build_model wrap with it
+from kit.vocab_head import VocabHeadModel  # noqa: F401
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
            "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -217,7 +218,8 @@ def write_twin(cfg: PretrainedConfig, folder: Path, dtype: torch.dtype) -> Path:
         index.update(dict.fromkeys(out, fname))
         del out
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+    index_json = json.dumps({"metadata": {"total_size": total}, "weight_map": index})
+    (folder / "model.safetensors.index.json").write_text(index_json)
     model.config.save_pretrained(folder)
     return folder
 

@@ -307,7 +307,8 @@ def render(est, preset: str | Preset = "colab-t4", answer: bool = True) -> str:
         lines.append(f"  {name:<40}{p:>15,} params {fmt_bytes(b, 'GiB'):>12} ({share:.0f}%)")
     lines += [f"note: {n}" for n in est.notes]
     if v.preset.gpu_bytes is not None and est.eval_peak_bytes > v.preset.gpu_bytes:
-        lines.append(f"note: the evaluation needs {fmt_bytes(est.eval_peak_bytes)}, over the {fmt_bytes(v.preset.gpu_bytes)} "
+        lines.append(f"note: the evaluation needs {fmt_bytes(est.eval_peak_bytes)}, "
+                     f"over the {fmt_bytes(v.preset.gpu_bytes)} "
                      "the device has: with evaluation on, lower per_device_eval_batch_size (or set "
                      "eval_accumulation_steps when compute_metrics gathers the logits)")
     return "\n".join(lines)

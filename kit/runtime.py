@@ -83,7 +83,8 @@ def mode_reason() -> str:
         why = "there is no GPU, and real sizes need one (set KIT_SMOKE=0 to force them)"
     if mode() == "smoke":
         return f"SMOKE mode: tiny twins and a few steps, because {why}."
-    source = "real models and wikitext from the Hub" if hub_reachable() else "real-size architecture twins (random weights, real shapes)"
+    source = ("real models and wikitext from the Hub" if hub_reachable()
+              else "real-size architecture twins (random weights, real shapes)")
     return f"REAL sizes: {source}, because {why} and {hub}."
 
 
@@ -171,9 +172,11 @@ def describe() -> str:
     libs = ", ".join(f"{k} {v or 'MISSING'}" for k, v in versions().items())
     return "\n".join([
         f"GPU: {gpu}",
-        f"RAM: {fmt_bytes(hw['ram_total_bytes'])} total, {fmt_bytes(hw['ram_available_bytes'])} available; {hw['cpu_cores']} CPU cores",
+        f"RAM: {fmt_bytes(hw['ram_total_bytes'])} total, {fmt_bytes(hw['ram_available_bytes'])} available; "
+        f"{hw['cpu_cores']} CPU cores",
         f"Libraries: {libs}",
-        f"Hugging Face Hub: {'reachable' if hub_reachable() else 'NOT reachable (offline: the kit uses shipped configs, text and tokenizer)'}",
+        "Hugging Face Hub: " + ("reachable" if hub_reachable()
+                                else "NOT reachable (offline: the kit uses shipped configs, text and tokenizer)"),
         mode_reason(),
     ])
 

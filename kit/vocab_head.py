@@ -1,6 +1,7 @@
 """Scenario 1's model as the kit builds it: a DistilGPT2 with a trainable ``Linear(V, V)`` head on its logits
-(the registry's ``distilgpt2+vocab-head``), a foundation beside :mod:`kit.models`. :func:`kit.models.build_model` and :func:`kit.models.load_model`
-wrap a base with it; the user's own class, which it mirrors, is ``kit.scenarios.custom_head.user_code``.
+(the registry's ``distilgpt2+vocab-head``), a foundation beside :mod:`kit.models`. :func:`kit.models.build_model`
+and :func:`kit.models.load_model` wrap a base with it; the user's own class, which it mirrors, is
+``kit.scenarios.custom_head.user_code``.
 """
 from __future__ import annotations
 

@@ -176,3 +176,46 @@ def test_the_rules_catch_a_planted_breach(tmp_path, plant, expected):
         p = tmp_path / rel
         p.write_text(p.read_text() + "\n" + line)
     assert any(expected in p for p in problems(tmp_path / "kit")), problems(tmp_path / "kit")
+
+
+MAX_LINE = 120
+
+
+def long_lines(root: pathlib.Path = KIT) -> list[str]:
+    """``file:line (N characters)`` for each line of ``root``'s Python over MAX_LINE characters (characters, not
+    bytes: a "·" counts one)."""
+    return [f"{p.relative_to(root.parent)}:{i} ({len(line)} characters)"
+            for p in sorted(root.rglob("*.py"))
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if len(line) > MAX_LINE]
+
+
+def tuple_call_statements(root: pathlib.Path = KIT) -> list[str]:
+    """``file:line`` for each statement that is a tuple holding a call (``a.update(x), b.update(y)``): one call a
+    line instead."""
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Tuple) and any(
+                    isinstance(e, ast.Call) for e in node.value.elts):
+                found.append(f"{p.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_line_in_kit_is_over_120_characters():
+    found = long_lines()
+    assert not found, f"{len(found)} line(s) over {MAX_LINE} characters: " + ", ".join(found)
+
+
+def test_no_statement_in_kit_is_a_tuple_of_calls():
+    found = tuple_call_statements()
+    assert not found, f"{len(found)} tuple-of-calls statement(s), write one call a line: " + ", ".join(found)
+
+
+def test_the_text_checks_name_a_planted_breach(tmp_path):
+    """Both checks above, on a made-up package: each names the file and line it plants, and nothing else."""
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit" / "bad.py").write_text("a, b = [], []\n" + "x = '" + "·" * 115 + "'\n"
+                                             "a.append(1), b.append(2)\n" + "y = '" + "·" * 114 + "'\n",
+                                             encoding="utf-8")
+    assert long_lines(tmp_path / "kit") == ["kit/bad.py:2 (121 characters)"]
+    assert tuple_call_statements(tmp_path / "kit") == ["kit/bad.py:3"]

@@ -156,7 +156,8 @@ def plan(suggestion, ctx) -> InObjects:
             if not (recipe and not v and not _current(ctx, ckpt)):
                 put(ckpt, bool(v))
         elif kw == "precision":
-            put("fp16", v == "fp16"), put("bf16", v == "bf16")
+            put("fp16", v == "fp16")
+            put("bf16", v == "bf16")
         elif kw == "optimizer":
             put("optim", OPTIM.get(v, v))
             if v == "sgd" and not _current(ctx, "optim_args"):

@@ -46,9 +46,11 @@ def second_fold_text(broken: list, prediction: dict | None = None) -> str:
     """Where the broken loop's second model came, from the counted models (not from the bytes); with
     ``prediction`` (``fold2_prediction``), fold 2's measured bytes beside the estimate of the same moment.
 
-    >>> second_fold_text([{"load_peak_bytes": 2**20, "models_alive_after_load": 1},
-    ...               {"load_peak_bytes": 2**21, "models_alive_after_load": 2, "models_alive_in_training": 1}])
-    'loads with 2 models alive (the first with 1 model alive), a load peak of 2.00 MiB against 1.00 MiB; it trains with 1 model alive.'
+    >>> print(second_fold_text([{"load_peak_bytes": 2**20, "models_alive_after_load": 1},
+    ...       {"load_peak_bytes": 2**21, "models_alive_after_load": 2, "models_alive_in_training": 1}]))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    loads with 2 models alive (the first with 1 model alive), a load peak of 2.00 MiB against 1.00 MiB;
+    it trains with 1 model alive.
     """
     if len(broken) < 2:
         return "never started."

@@ -2,8 +2,8 @@
 make it fit").
 
 It takes every ``estimate`` option, plus ``--device`` (a preset, ``this`` for this GPU now, or a number of
-bytes such as ``16GiB``), ``--safety`` (a fraction of the limit kept free against the allocated peak, in place of the default: the
-reserved estimate) and ``--eval``
+bytes such as ``16GiB``), ``--safety`` (a fraction of the limit kept free against the allocated peak, in place of
+the default: the reserved estimate) and ``--eval``
 (the run evaluates, so ``Trainer.evaluate()`` must fit too). Each suggestion's ``changes`` use the estimate
 CLI's option names, and its ``cli`` string pastes back: append it to the same command.
 

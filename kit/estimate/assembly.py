@@ -1,7 +1,8 @@
 """How :func:`kit.estimate.estimate` puts an estimate together, in three stages:
 
-1. :func:`~kit.estimate.counts.count_parameters` walks the model's layers once: weights as loaded and as trained (4-bit, 8-bit,
-   LoRA adapters, the k-bit recipe's fp32 upcast), gradients, optimizer state and the CPU RAM to build it;
+1. :func:`~kit.estimate.counts.count_parameters` walks the model's layers once: weights as loaded and as trained
+   (4-bit, 8-bit, LoRA adapters, the k-bit recipe's fp32 upcast), gradients, optimizer state and the CPU RAM to
+   build it;
 2. :func:`replay_setup` turns the config and those counts into the :class:`~kit.estimate.replay.Setup` the
    activation replay runs on;
 3. :func:`phases` finds the peak of the forward/backward phase (from the replay's backward timeline) and of

@@ -168,7 +168,8 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
     if optimizers.ROOM[optimizer].int32_limit and any(
             l.trainable and not lora_r and l.weight >= 2**31 for l in leaves):
         notes.append(Note("a trainable tensor has >= 2^31 elements: bitsandbytes 8-bit AdamW kills the process "
-                          "on it (ops.cu 'invalid argument'); do not run this", field="optimizer", code=INT32_OPTIMIZER))
+                          "on it (ops.cu 'invalid argument'); do not run this", field="optimizer",
+                          code=INT32_OPTIMIZER))
     if optimizers.ROOM[optimizer].note:
         notes.append(optimizers.ROOM[optimizer].note)
     mt = info.config.model_type

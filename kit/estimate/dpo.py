@@ -153,7 +153,8 @@ def read_pairs(trainer):
     out = trainer.data_collator(rows)
     mask = torch.as_tensor(out["attention_mask"])
     return int(mask.shape[1]), bool((mask == 0).any()), \
-        f"DataCollatorForPreference on the {B} longest pairs: {2 * B} rows (chosen, then rejected), padded to the longest"
+        f"DataCollatorForPreference on the {B} longest pairs: {2 * B} rows (chosen, then rejected), " \
+        "padded to the longest"
 
 
 def cast_copies(info, half, load, ref_model=None) -> int:

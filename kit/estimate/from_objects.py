@@ -6,8 +6,8 @@ verdict for this GPU and where each setting was read from.
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
 (adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence (a ``ValueError``),
-never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU (:mod:`kit.estimate.strategies`), over
-the launch's ``WORLD_SIZE`` GPUs.
+never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU
+(:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
@@ -55,8 +55,8 @@ def flattened_eval(opts: dict, src: dict, notes: list, rows: int) -> None:
     src["eval_batch_size"] = (1, f"{be} evaluation rows flattened into one (padding-free), as in training")
     if be != rows:
         notes.append(kin.Note(f"a padding-free evaluation flattens {be} rows into one, and training {rows}: the "
-                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}", field="eval_batch_size",
-                              code=PACKED_EVAL))
+                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}",
+                              field="eval_batch_size", code=PACKED_EVAL))
 
 
 def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
@@ -94,26 +94,36 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         opts["optimizer"] = optimizers.name_of(given)
         src["optimizer"] = (opts["optimizer"], f"trainer.optimizer ({type(given).__name__})")
     eopts, esrc = read_eval(trainer)
-    opts.update(eopts), src.update(esrc)
+    opts.update(eopts)
+    src.update(esrc)
     target, mopts, msrc, mnotes = read_model(trainer.model)
-    opts.update(mopts), src.update(msrc), notes.extend(mnotes)
+    opts.update(mopts)
+    src.update(msrc)
+    notes.extend(mnotes)
     if sft:
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         if opts.get("eval_gather", "loss") != "loss":  # a loss-only evaluation runs the fused head: modeled
             notes.append(kin.Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits forward) is "
                                   "not modeled: eval_peak_bytes is its fused forward's alone", field="eval_batch_size",
                                   code="trl-eval-unmodeled"))
     if dpo:
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         kg.refuse_unmodeled(opts)
         kg.refuse_reward_models(trainer)
         P, same, at = kg.trainer_prompts(trainer, seq_len)
         rollout = kg.rollout(args, P)
         gopts, gsrc = kg.seq_options(rollout, same, at)
-        opts.update(gopts), src.update(gsrc)
+        opts.update(gopts)
+        src.update(gsrc)
         seq_len, padded = opts.pop("seq_len"), opts.pop("padded")
     notes += cpu_fp16(opts, src, device, args)
     args_offload = opts.pop("args_offload")
@@ -121,8 +131,10 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         opts["gradient_checkpointing"] = True
         src["gradient_checkpointing"] = (True, args_ckpt)
         for k in ("ckpt_every_n_layers", "checkpoint_offload"):
-            opts.pop(k, None), src.pop(k, None)
-        opts.update(args_offload[0]), src.update(args_offload[1])
+            opts.pop(k, None)
+            src.pop(k, None)
+        opts.update(args_offload[0])
+        src.update(args_offload[1])
         reentrant, where = trainer_reentrant(args)  # Trainer turns on its own, over the model's
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if dpo:  # 2B rows padded to the longest pair, and the reference model
@@ -258,7 +270,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     if dpo:
         pairs = kd.pairs_options(opts, src, notes, name)
     ckpt, (aopts, asrc) = opts.pop("args_ckpt"), opts.pop("args_offload")
-    opts.update(aopts), src.update(asrc)
+    opts.update(aopts)
+    src.update(asrc)
     opts["gradient_checkpointing"] = bool(ckpt)
     src["gradient_checkpointing"] = (bool(ckpt), ckpt or f"{name}.activation_checkpointing is off")
     if ckpt:
@@ -321,7 +334,9 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if ssrc:
             src["seq_len"] = (seq_len, ssrc)
         kt.quantized_recipe(opts, src, "SFTTrainer")
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         if free:  # one flattened row of batch x seq_len tokens at most; a block-diagonal mask from position_ids
             B = opts["batch_size"]
             seq_len, padded = B * seq_len, True
@@ -333,16 +348,21 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     if dpo:
         src["seq_len"] = (seq_len, ssrc or src["seq_len"][1])
         kt.quantized_recipe(opts, src, "DPOTrainer")
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         kd.refuse_dropout(dpo_config, cfg)
         kind, _, rwhere = kd.reference_of(cfg=dpo_config, peft=peft_config is not None)
     if grpo:  # B rows of prompt + completion a step; G generated at once
-        opts.update(topts), src.update(tsrc), notes.extend(tnotes)
+        opts.update(topts)
+        src.update(tsrc)
+        notes.extend(tnotes)
         kd.refuse_dropout(grpo_config, cfg, "GRPOConfig")
         rollout = kg.rollout(grpo_config, seq_len)
         gopts, gsrc = kg.seq_options(rollout, not padded, "estimate_from(seq_len=...)")
         seq_len, padded = gopts.pop("seq_len"), gopts.pop("padded")
-        opts.update(gopts), src.update(gsrc)
+        opts.update(gopts)
+        src.update(gsrc)
         kind, rwhere = kg.reference_of(grpo_config, peft_config is not None)
     notes += cpu_fp16(opts, src, device, training_args)
     src["eval_gather"] = ("loss", "assumed: with no Trainer there is no compute_metrics (evaluate() keeps the loss)")

@@ -142,7 +142,8 @@ def _fsdp(fsdp_config: dict, num_gpus: int, where: str, name: str = NAME) -> dic
             str(reshard).strip().upper()
         if name_ not in _FSDP1:
             raise InputError(name, f"{where}: fsdp sharding strategy {reshard!r}: expected one of "
-                             f"{', '.join(_FSDP1)} (or 1 to {len(_FSDP1_NUMBERS)}, or true/false with fsdp_version: 2).")
+                             f"{', '.join(_FSDP1)} (or 1 to {len(_FSDP1_NUMBERS)}, "
+                             "or true/false with fsdp_version: 2).")
         strategy = _FSDP1[name_]
     offload = _yes(fsdp_config.get("fsdp_offload_params", False)) and strategy != "ddp"
     out = dict(strategy=strategy if num_gpus > 1 or strategy != "ddp" else "single", num_gpus=num_gpus,
@@ -219,7 +220,8 @@ def read_training_launch(args) -> tuple[dict, list]:
             raise InputError("fsdp_config", f"TrainingArguments.fsdp_config must be a dict (or a JSON file's path, "
                              f"which TrainingArguments reads into one), not {fc!r}.")
         r = fc.get("reshard_after_forward", True)
-        return _fsdp({"fsdp_version": fc.get("version", 2 if isinstance(r, bool) else 1), "fsdp_reshard_after_forward": r,
+        return _fsdp({"fsdp_version": fc.get("version", 2 if isinstance(r, bool) else 1),
+                      "fsdp_reshard_after_forward": r,
                       "fsdp_offload_params": fc.get("cpu_offload", False)}, n, "TrainingArguments.fsdp_config",
                      "fsdp_config"), notes
     ds = getattr(args, "deepspeed", None)

@@ -77,7 +77,8 @@ def read_model(model):
         opts["kbit_recipe"], src["kbit_recipe"] = recipe, (recipe, rsrc)
     if quant == "4bit":
         q4, q4src = read_4bit(base)
-        opts.update(q4), src.update(q4src)
+        opts.update(q4)
+        src.update(q4src)
     if adapters:
         r, names, dropout, saved = adapters
         if task != "causal-lm":
@@ -110,7 +111,9 @@ def read_model(model):
                      "are counted as they are, activations as for a full fine-tune (an upper bound)")
     ckpt, csrc, copts, ccsrc = _read_ckpt(model)
     opts["gradient_checkpointing"], src["gradient_checkpointing"] = ckpt, (ckpt, csrc)
-    opts.update(copts), src.update(ccsrc)   # every_n_layers / offload, as the layers were set
+    # every_n_layers / offload, as the layers were set
+    opts.update(copts)
+    src.update(ccsrc)
     reentrant, where = read_reentrant(model) if ckpt else (None, None)
     if reentrant is not None:  # (Trainer's activation_checkpointing turns its own on: see estimate_trainer)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
@@ -155,7 +158,9 @@ def _read_adapters(base):
             raise ValueError(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")
         d = m.lora_dropout[a]
-        ranks.add(m.r[a]), drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0), names.add(n)
+        ranks.add(m.r[a])
+        drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0)
+        names.add(n)
     if len(ranks) > 1 or len(drops) > 1:
         raise ValueError(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")

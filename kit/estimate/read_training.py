@@ -63,7 +63,8 @@ def read_args(args, name: str = "TrainingArguments"):
         src.update(liger_kernel=(True, f"{name}.use_liger_kernel"),
                    liger_kernel_config=(config, f"{name}.liger_kernel_config" + ("" if config else
                                                                              ": None, Liger's defaults")))
-    launch, more = read_training_launch(args)   # fsdp / deepspeed: the estimate becomes per GPU (kit.estimate.strategies)
+    # fsdp / deepspeed: the estimate becomes per GPU (kit.estimate.strategies)
+    launch, more = read_training_launch(args)
     opts.update(launch)
     src.update({k: (v, f"{name}.{'fsdp_config' if getattr(args, 'fsdp', None) else 'deepspeed'}"
                 + (" and WORLD_SIZE" if k == "num_gpus" else "")) for k, v in launch.items()

@@ -166,8 +166,9 @@ def _fsdp(est, context, strategy, num_gpus, offload):
                    "QLoRA under FSDP (peft's guide): bnb_4bit_quant_storage=torch.bfloat16 lets FSDP shard the 4-bit "
                    "weights (counted so); the guide loads the rest in bf16 (--kbit-recipe lean), where the standard "
                    "recipe's fp32 upcast keeps fp32 embeddings and lm_head gathered in the root"]
-                   if est.setup["quantization"] == "4bit" else []) + (["cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
-                                             "the GPU holds gathered blocks, grads and activations"] if offload else []))
+                   if est.setup["quantization"] == "4bit" else []) + ([
+                   "cpu offload: the shards live in RAM (cpu_offload_bytes per rank); "
+                   "the GPU holds gathered blocks, grads and activations"] if offload else []))
 
 
 def _zero(est, context, strategy, num_gpus, offload):

@@ -68,8 +68,10 @@ class CellReading:
         approx = "" if self.peak_exact else ">="
         parts = []
         if self.cuda_end_bytes is not None:
-            peak = f", peak {approx}{fmt_bytes(self.cuda_peak_bytes)} in cell" if self.cuda_peak_bytes is not None else ""
-            parts.append(f"CUDA allocated {_signed(self.cuda_delta_bytes)} (now {fmt_bytes(self.cuda_end_bytes)}){peak}; "
+            peak = (f", peak {approx}{fmt_bytes(self.cuda_peak_bytes)} in cell"
+                    if self.cuda_peak_bytes is not None else "")
+            parts.append(f"CUDA allocated {_signed(self.cuda_delta_bytes)} "
+                         f"(now {fmt_bytes(self.cuda_end_bytes)}){peak}; "
                          f"reserved {_signed(self.reserved_end_bytes - self.reserved_start_bytes)} "
                          f"(now {fmt_bytes(self.reserved_end_bytes)})")
         rss = f"RSS {_signed(self.rss_delta_bytes)} (now {fmt_bytes(self.rss_end_bytes)})"

@@ -319,7 +319,8 @@ def explain(snap: Snapshot) -> str:
     lines = []
     if snap.cuda_allocated_bytes is not None:
         lines += [
-            f"CUDA allocated is {fmt_bytes(snap.cuda_allocated_bytes)}: the bytes PyTorch's tensors occupy on the GPU now.",
+            f"CUDA allocated is {fmt_bytes(snap.cuda_allocated_bytes)}: "
+            "the bytes PyTorch's tensors occupy on the GPU now.",
             f"CUDA reserved is {fmt_bytes(snap.cuda_reserved_bytes)}: allocated plus the blocks PyTorch's caching "
             "allocator keeps for reuse; empty_cache() hands the unused part back.",
             f"CUDA peak allocated is {fmt_bytes(snap.cuda_peak_allocated_bytes)}: the most that was allocated at once "

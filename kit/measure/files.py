@@ -92,13 +92,15 @@ def _load_csv(tracker, path: Path) -> None:
             tracker.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
                                           bool(row["has_live"]), row["cost_s"] or 0.0))
         elif row["kind"] == "stage_start":
-            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap, depth=row["depth"])
+            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap,
+                                                  depth=row["depth"])
         else:
             r = open_recs.pop(row["order"])
             r.end = snap
             for k in STAGE_FIELDS:
                 setattr(r, k, row.get(f"stage_{k}"))
-            r.reset_peak, r.live_peak_exact, r.peak_note = bool(r.reset_peak), bool(r.live_peak_exact), r.peak_note or ""
+            r.reset_peak, r.live_peak_exact = bool(r.reset_peak), bool(r.live_peak_exact)
+            r.peak_note = r.peak_note or ""
             r.live_peak_bytes = {k[16:-6]: v for k, v in row.items()
                                  if k.startswith("stage_live_peak_") and k.endswith("_bytes") and v is not None}
             tracker.records.append(r)

@@ -192,7 +192,8 @@ class Tracker:
         resets = resets or now
         t0, t1 = rec.start.time, rec.end.time
         inside = [s.snap for s in self.samples if t0 <= s.snap.time <= t1]
-        kids = [r for r in self.records if r is not rec and r.end is not None and t0 <= r.start.time and r.end.time <= t1]
+        kids = [r for r in self.records
+                if r is not rec and r.end is not None and t0 <= r.start.time and r.end.time <= t1]
         snaps = [rec.start, rec.end] + inside
         rec.cuda_peak_bytes, rec.cuda_peak_exact, cuda_note = stage_peak(
             bool(took.get("cuda")), rec.start.cuda_peak_allocated_bytes, rec.end.cuda_peak_allocated_bytes,
@@ -278,7 +279,8 @@ class Tracker:
         for r in done:
             label = r.name if self._counts.get(r.name, 1) == 1 else f"{r.name} #{r.index + 1}"
             label = ("  " * r.depth + label)[:23]
-            peak = "not read" if r.peak_bytes is None else ("" if r.peak_exact else ">=") + fmt_bytes(r.peak_bytes, unit)
+            peak = ("not read" if r.peak_bytes is None
+                    else ("" if r.peak_exact else ">=") + fmt_bytes(r.peak_bytes, unit))
             rss = ("" if r.rss_peak_exact else ">=") + fmt_bytes(r.rss_peak_bytes, unit)
             change = "not read" if r.delta_bytes is None else ("+" if r.delta_bytes >= 0 else "-") + fmt_bytes(
                 abs(r.delta_bytes), unit)

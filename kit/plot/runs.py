@@ -127,7 +127,8 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
     bars, their labels and the axis read in one unit. The legend sits below the axes, clear of the title.
 
     >>> fig = folds([{"start_bytes": 2**30, "peak_bytes": 2**31, "end_bytes": 2**30}], baseline_bytes=2**30)
-    >>> fig.axes[0].get_ylabel(), folds([{"start_bytes": 2**20, "peak_bytes": 2**24, "end_bytes": 2**20}]).axes[0].get_ylabel()
+    >>> small = folds([{"start_bytes": 2**20, "peak_bytes": 2**24, "end_bytes": 2**20}])
+    >>> fig.axes[0].get_ylabel(), small.axes[0].get_ylabel()
     ('memory (GiB)', 'memory (MiB)')
     """
     if not fold_records:
@@ -135,7 +136,8 @@ def folds(fold_records: list, baseline_bytes: int | None = None, limit_bytes: in
     for i, f in enumerate(fold_records):
         missing = {"start_bytes", "peak_bytes", "end_bytes"} - set(f)
         if missing:
-            raise ValueError(f"fold {i + 1} lacks {sorted(missing)}; each fold needs start_bytes, peak_bytes, end_bytes")
+            raise ValueError(f"fold {i + 1} lacks {sorted(missing)}; "
+                             "each fold needs start_bytes, peak_bytes, end_bytes")
     names = [f.get("label") or f"fold {i + 1}" for i, f in enumerate(fold_records)]
     if any("load_peak_bytes" in f for f in fold_records):  # the user's loop: its load and its training apart
         series = [("before load", OKABE_ITO["sky"], [f["start_bytes"] for f in fold_records]),

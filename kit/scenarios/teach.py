@@ -60,7 +60,8 @@ def answer_text(my_answer, actual, what: str = "the answer") -> str:
     said = f"{what[:1].upper()}{what[1:]}: {actual}"
     if my_answer is None:
         return f"No answer written yet. {said}."
-    return f"Your answer: {my_answer}. {said}. " + ("Right." if my_answer == actual else "Not this time: see below why.")
+    verdict = "Right." if my_answer == actual else "Not this time: see below why."
+    return f"Your answer: {my_answer}. {said}. " + verdict
 
 
 def bytes_per_parameter() -> list[tuple[str, float, str]]:

@@ -331,5 +331,6 @@ def compare(runs: list) -> str:
                           "ran; estimated = that phase's estimated peak, which the run never reached: no ratio)"))
     if reading == "live_tensor_bytes":
         lines.append(wrap("(on a CPU a completed run's measured peak is the live tensor bytes counted op by op by the "
-                          "cap's counter, kit.measure.tensor_peak.TensorPeak: the CPU's stand-in for CUDA's max allocated)"))
+                          "cap's counter, kit.measure.tensor_peak.TensorPeak: "
+                          "the CPU's stand-in for CUDA's max allocated)"))
     return "\n".join(lines)  # the rows stay whole (at most 114 characters): a table must not fold

@@ -98,7 +98,8 @@ class LoopWatch:
             from kit.plot.live import LivePlot, in_notebook
 
             if plot is not None or in_notebook():
-                self.live = LivePlot(self.tracker, self.draw, folder=None if plot is None else Path(plot), prefix="loop")
+                self.live = LivePlot(self.tracker, self.draw, folder=None if plot is None else Path(plot),
+                                     prefix="loop")
         self._hooks = [model.register_forward_pre_hook(self._forward_begins, with_kwargs=True),
                        model.register_forward_hook(self._forward_ends),
                        optimizer.register_step_pre_hook(self._optimizer_begins),

@@ -195,7 +195,8 @@ class TrainReport:
         out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."
                if self.by == "kit.train" else
                f"Watched {self.step} steps of your loop, no out-of-memory error ({self.seconds:.1f} s)."]
-        what = "CUDA max allocated" if self.reading == "cuda_allocated" else "CPU live tensors, exact (every op watched)"
+        what = ("CUDA max allocated" if self.reading == "cuda_allocated"
+                else "CPU live tensors, exact (every op watched)")
         if self.measured_peak_bytes is None:
             # (no CPU reading saw the peak's moment: the activations live inside a step)
             out.append("Training peak: not taken (pass tensor_peak=True, or a cap, for the exact CPU peak)"
@@ -210,8 +211,8 @@ class TrainReport:
                                                             "first_step_peak_bytes")),
                 ("the later steps", _beside(self.later_steps_peak_bytes, self.estimate_peak_bytes, "peak_bytes")))
                 if v is not None]
-        est = f"estimated {fmt_bytes(self.estimate_eval_bytes)} ({SAID['eval_peak_bytes']})" if self.estimate_eval_bytes \
-            else "no estimate to compare"
+        est = (f"estimated {fmt_bytes(self.estimate_eval_bytes)} ({SAID['eval_peak_bytes']})"
+               if self.estimate_eval_bytes else "no estimate to compare")
         if self.by != "kit.train":
             pass                  # a plain loop: no Trainer.evaluate() to read
         elif not self.eval_ran:
@@ -229,7 +230,8 @@ class TrainReport:
                 f": the peak used {self.measured_peak_bytes / self.cap_bytes:.0%} of it"
             out.append(f"Memory cap {fmt_bytes(self.cap_bytes)} ({self.cap_how}), not reached{peak}")
         if self.between_steps_bytes is not None and self.estimate_between_bytes:
-            out.append(f"Between steps: measured {fmt_bytes(self.between_steps_bytes)}, estimated weights + gradients + "
+            out.append(f"Between steps: measured {fmt_bytes(self.between_steps_bytes)}, "
+                       "estimated weights + gradients + "
                        f"optimizer state {fmt_bytes(self.estimate_between_bytes)}: ratio "
                        f"{self.between_steps_bytes / self.estimate_between_bytes:.3f}")
         if self.snapshot_path:

@@ -106,7 +106,8 @@ class AdviceView:
                     self._asked = (options, device)
                     self._rest_then_ask()
             except (kin.InputError, ValueError) as exc:   # an option the advisor cannot take: said, not raised
-                self.largest_html.value = f"<span style='font-size:85%;color:#555'>advisor: {html.escape(str(exc))}</span>"
+                self.largest_html.value = (f"<span style='font-size:85%;color:#555'>advisor: "
+                                           f"{html.escape(str(exc))}</span>")
         self._render(device if options is not None else None)
 
     def _call_off(self) -> None:

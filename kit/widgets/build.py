@@ -62,12 +62,13 @@ from kit.widgets.run_view import PanelRuns
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
-DEFAULTS = {   # each scenario's model (by size), device preset and setup (the panel's options: kit.training_setup.PANEL)
+# each scenario's model (by size), device preset and setup (the panel's options: kit.training_setup.PANEL)
+DEFAULTS = {
     1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, preset="colab-t4",
             **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True).panel_values()),
     2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, preset="colab-t4",
-            **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16", gradient_checkpointing=True,
-                            lora_r=8).panel_values()),
+            **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16",
+                            gradient_checkpointing=True, lora_r=8).panel_values()),
 }
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
 

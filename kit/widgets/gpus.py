@@ -2,7 +2,8 @@
 
 The two controls go beside the device, shown under an "advanced" switch (:func:`advanced_switch`):
 ``controls["strategy"]`` (one GPU, DDP, FSDP, FSDP grad-op, ZeRO-1/2/3) and ``controls["num_gpus"]`` (1 to 64).
-A Run stays one process on this machine, so it is refused while they describe more than one GPU (``benchmarks/multi_gpu.py`` measures those).
+A Run stays one process on this machine, so it is refused while they describe more than one GPU
+(``benchmarks/multi_gpu.py`` measures those).
 
 >>> import ipywidgets as W
 >>> c = gpu_controls(lambda kind, label, value, **kw: kind(value=value, description=label, **kw), {})

@@ -19,7 +19,8 @@ from kit.units import fmt_bytes
 
 COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
            "logits & loss": "#56B4E9", "autocast weight copies": "#D55E00", "temporaries": "#999999",
-           "unsharded parameters": "#F0E442", "communication buffers": "#000000"}  # (the last two: kit.estimate.strategies)
+           "unsharded parameters": "#F0E442",   # (this and the next: kit.estimate.strategies)
+           "communication buffers": "#000000"}
 
 
 def estimate_html(est, verdict, preset, problem: str | None = None) -> str:

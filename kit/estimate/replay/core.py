@@ -45,7 +45,8 @@ class Replay:
     ls: int             # the log-softmax output alone
     block_sum: int = 0  # saved by all L blocks without checkpointing, when they differ (0: L * block)
     capped: int = 0     # the final logits' soft-capping: tanh's saved (B, S, V) output (Gemma-2)
-    held: int = 0       # per block: 8-bit layers' inputs, kept as ctx attributes till backward ends (kit.estimate.quantization)
+    held: int = 0       # per block: 8-bit layers' inputs, kept as ctx attributes till backward ends
+    #                     (kit.estimate.quantization)
     held_dup: int = 0   # ... of which also saved by another op (one storage, but for a checkpoint's recompute)
     reentrant: bool = False  # reentrant checkpointing (Setup.reentrant): see peak_moment
     head_grad: int | None = None  # the last linear's input grad (None: one hidden state, lm_head's)
@@ -79,8 +80,8 @@ class Replay:
         """What the blocks hold on the device when the forward ends."""
         if self.layers:
             return sum(l.device for l in self.layers) + self.kept()
-        return ((self.block_in_sum or self.L * self.block_in) if self.ckpt else (self.block_sum or self.L * self.block)) \
-            + self.kept()
+        saved = (self.block_in_sum or self.L * self.block_in) if self.ckpt else (self.block_sum or self.L * self.block)
+        return saved + self.kept()
 
     def kept(self) -> int:
         """The 8-bit layers' inputs of all blocks: alive from the forward till backward ends, through

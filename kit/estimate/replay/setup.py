@@ -89,8 +89,10 @@ class Setup:
     base_trainable: bool = True  # full fine-tuning; False: frozen base (LoRA, scenario 1)
     quant: str = "none"          # block linears: "none", "8bit", "4bit"
     compute: Dt = BF16           # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
-    dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into (kit.estimate.quantization)
-    reentrant: bool = False      # the checkpointing is reentrant (prepare_model_for_kbit_training's): kit.estimate.quantization
+    dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into
+    #                              (kit.estimate.quantization)
+    reentrant: bool = False      # the checkpointing is reentrant (prepare_model_for_kbit_training's):
+    #                              kit.estimate.quantization
     lora: dict = field(default_factory=dict)  # block linear name ("self_attn.q_proj") -> rank
     lora_dropout: float = 0.0
     input_grad: bool = False     # the embeddings' output requires grad (enable_input_require_grads)

@@ -121,11 +121,13 @@ class Tape:
         rows = x.n // fin
         if quant == "4bit":  # Linear4bit: x.to(compute dtype); MatMul4Bit keeps no activation ...
             out = self.new(rows * fout, st.compute, x.rg)
-            if x.rg:  # ... and its backward dequantizes the weight for x's grad (kit.estimate.quantization.dequant_bytes)
+            # ... and its backward dequantizes the weight for x's grad (kit.estimate.quantization.dequant_bytes)
+            if x.rg:
                 self.outs[-1].temporaries = fin * fout * st.dequant
             out = self.cast(out, x.dt)
         elif quant == "8bit":  # MatMul8bitLt keeps its input A for A's grad as a ctx attribute, not a saved
-            if x.rg and (st.ckpt or x.uid not in self.saved):  # tensor: alive till the graph goes (kit.estimate.quantization)
+            # tensor: alive till the graph goes (kit.estimate.quantization)
+            if x.rg and (st.ckpt or x.uid not in self.saved):
                 self.held[x.uid] = (x.sn or x.n) * x.dt
             out = self.new(rows * fout, x.dt, x.rg)
             if x.rg:  # its backward copies the int8 weight into x's dtype, scaled by the row scales / 127

@@ -46,7 +46,8 @@ from kit.scenarios.cross_validation.training import (  # noqa: F401 (callers rea
     loop_params,
     notify_fold,
 )
-from kit.scenarios.cross_validation.user_loop import free_gpu_cache, run_broken_loop  # noqa: F401 (the notebook reads them as cv.*)
+# the notebook reads these as cv.*
+from kit.scenarios.cross_validation.user_loop import free_gpu_cache, run_broken_loop  # noqa: F401
 
 
 def show_advice_reset(model_name: str = "tiny-llama", *, output_dir="cv-runs/advice", **settings) -> dict:

@@ -214,7 +214,8 @@ def _problem(line: str, folds: int | None) -> tuple[dict | None, str | None]:
         return None, f"fold {fold} lacks {', '.join(missing)}, so it is no finished fold of a run"
     for k, kind in {**RUN_FIELDS, **_NUMBERS}.items():
         if k in rec and not _is(rec[k], kind):
-            return None, f"fold {fold}'s {k} is {rec[k]!r}, not {'a whole number of bytes' if kind == 'bytes' else 'a number'}"
+            wanted = "a whole number of bytes" if kind == "bytes" else "a number"
+            return None, f"fold {fold}'s {k} is {rec[k]!r}, not {wanted}"
     return rec, None
 
 

@@ -108,7 +108,8 @@ def fold_table(fold_records: list) -> str:
     >>> print(fold_table([{"fold": 1, "start_bytes": 1, "peak_bytes": 2, "end_bytes": 1}]))  # doctest: +SKIP
     """
     b, txt = fmt_bytes, str
-    cols = [("start_bytes", "start", b), ("load_peak_bytes", "load peak", b), ("models_alive_after_load", "models", txt),
+    cols = [("start_bytes", "start", b), ("load_peak_bytes", "load peak", b),
+            ("models_alive_after_load", "models", txt),
             ("train_peak_bytes", "train peak", b), ("models_alive_in_training", "models", txt),
             ("peak_bytes", "peak", b), ("end_bytes", "end", b), ("adapter_reset_ok", "reset ok", txt),
             ("back_at_baseline", "at baseline", txt), ("eval_loss", "eval loss", lambda value: f"{value:.4f}"),
@@ -195,11 +196,11 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
                  + (f", {fmt_bytes(m['standard']['weights_bytes'] - m['lean']['weights_bytes'])} MEASURED ("
                     f"{kdevice.best_reading()})" if {"standard", "lean"} <= m.keys() else ""))
     if measured:
-        lines.append("(the estimate is of the longest micro-batch the data can pack, as estimate_trainer reads it; a run "
-                     "of a few steps may draw only shorter ones)")
+        lines.append("(the estimate is of the longest micro-batch the data can pack, as estimate_trainer reads it; "
+                     "a run of a few steps may draw only shorter ones)")
     if measured and not machine.has_cuda():
-        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by kit.measure.tensor_peak.TensorPeak, "
-                     "activations included)")
+        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by "
+                     "kit.measure.tensor_peak.TensorPeak, activations included)")
     return "\n".join(lines)
 
 
@@ -230,7 +231,8 @@ def broken_text(broken: dict, prediction: dict | None = None) -> str:
             lines.append(f"  fold 2's training: {f2.get('models_alive_in_training')} model(s) in memory, peak "
                          f"{fmt_bytes(f2['train_peak_bytes'])}, {f2['train_peak_bytes'] / f1['train_peak_bytes']:.3f}x "
                          f"fold 1's: the old Trainer was let go at `trainer = ...`")
-    lines.append(f"  out of memory at fold {oom}, while {'loading' if folds[-1].get('oom_during') == 'load' else 'training'}:"
+    lines.append(f"  out of memory at fold {oom}, while "
+                 f"{'loading' if folds[-1].get('oom_during') == 'load' else 'training'}:"
                  f" caught, recorded, and the memory freed" if oom else
                  f"  no fold ran out of memory on this device: {len(folds)} folds finished")
     return "\n".join(lines)

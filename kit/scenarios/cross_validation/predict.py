@@ -178,7 +178,8 @@ def two_models_text(est, preset: str = "colab-t4") -> str:
     and its optimizer state; ``trainer = ...`` lets them go only after. ESTIMATED (allocated memory),
     against ``preset``.
 
-    >>> print(two_models_text(estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)))  # doctest: +SKIP
+    >>> est = estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)  # doctest: +SKIP
+    >>> print(two_models_text(est))  # doctest: +SKIP
     """
     gpu, f2 = PRESETS[preset].gpu_bytes, fold2_prediction(est)
     rows = [("fold 1, peak of a training step", est.peak_bytes),
@@ -284,7 +285,8 @@ def crash_setting_text(model_name: str, preset: str = "colab-t4", **settings) ->
         f"{model_name}, ESTIMATED with today's TRL, against {label}: the smallest change that crashes fold 2 is",
         f"  LORA_R = {found['lora_r']}, LORA_TARGETS = {_targets_text(found['lora_targets'])} "
         f"({est.trainable_params:,} trainable parameters)",
-        f"  one fold's peak                                {fmt_bytes(est.peak_bytes):>11}  {_verdict(est.peak_bytes, lim)}",
+        f"  one fold's peak                                {fmt_bytes(est.peak_bytes):>11}  "
+        f"{_verdict(est.peak_bytes, lim)}",
         f"  fold 2's load: fold 1's model + optimizer state {fmt_bytes(f2['leftover_bytes']):>10}",
         f"    + fold 2's fresh model (2 models)            {fmt_bytes(f2['load_peak_bytes']):>11}  "
         f"{_verdict(f2['load_peak_bytes'], lim)}",

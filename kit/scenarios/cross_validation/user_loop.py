@@ -208,7 +208,8 @@ def fold_line(rec: dict) -> str:
         n = rec.get(key)
         return "models not counted" if n is None else f"{n} model{'' if n == 1 else 's'} alive"
 
-    line = f"fold {rec['fold']}: loading {b('start_bytes')} -> {b('load_peak_bytes')} peak ({alive('models_alive_after_load')})"
+    line = (f"fold {rec['fold']}: loading {b('start_bytes')} -> {b('load_peak_bytes')} peak "
+            f"({alive('models_alive_after_load')})")
     if rec.get("oom_during") in OOM_MOMENTS and rec["oom_during"] != "train":
         return line + f"; OUT OF MEMORY {OOM_MOMENTS[rec['oom_during']]}"
     line += f"; training peak {b('train_peak_bytes')} ({alive('models_alive_in_training')})"

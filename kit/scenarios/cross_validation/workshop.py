@@ -90,9 +90,11 @@ def workshop_work(model_id: str = DEFAULT_MODEL, **run) -> dict:
     est = user_estimate(model_id, batch_size=r["batch_size"], seq_len=r["seq_len"], lora_r=r["lora_r"],
                         lora_targets=r["lora_targets"])
     load = ("load", 2 * (est.params - est.trainable_params))
-    return {"setup, download": [load], "1 · Predict": [], "2 · The user's loop": [load] * folds + [("steps", est, folds * steps)],
+    return {"setup, download": [load], "1 · Predict": [],
+            "2 · The user's loop": [load] * folds + [("steps", est, folds * steps)],
             "3 · The advice's reset": [load, ("steps", est, steps)],
-            "Exercise": [load, ("steps", est, 1), ("steps", est, 1)],   # one load: the reset's fold, the trainer to free
+            # one load: the reset's fold, the trainer to free
+            "Exercise": [load, ("steps", est, 1), ("steps", est, 1)],
             "PyTorch's own tools": [("steps", est, steps + 1)],               # on the exercise's model: no load
             "4 · The fixed loop": [load, ("steps", est, folds * (steps + 1))],
             "4 · the resume demo": [load, ("steps", est, steps + 1)],

@@ -168,8 +168,9 @@ def run_fix(which: str, size: str | None = None, *, steps: int = 2, grad_accum: 
     ``record`` has summary.json's fields: ``name``, ``estimate_peak_bytes`` (the setup as run here),
     ``measured_peak_bytes`` (the train stage's peak of ``kit.measure.device.best_reading()``: CUDA max
     allocated on a GPU; on a CPU the peak of tensor bytes counted op by op by
-    ``kit.measure.tensor_peak.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to the baseline), ``note``,
-    ``which``, ``size``, ``steps`` and ``grad_accum`` (what ran), and ``oom`` / ``error`` (an out-of-memory error is caught, recorded and freed).
+    ``kit.measure.tensor_peak.TensorPeak``, activations included), plus ``reading``, ``returned`` (memory back to
+    the baseline), ``note``, ``which``, ``size``, ``steps`` and ``grad_accum`` (what ran), and ``oom`` / ``error``
+    (an out-of-memory error is caught, recorded and freed).
 
     >>> record, tracker = run_fix("a", "smoke")       # doctest: +SKIP
     """
@@ -235,8 +236,9 @@ def _user_run(trainer, size: str, steps: int, accum: int, tracker: Tracker, reco
         trainer.add_callback(tracker.callback())
         # the estimate of the run's own setup: its model, rows, device, accumulation and step count
         est = estimate_trainer(trainer, device=machine.device_name())
-        record.update(estimate=est, estimate_peak_bytes=peak_of_run(est, trainer.args.max_steps), seq_len=est.setup["seq_len"],
-                      steps=trainer.args.max_steps, grad_accum=trainer.args.gradient_accumulation_steps)
+        record.update(estimate=est, estimate_peak_bytes=peak_of_run(est, trainer.args.max_steps),
+                      seq_len=est.setup["seq_len"], steps=trainer.args.max_steps,
+                      grad_accum=trainer.args.gradient_accumulation_steps)
         with tracker.stage("train", reset_peak=True, tensor_peak=True) as rec:
             trainer.train()
         return rec.peak_bytes
