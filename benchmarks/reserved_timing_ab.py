@@ -8,7 +8,7 @@ of each, with the replay cache emptied before each run. The layout (``kit.estima
 both. Setups: the slowest of ``reserved_timing.py`` (``--setups`` of them, by their median in ``--ranked``, a
 results file it wrote).
 
-Run: ``python benchmarks/reserved_timing_ab.py --against main --ranked benchmarks/results/FILE.md`` (a minute).
+Run: ``python benchmarks/reserved_timing_ab.py --against main --ranked benchmarks/results/reserved_timing-DATE-cpu.md`` (a minute).
 """
 from __future__ import annotations
 

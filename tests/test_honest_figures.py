@@ -23,20 +23,20 @@ def _ms(text):
 
 def test_the_docs_quote_the_advisor_latency_its_results_file_holds():
     page = " ".join((ROOT / "docs/cli-and-api.md").read_text().split())
-    rows = _table("advisor_latency-2026-12-03-cpu.md")
+    rows = _table("advisor_latency-2026-12-03-132813-cpu.md")
     new, again = [_ms(r[7]) for r in rows], [_ms(r[8]) for r in rows]
     cheap = [_ms(r[k]) for r in rows for k in (9, 10)]
     assert f"cheap path ({min(cheap):g} to {max(cheap):.0f} ms)" in page
-    assert f"takes {min(new):.0f} ms (Llama-3-8B QLoRA) to {max(new) / 1000:.1f} s (Qwen2.5-7B full fine-tune)" in page
+    assert f"takes {min(new):.0f} ms (Llama-3-8B QLoRA) to {max(new):.0f} ms (a 70B full fine-tune on an H100)" in page
     assert f"{min(again):.0f} to {max(again):.0f} ms asked again" in page
 
 
 def test_the_docs_quote_the_panel_latency_its_results_file_holds():
-    medians = [_ms(r[3]) for r in _table("panel_latency-2026-12-03-cpu.md") if "every change" in r[1]]
+    medians = [_ms(r[3]) for r in _table("panel_latency-2026-12-03-132939-cpu.md") if "every change" in r[1]]
     assert len(medians) == 3
     for page in ("docs/cli-and-api.md", "docs/accuracy.md"):
         text = " ".join((ROOT / page).read_text().split())
-        assert all(f"{m:.1f} ms" in text for m in medians) and "panel_latency-2026-12-03-cpu.md" in text
+        assert all(f"{m:.1f} ms" in text for m in medians) and "panel_latency-2026-12-03-132939-cpu.md" in text
 
 
 # What a project file may cite: a file of the repository, a library's installed source (read where it is installed), or
