@@ -172,31 +172,33 @@ def rollout(cfg, prompt_len: int, name: str = "GRPOConfig") -> dict:
                       f"max_completion_length ({cfg.max_completion_length})")
 
 
-def buffered_bytes(r: dict, reference: bool) -> int:
+def buffered_bytes(shapes: dict, reference: bool) -> int:
     """``_buffered_inputs``: the shuffled rollouts of one generation, held across its steps: int64 prompt ids and
     mask ``[G, P]``, completion ids and mask ``[G, C]``, fp32 advantages ``[G]``, the summed item count, and the
     old and reference log-probs ``[G, C]`` fp32 where they were computed."""
-    G, P, C = r["G"], r["P"], r["C"]
-    return 2 * G * (P + C) * I64 + G * F32 + I64 + G * C * F32 * (int(r["old_pass"]) + int(reference))
+    G, P, C = shapes["G"], shapes["P"], shapes["C"]
+    return 2 * G * (P + C) * I64 + G * F32 + I64 + G * C * F32 * (int(shapes["old_pass"]) + int(reference))
 
 
-def _pass_peak(est, r, *, text, S, hidden_dt, weight_dt, separate: bool) -> tuple[int, str]:
+def _pass_peak(est, shapes, *, text, seq_len, hidden_dt, weight_dt, separate: bool) -> tuple[int, str]:
     """One no-grad log-prob pass (``_get_per_token_logps_and_entropies``) over a chunk of ``B`` rows: the chunk's
     labels (``masked_fill``, int64), the fused head's no-grad moment (the final norm's output and its reshape copy,
     the targets, seven fp32 statistics, the ``[n, 32768]`` tile and, on a CPU, the fold's fp32 temporaries: no
     ``is_top1`` mask, which neither the policy's outputs nor a separate reference's ask), or a block's (at most what
     one block saves in training: an upper bound), whichever is larger. The pass runs under the trainer's autocast."""
-    rows, H, V = min(r["B"], r["G"]), text.hidden_size, text.vocab_size
+    rows, H, V = min(shapes["B"], shapes["G"]), text.hidden_size, text.vocab_size
     half = dtype(est.setup["precision"]) if est.setup["precision"] != "fp32" else None
-    fh = chunked_head(B=rows, S=S, H=H, V=V, hidden_dt=hidden_dt, weight_dt=weight_dt, compute_dt=half or hidden_dt,
+    fh = chunked_head(B=rows, S=seq_len, H=H, V=V, hidden_dt=hidden_dt, weight_dt=weight_dt,
+                      compute_dt=half or hidden_dt,
                       head_trainable=False, hidden_grad=False, device=est.setup["device"])
-    N = rows * (S - 1)
+    N = rows * (seq_len - 1)
     mask = 0 if est.setup["device"] == "cuda" else min(N, TOKEN_CHUNK) * min(V, VOCAB_CHUNK) * BOOL
     head = fh["forward"] + fh["saved"] - 2 * N * F32 - mask
     outputs = N * (F32 + BOOL) if separate else N * (2 * F32 + BOOL)   # log_probs (+ entropy), label_mask
-    block, exact = block_loop_bytes(est, text, rows=rows, S=S, hidden_dt=hidden_dt, mlp_dt=half or hidden_dt,
-                                    padded=r["padded"])
-    labels = rows * S * I64
+    block, exact = block_loop_bytes(est, text, rows=rows, seq_len=seq_len, hidden_dt=hidden_dt,
+                                    mlp_dt=half or hidden_dt,
+                                    padded=shapes["padded"])
+    labels = rows * seq_len * I64
     if head + outputs >= block:
         return labels + head + outputs, "a no-grad log-prob pass (at the fused head)"
     return labels + block, "a no-grad log-prob pass (a block" + (")" if exact else ", bounded)")
@@ -205,52 +207,53 @@ def _pass_peak(est, r, *, text, S, hidden_dt, weight_dt, separate: bool) -> tupl
 _LLAMA_LOOP = ("llama", "mistral", "qwen2", "qwen3")   # the families whose no-grad block loop is known
 
 
-def block_loop_bytes(est, text, *, rows: int, S: int, hidden_dt: int, mlp_dt: int, padded: bool) -> tuple[int, bool]:
-    """(bytes, exact) of the largest a no-grad forward holds inside the blocks over ``rows x S`` positions: for a
-    Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three ``[T, F]``
+def block_loop_bytes(est, text, *, rows: int, seq_len: int, hidden_dt: int, mlp_dt: int,
+                     padded: bool) -> tuple[int, bool]:
+    """(bytes, exact) of the largest a no-grad forward holds inside the blocks over ``rows x seq_len`` positions: for
+    a Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three ``[T, F]``
     tensors beside four hidden states (:func:`kit.estimate.evaluation.block_forward_bytes` counts the same loop), the
-    rotary cos/sin and, where a row is padded, the ``[rows, 1, S, S]`` bool mask; elsewhere at most what one block
-    saves in training, scaled to these tokens (an upper bound: ``exact`` False)."""
-    T = rows * S
+    rotary cos/sin and, where a row is padded, the ``[rows, 1, seq_len, seq_len]`` bool mask; elsewhere at most what
+    one block saves in training, scaled to these tokens (an upper bound: ``exact`` False)."""
+    T = rows * seq_len
     if text.model_type in _LLAMA_LOOP:
         hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         four = 4 if text.num_hidden_layers > 1 else 3
-        return T * (four * text.hidden_size * hidden_dt + 3 * text.intermediate_size * mlp_dt) + 2 * S * hd * \
-            hidden_dt + (rows * S * S * BOOL if padded else 0), True
+        return T * (four * text.hidden_size * hidden_dt + 3 * text.intermediate_size * mlp_dt) + 2 * seq_len * hd * \
+            hidden_dt + (rows * seq_len * seq_len * BOOL if padded else 0), True
     rp = est.context.rp
     return max(rp.block, rp.block_in) * T // (est.setup["batch_size"] * est.setup["seq_len"]), False
 
 
-def sampling_bytes(r: dict, V: int, model_dt: int, temperature: float) -> tuple[int, int]:
-    """(at the last token's sampling, during its forward) the bytes of ``[G, V]`` logits ``_sample`` holds
-    (transformers 5): the model's ``[G, 1, V]`` logits (model dtype) and ``next_token_logits`` (an fp32 copy) beside
-    the previous token's ``next_token_scores`` and ``probs`` (bound till rebound). With ``min_new_tokens``, two
+def sampling_bytes(shapes: dict, vocab: int, model_dt: int, temperature: float) -> tuple[int, int]:
+    """(at the last token's sampling, during its forward) the bytes of ``[G, V]`` logits (``V``: ``vocab``) ``_sample``
+    holds (transformers 5): the model's ``[G, 1, V]`` logits (model dtype) and ``next_token_logits`` (an fp32 copy)
+    beside the previous token's ``next_token_scores`` and ``probs`` (bound till rebound). With ``min_new_tokens``, two
     processors run (``MinLengthLogitsProcessor``, as ``min_length = min_new_tokens + prompt``, and
-    ``MinNewTokensLengthLogitsProcessor``), each a ``clone`` and a ``torch.where`` (fp32 ``[G, V]``) beside the
-    previous one's output, an int64 ``arange(V)`` and its bool ``isin`` mask; without, a ``temperature`` other than 1
-    adds its output. During the next forward the previous token's ``next_token_logits``, scores (one tensor when no
-    processor ran) and ``probs`` are held."""
-    G = r["G"]
-    if r["min_tokens"]:
-        return G * V * (model_dt + 6 * F32) + V * (I64 + BOOL), 3 * G * V * F32
+    ``MinNewTokensLengthLogitsProcessor``), each a ``clone`` and a ``torch.where`` (fp32 ``[G, V]``) beside the previous
+    one's output, an int64 ``arange(V)`` and its bool ``isin`` mask; without, a ``temperature`` other than 1 adds its
+    output. During the next forward the previous token's ``next_token_logits``, scores (one tensor when no processor
+    ran) and ``probs`` are held."""
+    G = shapes["G"]
+    if shapes["min_tokens"]:
+        return G * vocab * (model_dt + 6 * F32) + vocab * (I64 + BOOL), 3 * G * vocab * F32
     scaled = temperature != 1.0
-    return G * V * (model_dt + (4 if scaled else 3) * F32), (3 if scaled else 2) * G * V * F32
+    return G * vocab * (model_dt + (4 if scaled else 3) * F32), (3 if scaled else 2) * G * vocab * F32
 
 
-def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt, temperature) -> tuple[int, str]:
+def generate_bytes(est, shapes, *, text, kv_heads, head_dim, model_dt, temperature) -> tuple[int, str]:
     """``generate()`` over ``G`` left-padded prompts, beside the prompt ids and mask (int64 ``[G, P]``): the largest
     of the prefill (the KV cache of ``P`` positions, the blocks' no-grad moment, :func:`block_loop_bytes`, and the
     first token's logits), the last token's sampling (the dynamic cache of ``P + C - 1`` positions: ``L`` layers x
     keys and values x ``G`` rows in the model's dtype, and the ``[G, V]`` logits of :func:`sampling_bytes`) and its
     forward's ``torch.cat`` (one layer's keys re-made one position longer while the old ones are alive); the ids and
     attention mask grow to ``[G, P + C]`` (int64)."""
-    G, P, C, L, V = r["G"], r["P"], r["C"], text.num_hidden_layers, text.vocab_size
+    G, P, C, L, V = shapes["G"], shapes["P"], shapes["C"], text.num_hidden_layers, text.vocab_size
     S = P + C
     per_pos = G * kv_heads * head_dim * model_dt
-    sample, between = sampling_bytes(r, V, model_dt, temperature)
+    sample, between = sampling_bytes(shapes, V, model_dt, temperature)
     ids = 2 * G * S * I64
-    prefill = 2 * L * per_pos * P + block_loop_bytes(est, text, rows=G, S=P, hidden_dt=model_dt, mlp_dt=model_dt,
-                                                     padded=r["padded"])[0]
+    prefill = 2 * L * per_pos * P + block_loop_bytes(est, text, rows=G, seq_len=P, hidden_dt=model_dt, mlp_dt=model_dt,
+                                                     padded=shapes["padded"])[0]
     last = 2 * L * per_pos * (S - 1) + ids + sample
     cat = 2 * L * per_pos * (S - 2) + per_pos * (S - 1) + ids + between
     best = max((prefill, "the prefill of the prompts"), (last, "the last token's sampling"),
@@ -258,7 +261,7 @@ def generate_bytes(est, r, *, text, kv_heads, head_dim, model_dt, temperature) -
     return 2 * G * P * I64 + best[0], f"generate() ({best[1]})"
 
 
-def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int, str]:
+def generation_peak(est, shapes, *, config, reference: str, later: bool) -> tuple[int, str]:
     """The generation phase's peak and its moment: held (the weights with a separate reference's, the optimizer state
     after step 1, and the previous generation's buffered rollouts after step 1) + the largest of ``generate()`` and
     the no-grad passes (the old-log-prob pass, the reference's), each beside the rollouts built from the
@@ -270,21 +273,22 @@ def generation_peak(est, r, *, config, reference: str, later: bool) -> tuple[int
     head_dim = getattr(text, "head_dim", None) or H // text.num_attention_heads
     load = est.setup["load_dtype"]
     model_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
-    S, G = r["P"] + r["C"], r["G"]
+    S, G = shapes["P"] + shapes["C"], shapes["G"]
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
-    held = est.weights_bytes + (opt + buffered_bytes(r, reference != "none") if later else 0)
-    if r["vllm"]:   # vLLM generates inside its own share (setup["vllm_reserved_fraction"], not counted here)
+    held = est.weights_bytes + (opt + buffered_bytes(shapes, reference != "none") if later else 0)
+    if shapes["vllm"]:   # vLLM generates inside its own share (setup["vllm_reserved_fraction"], not counted here)
         gen, moment = 0, "generation in vLLM (its share, not counted)"
     else:
-        gen, moment = generate_bytes(est, r, text=text, kv_heads=kv_heads, head_dim=head_dim, model_dt=model_dt,
-                                     temperature=r["temperature"])
+        gen, moment = generate_bytes(est, shapes, text=text, kv_heads=kv_heads, head_dim=head_dim, model_dt=model_dt,
+                                     temperature=shapes["temperature"])
     rollouts = 2 * G * S * I64 * 2   # prompt/completion ids and masks, and their concatenations
     passes = []
-    if r["old_pass"]:
-        passes.append(_pass_peak(est, r, text=text, S=S, hidden_dt=model_dt, weight_dt=model_dt, separate=False))
+    if shapes["old_pass"]:
+        passes.append(_pass_peak(est, shapes, text=text, seq_len=S, hidden_dt=model_dt, weight_dt=model_dt,
+                                 separate=False))
     if reference != "none":
-        old = G * r["C"] * F32 if r["old_pass"] else 0   # the old log-probs, held through the reference pass
-        ref = _pass_peak(est, r, text=text, S=S, hidden_dt=model_dt, weight_dt=model_dt,
+        old = G * shapes["C"] * F32 if shapes["old_pass"] else 0   # the old log-probs, held through the reference pass
+        ref = _pass_peak(est, shapes, text=text, seq_len=S, hidden_dt=model_dt, weight_dt=model_dt,
                          separate=reference == "model")
         passes.append((ref[0] + old, ref[1].replace("a no-grad log-prob pass", "the reference's no-grad pass")))
     best = max([(gen, moment)] + [(rollouts + p, w) for p, w in passes], key=lambda t: t[0])
@@ -301,27 +305,27 @@ def reference_of(cfg, peft: bool, ref_model=None) -> tuple[str, str]:
     return "model", "GRPOTrainer.__init__: create_model_from_path of the policy's id, in its dtype (a copy)"
 
 
-def finish(est, cfg, r, *, config, reference: str, where: str, ref_weights: int) -> None:
+def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights: int) -> None:
     """Put GRPO's phases into ``est``: the buffered rollouts beside the training step, the reference's weights (held
     all along), and the generation phase (its own peak: ``setup["generation_peak_bytes"]`` and step 1's
     ``setup["first_generation_peak_bytes"]``); where the generation is the largest, it is the peak."""
-    buffered = buffered_bytes(r, reference != "none")
+    buffered = buffered_bytes(shapes, reference != "none")
     for attr in ("peak_bytes", "first_step_peak_bytes"):
         setattr(est, attr, getattr(est, attr) + buffered + ref_weights)
     est.weights_bytes += ref_weights
     est.eval_peak_bytes += ref_weights
     est._parts["weights"] = est._parts.get("weights", 0) + ref_weights
     est._parts["temporaries"] = est._parts.get("temporaries", 0) + buffered
-    steady, moment = generation_peak(est, r, config=config, reference=reference, later=True)
-    first, _ = generation_peak(est, r, config=config, reference=reference, later=False)
-    est.setup.update(grpo=True, reference=reference, reference_weights_bytes=ref_weights, generation_rows=r["G"],
-                     prompt_len=r["P"], completion_len=r["C"], buffered_rollouts_bytes=buffered,
+    steady, moment = generation_peak(est, shapes, config=config, reference=reference, later=True)
+    first, _ = generation_peak(est, shapes, config=config, reference=reference, later=False)
+    est.setup.update(grpo=True, reference=reference, reference_weights_bytes=ref_weights, generation_rows=shapes["G"],
+                     prompt_len=shapes["P"], completion_len=shapes["C"], buffered_rollouts_bytes=buffered,
                      generation_peak_bytes=steady, first_generation_peak_bytes=first, generation_moment=moment,
-                     old_logprob_pass=r["old_pass"])
+                     old_logprob_pass=shapes["old_pass"])
     est.sources["reference"] = (reference, where)
-    if r["vllm"]:
-        est.setup["vllm_reserved_fraction"] = r["vllm"]
-        est.notes.append(kin.Note(f"not measured: vLLM colocate reserves {r['vllm']:g} of the device's memory "
+    if shapes["vllm"]:
+        est.setup["vllm_reserved_fraction"] = shapes["vllm"]
+        est.notes.append(kin.Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
                                   "(vllm_gpu_memory_utilization) beside this estimate"
                                   + ("; sleep mode releases it during the optimizer step"
                                      if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
@@ -357,18 +361,19 @@ def trainer_prompts(trainer, seq_len=None) -> tuple[int, bool, str]:
     return max(lengths), len(set(lengths)) == 1, f"GRPOTrainer's tokenization of the first {n} prompts: the longest"
 
 
-def seq_options(r: dict, same_length: bool, where: str) -> tuple[dict, dict]:
+def seq_options(shapes: dict, same_length: bool, where: str) -> tuple[dict, dict]:
     """(options, sources) of the training step's rows: ``B`` rows of ``P + C`` tokens, padded unless every prompt
     is one length and every completion its full length."""
-    S, padded = r["P"] + r["C"], not (same_length and r["full"])
-    r["padded"] = padded
-    return {"batch_size": r["B"], "seq_len": S, "padded": padded}, {
-        "batch_size": (r["B"], "GRPOConfig.per_device_train_batch_size: the rows of one training step"),
-        "seq_len": (S, f"{r['P']} prompt tokens ({where}) + {r['C']} completion tokens (max_completion_length)"),
+    S, padded = shapes["P"] + shapes["C"], not (same_length and shapes["full"])
+    shapes["padded"] = padded
+    return {"batch_size": shapes["B"], "seq_len": S, "padded": padded}, {
+        "batch_size": (shapes["B"], "GRPOConfig.per_device_train_batch_size: the rows of one training step"),
+        "seq_len": (S, f"{shapes['P']} prompt tokens ({where}) + {shapes['C']} completion tokens "
+                       "(max_completion_length)"),
         "padded": (padded, "prompts of one length and completions of max_completion_length (min_new_tokens)"
                    if not padded else "prompts left-padded to the longest, completions right-padded after the "
                    "end-of-sequence token (assumed: some are)"),
-        "generation_batch": (r["G"], r["where"])}
+        "generation_batch": (shapes["G"], shapes["where"])}
 
 
 def refuse_unmodeled(opts: dict) -> None:
