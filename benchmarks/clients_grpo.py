@@ -30,9 +30,9 @@ def reward_num_unique_chars(completions, **kwargs):
 
 def _prompts(tok, n_tokens: int, n_rows: int):
     from datasets import Dataset
-    from real_clients import equal_text_rows
+    from kit.data import equal_token_rows
 
-    return Dataset.from_dict({"prompt": equal_text_rows(tok, n_tokens, n_rows)})
+    return Dataset.from_dict({"prompt": equal_token_rows(tok, n_tokens, n_rows)})
 
 
 class GenerationMeter:

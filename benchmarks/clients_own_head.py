@@ -14,6 +14,8 @@ import torch.nn as nn
 
 import real_clients as rc
 
+from kit.data import equal_token_rows
+
 
 class PooledClassifier(nn.Module):
     """An AutoModel under a pooled head of the user's own: ``pooling`` "mean" (the sentence-transformers mean over
@@ -53,7 +55,7 @@ class PooledClassifier(nn.Module):
 
 def _rows(tok, labels, rows, S):
     return [{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": i % labels}
-            for i, ids in enumerate(tok(rc.equal_text_rows(tok, S, rows))["input_ids"])]
+            for i, ids in enumerate(tok(equal_token_rows(tok, S, rows))["input_ids"])]
 
 
 def own_head_trainer(work, family="tiny-llama", pooling="mean", hidden=0, B=4, S=64, rows=32, labels=3):

@@ -96,6 +96,8 @@ from results_file import OUT_HELP, write_table
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from kit.data import equal_token_rows
+
 MiB = 2**20
 MARK = "real_clients::step"
 BAND = (0.98, 1.02)
@@ -267,21 +269,6 @@ def tokenizer():
     return data.shipped_tokenizer()
 
 
-def equal_text_rows(tok, n_tokens: int, n_rows: int) -> list:
-    """Text rows of exactly ``n_tokens`` tokens each (chunks of the shipped text that re-encode to that length)."""
-    from kit.assets import TRAIN_TEXT
-
-    ids = tok(TRAIN_TEXT.read_text(encoding="utf-8"))["input_ids"]
-    rows = []
-    for i in range(0, len(ids) - n_tokens, n_tokens):
-        text = tok.decode(ids[i:i + n_tokens])
-        if len(tok(text)["input_ids"]) == n_tokens and tok.eos_token not in text:
-            rows.append(text)
-        if len(rows) == n_rows:
-            return rows
-    raise RuntimeError(f"only {len(rows)} rows of {n_tokens} tokens in the shipped text")
-
-
 def twin_dir(name: str, folder: str, **overrides) -> str:
     """A tiny twin built from ``kit/configs/<name>.json`` (config overrides applied) and saved with
     save_pretrained, so that the client loads it with from_pretrained as it would a Hub model."""
@@ -333,7 +320,7 @@ def client_s1(work, meter_cls):
         return tokenizer(examples["text"], padding="max_length", truncation=True, max_length=128)
 
     # Rows of 100 tokens padded to 128 (every batch has padding, as the user's wikitext lines had).
-    ds = Dataset.from_dict({"text": equal_text_rows(tok, 100, 64)}).map(tokenize_func, batched=True,
+    ds = Dataset.from_dict({"text": equal_token_rows(tok, 100, 64)}).map(tokenize_func, batched=True,
                                                                          remove_columns=["text"])
     torch.manual_seed(0)
     model = Custom_GPT2_Model(tokenizer)
@@ -372,7 +359,7 @@ def client_s2(work, vocab, packing, quant, **sft_extra):
     else:
         model = AutoModelForCausalLM.from_pretrained(path)
     model.config.use_cache = False  # as the user did
-    rows = Dataset.from_dict({"text": equal_text_rows(tok, 40, 96)})  # truncated (or packed) to 30 tokens
+    rows = Dataset.from_dict({"text": equal_token_rows(tok, 40, 96)})  # truncated (or packed) to 30 tokens
     peft_config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
                              task_type="CAUSAL_LM")
     kw = {"dataset_text_field": "text", "max_length": 30, "packing": packing, "gradient_checkpointing": True,
@@ -404,7 +391,7 @@ def client_trl_recipe(work, use_peft, bf16=None):
                                            dtype=model_args.dtype)
     torch.manual_seed(0)
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, processing_class=tok,
-                         train_dataset=Dataset.from_dict({"text": equal_text_rows(tok, 100, 64)}),
+                         train_dataset=Dataset.from_dict({"text": equal_token_rows(tok, 100, 64)}),
                          quantization_config=get_quantization_config(model_args),
                          peft_config=get_peft_config(model_args))
     mp = "bf16 autocast (SFTConfig's default)" if bf16 is None else f"bf16={bf16}"
@@ -431,7 +418,7 @@ def client_peft(work):
     def tokenize(examples):
         return tokenizer_(examples["text"], truncation=True, max_length=64)
 
-    ds = Dataset.from_dict({"text": equal_text_rows(tokenizer_, 64, 64)}).map(tokenize, batched=True,
+    ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(tokenize, batched=True,
                                                                                remove_columns=["text"])
     training_args = TrainingArguments(output_dir=os.path.join(work, "peft"), learning_rate=1e-3,
                                       per_device_train_batch_size=8, num_train_epochs=2, weight_decay=0.01,
@@ -502,14 +489,14 @@ def client_offload(work, kind):
     if kind == "trl":
         from trl import SFTConfig, SFTTrainer
 
-        rows = Dataset.from_dict({"text": equal_text_rows(tok, 64, 32)})
+        rows = Dataset.from_dict({"text": equal_token_rows(tok, 64, 32)})
         args = SFTConfig(dataset_text_field="text", max_length=64, packing=False, gradient_checkpointing=True,
                          activation_offloading=True, per_device_train_batch_size=4, bf16=False, **_sft_kw(out))
         trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(path), train_dataset=rows, args=args,
                              processing_class=tok)
         setup = "SFTTrainer full FT, ckpt, activation_offloading=True (TRL's OffloadActivations), B4 x 64, 4 blocks"
     else:
-        ds = Dataset.from_dict({"text": equal_text_rows(tok, 64, 32)}).map(
+        ds = Dataset.from_dict({"text": equal_token_rows(tok, 64, 32)}).map(
             lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
         kw = {"every_n_layers": 2} if kind == "every2" else {"offload": True} if kind == "offload" else None
         more = dict(gradient_checkpointing=True, activation_checkpointing_kwargs=kw) if kw else \
@@ -550,7 +537,7 @@ def client_optimizer(work, optimizer, dtype=None, batch=4, seq=64):
     tok, path = tokenizer(), twin_dir("tiny-llama", work, num_hidden_layers=4)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype else {}))
-    ds = Dataset.from_dict({"text": equal_text_rows(tok, seq, 8 * batch)}).map(
+    ds = Dataset.from_dict({"text": equal_token_rows(tok, seq, 8 * batch)}).map(
         lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
     kw = {"optim": optimizer} if optimizer != "muon" else {}
     args = TrainingArguments(output_dir=os.path.join(work, optimizer), use_cpu=True, per_device_train_batch_size=batch,
@@ -584,7 +571,7 @@ def client_loop(work, meter_cls, use_cache=None, B=4, S=64, steps=3, with_option
     model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-llama", work))
     if use_cache is not None:
         model.config.use_cache = use_cache
-    ids = [tok(t)["input_ids"] for t in equal_text_rows(tok, S, B * steps)]
+    ids = [tok(t)["input_ids"] for t in equal_token_rows(tok, S, B * steps)]
     rows = [{"input_ids": i, "attention_mask": [1] * S, "labels": i} for i in ids]  # run_clm's group_texts rows
     loader = torch.utils.data.DataLoader(rows, batch_size=B, shuffle=True, collate_fn=default_data_collator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
@@ -632,7 +619,7 @@ def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, leng
 
         model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS" if task == "seq-cls" else "TOKEN_CLS", r=8,
                                                  lora_alpha=16, lora_dropout=lora_dropout))
-    texts = {n: equal_text_rows(tok, n, rows) for n in set(lengths)}
+    texts = {n: equal_token_rows(tok, n, rows) for n in set(lengths)}
     enc = tok([texts[lengths[i % len(lengths)]][i] for i in range(rows)])
     if task == "seq-cls":
         enc["labels"] = [i % labels for i in range(rows)]
@@ -760,6 +747,12 @@ def rows_to_run(work, only=None):
 
 def ratio(est_bytes, got):
     return est_bytes / got if got else float("nan")
+
+
+def step_ratios(est, peaks) -> tuple:
+    """Estimate / measured for step 1, the steady step (the larger of the later ones) and ``evaluate()``."""
+    return (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
+            est.eval_peak_bytes / peaks.evaluate)
 
 
 def format_row(label, setup, est, peaks) -> tuple[str, list]:

@@ -135,6 +135,20 @@ def tokenize(dataset, tokenizer, max_length: int = 128, padding=False):
     return one(dataset)
 
 
+def equal_token_rows(tokenizer, n_tokens: int, n_rows: int) -> list:
+    """``n_rows`` text rows of exactly ``n_tokens`` tokens each, cut from the shipped text (offline): chunks that
+    re-encode to that length and hold no end-of-text token, so that a batch of them needs no padding."""
+    ids = tokenizer(TRAIN_TEXT.read_text(encoding="utf-8"))["input_ids"]
+    rows = []
+    for start in range(0, len(ids) - n_tokens, n_tokens):
+        text = tokenizer.decode(ids[start:start + n_tokens])
+        if len(tokenizer(text)["input_ids"]) == n_tokens and tokenizer.eos_token not in text:
+            rows.append(text)
+        if len(rows) == n_rows:
+            return rows
+    raise ValueError(f"the shipped text holds only {len(rows)} rows of {n_tokens} tokens; ask for fewer.")
+
+
 def collator(tokenizer) -> DataCollatorForLanguageModeling:
     """The causal-LM collator: pads each batch to its longest row; labels are the
     input ids with padding set to -100 (ignored by the loss).

@@ -43,3 +43,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, request):
+    """A folder for one module's real-client runs (``benchmarks/real_clients.py``), with the tiny twins it saves
+    under it (``KIT_CACHE``), restored when the module ends so that no other module reads those twins."""
+    path = str(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KIT_CACHE", os.path.join(path, "twins"))
+        yield path

@@ -19,23 +19,11 @@ from kit.models import build_model  # noqa: E402
 BAND = (0.98, 1.02)
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("encoders"))
-    os.environ["KIT_CACHE"] = os.path.join(path, "twins")
-    return path
-
-
-def _ratios(est, peaks):
-    return (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
-            est.eval_peak_bytes / peaks.evaluate)
-
-
 def _within_2_percent(work, family, lora=False, checkpointing=False):
     gen = ce.client_encoder(work, family, lora, checkpointing)
     _, _, est, peaks = rc.run_trainer_client(gen, rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
-    for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
+    for what, r in zip(("step 1", "steady", "evaluate"), rc.step_ratios(est, peaks)):
         assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment, est.eval_moment)
     assert est.setup["task"] == "seq-cls" and est.setup["num_labels"] == 3
     return est

@@ -103,16 +103,16 @@ def _run_row(tmp_path, kind):
     import real_clients
     from clients_grpo import client_grpo, run_grpo_client
 
-    os.environ.setdefault("KIT_CACHE", str(tmp_path / "twins"))
     torch.manual_seed(0)
     label, setup, est, peaks = run_grpo_client(client_grpo(str(tmp_path), kind), real_clients.ProfilerMeter)
     return est, peaks, setup
 
 
 @pytest.mark.parametrize("kind", ["beta0", "beta"])
-def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind):
+def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
     GRPOTrainer steps (TRL's quick-start reward, fixed completion lengths)."""
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
     est, peaks, setup = _run_row(tmp_path, kind)
     assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02
     assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02
@@ -145,14 +145,14 @@ def test_gpu_vllm_colocate_reserves_its_share():
     del tr
 
 
-def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path):
+def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path, monkeypatch):
     """kit.watch on a GRPOTrainer: each step's generation is a "generation" stage (the phase callback says which
     step's), the timeline draws it, and close() puts GRPOTrainer's method back."""
     import kit
     from clients_grpo import client_grpo
     from kit.plot import timeline
 
-    os.environ.setdefault("KIT_CACHE", str(tmp_path / "twins"))
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
     _, _, tr, _ = next(client_grpo(str(tmp_path), "beta0"))
     tr.args.max_steps = 2
     seen = []

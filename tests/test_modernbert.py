@@ -19,13 +19,6 @@ from kit.models import as_dtype, build_model, get_config  # noqa: E402
 BAND = (0.98, 1.02)
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("modernbert"))
-    os.environ["KIT_CACHE"] = os.path.join(path, "twins")
-    return path
-
-
 @pytest.mark.parametrize("task,S,padded,attn,dtype,pooling", [
     ("seq-cls", 64, False, "sdpa", "fp32", "mean"),   # S 64 >= the twin's half window 16: the local layers' mask
     ("seq-cls", 12, True, "sdpa", "fp32", "cls"),     # S 12 < 16: only the padding's mask

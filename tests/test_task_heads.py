@@ -19,18 +19,6 @@ from kit.models import build_model  # noqa: E402
 BAND = (0.98, 1.02)
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("heads"))
-    os.environ["KIT_CACHE"] = os.path.join(path, "twins")
-    return path
-
-
-def _ratios(est, peaks):
-    return (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
-            est.eval_peak_bytes / peaks.evaluate)
-
-
 @pytest.mark.parametrize("task,lora,family,dropout", [
     ("seq-cls", False, "tiny-qwen2", 0), ("seq-cls", True, "tiny-qwen2", 0.1), ("token-cls", False, "tiny-llama", 0),
     ("seq-cls", False, "tiny-bert", 0), ("token-cls", False, "tiny-bert", 0), ("seq-cls", True, "tiny-bert", 0.0),
@@ -42,7 +30,7 @@ def test_classifier_steps_and_evaluate_within_2_percent(work, task, lora, family
     gen = rc.client_classifier(work, task, lora, family, dropout)
     _, _, est, peaks = rc.run_trainer_client(gen, rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
-    for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
+    for what, r in zip(("step 1", "steady", "evaluate"), rc.step_ratios(est, peaks)):
         assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment, est.eval_moment)
     assert est.setup["task"] == task and est.setup["num_labels"] == 3
     assert est.eval_moment == "forward (a block's MLP)"
@@ -161,7 +149,7 @@ def test_a_head_of_the_users_own_under_trainer_within_2_percent(work, family, po
 
     _, _, est, peaks = rc.run_trainer_client(own.client_own_head(work, family, pooling, hidden), rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
-    for what, r in zip(("step 1", "steady", "evaluate"), _ratios(est, peaks)):
+    for what, r in zip(("step 1", "steady", "evaluate"), rc.step_ratios(est, peaks)):
         assert BAND[0] <= r <= BAND[1], (what, r, est.peak_moment)
     assert est.setup["task"] == "seq-cls" and est.setup["num_labels"] == 3
     assert any(getattr(n, "code", None) == "own-head" for n in est.notes)

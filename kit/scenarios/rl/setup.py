@@ -22,7 +22,6 @@ from transformers import PrinterCallback
 
 from kit import data as kdata
 from kit.advise.grpo_levers import LEVERS, changed_config, lora_config
-from kit.assets import TRAIN_TEXT
 from kit.estimate import estimate_from
 from kit.units import fmt_bytes, wrap
 
@@ -74,15 +73,7 @@ def prompts(tokenizer, n_tokens: int, n_rows: int):
     that no prompt is left-padded and the run is the estimate's setup."""
     from datasets import Dataset
 
-    ids = tokenizer(TRAIN_TEXT.read_text(encoding="utf-8"))["input_ids"]
-    rows = []
-    for start in range(0, len(ids) - n_tokens, n_tokens):
-        text = tokenizer.decode(ids[start:start + n_tokens])
-        if len(tokenizer(text)["input_ids"]) == n_tokens and tokenizer.eos_token not in text:
-            rows.append(text)
-        if len(rows) == n_rows:
-            return Dataset.from_dict({"prompt": rows})
-    raise ValueError(f"the shipped text holds only {len(rows)} prompts of {n_tokens} tokens; ask for fewer.")
+    return Dataset.from_dict({"prompt": kdata.equal_token_rows(tokenizer, n_tokens, n_rows)})
 
 
 def _model_and_tokenizer(size: str, folder: str):
