@@ -185,6 +185,17 @@ def trainer_inputs(trainer) -> dict:
             "padding_free": bool(getattr(trainer, "padding_free", False))}
 
 
+def _trl_model_init(config, name: str, load_dtype, attn_implementation, quantization_config) -> tuple:
+    """(load_dtype, its source, attn_implementation, quantization_config): a TRL config's ``model_init_kwargs`` (how
+    the trainer loads a model given by its id), where the caller did not pass its own."""
+    model_dtype, attn, quant, where = kt.read_sft_model(config, name)
+    source = None
+    if load_dtype is None and model_dtype is not None:
+        load_dtype, source = model_dtype, (dtype_name(model_dtype), f"{where}['dtype'] (TRL's default: float32)")
+    return (load_dtype, source, attn if attn_implementation is None else attn_implementation,
+            quant if quantization_config is None else quantization_config)
+
+
 def estimate_from(model_id_or_config, training_args=None, quantization_config=None, peft_config=None, *,
                   seq_len=None, padded: bool | None = None, load_dtype=None, attn_implementation=None,
                   device: str = "cuda", sft_config=None, dpo_config=None, task=None, num_labels=None,
@@ -219,11 +230,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if training_args is not None or sft or not kd.is_dpo(dpo_config):
             raise kin.InputError("dpo_config", "pass a trl DPOConfig alone: it is DPOTrainer's TrainingArguments.")
         topts, tsrc, tnotes = kd.read_dpo_config(dpo_config)
-        d, a, q, where = kt.read_sft_model(dpo_config, "DPOConfig")
-        if load_dtype is None and d is not None:
-            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
-        attn_implementation = a if attn_implementation is None else attn_implementation
-        quantization_config = q if quantization_config is None else quantization_config
+        load_dtype, dsrc, attn_implementation, quantization_config = _trl_model_init(
+            dpo_config, "DPOConfig", load_dtype, attn_implementation, quantization_config)
         if seq_len is None and dpo_config.max_length:
             m = dpo_config.pad_to_multiple_of if isinstance(dpo_config.pad_to_multiple_of, int) else 1
             seq_len = -(-dpo_config.max_length // m) * m
@@ -233,22 +241,15 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if training_args is not None or sft or dpo or not kg.is_grpo(grpo_config):
             raise kin.InputError("grpo_config", "pass a trl GRPOConfig alone: it is GRPOTrainer's TrainingArguments.")
         topts, tsrc, tnotes = kg.read_grpo_config(grpo_config)
-        d, a, q, where = kt.read_sft_model(grpo_config, "GRPOConfig")
-        if load_dtype is None and d is not None:
-            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
-        attn_implementation = a if attn_implementation is None else attn_implementation
-        quantization_config = q if quantization_config is None else quantization_config
+        load_dtype, dsrc, attn_implementation, quantization_config = _trl_model_init(
+            grpo_config, "GRPOConfig", load_dtype, attn_implementation, quantization_config)
         if seq_len is None:
             raise kin.InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
                                  "tokens (GRPOTrainer does not truncate prompts).")
     if sft:
         topts, tsrc, tnotes, free = kt.read_sft_config(sft_config)
-        d, a, q, where = kt.read_sft_model(sft_config)
-        if load_dtype is None and d is not None:
-            load_dtype, dsrc = d, (dtype_name(d), f"{where}['dtype'] (TRL's default: float32)")
-        if attn_implementation is None and a is not None:
-            attn_implementation = a
-        quantization_config = q if quantization_config is None else quantization_config
+        load_dtype, dsrc, attn_implementation, quantization_config = _trl_model_init(
+            sft_config, "SFTConfig", load_dtype, attn_implementation, quantization_config)
         if seq_len is None and sft_config.max_length:
             seq_len, ssrc = sft_config.max_length, ("SFTConfig.max_length: rows are truncated (or packed) to it, so "
                                                     "it is the longest a row can be")  # (an upper bound)
