@@ -1,11 +1,11 @@
-"""The reserved figure's CPU time, this tree's allocator model against another revision's, taken alternately.
+"""The reserved figure's CPU time, this tree's layout and allocator model against another revision's, alternately.
 
 On a shared machine the time of a run swings by more than a change to the allocator saves, so
 ``reserved_timing.py`` run twice, an hour apart, compares the machine's load. Here both versions of
-``kit/estimate/allocator.py`` (this tree's and ``--against``'s, read with ``git show``) replay the same laid-out
-steps in one process, one after the other, ``--rounds`` times per setup: the median CPU time (``process_time``)
-of each, with the replay cache emptied before each run. The layout (``kit.estimate.reserved``) is this tree's for
-both. Setups: the slowest of ``reserved_timing.py`` (``--setups`` of them, by their median in ``--ranked``, a
+``kit/estimate/reserved.py`` and ``kit/estimate/allocator.py`` (this tree's and ``--against``'s, read with
+``git show``) lay out and replay the same setups in one process, one after the other, ``--rounds`` times per
+setup: the median CPU time (``process_time``) of each, with the replay cache emptied before each run. The
+estimate the layout reads is this tree's for both. Setups: the slowest of ``reserved_timing.py`` (``--setups`` of them, by their median in ``--ranked``, a
 results file it wrote).
 
 Run: ``python benchmarks/reserved_timing_ab.py --against main --ranked benchmarks/results/reserved_timing-DATE-cpu.md`` (a minute).
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 from results_file import OUT_HELP, write_table
 
@@ -29,25 +30,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from kit import model_configs  # noqa: E402
-from kit.estimate import allocator as this_tree  # noqa: E402
 from kit.estimate import estimate  # noqa: E402
 from kit.estimate import reserved as kr  # noqa: E402
 from reserved_timing import SETUPS  # noqa: E402
 
 
-def allocator_at(revision: str):
-    """``kit/estimate/allocator.py`` as it is at ``revision``, loaded as a module of its own."""
-    source = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:kit/estimate/allocator.py"], check=True,
+def _module_at(revision: str, path: str, name: str, rewrite=lambda source: source):
+    """``path`` as it is at ``revision``, loaded as a module of its own called ``name``."""
+    source = subprocess.run(["git", "-C", ROOT, "show", f"{revision}:{path}"], check=True,
                             capture_output=True, text=True).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
-        file.write(source)
-    name = "allocator_at_" + "".join(ch if ch.isalnum() else "_" for ch in revision)
+        file.write(rewrite(source))
     spec = importlib.util.spec_from_file_location(name, file.name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module   # (dataclasses look their module up while the class is made)
     spec.loader.exec_module(module)
     os.unlink(file.name)
     return module
+
+
+def layout_at(revision: str):
+    """``kit/estimate/reserved.py`` as it is at ``revision``, on that revision's ``allocator.py``."""
+    tag = "".join(ch if ch.isalnum() else "_" for ch in revision)
+    _module_at(revision, "kit/estimate/allocator.py", f"allocator_at_{tag}")
+    return _module_at(revision, "kit/estimate/reserved.py", f"reserved_at_{tag}", lambda source: source.replace(
+        "from kit.estimate.allocator import", f"from allocator_at_{tag} import"))
 
 
 def slowest(ranked: str, count: int) -> list:
@@ -67,14 +74,15 @@ def compared(model: str, label: str, modules: dict, rounds: int) -> dict:
     options = dict(SETUPS[label], task="seq-cls") if model in model_configs.ENCODERS else SETUPS[label]
     est = estimate(model, device="cuda", **options)
     times = {name: [] for name in modules}
+    this_layout = kr.step_trace, kr.Replayer
     for _ in range(rounds):
         for name, module in modules.items():
-            kr.Replayer = module.Replayer
+            kr.step_trace, kr.Replayer = module.step_trace, module.Replayer
             kr.RUNS.clear()
             start = time.process_time()
             est.context.reserve(est.peak_bytes)
             times[name].append(1000 * (time.process_time() - start))
-    kr.Replayer = this_tree.Replayer
+    kr.step_trace, kr.Replayer = this_layout
     return times
 
 
@@ -86,7 +94,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default=None, help=OUT_HELP)
     args = parser.parse_args()
-    modules = {args.against: allocator_at(args.against), "this tree": this_tree}
+    this_tree = types.SimpleNamespace(step_trace=kr.step_trace, Replayer=kr.Replayer)
+    modules = {args.against: layout_at(args.against), "this tree": this_tree}
     lines = [f"# Reserved figure: this tree's allocator model against {args.against}'s, CPU time", "",
              f"Both replay the same laid-out steps in one process, alternately, {args.rounds} runs each per setup "
              f"(the replay cache emptied before each); setups: the {args.setups} slowest medians of "

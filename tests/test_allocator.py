@@ -233,7 +233,7 @@ def test_the_books_balance_on_a_random_workload(expandable):
         assert sorted((b.seg.seq, b.off) for b in blocks if not b.mapped) == sorted(
             t[:2] for p in a.pools.values() for t in p.unmapped)
         for p in a.pools.values():
-            assert p.blocks == sorted(p.blocks, key=lambda t: t[:3]) and all(a.seg[t[-1]].small == p.small
+            assert p.blocks == sorted(p.blocks, key=lambda t: t[:3]) and all(a.view(t[-1]).seg.small == p.small
                                                                              for t in p.blocks + p.unmapped)
         assert a.allocated == sum(a.size[b] for b in live.values())
         assert a.reserved == sum(b.size for seg in segs for b in seg if b.mapped) <= limit_bytes
@@ -358,3 +358,40 @@ def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
         assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
             (p.blocks, p.unmapped) for p in general.pools.values()]
     assert fast.run(None) == general.run(None)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_run_of_requests_at_once_leaves_what_malloc_one_by_one_leaves(expandable):
+    """``malloc_all`` (a block's saved tensors, the weights, the grads: the reserved layout's runs) against
+    ``malloc`` one request at a time: the same blocks, by index and field, the same free lists and counters, the
+    same peaks and the state at the reserved peak, after every run and every free of a random workload."""
+    one, run = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
+    live, pending = {}, []
+
+    def same_state():
+        assert vars(one).keys() == vars(run).keys()
+        assert {k: v for k, v in vars(one).items() if k != "pools"} == {
+            k: v for k, v in vars(run).items() if k != "pools"}
+        assert [(p.blocks, p.unmapped) for p in one.pools.values()] == [
+            (p.blocks, p.unmapped) for p in run.pools.values()]
+
+    def flush():
+        blocks = run.malloc_all([n for _, n in pending])
+        assert blocks == [one.malloc(n) for _, n in pending]
+        live.update((key, block) for (key, _), block in zip(pending, blocks))
+        pending.clear()
+        same_state()
+
+    for op, key, *n in random_events(6000, seed=13, max_live=300):
+        if op == "alloc":
+            pending.append((key, n[0]))
+            continue
+        if pending:
+            flush()
+        if key in live:
+            block = live.pop(key)
+            one.free(block)
+            run.free(block)
+    if pending:
+        flush()
+    assert one.run(None) == run.run(None)

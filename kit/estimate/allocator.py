@@ -119,14 +119,22 @@ class _Allocator:
         self.at_peak = (0, 0)  # (segments, reserved - allocated) when the reserved peak was set
         self.fresh_peak = False
         self.seg, self.off, self.size, self.mapped, self.used, self.prev, self.next = [], [], [], [], [], [], []
+        self.seg_small, self.seg_page = [None], [0]   # per segment, by its number (from 1): pool, page size
+
+    def _segment(self, small: bool, page_bytes: int) -> int:
+        """A new segment's number (``seq``: creation order, which breaks ties between equal free blocks)."""
+        self.seq += 1
+        self.seg_small.append(small)
+        self.seg_page.append(page_bytes)
+        return self.seq
 
     def view(self, block: int) -> BlockView:
         """Block ``block``'s fields."""
-        return BlockView(self.seg[block], self.off[block], self.size[block], self.mapped[block], self.used[block],
-                         self.prev[block],
-                         self.next[block])
+        seq = self.seg[block]
+        return BlockView(_Segment(seq, self.seg_small[seq], self.seg_page[seq]), self.off[block], self.size[block],
+                         self.mapped[block], self.used[block], self.prev[block], self.next[block])
 
-    def _new(self, seg: _Segment, off: int, size: int, mapped: bool = True) -> int:
+    def _new(self, seg: int, off: int, size: int, mapped: bool = True) -> int:
         self.seg.append(seg)
         self.off.append(off)
         self.size.append(size)
@@ -145,15 +153,15 @@ class _Allocator:
 
     def _add(self, pool: _Pool, block: int) -> None:  # insert_into_blocks(), or unmapped.insert()
         if self.mapped[block]:
-            bisect.insort(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block], block))
+            bisect.insort(pool.blocks, (self.size[block], self.seg[block], self.off[block], block))
         else:
-            bisect.insort(pool.unmapped, (self.seg[block].seq, self.off[block], block))
+            bisect.insort(pool.unmapped, (self.seg[block], self.off[block], block))
 
     def _drop(self, pool: _Pool, block: int) -> None:  # erase_from_blocks(), or unmapped.erase()
         if self.mapped[block]:
-            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[block], self.seg[block].seq, self.off[block]))]
+            del pool.blocks[bisect.bisect_left(pool.blocks, (self.size[block], self.seg[block], self.off[block]))]
         else:
-            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[block].seq, self.off[block]))]
+            del pool.unmapped[bisect.bisect_left(pool.unmapped, (self.seg[block], self.off[block]))]
 
     def _grow(self, nbytes: int) -> None:  # reserved_bytes.increase()
         self.reserved += nbytes
@@ -198,7 +206,7 @@ class _Allocator:
                 self.prev[after] = rest
             self.next[block] = rest
             sizes[block] = size
-            bisect.insort(blocks, (remaining, seg.seq, off, rest))
+            bisect.insort(blocks, (remaining, seg, off, rest))
         self.used[block] = True
         self.allocated += sizes[block]
         if self.allocated > self.peak_allocated:
@@ -215,29 +223,29 @@ class _Allocator:
         split off) free. The same blocks, by index and field, and the same stats, in one step: as each weight and
         optimizer state of a large model is allocated."""
         seg_bytes = allocation_size(size)
-        self.seq += 1
         self.segments += 1
-        seg = _Segment(self.seq, small, seg_bytes)
+        seg = self._segment(small, seg_bytes)
         remaining = seg_bytes - size   # should_split()
         split = (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES)
         held = size if split else seg_bytes
         block = len(self.off)
-        self.seg.append(seg)
-        self.off.append(0)
-        self.size.append(held)
-        self.mapped.append(True)
-        self.used.append(True)
-        self.prev.append(NONE)
-        self.next.append(block + 1 if split else NONE)
-        if split:
+        if split:   # the head, taken, and the tail, free
+            self.seg += (seg, seg)
+            self.off += (0, size)
+            self.size += (held, remaining)
+            self.mapped += (True, True)
+            self.used += (True, False)
+            self.prev += (NONE, block)
+            self.next += (block + 1, NONE)
+            bisect.insort(blocks, (remaining, seg, size, block + 1))
+        else:
             self.seg.append(seg)
-            self.off.append(size)
-            self.size.append(remaining)
+            self.off.append(0)
+            self.size.append(held)
             self.mapped.append(True)
-            self.used.append(False)
-            self.prev.append(block)
+            self.used.append(True)
+            self.prev.append(NONE)
             self.next.append(NONE)
-            bisect.insort(blocks, (remaining, seg.seq, size, block + 1))
         self.reserved += seg_bytes
         self.allocated += held
         if self.allocated > self.peak_allocated:
@@ -288,16 +296,77 @@ class _Allocator:
                         (remaining > SMALL_SIZE_BYTES)) else pool.blocks[i][0]
         self.peak_allocated = max(self.peak_allocated, self.allocated + held)
 
+    def malloc_all(self, requests) -> list:
+        """:meth:`malloc` of each of ``requests`` (byte counts, each above 0), in order: their blocks. The same
+        blocks, fields and stats as one by one (under a limit, where a request may fail, it is :meth:`malloc` one by
+        one). :meth:`malloc`'s steps are written out here once for the run, with the lists and the allocated
+        counter as locals: a replay's forward asks for thousands of saved tensors in a row, and Python's cost per
+        request is mostly its lookups."""
+        if self.limit is not None:   # a request may fail, and the cache be released: one by one
+            return [self.malloc(nbytes) for nbytes in requests]
+        expandable, best_fit = self.expandable, self._best_fit
+        pools = self.pools
+        segs, offs, sizes, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
+                                                         self.prev, self.next)
+        small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
+        allocated, peak = self.allocated, self.peak_allocated
+        out = []
+        for nbytes in requests:
+            size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES   # round_size()
+            small = size <= SMALL_SIZE_BYTES
+            blocks = small_blocks if small else large_blocks   # get_pool()
+            i = bisect.bisect_left(blocks, (size,))
+            if i < len(blocks):
+                if expandable:   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
+                    after = nexts[blocks[i][3]]
+                    if after != NONE and not mapped[after]:
+                        i = best_fit(pools[small], size, i)
+                block = blocks.pop(i)[3]
+            elif expandable:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
+                self.allocated = allocated
+                block = self._try_allocate_expandable_block(pools[small], size)
+            else:   # a new segment, its tail split off
+                self.allocated, self.peak_allocated = allocated, peak
+                out.append(self._take_new_segment(blocks, small, size))
+                allocated, peak = self.allocated, self.peak_allocated
+                continue
+            remaining = sizes[block] - size   # should_split()
+            if (remaining >= MIN_BLOCK_BYTES) if small or expandable else (remaining > SMALL_SIZE_BYTES):
+                seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
+                rest = len(sizes)                                                 # tail, free
+                segs.append(seg)
+                offs.append(off)
+                sizes.append(remaining)
+                mapped.append(True)
+                used.append(False)
+                prevs.append(block)
+                nexts.append(after)
+                if after != NONE:
+                    prevs[after] = rest
+                nexts[block] = rest
+                sizes[block] = size
+                bisect.insort(blocks, (remaining, seg, off, rest))
+            used[block] = True
+            allocated += sizes[block]
+            if allocated > peak:
+                peak = allocated
+            if expandable and self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks
+                if self.reserved == self.peak_reserved:
+                    self.at_peak = (self.segments, self.reserved - allocated)
+                self.fresh_peak = False
+            out.append(block)
+        self.allocated, self.peak_allocated = allocated, peak
+        return out
+
     def _alloc_block(self, pool: _Pool, size: int) -> int | None:  # alloc_block()
         if self.expandable:
             return self._try_allocate_expandable_block(pool, size)
         nbytes = allocation_size(size)
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cudaMalloc fails
             return None
-        self.seq += 1
         self.segments += 1
         self._grow(nbytes)
-        return self._new(_Segment(self.seq, pool.small, nbytes), 0, nbytes)
+        return self._new(self._segment(pool.small, nbytes), 0, nbytes)
 
     def _merge(self, pool: _Pool, dst: int, src: int) -> None:  # try_merge_blocks()
         if src == NONE or self.used[src] or self.mapped[src] != self.mapped[dst]:
@@ -315,10 +384,10 @@ class _Allocator:
         used[block] = False
         self.allocated -= sizes[block]
         seg = self.seg[block]
-        blocks = self.pools[seg.small].blocks
+        blocks = self.pools[self.seg_small[seg]].blocks
         before = prevs[block]   # (a live block is mapped: only a mapped neighbour merges with it)
         if before != NONE and not used[before] and self.mapped[before]:   # try_merge_blocks()
-            del blocks[bisect.bisect_left(blocks, (sizes[before], seg.seq, offs[before]))]
+            del blocks[bisect.bisect_left(blocks, (sizes[before], seg, offs[before]))]
             offs[block] = offs[before]
             sizes[block] += sizes[before]
             before = prevs[block] = prevs[before]
@@ -326,49 +395,57 @@ class _Allocator:
                 nexts[before] = block
         after = nexts[block]
         if after != NONE and not used[after] and self.mapped[after]:
-            del blocks[bisect.bisect_left(blocks, (sizes[after], seg.seq, offs[after]))]
+            del blocks[bisect.bisect_left(blocks, (sizes[after], seg, offs[after]))]
             sizes[block] += sizes[after]
             after = nexts[block] = nexts[after]
             if after != NONE:
                 prevs[after] = block
-        bisect.insort(blocks, (sizes[block], seg.seq, offs[block], block))
+        bisect.insort(blocks, (sizes[block], seg, offs[block], block))
 
     def free_all(self, blocks) -> None:
         """:meth:`free` of each of ``blocks``, at once: freed blocks merge into runs, as in any order, and each run
-        enters the free list once. (Frees raise no peak, and the free blocks they leave are the same in any order.)"""
+        enters the free list once. (Frees raise no peak, and the free blocks they leave are the same in any order.)
+        While it runs, a block of ``blocks`` not yet merged is marked ``None`` in ``used`` (falsy, as free)."""
         used, sizes, offs, prevs, nexts, mapped = self.used, self.size, self.off, self.prev, self.next, self.mapped
-        pending = set(blocks)
-        for block in pending:
-            used[block] = False
-            self.allocated -= sizes[block]
+        segs, seg_small = self.seg, self.seg_small
+        free_lists = {small: pool.blocks for small, pool in self.pools.items()}
+        freed = 0
         for block in blocks:
-            if block not in pending:   # merged into another of the run already
+            used[block] = None
+            freed += sizes[block]
+        self.allocated -= freed
+        for block in blocks:
+            if used[block] is not None:   # merged into another of the run already
                 continue
-            pending.discard(block)
-            seg = self.seg[block]
-            pool = self.pools[seg.small].blocks
+            used[block] = False
+            seg = segs[block]
+            pool = free_lists[seg_small[seg]]
+            size, start = sizes[block], offs[block]
             before = prevs[block]
             while before != NONE and not used[before] and mapped[before]:
-                if before in pending:
-                    pending.discard(before)
+                if used[before] is None:   # one of the run: merged, not listed yet
+                    used[before] = False
                 else:
-                    del pool[bisect.bisect_left(pool, (sizes[before], seg.seq, offs[before]))]
-                offs[block] = offs[before]
-                sizes[block] += sizes[before]
-                before = prevs[block] = prevs[before]
+                    del pool[bisect.bisect_left(pool, (sizes[before], seg, offs[before]))]
+                start = offs[before]
+                size += sizes[before]
+                before = prevs[before]
+            prevs[block] = before
             if before != NONE:
                 nexts[before] = block
             after = nexts[block]
             while after != NONE and not used[after] and mapped[after]:
-                if after in pending:
-                    pending.discard(after)
+                if used[after] is None:
+                    used[after] = False
                 else:
-                    del pool[bisect.bisect_left(pool, (sizes[after], seg.seq, offs[after]))]
-                sizes[block] += sizes[after]
-                after = nexts[block] = nexts[after]
+                    del pool[bisect.bisect_left(pool, (sizes[after], seg, offs[after]))]
+                size += sizes[after]
+                after = nexts[after]
+            nexts[block] = after
             if after != NONE:
                 prevs[after] = block
-            bisect.insort(pool, (sizes[block], seg.seq, offs[block], block))
+            sizes[block], offs[block] = size, start
+            bisect.insort(pool, (size, seg, start, block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too
@@ -379,14 +456,14 @@ class _Allocator:
                 room, b = room + self.size[b], self.next[b]
             if room >= size:
                 return c
-        self.seq += 1  # a new ExpandableSegment: 2 MiB pages for the small pool, 20 MiB for the large
-        seg = _Segment(self.seq, pool.small, SMALL_BUFFER_BYTES if pool.small else LARGE_BUFFER_BYTES)
+        # a new ExpandableSegment: 2 MiB pages for the small pool, 20 MiB for the large
+        seg = self._segment(pool.small, SMALL_BUFFER_BYTES if pool.small else LARGE_BUFFER_BYTES)
         u = self._new(seg, 0, VA_BYTES, mapped=False)
         self._add(pool, u)
         return u
 
     def _map_block(self, pool: _Pool, block: int, size: int) -> bool:  # map_block(), ExpandableSegment::map()
-        page, off = self.seg[block].page_bytes, self.off[block]
+        page, off = self.seg_page[self.seg[block]], self.off[block]
         end = -(-(off + size) // page) * page
         nbytes = end - off  # whole pages: the offset is page-aligned
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
@@ -422,25 +499,35 @@ class _Allocator:
         missing: a segment's tail growing, as each weight, gradient and optimizer state does the first time. The
         same steps, the same state after them, with ``_map_block``'s calls written out and its listing of the
         block (taken at once) left out."""
-        sizes, offs, nexts = self.size, self.off, self.next
-        page, off = self.seg[unmapped].page_bytes, offs[unmapped]
+        sizes, offs, nexts, prevs, seg = self.size, self.off, self.next, self.prev, self.seg[unmapped]
+        page, off = self.seg_page[seg], offs[unmapped]
         end = -(-(off + size - sizes[free]) // page) * page
         nbytes = end - off
         if self.limit is not None and self.reserved + nbytes > self.limit:  # cuMemCreate fails: none is kept
             return None
-        self._drop(pool, unmapped)
+        del pool.unmapped[bisect.bisect_left(pool.unmapped, (seg, off))]   # _drop()
         spanned = nbytes >= sizes[unmapped]   # no unmapped rest: the mapped range after, if any, joins
-        if not spanned:
-            rest = self._new(self.seg[unmapped], end, sizes[unmapped] - nbytes, mapped=False)
-            self._link(rest, nexts[unmapped])
-            self._link(unmapped, rest)
-            self._add(pool, rest)
+        if not spanned:   # _new(), _link() on both sides and _add() of the unmapped rest
+            rest, after = len(sizes), nexts[unmapped]
+            self.seg.append(seg)
+            offs.append(end)
+            sizes.append(sizes[unmapped] - nbytes)
+            self.mapped.append(False)
+            self.used.append(False)
+            prevs.append(unmapped)
+            nexts.append(after)
+            if after != NONE:
+                prevs[after] = rest
+            nexts[unmapped] = rest
+            bisect.insort(pool.unmapped, (seg, end, rest))
         self.mapped[unmapped] = True
         self.segments -= spanned and nexts[unmapped] != NONE
-        offs[unmapped] = offs[free]   # try_merge_blocks() with the free block before
-        self._link(self.prev[free], unmapped)
+        offs[unmapped] = offs[free]   # try_merge_blocks() with the free block before: _link() and _drop()
+        before = prevs[unmapped] = prevs[free]
+        if before != NONE:
+            nexts[before] = unmapped
         sizes[unmapped] = nbytes + sizes[free]
-        self._drop(pool, free)
+        del pool.blocks[bisect.bisect_left(pool.blocks, (sizes[free], seg, offs[free]))]
         if spanned:
             self._merge(pool, unmapped, nexts[unmapped])
         self._grow(nbytes)
@@ -459,7 +546,7 @@ class _Allocator:
         return block
 
     def _unmap_block(self, pool: _Pool, block: int) -> None:  # unmap_block(), ExpandableSegment::unmap()
-        page, off, size = self.seg[block].page_bytes, self.off[block], self.size[block]
+        page, off, size = self.seg_page[self.seg[block]], self.off[block], self.size[block]
         begin, end = -(-off // page) * page, (off + size) // page * page
         if begin >= end:  # no whole page inside this free block
             return
@@ -583,6 +670,7 @@ class Replayer:
     def __init__(self, expandable: bool = False):
         self.allocator = _Allocator(expandable, None)
         self.live: dict = {}
+        self.groups: dict = {}   # a group's name -> its blocks, in the order made
 
     def alloc(self, key, nbytes: int) -> None:
         if nbytes > 0 and key not in self.live:
@@ -594,11 +682,28 @@ class Replayer:
             self.allocator.free(block)
 
     def alloc_all(self, keys, sizes) -> None:
-        """``alloc`` of each key at its size, in order."""
-        live, malloc = self.live, self.allocator.malloc
+        """``alloc`` of each key at its size, in order (:meth:`_Allocator.malloc_all`: the same blocks as one by
+        one)."""
+        live = self.live
+        taken, requests = [], []
         for key, nbytes in zip(keys, sizes):
             if nbytes > 0 and key not in live:
-                live[key] = malloc(nbytes)
+                live[key] = None   # (a key twice in ``keys`` is taken once)
+                taken.append(key)
+                requests.append(nbytes)
+        live.update(zip(taken, self.allocator.malloc_all(requests)))
+
+    def alloc_group(self, name: tuple, sizes) -> None:
+        """``alloc`` of the keys ``name + (0,)``, ``name + (1,)``, ... at ``sizes``, in order: tensors made in a row
+        and freed together (a block's saved tensors), kept as one list of blocks rather than a key each."""
+        if name not in self.groups:
+            self.groups[name] = self.allocator.malloc_all([nbytes for nbytes in sizes if nbytes > 0])
+
+    def free_group(self, name: tuple) -> None:
+        """``free_all`` of a group's keys, the last made first."""
+        blocks = self.groups.pop(name, None)
+        if blocks:
+            self.allocator.free_all(blocks[::-1])
 
     def passing(self, key, nbytes: int) -> None:
         """``alloc`` and at once ``free``: a temporary (:meth:`_Allocator.malloc_free`)."""

@@ -60,6 +60,7 @@ RUNS_KEPT = 512
 class _Trace:
     def __init__(self):
         self.events, self.live = [], set()
+        self.groups = {}   # a group's name -> how many tensors it was made of
 
     def alloc(self, key, nbytes):
         if nbytes > 0 and key not in self.live:
@@ -78,6 +79,13 @@ class _Trace:
     def alloc_all(self, keys, sizes):
         for key, nbytes in zip(keys, sizes):
             self.alloc(key, nbytes)
+
+    def alloc_group(self, name: tuple, sizes):   # keys name + (0,), name + (1,), ...
+        self.groups.setdefault(name, len(sizes))
+        self.alloc_all([name + (k,) for k in range(len(sizes))], sizes)
+
+    def free_group(self, name: tuple):   # the last made first
+        self.free_all([name + (k,) for k in reversed(range(self.groups.pop(name, 0)))])
 
     def passing(self, key, nbytes):   # a temporary: made and freed at once
         if nbytes > 0 and key not in self.live:
@@ -115,8 +123,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     """
     t = _Trace() if into is None else into
     L, hid = max(1, replay.L), replay.hidden
-    for i, (_, w, _) in enumerate(tensors):
-        t.alloc(("w", i), w)
+    t.alloc_group(("w",), [w for _, w, _ in tensors])
     blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
     per = max(1, len(blocks) // L)
     layers = [blocks[j * per:(j + 1) * per] for j in range(L)]
@@ -128,15 +135,20 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     head = _tensors(replay.head + replay.head_in, replay.head_order, hid)   # the final norm's, lm_head's, a custom
     a = min(max(1, accum), 2)
     first_state = True
-    saved = [[("s", j, k) for k in range(len(order))] for j in range(L)]   # each block's saved tensors' keys
 
-    def grads(ids, start):   # a part's weight grads: made at a window's start and kept; later, added in place
-        for i in ids:
-            for k, (g, _) in enumerate(tensors[i][2]):
-                if start:
-                    t.alloc(("g", i, k), g)
-                else:
-                    t.passing(("gt", i, k), g)
+    def own_grads(ids):   # a part's weight grads: (key, bytes), and the key of its temporary when added in place
+        return [(("g", i, k), ("gt", i, k), g) for i in ids for k, (g, _) in enumerate(tensors[i][2])]
+
+    grads_of = {"head": own_grads(parts["head"]), "embed": own_grads(parts["embed"])}
+    grads_of.update((j, own_grads(ids)) for j, ids in enumerate(layers))
+
+    def grads(part, start):   # a part's weight grads: made at a window's start and kept; later, added in place
+        own = grads_of[part]
+        if start:
+            t.alloc_all([key for key, _, _ in own], [g for _, _, g in own])
+            return
+        for _, temporary, g in own:
+            t.passing(temporary, g)
 
     for s in range(steps * a):
         start = s % a == 0
@@ -149,7 +161,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             if replay.ckpt:
                 t.alloc(("x", j), replay.block_in)
             else:
-                t.alloc_all(saved[j], order)
+                t.alloc_group(("s", j), order)
         for k, b in enumerate(head):
             t.alloc(("h", k), b)
         t.alloc("logits", replay.last_logits)
@@ -164,7 +176,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
         if replay.last_logits != replay.ls:
             t.alloc("gl", replay.last_logits)
             t.free("glog")
-        grads(parts["head"], start)
+        grads("head", start)
         t.alloc(("gh", L), hid)
         t.free("gl")
         t.free("glog")
@@ -172,14 +184,14 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             t.free(("h", k))
         for j in reversed(range(L)):   # each block's backward: recompute, grads, free what it saved
             if replay.ckpt:
-                t.alloc_all(saved[j], order)
+                t.alloc_group(("s", j), order)
             t.alloc(("gh", j), hid)
             t.free(("gh", j + 1))
-            grads(layers[j], start)
+            grads(j, start)
             t.passing("bt", replay.block_bwd - replay.block - hid)
-            t.free_all(saved[j][::-1])
+            t.free_group(("s", j))
             t.free(("x", j))
-        grads(parts["embed"], start)
+        grads("embed", start)
         for k in range(len(embed)):
             t.free(("e", k))
         t.free(("gh", 0))
@@ -187,11 +199,10 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
         for k in range(3):
             t.free(("in", k))
         if (s + 1) % a == 0:   # the optimizer step, then zero_grad(set_to_none=True)
-            for i, (_, _, own) in enumerate(tensors):
-                for k, (_, state) in enumerate(own):
-                    if first_state:
-                        t.alloc(("st", i, k, 0), state // 2)
-                        t.alloc(("st", i, k, 1), state - state // 2)
+            if first_state:   # two tensors per trainable tensor (exp_avg, exp_avg_sq), kept
+                states = [(i, k, state) for i, (_, _, own) in enumerate(tensors) for k, (_, state) in enumerate(own)]
+                t.alloc_all([("st", i, k, half) for i, k, _ in states for half in (0, 1)],
+                            [part for _, _, state in states for part in (state // 2, state - state // 2)])
             first_state = False
             t.passing("steptemp", step_temp)
             t.free_all([("g", i, k) for i, (_, _, own) in enumerate(tensors) for k in range(len(own))])
