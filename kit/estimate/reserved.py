@@ -136,19 +136,15 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     a = min(max(1, accum), 2)
     first_state = True
 
-    def own_grads(ids):   # a part's weight grads: (key, bytes), and the key of its temporary when added in place
-        return [(("g", i, k), ("gt", i, k), g) for i in ids for k, (g, _) in enumerate(tensors[i][2])]
-
-    grads_of = {"head": own_grads(parts["head"]), "embed": own_grads(parts["embed"])}
-    grads_of.update((j, own_grads(ids)) for j, ids in enumerate(layers))
+    grads_of = {part: [g for i in ids for g, _ in tensors[i][2]]   # each part's weight grads' bytes
+                for part, ids in [("head", parts["head"]), ("embed", parts["embed"]), *enumerate(layers)]}
 
     def grads(part, start):   # a part's weight grads: made at a window's start and kept; later, added in place
-        own = grads_of[part]
         if start:
-            t.alloc_all([key for key, _, _ in own], [g for _, _, g in own])
+            t.alloc_group(("g", part), grads_of[part])
             return
-        for _, temporary, g in own:
-            t.passing(temporary, g)
+        for k, g in enumerate(grads_of[part]):
+            t.passing(("gt", part, k), g)
 
     for s in range(steps * a):
         start = s % a == 0
@@ -200,12 +196,12 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             t.free(("in", k))
         if (s + 1) % a == 0:   # the optimizer step, then zero_grad(set_to_none=True)
             if first_state:   # two tensors per trainable tensor (exp_avg, exp_avg_sq), kept
-                states = [(i, k, state) for i, (_, _, own) in enumerate(tensors) for k, (_, state) in enumerate(own)]
-                t.alloc_all([("st", i, k, half) for i, k, _ in states for half in (0, 1)],
-                            [part for _, _, state in states for part in (state // 2, state - state // 2)])
+                t.alloc_group(("st",), [half for _, _, own in tensors for _, state in own
+                                        for half in (state // 2, state - state // 2)])
             first_state = False
             t.passing("steptemp", step_temp)
-            t.free_all([("g", i, k) for i, (_, _, own) in enumerate(tensors) for k in range(len(own))])
+            for part in grads_of:
+                t.free_group(("g", part))
     return t.events if into is None else None
 
 
