@@ -23,20 +23,35 @@ def _ms(text):
 
 def test_the_docs_quote_the_advisor_latency_its_results_file_holds():
     page = " ".join((ROOT / "docs/cli-and-api.md").read_text().split())
-    rows = _table("advisor_latency-2026-12-03-132813-cpu.md")
+    rows = _table("advisor_latency-2026-12-03-160548-cpu.md")
     new, again = [_ms(r[7]) for r in rows], [_ms(r[8]) for r in rows]
     cheap = [_ms(r[k]) for r in rows for k in (9, 10)]
+    seventy = [_ms(r[7]) for r in rows if r[0].startswith("70B")]
     assert f"cheap path ({min(cheap):g} to {max(cheap):.0f} ms)" in page
-    assert f"takes {min(new):.0f} ms (Llama-3-8B QLoRA) to {max(new):.0f} ms (a 70B full fine-tune on an H100)" in page
+    assert f"takes {min(new):.0f} ms (Llama-3-8B QLoRA on a T4) to {max(new):.0f} ms" in page
+    assert len(seventy) == 1 and f"{seventy[0]:.0f} ms for a 70B full fine-tune on an H100" in page
     assert f"{min(again):.0f} to {max(again):.0f} ms asked again" in page
 
 
 def test_the_docs_quote_the_panel_latency_its_results_file_holds():
-    medians = [_ms(r[3]) for r in _table("panel_latency-2026-12-03-132939-cpu.md") if "every change" in r[1]]
+    medians = [_ms(r[3]) for r in _table("panel_latency-2026-12-03-160436-cpu.md") if "every change" in r[1]]
     assert len(medians) == 3
     for page in ("docs/cli-and-api.md", "docs/accuracy.md"):
         text = " ".join((ROOT / page).read_text().split())
-        assert all(f"{m:.1f} ms" in text for m in medians) and "panel_latency-2026-12-03-132939-cpu.md" in text
+        assert all(f"{m:.1f} ms" in text for m in medians) and "panel_latency-2026-12-03-160436-cpu.md" in text
+
+
+def test_the_docs_quote_the_reserved_timing_its_results_files_hold():
+    page = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    rows = [r for r in _table("reserved_timing-2026-12-03-160249-cpu.md") if len(r) == 4 and r[0] != "model"]
+    medians = [float(r[2]) for r in rows]
+    over = [m for m in medians if m > 10]
+    scenario_1 = [float(r[2]) for r in rows if r[0] == "distilgpt2+vocab-head"]
+    assert f"{len(over)} of {len(rows)} setups took over 10 ms (the slowest median {max(medians):.1f} ms" in page
+    assert f"scenario 1 at sequence 32 took at most {max(scenario_1):.1f} ms" in page
+    ratios = [float(r[4]) for r in _table("reserved_timing_ab-2026-12-03-160415-cpu.md") if len(r) == 5
+              and r[0] != "model"]
+    assert f"{min(ratios):.2f} to {max(ratios):.2f} of the time on the {len(ratios)} slowest setups" in page
 
 
 # What a project file may cite: a file of the repository, a library's installed source (read where it is installed), or
