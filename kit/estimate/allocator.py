@@ -657,9 +657,11 @@ def _replay(events, expandable: bool, limit_bytes: int | None) -> AllocatorRun:
 
 class Replayer:
     """The allocator fed one request at a time, as a layout makes them (:mod:`kit.estimate.reserved`), with no
-    event list between: ``alloc(key, nbytes)``, ``free(key)``, then :meth:`run`. An ``alloc`` of no bytes or of a
-    live key, and a ``free`` of a key not live, are passed over. No limit: nothing runs out. Call it with the cycle
-    collector off (:func:`no_collector`), as :func:`simulate` runs.
+    event list between: ``alloc(key, nbytes)``, ``free(key)``, ``passing(key, nbytes)`` (a temporary), and
+    ``alloc_group(name, sizes)`` / ``free_group(name)`` for tensors made in a row and freed together; then
+    :meth:`run`. An ``alloc`` of no bytes or of a live key or group, and a ``free`` of one not live, are passed
+    over. No limit: nothing runs out. Call it with the cycle collector off (:func:`no_collector`), as
+    :func:`simulate` runs.
 
     >>> r = Replayer()
     >>> r.alloc("a", 5 * MiB); r.alloc("b", 5 * MiB); r.free("a"); r.free("a")
@@ -681,21 +683,10 @@ class Replayer:
         if block is not None:
             self.allocator.free(block)
 
-    def alloc_all(self, keys, sizes) -> None:
-        """``alloc`` of each key at its size, in order (:meth:`_Allocator.malloc_all`: the same blocks as one by
-        one)."""
-        live = self.live
-        taken, requests = [], []
-        for key, nbytes in zip(keys, sizes):
-            if nbytes > 0 and key not in live:
-                live[key] = None   # (a key twice in ``keys`` is taken once)
-                taken.append(key)
-                requests.append(nbytes)
-        live.update(zip(taken, self.allocator.malloc_all(requests)))
-
     def alloc_group(self, name: tuple, sizes) -> None:
-        """``alloc`` of the keys ``name + (0,)``, ``name + (1,)``, ... at ``sizes``, in order: tensors made in a row
-        and freed together (a block's saved tensors), kept as one list of blocks rather than a key each."""
+        """``alloc`` of the keys ``name + (0,)``, ``name + (1,)``, ... at ``sizes``, in order, in one
+        :meth:`_Allocator.malloc_all`: tensors made in a row and freed together (a block's saved tensors, a part's
+        grads), kept as one list of blocks rather than a key each."""
         if name not in self.groups:
             self.groups[name] = self.allocator.malloc_all([nbytes for nbytes in sizes if nbytes > 0])
 
@@ -709,13 +700,6 @@ class Replayer:
         """``alloc`` and at once ``free``: a temporary (:meth:`_Allocator.malloc_free`)."""
         if nbytes > 0 and key not in self.live:
             self.allocator.malloc_free(nbytes)
-
-    def free_all(self, keys) -> None:
-        """``free`` of each of ``keys``, in one pass (:meth:`_Allocator.free_all`: the same blocks as one by one)."""
-        live = self.live
-        blocks = [live.pop(key) for key in keys if key in live]
-        if blocks:
-            self.allocator.free_all(blocks)
 
     def run(self) -> AllocatorRun:
         return self.allocator.run(None)

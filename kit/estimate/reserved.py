@@ -72,20 +72,14 @@ class _Trace:
             self.events.append(("free", key))
             self.live.discard(key)
 
-    def free_all(self, keys):
-        for key in keys:
-            self.free(key)
-
-    def alloc_all(self, keys, sizes):
-        for key, nbytes in zip(keys, sizes):
-            self.alloc(key, nbytes)
-
     def alloc_group(self, name: tuple, sizes):   # keys name + (0,), name + (1,), ...
         self.groups.setdefault(name, len(sizes))
-        self.alloc_all([name + (k,) for k in range(len(sizes))], sizes)
+        for k, nbytes in enumerate(sizes):
+            self.alloc(name + (k,), nbytes)
 
     def free_group(self, name: tuple):   # the last made first
-        self.free_all([name + (k,) for k in reversed(range(self.groups.pop(name, 0)))])
+        for k in reversed(range(self.groups.pop(name, 0))):
+            self.free(name + (k,))
 
     def passing(self, key, nbytes):   # a temporary: made and freed at once
         if nbytes > 0 and key not in self.live:
