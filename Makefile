@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   runs both scenarios end to end and writes a report into report/
 #   make test   runs every test: pytest units, the docstring examples, the notebooks under nbval (smoke mode), the
-#               widget tests under ipywidgets 7.7.1 and the estimator's and widgets' under Colab's versions
+#               estimator's and widget tests again under Colab's versions (ipywidgets 7.7.1 among them)
 # Both create .venv and install into it, with the CPU build of torch where there is no GPU.
 
 PYTHON ?= python3
@@ -20,7 +20,6 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests notebooks kit --doctest-modules --nbval-lax --nbval-current-env -p no:cacheprovider \
 		-n $(JOBS) --dist loadfile
-	PY=$(PY) tests/ipywidgets7.sh
 	PY=$(PY) tests/colab_pins.sh -n $(JOBS) --dist load
 
 # Re-run the notebooks in place, in smoke mode and offline, to refresh their committed outputs.

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run the estimator's and the widgets' tests under the versions of Colab's GPU image (its package list of 2026-08):
 # transformers 5.15.0, peft 0.20.0, accelerate 1.14.0, ipywidgets 7.7.1, matplotlib 3.10.0, next to the dev venv's
-# newer ones. No second venv: like tests/ipywidgets7.sh, the pinned packages go into a side folder put first on
+# newer ones. No second venv: the pinned packages go into a side folder put first on
 # PYTHONPATH (pip install --no-deps --target); everything else (torch, trl, ...) comes from the venv. transformers
 # 5.15 checks two of its dependencies' versions at import, so the folder also holds a tokenizers and a
 # huggingface_hub inside its ranges (Colab has such ones too); ipywidgets 7 imports ipython_genutils.
-# Time: the first run downloads about 160 MB into the folder (2 minutes here); then the 94 tests took 341 s under
-# pytest -n 2 (make test's JOBS; 429 s wall, the check included) on 2 CPU cores shared with other jobs (load 9);
-# on their own, the three widget tests that train (a sweep, a run, a typed config path) take 3 of those minutes.
+# Time: the first run downloads about 160 MB into the folder (2 minutes here); then the 96 tests took 37 s under
+# pytest -n 2 (make test's JOBS; 47 s wall, the check included) on 2 CPU cores with nothing else running
+# (2026-12-03); under a load of 9 they once took 341 s.
 # Usage: tests/colab_pins.sh [pytest args]     (PY=path/to/python to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 """The widget panel, driven headless: set control values, click buttons, read the estimate.
 
 Runs under whichever ipywidgets is importable: 8.x in the dev venv, 7.7.1 with
-``tests/ipywidgets7.sh`` (Colab's version).
+``tests/colab_pins.sh`` (Colab's versions).
 """
 import ipywidgets
 import pytest
@@ -195,7 +195,7 @@ def test_bad_options_raise():
 
 
 def test_runs_under_the_expected_ipywidgets():
-    """tests/ipywidgets7.sh sets KIT_EXPECT_IPYWIDGETS=7.7.1: prove the side folder won."""
+    """tests/colab_pins.sh sets KIT_EXPECT_IPYWIDGETS=7.7.1: prove the side folder won."""
     import os
 
     expected = os.environ.get("KIT_EXPECT_IPYWIDGETS")
