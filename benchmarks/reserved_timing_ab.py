@@ -96,8 +96,8 @@ def main():
     args = parser.parse_args()
     this_tree = types.SimpleNamespace(step_trace=kr.step_trace, Replayer=kr.Replayer)
     modules = {args.against: layout_at(args.against), "this tree": this_tree}
-    lines = [f"# Reserved figure: this tree's allocator model against {args.against}'s, CPU time", "",
-             f"Both replay the same laid-out steps in one process, alternately, {args.rounds} runs each per setup "
+    lines = [f"# Reserved figure: this tree's layout and allocator model against {args.against}'s, CPU time", "",
+             f"Both lay out and replay the same setups in one process, alternately, {args.rounds} runs each per setup "
              f"(the replay cache emptied before each); setups: the {args.setups} slowest medians of "
              f"{os.path.basename(args.ranked)}.", "",
              f"Command: `python benchmarks/reserved_timing_ab.py --against {args.against} --ranked {args.ranked}`", "",
