@@ -26,6 +26,18 @@ REPO_URL = "https://github.com/memory-kit/memory-kit"
 _logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(_logging.ERROR)
 
 
+class _OptionalBitsandbytesKernel(_logging.Filter):
+    """Where the `kernels` package is installed (transformers >= 5.25 requires it), that Hub lookup goes through it,
+    and offline it first logs that it skips the publisher trust check for bitsandbytes' optional kernel. Only that
+    line is dropped: the check skipped for any other kernel is still said."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        return "kernels-community/quantization-bitsandbytes" not in record.getMessage()
+
+
+_logging.getLogger("kernels._internals.hf_hub").addFilter(_OptionalBitsandbytesKernel())
+
+
 def __getattr__(name):
     # `kit.panel(scenario=1|2)` (the contract docs/cli-and-api.md documents), imported on first use so that
     # `import kit` stays light (no ipywidgets, no torch.cuda).

@@ -131,6 +131,20 @@ def test_readmes_table_opens_the_learner_copies_with_the_instructor_copy_beside(
         assert f"[instructor copy](notebooks/{path.name})" in row and f"({colab}{path.name})" in row, path.name
 
 
+def test_only_the_optional_bitsandbytes_kernels_trust_line_is_dropped(caplog):
+    """With the `kernels` package (transformers >= 5.25 requires it), bitsandbytes' lookup of its optional CPU kernel
+    logs, offline, that the publisher trust check is skipped: kit drops that line, and says the same of any other."""
+    import logging
+
+    import kit  # noqa: F401  (adds the filter)
+
+    log = logging.getLogger("kernels._internals.hf_hub")
+    with caplog.at_level(logging.WARNING, logger="kernels._internals.hf_hub"):
+        for repo in ("kernels-community/quantization-bitsandbytes", "someone/their-kernel"):
+            log.warning(f"Skipping publisher trust check for '{repo}' because Hugging Face Hub is in offline mode.")
+    assert [r.getMessage().split("'")[1] for r in caplog.records] == ["someone/their-kernel"]
+
+
 def test_a_fresh_kernels_first_kit_cell_writes_nothing_to_stderr():
     # nbval fails a cell with any stderr. bitsandbytes, imported through peft when the kit first loads transformers'
     # Trainer pieces, logs a warning about an optional CPU kernel on machines with AVX512-bf16; notebook 02's first
