@@ -53,3 +53,24 @@ def work(tmp_path_factory, request):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KIT_CACHE", os.path.join(path, "twins"))
         yield path
+
+
+@pytest.fixture
+def run_kit(capsys, monkeypatch):
+    """``python -m kit ARGS`` run in this process (``kit.cli.parser.main``, what ``kit/__main__.py`` runs), without
+    the seconds a new process spends importing torch and transformers: ``run(*argv)`` -> (exit status, stdout,
+    stderr). A test of the entry point itself (exit codes of the process, a closed pipe) runs a real process."""
+    from kit.cli.parser import main
+
+    monkeypatch.delenv("KIT_TRACEBACK", raising=False)
+
+    def run(*argv):
+        capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:   # argparse's own errors exit with 2
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

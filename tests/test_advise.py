@@ -3,7 +3,6 @@ batch and sequence at the edge, scenario 1's head, the CLI contract, and a measu
 import contextlib
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,12 +164,10 @@ def test_estimates_per_call_are_bounded(monkeypatch):
     assert len(calls) <= 12   # the panel's cheap path: a handful
 
 
-def test_cli_json_contract():
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "kit", "fit", *S1, "--device", "colab-t4", "--json"],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+def test_cli_json_contract(run_kit):
+    code, out, err = run_kit("fit", *S1, "--device", "colab-t4", "--json")
+    assert code == 0, err
+    d = json.loads(out)
     for k in ("peak_bytes", "limit_bytes", "usable_bytes", "margin_bytes", "cpu_build_bytes", "ram_bytes",
               "max_batch_size", "max_seq_len", "eval_peak_bytes"):
         assert type(d[k]) is int, k

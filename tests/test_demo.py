@@ -173,19 +173,17 @@ def test_second_fold_text_says_the_count_not_a_guess():
     assert "3 models alive" in second_fold_text(three) and "two" not in second_fold_text(three)
 
 
-def test_unwritable_out_is_a_clear_error(tmp_path):
+def test_unwritable_out_is_a_clear_error(tmp_path, run_kit):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", str(blocker / "sub")],
-                         capture_output=True, text=True)
-    assert run.returncode == 2
-    assert "cannot write the report" in run.stderr and "Traceback" not in run.stderr
+    code, _, err = run_kit("demo", "--out", str(blocker / "sub"))
+    assert code == 2
+    assert "cannot write the report" in err and "Traceback" not in err
 
 
-def test_bad_option_is_a_clear_error():
-    run = subprocess.run([sys.executable, "-m", "kit", "demo", "--out", "x", "--size", "huge"],
-                         capture_output=True, text=True)
-    assert run.returncode == 2 and "invalid choice" in run.stderr and "Traceback" not in run.stderr
+def test_bad_option_is_a_clear_error(run_kit):
+    code, _, err = run_kit("demo", "--out", "x", "--size", "huge")
+    assert code == 2 and "invalid choice" in err and "Traceback" not in err
 
 
 # ---- --out never writes over, or loses, the user's files ------------------------------------------------

@@ -161,7 +161,7 @@ def _cli(*argv, tmp_path):
                           timeout=120)
 
 
-def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
+def test_python_m_kit_failures_are_one_line_exit_2(tmp_path, run_kit):
     from transformers import T5Config
 
     T5Config().save_pretrained(tmp_path / "t5")
@@ -183,10 +183,10 @@ def test_python_m_kit_failures_are_one_line_exit_2(tmp_path):
         (["--model", "gpt2", *size, "--optimizer", "adam9"], "error: argument --optimizer: invalid choice: 'adam9'"),
     ]
     for argv, start in cases:
-        res = _cli("estimate", *argv, tmp_path=tmp_path)
-        assert res.returncode == 2 and res.stdout == "", (argv, res.stderr)
-        assert res.stderr.startswith(start) and res.stderr.count("\n") == 1, (argv, res.stderr)
-    res = _cli(tmp_path=tmp_path)  # no command at all
+        code, out, err = run_kit("estimate", *argv)
+        assert code == 2 and out == "", (argv, err)
+        assert err.startswith(start) and err.count("\n") == 1, (argv, err)
+    res = _cli(tmp_path=tmp_path)  # no command at all, in a process of its own: its exit status and stderr
     assert res.returncode == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
 
 

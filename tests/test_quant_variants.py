@@ -14,7 +14,6 @@ import functools
 import inspect
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -171,26 +170,20 @@ def test_bad_variants_get_one_line(kw, name):
     assert exc.value.name == name and "\n" not in str(exc.value) and str(exc.value).endswith(".")
 
 
-def _cli(*argv):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "kit", "estimate", *argv], capture_output=True, text=True, env=env,
-                          cwd=os.path.dirname(os.path.dirname(__file__)))
-
-
-def test_cli_flags_land_in_the_json_setup():
-    base = ["--model", "meta-llama/Llama-3.2-1B", "--batch-size", "2", "--seq-len", "256", "--quantization", "4bit",
-            "--lora-r", "8", "--json"]
-    out = _cli(*base, "--quant-type", "fp4", "--no-double-quant", "--compute-dtype", "fp32")
-    got = json.loads(out.stdout)
+def test_cli_flags_land_in_the_json_setup(run_kit):
+    base = ["estimate", "--model", "meta-llama/Llama-3.2-1B", "--batch-size", "2", "--seq-len", "256",
+            "--quantization", "4bit", "--lora-r", "8", "--json"]
+    got = json.loads(run_kit(*base, "--quant-type", "fp4", "--no-double-quant", "--compute-dtype", "fp32")[1])
     want = estimate("meta-llama/Llama-3.2-1B", batch_size=2, seq_len=256, quantization="4bit", lora_r=8, **FP4_FP32)
     assert got["peak_bytes"] == want.peak_bytes and got["weights_bytes"] == want.weights_bytes
     assert (got["setup"]["quant_type"], got["setup"]["double_quant"], got["setup"]["compute_dtype"]) == \
         ("fp4", False, "fp32")
-    plain = json.loads(_cli(*base).stdout)  # the defaults: the kit's 4bit, as before the flags
+    plain = json.loads(run_kit(*base)[1])  # the defaults: the kit's 4bit, as before the flags
     assert plain["peak_bytes"] == estimate("meta-llama/Llama-3.2-1B", batch_size=2, seq_len=256, quantization="4bit",
                                            lora_r=8).peak_bytes and plain["setup"]["quant_type"] == "nf4"
-    bad = _cli("--model", "tiny-llama", "--batch-size", "1", "--seq-len", "8", "--quant-type", "fp4")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: argument --quant-type: quant_type applies to 4-bit")
+    code, _, err = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "1", "--seq-len", "8", "--quant-type",
+                           "fp4")
+    assert code == 2 and err.startswith("error: argument --quant-type: quant_type applies to 4-bit")
 
 
 # ---- 8-bit: what its layers keep ------------------------------------------------------------------------

@@ -3,10 +3,6 @@ and what the fit advisor does with it: judge reserved, and offer ``expandable_se
 
 What a GPU must confirm (the measured max_memory_reserved beside these) is in tests/test_gpu_reserved.py."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +10,6 @@ from kit.advise import advise
 from kit.estimate import estimate
 from kit.estimate import reserved as kr
 
-ROOT = Path(__file__).resolve().parents[1]
 QWEN = dict(model="Qwen/Qwen2.5-0.5B", batch_size=16, seq_len=512)   # notebook 03's model, full fine-tuning
 CASES = {
     "qlora-8b": dict(model="meta-llama/Meta-Llama-3-8B", batch_size=4, seq_len=1024, quantization="4bit", lora_r=16),
@@ -79,19 +74,15 @@ def test_the_advisor_offers_expandable_segments_first_where_they_close_the_gap()
     assert all("expandable-segments" not in s.changes for s in advise(QWEN, "42GiB", safety=0.05).suggestions)
 
 
-def test_the_fit_cli_pastes_the_setting_back():
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    argv = ["--model", QWEN["model"], "--batch-size", "16", "--seq-len", "512", "--device", "42GiB", "--json"]
-    out = subprocess.run([sys.executable, "-m", "kit", "fit", *argv], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    d = json.loads(out.stdout)
+def test_the_fit_cli_pastes_the_setting_back(run_kit, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    argv = ["fit", "--model", QWEN["model"], "--batch-size", "16", "--seq-len", "512", "--device", "42GiB", "--json"]
+    code, out, err = run_kit(*argv)
+    assert code == 0, err
+    d = json.loads(out)
     s = d["suggestions"][0]
     assert (s["cli"], s["fits"]) == ("--expandable-segments", True) and d["reserved_bytes"] > d["limit_bytes"]
-    again = subprocess.run([sys.executable, "-m", "kit", "fit", *argv, "--expandable-segments"], capture_output=True,
-                           text=True, cwd=ROOT, env=env, timeout=120)
-    d2 = json.loads(again.stdout)
+    d2 = json.loads(run_kit(*argv, "--expandable-segments")[1])
     assert d2["fits"] and d2["expandable_segments"] is True and d2["reserved_bytes"] == s["reserved_bytes"]
 
 

@@ -34,14 +34,14 @@ def test_describe_names_libraries_and_hub():
         assert word in text
 
 
-def test_cli_help_and_info():
-    help_ = subprocess.run([sys.executable, "-m", "kit", "--help"], capture_output=True, text=True)
-    assert help_.returncode == 0
+def test_cli_help_and_info(run_kit):
+    code, out, _ = run_kit("--help")
+    assert code == 0
     for cmd in ("info", "estimate", "demo"):
-        assert cmd in help_.stdout
-    info = subprocess.run([sys.executable, "-m", "kit", "info"], capture_output=True, text=True)
-    assert info.returncode == 0, info.stderr
-    assert "Reading now:" in info.stdout and "RSS" in info.stdout
+        assert cmd in out
+    code, out, err = run_kit("info")
+    assert code == 0, err
+    assert "Reading now:" in out and "RSS" in out
 
 
 def test_prediction_never_imports_the_readings():
