@@ -109,7 +109,8 @@ class _Pool:
 class _Allocator:
     """The allocator's state. Blocks are indices into parallel lists (segment, offset, size, mapped, allocated, and
     the previous and next block of the segment, ``NONE`` at its ends), not objects linked both ways: a replay makes
-    no reference cycles for Python's cycle collector to walk."""
+    no reference cycles for Python's cycle collector to walk. A segment is its number; its pool and page size are
+    listed by that number."""
 
     def __init__(self, expandable: bool, limit_bytes: int | None):
         self.expandable, self.limit = expandable, limit_bytes
