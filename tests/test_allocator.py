@@ -301,6 +301,15 @@ def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(
     assert apart.run(None) == together.run(None)
 
 
+def assert_same_state(a, b, besides=("pools",)):
+    """Two allocators in the same state: the same fields (``besides`` not compared), so the same blocks by index and
+    field and the same counters, and the same free lists, entry by entry."""
+    assert vars(a).keys() == vars(b).keys()
+    assert {k: v for k, v in vars(a).items() if k not in besides} == {
+        k: v for k, v in vars(b).items() if k not in besides}
+    assert [(p.blocks, p.unmapped) for p in a.pools.values()] == [(p.blocks, p.unmapped) for p in b.pools.values()]
+
+
 class _MapsRunsOnly(allocator._Allocator):
     """The allocator with expandable segments' general path only: no ``_map_after`` shortcut."""
 
@@ -329,10 +338,7 @@ def test_a_growing_tail_mapped_at_once_leaves_what_the_general_path_leaves():
         if i % 700 == 0:
             fast.release_cached_blocks()
             general.release_cached_blocks()
-        state = {name: value for name, value in vars(fast).items() if name != "pools"}
-        assert state == {name: value for name, value in vars(general).items() if name != "pools"}
-        assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
-            (p.blocks, p.unmapped) for p in general.pools.values()]
+        assert_same_state(fast, general)
     assert fast.run(None) == general.run(None)
 
 
@@ -353,10 +359,7 @@ def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
         if i % 700 == 0:
             fast.release_cached_blocks()
             general.release_cached_blocks()
-        state = {name: value for name, value in vars(fast).items() if name not in ("pools", "limit")}
-        assert state == {name: value for name, value in vars(general).items() if name not in ("pools", "limit")}
-        assert [(p.blocks, p.unmapped) for p in fast.pools.values()] == [
-            (p.blocks, p.unmapped) for p in general.pools.values()]
+        assert_same_state(fast, general, besides=("pools", "limit"))
     assert fast.run(None) == general.run(None)
 
 
@@ -368,19 +371,12 @@ def test_a_run_of_requests_at_once_leaves_what_malloc_one_by_one_leaves(expandab
     one, run = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
     live, pending = {}, []
 
-    def same_state():
-        assert vars(one).keys() == vars(run).keys()
-        assert {k: v for k, v in vars(one).items() if k != "pools"} == {
-            k: v for k, v in vars(run).items() if k != "pools"}
-        assert [(p.blocks, p.unmapped) for p in one.pools.values()] == [
-            (p.blocks, p.unmapped) for p in run.pools.values()]
-
     def flush():
         blocks = run.malloc_all([n for _, n in pending])
         assert blocks == [one.malloc(n) for _, n in pending]
         live.update((key, block) for (key, _), block in zip(pending, blocks))
         pending.clear()
-        same_state()
+        assert_same_state(one, run)
 
     for op, key, *n in random_events(6000, seed=13, max_live=300):
         if op == "alloc":
