@@ -343,9 +343,9 @@ def test_a_growing_tail_mapped_at_once_leaves_what_the_general_path_leaves():
 
 
 def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
-    """``_take_new_segment`` (no limit, no expandable segments: the reserved layout's replays) against the general
-    path (taken under a limit never reached): the same blocks, by index and field, the same free lists and
-    counters, after every event of a random workload with ``empty_cache``."""
+    """A new segment as ``malloc_all`` makes it (no limit, no expandable segments: the reserved layout's replays)
+    against the general path (taken under a limit never reached): the same blocks, by index and field, the same
+    free lists and counters, after every event of a random workload with ``empty_cache``."""
     fast, general = allocator._Allocator(False, None), allocator._Allocator(False, 1 << 62)
     live = {}
     for i, (op, key, *n) in enumerate(random_events(6000, seed=11, max_live=300)):
@@ -365,14 +365,14 @@ def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
 
 @pytest.mark.parametrize("expandable", [False, True])
 def test_a_run_of_requests_at_once_leaves_what_malloc_one_by_one_leaves(expandable):
-    """``malloc_all`` (a block's saved tensors, the weights, the grads: the reserved layout's runs) against
+    """``malloc_all`` (a block's saved tensors, the weights, the grads: the reserved layout's runs, rounded) against
     ``malloc`` one request at a time: the same blocks, by index and field, the same free lists and counters, the
     same peaks and the state at the reserved peak, after every run and every free of a random workload."""
     one, run = allocator._Allocator(expandable, None), allocator._Allocator(expandable, None)
     live, pending = {}, []
 
     def flush():
-        blocks = run.malloc_all([n for _, n in pending])
+        blocks = run.malloc_all([allocator.round_size(n) for _, n in pending])
         assert blocks == [one.malloc(n) for _, n in pending]
         live.update((key, block) for (key, _), block in zip(pending, blocks))
         pending.clear()

@@ -178,7 +178,7 @@ class _Allocator:
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks) and self.limit is None and not self.expandable:   # no cached block fits
-            return self._take_new_segment(blocks, small, size)
+            return self.malloc_all((size,))[0]
         if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
             block = blocks.pop(i)[3]
         else:
@@ -216,44 +216,6 @@ class _Allocator:
             if self.reserved == self.peak_reserved:
                 self.at_peak = (self.segments, self.reserved - self.allocated)
             self.fresh_peak = False
-        return block
-
-    def _take_new_segment(self, blocks: list, small: bool, size: int) -> int:
-        """:meth:`malloc`'s steps where no cached block fits and nothing limits cudaMalloc, without expandable
-        segments: ``alloc_block()`` makes a segment, ``alloc_found_block()`` takes its head and leaves its tail (if
-        split off) free. The same blocks, by index and field, and the same stats, in one step: as each weight and
-        optimizer state of a large model is allocated."""
-        seg_bytes = allocation_size(size)
-        self.segments += 1
-        seg = self._segment(small, seg_bytes)
-        remaining = seg_bytes - size   # should_split()
-        split = (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES)
-        held = size if split else seg_bytes
-        block = len(self.off)
-        if split:   # the head, taken, and the tail, free
-            self.seg += (seg, seg)
-            self.off += (0, size)
-            self.size += (held, remaining)
-            self.mapped += (True, True)
-            self.used += (True, False)
-            self.prev += (NONE, block)
-            self.next += (block + 1, NONE)
-            bisect.insort(blocks, (remaining, seg, size, block + 1))
-        else:
-            self.seg.append(seg)
-            self.off.append(0)
-            self.size.append(held)
-            self.mapped.append(True)
-            self.used.append(True)
-            self.prev.append(NONE)
-            self.next.append(NONE)
-        self.reserved += seg_bytes
-        self.allocated += held
-        if self.allocated > self.peak_allocated:
-            self.peak_allocated = self.allocated
-        if self.reserved > self.peak_reserved:
-            self.peak_reserved = self.reserved
-            self.at_peak = (self.segments, self.reserved - self.allocated)
         return block
 
     def _get_free_block(self, pool: _Pool, size: int, first: int) -> int | None:  # get_free_block()
@@ -297,47 +259,116 @@ class _Allocator:
                         (remaining > SMALL_SIZE_BYTES)) else pool.blocks[i][0]
         self.peak_allocated = max(self.peak_allocated, self.allocated + held)
 
-    def malloc_all(self, requests) -> list:
-        """:meth:`malloc` of each of ``requests`` (byte counts, each above 0), in order: their blocks. The same
-        blocks, fields and stats as one by one (under a limit, where a request may fail, it is :meth:`malloc` one by
-        one). :meth:`malloc`'s steps are written out here once for the run, with the lists and the allocated
-        counter as locals: a replay's forward asks for thousands of saved tensors in a row, and Python's cost per
-        request is mostly its lookups."""
+    def malloc_all(self, sizes) -> list:
+        """:meth:`malloc` of each of ``sizes`` (requests as :func:`round_size` gives them), in order: their blocks.
+        The same blocks, fields and stats as one by one (under a limit, where a request may fail, it is
+        :meth:`malloc` one by one). :meth:`malloc`'s steps are written out here once for the run, with the lists
+        and the allocated counter as locals: a replay's forward asks for thousands of saved tensors in a row, and
+        Python's cost per request is mostly its lookups."""
         if self.limit is not None:   # a request may fail, and the cache be released: one by one
-            return [self.malloc(nbytes) for nbytes in requests]
-        expandable, best_fit = self.expandable, self._best_fit
-        pools = self.pools
-        segs, offs, sizes, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
-                                                         self.prev, self.next)
-        small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
-        allocated, peak = self.allocated, self.peak_allocated
+            return [self.malloc(size) for size in sizes]
+        if self.expandable:
+            return self._malloc_all_expandable(sizes)
+        segs, offs, lengths, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
+                                                           self.prev, self.next)
+        seg_small, seg_page = self.seg_small, self.seg_page
+        small_blocks, large_blocks = self.pools[True].blocks, self.pools[False].blocks
+        allocated, peak, reserved, peak_reserved = self.allocated, self.peak_allocated, self.reserved, self.peak_reserved
         out = []
-        for nbytes in requests:
-            size = (nbytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES * MIN_BLOCK_BYTES   # round_size()
+        for size in sizes:
             small = size <= SMALL_SIZE_BYTES
             blocks = small_blocks if small else large_blocks   # get_pool()
             i = bisect.bisect_left(blocks, (size,))
-            if i < len(blocks):
-                if expandable:   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
-                    after = nexts[blocks[i][3]]
-                    if after != NONE and not mapped[after]:
-                        i = best_fit(pools[small], size, i)
+            if i == len(blocks):   # alloc_block() makes a segment; alloc_found_block() takes its head
+                seg_bytes = (SMALL_BUFFER_BYTES if small else LARGE_BUFFER_BYTES if size < MIN_LARGE_ALLOC_BYTES
+                             else ROUND_LARGE_BYTES * -(-size // ROUND_LARGE_BYTES))   # allocation_size()
+                self.segments += 1
+                self.seq = seg = self.seq + 1
+                seg_small.append(small)
+                seg_page.append(seg_bytes)
+                block, remaining = len(lengths), seg_bytes - size
+                if (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES):   # the head, taken,
+                    segs += (seg, seg)                                                           # the tail, free
+                    offs += (0, size)
+                    lengths += (size, remaining)
+                    mapped += (True, True)
+                    used += (True, False)
+                    prevs += (NONE, block)
+                    nexts += (block + 1, NONE)
+                    bisect.insort(blocks, (remaining, seg, size, block + 1))
+                    allocated += size
+                else:
+                    segs.append(seg)
+                    offs.append(0)
+                    lengths.append(seg_bytes)
+                    mapped.append(True)
+                    used.append(True)
+                    prevs.append(NONE)
+                    nexts.append(NONE)
+                    allocated += seg_bytes
+                reserved += seg_bytes
+                if reserved > peak_reserved:
+                    peak_reserved = reserved
+                    self.at_peak = (self.segments, reserved - allocated)
+            else:
+                block = blocks.pop(i)[3]   # get_free_block(): best fit
+                remaining = lengths[block] - size   # should_split()
+                if (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES):
+                    seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
+                    rest = len(lengths)                                               # tail, free
+                    segs.append(seg)
+                    offs.append(off)
+                    lengths.append(remaining)
+                    mapped.append(True)
+                    used.append(False)
+                    prevs.append(block)
+                    nexts.append(after)
+                    if after != NONE:
+                        prevs[after] = rest
+                    nexts[block] = rest
+                    lengths[block] = size
+                    bisect.insort(blocks, (remaining, seg, off, rest))
+                used[block] = True
+                allocated += lengths[block]
+            if allocated > peak:
+                peak = allocated
+            out.append(block)
+        self.allocated, self.peak_allocated, self.reserved, self.peak_reserved = allocated, peak, reserved, peak_reserved
+        return out
+
+    def _malloc_all_expandable(self, sizes) -> list:
+        """:meth:`malloc_all` with expandable segments."""
+        best_fit, pools = self._best_fit, self.pools
+        segs, offs, lengths, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
+                                                           self.prev, self.next)
+        small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
+        allocated, peak = self.allocated, self.peak_allocated
+        out = []
+        for size in sizes:
+            small = size <= SMALL_SIZE_BYTES
+            blocks = small_blocks if small else large_blocks   # get_pool()
+            i = bisect.bisect_left(blocks, (size,))
+            if i < len(blocks):   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
+                after = nexts[blocks[i][3]]
+                if after != NONE and not mapped[after]:
+                    i = best_fit(pools[small], size, i)
                 block = blocks.pop(i)[3]
-            elif expandable:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
+            else:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
                 self.allocated = allocated
-                block = self._try_allocate_expandable_block(pools[small], size)
-            else:   # a new segment, its tail split off
-                self.allocated, self.peak_allocated = allocated, peak
-                out.append(self._take_new_segment(blocks, small, size))
-                allocated, peak = self.allocated, self.peak_allocated
-                continue
-            remaining = sizes[block] - size   # should_split()
-            if (remaining >= MIN_BLOCK_BYTES) if small or expandable else (remaining > SMALL_SIZE_BYTES):
+                pool = pools[small]
+                tail = pool.unmapped[0][2] if pool.unmapped else NONE   # find_expandable_block(): where the
+                free = prevs[tail] if tail != NONE else NONE   # first unmapped run and the free block before it fit,
+                if free != NONE and not used[free] and size <= lengths[free] + lengths[tail]:   # the segment's tail
+                    block = self._map_after(pool, free, tail, size)   # grows, as each weight, grad and optimizer
+                else:                                                 # state does the first time
+                    block = self._try_allocate_expandable_block(pool, size)
+            remaining = lengths[block] - size   # should_split()
+            if remaining >= MIN_BLOCK_BYTES:
                 seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
-                rest = len(sizes)                                                 # tail, free
+                rest = len(lengths)                                               # tail, free
                 segs.append(seg)
                 offs.append(off)
-                sizes.append(remaining)
+                lengths.append(remaining)
                 mapped.append(True)
                 used.append(False)
                 prevs.append(block)
@@ -345,13 +376,13 @@ class _Allocator:
                 if after != NONE:
                     prevs[after] = rest
                 nexts[block] = rest
-                sizes[block] = size
+                lengths[block] = size
                 bisect.insort(blocks, (remaining, seg, off, rest))
             used[block] = True
-            allocated += sizes[block]
+            allocated += lengths[block]
             if allocated > peak:
                 peak = allocated
-            if expandable and self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks
+            if self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks then
                 if self.reserved == self.peak_reserved:
                     self.at_peak = (self.segments, self.reserved - allocated)
                 self.fresh_peak = False
@@ -674,6 +705,7 @@ class Replayer:
         self.allocator = _Allocator(expandable, None)
         self.live: dict = {}
         self.groups: dict = {}   # a group's name -> its blocks, in the order made
+        self.rounded: dict = {}   # a group's sizes (a tuple) -> its requests, rounded
 
     def alloc(self, key, nbytes: int) -> None:
         if nbytes > 0 and key not in self.live:
@@ -689,7 +721,17 @@ class Replayer:
         :meth:`_Allocator.malloc_all`: tensors made in a row and freed together (a block's saved tensors, a part's
         grads), kept as one list of blocks rather than a key each."""
         if name not in self.groups:
-            self.groups[name] = self.allocator.malloc_all([nbytes for nbytes in sizes if nbytes > 0])
+            self.groups[name] = self.allocator.malloc_all(self._rounded(sizes))
+
+    def _rounded(self, sizes) -> list:
+        """The requests of ``sizes`` above 0, as :func:`round_size` gives them (kept per tuple: a layout asks for
+        each layer's saved tensors at the same sizes)."""
+        rounded = self.rounded.get(sizes) if type(sizes) is tuple else None
+        if rounded is None:
+            rounded = [round_size(nbytes) for nbytes in sizes if nbytes > 0]
+            if type(sizes) is tuple:
+                self.rounded[sizes] = rounded
+        return rounded
 
     def free_group(self, name: tuple) -> None:
         """``free_all`` of a group's keys, the last made first."""

@@ -130,7 +130,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     a = min(max(1, accum), 2)
     first_state = True
 
-    grads_of = {part: [g for i in ids for g, _ in tensors[i][2]]   # each part's weight grads' bytes
+    grads_of = {part: tuple(g for i in ids for g, _ in tensors[i][2])   # each part's weight grads' bytes
                 for part, ids in [("head", parts["head"]), ("embed", parts["embed"]), *enumerate(layers)]}
 
     def grads(part, start):   # a part's weight grads: made at a window's start and kept; later, added in place
