@@ -1,6 +1,5 @@
 """The ``python -m kit estimate`` contract (docs/cli-and-api.md, "Command line"): flags, JSON integer fields, exit
 codes."""
-import argparse
 import json
 import os
 import subprocess
@@ -9,25 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from kit.cli.estimate import register
-
 CONTRACT = ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
             "activations_bytes", "peak_bytes", "cpu_build_bytes")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(argv, capsys):
-    parser = argparse.ArgumentParser(prog="kit")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["estimate", *argv])
-    code = args.func(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_json_has_the_contract_integer_fields(capsys):
-    code, out, err = _run(["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128",
-                           "--precision", "fp16", "--json"], capsys)
+def test_json_has_the_contract_integer_fields(run_kit):
+    code, out, err = run_kit("estimate", "--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128",
+                             "--precision", "fp16", "--json")
     assert code == 0 and err == ""
     data = json.loads(out)
     for field in CONTRACT:
@@ -38,12 +26,11 @@ def test_json_has_the_contract_integer_fields(capsys):
     assert sum(data["components"].values()) == data["peak_bytes"]
 
 
-def test_every_flag_of_the_contract(capsys):
-    code, out, _ = _run(["--model", "meta-llama/Meta-Llama-3-8B", "--batch-size", "2", "--seq-len", "512",
-                         "--precision", "bf16", "--quantization", "4bit", "--lora-r", "16",
-                         "--lora-targets", "q_proj,v_proj", "--optimizer", "paged-adamw-8bit",
-                         "--gradient-checkpointing", "--grad-accum", "4", "--load-dtype", "bf16", "--json"],
-                        capsys)
+def test_every_flag_of_the_contract(run_kit):
+    code, out, _ = run_kit("estimate", "--model", "meta-llama/Meta-Llama-3-8B", "--batch-size", "2",
+                           "--seq-len", "512", "--precision", "bf16", "--quantization", "4bit", "--lora-r", "16",
+                           "--lora-targets", "q_proj,v_proj", "--optimizer", "paged-adamw-8bit",
+                           "--gradient-checkpointing", "--grad-accum", "4", "--load-dtype", "bf16", "--json")
     data = json.loads(out)
     assert code == 0 and data["trainable_params"] == 6_815_744
     assert data["setup"]["optim"] == "paged_adamw_8bit" and data["setup"]["grad_accum"] == 4
@@ -52,21 +39,21 @@ def test_every_flag_of_the_contract(capsys):
     assert data["optimizer_bytes"] == 6_815_744 * 2 + 6_815_744 // 256 * 8
 
 
-def test_load_dtype_defaults(capsys):
-    _, out, _ = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "64", "--json"], capsys)
+def test_load_dtype_defaults(run_kit):
+    _, out, _ = run_kit("estimate", "--model", "gpt2", "--batch-size", "1", "--seq-len", "64", "--json")
     assert json.loads(out)["setup"]["load_dtype"] == "fp32"
-    _, out, _ = _run(["--model", "tiny-llama", "--batch-size", "1", "--seq-len", "64", "--quantization", "4bit",
-                      "--lora-r", "8", "--json"], capsys)
+    _, out, _ = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "1", "--seq-len", "64",
+                        "--quantization", "4bit", "--lora-r", "8", "--json")
     assert json.loads(out)["setup"]["load_dtype"] == "bf16"
 
 
-def test_the_answer_by_default_and_the_table_with_details(capsys):
+def test_the_answer_by_default_and_the_table_with_details(run_kit):
     argv = ["--model", "distilgpt2+vocab-head", "--batch-size", "1", "--seq-len", "128"]
-    code, out, _ = _run(argv, capsys)
+    code, out, _ = run_kit("estimate", *argv)
     assert code == 0 and out.startswith("DOES NOT FIT Colab T4: ") and "reserved (modelled) of 14.56 GiB" in out
     assert "biggest cause: custom_layer" in out and "best change: --lora-r 256 --lora-targets custom_layer" in out
     assert "PEAK" not in out and out.rstrip().splitlines()[-1].startswith("details: --details")
-    code, out, _ = _run(argv + ["--details"], capsys)
+    code, out, _ = run_kit("estimate", *argv, "--details")
     assert code == 0 and out.startswith("DOES NOT FIT Colab T4: ")
     for row in ("weights", "gradients", "optimizer state", "activations", "logits & loss", "PEAK",
                 "custom_layer", "Colab T4"):
@@ -80,16 +67,16 @@ def test_the_answer_by_default_and_the_table_with_details(capsys):
     (["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4", "--lora-targets", "q_proj"],
      "c_attn"),
 ])
-def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
-    code, out, err = _run(argv, capsys)
+def test_bad_input_exits_2_with_a_message(argv, needle, run_kit):
+    code, out, err = run_kit("estimate", *argv)
     assert code == 2 and out == ""
     assert needle in err and "Traceback" not in err
 
 
-def test_unknown_choice_is_argparse_exit_2(capsys):
-    with pytest.raises(SystemExit) as exc:
-        _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--optimizer", "adam9"], capsys)
-    assert exc.value.code == 2
+def test_unknown_choice_is_argparse_exit_2(run_kit):
+    code, out, err = run_kit("estimate", "--model", "gpt2", "--batch-size", "1", "--seq-len", "8",
+                             "--optimizer", "adam9")
+    assert code == 2 and out == "" and "invalid choice: 'adam9'" in err
 
 
 def test_python_m_kit_estimate():
@@ -104,52 +91,52 @@ def test_python_m_kit_estimate():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Known names" in bad.stderr
 
 
-def test_optimizer_takes_the_trainer_names_help_lists(capsys):
+def test_optimizer_takes_the_trainer_names_help_lists(run_kit):
     for name, kit_name in (("adamw_torch", "adamw"), ("adamw_bnb_8bit", "adamw-8bit"),
                            ("paged_adamw_8bit", "paged-adamw-8bit"), ("adamw", "adamw"),
                            ("adamw_torch_fused", "adamw-fused")):
-        code, out, err = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--optimizer", name,
-                               "--json"], capsys)
+        code, out, err = run_kit("estimate", "--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8",
+                                 "--optimizer", name, "--json")
         assert code == 0, err
         assert json.loads(out)["setup"]["optimizer"] == kit_name
 
 
-def test_the_default_optimizer_is_trainers_and_the_table_names_it(capsys):
-    _, out, _ = _run(["--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--details"], capsys)
+def test_the_default_optimizer_is_trainers_and_the_table_names_it(run_kit):
+    _, out, _ = run_kit("estimate", "--model", "tiny-gpt2", "--batch-size", "1", "--seq-len", "8", "--details")
     assert "optimizer adamw-fused (optim='adamw_torch_fused')" in out.split("\n\n", 1)[1].splitlines()[1]
 
 
-def test_the_evaluation_phase_in_json_and_table(capsys):
+def test_the_evaluation_phase_in_json_and_table(run_kit):
     argv = ["--model", "meta-llama/Llama-3.2-1B", "--batch-size", "2", "--seq-len", "512", "--precision", "bf16",
             "--quantization", "4bit", "--lora-r", "8"]
-    _, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--json"], capsys)
+    _, out, _ = run_kit("estimate", *argv, "--eval-gather", "logits", "--eval-samples", "200", "--json")
     data = json.loads(out)
     # compute_metrics gathers 200 rows of fp32 logits on the GPU; torch.cat holds the old, the new and the result
     assert data["eval_moment"] == "gathering predictions (torch.cat)"
     assert data["eval_peak_bytes"] > 2 * 200 * 512 * 128256 * 4 > data["peak_bytes"]
-    code, out, _ = _run(argv + ["--eval-gather", "logits", "--eval-samples", "200", "--eval-accumulation-steps", "1",
-                                "--details"], capsys)
+    code, out, _ = run_kit("estimate", *argv, "--eval-gather", "logits", "--eval-samples", "200",
+                           "--eval-accumulation-steps", "1", "--details")
     assert code == 0 and "evaluation (batch 8, logits gathered)" in out
-    code, _, err = _run(argv + ["--eval-gather", "logits"], capsys)
+    code, _, err = run_kit("estimate", *argv, "--eval-gather", "logits")
     assert code == 2 and err.startswith("error: argument --eval-samples: ")
 
 
-def test_input_errors_name_the_option(capsys):
-    code, _, err = _run(["--model", "gpt2", "--batch-size", "0", "--seq-len", "8"], capsys)
+def test_input_errors_name_the_option(run_kit):
+    code, _, err = run_kit("estimate", "--model", "gpt2", "--batch-size", "0", "--seq-len", "8")
     assert code == 2 and err.startswith("error: argument --batch-size: batch_size must be a whole number >= 1")
-    code, _, err = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4",
-                         "--lora-targets", "q_proj"], capsys)
+    code, _, err = run_kit("estimate", "--model", "gpt2", "--batch-size", "1", "--seq-len", "8", "--lora-r", "4",
+                           "--lora-targets", "q_proj")
     assert code == 2 and err.startswith("error: argument --lora-targets: ") and "all-linear" in err
 
 
-def test_an_estimator_bug_is_one_line_and_exit_1(capsys, monkeypatch):
+def test_an_estimator_bug_is_one_line_and_exit_1(run_kit, monkeypatch):
     import kit.estimate.core
 
     def broken(*args, **kwargs):
         raise KeyError("intermediate_size")
 
     monkeypatch.setattr(kit.estimate, "estimate", broken)
-    code, out, err = _run(["--model", "gpt2", "--batch-size", "1", "--seq-len", "8"], capsys)
+    code, out, err = run_kit("estimate", "--model", "gpt2", "--batch-size", "1", "--seq-len", "8")
     assert code == 1 and out == "" and err.count("\n") == 1
     assert err.startswith("error: the estimator failed on this setup (KeyError:") and "KIT_TRACEBACK" in err
 
@@ -202,10 +189,10 @@ def test_fit_json_into_a_closed_pipe_exits_quietly():
     assert p.wait(timeout=300) == 0 and err == "", err
 
 
-def test_a_model_name_with_a_pasted_space_is_the_model(capsys):
+def test_a_model_name_with_a_pasted_space_is_the_model(run_kit):
     base = ["--batch-size", "1", "--seq-len", "8", "--json"]
-    code, out, err = _run(["--model", " tiny-llama ", *base], capsys)
-    code2, out2, _ = _run(["--model", "tiny-llama", *base], capsys)
+    code, out, err = run_kit("estimate", "--model", " tiny-llama ", *base)
+    code2, out2, _ = run_kit("estimate", "--model", "tiny-llama", *base)
     assert (code, err) == (0, "") and out == out2                 # the same bytes as the name typed cleanly
 
 
@@ -239,17 +226,18 @@ def test_no_model_at_all_is_one_sentence_named_model():
     assert e.value.name == "model"
 
 
-def test_i35_11_the_cpu_preset_estimates_cpu_kernels_so_liger_is_refused_as_the_api_refuses_it(capsys):
-    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--liger-kernel",
-                           "--preset", "cpu"], capsys)
+def test_i35_11_the_cpu_preset_estimates_cpu_kernels_so_liger_is_refused_as_the_api_refuses_it(run_kit):
+    code, out, err = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64",
+                             "--liger-kernel", "--preset", "cpu")
     assert code == 2 and out == "", out
     assert err.startswith("error: argument --liger-kernel: Liger's kernels are Triton kernels that run on a CUDA GPU "
                           "only"), err
-    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--preset", "cpu",
-                           "--json"], capsys)
+    code, out, err = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64",
+                             "--preset", "cpu", "--json")
     from kit.estimate import estimate
 
     assert code == 0 and json.loads(out)["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=64,
                                                                    device="cpu").peak_bytes
-    code, out, err = _run(["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64", "--preset", "cpu"], capsys)
+    code, out, err = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64",
+                             "--preset", "cpu")
     assert code == 0 and "RESERVED" not in out and "fits this machine's CPU and RAM" in out, out
