@@ -273,7 +273,8 @@ class _Allocator:
                                                            self.prev, self.next)
         seg_small, seg_page = self.seg_small, self.seg_page
         small_blocks, large_blocks = self.pools[True].blocks, self.pools[False].blocks
-        allocated, peak, reserved, peak_reserved = self.allocated, self.peak_allocated, self.reserved, self.peak_reserved
+        allocated, peak = self.allocated, self.peak_allocated
+        reserved, peak_reserved = self.reserved, self.peak_reserved
         out = []
         for size in sizes:
             small = size <= SMALL_SIZE_BYTES
@@ -333,7 +334,8 @@ class _Allocator:
             if allocated > peak:
                 peak = allocated
             out.append(block)
-        self.allocated, self.peak_allocated, self.reserved, self.peak_reserved = allocated, peak, reserved, peak_reserved
+        self.allocated, self.peak_allocated = allocated, peak
+        self.reserved, self.peak_reserved = reserved, peak_reserved
         return out
 
     def _malloc_all_expandable(self, sizes) -> list:
@@ -355,12 +357,14 @@ class _Allocator:
                 block = blocks.pop(i)[3]
             else:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
                 self.allocated = allocated
+                # find_expandable_block(): the first unmapped run, and the free block before it. Where the two hold
+                # the request, the segment's tail grows (as each weight, grad and optimizer state does, the first time)
                 pool = pools[small]
-                tail = pool.unmapped[0][2] if pool.unmapped else NONE   # find_expandable_block(): where the
-                free = prevs[tail] if tail != NONE else NONE   # first unmapped run and the free block before it fit,
-                if free != NONE and not used[free] and size <= lengths[free] + lengths[tail]:   # the segment's tail
-                    block = self._map_after(pool, free, tail, size)   # grows, as each weight, grad and optimizer
-                else:                                                 # state does the first time
+                tail = pool.unmapped[0][2] if pool.unmapped else NONE
+                free = prevs[tail] if tail != NONE else NONE
+                if free != NONE and not used[free] and size <= lengths[free] + lengths[tail]:
+                    block = self._map_after(pool, free, tail, size)
+                else:
                     block = self._try_allocate_expandable_block(pool, size)
             remaining = lengths[block] - size   # should_split()
             if remaining >= MIN_BLOCK_BYTES:
@@ -716,21 +720,19 @@ class Replayer:
         if block is not None:
             self.allocator.free(block)
 
-    def alloc_group(self, name: tuple, sizes) -> None:
+    def alloc_group(self, name: tuple, sizes: tuple) -> None:
         """``alloc`` of the keys ``name + (0,)``, ``name + (1,)``, ... at ``sizes``, in order, in one
         :meth:`_Allocator.malloc_all`: tensors made in a row and freed together (a block's saved tensors, a part's
         grads), kept as one list of blocks rather than a key each."""
         if name not in self.groups:
             self.groups[name] = self.allocator.malloc_all(self._rounded(sizes))
 
-    def _rounded(self, sizes) -> list:
+    def _rounded(self, sizes: tuple) -> list:
         """The requests of ``sizes`` above 0, as :func:`round_size` gives them (kept per tuple: a layout asks for
         each layer's saved tensors at the same sizes)."""
-        rounded = self.rounded.get(sizes) if type(sizes) is tuple else None
+        rounded = self.rounded.get(sizes)
         if rounded is None:
-            rounded = [round_size(nbytes) for nbytes in sizes if nbytes > 0]
-            if type(sizes) is tuple:
-                self.rounded[sizes] = rounded
+            rounded = self.rounded[sizes] = [round_size(nbytes) for nbytes in sizes if nbytes > 0]
         return rounded
 
     def free_group(self, name: tuple) -> None:

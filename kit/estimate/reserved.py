@@ -117,7 +117,7 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     """
     t = _Trace() if into is None else into
     L, hid = max(1, replay.L), replay.hidden
-    t.alloc_group(("w",), [w for _, w, _ in tensors])
+    t.alloc_group(("w",), tuple(w for _, w, _ in tensors))
     blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
     per = max(1, len(blocks) // L)
     layers = [blocks[j * per:(j + 1) * per] for j in range(L)]
@@ -190,8 +190,8 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
             t.free(("in", k))
         if (s + 1) % a == 0:   # the optimizer step, then zero_grad(set_to_none=True)
             if first_state:   # two tensors per trainable tensor (exp_avg, exp_avg_sq), kept
-                t.alloc_group(("st",), [half for _, _, own in tensors for _, state in own
-                                        for half in (state // 2, state - state // 2)])
+                t.alloc_group(("st",), tuple(half for _, _, own in tensors for _, state in own
+                                             for half in (state // 2, state - state // 2)))
             first_state = False
             t.passing("steptemp", step_temp)
             for part in grads_of:
