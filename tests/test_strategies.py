@@ -161,13 +161,11 @@ def test_unreadable_or_unmodelled_files_say_so(tmp_path):
 
 
 # ---- the CLI -------------------------------------------------------------------------------------------
-from test_estimate_cli import _run as _cli  # noqa: E402 (the estimate CLI's own test runner)
-
 BASE = ["--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32"]
 
 
-def test_cli_strategy_flags_give_per_gpu_json(capsys):
-    code, out, err = _cli(BASE + ["--strategy", "fsdp", "--num-gpus", "2", "--json"], capsys)
+def test_cli_strategy_flags_give_per_gpu_json(run_kit):
+    code, out, err = run_kit("estimate", *BASE, "--strategy", "fsdp", "--num-gpus", "2", "--json")
     data = json.loads(out)
     assert code == 0 and data["strategy"] == "fsdp" and data["num_gpus"] == 2
     assert data["peak_bytes"] == estimate("tiny-llama", batch_size=2, seq_len=32, strategy="fsdp",
@@ -177,25 +175,25 @@ def test_cli_strategy_flags_give_per_gpu_json(capsys):
         assert type(data[k]) is int
 
 
-def test_cli_accelerate_config_sets_the_launch_and_flags_win(capsys):
-    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "fsdp2.yaml"), "--json"], capsys)
+def test_cli_accelerate_config_sets_the_launch_and_flags_win(run_kit):
+    code, out, _ = run_kit("estimate", *BASE, "--accelerate-config", str(DATA / "fsdp2.yaml"), "--json")
     data = json.loads(out)
     assert (data["strategy"], data["num_gpus"], data["setup"]["precision"]) == ("fsdp", 4, "bf16")
-    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "fsdp2.yaml"), "--num-gpus", "2",
-                                "--precision", "fp32", "--json"], capsys)
+    code, out, _ = run_kit("estimate", *BASE, "--accelerate-config", str(DATA / "fsdp2.yaml"), "--num-gpus", "2",
+                           "--precision", "fp32", "--json")
     data = json.loads(out)
     assert (data["num_gpus"], data["setup"]["precision"]) == (2, "fp32")
-    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "ddp.yaml")], capsys)
+    code, out, _ = run_kit("estimate", *BASE, "--accelerate-config", str(DATA / "ddp.yaml"))
     assert "reserved (modelled) per GPU (ddp over 2 GPUs) of" in out.splitlines()[0]   # the answer says it
     assert f"accelerate launch --config_file {DATA / 'ddp.yaml'}" in out
-    code, out, _ = _cli(BASE + ["--accelerate-config", str(DATA / "ddp.yaml"), "--details"], capsys)
+    code, out, _ = run_kit("estimate", *BASE, "--accelerate-config", str(DATA / "ddp.yaml"), "--details")
     assert "PER GPU: ddp over 2 GPUs" in out
 
 
-def test_cli_errors_name_the_flag(capsys):
-    code, _, err = _cli(BASE + ["--strategy", "ddp", "--num-gpus", "2", "--cpu-offload"], capsys)
+def test_cli_errors_name_the_flag(run_kit):
+    code, _, err = run_kit("estimate", *BASE, "--strategy", "ddp", "--num-gpus", "2", "--cpu-offload")
     assert code == 2 and err.startswith("error: argument --cpu-offload")
-    code, _, err = _cli(BASE + ["--accelerate-config", "/no/such.yaml"], capsys)
+    code, _, err = run_kit("estimate", *BASE, "--accelerate-config", "/no/such.yaml")
     assert code == 2 and "--accelerate-config" in err
 
 
@@ -279,10 +277,10 @@ def test_a_bad_accelerate_config_field_is_one_sentence_named_accelerate_config(t
     assert e.value.name == "accelerate_config"
 
 
-def test_a_bad_zero_stage_is_blamed_on_the_file_not_on_strategy(tmp_path, capsys):
+def test_a_bad_zero_stage_is_blamed_on_the_file_not_on_strategy(tmp_path, run_kit):
     path = tmp_path / "ds.yaml"
     path.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 7\n")
-    code, _, err = _cli(BASE + ["--accelerate-config", str(path)], capsys)
+    code, _, err = run_kit("estimate", *BASE, "--accelerate-config", str(path))
     assert code == 2 and err.startswith("error: argument --accelerate-config: ") and "--strategy" not in err
     assert "ZeRO stage 7" in err and "Traceback" not in err
 
