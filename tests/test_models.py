@@ -1,5 +1,6 @@
 """Models: shipped configs give the real parameter counts, twins train, loading goes through from_pretrained."""
 import sys
+import warnings
 
 import pytest
 import torch
@@ -326,3 +327,19 @@ def test_item11_the_4bit_compute_dtype_follows_the_compute_capability(monkeypatc
 
     monkeypatch.setattr(machine, "compute_capability", lambda: capability)
     assert models.bnb_config("4bit").bnb_4bit_compute_dtype == dtype
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "distilgpt2+vocab-head"])
+def test_checkpointing_is_set_by_the_name_this_transformers_has(name):
+    """``set_checkpointing`` turns the layers' checkpointing on and off with no FutureWarning: transformers 5.25
+    renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable`` and warns on the old name."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model = models.build_model(name, device="meta")
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        models.set_checkpointing(model.gpt2 if name.endswith("vocab-head") else model, on=False)
+        assert layers and not any(layer.gradient_checkpointing for layer in layers)
+        models.set_checkpointing(model, kwargs={"use_reentrant": False})
+        assert all(layer.gradient_checkpointing for layer in layers)

@@ -110,14 +110,14 @@ def build(setup: dict):
         if setup["quantization"] != "none":  # the standard QLoRA recipe, as the estimator assumes
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(ckpt))
         elif ckpt:
-            model.gradient_checkpointing_enable()
+            kmodels.set_checkpointing(model)
             model.enable_input_require_grads()  # checkpointing a frozen base needs inputs with grad
         # target_modules=None: peft's default per model type, as the estimator's default targets
         model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, task_type="CAUSAL_LM"))
     elif ckpt:
-        model.gradient_checkpointing_enable()
+        kmodels.set_checkpointing(model)
     elif vocab_head:  # VocabHeadModel checkpoints its base itself, as the user's code did
-        model.gpt2.gradient_checkpointing_disable()
+        kmodels.set_checkpointing(model.gpt2, on=False)
     return model
 
 

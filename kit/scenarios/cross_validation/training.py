@@ -102,7 +102,7 @@ def kbit_recipe(model, recipe: str = "standard"):
                                                gradient_checkpointing_kwargs={"use_reentrant": False})
     for param in model.parameters():  # lean
         param.requires_grad = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kmodels.set_checkpointing(model, kwargs={"use_reentrant": False})
     model.enable_input_require_grads()  # checkpointing a frozen base needs inputs that want grad
     return model
 

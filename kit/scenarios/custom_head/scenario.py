@@ -223,8 +223,7 @@ def bnb_8bit_problem(model: nn.Module) -> str | None:
 
 def _checkpointed(model):
     # On the model, not TrainingArguments: transformers 5 renamed that flag, and Colab may have 4.x.
-    model.gradient_checkpointing_enable()
-    return model
+    return kmodels.set_checkpointing(model)
 
 
 def fix_setup(which: str, size: str | None = None, rank: int | None = None, dtype: str | None = None) -> dict:
