@@ -83,8 +83,8 @@ def report(table: list, repeats: int) -> str:
     lines = [f"# Reserved figure: CPU time per setup ({now})", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), Python {platform.python_version()}. "
              f"CPU time (process_time) of Estimate.reserved with the replay cache emptied, {repeats} runs per setup "
-             f"in rounds over all the setups; "
-             f"the estimate itself not timed. Target: {TARGET_MS:.0f} ms (issue 34).", "",
+             f"in rounds over all the setups; the estimate itself not timed. Target: {TARGET_MS:.0f} ms (issue 34).",
+             "",
              "Command: `python benchmarks/reserved_timing.py`", "",
              "| model | setup | median ms | max ms |", "|---|---|---:|---:|"]
     lines += [f"| {model} | {label} | {statistics.median(ms):.1f} | {max(ms):.1f} |" for model, label, ms in table]
