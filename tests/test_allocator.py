@@ -301,13 +301,14 @@ def test_a_temporary_made_and_freed_at_once_leaves_what_malloc_then_free_leaves(
     assert apart.run(None) == together.run(None)
 
 
-def assert_same_state(a, b, besides=("pools",)):
+def assert_same_state(first, second, besides=("pools",)):
     """Two allocators in the same state: the same fields (``besides`` not compared), so the same blocks by index and
     field and the same counters, and the same free lists, entry by entry."""
-    assert vars(a).keys() == vars(b).keys()
-    assert {k: v for k, v in vars(a).items() if k not in besides} == {
-        k: v for k, v in vars(b).items() if k not in besides}
-    assert [(p.blocks, p.unmapped) for p in a.pools.values()] == [(p.blocks, p.unmapped) for p in b.pools.values()]
+    assert vars(first).keys() == vars(second).keys()
+    assert {k: v for k, v in vars(first).items() if k not in besides} == {
+        k: v for k, v in vars(second).items() if k not in besides}
+    assert [(p.blocks, p.unmapped) for p in first.pools.values()] == [
+        (p.blocks, p.unmapped) for p in second.pools.values()]
 
 
 class _MapsRunsOnly(allocator._Allocator):
@@ -343,9 +344,9 @@ def test_a_growing_tail_mapped_at_once_leaves_what_the_general_path_leaves():
 
 
 def test_a_new_segment_taken_at_once_leaves_what_the_general_path_leaves():
-    """A new segment as ``malloc_all`` makes it (no limit, no expandable segments: the reserved layout's replays)
-    against the general path (taken under a limit never reached): the same blocks, by index and field, the same
-    free lists and counters, after every event of a random workload with ``empty_cache``."""
+    """``_take_new_segment`` (no limit, no expandable segments: the reserved layout's replays) against the general
+    path (taken under a limit never reached): the same blocks, by index and field, the same free lists and
+    counters, after every event of a random workload with ``empty_cache``."""
     fast, general = allocator._Allocator(False, None), allocator._Allocator(False, 1 << 62)
     live = {}
     for i, (op, key, *n) in enumerate(random_events(6000, seed=11, max_live=300)):

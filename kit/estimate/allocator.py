@@ -178,7 +178,7 @@ class _Allocator:
         blocks = pool.blocks
         i = bisect.bisect_left(blocks, (size,))
         if i == len(blocks) and self.limit is None and not self.expandable:   # no cached block fits
-            return self.malloc_all((size,))[0]
+            return self._take_new_segment(blocks, small, size)
         if i < len(blocks) and not self.expandable:   # get_free_block(): best fit
             block = blocks.pop(i)[3]
         else:
@@ -216,6 +216,44 @@ class _Allocator:
             if self.reserved == self.peak_reserved:
                 self.at_peak = (self.segments, self.reserved - self.allocated)
             self.fresh_peak = False
+        return block
+
+    def _take_new_segment(self, blocks: list, small: bool, size: int) -> int:
+        """:meth:`malloc`'s steps where no cached block fits and nothing limits cudaMalloc, without expandable
+        segments: ``alloc_block()`` makes a segment, ``alloc_found_block()`` takes its head and leaves its tail (if
+        split off) free. The same blocks, by index and field, and the same stats, in one step: as each weight and
+        optimizer state of a large model is allocated."""
+        seg_bytes = allocation_size(size)
+        self.segments += 1
+        seg = self._segment(small, seg_bytes)
+        remaining = seg_bytes - size   # should_split()
+        split = (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES)
+        held = size if split else seg_bytes
+        block = len(self.off)
+        if split:   # the head, taken, and the tail, free
+            self.seg += (seg, seg)
+            self.off += (0, size)
+            self.size += (held, remaining)
+            self.mapped += (True, True)
+            self.used += (True, False)
+            self.prev += (NONE, block)
+            self.next += (block + 1, NONE)
+            bisect.insort(blocks, (remaining, seg, size, block + 1))
+        else:
+            self.seg.append(seg)
+            self.off.append(0)
+            self.size.append(held)
+            self.mapped.append(True)
+            self.used.append(True)
+            self.prev.append(NONE)
+            self.next.append(NONE)
+        self.reserved += seg_bytes
+        self.allocated += held
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self.at_peak = (self.segments, self.reserved - self.allocated)
         return block
 
     def _get_free_block(self, pool: _Pool, size: int, first: int) -> int | None:  # get_free_block()
@@ -263,84 +301,11 @@ class _Allocator:
         """:meth:`malloc` of each of ``sizes`` (requests as :func:`round_size` gives them), in order: their blocks.
         The same blocks, fields and stats as one by one (under a limit, where a request may fail, it is
         :meth:`malloc` one by one). :meth:`malloc`'s steps are written out here once for the run, with the lists
-        and the allocated counter as locals: a replay's forward asks for thousands of saved tensors in a row, and
-        Python's cost per request is mostly its lookups."""
+        and counters as locals: a replay's forward asks for thousands of saved tensors in a row, and Python's cost
+        per request is mostly its lookups."""
         if self.limit is not None:   # a request may fail, and the cache be released: one by one
             return [self.malloc(size) for size in sizes]
-        if self.expandable:
-            return self._malloc_all_expandable(sizes)
-        segs, offs, lengths, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
-                                                           self.prev, self.next)
-        seg_small, seg_page = self.seg_small, self.seg_page
-        small_blocks, large_blocks = self.pools[True].blocks, self.pools[False].blocks
-        allocated, peak = self.allocated, self.peak_allocated
-        reserved, peak_reserved = self.reserved, self.peak_reserved
-        out = []
-        for size in sizes:
-            small = size <= SMALL_SIZE_BYTES
-            blocks = small_blocks if small else large_blocks   # get_pool()
-            i = bisect.bisect_left(blocks, (size,))
-            if i == len(blocks):   # alloc_block() makes a segment; alloc_found_block() takes its head
-                seg_bytes = (SMALL_BUFFER_BYTES if small else LARGE_BUFFER_BYTES if size < MIN_LARGE_ALLOC_BYTES
-                             else ROUND_LARGE_BYTES * -(-size // ROUND_LARGE_BYTES))   # allocation_size()
-                self.segments += 1
-                self.seq = seg = self.seq + 1
-                seg_small.append(small)
-                seg_page.append(seg_bytes)
-                block, remaining = len(lengths), seg_bytes - size
-                if (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES):   # the head, taken,
-                    segs += (seg, seg)                                                           # the tail, free
-                    offs += (0, size)
-                    lengths += (size, remaining)
-                    mapped += (True, True)
-                    used += (True, False)
-                    prevs += (NONE, block)
-                    nexts += (block + 1, NONE)
-                    bisect.insort(blocks, (remaining, seg, size, block + 1))
-                    allocated += size
-                else:
-                    segs.append(seg)
-                    offs.append(0)
-                    lengths.append(seg_bytes)
-                    mapped.append(True)
-                    used.append(True)
-                    prevs.append(NONE)
-                    nexts.append(NONE)
-                    allocated += seg_bytes
-                reserved += seg_bytes
-                if reserved > peak_reserved:
-                    peak_reserved = reserved
-                    self.at_peak = (self.segments, reserved - allocated)
-            else:
-                block = blocks.pop(i)[3]   # get_free_block(): best fit
-                remaining = lengths[block] - size   # should_split()
-                if (remaining >= MIN_BLOCK_BYTES) if small else (remaining > SMALL_SIZE_BYTES):
-                    seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
-                    rest = len(lengths)                                               # tail, free
-                    segs.append(seg)
-                    offs.append(off)
-                    lengths.append(remaining)
-                    mapped.append(True)
-                    used.append(False)
-                    prevs.append(block)
-                    nexts.append(after)
-                    if after != NONE:
-                        prevs[after] = rest
-                    nexts[block] = rest
-                    lengths[block] = size
-                    bisect.insort(blocks, (remaining, seg, off, rest))
-                used[block] = True
-                allocated += lengths[block]
-            if allocated > peak:
-                peak = allocated
-            out.append(block)
-        self.allocated, self.peak_allocated = allocated, peak
-        self.reserved, self.peak_reserved = reserved, peak_reserved
-        return out
-
-    def _malloc_all_expandable(self, sizes) -> list:
-        """:meth:`malloc_all` with expandable segments."""
-        best_fit, pools = self._best_fit, self.pools
+        expandable, best_fit, pools = self.expandable, self._best_fit, self.pools
         segs, offs, lengths, mapped, used, prevs, nexts = (self.seg, self.off, self.size, self.mapped, self.used,
                                                            self.prev, self.next)
         small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
@@ -350,24 +315,22 @@ class _Allocator:
             small = size <= SMALL_SIZE_BYTES
             blocks = small_blocks if small else large_blocks   # get_pool()
             i = bisect.bisect_left(blocks, (size,))
-            if i < len(blocks):   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
-                after = nexts[blocks[i][3]]
-                if after != NONE and not mapped[after]:
-                    i = best_fit(pools[small], size, i)
+            if i < len(blocks):
+                if expandable:   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
+                    after = nexts[blocks[i][3]]
+                    if after != NONE and not mapped[after]:
+                        i = best_fit(pools[small], size, i)
                 block = blocks.pop(i)[3]
-            else:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
+            elif expandable:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
                 self.allocated = allocated
-                # find_expandable_block(): the first unmapped run, and the free block before it. Where the two hold
-                # the request, the segment's tail grows (as each weight, grad and optimizer state does, the first time)
-                pool = pools[small]
-                tail = pool.unmapped[0][2] if pool.unmapped else NONE
-                free = prevs[tail] if tail != NONE else NONE
-                if free != NONE and not used[free] and size <= lengths[free] + lengths[tail]:
-                    block = self._map_after(pool, free, tail, size)
-                else:
-                    block = self._try_allocate_expandable_block(pool, size)
+                block = self._try_allocate_expandable_block(pools[small], size)
+            else:   # a new segment, its tail split off
+                self.allocated, self.peak_allocated = allocated, peak
+                out.append(self._take_new_segment(blocks, small, size))
+                allocated, peak = self.allocated, self.peak_allocated
+                continue
             remaining = lengths[block] - size   # should_split()
-            if remaining >= MIN_BLOCK_BYTES:
+            if (remaining >= MIN_BLOCK_BYTES) if small or expandable else (remaining > SMALL_SIZE_BYTES):
                 seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
                 rest = len(lengths)                                               # tail, free
                 segs.append(seg)
@@ -386,7 +349,7 @@ class _Allocator:
             allocated += lengths[block]
             if allocated > peak:
                 peak = allocated
-            if self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks then
+            if expandable and self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks
                 if self.reserved == self.peak_reserved:
                     self.at_peak = (self.segments, self.reserved - allocated)
                 self.fresh_peak = False
