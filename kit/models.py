@@ -41,16 +41,16 @@ def as_dtype(dtype) -> torch.dtype:
     raise ValueError(f"Unknown dtype {dtype!r}: use one of {sorted(_DTYPES)} or a torch.dtype.")
 
 
-def set_checkpointing(model: nn.Module, on: bool = True, kwargs: dict | None = None) -> nn.Module:
+def set_checkpointing(model: nn.Module, enabled: bool = True, kwargs: dict | None = None) -> nn.Module:
     """Activation checkpointing on (with ``kwargs``, e.g. ``{"use_reentrant": False}``) or off, by the name this
     transformers has: ``activation_checkpointing_enable`` / ``_disable`` since 5.25, where the older
     ``gradient_checkpointing_*`` names warn that v6 removes them; those older names before."""
     if hasattr(model, "activation_checkpointing_enable"):
-        if on:
+        if enabled:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.activation_checkpointing_disable()
-    elif on:
+    elif enabled:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_disable()

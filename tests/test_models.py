@@ -339,7 +339,7 @@ def test_checkpointing_is_set_by_the_name_this_transformers_has(name):
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        models.set_checkpointing(model.gpt2 if name.endswith("vocab-head") else model, on=False)
+        models.set_checkpointing(model.gpt2 if name.endswith("vocab-head") else model, enabled=False)
         assert layers and not any(layer.gradient_checkpointing for layer in layers)
         models.set_checkpointing(model, kwargs={"use_reentrant": False})
         assert all(layer.gradient_checkpointing for layer in layers)

@@ -117,7 +117,7 @@ def build(setup: dict):
     elif ckpt:
         kmodels.set_checkpointing(model)
     elif vocab_head:  # VocabHeadModel checkpoints its base itself, as the user's code did
-        kmodels.set_checkpointing(model.gpt2, on=False)
+        kmodels.set_checkpointing(model.gpt2, enabled=False)
     return model
 
 
