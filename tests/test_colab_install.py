@@ -175,3 +175,13 @@ def test_every_notebook_has_the_same_install_cell():
     cells = {str(p.relative_to(ROOT)): _install_cell(p) for p in NOTEBOOKS}
     first = next(iter(cells.values()))
     assert [p for p, src in cells.items() if src != first] == [], "the install cells differ: copy one into all"
+
+
+def test_the_install_address_is_one_constant_and_the_readme_names_it():
+    """Every install cell's KIT_REPO_URL is kit.REPO_URL, and the README says where the install cell points."""
+    import kit
+
+    for path in NOTEBOOKS:
+        address = re.search(r'KIT_REPO_URL = "([^"]+)"', _install_cell(path))
+        assert address and address.group(1) == kit.REPO_URL, f"{path.name}: {address and address.group(1)}"
+    assert f"installs the kit from `{kit.REPO_URL}`" in (ROOT / "README.md").read_text().replace("\n", " ")
