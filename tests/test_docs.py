@@ -87,3 +87,50 @@ def test_readme_quotes_the_accuracy_its_results_file_holds():
 def test_the_accuracy_page_quotes_its_results_files(name, pattern, quoted):
     page = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert quoted.format(*_summary(name, pattern)) in page and name in page
+
+
+# A band the docs quote from the tests, "LOW to HIGH (`tests/a.py`, `tests/b.py`)": each file asserts that band.
+BAND = re.compile(r"(\d\.\d+) to (\d\.\d+):? \(((?:`tests/\w+\.py`(?:; [^)]*|, )?)+)\)")
+
+
+def _quoted_bands():
+    for page in PAGES:
+        text = " ".join(page.read_text().split())
+        for low, high, cited in BAND.findall(text):
+            yield page.name, low, high, re.findall(r"`(tests/\w+\.py)`", cited)
+
+
+def test_every_ratio_band_the_docs_quote_from_a_test_is_the_band_that_test_asserts():
+    quoted = list(_quoted_bands())
+    assert len(quoted) >= 6, quoted      # accuracy (4), how the estimate works (1), the CLI page (2)
+    wrong = [(page, f"{low} to {high}", test) for page, low, high, tests in quoted for test in tests
+             if not re.search(rf"\b{re.escape(low)} <= [\w.\[\]\"' ]+ <= {re.escape(high)}\b",
+                              (ROOT / test).read_text())]
+    assert not wrong, f"quoted bands that the cited test does not assert: {wrong}"
+
+
+def test_the_band_check_sees_a_band_its_test_does_not_hold():
+    text = "the loop at 0.99 to 1.00 (`tests/test_loop.py`)"
+    low, high, cited = BAND.findall(text)[0]
+    assert (low, high, cited) == ("0.99", "1.00", "`tests/test_loop.py`")
+    assert not re.search(rf"\b{low} <= [\w.\[\]\"' ]+ <= {high}\b", (ROOT / "tests/test_loop.py").read_text())
+
+
+def _pinned_counts(test_file: str) -> set:
+    """The model ids a test file pins to a parameter count: ``"id": 1_234_567,`` in a dict of its own."""
+    return set(re.findall(r'^\s*"([\w./+-]+)": \d[\d_]{6,},', (ROOT / test_file).read_text(), re.MULTILINE))
+
+
+def test_every_shipped_id_the_docs_list_is_pinned_where_they_say():
+    from kit.model_configs import known_models
+
+    text = " ".join((ROOT / "docs/cli-and-api.md").read_text().split())
+    paragraph = re.search(r"Shipped by their exact Hub ids \((.*?)\), so they work offline: (.*?) Any other", text)
+    claim, listed = paragraph.groups()
+    ids = re.findall(r"`([\w./+-]+)`", listed)
+    elsewhere = [i for i in re.findall(r"`([\w./+-]+)`", claim) if i in ids]
+    assert len(ids) >= 20 and len(elsewhere) == 4
+    published, models = _pinned_counts("tests/test_shipped_configs.py"), _pinned_counts("tests/test_models.py")
+    assert "in `tests/test_shipped_configs.py`" in claim and "in `tests/test_models.py`" in claim
+    assert [i for i in ids if i not in known_models()] == []
+    assert [i for i in ids if i not in (models if i in elsewhere else published)] == []
