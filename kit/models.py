@@ -24,6 +24,7 @@ import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
 from kit import dtypes, machine, runtime
+from kit.inputs import InputError
 
 # Configs are model_configs' room; these names stay part of kit.models' API.
 from kit.model_configs import CONFIG_DIR, REGISTRY, TINY, VOCAB_HEAD, get_config, known_models, smoke_twin, split_name
@@ -83,6 +84,10 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32, tas
     dtype = as_dtype(dtype)
     cfg = get_config(name_or_config)
     head = getattr(cfg, "kit_vocab_head", False)
+    if head and task != "causal-lm":
+        raise InputError("task", f"{cfg.kit_name}{VOCAB_HEAD} is scenario 1's model, a Linear(V, V) head on a causal LM's "
+                                 f"logits, and has no {task} head: drop the task, or pass the base model "
+                                 f"({cfg.kit_name}) with task {task!r}.", code="contradicts")
     if head:  # build the base as shipped; the wrapper adds the pad token like the user did
         del cfg.kit_vocab_head
         cfg.vocab_size -= 1
