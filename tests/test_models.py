@@ -206,10 +206,11 @@ def test_a_config_that_is_no_causal_lm_is_refused_before_building():
     assert "GPT2Config, " not in str(exc.value)  # not transformers' list of every causal LM config
 
 
-def test_a_config_transformers_cannot_build_is_one_sentence():
+def test_a_config_with_a_size_of_zero_is_one_sentence_naming_the_field():
     cfg = models.get_config("tiny-llama")
     cfg.num_attention_heads = 0
-    with pytest.raises(ValueError, match=r"^transformers could not build a llama model from this config"):
+    with pytest.raises(ValueError, match=r"^this llama config: num_attention_heads is 0, and a model needs it a whole "
+                                         r"number >= 1: fix that field\.$"):
         models.build_model(cfg, device="meta")
 
 
