@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PretrainedConfig
 
 from kit import runtime
@@ -162,7 +163,7 @@ def get_config(name_or_path: str) -> PretrainedConfig:
     8
     """
     if isinstance(name_or_path, PretrainedConfig):
-        return copy.deepcopy(name_or_path)
+        return checked_sizes(copy.deepcopy(name_or_path), f"this {name_or_path.model_type} config")
     name_or_path = model_name(name_or_path)
     base, head = split_name(name_or_path)
     if base in REGISTRY:
@@ -182,7 +183,7 @@ def get_config(name_or_path: str) -> PretrainedConfig:
                              f"name ({', '.join(known_models())}).")
         path = path / "config.json"
     if path.is_file():
-        return _read_config(path)
+        return checked_sizes(_read_config(path), str(path))
     if not _HUB_ID.fullmatch(str(name_or_path)):
         raise ValueError(f"Unknown model {name_or_path!r}: it is no known name, no file and no Hub id. Known names: "
                          f"{', '.join(known_models())}. A Hub id (org/name), or a path to a config.json (or the "
@@ -241,6 +242,32 @@ def config_stamp(name_or_path) -> str:
     return hashlib.sha1(data).hexdigest() if data else ""
 
 
+# The sizes a model is built from: each a whole number >= 1 where the config sets it (None: the family's default).
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "intermediate_size", "head_dim", "max_position_embeddings")
+
+
+def checked_sizes(cfg: PretrainedConfig, where: str) -> PretrainedConfig:
+    """``cfg`` as it is, where each of its sizes (:data:`SIZE_FIELDS`, in its text config) is a whole number >= 1;
+    else one sentence naming the field as the config spells it (``n_embd`` for GPT-2's hidden size).
+
+    >>> from transformers import LlamaConfig
+    >>> checked_sizes(LlamaConfig(num_hidden_layers=0), "my config")
+    Traceback (most recent call last):
+    ...
+    kit.inputs.InputError: my config: num_hidden_layers is 0, and a model needs it a whole number >= 1: fix that \
+field.
+    """
+    text = cfg.get_text_config()
+    for name in SIZE_FIELDS:
+        value = getattr(text, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            spelled = text.attribute_map.get(name, name)
+            raise InputError("model", f"{where}: {spelled} is {value!r}, and a model needs it a whole number >= 1: "
+                                      "fix that field.", code="bad-config")
+    return cfg
+
+
 # A Hub repository id: "org/name", or a legacy one-part name such as "gpt2".
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
@@ -288,7 +315,7 @@ def _hub_config(repo_id: str) -> PretrainedConfig:
                              f"read it (huggingface_hub.login()), {own_path}.") from exc
         raise ValueError(f"the Hub could not give {repo_id}'s config.json ({type(exc).__name__}"
                          f"{f' {status}' if status else ''}): try again, {own_path}.") from exc
-    cfg = _read_config(Path(path))
+    cfg = checked_sizes(_read_config(Path(path)), f"{repo_id}'s config.json")
     cfg.kit_name = repo_id
     return cfg
 
@@ -314,6 +341,10 @@ def _read_config(path: Path) -> PretrainedConfig:
                          "itself as an nn.Module.")
     try:
         return AutoConfig.from_pretrained(path)
+    except StrictDataclassError as exc:   # transformers 5 validates a config's fields and their agreement
+        cause = str(exc.__cause__ or exc).strip().rstrip(".")
+        raise InputError("model", f"{path}: transformers refuses this {data['model_type']} config ({cause}): fix "
+                                  "the field it names in that file.", code="bad-config") from exc
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"transformers could not read {path} as a {data['model_type']} config "

@@ -24,6 +24,7 @@ import transformers
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PretrainedConfig
 
 from kit import dtypes, machine, runtime
+from kit.inputs import InputError
 
 # Configs are model_configs' room; these names stay part of kit.models' API.
 from kit.model_configs import CONFIG_DIR, REGISTRY, TINY, VOCAB_HEAD, get_config, known_models, smoke_twin, split_name
@@ -83,6 +84,10 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32, tas
     dtype = as_dtype(dtype)
     cfg = get_config(name_or_config)
     head = getattr(cfg, "kit_vocab_head", False)
+    if head and task != "causal-lm":
+        raise InputError("task", f"{cfg.kit_name}{VOCAB_HEAD} is scenario 1's model, a Linear(V, V) head on a causal LM's "
+                                 f"logits, and has no {task} head: drop the task, or pass the base model "
+                                 f"({cfg.kit_name}) with task {task!r}.", code="contradicts")
     if head:  # build the base as shipped; the wrapper adds the pad token like the user did
         del cfg.kit_vocab_head
         cfg.vocab_size -= 1
@@ -164,14 +169,32 @@ def _check_bnb(device: str) -> None:
                            "needs bitsandbytes >= 0.46 (or use a GPU, or quantization='none').")
 
 
+def cache_root() -> Path:
+    """The folder the twins are saved under: ``$KIT_CACHE`` (``~`` expanded, as a shell would), else
+    ``$HF_HOME/kit-twins``; one sentence, naming the variable, where a file stands in the way of that folder.
+
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"KIT_CACHE": "~/kitcache"}):
+    ...     cache_root() == Path("~/kitcache").expanduser()
+    True
+    """
+    given = os.environ.get("KIT_CACHE")
+    root = Path(given or os.path.join(os.environ.get("HF_HOME") or "~/.cache/huggingface", "kit-twins")).expanduser()
+    blocked = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        variable = "KIT_CACHE" if given else "HF_HOME"
+        raise InputError(variable, f"{variable} is {os.environ[variable]!r}, and {blocked} is a file, not a folder: "
+                                   f"point {variable} at a folder (made if missing), or unset it.", code="bad-cache")
+    return root
+
+
 def twin_dir(name: str, dtype) -> Path:
     """Where the saved twin of ``name`` lives: under ``$KIT_CACHE``, else ``$HF_HOME/kit-twins``.
 
     The folder name carries the dtype and a hash of the config, so an edited config
     never reuses a stale twin.
     """
-    root = os.environ.get("KIT_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "kit-twins")
+    root = cache_root()
     digest = hashlib.sha1(get_config(name).to_json_string().encode()).hexdigest()[:10]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "--", str(name))
     return Path(root) / f"{safe}-{str(as_dtype(dtype)).replace('torch.', '')}-{digest}"

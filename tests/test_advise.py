@@ -290,3 +290,21 @@ def test_i35_12_the_cpu_verdict_judges_the_peak_and_names_no_caching_allocator()
     first = a.text().splitlines()[0]
     assert first.startswith("fits this machine's CPU") and " peak of " in first, first
     assert "reserved" not in a.text() and "reserved" not in a.text(details=True), a.text(details=True)
+
+
+def test_i50_1_a_batch_of_ten_billion_is_split_at_once_into_a_divisor():
+    import signal
+
+    def too_slow(signum, frame):
+        raise TimeoutError("the split's divisors took over 30 s")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(30)   # before: range(batch_size) listed 10**10 candidates, and never ended
+    try:
+        a = advise({"model": "tiny-llama", "batch_size": 10**10, "seq_len": 64}, "colab-t4")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    split = next(s for s in a.suggestions if "grad-accum" in s.changes)
+    assert split.fits and split.changes["batch-size"] * split.changes["grad-accum"] == 10**10, split.changes
+    assert advise_search.divisors(10**10)[:4] == [1, 2, 4, 5] and len(advise_search.divisors(10**10)) == 121

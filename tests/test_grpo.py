@@ -182,3 +182,54 @@ def test_check_prints_the_generation_phase(capsys):
     out = capsys.readouterr().out
     assert out.startswith("fits Colab T4") and "generation phase:" in out
     assert f"{est.setup['generation_rows']} rows x 12 + 16 tokens" in out
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("max_completion_length", None, "max_completion_length=None leaves the completion's length to generate()"),
+    ("max_completion_length", 0, "max_completion_length=0: GRPOTrainer needs it a whole number >= 1"),
+    ("max_completion_length", -5, "max_completion_length=-5: GRPOTrainer needs it a whole number >= 1"),
+    ("steps_per_generation", 0, "steps_per_generation=0: GRPOTrainer needs it a whole number >= 1"),
+    ("num_iterations", 0, "num_iterations=0: GRPOTrainer needs it a whole number >= 1"),
+])
+def test_i50_3_8_lengths_trl_takes_but_cannot_run_are_refused_by_name(field, value, words):
+    """TRL 1.16's GRPOConfig accepts each; GRPOTrainer cannot run it (generate's own defaults, a DataLoader of 0
+    prompts, a step count divided by 0): one sentence naming the field, never a TypeError or ZeroDivisionError."""
+    cfg = _config(per_device_train_batch_size=4, num_generations=4, **{field: value})
+    with pytest.raises(inputs.InputError) as caught:
+        estimate_from("tiny-qwen2", grpo_config=cfg, seq_len=12, device="cpu")
+    assert words in str(caught.value) and caught.value.name == field, str(caught.value)
+
+
+@pytest.mark.parametrize("seq_len", [0, -3])
+def test_i50_8_a_prompt_length_below_one_is_refused_as_plain_trainers_refuse_it(seq_len):
+    cfg = _config(per_device_train_batch_size=4, num_generations=4, max_completion_length=16)
+    with pytest.raises(inputs.InputError, match=f"seq_len must be a whole number >= 1, not {seq_len}") as caught:
+        estimate_from("tiny-qwen2", grpo_config=cfg, seq_len=seq_len, device="cpu")
+    assert caught.value.name == "seq_len"
+
+
+def test_i50_8_a_completion_beyond_the_positions_names_max_completion_length_not_the_prompt():
+    cfg = _config(per_device_train_batch_size=4, num_generations=4, max_completion_length=10_000_000)
+    with pytest.raises(inputs.InputError) as caught:
+        estimate_from("tiny-qwen2", grpo_config=cfg, seq_len=12, device="cpu")
+    from kit.model_configs import get_config
+
+    most = get_config("tiny-qwen2").max_position_embeddings
+    assert caught.value.name == "max_completion_length" and "seq_len <=" not in str(caught.value)
+    assert f"use max_completion_length <= {most - 12}" in str(caught.value), str(caught.value)
+
+
+def test_i50_9_a_grpo_config_in_the_training_args_slot_is_read_as_grpo():
+    kw = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=16)
+    slot = estimate_from("tiny-qwen2", _config(**kw), seq_len=12, device="cpu")
+    named = estimate_from("tiny-qwen2", grpo_config=_config(**kw), seq_len=12, device="cpu")
+    assert slot.setup.get("grpo") and slot.peak_bytes == named.peak_bytes
+    assert slot.setup["generation_peak_bytes"] == named.setup["generation_peak_bytes"]
+
+
+def test_i50_9_another_trl_config_in_the_training_args_slot_is_refused_by_its_type():
+    from trl import KTOConfig
+
+    with pytest.raises(inputs.InputError, match="KTOConfig") as caught:
+        estimate_from("tiny-qwen2", KTOConfig(output_dir="/tmp/kit-kto", use_cpu=True, bf16=False), seq_len=12)
+    assert caught.value.code == "trl-trainer"

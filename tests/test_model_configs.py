@@ -1,6 +1,7 @@
 """Any model id: a shipped config first, else only the Hub's config.json (mocked here: no network),
 and one sentence for a gated, private, missing or unreachable one."""
 import json
+import re
 
 import httpx
 import huggingface_hub
@@ -10,7 +11,7 @@ from transformers import Qwen2Config
 
 from kit import runtime
 from kit.estimate import estimate
-from kit.model_configs import get_config
+from kit.model_configs import CONFIG_DIR, get_config
 
 
 def _response(status: int):
@@ -111,3 +112,37 @@ def test_a_config_that_needs_remote_code_is_refused_in_words(hub, tmp_path):
     state["answer"] = lambda repo: path
     with pytest.raises(ValueError, match="remote code, which the kit never runs"):
         get_config("someone/custom")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_size": -64}, "hidden_size is -64, and a model needs it a whole number >= 1"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers is 0, and a model needs it a whole number >= 1"),
+    ({"num_attention_heads": 5, "num_key_value_heads": 5}, "not a multiple of the number of attention heads (5)"),
+    ({"hidden_size": "64"}, "Field 'hidden_size' expected int, got str"),
+])
+def test_i50_2_a_config_with_a_bad_size_is_refused_by_its_field(tmp_path, change, words):
+    from kit.inputs import InputError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads((CONFIG_DIR / "tiny-llama.json").read_text()), **change}))
+    with pytest.raises(InputError, match=re.escape(words)) as caught:
+        estimate(str(path), batch_size=1, seq_len=64)
+    assert caught.value.code == "bad-config" and caught.value.name == "model" and "fix" in str(caught.value)
+
+
+def test_i50_2_a_pretrained_config_with_a_size_set_wrong_after_it_was_built_is_refused():
+    from kit.inputs import InputError
+
+    cfg = get_config("tiny-gpt2")
+    cfg.n_layer = 0   # GPT-2 spells num_hidden_layers n_layer: the sentence uses the config's own spelling
+    with pytest.raises(InputError, match="n_layer is 0"):
+        estimate(cfg, batch_size=1, seq_len=64)
+
+
+def test_i50_2_the_vocab_head_model_with_a_classifier_task_is_refused_naming_the_task():
+    from kit.inputs import InputError
+
+    with pytest.raises(InputError, match="has no seq-cls head: drop the task, or pass the base model "
+                                         r"\(distilgpt2\)") as caught:
+        estimate("distilgpt2+vocab-head", batch_size=1, seq_len=64, task="seq-cls")
+    assert caught.value.name == "task" and caught.value.code == "contradicts"

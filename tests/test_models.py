@@ -206,10 +206,11 @@ def test_a_config_that_is_no_causal_lm_is_refused_before_building():
     assert "GPT2Config, " not in str(exc.value)  # not transformers' list of every causal LM config
 
 
-def test_a_config_transformers_cannot_build_is_one_sentence():
+def test_a_config_with_a_size_of_zero_is_one_sentence_naming_the_field():
     cfg = models.get_config("tiny-llama")
     cfg.num_attention_heads = 0
-    with pytest.raises(ValueError, match=r"^transformers could not build a llama model from this config"):
+    with pytest.raises(ValueError, match=r"^this llama config: num_attention_heads is 0, and a model needs it a whole "
+                                         r"number >= 1: fix that field\.$"):
         models.build_model(cfg, device="meta")
 
 
@@ -343,3 +344,25 @@ def test_checkpointing_is_set_by_the_name_this_transformers_has(name):
         assert layers and not any(layer.gradient_checkpointing for layer in layers)
         models.set_checkpointing(model, kwargs={"use_reentrant": False})
         assert all(layer.gradient_checkpointing for layer in layers)
+
+
+def test_i50_16_kit_cache_with_a_tilde_is_under_the_home_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIT_CACHE", "~/kitcache")
+    monkeypatch.chdir(tmp_path)
+    folder = models.twin_dir("tiny-llama", torch.float32)
+    assert folder.parent == tmp_path / "home" / "kitcache"
+    models.saved_twin("tiny-llama", torch.float32)
+    assert (folder / "config.json").is_file() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_i50_6_kit_cache_at_a_file_is_one_sentence_naming_the_variable(monkeypatch, tmp_path, under):
+    from kit.inputs import InputError
+
+    (tmp_path / "a-file").write_text("the user's")
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "a-file" / under))
+    with pytest.raises(InputError, match="KIT_CACHE is .*a-file is a file, not a folder: point KIT_CACHE at a "
+                                         "folder") as caught:
+        models.saved_twin("tiny-llama", torch.float32)
+    assert caught.value.name == "KIT_CACHE" and (tmp_path / "a-file").read_text() == "the user's"

@@ -121,6 +121,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         kg.refuse_reward_models(trainer)
         P, same, at = kg.trainer_prompts(trainer, seq_len)
         rollout = kg.rollout(args, P)
+        kg.check_positions(rollout, trainer.model.config)
         gopts, gsrc = kg.seq_options(rollout, same, at)
         opts.update(gopts)
         src.update(gsrc)
@@ -185,6 +186,22 @@ def trainer_inputs(trainer) -> dict:
             "padding_free": bool(getattr(trainer, "padding_free", False))}
 
 
+def _trl_config_slot(training_args, sft_config, dpo_config, grpo_config) -> tuple:
+    """(training_args, sft_config, dpo_config, grpo_config) with a TRL config passed as ``training_args`` moved to
+    its own keyword, by its type (a GRPOConfig is a TrainingArguments, and read as one it would lose its trainer's
+    phases); a TRL config of a trainer the kit does not model is refused by its type."""
+    if training_args is None or not type(training_args).__module__.startswith("trl."):
+        return training_args, sft_config, dpo_config, grpo_config
+    slots = {"sft_config": sft_config, "dpo_config": dpo_config, "grpo_config": grpo_config}
+    for keyword, is_kind in (("sft_config", kt.is_sft), ("dpo_config", kd.is_dpo), ("grpo_config", kg.is_grpo)):
+        if is_kind(training_args) and slots[keyword] is None:
+            slots[keyword] = training_args
+            return None, *slots.values()
+    raise kin.InputError("training_args", f"training_args is TRL's {type(training_args).__name__}: the kit reads "
+                         "SFTConfig, DPOConfig and GRPOConfig (each by its own keyword, or in this one), and models "
+                         "no other TRL trainer's forward passes, generation and losses.", code="trl-trainer")
+
+
 def _trl_model_init(config, name: str, load_dtype, attn_implementation, quantization_config) -> tuple:
     """(load_dtype, its source, attn_implementation, quantization_config): a TRL config's ``model_init_kwargs`` (how
     the trainer loads a model given by its id), where the caller did not pass its own."""
@@ -218,6 +235,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     ...               peft_config=LoraConfig(r=16, target_modules="all-linear"), seq_len=512).sources["lora_r"]
     (16, 'LoraConfig.r')
     """
+    training_args, sft_config, dpo_config, grpo_config = _trl_config_slot(training_args, sft_config, dpo_config,
+                                                                          grpo_config)
     sft, dsrc, ssrc = sft_config is not None, None, None
     given = {"source": "estimate_from", "sft": sft, "sft_config": sft_config,
              "quantization_config": quantization_config, "peft_config": peft_config, "seq_len": seq_len,
@@ -360,6 +379,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         notes.extend(tnotes)
         kd.refuse_dropout(grpo_config, cfg, "GRPOConfig")
         rollout = kg.rollout(grpo_config, seq_len)
+        kg.check_positions(rollout, cfg)
         gopts, gsrc = kg.seq_options(rollout, not padded, "estimate_from(seq_len=...)")
         seq_len, padded = gopts.pop("seq_len"), gopts.pop("padded")
         opts.update(gopts)

@@ -159,17 +159,55 @@ def rollout(cfg, prompt_len: int, name: str = "GRPOConfig") -> dict:
     """The shapes of one generation: ``B`` rows a step, ``G`` generated at once, ``P`` prompt and ``C`` completion
     tokens (each padded up to ``pad_to_multiple_of``), whether the old-log-prob pass runs, whether every completion is
     its full length (``generation_kwargs['min_new_tokens']``), and where each was read."""
-    B, spg = cfg.per_device_train_batch_size, cfg.steps_per_generation
+    B, spg, completion = cfg.per_device_train_batch_size, *checked_lengths(cfg, name)
     every = spg * cfg.num_iterations
     vllm_is = cfg.use_vllm and cfg.vllm_importance_sampling_correction
     m = cfg.pad_to_multiple_of or 1
-    P, C = -(-prompt_len // m) * m, -(-cfg.max_completion_length // m) * m
+    prompt_len = kin.whole_number("seq_len", prompt_len)   # the longest prompt, in tokens, as for any Trainer
+    P, C = -(-prompt_len // m) * m, -(-completion // m) * m
     min_tokens = (cfg.generation_kwargs or {}).get("min_new_tokens") or 0
     return dict(B=B, G=B * spg, P=P, C=C, spg=spg, old_pass=bool(cfg.gradient_accumulation_steps % every or vllm_is),
                 full=min_tokens == cfg.max_completion_length, min_tokens=min_tokens > 0, temperature=cfg.temperature,
                 vllm=cfg.use_vllm and cfg.vllm_mode == "colocate" and cfg.vllm_gpu_memory_utilization,
                 where=f"{name}: G = per_device_train_batch_size ({B}) x steps_per_generation ({spg}), completion "
-                      f"max_completion_length ({cfg.max_completion_length})")
+                      f"max_completion_length ({completion})")
+
+
+def checked_lengths(cfg, name: str = "GRPOConfig") -> tuple[int, int]:
+    """(steps_per_generation, max_completion_length) of ``cfg``, or one sentence on a value GRPOConfig takes and
+    GRPOTrainer cannot run (TRL 1.16): ``max_completion_length=None`` hands the length to generate()'s defaults
+    (transformers' 20 new tokens, the model's generation_config, or vLLM's max_model_len), which the kit cannot read;
+    ``steps_per_generation=0`` is a DataLoader of 0 prompts a batch; ``num_iterations=0`` repeats each generation 0
+    times and divides the step by 0 (``_step % (steps_per_generation x num_iterations)``)."""
+    if cfg.max_completion_length is None:
+        raise kin.InputError("max_completion_length", f"{name}.max_completion_length=None leaves the completion's "
+                             "length to generate()'s defaults (20 new tokens in transformers, the model's "
+                             "generation_config, or vLLM's max_model_len), which the kit cannot read: set it to the "
+                             "longest completion you allow (TRL's default: 512).", code="grpo-completion-length")
+    for field, default in (("max_completion_length", "512"), ("steps_per_generation", "gradient_accumulation_steps"),
+                           ("num_iterations", "1")):
+        value = getattr(cfg, field)
+        if kin.whole_number(field, value, minimum=None) < 1:   # (a fraction or text: refused by whole_number)
+            raise kin.InputError(field, f"{name}.{field}={value!r}: GRPOTrainer needs it a whole number >= 1 "
+                                 f"(default {default}); {_AT_ZERO[field]}.", code="grpo-" + field.replace("_", "-"))
+    return cfg.steps_per_generation, cfg.max_completion_length
+
+
+_AT_ZERO = {"max_completion_length": "generate() would make no completion to score",
+            "steps_per_generation": "TRL's DataLoader would draw batches of no prompts",
+            "num_iterations": "TRL would reuse each generation 0 times and divide its step count by 0"}
+
+
+def check_positions(shapes: dict, config, name: str = "GRPOConfig") -> None:
+    """Refuse, naming ``max_completion_length``, a prompt plus completion longer than the model's positions (the
+    user's prompt length is theirs: the completion is what the GRPOConfig adds)."""
+    most = getattr(config.get_text_config(), "max_position_embeddings", None)
+    P, C = shapes["P"], shapes["C"]
+    if most and P + C > most:
+        fix = f"use max_completion_length <= {most - P}" if most > P else f"use prompts of fewer than {most} tokens"
+        raise kin.InputError("max_completion_length", f"the longest prompt ({P} tokens) plus {name}."
+                             f"max_completion_length ({C}) is {P + C} positions, beyond the model's {most}: {fix}.",
+                             code="grpo-positions")
 
 
 def buffered_bytes(shapes: dict, reference: bool) -> int:
