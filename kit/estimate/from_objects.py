@@ -74,7 +74,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     """
     args = getattr(trainer, "args", None)
     if args is None or not hasattr(trainer, "model"):
-        raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
+        raise kin.Refusal(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
     sft, given_seq_len = kt.is_sft(trainer), seq_len
     if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
