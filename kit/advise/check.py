@@ -12,7 +12,7 @@ from __future__ import annotations
 from kit.advise.answer import biggest_cause
 from kit.advise.core import advise
 from kit.estimate import Estimate, estimate_trainer
-from kit.inputs import Refusal
+from kit.inputs import InputError, Refusal, flag
 from kit.presets import figures_line, resolve_device, verdict
 from kit.units import fmt_bytes, wrap
 
@@ -29,8 +29,15 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
     and each of the advisor's changes with its costs and in your objects. ``device``: None judges against this
     GPU (what torch can have of it now: total memory less what other processes and the CUDA context use), or,
     with no GPU here, the ``"colab-t4"`` preset, and says so. A preset name (``"l4"``, ``"a100-80"``...),
-    ``"this"`` or a number of bytes judges against that (:func:`kit.presets.resolve_device`).
+    ``"this"`` or a number of bytes judges against that (:func:`kit.presets.resolve_device`). ``seq_len`` is for a
+    Trainer (its data is read otherwise); with an Estimate it is refused, as the Estimate holds its own.
     """
+    details = flag("details", details)
+    if isinstance(trainer_or_estimate, Estimate) and seq_len is not None:
+        made = trainer_or_estimate.setup.get("seq_len")
+        raise InputError("seq_len", f"seq_len={seq_len!r} is read with a Trainer, and this Estimate was made for "
+                         f"seq_len {made}: estimate again with seq_len={seq_len!r} and check that, or pass the "
+                         "Trainer.", code="seq-len-of-an-estimate")
     preset, why = resolve_device(device)
     try:
         est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
