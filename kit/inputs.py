@@ -26,7 +26,25 @@ _TRUE = ("true", "yes", "y", "on", "1")
 _FALSE = ("false", "no", "n", "off", "0")
 
 
-class InputError(ValueError):
+class Refusal(ValueError):
+    """The kit's own refusal: a setup or a value it cannot estimate, said in a sentence that names what was found,
+    why the kit cannot predict it and what to pass instead. ``estimate``, ``estimate_from`` and ``estimate_trainer``
+    raise it (or a subclass: :class:`InputError`, ``UnsupportedModel``, ``OwnHeadError``) and nothing else for what
+    they refuse; ``kit.check`` prints it as its answer. Any other exception is a bug, and propagates.
+
+    ``instead`` (optional): the input that would make it estimable, said after the reason.
+
+    >>> e = Refusal("LoRA on a Conv2d is not modeled.", name="lora_targets", instead="target its Linear layers")
+    >>> isinstance(e, ValueError), e.name, e.code, str(e)
+    (True, 'lora_targets', 'refused', 'LoRA on a Conv2d is not modeled. Target its Linear layers.')
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, code: str = "refused", instead: str | None = None):
+        super().__init__(f"{message} {instead[0].upper()}{instead[1:]}." if instead else message)
+        self.name, self.code, self.why, self.instead = name, code, message, instead
+
+
+class InputError(Refusal):
     """A value that cannot be read, or a combination refused. ``name`` is the control (keyword) it was passed
     for; ``code`` says which refusal it is, so callers route on it, never on the message's words.
 
@@ -35,9 +53,8 @@ class InputError(ValueError):
     ('steps', 'invalid')
     """
 
-    def __init__(self, name: str, message: str, code: str = "invalid"):
-        super().__init__(message)
-        self.name, self.code = name, code
+    def __init__(self, name: str, message: str, code: str = "invalid", *, instead: str | None = None):
+        super().__init__(message, name=name, code=code, instead=instead)
 
 
 class Note(str):

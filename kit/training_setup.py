@@ -48,12 +48,13 @@ class TrainingSetup:
                              suggest=1, panel=True)
     seq_len: int = option(None, "tokens per sequence", flag="--seq-len", kind=int, required=True, suggest=2,
                           panel=True)
-    task: str = option("causal-lm", "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
+    task: str = option(None, "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
                        "(AutoModelForSequenceClassification: batch x labels logits), token-cls "
-                       "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it",
-                       flag="--task", choices=TASKS)
-    num_labels: int = option(2, "classes of a seq-cls or token-cls head (config.num_labels; a built model's head says "
-                             "it)", flag="--num-labels", kind=int)
+                       "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it "
+                       "(None: that, else causal-lm)", flag="--task", choices=TASKS)
+    num_labels: int = option(None, "classes of a seq-cls or token-cls head (config.num_labels; a built model's head "
+                             "says it; None: that, else 2); refused with a causal-lm head", flag="--num-labels",
+                             kind=int)
     train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as "
                                 "peft's modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
                                 "TOKEN_CLS task types do it, yes)")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 TABLE_DIR = Path(__file__).parent / "data" / "careless"
-KIT_EXCEPTIONS = ("InputError", "UnsupportedModel", "OwnHeadError", "ResultsFileError")
+KIT_EXCEPTIONS = ("Refusal", "InputError", "UnsupportedModel", "OwnHeadError", "ResultsFileError")
 
 
 def _rows():

@@ -12,6 +12,7 @@ from __future__ import annotations
 from kit.advise.answer import biggest_cause
 from kit.advise.core import advise
 from kit.estimate import Estimate, estimate_trainer
+from kit.inputs import InputError, Refusal, flag
 from kit.presets import figures_line, resolve_device, verdict
 from kit.units import fmt_bytes, wrap
 
@@ -21,15 +22,29 @@ TOP = 3   # the fit advisor's changes shown
 def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = False):
     """Print the answer first (at most 5 lines), the setup in brief and the next changes; return the Estimate.
 
+    A setup the kit cannot estimate is answered in three lines (what was found, why it cannot be predicted, the way
+    forward), and None is returned: nothing raises for the kit's own refusal (:class:`kit.inputs.Refusal`).
+
     ``details=True`` prints the answer, then everything: the estimate table, where each setting was read from,
     and each of the advisor's changes with its costs and in your objects. ``device``: None judges against this
     GPU (what torch can have of it now: total memory less what other processes and the CUDA context use), or,
     with no GPU here, the ``"colab-t4"`` preset, and says so. A preset name (``"l4"``, ``"a100-80"``...),
-    ``"this"`` or a number of bytes judges against that (:func:`kit.presets.resolve_device`).
+    ``"this"`` or a number of bytes judges against that (:func:`kit.presets.resolve_device`). ``seq_len`` is for a
+    Trainer (its data is read otherwise); with an Estimate it is refused, as the Estimate holds its own.
     """
+    details = flag("details", details)
+    if isinstance(trainer_or_estimate, Estimate) and seq_len is not None:
+        made = trainer_or_estimate.setup.get("seq_len")
+        raise InputError("seq_len", f"seq_len={seq_len!r} is read with a Trainer, and this Estimate was made for "
+                         f"seq_len {made}: estimate again with seq_len={seq_len!r} and check that, or pass the "
+                         "Trainer.", code="seq-len-of-an-estimate")
     preset, why = resolve_device(device)
-    est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
-        estimate_trainer(trainer_or_estimate, seq_len=seq_len, device="cuda" if preset.gpu_bytes else "cpu")
+    try:
+        est = trainer_or_estimate if isinstance(trainer_or_estimate, Estimate) else \
+            estimate_trainer(trainer_or_estimate, seq_len=seq_len, device="cuda" if preset.gpu_bytes else "cpu")
+    except Refusal as exc:   # the kit's own refusal is the answer; any other exception is a bug, and propagates
+        print("\n".join(refusal(trainer_or_estimate, exc)), flush=True)
+        return None
     v = verdict(est, preset)
     advice, problem = None, None
     if not v.fits:  # the fit advisor's changes
@@ -43,6 +58,21 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
         + (", every change in full" if advice is not None else "")]
     print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long lines fold
     return est
+
+
+def refusal(trainer, exc: Refusal) -> list:
+    """A refusal as the answer, in three lines: what was found, why the kit cannot predict it, the way forward
+    (``kit.watch(trainer)`` measures what the estimator cannot predict; the input that would make it estimable)."""
+    model = getattr(trainer, "model", None)
+    found = f"{type(trainer).__name__} ({type(trainer).__module__})"
+    if model is not None:
+        params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else 0
+        found += f" training {type(model).__name__}" + (f" of {params:,} parameters" if params else "")
+    forward = "kit.watch(trainer), then kit.train(trainer), measures it on a real step" if \
+        hasattr(trainer, "callback_handler") else "nothing to measure: kit.check reads a Trainer or an Estimate"
+    return [f"cannot estimate: found {found}",
+            f"why: {getattr(exc, 'why', None) or exc}",
+            f"way forward: {forward}" + (f"; {exc.instead}" if getattr(exc, "instead", None) else "")]
 
 
 def answer(est, verdict, advice=None) -> list:

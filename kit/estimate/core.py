@@ -41,6 +41,25 @@ from kit.units import fmt_bytes
 # A note's code where bitsandbytes' 8-bit optimizer would kill the process (a tensor of 2^31 elements or more)
 INT32_OPTIMIZER = "int32-optimizer"
 
+def refuse_other_head(model, info, task, num_labels) -> None:
+    """Refuse a ``task`` or ``num_labels`` that contradicts the model's head (a built model's class and its
+    classifier say theirs), or ``num_labels`` without a classifier head: never dropped without a word."""
+    built = hasattr(model, "named_modules")
+    what = f"this {type(model).__name__}" if built else "the model"
+    if task is not None and task != info.task:
+        raise kin.InputError("task", f"task={task!r} contradicts {what}, a {info.task} model (its class says so): "
+                             "build the model with the head you mean (AutoModelForSequenceClassification, "
+                             "...ForTokenClassification), or leave task out.", code="task-contradicts-model")
+    if num_labels is not None and info.task == "causal-lm":
+        raise kin.InputError("num_labels", f"num_labels={num_labels} is for a classifier head, and {what} is a causal "
+                             "LM (vocabulary logits): pass task='seq-cls' or 'token-cls' (--task) with it, or leave "
+                             "num_labels out.", code="num-labels-without-classifier")
+    if num_labels is not None and built and num_labels != info.num_labels:
+        raise kin.InputError("num_labels", f"num_labels={num_labels} contradicts {what}, whose classifier gives "
+                             f"{info.num_labels} labels: leave num_labels out (the model's head says it).",
+                             code="num-labels-contradicts-model")
+
+
 def estimate(model, **setup) -> Estimate:
     """Predict the memory of training ``model`` with Trainer in this setup. See the module doc.
 
@@ -100,13 +119,14 @@ def estimate(model, **setup) -> Estimate:
                                {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
-    task = kin.choice("task", o["task"], TASKS)
-    num_labels = kin.whole_number("num_labels", o["num_labels"])
+    task = None if o["task"] is None else kin.choice("task", o["task"], TASKS)
+    num_labels = None if o["num_labels"] is None else kin.whole_number("num_labels", o["num_labels"])
     try:
-        info = info_of(model, task, num_labels)
+        info = info_of(model, task or "causal-lm", num_labels or 2)
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
+    refuse_other_head(model, info, task, num_labels)
     fused, loss_type, loss_note = kt.sft_loss(o["loss_type"], kin.flag("fused_lm_head", o["fused_lm_head"]))
     if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "

@@ -62,7 +62,8 @@ def refuse_other_trl(trainer) -> None:
     if type(trainer).__module__.startswith("trl.") or name in _OTHER:
         raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer, DPOTrainer and GRPOTrainer, not "
                              f"{name}, whose own forward passes, generation and losses the kit does not model.",
-                             code="trl-trainer")
+                             code="trl-trainer", instead="the same model and data in a transformers Trainer, an "
+                             "SFTTrainer, a DPOTrainer or a GRPOTrainer are estimated")
 
 
 def reference_of(trainer=None, cfg=None, peft: bool = False):

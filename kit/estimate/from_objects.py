@@ -22,7 +22,7 @@ from kit.estimate import dpo as kd
 from kit.estimate import grpo as kg
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
-from kit.estimate.inventory import info_of
+from kit.estimate.inventory import info_of, task_of
 from kit.estimate.read_model import (
     dtype_name,
     bnb_options,
@@ -74,7 +74,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     """
     args = getattr(trainer, "args", None)
     if args is None or not hasattr(trainer, "model"):
-        raise ValueError(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
+        raise kin.Refusal(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
     sft, given_seq_len = kt.is_sft(trainer), seq_len
     if sft:  # its settings first: SFTConfig is a TrainingArguments, whose readers would refuse more vaguely
@@ -301,12 +301,15 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         # a module of the user's own under a head of its own (kit.estimate.own_head): its base's config, its task
         own = read_own_head(model_id_or_config) if getattr(model_id_or_config, "config", None) is None else None
         cfg = model_id_or_config.get_submodule(own.base).config if own else model_id_or_config.config
-        if own and task is None:
-            task, num_labels = "seq-cls", own.labels
+        if own and task is None:   # its head says its labels: a num_labels given is checked against them
+            task, num_labels = "seq-cls", own.labels if num_labels is None else num_labels
+        by_class = task is None and task_of(model_id_or_config) != "causal-lm"
+        task = task_of(model_id_or_config) if by_class else task   # a classifier's class says its head
     else:
-
-        cfg = get_config(model_id_or_config)
+        cfg, by_class = get_config(model_id_or_config), False
     task, labels, train_head, task_src = read_task(peft_config, task, num_labels, cfg)
+    if by_class:
+        task_src["task"] = (task, f"the model's class ({type(model_id_or_config).__name__})")
     opts.update({k: v for k, v in (("task", task), ("num_labels", labels), ("train_head", train_head))
                  if v is not None})
     src.update(task_src)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit.estimate.own_head import read_own_head
+from kit.inputs import Refusal
 from kit.estimate.replay import FAMILIES, LORA_TARGETS
 
 
@@ -52,7 +53,7 @@ class Info:
         return bool(self.head_layers)
 
 
-class UnsupportedModel(ValueError):
+class UnsupportedModel(Refusal):
     """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for)."""
 
 
@@ -301,10 +302,11 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
         if own is not None:
             return inventory(model, model.get_submodule(own.base).config, own)
         if base is None:
-            raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM, so the estimator "
-                                   "cannot read its architecture: pass a causal LM built by transformers "
-                                   "(AutoModelForCausalLM), a module that holds one, its config, a config.json path "
-                                   "or a registry name.")
+            raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM or classifier, "
+                                   "so the estimator cannot read its architecture (it replays transformers' blocks).",
+                                   instead="a transformers model (AutoModelForCausalLM, a classifier, or a module of "
+                                   "your own holding an AutoModel), its config, a config.json path or a registry name "
+                                   "is estimated")
         return inventory(model, base.config)
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")

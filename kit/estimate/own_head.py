@@ -22,8 +22,12 @@ import inspect
 import weakref
 from dataclasses import dataclass
 
+from kit.inputs import Refusal
+
 _SHAPES = ((2, 8), (2, 16), (4, 8))   # (rows, tokens) of the three probes: tokens double, then rows
 _READ = weakref.WeakKeyDictionary()   # module -> OwnHead (a module's head is probed once)
+CALLED = "a head called as model(input_ids=..., attention_mask=..., labels=...) that pools to (rows, labels) logits " \
+         "is estimated"
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class OwnHead:
         return self.per_token * rows * tokens + self.per_row * rows + self.fixed
 
 
-class OwnHeadError(ValueError):
+class OwnHeadError(Refusal):
     """The user's head could not be read (one sentence naming the module)."""
 
 
@@ -79,9 +83,7 @@ def _probe_all(model, name: str, base) -> OwnHead:
     signature = inspect.signature(model.forward).parameters
     missing = [k for k in ("input_ids", "attention_mask") if k not in signature]
     if missing and not any(p.kind == p.VAR_KEYWORD for p in signature.values()):
-        raise OwnHeadError(f"{what} cannot be read: its forward takes no {' or '.join(missing)} (the kit reads a head "
-                           "called as model(input_ids=..., attention_mask=..., labels=...)); measure this one on a "
-                           "real step with kit.measure.track.Tracker.")
+        raise OwnHeadError(f"{what} cannot be read: its forward takes no {' or '.join(missing)}.", instead=CALLED)
     takes_labels = "labels" in signature or any(p.kind == p.VAR_KEYWORD for p in signature.values())
     trains = model.training
     try:
@@ -147,16 +149,16 @@ def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
             loss, logits = _loss_and_logits(out)
             if logits is None or logits.dim() != 2 or logits.shape[0] != rows:
                 shape = "no logits" if logits is None else f"logits of shape {tuple(logits.shape)}"
-                raise OwnHeadError(f"{what} gives {shape}, and the kit reads a pooled head's (rows, labels) logits: "
-                                   "measure this one on a real step with kit.measure.track.Tracker.")
+                raise OwnHeadError(f"{what} gives {shape}, and the kit reads a pooled head's (rows, labels) "
+                                   "logits only.", instead=CALLED)
             if loss is None:
                 loss = F.cross_entropy(logits, labels)
     except OwnHeadError:
         raise
     except Exception as exc:   # the user's forward, on a made-up hidden state: any failure is a refusal
         raise OwnHeadError(f"{what} cannot be read: its forward failed on a stand-in hidden state "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); measure this one "
-                           "on a real step with kit.measure.track.Tracker.") from None
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}).",
+                           instead=CALLED) from None
     finally:
         del base.forward
     result = (sum(saved.values()), int(logits.shape[1]), logits[0].numel() * logits.element_size(),

@@ -31,7 +31,7 @@ def read_model(model):
                                  "adapter, which the kit does not model: it models LoRA.", code="peft-not-lora")
     base = model.get_base_model() if peft and isinstance(model, peft.PeftModel) else model
     if not isinstance(base, nn.Module):
-        raise ValueError(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
+        raise kin.Refusal(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
                          "built by transformers.")
     cfg = getattr(base, "config", None)
     opts, src, notes = {}, {}, []
@@ -51,7 +51,7 @@ def read_model(model):
                    num_labels=(cfg.num_labels, "model.config.num_labels"))
     quant, qlayers, qsrc = _read_quant(base, cfg)
     if adapters and not isinstance(base, PreTrainedModel):
-        raise ValueError(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
+        raise kin.Refusal(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
                          "causal LM (AutoModelForCausalLM).")
     if adapters:  # peft's layers hide the Linear modules: estimate from the base config plus the options
         target = copy.deepcopy(cfg)
@@ -68,7 +68,7 @@ def read_model(model):
     kit_q = {l.name for l in info.leaves if l.quantizable} if quant != "none" else set()
     if kit_q != qlayers:
         odd = sorted(kit_q ^ qlayers)[:3]
-        raise ValueError(f"the model's {quant} layers differ from the ones transformers quantizes by default "
+        raise kin.Refusal(f"the model's {quant} layers differ from the ones transformers quantizes by default "
                          f"(e.g. {', '.join(odd)}; llm_int8_skip_modules?), which the kit does not model.")
     opts["quantization"], src["quantization"] = quant, (quant, qsrc)
     load, recipe, dsrc, rsrc = _read_dtypes(base, cfg, quant)
@@ -149,20 +149,20 @@ def _read_adapters(base):
             raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}), which the kit "
                                  "does not model: it models LoRA.", code="peft-not-lora")
         if len(m.r) != 1:
-            raise ValueError(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
+            raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
         a = next(iter(m.r))
         if m.use_dora.get(a) or getattr(m, "lora_bias", {}).get(a):
-            raise ValueError(f"{n} uses DoRA or a LoRA bias, which the kit does not model: plain LoRA only.")
+            raise kin.Refusal(f"{n} uses DoRA or a LoRA bias, which the kit does not model: plain LoRA only.")
         if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
-            raise ValueError(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
+            raise kin.Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")
         d = m.lora_dropout[a]
         ranks.add(m.r[a])
         drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0)
         names.add(n)
     if len(ranks) > 1 or len(drops) > 1:
-        raise ValueError(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
+        raise kin.Refusal(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
     extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
     saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
@@ -170,7 +170,7 @@ def _read_adapters(base):
     other = [n for n in extra if n.split(".modules_to_save.")[0] != head or ".modules_to_save." not in n]
     if other:
         what = f"the classifier head {head}'s modules_to_save copy" if head else "none"
-        raise ValueError(f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
+        raise kin.Refusal(f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
                          f"{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it models "
                          f"the adapters and, on a classifier, {what}): freeze them, or measure this setup on a real "
                          "step with kit.measure.track.Tracker.")
@@ -204,7 +204,7 @@ def _read_quant(base, cfg):
     if not kinds:
         return "none", set(), "no bitsandbytes layer in the model"
     if len(set(kinds.values())) > 1:
-        raise ValueError("the model mixes 4-bit and 8-bit bitsandbytes layers, which the kit does not model.")
+        raise kin.Refusal("the model mixes 4-bit and 8-bit bitsandbytes layers, which the kit does not model.")
     quant = next(iter(kinds.values()))
     kind_name = "Linear4bit" if quant == "4bit" else "Linear8bitLt"
     return quant, set(kinds), f"the model's bitsandbytes {kind_name} layers"
@@ -233,7 +233,7 @@ def _read_dtypes(base, cfg, quant):
                                          "upcast them" if load != "fp32" else "the model loaded in fp32")
     if set(floats) == {load}:
         return load, "lean", where, f"the unquantized parameters are still {load}: no fp32 upcast"
-    raise ValueError(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
+    raise kin.Refusal(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
                      f"load dtype ({load}) or all in fp32 (prepare_model_for_kbit_training).")
 
 
@@ -272,18 +272,18 @@ def read_bnb(quant_config, name: str) -> str:
     if quant_config is None:
         return "none"
     if type(quant_config).__name__ != "BitsAndBytesConfig":
-        raise ValueError(f"{type(quant_config).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
+        raise kin.Refusal(f"{type(quant_config).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
                          "(BitsAndBytesConfig).")
     if getattr(quant_config, "llm_int8_skip_modules", None) or \
             getattr(quant_config, "llm_int8_enable_fp32_cpu_offload", False):
-        raise ValueError(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
+        raise kin.Refusal(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
                          "quantizes the layers transformers quantizes by default, all on the GPU.")
     if quant_config.load_in_4bit:
         bnb_options(quant_config, name)  # refuses what is not modeled
         return "4bit"
     if quant_config.load_in_8bit:
         if getattr(quant_config, "llm_int8_has_fp16_weight", False):
-            raise ValueError(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
+            raise kin.Refusal(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
                              "model: leave it False.")
         return "8bit"
     return "none"
@@ -319,11 +319,11 @@ def read_4bit(base):
         if isinstance(m, bnb.nn.Linear4bit):
             qs = getattr(m.weight, "quant_state", None) or getattr(m, "quant_state", None)
             if qs is None or m.compute_dtype is None:
-                raise ValueError("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
+                raise kin.Refusal("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
                                  "built by hand): load the model with from_pretrained(quantization_config=...).")
             seen.add((qs.quant_type, bool(qs.nested), dtype_name(m.compute_dtype)))
     if len(seen) > 1:
-        raise ValueError(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
+        raise kin.Refusal(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
                          "dtype), which the kit does not model: one BitsAndBytesConfig for all of them.")
     if not seen:
         return {}, {}

@@ -46,13 +46,13 @@ def read_lora_config(lora_config, info):
     from peft.tuners.tuners_utils import check_target_module_exists
 
     if not isinstance(lora_config, LoraConfig):
-        raise ValueError(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
+        raise kin.Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
     bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
                        "trainable_token_indices") if getattr(lora_config, k, None)]
     if info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES):  # the head's copy: modeled
         bad = [k for k in bad if k != "modules_to_save"]
     if lora_config.bias != "none" or bad:
-        raise ValueError(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
+        raise kin.Refusal(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
                          "LoRA (one r, bias='none', nothing else trainable).")
     lora_config = copy.copy(lora_config)
     linear = {l.name for l in info.leaves if l.kind == "linear"}
@@ -63,7 +63,7 @@ def read_lora_config(lora_config, info):
     found = {l.name: check_target_module_exists(lora_config, l.name) for l in info.leaves}
     names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
     if names - linear:
-        raise ValueError(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
+        raise kin.Refusal(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
                          "Linear layer: the kit models LoRA on Linear layers only.")
     if not names:
         raise kin.InputError("lora_targets",

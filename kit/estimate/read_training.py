@@ -23,10 +23,10 @@ def read_args(args, name: str = "TrainingArguments"):
               "the forward saves)")]
     for attr, what in refuse:
         if getattr(args, attr, None):
-            raise ValueError(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
+            raise kin.Refusal(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
                              "GPU with the plain Trainer step; estimate without it.")
     if getattr(args, "label_smoothing_factor", 0):
-        raise ValueError("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
+        raise kin.Refusal("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
                          "its own log-softmax over the logits): estimate with 0.")
     attr = "activation_checkpointing_kwargs" if getattr(args, "activation_checkpointing_kwargs", None) else \
         "gradient_checkpointing_kwargs"
