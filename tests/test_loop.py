@@ -2,6 +2,7 @@
 apart from the later ones, beside the estimate of what the loop holds (its outputs kept through backward, its
 gradients kept by zero_grad(set_to_none=False)); an out-of-memory error inside a step gives kit.train's report,
 not an exception, and the model and optimizer train on."""
+import re
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import kit
 from kit import machine, models
 from kit.estimate import estimate
 from kit.inputs import InputError
+from kit.watching import loop
 from kit.watching.report import PHASES
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -259,11 +261,14 @@ def test_i35_13_gradient_accumulation_in_a_plain_loop_is_counted_and_estimated()
     assert w.assumed["grad_accum"][0] == 4 and w.estimate.setup["grad_accum"] == 4
     assert w.assumed["grads_kept"][0] is False, w.assumed      # accumulating is not zero_grad(set_to_none=False)
     r = w.report                           # step 1 is micro-batches 1-4: no optimizer state until the 4th's step
-    print([(s.step, s.first, s.peak_bytes) for s in w.steps], r.first_step_ratio, r.later_steps_ratio)
-    assert [s.first for s in w.steps] == [True] * 4 + [False] * 4
+    print([(s.step, s.first, s.peak_bytes, s.estimate_bytes) for s in w.steps], r.first_step_ratio,
+          r.later_steps_ratio)
+    assert [(s.step, s.first) for s in w.steps] == [(1, True), (2, False)]    # one judgement per optimizer step
     assert 0.98 <= r.first_step_ratio <= 1.02 and 0.98 <= r.later_steps_ratio <= 1.02    # measured 1.0005, 1.0004
+    # each step judged with its micro-batches counted: the figure it was set beside is the grad_accum=4 estimate's
+    assert [s.estimate_bytes for s in w.steps] == [w.estimate.first_step_peak_bytes, w.estimate.peak_bytes]
     plain = estimate("tiny-llama", batch_size=8, seq_len=128, optimizer="adamw", device="cpu", padded=False)
-    assert w.steps[1].peak_bytes / plain.first_step_peak_bytes > 1.05      # without it, step 1 is under
+    assert w.steps[0].peak_bytes / plain.first_step_peak_bytes > 1.05      # without it, step 1 is under
     assert "the estimate took grad_accum=4: detected: 4 forward passes per optimizer step" in " ".join(
         w.report.text(details=True).split())
     w.close()
@@ -307,4 +312,90 @@ def test_i35_17_ctrl_c_after_backward_frees_the_gradients_and_says_so(capsys):
     assert leaks.check_returned(base).ok
     _full_step(w, model, opt, second)                          # the watch goes on
     assert len(w.steps) == 2
+    w.close()
+
+
+def test_i50_11_a_second_watch_with_new_options_replaces_the_first(capsys):
+    model, opt = _setup()
+    first = kit.watch_loop(model, opt, plot=False)
+    assert kit.watch_loop(model, opt) is first and kit.watch_loop(model, opt, plot=False) is first   # nothing new
+    second = kit.watch_loop(model, opt, precision="bf16", grad_accum=4)
+    said = capsys.readouterr().out
+    assert second is not first and second.given == {"precision": "bf16", "grad_accum": 4}
+    assert "kit.watch_loop: a new watch of this model replaces the one made before, for precision='bf16', " \
+           "grad_accum=4 (the old watch's 0 steps stay in its own report)." in said
+    assert first._hooks == [] and second._hooks      # the first's hooks came off: one watch counts the forwards
+    assert kit.watch_loop(model, opt) is second      # kit.step's call, with no option, finds the new one
+    with kit.step(model, opt, _batches(1)[0]):
+        model(**_batches(1)[0]).loss.backward()
+    assert second._forwards == 1 and first._forwards == 0
+    second.close()
+
+
+@pytest.mark.parametrize("option,value,says", [
+    ("advise_device", "t4", "advise_device: device must be a preset"),
+    ("limit_bytes", "16GiB", "limit_bytes must be a positive whole number of bytes"),
+    ("top", 0, "top must be a whole number >= 1, not 0"),
+    ("tensor_peak", "sometimes", "tensor_peak must be True or False"),
+    ("grad_accum", 0, "grad_accum must be a whole number >= 1, not 0"),
+    ("precision", "bf17", "precision"),
+])
+def test_i50_11_every_option_is_checked_before_the_loop_runs(option, value, says):
+    model, opt = _setup()
+    with pytest.raises(InputError, match=re.escape(says)) as e:
+        kit.watch_loop(model, opt, plot=False, **{option: value})
+    assert e.value.name == option
+    assert loop._WATCHES.get(model) is None      # nothing attached
+
+
+def test_i50_5_a_loop_plot_that_cannot_be_saved_is_a_note_not_an_error(tmp_path):
+    folder = tmp_path / "plots"
+    model, opt = _setup()
+    w = kit.watch_loop(model, opt, plot=folder)
+    first, second = _batches(2)
+    _full_step(w, model, opt, first)
+    for png in folder.glob("*"):
+        png.unlink()
+    folder.rmdir()
+    folder.write_text("a file now")
+    _full_step(w, model, opt, second)        # step 2 is always drawn: it cannot be saved, and the loop goes on
+    assert len(w.steps) == 2
+    assert any(n.startswith("the live plot could not be saved") for n in w.report.notes), w.report.notes
+    w.close()
+
+
+def test_i47_3_an_autocast_loop_is_judged_at_the_dtype_its_forward_ran_in():
+    """No precision given: the watch reads torch.autocast around the model's forward and estimates at bf16, and its
+    report's answer says so."""
+    model, opt = _setup()
+    w = kit.watch_loop(model, opt, tensor_peak=True, plot=False)
+    for batch in _batches(3):
+        with w.step(batch):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert w.assumed["precision"] == ("bf16", "detected: the model's forward ran under torch.autocast "
+                                              "(torch.bfloat16)")
+    assert w.estimate.setup["precision"] == "bf16"
+    first, later = _ratios(w)
+    assert 0.98 <= first <= 1.02 and 0.98 <= later <= 1.02
+    fp32 = estimate("tiny-llama", batch_size=B, seq_len=S, optimizer="adamw", device="cpu", padded=False)
+    assert fp32.peak_bytes / max(s.peak_bytes for s in w.steps[1:]) > 1.05    # judged as fp32 it was over
+    assert "judged at bf16 autocast (detected)" in " ".join(str(w.report).split()).split("\n")[0]
+    w.close()
+
+
+def test_i47_3_plain_sgd_is_modelled_and_each_step_after_the_first_is_a_later_one():
+    model, _ = _setup()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = kit.watch_loop(model, opt, tensor_peak=True, plot=False)
+    for batch in _batches(3):
+        _full_step(w, model, opt, batch)
+    assert len(opt.state) == 0 and w.estimate.setup["optimizer"] == "sgd-plain"
+    assert [s.first for s in w.steps] == [True, False, False]       # was: every step "first" (no state ever)
+    assert w.estimate.optimizer_bytes == 0
+    first, later = _ratios(w)
+    assert 0.98 <= first <= 1.02 and 0.98 <= later <= 1.02
     w.close()

@@ -1,7 +1,8 @@
 """The user's own run: ``kit.watch(trainer)`` (a live plot and the tracker) and ``kit.train(trainer)`` (a
 report, never the out-of-memory error). Its rooms: ``trainer`` (watch and train), ``loop`` (``kit.watch_loop``: a
-plain PyTorch loop, step by step), ``peaks`` (each part's peak read apart), ``recover`` (the cleanup after an OOM)
-and ``report`` (the report).
+plain PyTorch loop, step by step), ``core`` (what both share: the options checked up front, the live plot, and a
+run that stops early: the OOM report, the Ctrl-C cleanup), ``peaks`` (each part's peak read apart), ``recover``
+(releasing what a dead run held) and ``report`` (the report).
 """
 from kit.watching.loop import LoopWatch, step, watch_loop
 from kit.watching.report import TrainReport

@@ -18,16 +18,24 @@ later steps, and set beside :func:`kit.estimate.estimate` of the model (read by
 as ``kit.watch``. What the loop holds beyond what Trainer holds is detected where it can be and said:
 ``outputs_kept`` (the outputs' logits still alive at ``optimizer.step()``), ``grads_kept`` (gradients not None
 when a later step begins: ``zero_grad(set_to_none=False)``), and ``grad_accum`` (the forward passes, with grad,
-between two ``optimizer.step()`` calls: micro-batches 2 on hold the accumulated gradients). Options given to
-:func:`watch_loop` win. accelerate's ``AcceleratedOptimizer`` is watched through the optimizer it wraps.
+between two ``optimizer.step()`` calls: micro-batches 2 on hold the accumulated gradients), and ``precision`` (the
+dtype the model's forward ran in under ``torch.autocast``, as Trainer's mixed precision). Options given to
+:func:`watch_loop` win, and the report's answer says what the loop was judged at where it is not fp32 with one
+micro-batch a step. accelerate's ``AcceleratedOptimizer`` is watched through the optimizer it wraps.
 
-**An out-of-memory error inside a step** is caught (never raised): the report (``watch.report``: the step, the
-phase, what was alive by component beside the estimate, the largest tensors and what held them, the advisor's
-top changes) is printed, the failed step's frames, the gradients and the optimizer state are released, and
-:meth:`LoopWatch.batches` ends the loop. The model and the optimizer stay usable (the optimizer's next step
-starts its state afresh). **Ctrl-C** (a ``KeyboardInterrupt``) inside a step releases the step's frames and the
-gradients, keeps the optimizer's state, says so, and propagates. Any other exception propagates, after the same
-tidy-up as ``kit.train``'s.
+**A step is an optimizer step.** ``watch.step()`` may wrap each micro-batch (PyTorch's AMP recipe: ``loss.backward()``
+every micro-batch, ``optimizer.step()`` every 4th) or a whole optimizer step. A step is judged once its
+``optimizer.step()`` has run, when its micro-batches are counted: its peak is its highest micro-batch's, set beside
+the estimate at that count. Step 1 is the first optimizer step this watch sees with no optimizer state; an optimizer
+that never keeps state (SGD without momentum) still has one step 1.
+
+**An out-of-memory error inside a step** is caught (never raised; :mod:`kit.watching.core`, as in ``kit.train``):
+the report (``watch.report``: the step, the phase, what was alive by component beside the estimate, the largest
+tensors and what held them, the advisor's top changes) is printed, the failed step's frames, the gradients and the
+optimizer state are released, and :meth:`LoopWatch.batches` ends the loop. The model and the optimizer stay usable
+(the optimizer's next step starts its state afresh). **Ctrl-C** (a ``KeyboardInterrupt``) inside a step releases
+the step's frames and the gradients, keeps the optimizer's state, says so, and propagates. Any other exception
+propagates, after the same tidy-up as ``kit.train``'s.
 
 Phases, as ``kit.train`` names them: a step begins in ``first_forward_backward`` (no optimizer state yet) or
 ``forward_backward``; ``optimizer.step()`` (a step pre-hook) is ``first_optimizer_step`` / ``optimizer_step``;
@@ -39,25 +47,23 @@ import contextlib
 import gc
 import time
 import weakref
-from pathlib import Path
 
 import torch
 
-from kit import machine
+from kit import machine, optimizers
 from kit.estimate import estimate as predict
 from kit.estimate.read_model import read_model
-from kit.inputs import InputError
+from kit.inputs import InputError, choice, flag, whole_number
 from kit.measure import device
-from kit.measure.cleanup import scrub
 from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
-from kit.training_setup import KEYWORDS
-from kit.units import fmt_bytes
-from kit.watching import recover
+from kit.training_setup import FIELDS, KEYWORDS
+from kit.watching.core import (Run, Stops, advise_option, estimate_option, limit_option, live_plot, plot_folder,
+                               plot_note, redraw, top_option)
 from kit.watching.draw import draw_steps
 from kit.watching.objects import StepPeak, batch_shape, has_padding, optimizer_name, own_lengths
-from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive
+from kit.watching.report import TrainReport
 
 _WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its LoopWatch (one a model)
 _DETECTED = ("outputs_kept", "grads_kept")
@@ -66,40 +72,40 @@ _DETECTED = ("outputs_kept", "grads_kept")
 class LoopWatch:
     """What :func:`watch_loop` attached to a model and its optimizer (see the module doc).
 
-    ``steps``: a :class:`StepPeak` per completed step; ``estimate`` (or None, with ``estimate_error``);
-    ``assumed``: each loop option the estimate took, ``(value, how it was known)``; ``report``: the
-    :class:`~kit.watching.report.TrainReport` (after an OOM, the one that stopped the loop); ``tracker`` and
-    ``live`` (the LivePlot, or None). ``close()`` removes the hooks.
+    ``steps``: a :class:`StepPeak` per completed optimizer step (its micro-batches' highest peak); ``estimate`` (or
+    None, with ``estimate_error``); ``assumed``: each loop option the estimate took, ``(value, how it was known)``;
+    ``report``: the :class:`~kit.watching.report.TrainReport` (after an OOM, the one that stopped the loop);
+    ``tracker`` and ``live`` (the LivePlot, or None); ``options``: what it was made with. ``close()`` removes the
+    hooks.
     """
 
-    def __init__(self, model, optimizer, *, plot=None, estimate=True, limit_bytes=None, limit_label="limit",
-                 tensor_peak=False, advise_device=None, top=5, setup=None):
+    def __init__(self, model, optimizer, options: dict):
         # held weakly: _WATCHES is keyed by the model, and the hooks hold this watch (the model's lifetime is yours)
         self._model, self._optimizer = weakref.ref(model), weakref.ref(optimizer)
         self.made_optimizer = self.made_scheduler = False       # the user's own: kept (recover.release)
-        self.want_estimate, self.given = estimate, dict(setup or {})
-        self.tensor_peak, self.advise_device, self.top = tensor_peak, advise_device, top
+        self.options_given = dict(options)
+        self.want_estimate, self.given = options["estimate"], dict(options["setup"])
+        self.tensor_peak, self.advise_device = options["tensor_peak"], options["advise_device"]
+        self.top = options["top"]
         self.steps: list[StepPeak] = []
         self.estimate, self.estimate_error, self.assumed = None, None, {}
         self.shape, self.padded, self.options = None, None, None
         self.step_no, self.phase, self.stopped, self._oom_report = 0, "setup", False, None
         self._logits, self._kept_seen, self._grads_seen, self._said = None, None, None, False
         self._forwards, self._accum_seen = 0, None     # forwards with grad since the last optimizer step; per step
-        self._step_shape, self._at_shape = None, {}     # this step's batch shape; estimates at other shapes
+        self._autocast_seen = None                     # the dtype the model's forward ran under autocast in, or "fp32"
+        self._optimizer_steps, self._micro = 0, []     # optimizer steps seen; this one's micro-batches (peak, shape)
+        self._step_shape, self._at_shape = None, {}     # this micro-batch's batch shape; estimates at other shapes
+        self._inside = False
         self.t0 = time.perf_counter()
+        limit_bytes, limit_label = options["limit_bytes"], options["limit_label"]
         if limit_bytes is None:
             here, _ = resolve_device("this", cpu_ok=True)
             limit_bytes, limit_label = (here.gpu_bytes, here.label) if here.gpu_bytes else \
                 (here.ram_bytes, "this machine's RAM")
         self.limit_bytes, self.limit_label = limit_bytes, limit_label
         self.tracker = Tracker()
-        self.live = None
-        if plot is not False:
-            from kit.plot.live import LivePlot, in_notebook
-
-            if plot is not None or in_notebook():
-                self.live = LivePlot(self.tracker, self.draw, folder=None if plot is None else Path(plot),
-                                     prefix="loop")
+        self.live = live_plot(options["plot"], self.tracker, self.draw, "loop")
         self._hooks = [model.register_forward_pre_hook(self._forward_begins, with_kwargs=True),
                        model.register_forward_hook(self._forward_ends),
                        optimizer.register_step_pre_hook(self._optimizer_begins),
@@ -113,15 +119,24 @@ class LoopWatch:
     def optimizer(self):
         return self._optimizer()
 
-    # hooks: the phase, the batch's shape, and whether the outputs outlive the backward ----------------------------
+    # hooks: the phase, the batch's shape, autocast, and whether the outputs outlive the backward -----------------
     def _forward_begins(self, module, args, kwargs):
         if torch.is_grad_enabled():
             self._forwards += 1
+            self._read_autocast(module)
         if self.shape is None or self._step_shape is None:
             batch = kwargs if "input_ids" in kwargs else (args[0] if args else None)
             self._step_shape = self._step_shape or batch_shape(batch)
             if self.shape is None:
                 self.shape, self.padded = batch_shape(batch), has_padding(batch) if isinstance(batch, dict) else None
+
+    def _read_autocast(self, module) -> None:
+        """The dtype the model's matmuls run in under ``torch.autocast`` (on the device its weights are on), as
+        Trainer's mixed precision: read at each forward with grad, and the estimate made again when it changes."""
+        where = next((p.device.type for p in module.parameters()), "cpu")
+        kind = autocast_precision(where)
+        if kind != self._autocast_seen and "precision" not in self.given:
+            self._autocast_seen, self.estimate = kind, None    # estimated again at the micro-batch's end
 
     def _forward_ends(self, module, args, output):
         logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
@@ -137,6 +152,9 @@ class LoopWatch:
 
     def _optimizer_ends(self, opt, args, kwargs):
         self.phase = "after_step"
+        self._optimizer_steps += 1
+        if not self._inside and self._micro:    # optimizer.step() outside watch.step(): its micro-batches end here
+            self._close_step()
 
     # the estimate ---------------------------------------------------------------------------------------------
     def _options(self) -> dict:
@@ -156,9 +174,7 @@ class LoopWatch:
                 self.assumed[k] = (False, "assumed, not seen yet" + (" (known from step 2 on)"
                                                                      if k == "grads_kept" else ""))
         self._accum_option(opts)
-        if "precision" not in self.given:
-            self.assumed["precision"] = ("fp32", "assumed: no autocast seen by the kit (pass precision='bf16' "
-                                                 "if the step runs under torch.autocast)")
+        self._precision_option(opts)
         return opts
 
     def _accum_option(self, opts: dict) -> None:
@@ -171,8 +187,20 @@ class LoopWatch:
         else:
             self.assumed["grad_accum"] = (1, "assumed, not seen yet (known at the first optimizer.step())")
 
+    def _precision_option(self, opts: dict) -> None:
+        if "precision" in self.given:
+            self.assumed["precision"] = (self.given["precision"], "given to kit.watch_loop")
+        elif self._autocast_seen is None:
+            self.assumed["precision"] = ("fp32", "assumed, not seen yet (known at the model's first forward)")
+        elif self._autocast_seen == "fp32":
+            self.assumed["precision"] = ("fp32", "detected: the model's forward ran without torch.autocast")
+        else:
+            opts["precision"] = self._autocast_seen
+            self.assumed["precision"] = (self._autocast_seen, "detected: the model's forward ran under torch.autocast "
+                                                              f"({DTYPE_NAMES[self._autocast_seen]})")
+
     def _make_estimate(self) -> None:
-        if self.want_estimate is False or self.want_estimate is None or self.shape is None:
+        if self.want_estimate is False or self.shape is None:
             if self.shape is None and self.want_estimate is True:
                 self.estimate_error = "no batch shape yet (pass the batch: watch.step(batch))"
             return
@@ -204,14 +232,14 @@ class LoopWatch:
     # one step ---------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def step(self, batch=None):
-        """Watch one optimizer step (see the module doc); ``batch`` gives the estimate its shape before the step
-        runs (else the model's first forward does, and the estimate comes at the step's end)."""
+        """Watch one micro-batch, or a whole optimizer step (see the module doc): a step is judged once its
+        ``optimizer.step()`` has run, at its highest micro-batch. ``batch`` gives the estimate its shape before the
+        step runs (else the model's first forward does, and the estimate comes at the step's end)."""
         if self.stopped:
             raise RuntimeError(f"kit.watch_loop: this watch stopped at step {self._oom_report.step} with an "
                                "out-of-memory error (print(watch.report)); loop over watch.batches(loader) to end "
                                "there, or make a new watch: kit.watch_loop(model, optimizer).")
-        n = len(self.steps) + 1
-        fresh = len(getattr(self.optimizer, "state", {})) == 0
+        n, fresh = self._optimizer_steps + 1, self._fresh()
         # zero_grad(set_to_none=False) left them allocated; read where no micro-batch is accumulating (grad_accum)
         if not fresh and "grads_kept" not in self.given and not self._forwards:
             grads = any(p.grad is not None for p in self.model.parameters() if p.requires_grad)
@@ -229,28 +257,42 @@ class LoopWatch:
         if exact:
             gc.collect()      # garbage waiting in reference cycles (an earlier model) is not this step's memory
         meter = TensorPeak() if exact else contextlib.nullcontext()
-        try:
-            with meter:
-                yield self
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                self._interrupted(exc)
-                raise
-            if not device.is_oom(exc):
-                recover.tidy(self, self)
-                raise
-            self._stop(exc)
-            exc = None
+        self._inside = True
+        with Stops(LoopRun(self)) as stops:
+            try:
+                with meter:
+                    yield self
+            finally:
+                self._inside = False
+        if stops.report is not None:
+            self._stopped(stops.report)
             return
-        peak = meter.peak_bytes if exact else device.peak_allocated_bytes()
+        self._micro.append((meter.peak_bytes if exact else device.peak_allocated_bytes(), self._step_shape, fresh))
+        if self._optimizer_steps >= n:           # its optimizer.step() ran: the step is complete
+            self._close_step()
+
+    def _fresh(self) -> bool:
+        """Whether the step about to run is a first one: no optimizer step seen by this watch, and no optimizer state
+        (an optimizer stepped before the watch has some). SGD without momentum keeps none: its first step is still
+        the first only."""
+        return self._optimizer_steps == 0 and len(getattr(self.optimizer, "state", {})) == 0
+
+    def _close_step(self) -> None:
+        """One optimizer step done: its peak is its micro-batches' highest, judged with the micro-batches counted."""
+        n = self._optimizer_steps
+        peaks = [p for p, _, _ in self._micro if p is not None]
+        shapes = [s for _, s, _ in self._micro if s is not None]
+        first = self._micro[0][2]
+        self._micro = []
         if self.estimate is None or (n == 1 and self._kept_seen and "outputs_kept" not in self.given):
             self.estimate = None
             self._make_estimate()
-        shape = self._step_shape
-        self.steps.append(StepPeak(n, fresh, peak, time.time(), shape, self._estimate_at(shape, fresh)))
+        shape = max(shapes, key=lambda s: s[0] * s[1], default=None)
+        self.steps.append(StepPeak(n, first, max(peaks, default=None), time.time(), shape,
+                                   self._estimate_at(shape, first)))
         self.tracker.sample(n, live_tensors=False, event="step")
-        if self.live is not None and n <= 2:    # the first step and the first later one, always drawn
-            self.live.update()
+        if n <= 2:    # the first step and the first later one, always drawn
+            redraw(self.live)
 
     def _estimate_at(self, shape, first: bool) -> int | None:
         """The estimate's figure (step 1's, or the later steps') at a step's own batch shape: the watch's estimate
@@ -259,13 +301,14 @@ class LoopWatch:
         if est is None or shape is None:
             return None
         if shape != (est.setup.get("batch_size"), est.setup.get("seq_len")) and self.options is not None:
-            if shape not in self._at_shape:
+            key = (shape, repr(sorted(self.options.items(), key=str)))
+            if key not in self._at_shape:
                 try:
-                    self._at_shape[shape] = predict(self._target(), **dict(self.options, batch_size=shape[0],
-                                                                             seq_len=shape[1]))
+                    self._at_shape[key] = predict(self._target(), **dict(self.options, batch_size=shape[0],
+                                                                           seq_len=shape[1]))
                 except ValueError:
-                    self._at_shape[shape] = None
-            est = self._at_shape[shape]
+                    self._at_shape[key] = None
+            est = self._at_shape[key]
         if est is None:
             return None
         return est.first_step_peak_bytes if first else est.peak_bytes
@@ -282,47 +325,28 @@ class LoopWatch:
                 return
             yield item
 
-    def _interrupted(self, exc) -> None:
-        """Ctrl-C inside a step: release its frames and the gradients (the optimizer's state is the user's training
-        so far: kept), and say so."""
-        before = recover.alive_bytes()
-        scrub(exc)
-        self.model.zero_grad(set_to_none=True)
-        recover.tidy(self, self)
-        now = recover.alive_bytes()
-        half = " Interrupted inside optimizer.step(): some parameters may have taken this step and others not." \
-            if self.phase in ("optimizer_step", "first_optimizer_step") else ""
-        print(f"kit.watch_loop: interrupted at step {self.step_no} ({self.phase}). Released the interrupted step's "
-              f"frames and the gradients: {fmt_bytes(max(before - now, 0))} back, {fmt_bytes(now)} still allocated "
-              "(the weights, the optimizer's state and anything else you hold); the optimizer's state is kept (your "
-              f"training so far), and the model and the optimizer train on.{half}", flush=True)
+    def _restart_accumulation(self) -> None:
+        """After Ctrl-C or an OOM the gradients are gone: the micro-batches of the step they held start again."""
+        self._forwards, self._micro = 0, []
 
-    def _stop(self, exc) -> None:
-        if self.estimate is None:
-            self._make_estimate()
-        report = TrainReport(True, _error(exc), self.step_no, self.phase, device.best_reading(),
-                             time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
-        report.measured, report.cuda, report.tensors = read_alive(self, exc, top=self.top)
-        scrub(exc)
-        report.freed = recover.release(self, self, report.measured)
-        report.estimated, report.estimate_field = estimated_for(self.estimate, report.phase)
-        recover.tidy(self, self)
-        options = None if self.options is None else dict(self.options, model=self._target())
-        report.advice, fits = advice_text(self.estimate, options or self.estimate,
-                                          self.advise_device or ("this" if machine.has_cuda() else "cpu"))
-        if fits:      # its changes would make something fit that already does: not this error's fix
-            report.advice = (f"The fit advisor: the estimate fits {self.limit_label}, yet this step ran out of memory, "
-                             "so the advisor's changes are not the fix: look for what the estimate does not count: "
-                             "another model or tensors alive in this process (the largest tensors above), other "
-                             "processes on the device, a memory cap, or fragmentation.")
-        report.notes += self._assumption_notes()
-        if self.estimate is None:
-            report.notes.append(f"no estimate beside the measurement: {self.estimate_error}")
+    def _stopped(self, report: TrainReport) -> None:
+        self._restart_accumulation()
         self.stopped, self._oom_report = True, report
         print(report, flush=True)
 
     def _assumption_notes(self) -> list:
         return [f"the estimate took {k}={v!r}: {how}" for k, (v, how) in self.assumed.items()]
+
+    def _judged_at(self) -> str | None:
+        """What the answer says the loop was judged at, where it is not plain fp32 with one micro-batch a step."""
+        said = []
+        accum, how = self.assumed.get("grad_accum", (1, ""))
+        if accum and accum != 1:
+            said.append(f"{accum} micro-batches per optimizer step ({how.split(':')[0]})")
+        precision, how = self.assumed.get("precision", ("fp32", ""))
+        if precision != "fp32":
+            said.append(f"{precision} autocast ({how.split(':')[0]})")
+        return ", ".join(said) or None
 
     # what it read -------------------------------------------------------------------------------------------
     @property
@@ -333,6 +357,7 @@ class LoopWatch:
         est, exact = self.estimate, self.tensor_peak or machine.has_cuda()
         r = TrainReport(False, None, len(self.steps), self.phase, device.best_reading(),
                         time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
+        r.judged_at = self._judged_at()
         first = [s.peak_bytes for s in self.steps if s.first and s.peak_bytes is not None]
         later = [s.peak_bytes for s in self.steps if not s.first and s.peak_bytes is not None]
         r.first_step_peak_bytes, r.later_steps_peak_bytes = max(first, default=None), max(later, default=None)
@@ -340,7 +365,10 @@ class LoopWatch:
         r.measured_peak_bytes, r.peak_exact = max(train, default=None), bool(exact and train)
         if est is not None:
             r.estimate_peak_bytes, r.estimate_first_step_bytes = est.peak_bytes, est.first_step_peak_bytes
-        r.notes += self._assumption_notes() + own_lengths(self.steps)
+        r.notes += self._assumption_notes() + own_lengths(self.steps) + plot_note(self.live)
+        if self._micro:
+            r.notes.append(f"{len(self._micro)} micro-batch{'es' if len(self._micro) > 1 else ''} since the last "
+                           "optimizer.step() are not judged yet: a step is judged once its optimizer.step() has run")
         if est is None:
             r.notes.append(f"no estimate beside the measurement: {self.estimate_error or 'not asked for'}")
         return r
@@ -354,8 +382,8 @@ class LoopWatch:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self.live is not None and self.tracker.samples:
-            self.live.update()
+        if self.tracker.samples:
+            redraw(self.live)
         if _WATCHES.get(self.model) is self:
             del _WATCHES[self.model]
 
@@ -363,19 +391,75 @@ class LoopWatch:
         return f"<kit.watch_loop: {len(self.steps)} steps{', stopped by an OOM' if self.stopped else ''}>"
 
 
+class LoopRun(Run):
+    """What :mod:`kit.watching.core` needs of a loop's watch: it holds the model and the optimizer itself, keeps the
+    optimizer's state on Ctrl-C (the loop trains on), and its report carries what the estimate assumed."""
+
+    by = "kit.watch_loop"
+    keeps_state = True
+    after_interrupt = ("The kernel is usable; the optimizer's state is kept (your training so far), and the model and "
+                       "the optimizer train on.")
+
+    def __init__(self, watch: LoopWatch):
+        super().__init__(watch, watch, top=watch.top, advise_device=watch.advise_device)
+        self.t0 = watch.t0
+
+    def where(self) -> tuple[int, str]:
+        return self.watch.step_no, self.watch.phase
+
+    def prepare(self) -> None:
+        if self.watch.estimate is None:
+            self.watch._make_estimate()
+
+    def advice_input(self):
+        w = self.watch
+        return dict(w.options, model=w._target()) if w.options is not None else w.estimate
+
+    def notes(self) -> list:
+        return self.watch._assumption_notes() + plot_note(self.watch.live)
+
+    def on_interrupt(self) -> None:
+        self.watch._restart_accumulation()
+
+
+def autocast_precision(device_type: str) -> str:
+    """The kit's precision for the autocast state now on ``device_type``: "bf16" or "fp16" where ``torch.autocast``
+    is on (the dtype matmuls run in), else "fp32".
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...     autocast_precision("cpu")
+    'bf16'
+    >>> autocast_precision("cpu")
+    'fp32'
+    """
+    if not torch.is_autocast_enabled(device_type):
+        return "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(device_type), "fp32")
+
+
+DTYPE_NAMES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+_DEFAULTS = dict(plot=None, estimate=True, limit_bytes=None, limit_label="limit", tensor_peak=False,
+                 advise_device=None, top=5)
+
+
 def watch_loop(model, optimizer, *, plot=None, estimate=True, limit_bytes: int | None = None,
                limit_label: str = "limit", tensor_peak: bool = False, advise_device=None, top: int = 5,
                **setup) -> LoopWatch:
     """Watch a plain PyTorch training loop of ``model`` and ``optimizer``: ``with watch.step(batch):`` around each
-    step (see the module doc). A second call for the same model and optimizer returns the first watch, unless it
-    stopped (an OOM) or was closed.
+    micro-batch, or each optimizer step (see the module doc). Every option is checked here, before the loop runs.
+
+    A second call for the same model and optimizer returns the first watch, unless it stopped (an OOM) or was closed,
+    or the call gives an option the first did not have: then a new watch with the new options replaces the first
+    (whose hooks come off; its steps stay in its own report), and one line says so.
 
     - ``plot``: None draws in a notebook only; a folder saves PNGs there; False draws nothing.
     - ``estimate``: True estimates from the model, the first batch and the optimizer; an Estimate is used as
       given; False sets none beside the readings.
     - ``tensor_peak``: on the CPU, watch every op, so each step's peak is exact (slower); on CUDA, max allocated.
     - ``**setup``: :func:`kit.estimate.estimate` options that win over what is read or detected
-      (``precision="bf16"`` under autocast, ``outputs_kept=True``, ``grads_kept=True``, ...).
+      (``precision="bf16"``, ``grad_accum=4``, ``outputs_kept=True``, ``grads_kept=True``, ...). Without them the
+      precision is read from ``torch.autocast`` around the model's forward, and the micro-batches are counted
+      between two ``optimizer.step()`` calls.
 
     >>> model = kit.models.build_model("tiny-llama"); opt = torch.optim.AdamW(model.parameters())   # doctest: +SKIP
     >>> watch = watch_loop(model, opt, tensor_peak=True)                                        # doctest: +SKIP
@@ -390,20 +474,69 @@ def watch_loop(model, optimizer, *, plot=None, estimate=True, limit_bytes: int |
         raise InputError("optimizer", "kit.watch_loop takes the torch.optim.Optimizer your loop steps, not a "
                                       f"{type(optimizer).__name__}.")
     optimizer = _stepped(optimizer)
-    if plot not in (None, False) and Path(plot).exists() and not Path(plot).is_dir():
-        raise InputError("plot", f"plot must be a folder to save the PNGs in, not the file {plot}: pass a folder (new "
-                                 "or existing: no file in it is overwritten), None (a notebook's live plot) or False.")
+    options = _checked(plot=plot, estimate=estimate, limit_bytes=limit_bytes, limit_label=limit_label,
+                       tensor_peak=tensor_peak, advise_device=advise_device, top=top, setup=setup)
+    old = _WATCHES.get(model)
+    if old is not None and old.optimizer is optimizer and not old.stopped and old._hooks:
+        changed = _changed(old.options_given, options)
+        if not changed:
+            return old
+        old.close()
+        print(f"kit.watch_loop: a new watch of this model replaces the one made before, for "
+              f"{', '.join(f'{k}={v!r}' for k, v in changed.items())} (the old watch's {len(old.steps)} steps stay in "
+              "its own report).", flush=True)
+    w = LoopWatch(model, optimizer, options)
+    _WATCHES[model] = w
+    return w
+
+
+def _checked(*, setup: dict, **options) -> dict:
+    """Every option of :func:`watch_loop`, checked now (each refused in one sentence that names it)."""
     unknown = sorted(set(setup) - set(KEYWORDS))
     if unknown:
         raise InputError(unknown[0], f"kit.watch_loop does not know {', '.join(unknown)}: its estimate options are "
                                      f"{', '.join(KEYWORDS)}.")
-    old = _WATCHES.get(model)
-    if old is not None and old.optimizer is optimizer and not old.stopped and old._hooks:
-        return old
-    w = LoopWatch(model, optimizer, plot=plot, estimate=estimate, limit_bytes=limit_bytes, limit_label=limit_label,
-                  tensor_peak=tensor_peak, advise_device=advise_device, top=top, setup=setup)
-    _WATCHES[model] = w
-    return w
+    limit_bytes, limit_label = limit_option(options["limit_bytes"], options["limit_label"])
+    return dict(plot=plot_folder(options["plot"], "kit.watch_loop"),
+                estimate=estimate_option(options["estimate"], "kit.watch_loop"), limit_bytes=limit_bytes,
+                limit_label=limit_label, tensor_peak=flag("tensor_peak", options["tensor_peak"]),
+                advise_device=advise_option(options["advise_device"]), top=top_option(options["top"]),
+                setup=setup_values(setup))
+
+
+def _changed(old: dict, new: dict) -> dict:
+    """The options of ``new`` given (not left at their default) that differ from ``old``'s: a call with none given
+    (``kit.step(model, optimizer, batch)``) finds the watch as it is."""
+    out = {k: v for k, v in new.items() if k != "setup" and v is not _DEFAULTS[k] and v != _DEFAULTS[k]
+           and v != old[k]}
+    out.update({k: v for k, v in new["setup"].items() if old["setup"].get(k, _UNSEEN) != v})
+    return out
+
+
+_UNSEEN = object()
+
+
+def setup_values(setup: dict) -> dict:
+    """The estimate options given to :func:`watch_loop`, each checked by what the training setup declares of it (its
+    choices, a whole number, a flag); the others are checked by the estimate itself.
+
+    >>> setup_values({"precision": "bf16", "grad_accum": "4"})
+    {'precision': 'bf16', 'grad_accum': 4}
+    """
+    out = {}
+    for name, value in setup.items():
+        meta, default = FIELDS[name].metadata, FIELDS[name].default
+        if name == "optimizer":
+            out[name] = choice(name, value, optimizers.ROOM, optimizers.BY_OPTIM)
+        elif meta["choices"]:
+            out[name] = choice(name, value, meta["choices"])
+        elif meta["kind"] is int:
+            out[name] = whole_number(name, value, minimum=0 if name == "lora_r" else 1)
+        elif meta["kind"] is bool or isinstance(default, bool):
+            out[name] = flag(name, value, allow_none=default is None)
+        else:
+            out[name] = value
+    return out
 
 
 def step(model, optimizer, batch=None, **kwargs):
@@ -430,8 +563,3 @@ def _stepped(optimizer):
     if isinstance(inner, torch.optim.Optimizer) and not hasattr(optimizer, "_optimizer_step_pre_hooks"):
         return inner
     return optimizer
-
-
-def _error(exc) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]

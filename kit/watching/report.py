@@ -78,6 +78,7 @@ class TrainReport:
     estimate_eval_bytes: int | None = None
     eval_estimate_note: str | None = None          # why the eval estimate is not set beside the measurement
     by: str = "kit.train"                           # or "kit.watch_loop": a plain PyTorch loop (no evaluate())
+    judged_at: str | None = None                    # a loop: what it was judged at, where not fp32, one micro-batch
     between_steps_bytes: int | None = None          # CPU: highest live-tensor reading between steps
     estimate_between_bytes: int | None = None       # weights + gradients + optimizer state
     notes: list = field(default_factory=list)
@@ -194,7 +195,8 @@ class TrainReport:
         """The run's verdict and its peaks beside the estimate; ``details``: the notes too."""
         out = [f"Completed: {self.step} optimizer steps, no out-of-memory error ({self.seconds:.1f} s)."
                if self.by == "kit.train" else
-               f"Watched {self.step} steps of your loop, no out-of-memory error ({self.seconds:.1f} s)."]
+               f"Watched {self.step} steps of your loop, no out-of-memory error ({self.seconds:.1f} s)"
+               + (f"; judged at {self.judged_at}." if self.judged_at else ".")]
         what = ("CUDA max allocated" if self.reading == "cuda_allocated"
                 else "CPU live tensors, exact (every op watched)")
         if self.measured_peak_bytes is None:

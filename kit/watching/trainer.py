@@ -33,9 +33,8 @@ from transformers import TrainerCallback
 
 from kit import machine
 from kit.estimate import estimate_trainer
-from kit.inputs import byte_count
+from kit.inputs import byte_count, flag
 from kit.measure import controls, device
-from kit.measure.cleanup import scrub
 from kit.measure.controls import check_cap, memory_cap
 from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
@@ -45,12 +44,15 @@ from kit.watching import generation, recover
 from kit.watching.draw import draw_watch
 from kit.watching.objects import StepPeak, batch_shape, own_lengths
 from kit.watching.peaks import PeakSplit
-from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive, set_peak, show_history
+from kit.watching.core import (Redraw, Run, Stops, advise_option, estimate_option, limit_option, live_plot,
+                                plot_folder, plot_note, top_option)
+from kit.watching.report import TrainReport, set_peak, show_history
 
 
 class PhaseCallback(TrainerCallback):
     """Knows which optimizer step (1 = the first of this ``train()``) and which phase is running. A step is
-    "first" while the optimizer has no state yet (a resumed run's state is loaded: no first step then)."""
+    "first" when it is this ``train()``'s first and the optimizer has no state yet (a resumed run's state is loaded:
+    no first step then; an optimizer whose state stays empty, SGD without momentum, has one first step too)."""
 
     def __init__(self):
         self.step, self.phase, self._first = 0, "setup", 1
@@ -82,8 +84,8 @@ class PhaseCallback(TrainerCallback):
                 self.shapes[self.step] = shape
 
     def _fresh(self, kwargs) -> bool:
-        state = getattr(kwargs.get("optimizer"), "state", None)
-        return len(state) == 0 if state is not None else self.step == self._first
+        state = getattr(kwargs.get("optimizer"), "state", None)     # a resumed run's state is loaded: not first
+        return self.step == self._first and (state is None or len(state) == 0)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.step, self.phase, self._first = state.global_step, "setup", state.global_step + 1
@@ -132,20 +134,6 @@ class _Evaluate:
         return out
 
 
-class _Redraw:
-    """The LivePlot's listener: throttled redraws between steps (LivePlot's rule), and always one at an
-    evaluation and at the end of train(), so the plot shows the whole run."""
-
-    def __init__(self, live):
-        self.live = live
-
-    def __call__(self, event, tracker):
-        if event == "sample" and tracker.samples[-1].event in ("evaluate", "train_end"):
-            self.live.update()
-        else:
-            self.live._on_event(event, tracker)
-
-
 class Watch:
     """What :func:`watch` attached: ``tracker`` (the readings; ``tracker.samples`` grow between steps),
     ``callback`` (its TrainerCallback), ``phases``, ``live`` (the LivePlot, or None), ``estimate`` (or
@@ -180,7 +168,7 @@ class Watch:
                     tr.evaluate = ev.inner
             generation.detach(tr)
             tr.__dict__.pop("_kit_watch", None)
-        self.tracker.listeners[:] = [f for f in self.tracker.listeners if not isinstance(f, _Redraw)]
+        self.tracker.listeners[:] = [f for f in self.tracker.listeners if not isinstance(f, Redraw)]
 
     def __repr__(self) -> str:
         est = f"estimate peak {fmt_bytes(self.estimate.peak_bytes)}" if self.estimate else "no estimate"
@@ -206,6 +194,8 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
     """
     if not (hasattr(trainer, "callback_handler") and hasattr(trainer, "train") and hasattr(trainer, "state")):
         raise ValueError(f"kit.watch takes a transformers Trainer (the one you built), not a {type(trainer).__name__}.")
+    estimate, plot = estimate_option(estimate, "kit.watch"), plot_folder(plot, "kit.watch")
+    limit_bytes, limit_label = limit_option(limit_bytes, limit_label)
     old = trainer.__dict__.get("_kit_watch")
     if old is not None and old.attached:
         return old
@@ -222,22 +212,15 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
     trainer.callback_handler.add_callback(callback)
     trainer.evaluate = _Evaluate(trainer, phases)
     generation.attach(trainer, phases, tracker)   # GRPOTrainer: its generation, a stage of its own
-    live = None
-    if plot is not False:
-        from kit.plot.live import LivePlot, in_notebook
-
-        draw = functools.partial(draw_watch, est=est, limit_bytes=limit_bytes, limit_label=label)
-        if plot is not None or in_notebook():
-            live = LivePlot(None, draw, folder=None if plot is None else Path(plot), prefix="watch")
-            live.tracker = tracker
-            tracker.add_listener(_Redraw(live))
+    draw = functools.partial(draw_watch, est=est, limit_bytes=limit_bytes, limit_label=label)
+    live = live_plot(plot, tracker, draw, "watch")
     w = Watch(trainer, tracker, callback, phases, live, est, why, limit_bytes, label)
     trainer._kit_watch = w
     return w
 
 
 def _estimate(trainer, estimate):
-    if estimate is False or estimate is None:
+    if estimate is False:
         return None, "not asked for"
     if estimate is not True:
         return estimate, None
@@ -260,7 +243,7 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
       holders, the advisor's top changes), then the failed frames, the gradients and the optimizer
       state are released (a Trainer-made optimizer and scheduler are dropped, so a retry starts
       fresh). Ctrl-C (``KeyboardInterrupt``) is cleaned up the same way, said in one line, then re-raised
-      (:func:`kit.watching.recover.interrupted`). Any other exception propagates, after the watch's cleanup.
+      (:func:`kit.watching.core.interrupted`). Any other exception propagates, after the watch's cleanup.
     - ``history`` (CUDA only): the allocator's last ``history_entries`` events are recorded and saved to
       ``snapshot_path`` (default ``<output_dir>/kit-memory-history.pickle``) for pytorch.org/memory_viz.
     - ``tensor_peak``: on the CPU, watch every op, so the completed run's peaks are exact (slower). The training
@@ -279,6 +262,9 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
     (True, 2, 'forward_backward')
     """
     cap_bytes = check_cap(byte_count("cap_bytes", cap_bytes, none_means="no cap"))
+    advise_device, top = advise_option(advise_device), top_option(top)
+    history, tensor_peak = flag("history", history), flag("tensor_peak", tensor_peak)
+    plot = plot_folder(plot, "kit.train")      # before training: a finished run's plot must have a folder to go to
     if cap_bytes is not None and "limit_bytes" not in watch_kwargs:
         watch_kwargs.update(limit_bytes=cap_bytes, limit_label="memory cap")
     w = watch(trainer, plot=plot, **watch_kwargs)
@@ -287,13 +273,15 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
     if history and machine.has_cuda():
         path = Path(snapshot_path or Path(trainer.args.output_dir) / "kit-memory-history.pickle")
         path.parent.mkdir(parents=True, exist_ok=True)
-    t0, cap, split = time.perf_counter(), None, None
+    split = None
     exact = tensor_peak and not counting and not machine.has_cuda()
     others = _others_bytes(trainer)    # the readings count every tensor in the process: said apart at the end
-    try:
+    run = TrainerRun(trainer, w, top=top, advise_device=advise_device or cap_bytes, snapshot_path=path)
+    with Stops(run) as stops:
         with (controls.cuda_memory_history(path, max_entries=history_entries) if path else contextlib.nullcontext()), \
                 w.tracker.stage("train"), memory_cap(cap_bytes) as cap, \
                 (TensorPeak() if exact else contextlib.nullcontext()) as meter:
+            run.cap = cap
             # one counter through the run, read apart at each step's and each evaluation's start (kit.watching.peaks)
             split = PeakSplit(cap.counter or meter)
             w.phases.split = split
@@ -303,44 +291,41 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
             finally:
                 split.close()
                 w.phases.split = None
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):   # Ctrl-C: memory back, said so, then the interrupt goes on
-            print(recover.interrupted(trainer, w, exc), flush=True)
-            raise
-        if not device.is_oom(exc):
-            recover.tidy(trainer, w)
-            raise
-        report = TrainReport(True, _error(exc), w.phases.step, w.phases.phase, device.best_reading(),
-                             time.perf_counter() - t0, tracker=w.tracker, snapshot_path=str(path) if path else None,
-                             cap_bytes=cap and cap.cap_bytes, cap_how=cap and cap.how)
-        report.measured, report.cuda, report.tensors = read_alive(trainer, exc, top=top)
-        scrub(exc)
-        exc = None  # noqa: F841 (the frames go with it)
-        report.freed = recover.release(trainer, w, report.measured)
-        report.estimated, report.estimate_field = estimated_for(w.estimate, report.phase)
-        recover.tidy(trainer, w)
-        report.advice, fits = advice_text(w.estimate, trainer,
-                                          advise_device or report.cap_bytes or _advise_default())
-        if fits:
-            report.notes.append("the estimate fits, yet the run ran out of memory: look for what it does not count: "
-                                "another model or Trainer alive in this process (the largest tensors above), other "
-                                "processes on the device, or fragmentation (reserved above allocated)")
-        if w.estimate is None:
-            report.notes.append(f"no estimate beside the measurement: {w.estimate_error}")
-        show_history(report)
-        return report
+    if stops.report is not None:
+        stops.report.notes += plot_note(w.live)
+        show_history(stops.report)
+        return stops.report
     report = TrainReport(False, None, trainer.state.global_step, w.phases.phase, device.best_reading(),
-                         time.perf_counter() - t0, tracker=w.tracker, output=output,
-                         snapshot_path=str(path) if path else None, cap_bytes=cap.cap_bytes, cap_how=cap.how)
+                         time.perf_counter() - run.t0, tracker=w.tracker, output=output, **run.report_fields())
     rec = w.tracker.records[-1]
     if split.meter is not None:   # what the stage's own TensorPeak would have counted: every op watched
         rec.live_peak_bytes["cpu"] = max([rec.live_peak_bytes.get("cpu", 0), *split.peaks.values()])
         rec.live_peak_exact = True
     set_peak(report, rec, w.tracker.samples, w.estimate, split)
     report.steps = judged_steps(trainer, w, split)
-    report.notes += own_lengths(report.steps)
+    report.notes += own_lengths(report.steps) + plot_note(w.live)
     _say_others(report, others)
     return report
+
+
+class TrainerRun(Run):
+    """What :mod:`kit.watching.core` needs of one ``kit.train`` run: the Trainer holds the model and the optimizer; a
+    Ctrl-C drops the optimizer's state (the Trainer trains again from step 1, with a fresh optimizer)."""
+
+    after_interrupt = ("The kernel is usable, and the Trainer trains again from step 1 (a fresh optimizer), never "
+                       "from the interrupted step's state.")
+
+    def __init__(self, trainer, w, *, top, advise_device, snapshot_path):
+        super().__init__(trainer, w, top=top, advise_device=advise_device)
+        self.snapshot_path, self.cap = snapshot_path, None
+
+    def where(self) -> tuple[int, str]:
+        return self.watch.phases.step, self.watch.phases.phase
+
+    def report_fields(self) -> dict:
+        cap = self.cap
+        return dict(snapshot_path=str(self.snapshot_path) if self.snapshot_path else None,
+                    cap_bytes=cap and cap.cap_bytes, cap_how=cap and cap.how)
 
 
 def judged_steps(trainer, w, split) -> list:
@@ -393,12 +378,3 @@ def _say_others(report: TrainReport, others: int) -> None:
         own = report.measured_peak_bytes - others
         text += f"; without them the training peak is {fmt_bytes(own)}: ratio {own / report.estimate_peak_bytes:.3f}"
     report.notes.insert(0, text)
-
-
-def _error(exc) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:400]
-
-
-def _advise_default():
-    return "this" if machine.has_cuda() else "cpu"
