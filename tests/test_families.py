@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 import estimate_vs_measured as bench  # noqa: E402
 
 from kit.estimate import estimate  # noqa: E402
-from kit.estimate.inventory import default_targets, family_of, info_of  # noqa: E402
+from kit.estimate.inventory import (BLOCKS_DIFFER, LAYER_TYPES, NO_REPLAY, UnsupportedModel,  # noqa: E402
+                                    default_targets, family_of, info_of)
 from kit.model_configs import get_config  # noqa: E402
 from kit.models import build_model  # noqa: E402
 
@@ -163,13 +164,94 @@ def test_all_linear_lora_counts_match_peft(name):
 def test_families_by_model_type():
     from transformers import Gemma3Config, GraniteConfig
 
-    tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=256)
     assert family_of(Gemma3Config().text_config) == "gemma3"        # model_type gemma3_text
-    granite = estimate(GraniteConfig(**tiny), batch_size=1, seq_len=8)  # Llama-style, no replay of its own
-    assert any("(the kit has no model of" in n for n in granite.notes)
+    # Llama-style names, but Granite's blocks scale the residuals and attention (its multipliers): not Llama's
+    with pytest.raises(UnsupportedModel, match=r"^granite \(GraniteConfig\) is not estimated") as refused:
+        estimate(GraniteConfig(**_TINY), batch_size=1, seq_len=8)
+    assert refused.value.code == NO_REPLAY
     with pytest.raises(ValueError, match=r"^gemma3 \(Gemma3Config\) is a multimodal model.*text_config"):
         estimate(Gemma3Config(), batch_size=1, seq_len=8)
+
+
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=256)
+
+
+def _qwen3_5_text():
+    """Qwen3.5's text decoder as transformers 5.25's Qwen3_5TextConfig builds it by default (Gated DeltaNet linear
+    attention x3, then full attention), shrunk to 4 layers of width 64."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(**_TINY, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16)
+
+
+def _hybrids():
+    """Decoders whose blocks no family replays: Qwen3.5 text, and the Mamba hybrids Falcon-H1 and Jamba (one expert,
+    so dense: refused for its blocks, not as a mixture of experts)."""
+    from transformers import FalconH1Config, JambaConfig
+
+    return {"qwen3_5_text": _qwen3_5_text(), "falcon_h1": FalconH1Config(**_TINY),
+            "jamba": JambaConfig(**_TINY, num_experts=1)}
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "falcon_h1", "jamba"])
+def test_a_family_without_a_replay_is_refused_never_taken_for_llama(model_type):
+    """Issue 46 item 5: these were estimated "as Llama's blocks" (Qwen3.5 at 0.08x its measured peak, "fits"); now
+    they are refused in one sentence, from the config and from the built model alike."""
+    cfg = _hybrids()[model_type]
+    with pytest.raises(UnsupportedModel, match=rf"^{model_type} \(\w+Config\) is not estimated: no family") as got:
+        estimate(cfg, batch_size=1, seq_len=8)
+    assert got.value.code == NO_REPLAY and "kit.watch(trainer)" in str(got.value)
+    assert str(got.value).count(". ") == 0      # one sentence
+    if model_type != "falcon_h1":               # their layer types say why
+        assert "its layer_types hold linear_attention, which no family the kit replays has" in str(got.value)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(UnsupportedModel) as built:
+        estimate(model, batch_size=1, seq_len=8)
+    assert built.value.code == NO_REPLAY
+
+
+def test_blocks_are_checked_class_by_class():
+    """A model_type the kit replays, but a block that holds another class (the user's own attention, or a layer
+    type its family does not replay), is refused; the twins of Mistral and Qwen2 are Llama's blocks op for op."""
+    from transformers import Qwen2Config
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    class MyAttention(LlamaAttention):
+        pass
+
+    model = build_model("tiny-llama", device="meta")
+    model.model.layers[1].self_attn.__class__ = MyAttention
+    with pytest.raises(UnsupportedModel, match=r"its block model\.layers\.1 holds MyAttention") as swapped:
+        estimate(model, batch_size=1, seq_len=8)
+    assert swapped.value.code == BLOCKS_DIFFER
+    odd = Qwen2Config(**_TINY, layer_types=["full_attention", "linear_attention"] * 2)
+    with pytest.raises(UnsupportedModel, match="its layer_types hold linear_attention") as types:
+        family_of(odd)
+    assert types.value.code == LAYER_TYPES
+    for twin in ("tiny-mistral", "tiny-qwen2"):
+        assert any("which its blocks are op for op" in n for n in estimate(twin, batch_size=1, seq_len=8).notes)
+
+
+@pytest.mark.xfail(not hasattr(__import__("kit.inputs").inputs, "Refusal"), raises=UnsupportedModel, strict=True,
+                   reason="kit.check prints the kit's refusals as answers once kit.inputs.Refusal (the faces' "
+                          "branch) is in; until then it raises the refusal")
+def test_kit_check_answers_a_hybrid_with_the_refusal(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    import kit
+
+    model = AutoModelForCausalLM.from_config(_qwen3_5_text())
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, use_cpu=True, report_to=[])
+    trainer = Trainer(model=model, args=args, train_dataset=bench._Batches(4, 32, 256, True))
+    kit.check(trainer)
+    said = capsys.readouterr().out
+    assert "qwen3_5_text (Qwen3_5TextConfig) is not estimated" in said and "fits" not in said.split("\n")[0]
+    assert "Traceback" not in said
 
 
 # Issue 35's two family misses, at the shapes it names: random configs, 2 layers, rows all full length, AdamW, 3 Trainer

@@ -193,10 +193,7 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
     if optimizers.ROOM[optimizer].note:
         notes.append(optimizers.ROOM[optimizer].note)
     mt = info.config.model_type
-    if info.family == "llama" and mt != "llama":
-        notes.append(f"{mt}: its activations are counted as Llama's blocks' (the kit has no model of {mt}'s own, so "
-                     "they are as exact as its blocks are like Llama's)")
-    elif info.family != "llama" and act.FAMILIES[info.family] is act.FAMILIES["llama"]:  # mistral, qwen2
+    if info.family != "llama" and act.FAMILIES[info.family] is act.FAMILIES["llama"]:  # mistral, qwen2
         notes.append(f"{mt}: its activations are counted as Llama's blocks', which its blocks are op for op")
     if info.family == "gemma2" and getattr(info.config, "attn_logit_softcapping", None):
         notes.append("gemma2: attention runs eager whatever attn_implementation says (sdpa cannot soft-cap the "

@@ -54,19 +54,38 @@ class Info:
 
 
 class UnsupportedModel(Refusal):
-    """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for)."""
+    """A model the estimator cannot predict (not a causal LM, or blocks it has no replay for). ``code`` says which
+    refusal it is, so callers route on it, never on the message's words; ``name`` is the input it is about.
+
+    >>> e = UnsupportedModel("x (XConfig) is not estimated: ...", code=NO_REPLAY)
+    >>> e.name, e.code
+    ('model', 'no-replay')
+    """
+
+    def __init__(self, message: str, code: str = "unsupported-model", instead: str | None = None):
+        super().__init__(message, name="model", code=code, instead=instead)
+
+
+# UnsupportedModel's codes for a family taken for no other: a model_type no family registers, layer types its
+# family does not replay, blocks that are not its family's classes op for op.
+NO_REPLAY, LAYER_TYPES, BLOCKS_DIFFER = "no-replay", "layer-types", "blocks-differ"
 
 
 # The Llama-style replay reads these; a config without them has blocks of another shape.
 _LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, gemma, phi3, ...)"
+_ALIASES = {"gemma3_text": "gemma3"}   # model_type -> its kit.estimate.replay.FAMILIES key
+_MEASURE = "measure it on a real step with kit.watch(trainer) and kit.train(trainer)"
+# Modules inside a block that are the tape's op rules as they are, by the package that defines them: torch's layers
+# (Linear, Dropout, LayerNorm...), transformers' activations and GPT-2's Conv1D, peft's LoRA layers, bitsandbytes'.
+_OP_RULES = ("torch.", "transformers.activations", "transformers.pytorch_utils", "peft.", "bitsandbytes.")
 
 
 def family_of(cfg) -> str:
-    """The replay family of a config: its model_type where kit.estimate.replay has a block replay for it
-    ("gpt2", "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
-    gemma3_text, "gpt_neox"), "llama" for any other Llama-style decoder, or UnsupportedModel in words."""
+    """The replay family of a config: the kit.estimate.replay.FAMILIES key its model_type registers ("gpt2",
+    "llama" (and "mistral", "qwen2": Llama's blocks op for op), "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
+    gemma3_text, "gpt_neox", the encoders), or UnsupportedModel in one sentence: no family is taken for another."""
 
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     if mt == "gpt2":
@@ -86,8 +105,7 @@ def family_of(cfg) -> str:
         raise UnsupportedModel(f"{mt} ({cls}) has a convolution after its first layer or projected embeddings "
                                "(DeBERTa-v2 xlarge and xxlarge), which the estimator does not replay (it replays "
                                "DeBERTa-v3's layout): measure this one on a real step with kit.measure.track.Tracker.")
-    if mt in FAMILIES and FAMILIES[mt].encoder:   # an encoder with its own replay reads its config's own names
-        return mt
+    family = _ALIASES.get(mt, mt)
     missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     text = getattr(cfg, "text_config", None)
     if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
@@ -95,12 +113,51 @@ def family_of(cfg) -> str:
                                f"only: pass its text_config ({text.model_type}) to estimate the language model "
                                f"without the vision tower, or measure this one on a real step with "
                                f"kit.measure.track.Tracker.")
-    if missing:
+    if family not in FAMILIES:
+        raise UnsupportedModel(f"{mt} ({cls}) is not estimated: no family the kit replays registers it"
+                               f"{_new_layer_types(cfg)}, and taking another family's blocks for its own would be a "
+                               f"guess: {_MEASURE}, or pass {_COVERED}.", code=NO_REPLAY)
+    if missing and not FAMILIES[family].encoder:   # an encoder's replay reads its config's own names
         raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
                                f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
                                f"measure this one on a real step with kit.measure.track.Tracker.")
-    family = {"gemma3_text": "gemma3"}.get(mt, mt)  # model_type -> its kit.estimate.replay.FAMILIES key
-    return family if family in FAMILIES else "llama"
+    odd = sorted(set(getattr(cfg, "layer_types", None) or ()) - set(FAMILIES[family].covers.layer_types))
+    if odd:
+        raise UnsupportedModel(f"{mt} ({cls}) is not estimated: its layer_types hold {', '.join(odd)}, which "
+                               f"{family}'s replay does not have (it replays "
+                               f"{', '.join(FAMILIES[family].covers.layer_types)}): {_MEASURE}.", code=LAYER_TYPES)
+    return family
+
+
+def _new_layer_types(cfg) -> str:
+    """Words on the config's layer types that no family replays (Qwen3.5's linear_attention), or ""."""
+    known = {t for block in FAMILIES.values() for t in block.covers.layer_types}
+    new = sorted(set(getattr(cfg, "layer_types", None) or ()) - known)
+    return f" (its layer_types hold {', '.join(new)}, which no family the kit replays has)" if new else ""
+
+
+def check_blocks(model, blocks, family: str, what: str) -> None:
+    """Refuse, in one sentence, a model whose blocks (the modules at the paths ``blocks``) are not ``family``'s op
+    for op: each block must be one of the block classes the family's replay registers (its
+    :class:`kit.estimate.replay.setup.Covers`), and each module inside it one of the family's classes or an op rule
+    of torch, peft, bitsandbytes or transformers' activations. A layer swapped for one of the user's own, or a
+    remote-code class, is refused, never estimated as the family's."""
+    covers = FAMILIES[family].covers
+    for path in sorted(blocks):
+        block = model.get_submodule(path)
+        odd = {type(block)} if type(block).__qualname__ not in covers.blocks else set()
+        odd |= {type(m) for m in block.modules() if not _covered(type(m), covers)}
+        if odd:
+            names = ", ".join(sorted(f"{t.__name__} ({t.__module__})" for t in odd)[:3])
+            raise UnsupportedModel(f"{what} is not estimated: its block {path} holds {names}, which {family}'s "
+                                   f"replay does not follow op for op (it follows {', '.join(covers.blocks)}), and "
+                                   f"taking them for {family}'s would be a guess: {_MEASURE}.", code=BLOCKS_DIFFER)
+
+
+def _covered(cls, covers) -> bool:
+    if cls.__module__.startswith(_OP_RULES):
+        return True
+    return cls.__module__.startswith("transformers.models.") and cls.__qualname__ in covers.classes
 
 
 # An encoder's pooler before its classifier, replayed with the head (kit.estimate.replay.task_heads): BERT's (and
@@ -196,6 +253,7 @@ def inventory(model, cfg, own=None) -> Info:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
                                f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
+    check_blocks(model, blocks, family, what)
     task = "seq-cls" if own else task_of(model)
     _check_task(base_cfg, task, what)
     if isinstance(model, PreTrainedModel) and out is None and task == "causal-lm":

@@ -32,7 +32,8 @@ source.
 Adding a family: write ``kit/replay/<family>.py`` with one function ``block(tp, x)`` that
 replays one decoder layer with the tape's op rules, in the order of the transformers
 class it follows (name that class in the module docstring), and mark it with
-``@around(final_norm=..., positions=..., embd_dropout=..., embed_scale=...)`` for what the
+``@around(covers=Covers(...), final_norm=..., positions=..., embd_dropout=..., embed_scale=...)`` for the
+transformers classes it follows op for op (a model whose blocks hold any other is refused) and what the
 model does outside its blocks; then add one line to :data:`FAMILIES` (in :mod:`.registry`) (keyed by the config's
 ``model_type``: ``kit.estimate.inventory.family_of`` picks ``Setup.family`` from it), and read any
 config field the block needs in :func:`config_shapes`. Reuse the tape's rules; a new kind of

@@ -10,7 +10,7 @@ position ids are a slice of a buffer, no new memory). The classifier heads are :
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
@@ -32,6 +32,8 @@ def layer(tp: Tape, x):
     return y
 
 
-@around(final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
+@around(covers=Covers(blocks=("BertLayer",), attention=("BertAttention", "BertSelfAttention", "BertSelfOutput"),
+                      mlp=("BertIntermediate", "BertOutput")),
+        final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
 def block(tp: Tape, x):
     return layer(tp, x)

@@ -22,7 +22,7 @@ statistics are shared by the layers). The sequence classifier is ``ContextPooler
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import BOOL, F32, I64, around, promote
+from kit.estimate.replay.setup import BOOL, F32, I64, Covers, around, promote
 from kit.estimate.replay.tape import Tape
 
 
@@ -95,7 +95,10 @@ def rel_table(tp: Tape):
     return tp.new(n, dt, st.base_trainable)
 
 
-@around(final_norm=None, embd_dropout=True, embed_norm=True, embed_mask=True, encoder="deberta")
+@around(covers=Covers(blocks=("DebertaV2Layer",),
+                      attention=("DebertaV2Attention", "DisentangledSelfAttention", "DebertaV2SelfOutput"),
+                      mlp=("DebertaV2Intermediate", "DebertaV2Output")),
+        final_norm=None, embd_dropout=True, embed_norm=True, embed_mask=True, encoder="deberta")
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     o = attention(tp, x, rel_table(tp) if st.rel_span and st.rel_att else None)

@@ -10,11 +10,12 @@ sequence classifier is ``classifier(dropout(relu(pre_classifier(hidden[:, 0]))))
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm=None, embd_dropout=True, embed_norm=True, encoder="distilbert")
+@around(covers=Covers(blocks=("TransformerBlock",), attention=("DistilBertSelfAttention",), mlp=("FFN",)),
+        final_norm=None, embd_dropout=True, embed_norm=True, encoder="distilbert")
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     q = tp.linear(x, H, H, "attention.q_lin")

@@ -11,7 +11,7 @@ so are the final logits (``final_logit_softcapping``, in :func:`kit.estimate.rep
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
@@ -31,6 +31,8 @@ def layer(tp: Tape, x, qk_norm: bool = False):
     return tp.binary(x, norm(m, st.base_trainable))
 
 
-@around(final_norm="rms_norm_offset", embed_scale=True)
+@around(covers=Covers(blocks=("Gemma2DecoderLayer",), attention=("Gemma2Attention",), mlp=("Gemma2MLP",),
+                      norms=("Gemma2RMSNorm",)),
+        final_norm="rms_norm_offset", embed_scale=True)
 def block(tp: Tape, x):
     return layer(tp, x)

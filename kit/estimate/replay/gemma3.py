@@ -9,10 +9,12 @@ soft-capping (so sdpa runs). Sliding and full layers each get their own rotary c
 from __future__ import annotations
 
 from kit.estimate.replay import gemma2
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="rms_norm_offset", embed_scale=True)
+@around(covers=Covers(blocks=("Gemma3DecoderLayer",), attention=("Gemma3Attention",), mlp=("Gemma3MLP",),
+                      norms=("Gemma3RMSNorm",)),
+        final_norm="rms_norm_offset", embed_scale=True)
 def block(tp: Tape, x):
     return gemma2.layer(tp, x, qk_norm=True)

@@ -5,11 +5,12 @@ attention, the residual branches and the embeddings (wte + wpe); ``ln_f`` before
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="layer_norm", positions=True, embd_dropout=True)
+@around(covers=Covers(blocks=("GPT2Block",), attention=("GPT2Attention",), mlp=("GPT2MLP",)),
+        final_norm="layer_norm", positions=True, embd_dropout=True)
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     qkv = tp.linear(tp.layer_norm(x, st.base_trainable), H, 3 * H, "attn.c_attn")

@@ -12,11 +12,12 @@ and on the embeddings; ``final_layer_norm`` before the untied ``embed_out`` head
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="layer_norm", embd_dropout=True)
+@around(covers=Covers(blocks=("GPTNeoXLayer",), attention=("GPTNeoXAttention",), mlp=("GPTNeoXMLP",)),
+        final_norm="layer_norm", embd_dropout=True)
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     qkv = tp.linear(tp.layer_norm(x, st.base_trainable), H, 3 * H, "attention.query_key_value")

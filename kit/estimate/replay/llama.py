@@ -4,11 +4,12 @@ Pre-RMSNorm; separate q/k/v projections with grouped-query attention; rotary emb
 (cos/sin shared by all layers); SwiGLU MLP; the eager softmax in fp32; ``norm`` before the
 head. ``MistralDecoderLayer`` and ``Qwen2DecoderLayer`` are this block op for op (Qwen2's
 q/k/v biases save nothing more; their sliding windows only decide which layers get a mask,
-``Setup.layer_kinds``), and an architecture with no replay of its own is estimated this way.
+``Setup.layer_kinds``): their classes are registered with this block's (``covers``), checked in transformers 5.25's
+modeling code. No other architecture is estimated this way.
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
@@ -30,6 +31,10 @@ def layer(tp: Tape, x, qk_norm: bool = False):
     return tp.binary(tp.gated_mlp(tp.rms_norm(x, st.base_trainable)), x)
 
 
-@around(final_norm="rms_norm")
+@around(covers=Covers(blocks=("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"),
+                      attention=("LlamaAttention", "MistralAttention", "Qwen2Attention"),
+                      mlp=("LlamaMLP", "MistralMLP", "Qwen2MLP"),
+                      norms=("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")),
+        final_norm="rms_norm")
 def block(tp: Tape, x):
     return layer(tp, x)

@@ -23,7 +23,7 @@ sdpa's saved tensors there, not flash-attn's, so a padded batch under FA2 is est
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import F32, around
+from kit.estimate.replay.setup import F32, Covers, around
 from kit.estimate.replay.tape import Tape
 
 
@@ -43,7 +43,8 @@ def layer(tp: Tape, x):
     return tp.binary(tp.linear(m, st.F, H, "mlp.Wo"), x)
 
 
-@around(final_norm="layer_norm", embd_dropout=True, embed_norm=True, encoder="modernbert", first_layer=True)
+@around(covers=Covers(blocks=("ModernBertEncoderLayer",), attention=("ModernBertAttention",), mlp=("ModernBertMLP",)),
+        final_norm="layer_norm", embd_dropout=True, embed_norm=True, encoder="modernbert", first_layer=True)
 def block(tp: Tape, x):
     return layer(tp, x)
 

@@ -10,11 +10,13 @@ before the head.
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="rms_norm_fp32")
+@around(covers=Covers(blocks=("Olmo2DecoderLayer",), attention=("Olmo2Attention",), mlp=("Olmo2MLP",),
+                      norms=("Olmo2RMSNorm",)),
+        final_norm="rms_norm_fp32")
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     q = tp.rms_norm_fp32(tp.linear(x, H, st.nh * st.hd, "self_attn.q_proj"), st.base_trainable, st.nh * st.hd)

@@ -10,11 +10,13 @@ where ``partial_rotary_factor`` < 1), so sdpa's output needs a copy for ``o_proj
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="rms_norm")
+@around(covers=Covers(blocks=("Phi3DecoderLayer",), attention=("Phi3Attention",), mlp=("Phi3MLP",),
+                      norms=("Phi3RMSNorm",)),
+        final_norm="rms_norm")
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     qw, kvw = st.nh * st.hd, st.kvh * st.hd

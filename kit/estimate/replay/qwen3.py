@@ -8,10 +8,12 @@ normalized q or k.
 from __future__ import annotations
 
 from kit.estimate.replay import llama
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="rms_norm")
+@around(covers=Covers(blocks=("Qwen3DecoderLayer",), attention=("Qwen3Attention",), mlp=("Qwen3MLP",),
+                      norms=("Qwen3RMSNorm",)),
+        final_norm="rms_norm")
 def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True)

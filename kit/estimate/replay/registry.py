@@ -1,14 +1,14 @@
 """The registry of families: which block replay each config's ``model_type`` takes, the LoRA targets of the
 families peft has no default for, and what besides the shapes a family's config decides. Adding a family is
-one module beside this one and one line in :data:`FAMILIES`."""
+one module beside this one, its block marked with the classes it covers, and one line in :data:`FAMILIES`."""
 from __future__ import annotations
 
 from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, modernbert, olmo2, phi3, qwen3, roberta
 from kit.estimate.replay import deberta, distilbert
 
-# Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay.
-# Mistral and Qwen2 run the Llama block op for op; "llama" also stands in for any other
-# Llama-style architecture that has no replay of its own.
+# Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay, marked with the
+# transformers classes it covers (its @around(covers=...)). Mistral and Qwen2 run the Llama block op for op (Llama's
+# module registers their classes beside its own); no other model_type is taken for a family it does not name here.
 FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "qwen2": llama.block,
             "qwen3": qwen3.block, "olmo2": olmo2.block, "phi3": phi3.block, "gemma2": gemma2.block,
             "gemma3": gemma3.block, "gpt_neox": gpt_neox.block,

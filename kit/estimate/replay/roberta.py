@@ -9,10 +9,13 @@ dropout, ``out_proj``; no pooler.
 from __future__ import annotations
 
 from kit.estimate.replay import bert
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm=None, embd_dropout=True, embed_norm=True, encoder="roberta", id_rows=2)
+@around(covers=Covers(blocks=("RobertaLayer",),
+                      attention=("RobertaAttention", "RobertaSelfAttention", "RobertaSelfOutput"),
+                      mlp=("RobertaIntermediate", "RobertaOutput")),
+        final_norm=None, embd_dropout=True, embed_norm=True, encoder="roberta", id_rows=2)
 def block(tp: Tape, x):
     return bert.layer(tp, x)

@@ -178,10 +178,32 @@ class Setup:
         return one * BOOL * ((full > 0 and self.padded) + (slid > 0 and (self.padded or 0 < self.window <= self.S)))
 
 
-def around(*, final_norm: str | None, positions: bool = False, embd_dropout: bool = False, embed_scale: bool = False,
-           embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0, first_layer: bool = False,
-           embed_mask: bool = False):
-    """Mark a family's block function with what its model does outside the blocks.
+@dataclass(frozen=True)
+class Covers:
+    """The transformers classes a family's replay follows op for op, by class name (``__qualname__``, defined in
+    ``transformers.models``): its decoder (or encoder) layer, the attention and MLP modules inside it and the
+    norms it holds (and their parts: BERT's ``BertSelfAttention``, ``BertIntermediate``, ...); and the
+    ``config.layer_types`` it replays. A model is estimated by a family only when every block is one of
+    ``blocks`` and every class of transformers' modeling code inside it is one of these
+    (:func:`kit.estimate.inventory.check_blocks`); torch's, peft's, bitsandbytes' layers and transformers'
+    activations are the tape's op rules, taken as they are."""
+
+    blocks: tuple
+    attention: tuple
+    mlp: tuple
+    norms: tuple = ()
+    layer_types: tuple = ("full_attention", "sliding_attention")
+
+    @property
+    def classes(self) -> frozenset:
+        return frozenset(self.blocks + self.attention + self.mlp + self.norms)
+
+
+def around(*, covers: Covers, final_norm: str | None, positions: bool = False, embd_dropout: bool = False,
+           embed_scale: bool = False, embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0,
+           first_layer: bool = False, embed_mask: bool = False):
+    """Mark a family's block function with the classes it covers (:class:`Covers`) and with what its model does
+    outside the blocks.
 
     ``final_norm``: the :class:`Tape` rule of the norm before the head ("layer_norm",
     "rms_norm", "rms_norm_fp32", "rms_norm_offset"); ``positions``: a learned position
@@ -198,6 +220,6 @@ def around(*, final_norm: str | None, positions: bool = False, embd_dropout: boo
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
         block.embed_scale, block.embed_norm, block.encoder, block.id_rows = embed_scale, embed_norm, encoder, id_rows
-        block.first_layer, block.embed_mask = first_layer, embed_mask
+        block.first_layer, block.embed_mask, block.covers = first_layer, embed_mask, covers
         return block
     return mark
