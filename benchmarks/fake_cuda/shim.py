@@ -25,6 +25,9 @@ SOURCE = HERE / "fake_cuda_shim.cpp"
 BUILD = HERE.parents[1] / "build" / "fake_cuda"  # /build/ is ignored by git
 
 
+_loaded = False
+
+
 class ShimUnavailable(RuntimeError):
     """The native shim cannot be built or loaded here (no g++, or torch imported too early)."""
 
@@ -64,11 +67,15 @@ def build() -> pathlib.Path:
 
 
 def load() -> None:
-    """Build (if need be) and load the shim into this process, before torch is imported."""
+    """Build (if need be) and load the shim into this process, before torch is imported (once)."""
+    global _loaded
+    if _loaded:
+        return
     if "torch" in sys.modules:
         raise ShimUnavailable("torch was imported before the fake-CUDA shim: ATen has read its CUDA hooks already; "
                               "load the shim first (run the meter in a fresh process)")
     ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL)
+    _loaded = True
 
 
 def patch_cuda_queries(gpu: dict) -> None:

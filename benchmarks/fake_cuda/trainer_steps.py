@@ -53,6 +53,20 @@ def _patch_rng():
     torch.cuda.set_rng_state = lambda state, device="cuda": None
 
 
+def _masks_as_on_a_gpu():
+    """transformers' masking code counts a fake tensor as tracing (``is_tracing(tensor)``), and while tracing it
+    never skips the causal mask: every SDPA call would get a 4-D boolean mask a GPU run does not build (and which
+    turns flash attention away). Here every tensor is fake and nothing traces: only the process-wide checks
+    (dynamo, jit, stream capture) remain. Values are still unreadable: an all-ones mask reads as "not all ones",
+    hence unpadded rows carry no mask, and the check for packed rows (which reads whether position ids restart) is
+    answered "not packed": the rows built here never are."""
+    from transformers import masking_utils
+
+    trace_check = masking_utils.is_tracing
+    masking_utils.is_tracing = lambda tensor=None: trace_check(None)
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+
+
 def _stay_on_device(model):
     """The model is built on the fake cuda:0, where Trainer and accelerate move it again. Module.to swaps every
     FakeTensor parameter for a new one, which fails on parameters FakeTensorMode holds weak references to; a move
@@ -85,6 +99,7 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
     device = sdpa_choice.GPUS[gpu]
     shim.patch_cuda_queries(device)
     _patch_rng()
+    _masks_as_on_a_gpu()
     kernels = shim.register_placeholder_cuda_kernels()
     routed = sdpa_choice.route_sdpa(device)
 
