@@ -53,6 +53,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
    ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
    in a plain loop watched by ``kit.watch_loop`` (``watch.estimate``).
+13. loops as PyTorch's recipes write them, watched by ``kit.watch_loop`` with no option given
+   (:func:`client_loop_watched`): the AMP recipe (``torch.autocast`` in bf16, a ``GradScaler``, 4 micro-batches per
+   optimizer step), whose precision and accumulation the watch reads from what it sees; and plain
+   ``torch.optim.SGD`` (no momentum: no optimizer state).
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -601,6 +605,55 @@ def client_loop(work, meter_cls, use_cache=None, B=4, S=64, steps=3, with_option
     return ("5. plain PyTorch loop", setup, est, meter.peaks)
 
 
+def client_loop_watched(work, meter_cls, *, autocast=None, accum=1, optimizer="adamw", B=4, S=64, steps=3,
+                        watch_box=None):
+    """A plain loop as PyTorch's recipes write it, watched by ``kit.watch_loop`` with no option given: the AMP recipe
+    (``autocast`` a dtype: ``torch.autocast`` around the forward and the loss, a ``GradScaler``, ``accum``
+    micro-batches per optimizer step, the loss divided by it) or a plain one; ``optimizer`` "adamw" or "sgd"
+    (``torch.optim.SGD(lr=...)``: no momentum, no state). The meter's window is one optimizer step (its micro-batches
+    and its ``scaler.step``); the estimate is the watch's own, made from what it saw."""
+    import kit
+    from transformers import AutoModelForCausalLM, default_data_collator
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-llama", work))
+    ids = [tok(t)["input_ids"] for t in equal_token_rows(tok, S, B * steps * accum)]
+    rows = [{"input_ids": i, "attention_mask": [1] * S, "labels": i} for i in ids]
+    loader = torch.utils.data.DataLoader(rows, batch_size=B, shuffle=True, collate_fn=default_data_collator)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3) if optimizer == "sgd" else \
+        torch.optim.AdamW(model.parameters(), lr=5e-5)
+    scaler = torch.amp.GradScaler("cpu", enabled=autocast is not None)
+    watch = kit.watch_loop(model, opt, plot=False)
+    if watch_box is not None:
+        watch_box.append(watch)
+    meter = meter_cls()
+    model.train()
+    meter.start()
+    outputs = loss = None
+    for i, batch in enumerate(watch.batches(loader)):
+        with watch.step(batch):
+            if i % accum == 0:
+                meter.begin(held_bytes(model, opt, batch, outputs, loss))
+            with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
+                outputs = model(**batch)
+                loss = outputs.loss / accum
+            scaler.scale(loss).backward()
+            if (i + 1) % accum == 0:
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+                meter.end()
+    meter.stop()
+    est = watch.estimate if watch.estimate is not None else ValueError(watch.estimate_error)
+    watch.close()
+    how = (f"torch.autocast({autocast}) + GradScaler, {accum} micro-batches per step" if autocast else
+           f"{accum} micro-batch{'es' if accum > 1 else ''} per step")
+    name = "torch SGD (no momentum)" if optimizer == "sgd" else "torch AdamW"
+    return ("13. loop as PyTorch writes it, kit.watch_loop", f"tiny-llama fp32, {name}, {how}, B{B} x {S}, no option "
+            "given", est, meter.peaks)
+
+
 def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, lengths=(64,), labels=3, rows=32,
                        sequential=False, lora_dropout=0.1):
     """A classifier as transformers' task guides build it (see 9. in the module doc), for ``task`` "seq-cls" or
@@ -742,6 +795,9 @@ def rows_to_run(work, only=None):
     R.append(("own head tiny-llama mean 2 layers", lambda m: run_trainer_client(own.client_own_head(
         work, hidden=32), m)))
     R.append(("own head loop tiny-llama mean", lambda m: own.client_own_head_loop(work, m)))
+    R.append(("watched loop AMP bf16 GradScaler accum 4", lambda m: client_loop_watched(
+        work, m, autocast=torch.bfloat16, accum=4)))
+    R.append(("watched loop plain SGD", lambda m: client_loop_watched(work, m, optimizer="sgd")))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

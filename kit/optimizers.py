@@ -53,6 +53,11 @@ def _paged_adamw_8bit(shape, dtype_bytes, embedding):
     return _adamw_8bit(shape, dtype_bytes, embedding, paged=True)
 
 
+def _no_state(shape, dtype_bytes, embedding):
+    """SGD without momentum: ``param.add_(grad, alpha=-lr)``, no state kept (``self.state`` stays empty)."""
+    return 0, 0
+
+
 def _adafactor(shape, dtype_bytes, embedding):
     """transformers' Adafactor, as Trainer builds it (``beta1=None``: no first moment), from its ``step``: the grad is
     made fp32 first and every state follows it (``.to(grad)``). A tensor of 2 or more dimensions keeps factored
@@ -156,7 +161,11 @@ ROOM = {o.name: o for o in (
               label="the state in CUDA managed memory, paged to RAM"),
     Optimizer("sgd", ("sgd",), ("SGD",), _momentum, label="with momentum",
               note="sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')"),
-    Optimizer("adafactor", ("adafactor",), ("Adafactor",), _adafactor, _adafactor_temporaries, flat=False,
+    # TrainingArguments(optim="sgd") without optim_args is this one too; kit.estimate.read_training asks for a momentum
+    Optimizer("sgd-plain", (), ("SGD",), _no_state, label="without momentum: no state",
+              note="sgd-plain keeps no optimizer state (SGD without momentum): step 1 and the later steps hold the "
+                   "same"),
+        Optimizer("adafactor", ("adafactor",), ("Adafactor",), _adafactor, _adafactor_temporaries, flat=False,
               label="transformers' Adafactor: factored second moments"),
     # torch.optim.Muon has no TrainingArguments.optim name: it is read from the optimizer object
     # (Trainer(optimizers=(muon, None)), kit.watch_loop's optimizer) or named in estimate(optimizer="muon").
@@ -236,13 +245,13 @@ def name_of(optimizer) -> str:
         return "adamw-fused" if defaults.get("fused") else "adamw"
     found = next((o.name for o in ROOM.values() if cls.__name__ in o.classes and not cls.__module__.startswith(
         "bitsandbytes")), None)
-    why = {"sgd": "SGD without momentum" if not defaults.get("momentum") else "",
-           "adafactor": "Adafactor with beta1 (a first moment)" if defaults.get("beta1") is not None else "",
+    if found == "sgd" and not defaults.get("momentum"):
+        found = "sgd-plain"          # no momentum buffer: no state at all
+    why = {"adafactor": "Adafactor with beta1 (a first moment)" if defaults.get("beta1") is not None else "",
            "muon": "Muon with nesterov=False" if not defaults.get("nesterov", True) else ""}.get(found, "")
     if found and not why:
         return found
-    known = ", ".join(["AdamW", "Adam"] + [o.classes[0] + " with momentum" * (o.name == "sgd") for o in ROOM.values()
-                                           if o.classes])
+    known = ", ".join(dict.fromkeys(["AdamW", "Adam"] + [o.classes[0] for o in ROOM.values() if o.classes]))
     what = why or f"a {cls.__module__}.{cls.__qualname__}"
     raise InputError("optimizer", f"The optimizer is {what}, which the kit does not model (it models {known}), "
                                   "so it makes no estimate rather than one as if it were AdamW.",

@@ -134,7 +134,6 @@ def test_adafactor_by_name_on_the_command_line_and_refused_on_several_gpus():
 @pytest.mark.parametrize("make", [
     lambda p: torch.optim.Adagrad(p),
     lambda p: torch.optim.RMSprop(p),
-    lambda p: torch.optim.SGD(p, lr=0.1),
 ])
 def test_an_optimizer_the_kit_does_not_model_is_refused_by_its_class(make):
     model = models.build_model("tiny-llama")
@@ -144,6 +143,18 @@ def test_an_optimizer_the_kit_does_not_model_is_refused_by_its_class(make):
     msg = str(exc.value)
     assert type(optimizer).__name__ in msg and "\n" not in msg and msg.endswith(".")
     assert exc.value.code == "optimizer-not-modeled" and "as if it were AdamW" in msg
+
+
+def test_sgd_without_momentum_is_modelled_with_no_state():
+    """Issue 47: torch.optim.SGD without momentum keeps no state (it was refused); with a momentum it keeps one
+    buffer a parameter, as before."""
+    model = models.build_model("tiny-llama")
+    plain = estimate_trainer(_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1)), device="cpu")
+    assert plain.setup["optimizer"] == "sgd-plain" and plain.optimizer_bytes == 0
+    assert plain.first_step_peak_bytes == plain.peak_bytes          # no state: step 1 holds what the later steps do
+    momentum = estimate_trainer(_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)),
+                                device="cpu")
+    assert momentum.setup["optimizer"] == "sgd" and momentum.optimizer_bytes == 4 * plain.trainable_params
 
 
 @cpu_only

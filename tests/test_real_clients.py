@@ -74,3 +74,22 @@ def test_plain_loop(tmp_path):
             pytest.xfail(f"the estimate does not model the loop's kept outputs yet (option {opt!r}): "
                          f"step 1 {ratios[0]:.4f}, steady {ratios[1]:.4f}")
     _check(est, peaks, setup)
+
+
+def test_i47_3_the_amp_recipe_watched_with_no_option_given(tmp_path):
+    """PyTorch's AMP recipe (bf16 autocast, GradScaler, 4 micro-batches per optimizer step) under kit.watch_loop with
+    no option: the watch reads the autocast dtype and counts the micro-batches, and its own estimate is within 2% of
+    the profiler's meter at step 1 and the steady step (judged as fp32 with one micro-batch: 1.13-1.15x)."""
+    box = []
+    _, setup, est, peaks = rc.client_loop_watched(str(tmp_path), rc.ProfilerMeter, autocast=torch.bfloat16, accum=4,
+                                                  watch_box=box)
+    assert (est.setup["precision"], est.setup["grad_accum"]) == ("bf16", 4)
+    assert [(s.step, s.first) for s in box[0].steps] == [(1, True), (2, False), (3, False)]
+    _check(est, peaks, setup)
+
+
+def test_i47_3_plain_sgd_watched(tmp_path):
+    """torch.optim.SGD without momentum (no optimizer state at all): modelled, within 2% of the meter."""
+    _, setup, est, peaks = rc.client_loop_watched(str(tmp_path), rc.ProfilerMeter, optimizer="sgd")
+    assert est.setup["optimizer"] == "sgd-plain"
+    _check(est, peaks, setup)

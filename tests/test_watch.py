@@ -2,6 +2,7 @@
 phase give a report, not an exception; memory comes back; a completed run's peak sits beside the estimate.
 And `%load_ext kit` in a real IPython shell."""
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -404,3 +405,60 @@ def test_i35_8_bytes_alive_before_train_that_are_not_this_trainers_are_said_apar
             f"model, tensors you hold): the measured peaks count them; without them the training peak is "
             f"{fmt_bytes(r.measured_peak_bytes - r.others_bytes)}: ratio {own:.3f}") in flat, flat
     del unrelated, other
+
+
+def test_i50_4_estimate_given_as_text_is_read_as_a_flag_or_refused(ds, tok, tmp_path):
+    from kit.inputs import InputError
+
+    tr = _trainer(models.build_model("tiny-llama"), ds, tok, tmp_path)
+    w = kit.watch(tr, estimate="no", plot=False)             # was: AttributeError when the plot read it
+    assert w.estimate is None and w.estimate_error == "not asked for"
+    w.close()
+    with pytest.raises(InputError, match=r"^kit.watch's estimate must be True \(read it\), False \(none\) or an "
+                                         r"Estimate .*not 'maybe'\.$") as e:
+        kit.watch(tr, estimate="maybe")
+    assert e.value.name == "estimate"
+
+
+def test_i50_5_a_plot_folder_under_a_file_is_refused_before_training(ds, tok, tmp_path):
+    from kit.inputs import InputError
+
+    (tmp_path / "notes.txt").write_text("mine")
+    tr = _trainer(models.build_model("tiny-llama"), ds, tok, tmp_path / "out")
+    with pytest.raises(InputError, match="lies under the file") as e:
+        kit.train(tr, plot=tmp_path / "notes.txt" / "plots")    # was: trained to the end, then NotADirectoryError
+    assert e.value.name == "plot" and tr.state.global_step == 0 and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_i50_5_a_plot_that_cannot_be_saved_never_loses_the_finished_runs_report(ds, tok, tmp_path):
+    """The folder is fine when the run starts, and a file by the end (as a disk or a folder taken away would be):
+    the run finishes, its report comes back, and a note says the plot could not be saved."""
+    folder = tmp_path / "plots"
+
+    class TakeTheFolder(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 1:
+                shutil.rmtree(folder, ignore_errors=True)      # the PNGs drawn so far, if any
+                folder.write_text("a file now")
+
+    tr = _trainer(models.build_model("tiny-llama"), ds, tok, tmp_path / "out", [TakeTheFolder()])
+    r = kit.train(tr, plot=folder)
+    assert not r.oom and r.step == 3
+    assert any(n.startswith("the live plot could not be saved (FileExistsError") for n in r.notes), r.notes
+
+
+def test_i47_3_a_stateless_optimizer_has_one_first_step():
+    """SGD without momentum keeps no state: only this train()'s first step is "first" (it was every step)."""
+    from types import SimpleNamespace
+
+    from kit.watching.trainer import PhaseCallback
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    phases, state = PhaseCallback(), SimpleNamespace(global_step=0)
+    phases.on_train_begin(None, state, None)
+    seen = []
+    for n in range(3):
+        state.global_step = n
+        phases.on_step_begin(None, state, None, optimizer=opt)
+        seen.append(phases.phase)
+    assert seen == ["first_forward_backward", "forward_backward", "forward_backward"] and len(opt.state) == 0
