@@ -62,14 +62,17 @@ from kit.widgets.run_view import PanelRuns
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
-# each scenario's model (by size), device preset and setup (the panel's options: kit.training_setup.PANEL)
+# each scenario's model, device preset and setup (the panel's options: kit.training_setup.PANEL). The model is the
+# real one in every mode: the verdict judges what the notebook judges; in smoke mode a Run runs its tiny twin.
 DEFAULTS = {
-    1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, preset="colab-t4",
+    1: dict(model="distilgpt2+vocab-head", preset="colab-t4",
             **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True).panel_values()),
-    2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, preset="colab-t4",
+    2: dict(model="meta-llama/Meta-Llama-3-8B", preset="colab-t4",
             **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16",
                             gradient_checkpointing=True, lora_r=8).panel_values()),
 }
+# the user's settings that no control shows, kept on the user's model as the notebook keeps them
+USER_OPTIONS = {"distilgpt2+vocab-head": {"grad_accum": 16}, "tiny-gpt2+vocab-head": {"grad_accum": 16}}
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
 
 
@@ -85,7 +88,7 @@ class Panel(PanelRuns):
         if unknown:
             raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
         d = {**DEFAULTS[scenario], **panel_options.read_all(kwargs)}   # each read, or refused by name
-        model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
+        model = d["model"]
         self.scenario, self.steps = scenario, whole_number("steps", d.get("steps", 3))
         self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
         n_gpus, d["num_gpus"] = d.get("num_gpus", 1), 1    # the GPUs list takes any count (set below)
@@ -159,7 +162,10 @@ class Panel(PanelRuns):
         rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
         rows.insert(rows.index(self.rows["strategy"]), self.advanced)
         title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
-                             f"({html.escape(runtime.mode_reason())}) &middot; runs here on {machine.device_name()}")
+                             f"({html.escape(runtime.mode_reason())}) &middot; the verdict judges the model chosen "
+                             f"on the device chosen; " + ("Run and Sweep run its tiny twin here, on "
+                             if runtime.mode() == "smoke" else "Run and Sweep run it here, on ")
+                             + machine.device_name())
         buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.run_why, self.status])
         self.widget = W.VBox([title] + rows + [self.estimate_html, self.advice_view.widget, self.details, buttons,
                                                self.plot_out, self.history_html])
@@ -172,6 +178,13 @@ class Panel(PanelRuns):
     def setup(self) -> dict:
         """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.widgets.runs` take them."""
         return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
+
+    def run_setup(self) -> dict:
+        """What Run and Sweep train here: :meth:`setup`, with the model's tiny twin in smoke mode (the verdict
+        still judges the model chosen), and ``twin_of`` naming the model it stands in for (None: the model itself)."""
+        s = self.setup()
+        twin = twin_for(s["model"])
+        return {**s, "model": twin or s["model"], "twin_of": s["model"] if twin else None}
 
     def _one_gpu(self) -> None:
         """"advanced" turned off: back to one GPU."""
@@ -321,7 +334,9 @@ class Panel(PanelRuns):
         self._why = why
 
     def _estimate(self) -> None:
-        s, why = {**self.setup(), **launch(self.controls), **self.extra}, dict(self._why)
+        s = {**self.setup(), **launch(self.controls), **USER_OPTIONS.get(self.controls["model"].value, {}),
+             **self.extra}
+        why = dict(self._why)
         try:
             self.estimate = estimate(**s, device=self._where())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
@@ -345,7 +360,7 @@ class Panel(PanelRuns):
                                 fits=bool(self.verdict and self.verdict.fits), extra=self.extra)
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
             else None if self.problem else launch_problem(self.controls) or \
-            run_problem(self.controls["model"].value, self.controls["lora_r"].value)
+            run_problem(self.run_setup()["model"], self.controls["lora_r"].value)
         self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
             if self.run_reason else ""
         blocked = self.problem is not None or self.run_reason is not None or self._running
@@ -353,6 +368,22 @@ class Panel(PanelRuns):
 
     def _ipython_display_(self):
         display(self.widget)
+
+
+def twin_for(model: str) -> str | None:
+    """The tiny twin a Run trains in smoke mode in place of ``model``, or None (real mode, a twin already, or a
+    model without one: it runs itself).
+
+    >>> twin_for("distilgpt2+vocab-head") if runtime.mode() == "smoke" else "tiny-gpt2+vocab-head"
+    'tiny-gpt2+vocab-head'
+    """
+    if runtime.mode() != "smoke":
+        return None
+    try:
+        twin = kmodels.smoke_twin(model)
+    except ValueError:      # no twin: the model runs itself
+        return None
+    return None if twin == model else twin
 
 
 def panel(scenario: int = 1, **kwargs) -> Panel:
