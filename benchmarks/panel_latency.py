@@ -49,6 +49,14 @@ MOVES = {  # control -> values to step through (each a change from the previous 
     "lora_r": [16, 64, 8],
     "optimizer": ["sgd", "adamw-8bit", "adamw"],
     "preset": ["h100", "this", "colab-t4"],
+    # each scenario's story: scenario 1's head (ending on the low-rank head, so that its rank moves next), scenario
+    # 2's fold loop
+    "head": ["none", "vxv-16bit", "vxv", "low-rank"],
+    "head_rank": [64, 512, 1024, 256],
+    "folds": [3, 10, 5],
+    "load": ["once", "each"],
+    "trainer": ["released", "kept"],
+    "recipe": ["lean", "2024"],
 }
 
 
@@ -64,9 +72,12 @@ def cases() -> list:
 
 def _empty_caches() -> None:
     from kit.estimate import counts, reserved
+    from kit.scenarios.custom_head import panel_head
 
     reserved.RUNS.clear()
     counts.COUNTED.clear()
+    panel_head.low_rank_model.cache_clear()     # fix (b)'s model per rank (a new rank is a new model on the slider)
+    panel_head.sixteen_bit.cache_clear()        # fix (c)'s settings per dtype
 
 
 def measure(scenario: int, model: str, options: dict, repeats: int) -> dict:
@@ -88,8 +99,8 @@ def measure(scenario: int, model: str, options: dict, repeats: int) -> dict:
     gc.callbacks.append(seen)
     for _ in range(repeats):
         for key, values in MOVES.items():
-            w = p.controls[key]
-            if w.disabled:
+            w = p.controls.get(key)
+            if w is None or w.disabled:   # a control of the other scenario, or one its setup turns off
                 continue
             for v in values:
                 v = min(v, w.max) if key == "seq_len" else v

@@ -18,13 +18,36 @@ def test_contract_controls_and_estimate():
     for key in ("batch_size", "seq_len", "quantization"):
         assert isinstance(p.controls[key], ipywidgets.ValueWidget)
     assert [v for _, v in p.controls["quantization"].options] == ["none", "8bit", "4bit"]
-    assert p.controls["model"].value == "tiny-gpt2+vocab-head"   # smoke mode (conftest sets KIT_SMOKE=1)
+    assert p.controls["model"].value == "distilgpt2+vocab-head"  # the real model, in smoke mode too
     for field in ("params", "trainable_params", "weights_bytes", "gradients_bytes", "optimizer_bytes",
                   "activations_bytes", "peak_bytes", "cpu_build_bytes"):
         assert isinstance(getattr(p.estimate, field), int)
-    assert "FITS" in p.estimate_html.value and "kit-bar" in p.details_html.value
+    assert "DOES NOT FIT" in p.estimate_html.value and "kit-bar" in p.details_html.value
     assert isinstance(p.widget, ipywidgets.VBox)
     assert p.details in p.widget.children and p.details.selected_index is None, "the details start collapsed"
+
+
+def test_in_smoke_mode_the_verdict_is_the_real_models_and_a_run_is_the_twins(monkeypatch):
+    """Issue 49 item 4: one verdict. In smoke mode (conftest sets KIT_SMOKE=1) the panel judges the real-size setup,
+    as the notebook does (DistilGPT2 + the V x V head: DOES NOT FIT a T4); a Run trains the tiny twin, labelled so."""
+    from kit.scenarios.custom_head import scenario as s1
+    from kit.units import fmt_bytes
+
+    p = panel(scenario=1)
+    pred = s1.predict_original("real")              # notebook 01's verdict
+    assert not pred.fits_t4 and "DOES NOT FIT" in p.estimate_html.value and not p.verdict.fits
+    assert p.estimate.setup["model"] == "distilgpt2+vocab-head" and "FITS" not in p.estimate_html.value.replace(
+        "DOES NOT FIT", "")
+    assert f"{fmt_bytes(pred.estimate.reserved_bytes)} reserved" in p.estimate_html.value, "the notebook's figure"
+    assert p.run_setup()["model"] == "tiny-gpt2+vocab-head" and p.run_setup()["twin_of"] == "distilgpt2+vocab-head"
+    monkeypatch.setattr(panel_runs, "refusal", lambda setup, est: "not run in this test (faked)")
+    p.run_button.click()
+    assert p.history[-1]["twin_of"] == "distilgpt2+vocab-head"
+    assert "tiny twin tiny-gpt2+vocab-head (for distilgpt2+vocab-head)" in p.history_html.value
+    assert "tiny twin tiny-gpt2+vocab-head" in p.status.value
+    q = panel(scenario=2)
+    assert q.estimate.setup["model"] == "meta-llama/Meta-Llama-3-8B" and q.run_setup()["model"] == "tiny-llama"
+    assert panel(scenario=1, model="tiny-gpt2").run_setup()["twin_of"] is None, "a twin chosen runs itself"
 
 
 def test_a_small_models_bar_gets_its_own_scale_beside_the_limit():
@@ -56,7 +79,7 @@ def test_the_verdict_shows_the_figure_it_judged():
 
 
 def test_estimate_follows_the_controls():
-    p = panel(scenario=1)
+    p = panel(scenario=1, model="tiny-gpt2+vocab-head")
     before = p.estimate
     p.controls["batch_size"].value = 8
     assert p.estimate.activations_bytes > before.activations_bytes
@@ -71,8 +94,8 @@ def test_estimate_follows_the_controls():
 
 
 def test_quantization_shrinks_weights_in_scenario_2():
-    p = panel(scenario=2)
-    assert p.controls["model"].value == "tiny-llama" and p.controls["quantization"].value == "4bit"
+    p = panel(scenario=2, model="tiny-llama")
+    assert p.controls["quantization"].value == "4bit"
     four = p.estimate.weights_bytes
     p.controls["quantization"].value = "none"
     assert p.estimate.weights_bytes > four
@@ -360,7 +383,7 @@ def test_a_gated_repo_says_how_to_get_in(monkeypatch):
     est = p.estimate
     p.model_box.value = "meta-llama/Llama-3.3-70B-Instruct"
     assert "is gated on the Hub" in p.model_message.value and "huggingface_hub.login()" in p.model_message.value
-    assert p.controls["model"].value == "tiny-llama" and p.estimate is est
+    assert p.controls["model"].value == "meta-llama/Meta-Llama-3-8B" and p.estimate is est
 
 
 def test_run_is_off_with_a_reason_where_a_typed_model_cannot_run_here(monkeypatch, tmp_path):

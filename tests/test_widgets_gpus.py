@@ -8,7 +8,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 def test_gpus_and_strategy_make_the_estimate_per_gpu():
-    p = panel(scenario=2)   # smoke mode: tiny-llama QLoRA
+    p = panel(scenario=2)   # Llama-3-8B QLoRA, in smoke mode too
     one = p.estimate
     assert p.controls["strategy"].value == "single" and p.controls["num_gpus"].value == 1
     assert not p.run_button.disabled and "EACH GPU" not in p.estimate_html.value

@@ -1,12 +1,19 @@
 """The widget panel: move a slider, see the memory move; then run it and measure.
 
-``panel(scenario)`` shows controls (model, batch size, sequence length, quantization, precision,
-gradient checkpointing, LoRA rank, optimizer, device preset; the multi-GPU strategy and the GPUs under an
-"advanced" switch), the answer redrawn on every change (fits / does not fit, with the one figure judged, by
-name: the reserved figure on a GPU, the training peak on the CPU; the limit and the margin; the biggest cause;
-the largest batch that fits beside its slider), the details in a collapsed "Details" Accordion (the allocated
-peak, a breakdown bar against the device's limit, the notes), the fit advisor on a button or once the controls
+``panel(scenario)`` shows controls (model; the scenario's own: scenario 1's head, scenario 2's fold loop; batch
+size, sequence length, quantization, precision, gradient checkpointing, LoRA rank, optimizer, device preset; the
+multi-GPU strategy and the GPUs under an "advanced" switch), the answer redrawn on every change (fits / does not
+fit, with the one figure judged, by name: the reserved figure on a GPU, the training peak on the CPU; the limit and
+the margin; the biggest cause; the largest batch that fits beside its slider; in scenario 2 the folds, fold 2's load
+against the device), the details in a collapsed "Details" Accordion (the allocated peak, a breakdown bar against the
+device's limit, the notes), the fit advisor on a button or once the controls
 rest (:mod:`kit.widgets.advice`), Run and Sweep buttons that measure through the tracker, and a history of runs.
+
+The model is the scenario's real one in every mode, so the verdict is the notebook's (DistilGPT2 with the V x V head,
+Llama-3-8B); in smoke mode Run and Sweep train its tiny twin on this machine, labelled as the twin's. Each scenario's
+story is its own piece: :mod:`kit.scenarios.custom_head.panel_head` (the head: V x V, low-rank with its rank, none, the
+16-bit V x V head) and :mod:`kit.scenarios.cross_validation.panel_folds` (folds, the model loaded each fold or once,
+the old Trainer kept or released, the k-bit recipe); ``.estimate`` stays one training step.
 
 The model list holds the scenario's own models, then every shipped model
 (:func:`kit.model_configs.known_models`). A text box under it takes any Hub id or a path to a
@@ -62,15 +69,30 @@ from kit.widgets.run_view import PanelRuns
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
 # Scenario 2: QLoRA as in the user's loop (4-bit NF4, LoRA r=8 on q_proj/v_proj, fp16).
-# each scenario's model (by size), device preset and setup (the panel's options: kit.training_setup.PANEL)
+# each scenario's model, device preset and setup (the panel's options: kit.training_setup.PANEL). The model is the
+# real one in every mode: the verdict judges what the notebook judges; in smoke mode a Run runs its tiny twin.
 DEFAULTS = {
-    1: dict(model={"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}, preset="colab-t4",
+    1: dict(model="distilgpt2+vocab-head", preset="colab-t4",
             **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True).panel_values()),
-    2: dict(model={"real": "meta-llama/Meta-Llama-3-8B", "smoke": "tiny-llama"}, preset="colab-t4",
+    2: dict(model="meta-llama/Meta-Llama-3-8B", preset="colab-t4",
             **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16",
                             gradient_checkpointing=True, lora_r=8).panel_values()),
 }
+# each scenario's story on the panel: scenario 1's head (kit.scenarios.custom_head.panel_head), scenario 2's fold
+# loop (kit.scenarios.cross_validation.panel_folds), and their options
+STORY_OPTIONS = {1: ("head", "head_rank"), 2: ("folds", "load", "trainer", "recipe")}
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
+
+
+def story(scenario: int, options: dict):
+    """The scenario's own controls and views, with the panel's ``options`` for them."""
+    if scenario == 1:
+        from kit.scenarios.custom_head.panel_head import HeadChoice
+
+        return HeadChoice(control, **options)
+    from kit.scenarios.cross_validation.panel_folds import FoldLoop
+
+    return FoldLoop(control, **options)
 
 
 class Panel(PanelRuns):
@@ -81,11 +103,12 @@ class Panel(PanelRuns):
     def __init__(self, scenario: int = 1, **kwargs):
         if scenario not in DEFAULTS:
             raise ValueError(f"scenario must be 1 (custom head) or 2 (cross-validation), not {scenario!r}.")
-        unknown = set(kwargs) - set(OPTIONS)
+        unknown = set(kwargs) - set(OPTIONS) - set(STORY_OPTIONS[scenario])
         if unknown:
             raise ValueError(f"unknown panel options {sorted(unknown)}; known: {', '.join(OPTIONS)}.")
+        self.story = story(scenario, {k: kwargs.pop(k) for k in STORY_OPTIONS[scenario] if k in kwargs})
         d = {**DEFAULTS[scenario], **panel_options.read_all(kwargs)}   # each read, or refused by name
-        model = d["model"][runtime.mode()] if isinstance(d["model"], dict) else d["model"]
+        model = d["model"]
         self.scenario, self.steps = scenario, whole_number("steps", d.get("steps", 3))
         self.sweep_sizes = tuple(d.get("sweep_sizes", (1, 2, 4, 8, 16, 32)))
         n_gpus, d["num_gpus"] = d.get("num_gpus", 1), 1    # the GPUs list takes any count (set below)
@@ -104,6 +127,7 @@ class Panel(PanelRuns):
         self._last_failure = ("", 0.0)
         c = self.controls = {
             "model": control(W.Dropdown, "model", model, options=self._model_options()),
+            **self.story.controls,
             "batch_size": control(W.IntSlider, "batch size", d["batch_size"], min=1,
                                    max=max(panel_options.BATCH_MAX, d["batch_size"])),
             "seq_len": control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
@@ -138,6 +162,7 @@ class Panel(PanelRuns):
         self.use_button.on_click(self._on_use)
         c["model"].observe(self._model_picked, names="value")
         self.estimate_html = W.HTML(value="")   # the answer: the verdict with the figure judged, the biggest cause
+        self.story_html = W.HTML(value="")      # the scenario's own view: scenario 2's folds
         self.details_html = W.HTML(value="")    # the breakdown, the allocated peak, notes: in a collapsed Accordion
         self.details = W.Accordion(children=[self.details_html])
         self.details.set_title(0, "Details: the breakdown bar, the allocated peak, notes")
@@ -159,10 +184,13 @@ class Panel(PanelRuns):
         rows[1:1] = [W.HBox([self.model_box, self.use_button]), self.model_message]  # under the model list
         rows.insert(rows.index(self.rows["strategy"]), self.advanced)
         title = W.HTML(value=f"<b>Memory panel, scenario {scenario}</b> &middot; {runtime.mode()} mode "
-                             f"({html.escape(runtime.mode_reason())}) &middot; runs here on {machine.device_name()}")
+                             f"({html.escape(runtime.mode_reason())}) &middot; the verdict judges the model chosen "
+                             f"on the device chosen; " + ("Run and Sweep run its tiny twin here, on "
+                             if runtime.mode() == "smoke" else "Run and Sweep run it here, on ")
+                             + machine.device_name())
         buttons = W.HBox([self.run_button, self.sweep_over, self.sweep_button, self.run_why, self.status])
-        self.widget = W.VBox([title] + rows + [self.estimate_html, self.advice_view.widget, self.details, buttons,
-                                               self.plot_out, self.history_html])
+        self.widget = W.VBox([title] + rows + [self.estimate_html, self.story_html, self.advice_view.widget,
+                                               self.details, buttons, self.plot_out, self.history_html])
         self.widget.add_class("kit-panel")
         # The first LoRA estimate imports peft (about 0.35 s): pay it while building, not on a change.
         import peft.tuners.tuners_utils  # noqa: F401
@@ -172,6 +200,14 @@ class Panel(PanelRuns):
     def setup(self) -> dict:
         """The current settings, as ``kit.estimate.estimate`` and :mod:`kit.widgets.runs` take them."""
         return {k: self.controls[k].value for k in panel_runs.SETUP_KEYS}
+
+    def run_setup(self) -> dict:
+        """What Run and Sweep train here: :meth:`setup`, with the model's tiny twin in smoke mode (the verdict
+        still judges the model chosen), and ``twin_of`` naming the model it stands in for (None: the model itself)."""
+        s = self.setup()
+        model = self.story.run_model(s["model"]) or s["model"]
+        twin = twin_for(model)
+        return {**s, "model": twin or model, "twin_of": model if twin else None}
 
     def _one_gpu(self) -> None:
         """"advanced" turned off: back to one GPU."""
@@ -318,10 +354,13 @@ class Panel(PanelRuns):
             why["precision"] = "a T4 (sm_75) has no native bf16: emulated and slow at best; use fp16 there"
         if "8bit" in c["optimizer"].value and bnb:
             why["optimizer"] = bnb
+        self.story.adjust(c, why, self.preset(), name)
         self._why = why
 
     def _estimate(self) -> None:
-        s, why = {**self.setup(), **launch(self.controls), **self.extra}, dict(self._why)
+        s = {**self.setup(), **launch(self.controls), **self.story.options(self.setup(), self.preset()),
+             **self.extra}
+        why = dict(self._why)
         try:
             self.estimate = estimate(**s, device=self._where())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
@@ -341,11 +380,13 @@ class Panel(PanelRuns):
             w.value = f"<span class='kit-reason' style='font-size:85%;color:#555'>{text}</span>" if text else ""
         self.estimate_html.value = views.verdict_html(self.estimate, self.verdict, self.preset(), self.problem)
         self.details_html.value = "" if self.estimate is None else views.details_html(self.estimate, self.preset())
+        self.story_html.value = self.story.html(self.estimate, self.preset())
         self.advice_view.update(None if self.problem else {**s, "device": self._where()}, self.preset(),
                                 fits=bool(self.verdict and self.verdict.fits), extra=self.extra)
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
             else None if self.problem else launch_problem(self.controls) or \
-            run_problem(self.controls["model"].value, self.controls["lora_r"].value)
+            self.story.run_problem(self.setup()["model"]) or \
+            run_problem(self.run_setup()["model"], self.controls["lora_r"].value)
         self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
             if self.run_reason else ""
         blocked = self.problem is not None or self.run_reason is not None or self._running
@@ -355,13 +396,31 @@ class Panel(PanelRuns):
         display(self.widget)
 
 
+def twin_for(model: str) -> str | None:
+    """The tiny twin a Run trains in smoke mode in place of ``model``, or None (real mode, a twin already, or a
+    model without one: it runs itself).
+
+    >>> twin_for("distilgpt2+vocab-head") if runtime.mode() == "smoke" else "tiny-gpt2+vocab-head"
+    'tiny-gpt2+vocab-head'
+    """
+    if runtime.mode() != "smoke":
+        return None
+    try:
+        twin = kmodels.smoke_twin(model)
+    except ValueError:      # no twin: the model runs itself
+        return None
+    return None if twin == model else twin
+
+
 def panel(scenario: int = 1, **kwargs) -> Panel:
     """Build the memory panel of scenario 1 (custom head) or 2 (QLoRA cross-validation).
 
     Options override the scenario's defaults: ``model`` (a shipped name, a Hub id or a config.json
     path; more can be typed into the panel's box later), ``batch_size``, ``seq_len``,
     ``quantization``, ``precision``, ``gradient_checkpointing``, ``lora_r``, ``optimizer``,
-    ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), ``strategy`` (single, ddp, fsdp, fsdp-grad-op,
+    ``preset`` (colab-t4, l4, a100-40, a100-80, h100, this), scenario 1's ``head`` (vxv, low-rank, none,
+    vxv-16bit) and ``head_rank``, scenario 2's ``folds``, ``load`` (each, once), ``trainer`` (kept, released) and
+    ``recipe`` (2024, lean), ``strategy`` (single, ddp, fsdp, fsdp-grad-op,
     zero1-3) and ``num_gpus`` (the estimate is then one GPU's), ``steps`` (per Run, default 3),
     ``sweep_sizes`` (batch sizes of a Sweep). Display the result (last line of a cell).
 

@@ -32,9 +32,9 @@ class PanelRuns:
 
         if self.problem or self.run_reason or self._running:
             return
-        setup, tracker = self.setup(), Tracker()
+        setup, tracker = self.run_setup(), Tracker()
         self._lock(True)
-        self.status.value = f"running {self.steps} steps of {html.escape(setup['model'])}&hellip;"
+        self.status.value = f"running {self.steps} steps of {html.escape(views.run_label(setup))}&hellip;"
         live = LivePlot(tracker, plot.stage_bars, out=self.plot_out, min_interval_s=1.0)
         try:
             record, est, _ = panel_runs.measured_run(setup, steps=self.steps, tracker=tracker)
@@ -50,15 +50,15 @@ class PanelRuns:
             label = "measured (CPU tensor peak, op by op)" if on_cpu else "measured (CUDA max allocated)"
             self._show(plot.predicted_vs_measured(
                 est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
-                title=f"Predicted (as run here) vs measured: {setup['model']}, batch {setup['batch_size']} x "
+                title=f"Predicted (as run here) vs measured: {views.run_label(setup)}, batch {setup['batch_size']} x "
                       f"{setup['seq_len']}", measured_label=label))
-        self._finish(record)
+        self._finish(dict(record, twin_of=setup["twin_of"]))
 
     def _on_sweep(self, _button=None) -> None:
 
         if self.problem or self.run_reason or self._running:
             return
-        over, setup = self.sweep_over.value, self.setup()
+        over, setup = self.sweep_over.value, self.run_setup()
         sizes = self.sweep_sizes if over == "batch_size" else tuple(
             s for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if s <= self.controls["seq_len"].max)
         self._lock(True)
@@ -66,8 +66,8 @@ class PanelRuns:
         try:
             res = panel_runs.sweep(setup, over, sizes, tracker=Tracker())
             if res["points"]:  # else every size was refused before it ran: the history row says why
-                self._show(panel_runs.sweep_figure(res, setup["model"], self.machine.gpu_bytes))
-            record = panel_runs.sweep_record(res, setup)
+                self._show(panel_runs.sweep_figure(res, views.run_label(setup), self.machine.gpu_bytes))
+            record = dict(panel_runs.sweep_record(res, setup), twin_of=setup["twin_of"])
         except KeyboardInterrupt:
             record = dict(setup, status="stopped", error="interrupted; memory released")
         except Exception as exc:

@@ -149,7 +149,18 @@ def status_html(run: dict) -> str:
     colour = {"ok": "#009E73", "sweep": "#0072B2"}.get(run["status"], "#D55E00")
     text = run.get("error") or run.get("note")
     extra = f": {html.escape(text)}" if text else ""
-    return f"<span class='kit-status' style='color:{colour}'><b>{run['status']}</b>{extra}</span>"
+    who = f" &middot; {html.escape(run_label(run))}" if run.get("twin_of") else ""
+    return f"<span class='kit-status' style='color:{colour}'><b>{run['status']}</b>{extra}{who}</span>"
+
+def run_label(run: dict) -> str:
+    """The model a run trained, named as the twin it is where it stood in for the model chosen (smoke mode).
+
+    >>> run_label({"model": "tiny-llama", "twin_of": "meta-llama/Meta-Llama-3-8B"})
+    'tiny twin tiny-llama (for meta-llama/Meta-Llama-3-8B)'
+    """
+    twin_of = run.get("twin_of")
+    return f"tiny twin {run['model']} (for {twin_of})" if twin_of else str(run["model"])
+
 
 def history_html(history: list) -> str:
     """Every run and sweep so far, one row each, measured beside predicted and their ratio."""
@@ -160,7 +171,7 @@ def history_html(history: list) -> str:
     rows = []
     for i, r in enumerate(history, 1):
         pred, meas = r.get("predicted_peak_bytes"), r.get("measured_peak_bytes")
-        vals = {**r, "predicted": fmt_bytes(pred) if pred else "", "measured": fmt_bytes(meas) if meas else "",
+        vals = {**r, "model": run_label(r), "predicted": fmt_bytes(pred) if pred else "", "measured": fmt_bytes(meas) if meas else "",
                 "ratio": f"{meas / pred:.2f}x" if pred and meas else "",
                 "returned": {True: "yes", False: "NO", None: ""}[r.get("returned")]}
         rows.append(f"<tr><td>{i}</td>" + "".join(f"<td class='kit-{c}' style='padding:2px 8px'>"

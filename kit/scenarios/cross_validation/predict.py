@@ -15,6 +15,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 from kit import machine
 from kit import models as kmodels
 from kit.advise import advise
@@ -119,6 +121,7 @@ def four_gb_text(est, model_name: str | None = None) -> str:
          "  as SFTTrainer trains it (no upcast in TRL 1.x; LoRA added): ") + fmt_bytes(est.weights_bytes)])
 
 
+@functools.lru_cache(maxsize=32)
 def upcast_moment_bytes(model_name: str) -> int:
     """The bytes a 4-bit load holds for a moment beyond the loaded model, ESTIMATED: the 16-bit copy of the
     last 16-bit parameter, alive beside its fp32 upcast (``prepare_model_for_kbit_training`` upcasts one
@@ -162,9 +165,39 @@ def fold2_prediction(est) -> dict:
     """
     old = fold1_leftovers(est)
     loaded = old + est.weights_bytes
-    upcast = upcast_moment_bytes(est.setup["model"]) if est.setup.get("kbit_recipe") == "standard" else 0
+    prepared = est.setup.get("kbit_recipe") == "standard" and est.setup.get("quantization", "none") != "none"
+    upcast = upcast_moment_bytes(est.setup["model"]) if prepared else 0   # the recipe prepares a quantized model
     return {"leftover_bytes": old, "from_pretrained_bytes": old + est.loaded_weights_bytes, "loaded_bytes": loaded,
             "load_peak_bytes": loaded + upcast, "train_peak_bytes": est.peak_bytes}
+
+
+def fold_timeline(est, folds: int, *, load_each_fold: bool = True, release: bool = False) -> list[dict]:
+    """Memory fold by fold through a k-fold loop, ESTIMATED (allocated) from one fold's estimate with
+    :func:`fold2_prediction`'s arithmetic. ``load_each_fold``: the model is loaded in every fold (the user's loop),
+    or once before the loop (the fixed loop: its adapter reset each fold). ``release``: the old Trainer and model
+    are let go (``del``, ``gc.collect()``) before the next load; kept, as in the user's loop, they stay alive until
+    ``trainer = ...`` replaces them, after the next model has loaded beside them.
+
+    One dict per fold: ``models_at_load`` (the models alive once its model has loaded; 0: it loads none),
+    ``leftover_bytes`` (the old fold's model and optimizer state still alive then), ``load_peak_bytes`` (the peak of
+    its load; None where it loads none) and ``train_peak_bytes`` (one fold's training step: the old trainer is gone).
+
+    >>> est = estimate("tiny-llama", batch_size=1, seq_len=8, quantization="4bit", lora_r=8)
+    >>> [f["models_at_load"] for f in fold_timeline(est, 3)], [f["models_at_load"] for f in fold_timeline(
+    ...     est, 3, load_each_fold=False)]
+    ([1, 2, 2], [1, 0, 0])
+    """
+    f2 = fold2_prediction(est)
+    one_load = f2["load_peak_bytes"] - f2["leftover_bytes"]   # one model loaded and prepared (its upcast moment)
+    rows = []
+    for fold in range(1, folds + 1):
+        loads = fold == 1 or load_each_fold
+        kept = fold > 1 and loads and not release
+        leftover = f2["leftover_bytes"] if kept else 0
+        rows.append({"fold": fold, "models_at_load": (2 if kept else 1) if loads else 0, "leftover_bytes": leftover,
+                     "load_peak_bytes": leftover + one_load if loads else None,
+                     "train_peak_bytes": f2["train_peak_bytes"]})
+    return rows
 
 
 def _verdict(nbytes: int, limit: int) -> str:
