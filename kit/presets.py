@@ -187,6 +187,10 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         reserved = getattr(est, "reserved_bytes", 0)
         judged = reserved or est.peak_bytes   # what the allocator holds, modelled
         name, limit = "reserved (modelled)" if reserved else "peak (allocated)", preset.gpu_bytes
+        with_vllm = beside_vllm(est, judged, preset.gpu_bytes)
+        if with_vllm != judged:   # GRPO with vLLM colocate: its share of the device is judged too
+            name += f" with vLLM's share of {fmt_bytes(vllm_share_bytes(est, preset.gpu_bytes))}"
+            judged = with_vllm
         gpu_margin = preset.gpu_bytes - judged
         if est.peak_bytes <= preset.gpu_bytes < judged:   # the allocated peak fits: the allocator's model alone says no
             _add_note(est, allocator_model_note(est))
@@ -199,6 +203,33 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         what = f"{fmt_bytes(judged)} {name}{each} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
     head = "fits" if fits else "DOES NOT FIT"
     return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged, name, limit)
+
+
+def vllm_share_bytes(est, device_bytes: int) -> int:
+    """What vLLM colocate keeps of a device of ``device_bytes`` beside training (TRL's GRPOTrainer with
+    ``use_vllm=True, vllm_mode="colocate"``): ``vllm_gpu_memory_utilization`` of it, modelled, not measured; 0
+    without vLLM colocate."""
+    return int((est.setup.get("vllm_reserved_fraction") or 0) * device_bytes)
+
+
+def beside_vllm(est, judged_bytes: int, device_bytes: int) -> int:
+    """The figure ``judged_bytes`` (training's) with vLLM colocate's share beside it: all along, or with
+    ``vllm_enable_sleep_mode`` beside the generation phase only (the share is released during the training step),
+    the generation's peak carrying the same allocator gap as training's.
+
+    >>> from types import SimpleNamespace as Est
+    >>> est = Est(peak_bytes=80, setup={"vllm_reserved_fraction": 0.3, "generation_peak_bytes": 50})
+    >>> beside_vllm(est, 100, 1000), beside_vllm(Est(peak_bytes=80, setup={}), 100, 1000)
+    (400, 100)
+    >>> est.setup["vllm_sleep_mode"] = True; beside_vllm(est, 100, 1000)
+    370
+    """
+    share = vllm_share_bytes(est, device_bytes)
+    if not share:
+        return judged_bytes
+    if est.setup.get("vllm_sleep_mode"):
+        return max(judged_bytes, est.setup["generation_peak_bytes"] + judged_bytes - est.peak_bytes + share)
+    return judged_bytes + share
 
 
 def short_label(preset: Preset | str) -> str:
