@@ -93,6 +93,10 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# A device given as a number of bytes is read between these (a bare "16" is 16 bytes, not 16 GB: refused)
+SMALLEST_GPU_BYTES, LARGEST_GPU_BYTES = 2**20, 2**50
+
+
 def parse_bytes(value) -> int | None:
     """A positive number of bytes from ``16e9``, ``"16GiB"``, ``"24 GB"`` or ``"512MiB"``; None when it is not one.
 
@@ -140,6 +144,11 @@ def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | 
                  f"{', the rest used outside this torch' if usable < total else ''})")
         return Preset("this", label, usable, hw["ram_total_bytes"], machine.compute_capability()), None
     n = parse_bytes(device)
+    if n is not None and not SMALLEST_GPU_BYTES <= n <= LARGEST_GPU_BYTES:
+        raise InputError("device", f"device {device!r} reads as {n:.4g} bytes, "
+                                   + ("smaller than any GPU: give a unit (16GiB, 16GB) or the bytes in full (16e9)."
+                                      if n < SMALLEST_GPU_BYTES else "more than any GPU holds (over 1 PiB): give its "
+                                      "memory, as 80GB or 80e9."), code="device-size")
     if n is not None:
         return Preset("bytes", f"a GPU with {fmt_bytes(n)}", n, PRESETS["cpu"].ram_bytes), None
     raise InputError("device", f"device must be a preset ({', '.join(PRESETS)}), 'this' (this GPU, now) "
