@@ -103,7 +103,7 @@ def mark_generation(trainer) -> None:
     trainer._generate_and_score_completions = generate_and_score
 
 
-def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16):
+def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16, batch: int = 4, generations: int = 4):
     """TRL's quick-start GRPOTrainer; ``kind``: "beta0" (no reference), "beta" (beta=0.04: a reference copy),
     "lora" (LoRA r8 q,v with beta=0.04: the adapter-disabled policy as reference), "spg2" (steps_per_generation=2:
     one generation of 8 rows for two steps, and the old-log-prob pass), "long" ("beta0" with 128 completion tokens:
@@ -123,7 +123,8 @@ def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16)
         completion_len = 128
     args = GRPOConfig(output_dir=os.path.join(work, "grpo"), use_cpu=True, bf16=False, report_to="none",
                       max_steps=3, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                      per_device_train_batch_size=4, num_generations=4, max_completion_length=completion_len,
+                      per_device_train_batch_size=batch, num_generations=generations,
+                      max_completion_length=completion_len,
                       generation_kwargs={"min_new_tokens": completion_len}, **extra)
     peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None
     torch.manual_seed(0)
@@ -134,8 +135,8 @@ def client_grpo(work, kind: str, prompt_len: int = 12, completion_len: int = 16)
             "lora": "LoRA r8 q,v, beta=0.04 (reference: the adapter disabled)",
             "spg2": "full FT, beta=0, steps_per_generation=2 (+ the old-log-prob pass)",
             "long": "full FT, beta=0, a long completion"}[kind]
-    setup = (f"{what}, ckpt (GRPOConfig default), fp32, B4, num_generations 4, prompt {prompt_len} + completion "
-             f"{completion_len} tokens")
+    setup = (f"{what}, ckpt (GRPOConfig default), fp32, B{batch}, num_generations {generations}, prompt {prompt_len} "
+             f"+ completion {completion_len} tokens")
     yield "12. TRL GRPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 

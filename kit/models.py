@@ -85,8 +85,8 @@ def build_model(name_or_config, *, device: str = "cpu", dtype=torch.float32, tas
     cfg = get_config(name_or_config)
     head = getattr(cfg, "kit_vocab_head", False)
     if head and task != "causal-lm":
-        raise InputError("task", f"{cfg.kit_name}{VOCAB_HEAD} is scenario 1's model, a Linear(V, V) head on a causal LM's "
-                                 f"logits, and has no {task} head: drop the task, or pass the base model "
+        raise InputError("task", f"{cfg.kit_name}{VOCAB_HEAD} is scenario 1's model, a Linear(V, V) head on a causal "
+                                 f"LM's logits, and has no {task} head: drop the task, or pass the base model "
                                  f"({cfg.kit_name}) with task {task!r}.", code="contradicts")
     if head:  # build the base as shipped; the wrapper adds the pad token like the user did
         del cfg.kit_vocab_head

@@ -93,6 +93,10 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# A device given as a number of bytes is read between these (a bare "16" is 16 bytes, not 16 GB: refused)
+SMALLEST_GPU_BYTES, LARGEST_GPU_BYTES = 2**20, 2**50
+
+
 def parse_bytes(value) -> int | None:
     """A positive number of bytes from ``16e9``, ``"16GiB"``, ``"24 GB"`` or ``"512MiB"``; None when it is not one.
 
@@ -140,6 +144,11 @@ def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | 
                  f"{', the rest used outside this torch' if usable < total else ''})")
         return Preset("this", label, usable, hw["ram_total_bytes"], machine.compute_capability()), None
     n = parse_bytes(device)
+    if n is not None and not SMALLEST_GPU_BYTES <= n <= LARGEST_GPU_BYTES:
+        raise InputError("device", f"device {device!r} reads as {n:.4g} bytes, "
+                                   + ("smaller than any GPU: give a unit (16GiB, 16GB) or the bytes in full (16e9)."
+                                      if n < SMALLEST_GPU_BYTES else "more than any GPU holds (over 1 PiB): give its "
+                                      "memory, as 80GB or 80e9."), code="device-size")
     if n is not None:
         return Preset("bytes", f"a GPU with {fmt_bytes(n)}", n, PRESETS["cpu"].ram_bytes), None
     raise InputError("device", f"device must be a preset ({', '.join(PRESETS)}), 'this' (this GPU, now) "
@@ -187,6 +196,10 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         reserved = getattr(est, "reserved_bytes", 0)
         judged = reserved or est.peak_bytes   # what the allocator holds, modelled
         name, limit = "reserved (modelled)" if reserved else "peak (allocated)", preset.gpu_bytes
+        with_vllm = beside_vllm(est, judged, preset.gpu_bytes)
+        if with_vllm != judged:   # GRPO with vLLM colocate: its share of the device is judged too
+            name += f" with vLLM's share of {fmt_bytes(vllm_share_bytes(est, preset.gpu_bytes))}"
+            judged = with_vllm
         gpu_margin = preset.gpu_bytes - judged
         if est.peak_bytes <= preset.gpu_bytes < judged:   # the allocated peak fits: the allocator's model alone says no
             _add_note(est, allocator_model_note(est))
@@ -199,6 +212,33 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         what = f"{fmt_bytes(judged)} {name}{each} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
     head = "fits" if fits else "DOES NOT FIT"
     return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged, name, limit)
+
+
+def vllm_share_bytes(est, device_bytes: int) -> int:
+    """What vLLM colocate keeps of a device of ``device_bytes`` beside training (TRL's GRPOTrainer with
+    ``use_vllm=True, vllm_mode="colocate"``): ``vllm_gpu_memory_utilization`` of it, modelled, not measured; 0
+    without vLLM colocate."""
+    return int((est.setup.get("vllm_reserved_fraction") or 0) * device_bytes)
+
+
+def beside_vllm(est, judged_bytes: int, device_bytes: int) -> int:
+    """The figure ``judged_bytes`` (training's) with vLLM colocate's share beside it: all along, or with
+    ``vllm_enable_sleep_mode`` beside the generation phase only (the share is released during the training step),
+    the generation's peak carrying the same allocator gap as training's.
+
+    >>> from types import SimpleNamespace as Est
+    >>> est = Est(peak_bytes=80, setup={"vllm_reserved_fraction": 0.3, "generation_peak_bytes": 50})
+    >>> beside_vllm(est, 100, 1000), beside_vllm(Est(peak_bytes=80, setup={}), 100, 1000)
+    (400, 100)
+    >>> est.setup["vllm_sleep_mode"] = True; beside_vllm(est, 100, 1000)
+    370
+    """
+    share = vllm_share_bytes(est, device_bytes)
+    if not share:
+        return judged_bytes
+    if est.setup.get("vllm_sleep_mode"):
+        return max(judged_bytes, est.setup["generation_peak_bytes"] + judged_bytes - est.peak_bytes + share)
+    return judged_bytes + share
 
 
 def short_label(preset: Preset | str) -> str:

@@ -241,3 +241,24 @@ def test_i35_11_the_cpu_preset_estimates_cpu_kernels_so_liger_is_refused_as_the_
     code, out, err = run_kit("estimate", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "64",
                              "--preset", "cpu")
     assert code == 0 and "RESERVED" not in out and "fits this machine's CPU and RAM" in out, out
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--loss-type", "dft"], "loss_type 'dft' is SFTTrainer's loss through its fused LM head"),
+    (["--padding-free"], "padding_free flattens a batch into one row of sequences"),
+])
+def test_i50_17_lm_only_options_on_a_classifier_name_the_flag_given(run_kit, flags, says):
+    code, out, err = run_kit("estimate", "--model", "tiny-bert", "--task", "seq-cls", "--batch-size", "2",
+                             "--seq-len", "32", *flags)
+    assert code == 2 and says in err and f"argument {flags[0]}:" in err, err
+    assert "fused_lm_head" not in err   # no option the CLI lacks
+
+
+@pytest.mark.parametrize("device, says", [
+    ("16", "device '16' reads as 16 bytes, smaller than any GPU: give a unit (16GiB, 16GB)"),
+    ("1e100", "more than any GPU holds (over 1 PiB)"),
+])
+def test_i50_17_fit_device_bytes_out_of_any_gpus_range_is_refused(run_kit, device, says):
+    code, out, err = run_kit("fit", "--model", "tiny-llama", "--batch-size", "2", "--seq-len", "32",
+                             "--device", device)
+    assert code == 2 and says in err and len(err) < 200, err

@@ -233,3 +233,34 @@ def test_i50_9_another_trl_config_in_the_training_args_slot_is_refused_by_its_ty
     with pytest.raises(inputs.InputError, match="KTOConfig") as caught:
         estimate_from("tiny-qwen2", KTOConfig(output_dir="/tmp/kit-kto", use_cpu=True, bf16=False), seq_len=12)
     assert caught.value.code == "trl-trainer"
+
+
+def test_i50_7_vllm_colocate_share_is_in_the_verdicts_figure(capsys):
+    """The verdict's judged figure holds vLLM colocate's share (vllm_gpu_memory_utilization x the device), named on
+    its first line, not only under details; with sleep mode it sits beside the generation phase only."""
+    import kit
+    from kit.presets import PRESETS, verdict
+
+    kw = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=64, use_vllm=True)
+    est = estimate_from("tiny-qwen2", grpo_config=_config(**kw), seq_len=12)
+    t4 = PRESETS["colab-t4"].gpu_bytes
+    v = verdict(est, "colab-t4")
+    assert v.judged_bytes == est.reserved_bytes + int(0.3 * t4) and "with vLLM's share of 4.37 GiB" in v.text
+    kit.check(est, device="colab-t4")
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("fits Colab T4: ") and "vLLM's share" in first, first
+    asleep = estimate_from("tiny-qwen2", grpo_config=_config(vllm_enable_sleep_mode=True, **kw), seq_len=12)
+    gap = asleep.reserved_bytes - asleep.peak_bytes
+    assert verdict(asleep, "colab-t4").judged_bytes == max(
+        asleep.reserved_bytes, asleep.setup["generation_peak_bytes"] + gap + int(0.3 * t4))
+
+
+def test_i50_7_vllm_with_use_cpu_gets_a_word_in_the_brief(capsys):
+    import kit
+
+    est = estimate_from("tiny-qwen2", grpo_config=_config(use_vllm=True, max_completion_length=16,
+                                                          per_device_train_batch_size=4, num_generations=4),
+                        seq_len=12)
+    assert any(getattr(n, "code", "") == "grpo-vllm-cpu" for n in est.notes)
+    kit.check(est, device="colab-t4")
+    assert "use_vllm=True with use_cpu=True" in capsys.readouterr().out

@@ -98,6 +98,7 @@ def brief(est, why=None) -> list:
     if s.get("generation_peak_bytes"):   # GRPOTrainer (kit.estimate.grpo): the generation phase, its own peak
         out.append(f"  generation phase: {fmt_bytes(s['generation_peak_bytes'])} at {s['generation_moment']} "
                    f"({s['generation_rows']} rows x {s['prompt_len']} + {s['completion_len']} tokens)")
+    out += [f"  note: {n}" for n in est.notes if getattr(n, "code", None) == "grpo-vllm-cpu"]
     return out + ([why] if why else [])
 
 

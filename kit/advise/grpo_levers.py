@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.estimate import estimate_from
-from kit.presets import short_label
+from kit.presets import beside_vllm, short_label, vllm_share_bytes
 from kit.units import GiB, fmt_bytes, wrap
 
 LORA_RANK = 16   # the rank the LoRA lever suggests (a common first choice; its memory barely depends on it)
@@ -138,16 +138,7 @@ def changed_config(cfg, changes: dict):
 def judged(est, limit) -> int:
     """The figure judged against the device: the allocated peak with the allocator's modelled gap, plus vLLM
     colocate's share beside it (with sleep mode, beside the generation phase only)."""
-    share = est.setup.get("vllm_reserved_fraction") or 0
-    base = limit.judged(est)
-    if not share:
-        return base
-    reserved = int(share * limit.limit_bytes)
-    cfg = grpo_config_of(est)
-    if cfg.vllm_enable_sleep_mode:
-        gap = base - est.peak_bytes
-        return max(base, est.setup["generation_peak_bytes"] + gap + reserved)
-    return base + reserved
+    return beside_vllm(est, limit.judged(est), limit.limit_bytes)
 
 
 @dataclass
@@ -189,7 +180,9 @@ class GrpoAdvice:
         """At most five lines: the verdict with the figure judged and the limit, the cause, the best change."""
         lim, margin = self.limit, self.limit.usable_bytes - self.judged_bytes
         verdict, spare = ("fits", "to spare") if self.fits else ("DOES NOT FIT", "short")
-        out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap (GRPO, "
+        share = vllm_share_bytes(self.est, lim.limit_bytes)
+        vllm = f" + vLLM's share {self._f(share)}" if share else ""
+        out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap{vllm} (GRPO, "
                f"modelled) of {self._f(lim.usable_bytes)} ({self._f(abs(margin))} {spare})", self.cause()]
         if self.fits:
             return out + ["no change needed"]

@@ -128,6 +128,7 @@ def estimate(model, **setup) -> Estimate:
         raise
     refuse_other_head(model, info, task, num_labels)
     fused, loss_type, loss_note = kt.sft_loss(o["loss_type"], kin.flag("fused_lm_head", o["fused_lm_head"]))
+    refuse_lm_only(info, loss_type=loss_type, padding_free=kin.flag("padding_free", o["padding_free"]))
     if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
@@ -177,6 +178,23 @@ def _alloc_conf_notes(conf) -> list:
                  f"(it reads {', '.join(runtime.MODELLED_KEYS)} alone): the reserved figure is the allocator's "
                  f"without {'those settings' if len(conf.ignored) > 1 else 'that setting'}",
                  field="expandable_segments", code="alloc-conf-ignored")]
+
+
+def refuse_lm_only(info, *, loss_type, padding_free: bool) -> None:
+    """TRL SFTTrainer's settings for a causal LM, refused on a classifier in one sentence that names the option as
+    both faces spell it: ``loss_type`` (its loss through the fused LM head, over the vocabulary) and
+    ``padding_free`` (a batch flattened into one row, where a classifier labels each row)."""
+    if info.task == "causal-lm":
+        return
+    if loss_type is not None:
+        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is SFTTrainer's loss through its fused LM head, "
+                             f"over a causal LM's vocabulary, and this {info.task} model has a classifier head "
+                             f"({info.classifier}) instead: estimate it without loss_type (--loss-type).",
+                             code="fused-head-classifier")
+    if padding_free:
+        raise kin.InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
+                             f"SFTTrainer, for causal LMs), and this {info.task} model labels each row: estimate it "
+                             "without padding_free (--padding-free).", code="padding-free-classifier")
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

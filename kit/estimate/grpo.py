@@ -362,12 +362,17 @@ def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights:
                      old_logprob_pass=shapes["old_pass"])
     est.sources["reference"] = (reference, where)
     if shapes["vllm"]:
-        est.setup["vllm_reserved_fraction"] = shapes["vllm"]
+        est.setup.update(vllm_reserved_fraction=shapes["vllm"], vllm_sleep_mode=bool(cfg.vllm_enable_sleep_mode))
         est.notes.append(kin.Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
                                   "(vllm_gpu_memory_utilization) beside this estimate"
                                   + ("; sleep mode releases it during the optimizer step"
                                      if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
                                   code="grpo-vllm-share"))
+    if cfg.use_vllm and cfg.use_cpu:
+        est.notes.append(kin.Note("use_vllm=True with use_cpu=True: vLLM's share is a fraction of a GPU's memory, "
+                                  "which a run on the CPU does not use: set use_vllm=False to generate with "
+                                  "transformers on the CPU, or drop use_cpu to train on the GPU", field="use_vllm",
+                                  code="grpo-vllm-cpu"))
     if est.setup["device"] == "cuda":
         est.notes.append(kin.Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
                                   "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
