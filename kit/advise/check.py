@@ -112,8 +112,10 @@ def answer(est, verdict, advice=None) -> list:
 def brief(est, why=None) -> list:
     """A blank line, the setup and its components at the peak in two lines, and where the device came from."""
     s, peak = est.setup, est.peak_bytes
+    idle = (getattr(est, "sources", None) or {}).get("idle_params", (0,))[0]   # requires_grad, and no gradient
     trained = f"LoRA r{s.get('lora_r')}" if s.get("lora_r") else "full fine-tune" if \
-        est.trainable_params >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
+        est.trainable_params + idle >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
+    trained += f" ({idle:,} more get no gradient: the base's pooler, unread by the head)" if idle else ""
     quant = "" if s.get("quantization") in (None, "none") else f"{s.get('quantization')} weights, "
     parts = [f"{k} {fmt_bytes(n)}" for k, n in est.components().items() if n >= 0.01 * peak]
     out = ["", f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}, "

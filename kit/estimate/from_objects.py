@@ -399,7 +399,8 @@ def _run(target, opts, src, notes):
     est = estimate(target, **opts)
     src["device"] = (opts["device"], "the device argument (whose kernels are predicted)")
     trainable = src.get("trainable_params", (None,))[0]
-    if trainable is not None and trainable != est.trainable_params:
+    idle = src.get("idle_params", (0,))[0]   # requires_grad, and no gradient reaches them (kit.estimate.read_model)
+    if trainable is not None and trainable != est.trainable_params + idle:
         notes.append(f"the model has {trainable:,} trainable parameters now, the estimate counts "
                      f"{est.trainable_params:,}: check what is frozen")
     est.notes.extend(notes)
