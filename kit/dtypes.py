@@ -18,6 +18,7 @@ and the estimator tells them apart (:class:`kit.estimate.replay.Dt`).
 from __future__ import annotations
 
 from kit import machine
+from kit.inputs import Note
 from kit.presets import PRESETS
 
 
@@ -31,14 +32,32 @@ def run_dtype(capability: tuple[int, int] | None) -> tuple[str, str]:
     return "fp16", f"compute capability {major}.{minor} has no native bf16, so fp16 (as Colab notebooks do on a T4)"
 
 
+CPU_IGNORES_FP16 = "cpu-ignores-fp16"   # the note's code
+
+
+def trainer_precision(precision: str, device: str) -> tuple:
+    """``(precision, note or None)``: the mixed precision Trainer really runs on ``device`` ("cuda" or "cpu"). It
+    silently ignores ``fp16=True`` on a CPU (no CUDA GradScaler), so that run is fp32, and is estimated as such,
+    said in the note. The one place for this rule: every face that models a Trainer on a CPU (the CLI, kit.check,
+    the user's objects, the advisor, the panel) asks it. (``estimate(precision="fp16", device="cpu")`` itself
+    models fp16 autocast, as a loop of one's own runs it.)
+
+    >>> trainer_precision("fp16", "cpu")[0], trainer_precision("fp16", "cuda"), trainer_precision("bf16", "cpu")
+    ('fp32', ('fp16', None), ('bf16', None))
+    """
+    if precision == "fp16" and device == "cpu":
+        return "fp32", Note("fp16=True: Trainer ignores it on a CPU, so this is the estimate of the fp32 run that "
+                            "happens", field="precision", code=CPU_IGNORES_FP16)
+    return precision, None
+
+
 def run_precision(precision: str) -> str:
-    """The mixed precision Trainer really runs here: it silently ignores ``fp16=True`` on a CPU (no CUDA
-    GradScaler), so a CPU run is fp32, and is estimated as such.
+    """:func:`trainer_precision` on this machine.
 
     >>> run_precision("bf16")
     'bf16'
     """
-    return "fp32" if precision == "fp16" and not machine.has_cuda() else precision
+    return trainer_precision(precision, machine.device_name())[0]
 
 
 def for_this_device() -> tuple[str, str]:

@@ -51,7 +51,7 @@ class TrainingSetup:
     task: str = option(None, "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
                        "(AutoModelForSequenceClassification: batch x labels logits), token-cls "
                        "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it "
-                       "(None: that, else causal-lm)", flag="--task", choices=TASKS)
+                       "(None: that, else causal-lm)", flag="--task", choices=TASKS, panel=True)
     num_labels: int = option(None, "classes of a seq-cls or token-cls head (config.num_labels; a built model's head "
                              "says it; None: that, else 2); refused with a causal-lm head", flag="--num-labels",
                              kind=int)

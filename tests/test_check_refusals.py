@@ -103,3 +103,26 @@ def test_a_bug_in_the_kit_still_raises_from_check(tmp_path, monkeypatch):
     monkeypatch.setattr(check_module, "estimate_trainer", broken)
     with pytest.raises(AttributeError, match="a bug"):
         kit.check(Trainer(model=LSTMLanguageModel(), args=_args(tmp_path), train_dataset=_rows()))
+
+
+def test_an_own_head_on_bert_with_cls_pooling_counts_what_trains_without_a_false_alarm(tmp_path, capsys):
+    """BERT's pooler requires grad, and a head that reads the last hidden state sends it no gradient: the
+    estimate keeps no gradient or state for it, says so, and never asks to check what is frozen."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import clients_own_head as own
+
+    trainer = own.own_head_trainer(str(tmp_path), "tiny-bert", "cls")
+    requires_grad = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    pooler = sum(p.numel() for p in trainer.model.encoder.pooler.parameters())
+    est = estimate_trainer(trainer, device="cpu")
+    assert est.sources["trainable_params"][0] == requires_grad
+    assert est.trainable_params + pooler == requires_grad and est.sources["idle_params"][0] == pooler
+    assert not any("check what is frozen" in n for n in est.notes)
+    assert any(getattr(n, "code", None) == "idle-pooler" for n in est.notes)
+    capsys.readouterr()
+    kit.check(trainer, device="cpu")
+    out = capsys.readouterr().out
+    assert f"{pooler:,} more get no gradient" in out and "check what is frozen" not in out

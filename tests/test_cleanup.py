@@ -281,7 +281,7 @@ def test_i35_18_free_of_locals_inside_a_function_says_what_did_not_come_back():
     import kit
 
     def run():
-        big = torch.zeros(12_500_000)                  # 50,000,000 bytes, held by this frame's local variable
+        big = torch.zeros(12_500_000, requires_grad=True)   # 50,000,000 bytes, held by this frame's local variable
         return kit.free(locals()), big
 
     text, big = run()
@@ -294,8 +294,8 @@ def test_i35_18_free_of_locals_inside_a_function_says_what_did_not_come_back():
 def test_i35_18_free_says_which_names_came_back_and_which_did_not():
     import kit
 
-    kept = torch.zeros(1_000_000)
-    ns = {"gone": torch.zeros(2_000_000), "kept": kept}
+    kept = torch.zeros(1_000_000, requires_grad=True)   # tensors of a run (a weight): CPU data is kept
+    ns = {"gone": torch.zeros(2_000_000, requires_grad=True), "kept": kept}
     text = kit.free(ns)
     assert text.startswith("freed 1 name (gone)"), text
     assert f"still held elsewhere: kept ({kept.untyped_storage().nbytes():,} bytes)" in text, text

@@ -23,7 +23,8 @@ CLASSES = {"training_args": "TrainingArguments", "sft_config": "SFTConfig", "arg
 
 def biggest_cause(est) -> str:
     """The module holding most of the training state (weights, gradients, optimizer state) where one holds at
-    least :data:`OUTSIZED` of it, else the biggest component at the peak, with its share.
+    least :data:`OUTSIZED` of it and no component at the peak is bigger, else the biggest component at the peak,
+    with its share: the cause named is never smaller than a part the breakdown shows.
 
     >>> from kit.estimate import estimate
     >>> biggest_cause(estimate("tiny-llama", batch_size=8, seq_len=128, device="cpu"))  # doctest: +ELLIPSIS
@@ -31,13 +32,13 @@ def biggest_cause(est) -> str:
     """
     state = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
     offenders = getattr(est, "offenders", None) or []
-    if offenders and state and getattr(est, "num_gpus", 1) == 1:
-        name, params, held = offenders[0]
-        if held >= OUTSIZED * state:
-            return (f"biggest cause: {name}, {params:,} parameters: {fmt_bytes(held)}, {held / state:.0%} of weights "
-                    "+ grads + optimizer state")
     parts = est.components()
     top = max(parts, key=parts.get)
+    if offenders and state and getattr(est, "num_gpus", 1) == 1:
+        name, params, held = offenders[0]
+        if held >= OUTSIZED * state and held >= parts[top]:   # never a module smaller than a part beside it
+            return (f"biggest cause: {name}, {params:,} parameters: {fmt_bytes(held)}, {held / state:.0%} of weights "
+                    "+ grads + optimizer state")
     share = parts[top] / est.peak_bytes if est.peak_bytes else 0
     return f"biggest cause: {top}, {fmt_bytes(parts[top])} of the {fmt_bytes(est.peak_bytes)} peak ({share:.0%})"
 

@@ -10,8 +10,9 @@ fits Colab T4: ... reserved (modelled) of 14.56 GiB (... to spare)
 from __future__ import annotations
 
 from kit.advise.answer import biggest_cause
-from kit.advise.core import advise
-from kit.estimate import Estimate, estimate_trainer
+from kit.advise.core import advise, limit_for, setup_options
+from kit.dtypes import trainer_precision
+from kit.estimate import Estimate, estimate, estimate_trainer
 from kit.inputs import InputError, Refusal, flag
 from kit.presets import figures_line, resolve_device, verdict
 from kit.units import fmt_bytes, wrap
@@ -45,6 +46,7 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
     except Refusal as exc:   # the kit's own refusal is the answer; any other exception is a bug, and propagates
         print("\n".join(refusal(trainer_or_estimate, exc)), flush=True)
         return None
+    est = on_device(est, preset)
     v = verdict(est, preset)
     advice, problem = None, None
     if not v.fits:  # the fit advisor's changes
@@ -58,6 +60,29 @@ def check(trainer_or_estimate, device=None, *, seq_len=None, details: bool = Fal
         + (", every change in full" if advice is not None else "")]
     print(wrap("\n".join(lines)), flush=True)  # a notebook page is WIDTH wide: the long lines fold
     return est
+
+
+def on_device(est, preset):
+    """``est`` as the device judged runs it: an Estimate made for other kernels (CUDA's, judged against a CPU, or
+    the reverse), or with fp16 that Trainer ignores on a CPU (:func:`kit.dtypes.trainer_precision`), is estimated
+    again for that device, so one setup on one device gets one verdict, whichever face asks (``python -m kit
+    estimate --preset cpu`` estimates on CPU kernels too). One that cannot be rebuilt by name is refused."""
+    device = "cuda" if preset.gpu_bytes else "cpu"
+    made, precision = est.setup.get("device", "cuda"), est.setup.get("precision", "fp32")
+    run, note = trainer_precision(precision, device)
+    if made == device and run == precision:
+        return est
+    try:
+        options, notes = setup_options(est, limit_for(preset))
+    except InputError:
+        raise InputError("device", f"this Estimate was made for {made} kernels in {precision}, and {preset.label} "
+                         f"runs {device} kernels in {run}, which it cannot be rebuilt for: estimate it with "
+                         f"device={device!r}" + (f", precision={run!r}" if run != precision else "") + ".",
+                         code="estimate-of-another-device") from None
+    again = estimate(**{**options, "device": device, "precision": run})
+    again.notes.extend(notes + [note] * bool(note) + [
+        f"estimated again for {preset.label}: the Estimate given was made for {made} kernels in {precision}"])
+    return again
 
 
 def refusal(trainer, exc: Refusal) -> list:
@@ -87,8 +112,10 @@ def answer(est, verdict, advice=None) -> list:
 def brief(est, why=None) -> list:
     """A blank line, the setup and its components at the peak in two lines, and where the device came from."""
     s, peak = est.setup, est.peak_bytes
+    idle = (getattr(est, "sources", None) or {}).get("idle_params", (0,))[0]   # requires_grad, and no gradient
     trained = f"LoRA r{s.get('lora_r')}" if s.get("lora_r") else "full fine-tune" if \
-        est.trainable_params >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
+        est.trainable_params + idle >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
+    trained += f" ({idle:,} more get no gradient: the base's pooler, unread by the head)" if idle else ""
     quant = "" if s.get("quantization") in (None, "none") else f"{s.get('quantization')} weights, "
     parts = [f"{k} {fmt_bytes(n)}" for k, n in est.components().items() if n >= 0.01 * peak]
     out = ["", f"{s.get('model')}: batch {s.get('batch_size')} x seq {s.get('seq_len')}, {s.get('precision')}, "

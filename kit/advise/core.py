@@ -58,7 +58,7 @@ from kit.advise.objects import in_objects
 from kit.advise.grpo_levers import advise_grpo
 from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
-from kit.dtypes import run_dtype
+from kit.dtypes import run_dtype, trainer_precision
 from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_for
@@ -190,22 +190,31 @@ class Advice:
 
 
 def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
-    """estimate()'s keywords for an options dict, an Estimate or a Trainer; and notes."""
+    """estimate()'s keywords for an options dict, an Estimate or a Trainer, as ``lim``'s device runs them (its
+    kernels, unless a dict names its own device; Trainer's precision there, :func:`kit.dtypes.trainer_precision`);
+    and notes."""
     if isinstance(setup, dict):
         bad = sorted(set(setup) - set(KW))
         if bad:
             raise kin.InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
                                           f"{', '.join(KW)}.")
-        return {"device": lim.kernels, **setup}, []
+        return _as_run({"device": lim.kernels, **setup}, [], lim.kernels if setup.get("device") is None else None)
     if _is_trainer(setup):   # a Trainer
 
         est = trainer_estimate or estimate_trainer(setup)
         o, notes = _from_estimate(est, model=False)
-        return {**o, "model": read_model(setup.model)[0]}, notes
+        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, lim.kernels)
     if not isinstance(setup, Estimate):
         raise kin.InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
                                       f"not {type(setup).__name__}.")
-    return _from_estimate(setup)
+    return _as_run(*_from_estimate(setup), lim.kernels)
+
+
+def _as_run(options: dict, notes: list, device: str | None) -> tuple[dict, list]:
+    """``options`` on ``device`` (None: the device they name, a dict's own), in the precision Trainer runs there."""
+    device = device or options["device"]
+    precision, note = trainer_precision(options.get("precision", "fp32"), device)
+    return {**options, "device": device, "precision": precision}, notes + [note] * bool(note)
 
 
 def _from_estimate(est, model: bool = True) -> tuple[dict, list]:

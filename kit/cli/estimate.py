@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 
+from kit.dtypes import trainer_precision
 from kit.model_configs import known_models
 from kit.presets import ALIASES
 from kit.training_setup import add_arguments, flag_of, from_arguments
@@ -98,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
             from kit.estimate import estimate
 
             # a preset without a GPU (cpu) is judged on CPU kernels: the estimate refuses what runs on CUDA only
-            kernels = {"device": "cpu"} if PRESETS[preset].gpu_bytes is None else {}
-            est = estimate(args.model, **from_arguments(args), **kernels)
+            device = "cpu" if PRESETS[preset].gpu_bytes is None else "cuda"
+            precision, note = trainer_precision(args.precision, device)   # Trainer ignores fp16 on a CPU
+            est = estimate(args.model, **{**from_arguments(args), "precision": precision}, device=device)
+            est.notes.extend([note] * bool(note))
     except ValueError as exc:
         flag = flag_of(getattr(exc, "name", None)) or _FLAGS.get(getattr(exc, "name", None))
         print(f"error: {'argument ' + flag + ': ' if flag else ''}{one_line(exc)}", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from kit import inputs as kin
 from kit import optimizers
+from kit.dtypes import trainer_precision
 from kit.estimate import dpo as kd
 from kit.estimate import grpo as kg
 from kit.estimate import trl as kt
@@ -404,20 +405,22 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
 
 
 def cpu_fp16(opts, src, device, args) -> list:
-    """On a CPU, Trainer ignores fp16=True (no CUDA GradScaler): the estimate is of the fp32 run that happens."""
-    if opts.get("precision") == "fp16" and (device == "cpu" or getattr(args, "use_cpu", False)):
-        opts["precision"] = "fp32"
-        src["precision"] = ("fp32", f"{src['precision'][1]}, which Trainer ignores on a CPU: the run is fp32")
-        return [kin.Note("fp16=True: Trainer ignores it on a CPU, so this is the estimate of the fp32 run that "
-                         "happens", field="precision", code="cpu-ignores-fp16")]
-    return []
+    """On a CPU (``device``, or ``args.use_cpu``), the precision Trainer runs (:func:`kit.dtypes.trainer_precision`:
+    fp16=True is ignored there), and its note."""
+    run, note = trainer_precision(opts.get("precision"), "cpu" if getattr(args, "use_cpu", False) else device)
+    if note is None:
+        return []
+    opts["precision"] = run
+    src["precision"] = (run, f"{src['precision'][1]}, which Trainer ignores on a CPU: the run is {run}")
+    return [note]
 
 
 def _run(target, opts, src, notes):
     est = estimate(target, **opts)
     src["device"] = (opts["device"], "the device argument (whose kernels are predicted)")
     trainable = src.get("trainable_params", (None,))[0]
-    if trainable is not None and trainable != est.trainable_params:
+    idle = src.get("idle_params", (0,))[0]   # requires_grad, and no gradient reaches them (kit.estimate.read_model)
+    if trainable is not None and trainable != est.trainable_params + idle:
         notes.append(f"the model has {trainable:,} trainable parameters now, the estimate counts "
                      f"{est.trainable_params:,}: check what is frozen")
     est.notes.extend(notes)

@@ -14,10 +14,13 @@ logits are (rows, labels): a head that gives anything else, or whose forward can
 as Trainer's ``compute_loss`` override or a loop computes it: ``cross_entropy(logits, labels)``, said in a note.
 
 The probe runs where the model is, without autocast, with the random state put back: a GPU estimate of a module
-still on the CPU counts dropout's CPU float mask where CUDA keeps a bool one (a few bytes per row).
+still on the CPU counts dropout's CPU float mask where CUDA keeps a bool one (a few bytes per row). A read changes
+nothing of the user's (:func:`as_they_were`): each module's train/eval mode, the head's parameters, buffers and
+attributes are as they were.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -85,16 +88,12 @@ def _probe_all(model, name: str, base) -> OwnHead:
     if missing and not any(p.kind == p.VAR_KEYWORD for p in signature.values()):
         raise OwnHeadError(f"{what} cannot be read: its forward takes no {' or '.join(missing)}.", instead=CALLED)
     takes_labels = "labels" in signature or any(p.kind == p.VAR_KEYWORD for p in signature.values())
-    trains = model.training
-    try:
-        with torch.random.fork_rng(devices=[]):
-            model.train()
-            runs = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
-            model.eval()
-            with torch.no_grad():
-                evals = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
-    finally:
-        model.train(trains)
+    with torch.random.fork_rng(devices=[]), as_they_were(model, name):
+        model.train()
+        runs = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
+        model.eval()
+        with torch.no_grad():
+            evals = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
     labels, row1, outside = runs[0][1:4]
     per_token, per_row, fixed = _rates([r[0] for r in runs])
     eval_token, eval_row, eval_fixed = _rates([r[4] for r in evals])
@@ -102,6 +101,37 @@ def _probe_all(model, name: str, base) -> OwnHead:
                  and not (n == name or n.startswith(name + "."))), 0.0)
     return OwnHead(name, labels, per_token, per_row, max(fixed, 0), row1, float(drop), outside, eval_token,
                    eval_row + max(eval_fixed, 0) // _SHAPES[0][0])
+
+
+@contextlib.contextmanager
+def as_they_were(model, base: str):
+    """Put back what the probe's forward calls change in the user's module: each submodule's train/eval mode, the
+    values of the head's parameters and buffers (BatchNorm's running statistics and its count), and the head's
+    attributes (a forward that keeps its input as ``self.last`` keeps the probe's tensor). The base model never runs
+    (its forward is stubbed), so only the modules outside it are copied: the head, a few small tensors."""
+    import torch
+
+    outside = [m for n, m in model.named_modules() if not (n == base or n.startswith(base + "."))]
+    modes = [(m, m.training) for m in model.modules()]
+    attributes = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules)) for m in outside]
+    with torch.no_grad():
+        values = [(t, t.clone()) for m in outside for t in (*m._parameters.values(), *m._buffers.values())
+                  if isinstance(t, torch.Tensor)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, value in values:
+                tensor.copy_(value)
+        for m, kept, parameters, buffers, modules in attributes:
+            for key in set(m.__dict__) - set(kept):
+                del m.__dict__[key]
+            m.__dict__.update({k: v for k, v in kept.items() if m.__dict__.get(k) is not v})
+            for now, before in ((m._parameters, parameters), (m._buffers, buffers), (m._modules, modules)):
+                now.clear()
+                now.update(before)
+        for m, training in modes:
+            m.training = training
 
 
 def _rates(sizes) -> tuple:

@@ -9,7 +9,7 @@ import copy
 import sys
 
 from kit import inputs as kin
-from kit.estimate.inventory import info_of, task_of
+from kit.estimate.inventory import POOLERS, info_of, task_of
 from kit.estimate.offload_options import from_model
 from kit.estimate.own_head import own_head_notes, read_own_head
 from kit.estimate.read_peft import targets_for
@@ -106,6 +106,14 @@ def read_model(model):
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in base.parameters() if p.dtype.is_floating_point)
     src["trainable_params"] = (trainable, "parameters with requires_grad")
+    idle = {n: p.numel() for n, p in base.named_parameters() if own and p.requires_grad and
+            n.startswith(own.base + ".") and n.rsplit(".", 1)[0].endswith(POOLERS)}
+    if idle:   # a head of one's own reads the last hidden state: no gradient reaches the base's pooler
+        src["idle_params"] = (sum(idle.values()), f"{', '.join(sorted({n.rsplit('.', 1)[0] for n in idle}))}: "
+                              "requires_grad, and no gradient reaches it (the head reads the last hidden state)")
+        notes.append(kin.Note(f"{sum(idle.values()):,} of the {trainable:,} parameters with requires_grad (the base's "
+                              "pooler) get no gradient: the head reads the last hidden state, so no gradient or "
+                              "optimizer state is kept for them", field="trainable_params", code="idle-pooler"))
     if not adapters and 0 < trainable < total and not info.vocab_head:
         notes.append(f"{total - trainable:,} parameters are frozen: their weights, gradients and optimizer state "
                      "are counted as they are, activations as for a full fine-tune (an upper bound)")

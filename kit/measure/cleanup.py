@@ -171,21 +171,25 @@ def free(namespace: dict) -> str:
     ``print(kit.free(globals()))`` at the end of a notebook, or after an out-of-memory error.
 
     Each name bound to a Trainer, a model (``nn.Module``: its weights go to the meta device), an optimizer or a
-    tensor is released (:func:`release`) and deleted; names starting with ``_`` are left alone. A tensor that
-    something else still holds (a function's local variable: ``locals()`` is a copy) is named apart, with its
-    bytes. The text gives the names, and the best reading (:func:`kit.measure.device.best_reading`) and the
-    live-tensor bytes before and after, MEASURED.
+    tensor of the run (on a GPU, or with a graph or gradients) is released (:func:`release`) and deleted; names
+    starting with ``_`` are left alone. Nothing still referenced elsewhere is destroyed: a model, Trainer or
+    optimizer that something outside the names freed also holds (a ``best_models`` dict) is kept as it is, and said;
+    so are CPU tensors without a graph (your data, a best loss). A tensor that something else still holds (a
+    function's local variable: ``locals()`` is a copy) is named apart, with its bytes. The text gives the names,
+    and the best reading (:func:`kit.measure.device.best_reading`) and the live-tensor bytes before and after,
+    MEASURED.
 
-    >>> ns = {"w": torch.zeros(1024, 1024), "note": "kept"}
-    >>> "freed 1 name (w)" in free(ns), sorted(ns)
-    (True, ['note'])
+    >>> ns = {"w": torch.zeros(1024, 1024, requires_grad=True), "data": torch.zeros(4), "note": "kept"}
+    >>> text = free(ns)
+    >>> "freed 1 name (w)" in text, "kept data: your data on the CPU" in text, sorted(ns)
+    (True, True, ['data', 'note'])
     """
     if not isinstance(namespace, dict):
         given = "None" if namespace is None else f"a {type(namespace).__name__}"
         raise InputError("namespace", f"kit.free takes the dict of names that hold the memory, not {given}: call "
                                       f"print(kit.free(globals())) in a notebook.")
     before, live_before = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
-    released = _release_names(namespace)
+    released, kept = _release_names(namespace)
     forget_exceptions()
     gc.collect()
     device.empty_cache()
@@ -196,30 +200,86 @@ def free(namespace: dict) -> str:
     after, live_after = device.snapshot().best_bytes, device.live_tensor_bytes("cpu") + _cuda_live()
     shown = _listed(freed) or ("" if held else "none held memory")
     return (f"freed {len(freed)} name{'' if len(freed) == 1 else 's'}{f' ({shown})' if shown else ''}; "
+            + "".join(f"kept {name}: {why}; " for name, why in kept.items())
             + _held_text(held)
             + f"MEASURED {device.best_reading()}: {before:,} -> {after:,} bytes; live tensors {live_before:,} -> "
               f"{live_after:,} bytes")
 
 
-def _release_names(namespace: dict) -> dict:
-    """Release and delete each name bound to a Trainer, model, optimizer or tensor; weak references to them."""
+def _release_names(namespace: dict) -> tuple[dict, dict]:
+    """Release and delete each name bound to a Trainer, model, optimizer or a tensor of the run (on a GPU, or
+    holding a graph or gradients); weak references to them. Kept, with why: an object still referenced elsewhere
+    (never destroyed: a model also in ``best_models`` keeps its weights) and a CPU tensor without a graph (the
+    user's data, a figure kept)."""
     from transformers import Trainer  # here: `kit.measure` stays importable without transformers' Trainer
 
+    kinds = (Trainer, torch.nn.Module, torch.optim.Optimizer, torch.Tensor)
+    names = [n for n, v in namespace.items() if not n.startswith("_") and isinstance(v, kinds)]
+    kept = {n: "your data on the CPU (no graph, no gradient): del it yourself to free "
+               f"{namespace[n].untyped_storage().nbytes():,} bytes of RAM" for n in names
+            if isinstance(namespace[n], torch.Tensor) and _is_data(namespace[n])}
+    names = [n for n in names if n not in kept]
+    kept.update(_held_elsewhere(namespace, names))
     released = {}
-    for name, value in list(namespace.items()):
-        kind = type(value)
-        if name.startswith("_") or not issubclass(kind, (Trainer, torch.nn.Module, torch.optim.Optimizer,
-                                                         torch.Tensor)):
-            continue
-        if issubclass(kind, Trainer):
+    for name in [n for n in names if n not in kept]:
+        value = namespace[name]
+        if isinstance(value, Trainer):
             release(value, free_model=True)
-        elif issubclass(kind, torch.nn.Module):
+        elif isinstance(value, torch.nn.Module):
             release(model=value, free_model=True)
-        elif issubclass(kind, torch.optim.Optimizer):
+        elif isinstance(value, torch.optim.Optimizer):
             release(optimizer=value)
         released[name] = _weak(value)
-        del namespace[name]
-    return released
+        del namespace[name], value
+    return released, kept
+
+
+def _is_data(tensor) -> bool:
+    return tensor.device.type == "cpu" and not tensor.requires_grad and tensor.grad_fn is None
+
+
+def _held_elsewhere(namespace: dict, names: list) -> dict:
+    """{name: why} for each Trainer, model or optimizer among ``names`` that something outside them and the
+    namespace still references (a dict of best models, a list, a closure): releasing it would destroy what that
+    reference holds. A tensor is never destroyed (its name is deleted: another reference keeps it)."""
+    heavy = [namespace[n] for n in names if not isinstance(namespace[n], torch.Tensor)]
+    inside = _reachable(heavy, namespace) | {id(namespace), id(heavy)}
+    ip = _ipython()
+    if ip is not None:   # IPython's output cache is cleaned by release (_forget_names), not a holder
+        inside |= {id(ip.user_ns.get("Out")), id(getattr(ip.displayhook, "__dict__", None))}
+    holders = {id(v): n for n, v in namespace.items()} | {id(getattr(v, "__dict__", None)): n
+                                                           for n, v in namespace.items()}
+    out = {}
+    for name in names:
+        value = namespace[name]
+        if isinstance(value, torch.Tensor):
+            continue
+        others = [r for r in gc.get_referrers(value) if id(r) not in inside and not isinstance(
+            r, (types.FrameType, weakref.ReferenceType))]
+        if others:
+            by = next((holders[id(r)] for r in others if id(r) in holders), None)
+            out[name] = (f"also held by {by}" if by else f"also held by a {type(others[0]).__name__} outside "
+                         "the names given") + ": kept as it is (releasing it would destroy what that holds)"
+    return out
+
+
+def _reachable(roots: list, namespace: dict) -> set:
+    """ids of the containers and objects reachable from ``roots`` through dicts, lists, tuples, sets and objects'
+    ``__dict__`` (not through tensors, types, modules or functions, which lead everywhere); never ``namespace``."""
+    seen, stack = set(), list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is namespace:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            stack += list(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += list(obj)
+        elif not isinstance(obj, (torch.Tensor, type, types.ModuleType, types.FunctionType, str, bytes)) and \
+                isinstance(getattr(obj, "__dict__", None), dict):
+            stack.append(obj.__dict__)
+    return seen
 
 
 def _weak(obj):

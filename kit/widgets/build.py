@@ -45,6 +45,7 @@ import ipywidgets as W
 from IPython.display import display
 
 from kit import machine, runtime
+from kit.dtypes import run_precision
 from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.inputs import InputError, has_note, whole_number
@@ -59,10 +60,12 @@ from kit.widgets.models import (
     GROUPS,
     MODELS,
     OWN_MODELS,
+    is_encoder,
     max_positions,
     model_problem,
     model_type_and_vocab,
     run_problem,
+    task_for,
 )
 from kit.widgets.options import PRESET_CHOICES, SEQ_CAP, control, this_machine
 from kit.widgets.run_view import PanelRuns
@@ -73,14 +76,17 @@ from kit.widgets.run_view import PanelRuns
 # real one in every mode: the verdict judges what the notebook judges; in smoke mode a Run runs its tiny twin.
 DEFAULTS = {
     1: dict(model="distilgpt2+vocab-head", preset="colab-t4",
-            **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True).panel_values()),
+            **TrainingSetup(batch_size=1, seq_len=128, precision="fp16", gradient_checkpointing=True,
+                            task="causal-lm").panel_values()),
     2: dict(model="meta-llama/Meta-Llama-3-8B", preset="colab-t4",
             **TrainingSetup(batch_size=4, seq_len=64, quantization="4bit", precision="fp16",
-                            gradient_checkpointing=True, lora_r=8).panel_values()),
+                            gradient_checkpointing=True, lora_r=8, task="causal-lm").panel_values()),
 }
 # each scenario's story on the panel: scenario 1's head (kit.scenarios.custom_head.panel_head), scenario 2's fold
 # loop (kit.scenarios.cross_validation.panel_folds), and their options
 STORY_OPTIONS = {1: ("head", "head_rank"), 2: ("folds", "load", "trainer", "recipe")}
+TASK_CHOICES = [("causal LM (vocabulary logits)", "causal-lm"), ("sequence classification", "seq-cls"),
+                ("token classification", "token-cls")]
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
 
 
@@ -141,6 +147,7 @@ class Panel(PanelRuns):
                                options=panel_options.with_value([("0 (full fine-tune)", 0)] + [
                                    (str(r), r) for r in panel_options.LORA_RANKS[1:]], d["lora_r"])),
             "optimizer": control(W.Dropdown, "optimizer", d["optimizer"], options=list(OPTIMIZERS)),
+            "task": control(W.Dropdown, "task (head)", task_for(model, d["task"]), options=TASK_CHOICES),
             "preset": control(W.Dropdown, "device", d["preset"],
                                options=panel_options.with_value(PRESET_CHOICES, d["preset"])),
             **gpu_controls(control, d),   # the estimate per GPU of N (kit.widgets.gpus)
@@ -336,6 +343,10 @@ class Panel(PanelRuns):
             c["seq_len"].max = top
         why["seq_len"] = f"the model has {maxpos:,} positions" + (f"; the slider stops at {top:,}"
                                                                    if top < maxpos else "")
+        if c["task"].value != task_for(name, c["task"].value):   # an encoder has no causal-LM head
+            c["task"].value = task_for(name, c["task"].value)
+        why["task"] = "an encoder: trained under a classifier head" if is_encoder(name) else ""
+        c["task"].disabled = vocab_head
         c["lora_r"].disabled = c["gradient_checkpointing"].disabled = vocab_head
         if vocab_head:
             c["lora_r"].value, c["gradient_checkpointing"].value = 0, True
@@ -348,8 +359,8 @@ class Panel(PanelRuns):
             why["quantization"] = bnb
         elif vocab_head and c["quantization"].value != "none":
             why["quantization"] = "quantizes the frozen GPT-2 base; the head stays a float nn.Linear"
-        if c["precision"].value == "fp16" and not machine.has_cuda():
-            why["precision"] = "a run here is fp32: Trainer ignores fp16 on a CPU"
+        if run_precision(c["precision"].value) != c["precision"].value:   # Trainer's rule (kit.dtypes)
+            why["precision"] = f"a run here is {run_precision(c['precision'].value)}: Trainer ignores fp16 on a CPU"
         if c["precision"].value == "bf16" and c["preset"].value == "colab-t4":
             why["precision"] = "a T4 (sm_75) has no native bf16: emulated and slow at best; use fp16 there"
         if "8bit" in c["optimizer"].value and bnb:
@@ -386,7 +397,9 @@ class Panel(PanelRuns):
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
             else None if self.problem else launch_problem(self.controls) or \
             self.story.run_problem(self.setup()["model"]) or \
-            run_problem(self.run_setup()["model"], self.controls["lora_r"].value)
+            run_problem(self.run_setup()["model"], self.controls["lora_r"].value) or \
+            ("a run here trains a causal LM: a classifier is estimated, not run" if
+             self.controls["task"].value != "causal-lm" else None)
         self.run_why.value = views.message_html(f"Run and Sweep are off: {self.run_reason}", "error") \
             if self.run_reason else ""
         blocked = self.problem is not None or self.run_reason is not None or self._running

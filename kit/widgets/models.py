@@ -1,8 +1,9 @@
 """The panel's models: the list it offers, what it reads from a model's config, and what a run needs.
 
-The list holds the scenario's own models first, then every other shipped real model, then the
-tiny CPU twins (:func:`kit.model_configs.known_models`); scenario 1's ``+vocab-head`` names only
-in scenario 1. A model typed into the panel (any Hub id or ``config.json`` path) joins it.
+The list holds the scenario's own models first, then every other shipped real model (the encoders too), then
+the tiny CPU twins (:func:`kit.model_configs.known_models`); scenario 1's ``+vocab-head`` names only
+in scenario 1. A model typed into the panel (any Hub id or ``config.json`` path) joins it. An encoder has no
+causal-LM head: the panel's task control takes it under a classifier (:func:`task_for`).
 
 >>> MODELS[2][:3]
 ['meta-llama/Meta-Llama-3-8B', 'meta-llama/Llama-3.2-1B', 'tiny-llama']
@@ -19,12 +20,12 @@ from kit import runtime
 from kit.data import shipped_tokenizer
 from kit.estimate import estimate
 from kit.estimate.inventory import info_of
+from kit.estimate.replay import FAMILIES
 from kit.model_configs import ENCODERS
 
 OWN_MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
               2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
-_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)
-              and m not in ENCODERS]
+_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)]
            for s, own in OWN_MODELS.items()}
 # scenario -> (the other shipped real models, the tiny twins), each in the registry's order (grouped by maker)
 GROUPS = {s: ([m for m in o if m not in kmodels.TINY], [m for m in o if m in kmodels.TINY])
@@ -46,6 +47,27 @@ def model_type_and_vocab(model: str) -> tuple[str, int]:
     return cfg.model_type, cfg.vocab_size
 
 
+@functools.lru_cache(maxsize=64)
+def is_encoder(model: str) -> bool:
+    """Whether ``model`` is an encoder (BERT, RoBERTa, ...), which has no causal-LM head.
+
+    >>> is_encoder("tiny-bert"), is_encoder("tiny-gpt2")
+    (True, False)
+    """
+    family = FAMILIES.get(kmodels.get_config(model).model_type)
+    return model in ENCODERS or bool(family is not None and family.encoder)
+
+
+def task_for(model: str, task: str | None) -> str:
+    """The panel's task for ``model``: an encoder asked for a causal LM is taken as a sequence classifier.
+
+    >>> task_for("tiny-bert", "causal-lm"), task_for("tiny-bert", "token-cls"), task_for("tiny-gpt2", None)
+    ('seq-cls', 'token-cls', 'causal-lm')
+    """
+    task = task or "causal-lm"
+    return "seq-cls" if task == "causal-lm" and is_encoder(model) else task
+
+
 def model_problem(model: str, setup: dict, seq_cap: int, device: str, with_setup: bool = True) -> str | None:
     """The kit's message on why the panel cannot estimate ``model``, or None. Reads its config (fetched
     from the Hub once, if it must be) and builds it on the meta device (cached); ``with_setup``: the
@@ -56,10 +78,11 @@ def model_problem(model: str, setup: dict, seq_cap: int, device: str, with_setup
     """
 
     try:
-        info_of(model)
+        info_of(model, task_for(model, setup.get("task")))
         if with_setup:
             s = {k: v for k, v in setup.items() if k != "model"}
             s["seq_len"] = min(s["seq_len"], max_positions(model), seq_cap)
+            s["task"] = task_for(model, s.get("task"))
             estimate(model, **s, device=device)
     except ValueError as exc:      # the kit's own messages: unknown, offline, gated, bad file, unsupported
         return str(exc)
