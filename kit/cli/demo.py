@@ -252,7 +252,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         note = record.get("note", "")
         if not at_real_size["fits"]:
             kept.append(f"({which})")
-            note = f"{kept_head_note(at_real_size, pred.offender_params)} {note}".strip()
+            note = f"{kept_head_note(at_real_size, real.offender_params)} {note}".strip()
         # The chart draws the record's estimate: the setup as run, with the run's accumulation.
         est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
                                                     seq_len=record["seq_len"]), record, f"fix ({which})")
