@@ -106,7 +106,9 @@ def test_the_demo_prints_at_most_40_lines_with_the_where_to_look_line_last(demo)
     assert (out / "demo.log").stat().st_size > 0      # they went to the log
 
 
-def test_scenario1_runs_under_a_t4_scaled_to_the_twin_the_original_runs_out_and_fixes_are_measured(demo):
+def test_scenario1_runs_under_a_t4_scaled_to_the_twin_the_original_runs_out_and_each_fix_is_measured(demo):
+    """Under the cap each change either ran and was measured (within 10% of its estimate), or ran out of memory
+    as its estimate says it must (over the cap) and the report shows it not taken: never unmeasured unsaid."""
     from kit.presets import PRESETS
     from kit.scenarios.custom_head import scenario as s1
 
@@ -117,14 +119,51 @@ def test_scenario1_runs_under_a_t4_scaled_to_the_twin_the_original_runs_out_and_
     assert cap["text"] in PRINTED[out] and cap["how"].startswith("CPU live-tensor counter")
     assert s["scenario1"]["original"]["oom"] is True
     assert s["scenario1"]["original"]["estimate_peak_bytes"] > cap["cap_bytes"]   # why: the estimate says so
-    fixes = {f["name"]: f for f in s["scenario1"]["fixes"]}
-    for fix in s["scenario1"]["fixes"]:
-        if fix["estimate_peak_bytes"] < 0.9 * cap["cap_bytes"]:       # clearly under the cap: it ran, measured
-            assert fix["oom"] is False and 0 < fix["measured_peak_bytes"] < cap["cap_bytes"]
-            assert 0.9 <= fix["measured_peak_bytes"] / fix["estimate_peak_bytes"] <= 1.1
-        elif fix["estimate_peak_bytes"] > 1.0 * cap["cap_bytes"]:     # over it: caught, as on a T4 at real size
-            assert fix["oom"] is True and fix["measured_peak_bytes"] is None
-    assert sum(f["measured_peak_bytes"] is not None for f in fixes.values()) >= 2
+    rows = _fix_rows((out / "report.md").read_text())
+    assert len(s["scenario1"]["fixes"]) == len(s1.FIXES) == len(rows)
+    for which, fix in zip(s1.FIXES, s["scenario1"]["fixes"]):
+        row = rows[f"({which})"]
+        if fix["measured_peak_bytes"] is not None:                     # ran: measured, beside its estimate
+            assert fix["oom"] is False and fix["estimate_peak_bytes"] < cap["cap_bytes"], fix
+            assert 0.9 <= fix["measured_peak_bytes"] / fix["estimate_peak_bytes"] <= 1.1, fix
+            assert row["measured/estimated"] == f"{fix['measured_peak_bytes'] / fix['estimate_peak_bytes']:.2f}"
+        else:                                                          # not taken: ran out, as its estimate says
+            assert fix["oom"] is True and fix["estimate_peak_bytes"] > cap["cap_bytes"], fix
+            assert row["measured/estimated"] == "out of memory (caught)", row
+            assert row["note"].startswith("OUT OF MEMORY under the cap, caught, as its estimate says."), row
+    measured = {which for which, fix in zip(s1.FIXES, s["scenario1"]["fixes"]) if fix["measured_peak_bytes"]}
+    fixes = {which for which, fix in zip(s1.FIXES, s["scenario1"]["fixes"]) if fix["fits_t4_at_real_size"]}
+    assert fixes == {"a", "b"} and measured == fixes          # each real fix was measured here
+
+
+def _fix_rows(md: str) -> dict:
+    """Scenario 1's table of changes in report.md, by "(a)", "(b)", ...: {column: cell}."""
+    section = md[md.index("## Scenario 1: the fixes"):]
+    lines = [line for line in section.splitlines() if line.startswith("| (")]
+    head = [c.strip() for c in section[section.index("| change |"):].splitlines()[0].split("|")[1:-1]]
+    rows = [dict(zip(head, (c.strip() for c in line.split("|")[1:-1]))) for line in lines]
+    return {row["change"].split(" ")[0]: row for row in rows}
+
+
+def test_the_head_kept_in_16_bit_is_not_called_a_fix_and_the_report_says_why(demo):
+    """Change (c) keeps the VxV head: at real size on a T4 it still does not fit, as its estimate says, and the
+    report, the summary and the terminal say so rather than calling it a fix."""
+    from kit.cli.demo import on_a_t4_at_real_size
+    from kit.scenarios.custom_head import scenario as s1
+
+    out, s = demo
+    md = (out / "report.md").read_text()
+    kept = on_a_t4_at_real_size("c")
+    assert kept["fits"] is False and "DOES NOT FIT Colab T4" in kept["verdict"]
+    assert s["scenario1"]["fixes"][2]["fits_t4_at_real_size"] is False
+    assert "## Scenario 1: the fixes, and (c), the VxV head kept, which still does not fit a T4" in md
+    note = _fix_rows(md)["(c)"]["note"]
+    params = s1.predict_original("real").offender_params
+    assert f"Not a fix: the VxV head kept, its {params:,} parameters still trained." in note
+    assert kept["verdict"] in note and kept["name"] in note
+    assert "(c) keep the VxV head" in PRINTED[out] and "not a fix, it still does not fit a T4 at real size" in \
+        PRINTED[out]
+    assert "fix (c)" not in PRINTED[out] and "| fix (c)" not in md
 
 
 def test_scenario2_broken_loop_runs_out_at_fold_2_and_the_fixed_loop_stays_flat_under_the_same_cap(demo):
@@ -206,7 +245,8 @@ def _fake_scenarios(monkeypatch):
 
     monkeypatch.setattr(demo_cli, "_scenario1", fake("1"))
     monkeypatch.setattr(demo_cli, "scenario2", fake("2"))
-    return lambda out, scenario: demo_cli.run(argparse.Namespace(out=str(out), size="smoke", scenario=scenario))
+    return lambda out, scenario, size="smoke": demo_cli.run(argparse.Namespace(out=str(out), size=size,
+                                                                             scenario=scenario))
 
 
 def test_a_folder_of_the_users_files_is_refused_before_the_run_and_left_as_it_was(tmp_path, monkeypatch, capsys):
@@ -244,3 +284,19 @@ def test_a_file_as_out_is_refused(tmp_path, capsys):
     f.write_text("mine")
     assert demo_cli.run(argparse.Namespace(out=str(f), size="smoke", scenario="all")) == 2
     assert "is a file, not a folder" in capsys.readouterr().err and f.read_text() == "mine"
+
+
+@pytest.mark.parametrize("asked", ["real", "smoke", None])
+def test_the_report_says_the_sizes_that_ran_and_why(tmp_path, monkeypatch, asked):
+    """``--size real`` on a CPU says REAL, not the machine's SMOKE default, two lines above "Sizes: **real**"."""
+    from kit import runtime
+
+    run = _fake_scenarios(monkeypatch)
+    assert run(tmp_path, "1", asked) == 0
+    this_run = (tmp_path / "report.md").read_text().split("## This run")[1].split("\n## ")[0]
+    size = asked or runtime.mode()
+    assert f"Sizes: **{size}**" in this_run
+    other = {"smoke": "REAL", "real": "SMOKE"}[size]
+    assert other not in this_run, this_run
+    said = runtime.mode_reason() if asked is None else f"{size.upper()} sizes"
+    assert said in this_run

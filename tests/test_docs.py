@@ -70,23 +70,28 @@ def _summary(name: str, pattern: str) -> tuple:
     return re.search(pattern, text).groups()
 
 
+def _quoted(page: str, benchmark: str) -> list:
+    """The results files of ``benchmark`` that ``page`` links."""
+    return sorted(set(re.findall(rf"benchmarks/results/({benchmark}-[\w-]+-cpu\.md)", (ROOT / page).read_text())))
+
+
 def test_readme_quotes_the_accuracy_its_results_file_holds():
     readme = " ".join((ROOT / "README.md").read_text().split())
-    median, worst, setups = _summary("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)")
+    [name] = _quoted("README.md", "estimate_vs_measured")
+    median, worst, setups = _summary(name, r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)")
     assert f"within {worst}% of the measured one in all {setups} setups" in readme and f"(median {median}%)" in readme
-    assert "benchmarks/results/2026-12-01-cpu.md" in readme
 
 
-@pytest.mark.parametrize("name, pattern, quoted", [
-    ("2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
+@pytest.mark.parametrize("benchmark, pattern, quoted", [
+    ("estimate_vs_measured", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
      "median {0}%, worst {1}% over {2} setups"),
-    ("families-2026-12-01-cpu.md", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)",
-     "median {0}%, worst {1}% over {2} rows"),
-    ("multi_gpu-2026-12-01-cpu.md", r"Worst error: ([\d.]+)% over (\d+)", "worst error {0}% over {1}"),
+    ("families", r"Peak error: median ([\d.]+)%, worst ([\d.]+)% over (\d+)", "median {0}%, worst {1}% over {2} rows"),
+    ("multi_gpu", r"Worst error: ([\d.]+)% over (\d+)", "worst error {0}% over {1}"),
 ])
-def test_the_accuracy_page_quotes_its_results_files(name, pattern, quoted):
+def test_the_accuracy_page_quotes_its_results_files(benchmark, pattern, quoted):
     page = " ".join((ROOT / "docs/accuracy.md").read_text().split())
-    assert quoted.format(*_summary(name, pattern)) in page and name in page
+    names = _quoted("docs/accuracy.md", benchmark)
+    assert names and all(quoted.format(*_summary(name, pattern)) in page for name in names)
 
 
 # A band the docs quote from the tests, "LOW to HIGH (`tests/a.py`, `tests/b.py`)": each file asserts that band.

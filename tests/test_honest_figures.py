@@ -180,3 +180,109 @@ def test_the_demo_sets_fold_two_beside_the_estimates_of_the_same_moments():
     text = second_fold_text(folds, {"from_pretrained_bytes": 140})   # both moments: right after from_pretrained
     assert "fold 2 loaded: MEASURED 140 B, ESTIMATED 140 B (1.0000x)" in text
     assert "its load peak: MEASURED 160 B, ESTIMATED 140 B (1.1429x)" in text
+
+# ---- a quoted results file's estimates are today's (issue 50, item 24) ---------------------------------------------
+# A results file is a dated record, never edited: the docs quote the newest run of its benchmark, and each figure of
+# it that is an estimate (made without a run) must still be what the estimator gives for that row's setup.
+def quoted_results_files(page: str, benchmark: str) -> list:
+    """The results files of ``benchmark`` (``estimate_vs_measured``, ``families``) that ``page`` links, oldest first."""
+    return sorted(set(re.findall(rf"benchmarks/results/({benchmark}-[\w-]+-cpu\.md)", (ROOT / page).read_text())))
+
+
+def _grid_estimate(name, kw, overrides, device=None):
+    import estimate_vs_measured as bench
+
+    from kit.estimate import estimate
+    from kit.units import fmt_bytes
+
+    where = {"device": device} if device else {}
+    return fmt_bytes(estimate(bench._config(name, overrides) if overrides else name, **kw, **where).peak_bytes)
+
+
+def stale_estimates(file: str) -> list:
+    """The rows of an ``estimate_vs_measured.py`` results file whose predicted peak is not today's estimate."""
+    import estimate_vs_measured as bench
+
+    cpu = {(label, name): (kw, over[0] if over else None) for label, name, kw, *over in bench.CPU_GRID}
+    gpu = {(label, name): kw for label, name, kw in bench.GPU_GRID}
+    stale, seen = [], 0
+    for row in _table(file):
+        if len(row) == 8:      # measured on the CPU: the model cell names the config's overrides after the name
+            key = next(k for k in cpu if k[0] == row[0] and row[1].split(" (")[0] == k[1])
+            today = _grid_estimate(key[1], *cpu[key], device="cpu")
+        else:                  # the GPU grid, predicted only
+            today = _grid_estimate(row[1], gpu[(row[0], row[1])], None)
+        seen += 1
+        if today != row[2]:
+            stale.append(f"{row[0]} ({row[1]}): {row[2]} in the file, {today} today")
+    assert seen == len(cpu) + len(gpu), (file, seen)
+    return stale
+
+
+def stale_family_estimates(files: list) -> list:
+    """The rows of ``--families`` results files whose estimated peak is not today's estimate: each row as its newest
+    run gives it (``files`` oldest first; a later run of some rows, ``--only``, replaces those rows). Setups added to
+    the grid since a file was made are not in it; a row of a setup no longer in the grid is an error."""
+    import estimate_vs_measured as bench
+
+    setups = {(twin, label): (kw, over[0] if over else None) for twin in bench.FAMILY_TWINS
+              for label, kw, *over in bench.FAMILY_SETUPS + (bench.QWEN3_SETUPS if twin == "tiny-qwen3" else [])}
+    newest = {(r[1], r[2]): r[3] for file in files for r in _table(file) if len(r) == 8 and r[1].startswith("tiny-")}
+    assert newest and set(newest) <= set(setups), (files, set(newest) - set(setups))
+    return [f"{twin} {label}: {peak} in the file, {today} today" for (twin, label), peak in newest.items()
+            if (today := _grid_estimate(twin, *setups[(twin, label)], device="cpu")) != peak]
+
+
+def test_the_results_files_the_docs_quote_hold_todays_estimates():
+    files = quoted_results_files("README.md", "estimate_vs_measured")
+    assert len(files) == 1 and quoted_results_files("docs/accuracy.md", "estimate_vs_measured") == files
+    assert stale_estimates(files[0]) == []
+    assert stale_family_estimates(quoted_results_files("docs/accuracy.md", "families")) == []
+
+
+def test_the_staleness_check_finds_the_lora_rows_of_the_first_of_december():
+    """2026-12-01-cpu.md predicted 22.46 MiB for LoRA r8 q,v on tiny-llama; the estimator says 22.34 MiB since. The
+    family grid of that day is stale in its LoRA rows alone."""
+    assert stale_estimates("2026-12-01-cpu.md")[0].startswith("LoRA r8 q,v (tiny-llama): 22.46 MiB in the file, ")
+    stale = stale_family_estimates(["families-2026-12-01-cpu.md"])
+    assert stale and all(" LoRA r8 " in row for row in stale), stale
+
+
+def test_the_multi_gpu_page_quotes_todays_estimates_of_its_example():
+    """Llama-3.1-8B in bf16 with checkpointing (the page's example; its FSDP-on-4 output is checked by
+    tests/test_quoted_outputs.py): one GPU, DDP on 4 and FSDP over 8, as the estimator gives them today."""
+    from kit.estimate import estimate
+    from kit.units import fmt_bytes
+
+    setup = dict(batch_size=1, seq_len=2048, load_dtype="bf16", precision="bf16", gradient_checkpointing=True)
+    one, ddp, fsdp = (fmt_bytes(estimate("meta-llama/Llama-3.1-8B", **setup, **launch).peak_bytes)
+                      for launch in ({}, dict(strategy="ddp", num_gpus=4), dict(strategy="fsdp", num_gpus=8)))
+    page = " ".join((ROOT / "docs/multi-gpu.md").read_text().split())
+    assert f"One GPU would need {one}; DDP on 4 needs {ddp} on each" in page and f"FSDP over 8, {fsdp}." in page
+
+
+def test_the_committed_demo_report_is_what_the_demo_makes_today():
+    """benchmarks/results/demo-smoke, cited as what `make demo` makes (issue 50, item 21): its cap, its estimates and
+    its verdicts are today's, and every change either measured or shown run out of memory under the cap."""
+    import json
+
+    from kit.cli.demo import scenario1_cap
+    from kit.scenarios.custom_head import scenario as s1
+
+    folder = ROOT / "benchmarks/results/demo-smoke"
+    s = json.loads((folder / "summary.json").read_text())
+    assert s["size"] == "smoke" and s["device"] == "cpu" and s["errors"] == []
+    cap = scenario1_cap("smoke", s1.predict_original("smoke"), s1.predict_original("real"))
+    assert s["scenario1"]["cap"]["cap_bytes"] == cap["cap_bytes"] and s["scenario1"]["cap"]["text"] == cap["text"]
+    original = s["scenario1"]["original"]
+    as_run = s1.estimate_user(s1.NAMES["smoke"], precision=original["precision"], device="cpu",
+                              grad_accum=original["grad_accum"])
+    assert original["estimate_peak_bytes"] == pytest.approx(as_run.peak_bytes, rel=0.001)
+    assert original["oom"] is (original["estimate_peak_bytes"] > cap["cap_bytes"])
+    for which, fix in zip(s1.FIXES, s["scenario1"]["fixes"], strict=True):
+        today = s1.estimate_fix(which, "smoke", as_run=True, grad_accum=fix["grad_accum"]).peak_bytes
+        assert fix["estimate_peak_bytes"] == today, (which, fix)
+        assert fix["oom"] is (today > cap["cap_bytes"]) and (fix["measured_peak_bytes"] is None) is fix["oom"]
+    md = (folder / "report.md").read_text()
+    assert "the VxV head kept, which still does not fit a T4" in md
+    assert all((folder / line[line.index("(") + 1:-1]).is_file() for line in md.splitlines() if line.startswith("!["))

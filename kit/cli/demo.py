@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from kit import machine, runtime
+from kit import dtypes, machine, runtime
 from kit.cli import outputs
 from kit.cli.demo_folds import save_png, scenario2, t4_preset
 from kit.cli.report import Section
@@ -128,6 +128,36 @@ def scenario1_cap(size: str, pred, real) -> dict | None:
         "user's Colab recipe.")}
 
 
+def on_a_t4_at_real_size(which: str) -> dict:
+    """Fix ``which`` of scenario 1 as the user would run it, at real size on a Colab T4 (its 16-bit dtype there),
+    ESTIMATED: ``fits`` (the verdict), ``name``, ``verdict`` (its sentence) and ``state_bytes`` (weights, gradients
+    and optimizer state: what a kept V x V head keeps). A fix that does not fit there is not called a fix.
+
+    >>> on_a_t4_at_real_size("c")["fits"], on_a_t4_at_real_size("a")["fits"]
+    (False, True)
+    """
+    from kit.presets import verdict
+    from kit.scenarios.custom_head import scenario as s1
+
+    dtype = dtypes.for_preset("colab-t4")[0]
+    est = s1.estimate_fix(which, "real", dtype=dtype)
+    said = verdict(est, "colab-t4")
+    parts = est.components()
+    return {"fits": said.fits, "name": s1.fix_setup(which, "real", dtype=dtype)["name"], "verdict": said.text,
+            "state_bytes": parts["weights"] + parts["gradients"] + parts["optimizer state"]}
+
+
+def kept_head_note(real: dict, offender_params: int) -> str:
+    """Why a change that keeps the V x V head is no fix: its estimate at real size on a T4, and what it keeps.
+
+    >>> kept_head_note(on_a_t4_at_real_size("c"), 2525916822)  # doctest: +ELLIPSIS
+    'Not a fix: the VxV head kept, its 2,525,916,822 parameters still trained. At real size on a Colab T4, ...'
+    """
+    return (f"Not a fix: the VxV head kept, its {offender_params:,} parameters still trained. At real size on a "
+            f"Colab T4, {real['name']} is ESTIMATED: {real['verdict']}; its weights, gradients and optimizer state "
+            f"alone take {fmt_bytes(real['state_bytes'])}.")
+
+
 def _capped(cap: dict | None):
     from kit.measure.controls import memory_cap
 
@@ -209,13 +239,20 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
                             "s1_original"))
     sections.append(Section("Scenario 1: the original, run safely", [said], images=images))
 
-    rows, images = [], []
+    rows, images, kept = [], [], []
     for which, label in s1.FIXES.items():
-        step(f"scenario 1: fix ({which}) {label}")
+        at_real_size = on_a_t4_at_real_size(which)
+        step(f"scenario 1: fix ({which}) {label}" if at_real_size["fits"] else
+             f"scenario 1: ({which}) {label}: not a fix, it still does not fit a T4 at real size")
         with _capped(cap):
             record, tracker = s1_runs.run_fix(which, size, steps=S1_STEPS)
-        s1_sum["fixes"].append({k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
-                                                            "returned", "oom", "steps", "grad_accum")})
+        s1_sum["fixes"].append({**{k: record.get(k) for k in ("name", "estimate_peak_bytes", "measured_peak_bytes",
+                                                              "returned", "oom", "steps", "grad_accum")},
+                                "fits_t4_at_real_size": at_real_size["fits"]})
+        note = record.get("note", "")
+        if not at_real_size["fits"]:
+            kept.append(f"({which})")
+            note = f"{kept_head_note(at_real_size, real.offender_params)} {note}".strip()
         # The chart draws the record's estimate: the setup as run, with the run's accumulation.
         est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
                                                     seq_len=record["seq_len"]), record, f"fix ({which})")
@@ -225,18 +262,24 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         rows.append([f"({which}) {label}", fix_setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
                      _ratio(measured, est.peak_bytes, record.get("oom")),
                      {True: "yes", False: "NO", None: "n/a"}[record.get("returned")],
-                     ("OUT OF MEMORY under the cap, caught. " if record.get("oom") else "") + record.get("note", "")])
-        glance["runs"].append([f"fix {record['name']}", fix_setup, *rows[-1][2:5]])
+                     ("OUT OF MEMORY under the cap, caught, as its estimate says. " if record.get("oom") else "")
+                     + note])
+        run_name = f"fix {record['name']}" if at_real_size["fits"] else f"{record['name']}: the head kept, not a fix"
+        glance["runs"].append([run_name, fix_setup, *rows[-1][2:5]])
         if measured is not None:
             images.append(save_png(plot.predicted_vs_measured(
                 est.components(), measured, t4, device_label=t4_name, measured_label="MEASURED peak",
                 title=f"Fix ({which}) as run here: ESTIMATED vs MEASURED"), out, f"s1_fix_{which}"))
-    sections.append(Section("Scenario 1: fixes that work, estimated and measured", [
-        (cap["text"] + " A fix that runs out of memory under it is marked in the note. " if cap else "") +
-        f"Each fix was ESTIMATED for the setup as it ran here, then MEASURED over a short Trainer run "
+    title = "Scenario 1: the fixes, estimated and measured"
+    if kept:
+        title = (f"Scenario 1: the fixes, and {' and '.join(kept)}, the VxV head kept, which still does not fit a "
+                 "T4: estimated and measured")
+    sections.append(Section(title, [
+        (cap["text"] + " A run that runs out of memory under it is marked in the note. " if cap else "") +
+        f"Each change was ESTIMATED for the setup as it ran here, then MEASURED over a short Trainer run "
         f"(reading: `{device.best_reading()}`). Each chart draws the bars on their own scale; the "
         f"{t4_name}'s verdict is written on it, and the small panel draws the bars against the whole GPU."],
-        table=(["fix", "as run", "estimated peak", "measured peak", "measured/estimated", "memory returned",
+        table=(["change", "as run", "estimated peak", "measured peak", "measured/estimated", "memory returned",
                 "note"], rows), images=images))
 
 
@@ -258,6 +301,20 @@ def _at_a_glance(glance: dict) -> Section:
     return Section("At a glance", paragraphs, table=table, images=images, images_first=True)
 
 
+def sizes_reason(asked: str | None) -> str:
+    """Which sizes this run uses, and why: ``--size`` where it was given, else the runtime's default and its reason.
+
+    >>> sizes_reason("real") if runtime.mode() == "smoke" else sizes_reason("smoke")  # doctest: +ELLIPSIS
+    '... sizes, because --size ... was given (without it this machine runs ...).'
+    """
+    if asked is None:
+        return runtime.mode_reason()
+    sizes = "SMOKE sizes: tiny twins and a few steps" if asked == "smoke" else "REAL sizes"
+    default = runtime.mode()
+    return f"{sizes}, because --size {asked} was given" + (
+        "." if asked == default else f" (without it this machine runs {default} sizes).")
+
+
 def run(args: argparse.Namespace) -> int:
     from kit.cli import report
 
@@ -272,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
     size = args.size or runtime.mode()
     hw = machine.hardware()
     summary = {"device": hw["gpu_name"] or "cpu", "size": size, "reading": device.best_reading()}
-    sections = [Section("This run", [runtime.describe().replace("\n", "  \n"),
+    said = [line for line in runtime.describe().splitlines() if line != runtime.mode_reason()]
+    sections = [Section("This run", ["  \n".join(said + [sizes_reason(args.size)]),
                                      f"Sizes: **{size}**. Every figure below was computed or measured by the kit "
                                      "in this run; the text says which."])]
     scenarios, glance = {"1": _scenario1, "2": scenario2}, {}
