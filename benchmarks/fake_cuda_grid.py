@@ -51,7 +51,7 @@ def metered(setups: list) -> list:
                           text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"the fake-CUDA meter failed:\n{done.stderr[-3000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"config"')]  # not Trainer's
 
 
 def kit_figures(setup: dict):
