@@ -26,7 +26,7 @@ def main(batch: int = 4, seq: int = 64, steps: int = 2) -> dict:
     from meter import CudaStorageMeter
 
     shim.patch_cuda_queries(sdpa_choice.GPUS["H100"])
-    kernels = shim.register_placeholder_cuda_kernels()
+    shim.register_placeholder_cuda_kernels()
     sdpa_choice.route_sdpa(sdpa_choice.GPUS["H100"])
     config = AutoConfig.for_model(**json.loads(CONFIG.read_text()))
     config.use_cache = False
@@ -46,7 +46,6 @@ def main(batch: int = 4, seq: int = 64, steps: int = 2) -> dict:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 del loss, ids
-    del kernels
     tracker_peak = tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]["Total"]
     return {"meter_peak_bytes": meter.peak, "memtracker_peak_bytes": tracker_peak}
 

@@ -173,6 +173,19 @@ class RoutedSDPA:
         if query.device.type != "cuda":
             return self.original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                  scale=scale, enable_gqa=enable_gqa)
+        if not torch.is_autocast_enabled("cuda"):
+            return self._route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        # Autocast lists scaled_dot_product_attention as a lower-precision op: its floating inputs are cast to the
+        # autocast dtype (new tensors where they differ, e.g. Llama's fp32 q and k after RoPE), and the kernels
+        # below it run with autocast off.
+        dtype = torch.get_autocast_dtype("cuda")
+        query, key, value = (t.to(dtype) for t in (query, key, value))
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.to(dtype)
+        with torch.autocast("cuda", enabled=False):
+            return self._route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def _route(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         backend = choose(self.gpu, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         self.counts[backend] = self.counts.get(backend, 0) + 1
         aten = torch.ops.aten
@@ -202,6 +215,7 @@ class RoutedSDPA:
 
 def route_sdpa(gpu) -> RoutedSDPA:
     """Replace torch.nn.functional.scaled_dot_product_attention (what transformers calls) by the routed one."""
-    routed = RoutedSDPA(gpu, F.scaled_dot_product_attention)
+    original = F.scaled_dot_product_attention
+    routed = RoutedSDPA(gpu, getattr(original, "original", original))  # a second call replaces the first
     F.scaled_dot_product_attention = routed
     return routed

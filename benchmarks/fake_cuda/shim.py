@@ -121,18 +121,23 @@ def _placeholder(*args, **kwargs):
     raise RuntimeError("a placeholder CUDA kernel ran: it exists only so that FakeTensorMode sees the op whole")
 
 
+_placeholder_library = None
+
+
 def register_placeholder_cuda_kernels() -> object:
     """Register a CUDA kernel for each of CUDA_ONLY_KERNELS. With one present the autograd layer no longer takes
     the CompositeImplicitAutograd decomposition: the op reaches FakeTensorMode whole, which gives it its one output
     (its meta kernel, or its decomposition run inside FakeTensorMode, where no meter above it sees the temporaries,
-    as none sees a CUDA kernel's registers). The kernel body never runs on fake tensors. Returns the library (keep
-    a reference: the registrations last as long as it does)."""
+    as none sees a CUDA kernel's registers). The kernel body never runs on fake tensors. Once per process: the
+    library holding the registrations is kept for the process's life."""
+    global _placeholder_library
     import torch
 
-    library = torch.library.Library("aten", "IMPL")
-    for name in CUDA_ONLY_KERNELS:
-        library.impl(name, _placeholder, "CUDA")
-    return library
+    if _placeholder_library is None:
+        _placeholder_library = torch.library.Library("aten", "IMPL")
+        for name in CUDA_ONLY_KERNELS:
+            _placeholder_library.impl(name, _placeholder, "CUDA")
+    return _placeholder_library
 
 
 def fake_cuda_mode():

@@ -61,9 +61,9 @@ def _masks_as_on_a_gpu():
     hence unpadded rows carry no mask, and the check for packed rows (which reads whether position ids restart) is
     answered "not packed": the rows built here never are."""
     from transformers import masking_utils
+    from transformers.utils import import_utils
 
-    trace_check = masking_utils.is_tracing
-    masking_utils.is_tracing = lambda tensor=None: trace_check(None)
+    masking_utils.is_tracing = lambda tensor=None: import_utils.is_tracing(None)
     masking_utils.find_packed_sequence_indices = lambda position_ids: None
 
 
@@ -100,7 +100,7 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
     shim.patch_cuda_queries(device)
     _patch_rng()
     _masks_as_on_a_gpu()
-    kernels = shim.register_placeholder_cuda_kernels()
+    shim.register_placeholder_cuda_kernels()
     routed = sdpa_choice.route_sdpa(device)
 
     spec = json.loads((CONFIGS / f"{config}.json").read_text())
@@ -130,7 +130,6 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
         trainer = Trainer(model=model, args=args, callbacks=[StepPeaks()],
                           train_dataset=_batches(steps * batch, seq, model_config.vocab_size, padded))
         trainer.train()
-    del kernels
     return {"config": config, "precision": precision, "batch": batch, "seq": seq, "checkpointing": checkpointing,
             "padded": padded, "gpu": gpu, "optim": optim, "attn": attn, "weights_bytes": weights,
             "step_peaks": step_peaks, "peak_bytes": max(step_peaks), "sdpa_backends": routed.counts}
@@ -138,10 +137,10 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="a config name in kit/configs (gpt2, tiny-llama, ...)")
+    parser.add_argument("--config", help="a config name in kit/configs (gpt2, tiny-llama, ...)")
     parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--seq", type=int)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--padded", action="store_true")
@@ -149,8 +148,16 @@ def main(argv=None) -> None:
     parser.add_argument("--optim", choices=OPTIMIZERS, default="adamw_torch_fused")
     parser.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--override", default="{}", help="JSON object of config fields to change")
+    parser.add_argument("--setups", help="a JSON list of run()'s keyword arguments: every setup in this one process "
+                                         "(one JSON line each), in place of the options above")
     options = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if options.setups:
+        for setup in json.loads(options.setups):
+            print(json.dumps(run(**setup)), flush=True)
+        return
+    if not (options.config and options.batch and options.seq):
+        parser.error("--config, --batch and --seq are needed (or --setups)")
     result = run(options.config, options.precision, options.batch, options.seq, options.steps, options.checkpointing,
                  options.padded, options.gpu, options.optim, options.attn, json.loads(options.override))
     print(json.dumps(result))
