@@ -655,10 +655,11 @@ def client_loop_watched(work, meter_cls, *, autocast=None, accum=1, optimizer="a
 
 
 def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, lengths=(64,), labels=3, rows=32,
-                       sequential=False, lora_dropout=0.1):
+                       sequential=False, lora_dropout=0.1, eval_lengths=None):
     """A classifier as transformers' task guides build it (see 9. in the module doc), for ``task`` "seq-cls" or
     "token-cls"; row i has ``lengths[i % len(lengths)]`` tokens; ``sequential``: the rows are trained in order
-    (``train_sampling_strategy="sequential"``), so a test knows each step's batch."""
+    (``train_sampling_strategy="sequential"``), so a test knows each step's batch. The eval set is the first 16
+    rows, or, with ``eval_lengths``, 16 rows of their own, row i ``eval_lengths[i % len(eval_lengths)]`` tokens."""
     from datasets import Dataset
     from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
                               DataCollatorForTokenClassification, DataCollatorWithPadding, Trainer, TrainingArguments)
@@ -672,21 +673,21 @@ def classifier_trainer(work, task, *, lora=False, family="tiny-qwen2", B=4, leng
 
         model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS" if task == "seq-cls" else "TOKEN_CLS", r=8,
                                                  lora_alpha=16, lora_dropout=lora_dropout))
-    texts = {n: equal_token_rows(tok, n, rows) for n in set(lengths)}
-    enc = tok([texts[lengths[i % len(lengths)]][i] for i in range(rows)])
-    if task == "seq-cls":
-        enc["labels"] = [i % labels for i in range(rows)]
-        collator = DataCollatorWithPadding(tok)
-    else:
-        enc["labels"] = [[j % labels for j in range(len(ids))] for ids in enc["input_ids"]]
-        collator = DataCollatorForTokenClassification(tok)
-    ds = Dataset.from_dict(dict(enc))
+    def rows_of(lengths, rows):
+        texts = {n: equal_token_rows(tok, n, rows) for n in set(lengths)}
+        enc = tok([texts[lengths[i % len(lengths)]][i] for i in range(rows)])
+        enc["labels"] = [i % labels for i in range(rows)] if task == "seq-cls" else \
+            [[j % labels for j in range(len(ids))] for ids in enc["input_ids"]]
+        return Dataset.from_dict(dict(enc))
+
+    collator = DataCollatorWithPadding(tok) if task == "seq-cls" else DataCollatorForTokenClassification(tok)
+    ds = rows_of(lengths, rows)
     args = TrainingArguments(output_dir=os.path.join(work, task), per_device_train_batch_size=B,
                              per_device_eval_batch_size=8, use_cpu=True, max_steps=3, report_to="none",
                              save_strategy="no", logging_strategy="no", disable_tqdm=True,
                              train_sampling_strategy="sequential" if sequential else "random")
-    return Trainer(model=model, args=args, train_dataset=ds, eval_dataset=ds.select(range(min(16, rows))),
-                   data_collator=collator)
+    eval_ds = ds.select(range(min(16, rows))) if eval_lengths is None else rows_of(eval_lengths, 16)
+    return Trainer(model=model, args=args, train_dataset=ds, eval_dataset=eval_ds, data_collator=collator)
 
 
 def client_classifier(work, task, lora=False, family="tiny-qwen2", lora_dropout=0.1):

@@ -91,6 +91,8 @@ class TrainingSetup:
                               flag="--eval-gather", choices=GATHER)
     eval_samples: object = option(None, "len(eval_dataset): gathered logits grow with it", flag="--eval-samples",
                                   kind=int)
+    eval_seq_len: object = option(None, "tokens in the longest eval batch's rows, as the collator pads them (None: "
+                                  "seq_len)", flag="--eval-seq-len", kind=int)
     eval_accumulation_steps: object = option(None, "move gathered predictions off the GPU every N eval steps",
                                              flag="--eval-accumulation-steps", kind=int, suggest=14)
     quant_type: str = option("nf4", "4-bit: bnb_4bit_quant_type (the same bytes; BitsAndBytesConfig's own default "

@@ -155,3 +155,36 @@ def test_a_packed_evaluation_of_other_rows_is_said_not_modeled_never_given_a_rat
     r = kit.train(trainer, tensor_peak=True, plot=False)
     assert not r.oom and r.eval_ran and r.eval_peak_bytes is not None and r.eval_ratio is None
     assert "a padding-free evaluation flattens 2 rows into one, and training 4" in " ".join(str(r).split())
+
+
+# -- an encoder classifier's evaluate() at its eval rows' length (issue 50 item 29) ----------------------------------
+@pytest.mark.parametrize("family,lora", [("tiny-bert", False), ("tiny-bert", True), ("tiny-distilbert", False),
+                                         ("tiny-deberta-v3", False), ("tiny-modernbert", False)])
+def test_an_encoder_classifier_is_evaluated_at_its_eval_batches_length(work, family, lora):
+    """transformers' text-classification task guide (benchmarks/real_clients.py's classifier_trainer: training rows
+    of 64 tokens, DataCollatorWithPadding), with an eval set of its own shorter rows (16, 40, 24 tokens: its batches
+    of 8 are padded to 40). evaluate() is read at the eval batches' length, not the training rows', and its
+    estimate is within 2% of the profiler's meter after 3 training steps; at the training length it was 3-6% over."""
+    import clients_encoders as ce
+    import real_clients as rc
+
+    from kit.estimate import estimate_trainer
+
+    ce.save_twin(family, work)   # a sequence classifier twin where classifier_trainer loads it from
+    trainer = rc.classifier_trainer(work, "seq-cls", lora=lora, family=family, eval_lengths=(16, 40, 24),
+                                    lora_dropout=0.0)
+    est = estimate_trainer(trainer, device="cpu")
+    assert est.setup["seq_len"] == 64 and est.sources["eval_seq_len"][0] == est.setup["eval_seq_len"] == 40
+    trainer.train()
+    measured = rc.meter_evaluate(trainer, rc.ProfilerMeter)
+    assert 0.98 <= est.eval_peak_bytes / measured <= 1.02, (est.eval_peak_bytes, measured, est.eval_moment)
+
+
+def test_eval_seq_len_is_checked():
+    with pytest.raises(InputError, match="eval_seq_len 4096 is beyond the model's") as exc:
+        estimate("tiny-bert", batch_size=2, seq_len=64, eval_seq_len=4096, task="seq-cls")
+    assert exc.value.name == "eval_seq_len"
+    short, same = (estimate("tiny-bert", batch_size=2, seq_len=64, eval_seq_len=n, task="seq-cls") for n in (16, 64))
+    assert short.eval_peak_bytes < same.eval_peak_bytes == estimate("tiny-bert", batch_size=2, seq_len=64,
+                                                                    task="seq-cls").eval_peak_bytes
+    assert short.peak_bytes == same.peak_bytes    # training is unchanged

@@ -202,10 +202,10 @@ def test_a_family_without_a_replay_is_refused_never_taken_for_llama(model_type):
     cfg = _hybrids()[model_type]
     with pytest.raises(UnsupportedModel, match=rf"^{model_type} \(\w+Config\) is not estimated: no family") as got:
         estimate(cfg, batch_size=1, seq_len=8)
-    assert got.value.code == NO_REPLAY and "kit.watch(trainer)" in str(got.value)
+    assert got.value.code == NO_REPLAY and "kit.watch(trainer)" in str(got.value) and len(str(got.value)) < 400
     assert str(got.value).count(". ") == 0      # one sentence
     if model_type != "falcon_h1":               # their layer types say why
-        assert "its layer_types hold linear_attention, which no family the kit replays has" in str(got.value)
+        assert "has its blocks (its layer_types hold linear_attention)" in str(got.value)
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):

@@ -50,7 +50,7 @@ class Plan:
     lora_dropout: float
     padded: bool
     device: str
-    evaluation: dict          # evaluate()'s batch size, gather, samples and accumulation
+    evaluation: dict          # evaluate()'s batch size, gather, samples, length (seq_len) and accumulation
     bnb: kq.Bnb
     fused_lm_head: bool = False   # TRL's fused LM head (kit.estimate.replay.fused_head)
     adapter_dtype: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
@@ -227,6 +227,22 @@ def batch_row_bytes(task: str, seq_len: int) -> int:
     return 2 * seq_len * 8 + (8 if task == "seq-cls" else seq_len * 8)
 
 
+def evaluation(info: Info, plan: Plan, setup: act.Setup, rp, *, held: int, copies: int):
+    """``Trainer.evaluate()``'s peak (:func:`kit.estimate.evaluation.eval_peak`) at its own batches' length: from the
+    training replay ``rp`` where that is the training length, else from a replay of ``setup`` at it."""
+    ev = plan.evaluation
+    S, rows = ev["seq_len"], ev["batch_size"]
+    if S != setup.S:
+        setup = replace(setup, S=S)
+        rp = act.replay(setup)
+    return eval_peak(rp, batch=setup.B, eval_batch=rows, seq_len=S, vocab=setup.labels or setup.V, held=held,
+                     copies=copies, inputs_per_row=batch_row_bytes(plan.task, S), gather=ev["gather"],
+                     samples=ev["samples"], accumulation=ev["accumulation"], device=plan.device,
+                     mixed=bool(plan.half), pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, rows),
+                     head=info.own_head.eval_bytes(rows, S) if info.own_head else 0,
+                     kv_cache=own_head_cache(info, setup, rows, plan.half or plan.load_bytes))
+
+
 def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list, loop: dict | None = None,
            expandable: bool = False) -> Estimate:
     """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
@@ -268,14 +284,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
     # its step's own, at their highest
     step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)
     step = weights + counts.gradients + counts.optimizer + step_temp + held_out
-    ev = eval_peak(rp, batch=plan.batch_size, eval_batch=plan.evaluation["batch_size"], seq_len=plan.seq_len,
-                   vocab=setup.labels or setup.V, held=weights + counts.optimizer, copies=counts.halves,
-                   inputs_per_row=batch_row_bytes(plan.task, plan.seq_len), gather=plan.evaluation["gather"],
-                   samples=plan.evaluation["samples"], accumulation=plan.evaluation["accumulation"],
-                   device=plan.device, mixed=bool(plan.half),
-                   pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, plan.evaluation["batch_size"]),
-                   head=info.own_head.eval_bytes(plan.evaluation["batch_size"], plan.seq_len) if info.own_head else 0,
-                   kv_cache=own_head_cache(info, setup, plan.evaluation["batch_size"], plan.half or plan.load_bytes))
+    ev = evaluation(info, plan, setup, rp, held=weights + counts.optimizer, copies=counts.halves)
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where
         parts = {"weights": weights, "gradients": m.gradients, "optimizer state": counts.optimizer,
@@ -325,6 +334,8 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                                 eval_batch_size=plan.evaluation["batch_size"], eval_gather=plan.evaluation["gather"],
                                 eval_samples=plan.evaluation["samples"],
                                 eval_accumulation_steps=plan.evaluation["accumulation"],
+                                **({"eval_seq_len": plan.evaluation["seq_len"]}
+                                   if plan.evaluation["seq_len"] != plan.seq_len else {}),
                                 expandable_segments=expandable,
                                 **({"fused_lm_head": True} if plan.fused_lm_head else {}),
                                 **({"liger_kernel": True} if plan.liger_kernels else {}),

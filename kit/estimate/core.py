@@ -77,7 +77,8 @@ def estimate(model, **setup) -> Estimate:
     ``per_device_eval_batch_size`` (TrainingArguments' default, 8); ``eval_gather`` is "loss" (no
     ``compute_metrics``), "logits" (``compute_metrics``: the logits are gathered) or "preprocessed"
     (``preprocess_logits_for_metrics`` returning one id per token, as ``argmax`` does);
-    ``eval_samples`` is ``len(eval_dataset)``; ``eval_accumulation_steps`` as in TrainingArguments.
+    ``eval_samples`` is ``len(eval_dataset)``; ``eval_seq_len`` the longest eval batch's length (default
+    ``seq_len``); ``eval_accumulation_steps`` as in TrainingArguments.
 
     ``quant_type`` ("nf4"|"fp4"), ``double_quant`` and ``compute_dtype`` are BitsAndBytesConfig's 4-bit
     options (the defaults are the kit's 4bit; BitsAndBytesConfig's own are fp4, no double quant, fp32).
@@ -102,6 +103,7 @@ def estimate(model, **setup) -> Estimate:
     ev = dict(batch_size=kin.whole_number("eval_batch_size", o["eval_batch_size"]),
               gather=kin.choice("eval_gather", o["eval_gather"], GATHER),
               samples=None if o["eval_samples"] is None else kin.whole_number("eval_samples", o["eval_samples"]),
+              seq_len=seq_len if o["eval_seq_len"] is None else kin.whole_number("eval_seq_len", o["eval_seq_len"]),
               accumulation=None if o["eval_accumulation_steps"] is None else kin.whole_number(
                   "eval_accumulation_steps", o["eval_accumulation_steps"]))
     if ev["gather"] != "loss" and ev["samples"] is None and ev["accumulation"] is None:
@@ -132,6 +134,10 @@ def estimate(model, **setup) -> Estimate:
     if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
         raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
+    if info.max_positions and ev["seq_len"] > info.max_positions:
+        raise kin.InputError("eval_seq_len", f"eval_seq_len {ev['seq_len']} is beyond the model's "
+                                             f"{info.max_positions} positions: use eval_seq_len <= "
+                                             f"{info.max_positions}.")
     liger = kl.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
                        vocab_head=bool(info.vocab_head)) if kin.flag("liger_kernel", o["liger_kernel"]) else ()
     multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \

@@ -34,13 +34,14 @@ from kit.estimate.read_model import (
 )
 from kit.estimate.own_head import read_own_head
 from kit.estimate.read_peft import read_lora_config, read_task, targets_for
-from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_seq_len
+from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_eval_seq_len, \
+    read_seq_len
 from kit.model_configs import get_config
 
 _ORDER = ("model", "task", "num_labels", "train_head", "batch_size", "seq_len", "padded", "grad_accum", "precision",
           "optimizer", "optim_args", "gradient_checkpointing", "load_dtype", "quantization", "kbit_recipe", "lora_r",
           "lora_targets", "lora_dropout", "attn_implementation", "trainable_params", "tied_weights", "eval_batch_size",
-          "eval_accumulation_steps", "eval_gather", "eval_samples", "device")
+          "eval_accumulation_steps", "eval_gather", "eval_samples", "eval_seq_len", "device")
 
 
 
@@ -156,6 +157,9 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         padded = True
         src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
         src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
+    if not (dpo or grpo or opts.get("padding_free")):   # evaluate() at its own batches' length
+        eval_len, where = read_eval_seq_len(trainer, opts.get("eval_batch_size", 8))
+        opts["eval_seq_len"], src["eval_seq_len"] = eval_len or seq_len, (eval_len or seq_len, where)
     est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
     if dpo:
         kd.finish(est, info_of(target, opts.get("task", "causal-lm"), opts.get("num_labels", 2)), **fk)

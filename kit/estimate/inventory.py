@@ -114,9 +114,9 @@ def family_of(cfg) -> str:
                                f"without the vision tower, or measure this one on a real step with "
                                f"kit.measure.track.Tracker.")
     if family not in FAMILIES:
-        raise UnsupportedModel(f"{mt} ({cls}) is not estimated: no family the kit replays registers it"
-                               f"{_new_layer_types(cfg)}, and taking another family's blocks for its own would be a "
-                               f"guess: {_MEASURE}, or pass {_COVERED}.", code=NO_REPLAY)
+        raise UnsupportedModel(f"{mt} ({cls}) is not estimated: no family the kit replays has its blocks"
+                               f"{_new_layer_types(cfg)}, and another family's would be a guess: {_MEASURE}, or pass "
+                               f"{_COVERED}.", code=NO_REPLAY)
     if missing and not FAMILIES[family].encoder:   # an encoder's replay reads its config's own names
         raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
                                f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
@@ -133,7 +133,7 @@ def _new_layer_types(cfg) -> str:
     """Words on the config's layer types that no family replays (Qwen3.5's linear_attention), or ""."""
     known = {t for block in FAMILIES.values() for t in block.covers.layer_types}
     new = sorted(set(getattr(cfg, "layer_types", None) or ()) - known)
-    return f" (its layer_types hold {', '.join(new)}, which no family the kit replays has)" if new else ""
+    return f" (its layer_types hold {', '.join(new)})" if new else ""
 
 
 def check_blocks(model, blocks, family: str, what: str) -> None:

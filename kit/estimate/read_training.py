@@ -101,8 +101,10 @@ def read_eval(trainer):
     return {"eval_gather": gather, "eval_samples": samples}, src
 
 
-def read_seq_len(trainer, batch_size: int):
-    """(seq_len, padded, where, batch) of the longest micro-batch ``trainer.data_collator`` builds.
+def read_seq_len(trainer, batch_size: int, dataset=None, description: str = "training"):
+    """(seq_len, padded, where, batch) of the longest micro-batch ``trainer.data_collator`` builds from
+    ``trainer.train_dataset``, or from ``dataset`` (``description``: "evaluation", as Trainer's eval dataloader names
+    it when it drops the columns the model does not take).
 
     Every row's length is scanned (a column read); the collator is then run on the ``batch_size`` longest rows,
     the largest batch the shuffled sampler can draw. A padding-free collator (TRL) flattens them into one row:
@@ -112,28 +114,29 @@ def read_seq_len(trainer, batch_size: int):
     """
     import torch
 
-    ds, collate = trainer.train_dataset, trainer.data_collator
+    ds, collate = trainer.train_dataset if dataset is None else dataset, trainer.data_collator
+    name = "trainer.train_dataset" if dataset is None else "trainer.eval_dataset"
     if ds is None:
         raise kin.InputError("seq_len", "the Trainer has no train_dataset to read the sequence length from: pass "
                                         "seq_len=... (the longest batch's length in tokens).")
     hf = sys.modules.get("datasets")
     lengths, scanned = None, "all"
     if hf and isinstance(ds, hf.Dataset):
-        part = trainer._remove_unused_columns(ds, description="training") if hasattr(
+        part = trainer._remove_unused_columns(ds, description=description) if hasattr(
             trainer, "_remove_unused_columns") else ds   # as Trainer's dataloader does
         get, n = part.__getitem__, len(part)
         if "input_ids" in part.column_names:
             lengths = [len(r) for r in part["input_ids"]]
     else:
         if hasattr(trainer, "_get_collator_with_removed_columns"):
-            collate = trainer._get_collator_with_removed_columns(collate, description="training")
+            collate = trainer._get_collator_with_removed_columns(collate, description=description)
         if not hasattr(ds, "__getitem__") or isinstance(ds, torch.utils.data.IterableDataset):
             first = list(itertools.islice(iter(ds), SAMPLE_ROWS))
             get, n, scanned = first.__getitem__, len(first), f"the first {len(first)}"
         else:
             get, n = ds.__getitem__, len(ds)
     if not n:
-        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+        raise kin.InputError("seq_len", f"{name} is empty: pass seq_len=....")
     if lengths is None and n and isinstance(get(0), dict) and "input_ids" in get(0):
         lengths = [len(get(i)["input_ids"]) for i in range(n)]
     if lengths is not None:
@@ -155,10 +158,32 @@ def read_seq_len(trainer, batch_size: int):
         seq = max(seq, int(ids.shape[-1]))
     if lengths is not None and not free and batch_size > 1 and len(set(lengths)) > 1:
         padded = True   # batches of rows of different lengths are padded
-    where = (f"the {len(batches[0])} longest of {scanned} {n} rows of trainer.train_dataset, as trainer.data_collator "
+    where = (f"the {len(batches[0])} longest of {scanned} {n} rows of {name}, as trainer.data_collator "
              f"builds them" + (" (padding-free: one flattened row)" if free else "")) if lengths is not None else \
-        f"the longest batch trainer.data_collator builds from {scanned} {n} rows of trainer.train_dataset"
+        f"the longest batch trainer.data_collator builds from {scanned} {n} rows of {name}"
     return seq, padded, where, batch
+
+
+def read_eval_seq_len(trainer, eval_batch: int):
+    """(eval_seq_len, where) of ``Trainer.evaluate()``'s longest batch: the longest ``trainer.data_collator`` builds
+    from ``trainer.eval_dataset`` (the longest of a dict of them) at ``eval_batch`` rows, as :func:`read_seq_len`
+    reads the training batches; (None, why) where there is no eval dataset whose batches can be read that way (a
+    padding-free collator flattens them: :func:`kit.estimate.from_objects.flattened_eval`), and evaluate() is then
+    estimated at the training length."""
+    ds = trainer.eval_dataset
+    parts = list(ds.values()) if isinstance(ds, dict) else [ds] if ds is not None else []
+    if not parts:
+        return None, "no trainer.eval_dataset: the training length"
+    found = []
+    for part in parts:
+        try:
+            seq, _, where, batch = read_seq_len(trainer, eval_batch, part, "evaluation")
+        except kin.InputError as exc:
+            return None, f"trainer.eval_dataset's batches cannot be read ({exc}): the training length"
+        if batch != eval_batch:
+            return None, "trainer.data_collator flattens the eval rows (padding-free): the training length"
+        found.append((seq, where))
+    return max(found)
 
 
 def auto_dtype(cfg, load_dtype, quant):
