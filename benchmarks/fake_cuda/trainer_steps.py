@@ -120,7 +120,9 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
     meter = CudaStorageMeter()
     with fake_mode, ScalarReadsAsZero(), meter:
         with torch.device("cuda"):
-            model = _stay_on_device(AutoModelForCausalLM.from_config(model_config, attn_implementation=attn))
+            # fp32 weights whatever the config's torch_dtype (Llama-3.2-1B's says bf16), as the kit's estimates load
+            model = _stay_on_device(AutoModelForCausalLM.from_config(model_config, attn_implementation=attn,
+                                                                     dtype=torch.float32))
         weights = meter.live
         args = TrainingArguments(
             output_dir=tempfile.mkdtemp(prefix="fake-cuda-"), per_device_train_batch_size=batch, max_steps=steps,
