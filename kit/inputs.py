@@ -36,11 +36,11 @@ class Refusal(ValueError):
 
     >>> e = Refusal("LoRA on a Conv2d is not modeled.", name="lora_targets", instead="target its Linear layers")
     >>> isinstance(e, ValueError), e.name, e.code, str(e)
-    (True, 'lora_targets', 'refused', 'LoRA on a Conv2d is not modeled. Target its Linear layers.')
+    (True, 'lora_targets', 'refused', 'LoRA on a Conv2d is not modeled; target its Linear layers.')
     """
 
     def __init__(self, message: str, *, name: str | None = None, code: str = "refused", instead: str | None = None):
-        super().__init__(f"{message} {instead[0].upper()}{instead[1:]}." if instead else message)
+        super().__init__(f"{message.rstrip('.')}; {instead}." if instead else message)   # one sentence
         self.name, self.code, self.why, self.instead = name, code, message, instead
 
 

@@ -190,9 +190,9 @@ class Advice:
 
 
 def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]:
-    """estimate()'s keywords for an options dict, an Estimate or a Trainer, as ``lim``'s device runs them (its
-    kernels, unless a dict names its own device; Trainer's precision there, :func:`kit.dtypes.trainer_precision`);
-    and notes."""
+    """estimate()'s keywords for an options dict, an Estimate or a Trainer, as the device judged runs them (the CPU
+    preset on CPU kernels; a dict's own device where it names one, an Estimate's own on a GPU), in Trainer's
+    precision there (:func:`kit.dtypes.trainer_precision`); and notes."""
     if isinstance(setup, dict):
         bad = sorted(set(setup) - set(KW))
         if bad:
@@ -203,16 +203,21 @@ def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]
 
         est = trainer_estimate or estimate_trainer(setup)
         o, notes = _from_estimate(est, model=False)
-        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, lim.kernels)
+        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, _judged_kernels(lim))
     if not isinstance(setup, Estimate):
         raise kin.InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
                                       f"not {type(setup).__name__}.")
-    return _as_run(*_from_estimate(setup), lim.kernels)
+    return _as_run(*_from_estimate(setup), _judged_kernels(lim))
+
+
+def _judged_kernels(lim: Limit) -> str | None:
+    """The CPU preset is judged on CPU kernels; a GPU (a preset, or a number of bytes) on the estimate's own."""
+    return "cpu" if lim.kernels == "cpu" else None
 
 
 def _as_run(options: dict, notes: list, device: str | None) -> tuple[dict, list]:
     """``options`` on ``device`` (None: the device they name, a dict's own), in the precision Trainer runs there."""
-    device = device or options["device"]
+    device = device or options.get("device") or "cuda"
     precision, note = trainer_precision(options.get("precision", "fp32"), device)
     return {**options, "device": device, "precision": precision}, notes + [note] * bool(note)
 
