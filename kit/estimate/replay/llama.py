@@ -12,9 +12,10 @@ from kit.estimate.replay.setup import around
 from kit.estimate.replay.tape import Tape
 
 
-def layer(tp: Tape, x, qk_norm: bool = False):
+def layer(tp: Tape, x, qk_norm: bool = False, mlp=None):
     """One Llama-style decoder layer; ``qk_norm``: Qwen-3's RMSNorm of each head of q and k
-    (``q_norm``/``k_norm`` over hd, before the rotary embeddings)."""
+    (``q_norm``/``k_norm`` over hd, before the rotary embeddings); ``mlp``: the MLP's replay on the
+    post-attention norm's output (the gated MLP by default; a sparse MoE block: :mod:`.moe`)."""
     st, H = tp.st, tp.st.H
     h = tp.rms_norm(x, st.base_trainable)
     q = tp.linear(h, H, st.nh * st.hd, "self_attn.q_proj")
@@ -27,7 +28,7 @@ def layer(tp: Tape, x, qk_norm: bool = False):
     q, k = tp.rope(q, k, x)  # cos/sin in the embeddings' dtype (fp32 under autocast)
     o = tp.attention(q, k, v, st.nh * st.hd, repeat_kv=True, softmax_fp32=True)
     x = tp.binary(tp.linear(o, st.nh * st.hd, H, "self_attn.o_proj"), x)
-    return tp.binary(tp.gated_mlp(tp.rms_norm(x, st.base_trainable)), x)
+    return tp.binary((mlp or Tape.gated_mlp)(tp, tp.rms_norm(x, st.base_trainable)), x)
 
 
 @around(final_norm="rms_norm")
