@@ -23,6 +23,7 @@ one expert's share, which is at most T rows (a token goes to an expert once).
 from __future__ import annotations
 
 from kit.estimate.replay.setup import F32, I64, Dt
+from kit.inputs import Note
 from kit.estimate.replay.tape import Tape
 
 I32 = Dt("int32", 4)
@@ -110,3 +111,28 @@ def refusal(cfg) -> str | None:
         return ("computes the router's auxiliary loss (output_router_logits=True), which the estimator does not "
                 "replay: set output_router_logits=False")
     return None
+
+
+def notes(info, quantization: str, kbit_prepared: bool, batch_size: int, seq_len: int) -> list:
+    """What a mixture-of-experts estimate rests on, said beside it (none for a dense model): the routing, the
+    experts' dtype under quantization, and the kernel a GPU below sm80 runs instead."""
+    experts = [l for l in info.leaves if l.kind == "experts"]
+    if not experts:
+        return []
+    cfg, mt = info.config, info.config.model_type
+    k, tokens = cfg.num_experts_per_tok, batch_size * seq_len
+    out = [Note(f"{mt}: routing decides which expert gets which rows, not how many rows there are: every tensor the "
+                f"experts save spans all {tokens:,} tokens x top-{k} = {tokens * k:,} routed rows, so the figure holds "
+                f"for any routing (one expert's share lies between 0 and {tokens:,} rows)", field="model",
+                code="moe-routing")]
+    if quantization != "none":
+        fused = sum(l.weight for l in experts)
+        kept = "cast to fp32 by prepare_model_for_kbit_training (--kbit-recipe lean keeps them in the load dtype)" \
+            if kbit_prepared else "kept in the load dtype"
+        out.append(Note(f"{mt}: {quantization} quantizes nn.Linear layers only; the experts' fused 3-D parameters "
+                        f"({fused:,} of them) and the router stay unquantized, {kept}", field="quantization",
+                        code="moe-experts-unquantized"))
+    out.append(Note(f"{mt}: on a GPU below sm80 (a T4) transformers runs its grouped_mm fallback, whose backward "
+                    "also makes a zero-filled grad of each layer's experts' weights while it runs, frozen or not: "
+                    "that temporary is not in this figure", field="device", code="moe-grouped-mm-fallback"))
+    return out
