@@ -60,6 +60,8 @@ REGISTRY = {
     "tiny-gpt-neox": "tiny-gpt-neox.json",
     "tiny-mistral": "tiny-mistral.json",
     "tiny-qwen3-moe": "tiny-qwen3-moe.json",
+    "tiny-mixtral": "tiny-mixtral.json",
+    "tiny-olmoe": "tiny-olmoe.json",
     # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
     # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
     # distilbert/distilbert-base-uncased and microsoft/deberta-v3-base: their published config.json, written from it.
@@ -93,7 +95,7 @@ TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
 TINY |= {"tiny-modernbert"}
 TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
-TINY |= {"tiny-qwen3-moe"}
+TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}

@@ -1,5 +1,5 @@
-"""Mixture-of-experts blocks (Qwen3-MoE) on the tiny twin ``tiny-qwen3-moe`` (2 layers, 8 experts, top-2,
-norm_topk_prob): the replay against what autograd saves, the estimate against real Trainer steps read by
+"""Mixture-of-experts blocks on tiny twins: ``tiny-qwen3-moe`` (2 layers, 8 experts, top-2, norm_topk_prob),
+``tiny-mixtral`` and ``tiny-olmoe`` (2 layers, 8 experts, top-2): the replay against what autograd saves, the estimate against real Trainer steps read by
 ``benchmarks/real_clients.py``'s profiler meter (step 1 and the steady step), the fused 3-D experts in the
 parameter count, and the refusals of what the replay does not follow.
 """
@@ -19,22 +19,31 @@ from kit.model_configs import get_config  # noqa: E402
 from kit.models import build_model  # noqa: E402
 
 TWIN = "tiny-qwen3-moe"
-# the blocks, not the logits, set the peak: a small vocabulary, wide experts, top-4
+# the blocks, not the logits, set the peak: a small vocabulary, wide experts, top-4 (Mixtral and OLMoE name one
+# expert's width intermediate_size, Qwen3-MoE moe_intermediate_size)
 WIDE = dict(vocab_size=256, moe_intermediate_size=384, num_experts_per_tok=4)
-CASES = {  # label -> (estimate options, config overrides)
-    "full FT": (dict(batch_size=4, seq_len=128), None),
-    "LoRA r8 (q_proj, v_proj)": (dict(batch_size=4, seq_len=128, lora_r=8), None),
-    "full FT, checkpointing": (dict(batch_size=4, seq_len=128, gradient_checkpointing=True), None),
-    "wide experts, full FT, unpadded": (dict(batch_size=4, seq_len=128, padded=False), WIDE),
-    "wide experts, LoRA r8, unpadded": (dict(batch_size=4, seq_len=128, padded=False, lora_r=8), WIDE),
+WIDE_DENSE_NAMED = dict(vocab_size=256, intermediate_size=384, num_experts_per_tok=4)
+ATTENTION = ["q_proj", "v_proj"]
+CASES = {  # label -> (twin, estimate options, config overrides)
+    "full FT": (TWIN, dict(batch_size=4, seq_len=128), None),
+    "LoRA r8 (q_proj, v_proj)": (TWIN, dict(batch_size=4, seq_len=128, lora_r=8), None),
+    "full FT, checkpointing": (TWIN, dict(batch_size=4, seq_len=128, gradient_checkpointing=True), None),
+    "wide experts, full FT, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False), WIDE),
+    "wide experts, LoRA r8, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False, lora_r=8), WIDE),
 }
+for twin in ("tiny-mixtral", "tiny-olmoe"):
+    CASES |= {f"{twin}, full FT": (twin, dict(batch_size=4, seq_len=128), None),
+              f"{twin}, LoRA r8 (q_proj, v_proj)": (twin, dict(batch_size=4, seq_len=128, lora_r=8,
+                                                                lora_targets=ATTENTION), None),
+              f"{twin}, wide experts, full FT, unpadded": (twin, dict(batch_size=4, seq_len=128, padded=False),
+                                                           WIDE_DENSE_NAMED)}
 
 
 @functools.lru_cache(maxsize=None)
 def _measured(label):
-    kw, over = CASES[label]
+    twin, kw, over = CASES[label]
     torch.manual_seed(0)
-    return bench.run_row(label, TWIN, kw, False, over)
+    return bench.run_row(label, twin, kw, False, over)
 
 
 def test_the_experts_fused_3d_parameters_are_counted():
@@ -58,7 +67,7 @@ def test_the_experts_fused_3d_parameters_are_counted():
 @pytest.mark.parametrize("label", list(CASES))
 def test_replay_matches_autograd_saved_tensors(label):
     r = _measured(label)
-    kw, _ = CASES[label]
+    _, kw, _ = CASES[label]
     # checkpointing keeps the rotary cos/sin and the padded batch's bool mask for the recompute, unsaved
     kept = 2 * 128 * 32 * 4 + 4 * 128 * 128 if kw.get("gradient_checkpointing") else 0
     assert r["est"].saved_bytes - kept == pytest.approx(r["saved"], rel=1e-6)
@@ -82,8 +91,9 @@ class _FullRows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-attention"])
-def test_trainer_steps_within_2_percent_of_the_profiler_meter(lora, tmp_path):
+@pytest.mark.parametrize("twin,lora", [(TWIN, False), (TWIN, True), ("tiny-mixtral", False)],
+                         ids=["qwen3-moe-full", "qwen3-moe-lora-attention", "mixtral-full"])
+def test_trainer_steps_within_2_percent_of_the_profiler_meter(twin, lora, tmp_path):
     """A real Trainer (3 steps, AdamW fused, rows all full length), read by real_clients' profiler meter: the
     estimate read off the Trainer is within 2% at step 1 and at the steady step."""
     import real_clients as rc
@@ -92,8 +102,8 @@ def test_trainer_steps_within_2_percent_of_the_profiler_meter(lora, tmp_path):
 
     from kit.estimate import estimate_trainer
 
-    cfg = get_config(TWIN)
-    for k, v in WIDE.items():
+    cfg = get_config(twin)
+    for k, v in (WIDE if twin == TWIN else WIDE_DENSE_NAMED).items():
         setattr(cfg, k, v)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
@@ -103,7 +113,7 @@ def test_trainer_steps_within_2_percent_of_the_profiler_meter(lora, tmp_path):
     args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[],
                              save_strategy="no", logging_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=_FullRows(12, 96, cfg.vocab_size))
-    est = estimate_trainer(trainer, seq_len=96, device="cpu")
+    est = estimate_trainer(trainer, device="cpu")   # reads a batch: 96 tokens a row, no padding
     meter = rc.meter_trainer(trainer, rc.ProfilerMeter())
     trainer.train()
     peaks = meter.peaks
@@ -125,6 +135,27 @@ def test_what_the_replay_does_not_follow_is_refused_by_name(change, said):
     with pytest.raises(UnsupportedModel, match="^qwen3_moe") as err:
         estimate(cfg, batch_size=1, seq_len=8)
     assert said in str(err.value)
+
+
+@pytest.mark.parametrize("twin,family,params", [("tiny-mixtral", "mixtral", 1_018_496),
+                                                 ("tiny-olmoe", "olmoe", 1_018_880)])
+def test_mixtral_and_olmoe_twins_are_their_own_families(twin, family, params):
+    """Mixtral (no q/k norms, its routing weights left fp32) and OLMoE (q/k norms over the whole projections) run
+    the same experts: each is replayed by name, and its parameters counted with the fused 3-D experts (Mixtral:
+    embeddings 4096 x 128, tied, + final norm 128 + 2 x (attention 49,152, experts 8 x 3 x 128 x 64, router 8 x 128,
+    two norms 256); OLMoE: + its q/k norms, 128 + 64 a layer)."""
+    assert family_of(get_config(twin)) == info_of(twin).family == family
+    assert estimate(twin, batch_size=1, seq_len=8).params == build_model(twin, device="meta").num_parameters() == params
+
+
+@pytest.mark.parametrize("twin,change,said", [("tiny-mixtral", dict(router_jitter_noise=0.1), "router_jitter_noise"),
+                                              ("tiny-olmoe", dict(clip_qkv=8.0), "clip_qkv")])
+def test_mixtral_jitter_and_olmoe_clip_are_refused(twin, change, said):
+    cfg = get_config(twin)
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    with pytest.raises(UnsupportedModel, match=said):
+        estimate(cfg, batch_size=1, seq_len=8)
 
 
 def test_a_built_model_with_another_experts_implementation_is_refused():

@@ -4,10 +4,11 @@ transformers picks by default, on a CPU and on CUDA.
 
 Per block, with T = B x S tokens, E experts, k experts per token, I one expert's width and R = T x k routed rows:
 
-- the router (``Qwen3MoeTopKRouter``): ``F.linear(h, gate.weight)`` (not an ``nn.Linear``: bitsandbytes never
+- the router (``Qwen3MoeTopKRouter``, ``OlmoeTopKRouter``, ``MixtralTopKRouter``): ``F.linear(h, gate.weight)`` (not an ``nn.Linear``: bitsandbytes never
   quantizes it and peft never adapts it), ``softmax(dtype=float32)`` (keeps its fp32 (T, E) output), ``topk``
   (keeps its (T, k) int64 indices), with ``norm_topk_prob`` an in-place ``/= sum`` (keeps the (T, 1) sum and a
-  clone of the (T, k) values), then ``.to(router_logits.dtype)``;
+  clone of the (T, k) values; Mixtral always), then ``.to(router_logits.dtype)`` (not Mixtral: its weights stay
+  fp32, and so does the weighted experts' output until the final ``.to``);
 - the experts: ``sort`` of the R expert ids; ``hidden_states[perm // k]`` (keeps its (R,) int64 index, makes the
   (R, H) gathered rows); ``sample_weights[perm]`` (keeps ``perm``); ``grouped_mm`` up with ``gate_up_proj``
   (keeps its input when the experts train, and the (E,) int32 offsets); ``SiLU(gate) * up`` on the two halves of
@@ -46,8 +47,10 @@ def config_shapes(cfg) -> dict:
     if not experts:
         return {}
     width = next(getattr(cfg, k) for k in _WIDTH if getattr(cfg, k, None))
+    mixtral = cfg.model_type == "mixtral"   # MixtralTopKRouter: always renormalized, the weights left fp32
     return dict(experts=experts, top_k=cfg.num_experts_per_tok, moe_F=width,
-                norm_topk=bool(getattr(cfg, "norm_topk_prob", False)))
+                norm_topk=mixtral or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if mixtral
+                                                                                   else {})
 
 
 def grouped_mm(tp: Tape, x, fin: int, fout: int, trainable: bool, offsets):
@@ -74,7 +77,7 @@ def router(tp: Tape, h):
     if st.norm_topk:  # top /= top.sum(-1, keepdim=True), in place: keeps the sum and top's value before it
         tp.save(tp.new(T, F32, False), tp.new(T * k, F32, False), when=logits.rg)
         top = tp.new(T * k, F32, logits.rg)
-    return tp.cast(top, logits.dt)
+    return top if st.weights_fp32 else tp.cast(top, logits.dt)   # .to(router_logits.dtype), but for Mixtral
 
 
 def sparse_moe(tp: Tape, h):
@@ -107,6 +110,11 @@ def refusal(cfg) -> str | None:
     if getattr(cfg, "mlp_only_layers", None) or getattr(cfg, "decoder_sparse_step", 1) != 1:
         return ("mixes dense and sparse layers (mlp_only_layers, decoder_sparse_step), and the estimator replays "
                 "models whose every layer is sparse")
+    if getattr(cfg, "router_jitter_noise", 0):
+        return ("multiplies the router's input by jitter noise in training (router_jitter_noise), which the "
+                "estimator does not replay: set router_jitter_noise=0")
+    if getattr(cfg, "clip_qkv", None) is not None:
+        return "clamps q, k and v in place (clip_qkv), which the estimator does not replay: set clip_qkv=None"
     if getattr(cfg, "output_router_logits", False):
         return ("computes the router's auxiliary loss (output_router_logits=True), which the estimator does not "
                 "replay: set output_router_logits=False")
