@@ -39,6 +39,7 @@ REGISTRY = {
     # Qwen3-MoE: 128 experts, 8 per token (its config.json as published, copied from a public copy: see
     # tests/test_shipped_configs.py), and its twin: 2 layers, 8 experts, top-2
     "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B.json",
+    "mistralai/Mixtral-8x7B-v0.1": "Mixtral-8x7B-v0.1.json",   # (the same, pinned beside it)
     "google/gemma-2-2b": "gemma-2-2b.json",
     "google/gemma-2-9b": "gemma-2-9b.json",
     "google/gemma-3-1b-it": "gemma-3-1b-it.json",
@@ -111,7 +112,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
 _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
-_SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe"}
+_SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -90,3 +90,18 @@ def test_qwen3_30b_a3b_builds_to_its_model_cards_figures():
     assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (32, 4)
     data = json.loads((CONFIG_DIR / REGISTRY["Qwen/Qwen3-30B-A3B"]).read_text(encoding="utf-8"))
     assert data["model_type"] in CONFIG_MAPPING and not {"auto_map", "transformers_version", "_name_or_path"} & set(data)
+
+
+# mistralai/Mixtral-8x7B-v0.1's config.json, copied field for field from the public copy in NVIDIA/TensorRT-LLM,
+# tests/unittest/_torch/modeling/test_modeling_mixtral.py (MIXTRAL_8X7B_CONFIG, commit 1aa6e3d4; transformers_version
+# dropped), the same fields as the copy that quotes huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json.
+# The published figures are the Mixtral paper's (Jiang et al. 2024): 46.7B parameters in total, 12.9B active per token
+# (two of the eight experts).
+def test_mixtral_8x7b_builds_to_its_papers_figures():
+    cfg = get_config("mistralai/Mixtral-8x7B-v0.1")
+    total = build_model("mistralai/Mixtral-8x7B-v0.1", device="meta").num_parameters()
+    experts = cfg.num_hidden_layers * cfg.num_local_experts * 3 * cfg.hidden_size * cfg.intermediate_size
+    idle = experts * (cfg.num_local_experts - cfg.num_experts_per_tok) // cfg.num_local_experts
+    assert round(total / 1e9, 1) == 46.7 and round((total - idle) / 1e9, 1) == 12.9
+    data = json.loads((CONFIG_DIR / REGISTRY["mistralai/Mixtral-8x7B-v0.1"]).read_text(encoding="utf-8"))
+    assert data["model_type"] in CONFIG_MAPPING and not {"auto_map", "transformers_version", "_name_or_path"} & set(data)

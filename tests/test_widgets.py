@@ -251,14 +251,14 @@ def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
     from kit.model_configs import ENCODERS
 
     decoders = [m for m in known_models() if m not in ENCODERS]  # (encoders need a classifier task: not listed)
-    assert sorted(values1) == sorted(decoders)                  # all 34, each once
+    assert sorted(values1) == sorted(decoders)                  # all 40, each once
     heads = [m for m in decoders if m.endswith("+vocab-head")]
     assert sorted(values2) == sorted(set(decoders) - set(heads))   # scenario 1's head is not scenario 2's
     labels = [label for label, _ in p2.controls["model"].options]
     groups = [label.split(" · ")[0] for label in labels]
     n_real, n_tiny = groups.count("shipped"), groups.count("tiny twin")
-    # 21 shipped: 20 configs, and unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped one)
-    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (21, 9)
+    # 23 shipped: 22 configs, and unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped one)
+    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (23, 12)
     assert "shipped · Qwen/Qwen2.5-0.5B" in labels and "tiny twin · tiny-qwen2" in labels
     p2.controls["model"].value = "Qwen/Qwen2.5-0.5B"            # a shipped model picked from the list
     assert p2.estimate.peak_bytes == _direct(p2).peak_bytes and p2.controls["seq_len"].max == 32768
