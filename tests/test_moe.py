@@ -1,7 +1,10 @@
 """Mixture-of-experts blocks on tiny twins: ``tiny-qwen3-moe`` (2 layers, 8 experts, top-2, norm_topk_prob),
-``tiny-mixtral`` and ``tiny-olmoe`` (2 layers, 8 experts, top-2): the replay against what autograd saves, the estimate against real Trainer steps read by
-``benchmarks/real_clients.py``'s profiler meter (step 1 and the steady step), the fused 3-D experts in the
-parameter count, and the refusals of what the replay does not follow.
+``tiny-mixtral`` and ``tiny-olmoe`` (2 layers, 8 experts, top-2): the replay against what autograd saves, the
+estimate against real Trainer steps read by ``benchmarks/real_clients.py``'s profiler meter (step 1 and the
+steady step), the fused 3-D experts in the parameter count, and the refusals of what the replay does not follow.
+
+The routed rows are fixed (tokens x top-k), and every tensor the experts save spans all of them, so these
+figures do not depend on which experts the random router picks (kit.estimate.replay.moe).
 """
 import functools
 import os

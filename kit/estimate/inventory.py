@@ -316,8 +316,8 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
 
         return _cached(model, config_stamp(model), task, num_labels)
     if isinstance(model, PretrainedConfig):
-        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model, task,
-                              num_labels)
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", ""))
+                              + str(getattr(model, "_experts_implementation", "")), model, task, num_labels)
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
         own = read_own_head(model) if base is None else None   # refuses a head it cannot read, naming it

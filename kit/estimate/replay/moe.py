@@ -4,11 +4,12 @@ transformers picks by default, on a CPU and on CUDA.
 
 Per block, with T = B x S tokens, E experts, k experts per token, I one expert's width and R = T x k routed rows:
 
-- the router (``Qwen3MoeTopKRouter``, ``OlmoeTopKRouter``, ``MixtralTopKRouter``): ``F.linear(h, gate.weight)`` (not an ``nn.Linear``: bitsandbytes never
-  quantizes it and peft never adapts it), ``softmax(dtype=float32)`` (keeps its fp32 (T, E) output), ``topk``
-  (keeps its (T, k) int64 indices), with ``norm_topk_prob`` an in-place ``/= sum`` (keeps the (T, 1) sum and a
-  clone of the (T, k) values; Mixtral always), then ``.to(router_logits.dtype)`` (not Mixtral: its weights stay
-  fp32, and so does the weighted experts' output until the final ``.to``);
+- the router (``Qwen3MoeTopKRouter``, ``OlmoeTopKRouter``, ``MixtralTopKRouter``): ``F.linear(h, gate.weight)``
+  (not an ``nn.Linear``: bitsandbytes never quantizes it and peft never adapts it); ``softmax(dtype=float32)``
+  (keeps its fp32 (T, E) output); ``topk`` (keeps its (T, k) int64 indices); with ``norm_topk_prob`` (Mixtral:
+  always) an in-place ``/= sum`` (keeps the (T, 1) sum and a clone of the (T, k) values); then
+  ``.to(router_logits.dtype)`` (not Mixtral: its weights stay fp32, and so does the weighted experts' output
+  until the final ``.to``);
 - the experts: ``sort`` of the R expert ids; ``hidden_states[perm // k]`` (keeps its (R,) int64 index, makes the
   (R, H) gathered rows); ``sample_weights[perm]`` (keeps ``perm``); ``grouped_mm`` up with ``gate_up_proj``
   (keeps its input when the experts train, and the (E,) int32 offsets); ``SiLU(gate) * up`` on the two halves of
