@@ -25,14 +25,15 @@ one expert's share, which is at most T rows (a token goes to an expert once).
 from __future__ import annotations
 
 from kit.estimate.replay.setup import F32, I64, Dt
-from kit.inputs import Note
 from kit.estimate.replay.tape import Tape
+from kit.inputs import Note
 
 I32 = Dt("int32", 4)
 # config._experts_implementation values whose saved tensors this module replays (None: transformers' default,
 # grouped_mm, for a model class that declares its experts with @use_experts_implementation)
 MODELED = (None, "grouped_mm")
-# Where the experts' counts live in each family's config: (experts, experts per token, one expert's width)
+# The config names of the experts' count (Qwen3-MoE and OLMoE, Mixtral) and of one expert's width (Qwen3-MoE;
+# Mixtral and OLMoE name it intermediate_size)
 _EXPERTS = ("num_experts", "num_local_experts")
 _WIDTH = ("moe_intermediate_size", "intermediate_size")
 
