@@ -37,6 +37,10 @@ REGISTRY = {
     "Qwen/Qwen2.5-7B": "Qwen2.5-7B.json",
     "Qwen/Qwen3-0.6B": "Qwen3-0.6B.json",
     "Qwen/Qwen3-8B": "Qwen3-8B.json",
+    # Qwen3-MoE: 128 experts, 8 per token (its config.json as published, copied from a public copy: see
+    # tests/test_shipped_configs.py), and its twin: 2 layers, 8 experts, top-2
+    "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B.json",
+    "mistralai/Mixtral-8x7B-v0.1": "Mixtral-8x7B-v0.1.json",   # (the same, pinned beside it)
     "google/gemma-2-2b": "gemma-2-2b.json",
     "google/gemma-2-9b": "gemma-2-9b.json",
     "google/gemma-3-1b-it": "gemma-3-1b-it.json",
@@ -57,6 +61,9 @@ REGISTRY = {
     "tiny-gemma3": "tiny-gemma3.json",
     "tiny-gpt-neox": "tiny-gpt-neox.json",
     "tiny-mistral": "tiny-mistral.json",
+    "tiny-qwen3-moe": "tiny-qwen3-moe.json",
+    "tiny-mixtral": "tiny-mixtral.json",
+    "tiny-olmoe": "tiny-olmoe.json",
     # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
     # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
     # distilbert/distilbert-base-uncased and microsoft/deberta-v3-base: their published config.json, written from it.
@@ -90,6 +97,7 @@ TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
 TINY |= {"tiny-modernbert"}
 TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
+TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -105,6 +113,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "bert-base-uncased": "tiny-bert", "google-bert/bert-base-uncased": "tiny-bert",
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
 _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
+_SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -73,3 +73,33 @@ def test_a_shipped_config_is_plain_config_json_that_autoconfig_reads(name):
     assert not {"auto_map", "transformers_version", "_name_or_path"} & set(data)
     assert type(AutoConfig.from_pretrained(path)) is type(get_config(name))
     assert get_config(name).kit_name == name
+
+
+# Qwen/Qwen3-30B-A3B's config.json, copied field for field from the public copy in citsjtu2020/LLM-Prof,
+# sglang/Model_Config.md (its "Qwen3-30B-A3B" entry; transformers_version dropped). That file's "Qwen3-8B" entry is
+# the shipped Qwen3-8B.json, field for field. The published figures are the model card's (Qwen/Qwen3-30B-A3B, and
+# its 2507 update of the same architecture, as copied in peterhan91/mimic_skills docs/qwen3-a3b.md): "30.5B in total",
+# "Number of Paramaters (Non-Embedding): 29.9B", 48 layers, 128 experts, 8 activated, 32 query heads and 4 kv heads.
+def test_qwen3_30b_a3b_builds_to_its_model_cards_figures():
+    cfg = get_config("Qwen/Qwen3-30B-A3B")
+    model = build_model("Qwen/Qwen3-30B-A3B", device="meta")
+    total = model.num_parameters()
+    embeddings = 2 * cfg.vocab_size * cfg.hidden_size      # untied input and output embeddings
+    assert round(total / 1e9, 1) == 30.5 and round((total - embeddings) / 1e9, 1) == 29.9
+    assert (cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok) == (48, 128, 8)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (32, 4)
+    test_a_shipped_config_is_plain_config_json_that_autoconfig_reads("Qwen/Qwen3-30B-A3B")
+
+
+# mistralai/Mixtral-8x7B-v0.1's config.json, copied field for field from the public copy in NVIDIA/TensorRT-LLM,
+# tests/unittest/_torch/modeling/test_modeling_mixtral.py (MIXTRAL_8X7B_CONFIG, commit 1aa6e3d4; transformers_version
+# dropped), the same fields as the copy that quotes huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json.
+# The published figures are the Mixtral paper's (Jiang et al. 2024): 46.7B parameters in total, 12.9B active per token
+# (two of the eight experts).
+def test_mixtral_8x7b_builds_to_its_papers_figures():
+    cfg = get_config("mistralai/Mixtral-8x7B-v0.1")
+    total = build_model("mistralai/Mixtral-8x7B-v0.1", device="meta").num_parameters()
+    experts = cfg.num_hidden_layers * cfg.num_local_experts * 3 * cfg.hidden_size * cfg.intermediate_size
+    idle = experts * (cfg.num_local_experts - cfg.num_experts_per_tok) // cfg.num_local_experts
+    assert round(total / 1e9, 1) == 46.7 and round((total - idle) / 1e9, 1) == 12.9
+    test_a_shipped_config_is_plain_config_json_that_autoconfig_reads("mistralai/Mixtral-8x7B-v0.1")

@@ -19,6 +19,7 @@ from kit import inputs as kin
 from kit import optimizers
 from kit.estimate import quantization as kq
 from kit.estimate import replay as act
+from kit.estimate.replay import moe
 from kit.estimate import reserved as kr
 from kit.estimate.evaluation import block_forward_bytes, eval_peak
 from kit.estimate.inventory import Info, default_targets, in_module, lora_matches
@@ -171,6 +172,7 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
         shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
+        shapes |= moe.config_shapes(cfg)   # experts, top-k, one expert's width ({} for a dense model)
     # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \

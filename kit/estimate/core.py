@@ -30,6 +30,7 @@ from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
 from kit.estimate.offload_options import read as read_offload
 from kit.estimate.replay import liger as kl
+from kit.estimate.replay import moe
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit import runtime
@@ -169,6 +170,7 @@ def estimate(model, **setup) -> Estimate:
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
+    notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
     est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop, expandable)
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]

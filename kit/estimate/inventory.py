@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit.estimate.own_head import read_own_head
+from kit.estimate.replay import FAMILIES, LORA_TARGETS, moe
 from kit.inputs import Refusal
-from kit.estimate.replay import FAMILIES, LORA_TARGETS
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,12 @@ def family_of(cfg) -> str:
                                f"{_COVERED}.")
     experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
                and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
+    if experts and getattr(FAMILIES.get(mt), "moe", False):   # a mixture-of-experts family with a replay
+        refused = moe.refusal(cfg)
+        if refused:
+            raise UnsupportedModel(f"{mt} ({cls}) {refused}: measure this one on a real step with "
+                                   "kit.measure.track.Tracker.")
+        return mt
     if experts:
         k, v = next(iter(experts.items()))
         raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
@@ -225,6 +231,10 @@ def inventory(model, cfg, own=None) -> Info:
         params = list(mod.named_parameters(recurse=False))
         if not params:
             continue
+        if not {"weight", "bias"} & dict(params).keys():   # the experts' fused 3-D parameters: one leaf each
+            leaves += [_fused_leaf(name + "." + pname, p, own) for pname, p in params]
+            seen.update(id(p) for _, p in params)
+            continue
         w = dict(params).get("weight")
         b = dict(params).get("bias")
         tied = w is not None and id(w) in seen
@@ -268,6 +278,19 @@ def inventory(model, cfg, own=None) -> Info:
         _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
     return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2],
                 own)
+
+
+def _fused_leaf(name: str, param, own) -> Leaf:
+    """A parameter that is neither a module's weight nor its bias: a mixture-of-experts block's fused experts,
+    (E, out, in) each (``Qwen3MoeExperts.gate_up_proj``, ``down_proj``). bitsandbytes quantizes only
+    ``nn.Linear`` layers, so these stay in the load dtype (and the k-bit recipe casts them to fp32 like the norms);
+    peft's ``target_modules`` never adapts them."""
+    parts = name.split(".")
+    idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
+               None)
+    return Leaf(name, "experts", 0, 0, param.numel(), 0, param.requires_grad and not own, False,
+                "head" if idx is None else "block", name if idx is None else ".".join(parts[idx + 1:]),
+                shape=tuple(param.shape))
 
 
 def _own_module(leaves, prefix: str) -> str | None:
@@ -352,8 +375,8 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
 
         return _cached(model, config_stamp(model), task, num_labels)
     if isinstance(model, PretrainedConfig):
-        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", "")), model, task,
-                              num_labels)
+        return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", ""))
+                              + str(getattr(model, "_experts_implementation", "")), model, task, num_labels)
     if hasattr(model, "named_modules"):
         base, _ = base_lm(model)
         own = read_own_head(model) if base is None else None   # refuses a head it cannot read, naming it

@@ -2,7 +2,8 @@
 
 What autograd keeps for backward depends on what each op saves. :func:`replay` walks the
 training forward of a decoder block (one module per family: GPT-2, Llama, Mistral, Qwen2,
-Qwen3, OLMo-2, Phi-3, Gemma-2, Gemma-3, GPT-NeoX), of the head and of the loss, op by op, in
+Qwen3, OLMo-2, Phi-3, Gemma-2, Gemma-3, GPT-NeoX; the mixture-of-experts Qwen3-MoE, Mixtral and OLMoE, whose
+router and experts are :mod:`.moe`), of the head and of the loss, op by op, in
 the order and with the dtypes of transformers' code (``GPT2Block``, ``LlamaDecoderLayer``,
 ..., ``ForCausalLMLoss``) and of torch's kernels, and adds up the tensors each op saves, as
 ``torch.autograd.graph.saved_tensors_hooks`` counts them: unique storages, parameters

@@ -130,6 +130,11 @@ class Setup:
     rel_span: int = 0            # DeBERTa's relative attention: its span (position_buckets), 2 x span table rows
     rel_att: tuple = ()          # ... its disentangled terms ("c2p", "p2c")
     rel_share: bool = True       # ... the table through the content projections (share_att_key), else its own
+    experts: int = 0             # mixture-of-experts blocks (kit.estimate.replay.moe): experts per layer (0: dense)
+    top_k: int = 0               # ... experts each token is routed to
+    moe_F: int = 0               # ... one expert's MLP width
+    norm_topk: bool = False      # ... the top-k routing weights renormalized to sum to 1 (norm_topk_prob)
+    weights_fp32: bool = False   # ... the routing weights stay fp32 (Mixtral's), not cast to the router logits' dtype
     own: tuple = ()              # a head of the user's own (kit.estimate.own_head): its saved bytes per token, per
                                  # row and once, and its logits' bytes per row; () for a transformers head
 

@@ -1,0 +1,21 @@
+"""Qwen3-MoE: ``transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeDecoderLayer`` (and ``Qwen3MoeModel``).
+
+Qwen-3's attention (:mod:`.qwen3`: q/k RMSNorms over each head), then ``Qwen3MoeSparseMoeBlock`` in place of the
+dense MLP: the router and the experts of :func:`kit.estimate.replay.moe.sparse_moe`. Every layer is sparse where
+``decoder_sparse_step`` is 1 and ``mlp_only_layers`` is empty (the released models); other layouts are refused
+(:func:`kit.estimate.replay.moe.refuse`).
+"""
+from __future__ import annotations
+
+from kit.estimate.replay import llama
+from kit.estimate.replay.moe import sparse_moe
+from kit.estimate.replay.setup import around
+from kit.estimate.replay.tape import Tape
+
+
+@around(final_norm="rms_norm")
+def block(tp: Tape, x):
+    return llama.layer(tp, x, qk_norm=True, mlp=sparse_moe)
+
+
+block.moe = True   # its config's expert counts are replayed, not refused (kit.estimate.inventory.family_of)

@@ -1,0 +1,181 @@
+"""Mixture-of-experts blocks on tiny twins: ``tiny-qwen3-moe`` (2 layers, 8 experts, top-2, norm_topk_prob),
+``tiny-mixtral`` and ``tiny-olmoe`` (2 layers, 8 experts, top-2): the replay against what autograd saves, the
+estimate against real Trainer steps read by ``benchmarks/real_clients.py``'s profiler meter (step 1 and the
+steady step), the fused 3-D experts in the parameter count, and the refusals of what the replay does not follow.
+
+The routed rows are fixed (tokens x top-k), and every tensor the experts save spans all of them, so these
+figures do not depend on which experts the random router picks (kit.estimate.replay.moe).
+"""
+import functools
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import estimate_vs_measured as bench  # noqa: E402
+
+from kit.estimate import estimate  # noqa: E402
+from kit.estimate.inventory import UnsupportedModel, family_of, info_of  # noqa: E402
+from kit.model_configs import get_config  # noqa: E402
+from kit.models import build_model  # noqa: E402
+
+TWIN = "tiny-qwen3-moe"
+# the blocks, not the logits, set the peak: a small vocabulary, wide experts, top-4 (Mixtral and OLMoE name one
+# expert's width intermediate_size, Qwen3-MoE moe_intermediate_size)
+WIDE = dict(vocab_size=256, moe_intermediate_size=384, num_experts_per_tok=4)
+WIDE_DENSE_NAMED = dict(vocab_size=256, intermediate_size=384, num_experts_per_tok=4)
+ATTENTION = ["q_proj", "v_proj"]
+CASES = {  # label -> (twin, estimate options, config overrides)
+    "full FT": (TWIN, dict(batch_size=4, seq_len=128), None),
+    "LoRA r8 (q_proj, v_proj)": (TWIN, dict(batch_size=4, seq_len=128, lora_r=8), None),
+    "full FT, checkpointing": (TWIN, dict(batch_size=4, seq_len=128, gradient_checkpointing=True), None),
+    "wide experts, full FT, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False), WIDE),
+    "wide experts, LoRA r8, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False, lora_r=8), WIDE),
+}
+for twin in ("tiny-mixtral", "tiny-olmoe"):
+    CASES |= {f"{twin}, full FT": (twin, dict(batch_size=4, seq_len=128), None),
+              f"{twin}, LoRA r8 (q_proj, v_proj)": (twin, dict(batch_size=4, seq_len=128, lora_r=8,
+                                                                lora_targets=ATTENTION), None),
+              f"{twin}, wide experts, full FT, unpadded": (twin, dict(batch_size=4, seq_len=128, padded=False),
+                                                           WIDE_DENSE_NAMED)}
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(label):
+    twin, kw, over = CASES[label]
+    torch.manual_seed(0)
+    return bench.run_row(label, twin, kw, False, over)
+
+
+def test_the_experts_fused_3d_parameters_are_counted():
+    model = build_model(TWIN, device="meta")
+    info = info_of(TWIN)
+    experts = [l for l in info.leaves if l.kind == "experts"]
+    assert [l.short for l in experts[:2]] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    assert experts[0].shape == (8, 2 * 64, 128) and experts[1].shape == (8, 128, 64)
+    assert family_of(get_config(TWIN)) == info.family == "qwen3_moe"
+    # embeddings 4096 x 128 (tied) + final norm 128 + 2 x (attention 49,216 with q/k norms, experts 8 x 3 x 128 x 64,
+    # router 8 x 128, two norms 256)
+    assert estimate(TWIN, batch_size=1, seq_len=8).params == model.num_parameters() == 1_018_624
+    # LoRA on the attention: the experts and the router stay frozen, only the adapters train
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert estimate(TWIN, batch_size=1, seq_len=8, lora_r=8).trainable_params == trainable
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_replay_matches_autograd_saved_tensors(label):
+    r = _measured(label)
+    _, kw, _ = CASES[label]
+    # checkpointing keeps the rotary cos/sin and the padded batch's bool mask for the recompute, unsaved
+    kept = 2 * 128 * 32 * 4 + 4 * 128 * 128 if kw.get("gradient_checkpointing") else 0
+    assert r["est"].saved_bytes - kept == pytest.approx(r["saved"], rel=1e-6)
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_peak_matches_a_cpu_trainer_step(label):
+    r = _measured(label)
+    assert 0.998 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.002, (r["est"].peak_moment, r["got"])
+    assert r["est"].weights_bytes == r["got"]["weights"]
+
+
+class _FullRows(torch.utils.data.Dataset):
+    def __init__(self, n, S, V):
+        self.ids = torch.randint(2, V, (n, S), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
+
+
+@pytest.mark.parametrize("twin,lora", [(TWIN, False), (TWIN, True), ("tiny-mixtral", False)],
+                         ids=["qwen3-moe-full", "qwen3-moe-lora-attention", "mixtral-full"])
+def test_trainer_steps_within_2_percent_of_the_profiler_meter(twin, lora, tmp_path):
+    """A real Trainer (3 steps, AdamW fused, rows all full length), read by real_clients' profiler meter: the
+    estimate read off the Trainer is within 2% at step 1 and at the steady step."""
+    import real_clients as rc
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    cfg = get_config(twin)
+    for k, v in (WIDE if twin == TWIN else WIDE_DENSE_NAMED).items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert model.config._experts_implementation == "grouped_mm"   # what runs on this CPU (torch 2.13)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=_FullRows(12, 96, cfg.vocab_size))
+    est = estimate_trainer(trainer, device="cpu")   # reads a batch: 96 tokens a row, no padding
+    meter = rc.meter_trainer(trainer, rc.ProfilerMeter())
+    trainer.train()
+    peaks = meter.peaks
+    assert len(peaks) == 3
+    assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02, (est.first_step_peak_bytes, peaks)
+    assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02, (est.peak_bytes, peaks)
+
+
+@pytest.mark.parametrize("change,said", [
+    (dict(_experts_implementation="batched_mm"), "experts_implementation='batched_mm'"),
+    (dict(_experts_implementation="eager"), "experts_implementation='eager'"),
+    (dict(mlp_only_layers=[0]), "mixes dense and sparse layers"),
+    (dict(output_router_logits=True), "output_router_logits=True"),
+])
+def test_what_the_replay_does_not_follow_is_refused_by_name(change, said):
+    cfg = get_config(TWIN)
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    with pytest.raises(UnsupportedModel, match="^qwen3_moe") as err:
+        estimate(cfg, batch_size=1, seq_len=8)
+    assert said in str(err.value)
+
+
+@pytest.mark.parametrize("twin,family,params", [("tiny-mixtral", "mixtral", 1_018_496),
+                                                 ("tiny-olmoe", "olmoe", 1_018_880)])
+def test_mixtral_and_olmoe_twins_are_their_own_families(twin, family, params):
+    """Mixtral (no q/k norms, its routing weights left fp32) and OLMoE (q/k norms over the whole projections) run
+    the same experts: each is replayed by name, and its parameters counted with the fused 3-D experts (Mixtral:
+    embeddings 4096 x 128, tied, + final norm 128 + 2 x (attention 49,152, experts 8 x 3 x 128 x 64, router 8 x 128,
+    two norms 256); OLMoE: + its q/k norms, 128 + 64 a layer)."""
+    assert family_of(get_config(twin)) == info_of(twin).family == family
+    assert estimate(twin, batch_size=1, seq_len=8).params == build_model(twin, device="meta").num_parameters() == params
+
+
+@pytest.mark.parametrize("twin,change,said", [("tiny-mixtral", dict(router_jitter_noise=0.1), "router_jitter_noise"),
+                                              ("tiny-olmoe", dict(clip_qkv=8.0), "clip_qkv")])
+def test_mixtral_jitter_and_olmoe_clip_are_refused(twin, change, said):
+    cfg = get_config(twin)
+    for k, v in change.items():
+        setattr(cfg, k, v)
+    with pytest.raises(UnsupportedModel, match=said):
+        estimate(cfg, batch_size=1, seq_len=8)
+
+
+def test_a_built_model_with_another_experts_implementation_is_refused():
+    model = build_model(TWIN)
+    model.set_experts_implementation("batched_mm")
+    with pytest.raises(UnsupportedModel, match="batched_mm"):
+        estimate(model, batch_size=1, seq_len=8)
+
+
+@pytest.mark.skipif(os.environ.get("KIT_REAL_WIDTH") != "1", reason="about 8 GiB of RAM and 2 minutes: set "
+                    "KIT_REAL_WIDTH=1 to run it")
+def test_a_real_width_qwen3_30b_a3b_twin_is_exact():
+    """Qwen/Qwen3-30B-A3B's real widths (hidden 2048, 128 experts of width 768, top-8, vocabulary 151,936) in 2
+    layers, LoRA r8 on q_proj and v_proj, batch 1 x 64 tokens: the replay against autograd, and the estimate
+    against Trainer steps under the kit's CPU meter (measured 1.00000 and 1.00000 here)."""
+    kw = dict(batch_size=1, seq_len=64, padded=False, lora_r=8)
+    r = bench.run_row("real width", "Qwen/Qwen3-30B-A3B", kw, False, dict(num_hidden_layers=2))
+    assert r["est"].saved_bytes == pytest.approx(r["saved"], rel=1e-6)
+    assert 0.998 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.002
+    assert r["est"].weights_bytes == r["got"]["weights"]
