@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from kit.estimate.replay import llama
 from kit.estimate.replay.moe import sparse_moe
-from kit.estimate.replay.setup import around
+from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(final_norm="rms_norm")
+@around(covers=Covers(blocks=("OlmoeDecoderLayer",), attention=("OlmoeAttention",),
+                      mlp=("OlmoeSparseMoeBlock", "OlmoeTopKRouter", "OlmoeExperts"),
+                      norms=("OlmoeRMSNorm",)),
+        final_norm="rms_norm")
 def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True, mlp=sparse_moe, qk_norm_whole=True)
 
