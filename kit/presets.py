@@ -16,6 +16,13 @@ from kit import machine, optimizers
 from kit.inputs import InputError
 from kit.units import GiB, fmt_bytes, wrapped
 
+# "fits" keeps this share of the limit free while the figure judged is modelled, not measured on a GPU: the allocated
+# estimate and the caching allocator's model (the reserved figure) are checked against CPU steps and a fake-CUDA
+# meter, which sat 78-88 MiB under H200 readings (the cuBLAS workspaces, kernel scratch it cannot see), and a real
+# run adds what no model here holds (CUDA's context outside torch's count, other processes, fragmentation after
+# many steps). Less margin than this is "tight", never "fits". The fit advisor, `python -m kit fit` and the panel
+# apply it (docs/cli-and-api.md says it).
+MODELLED_MARGIN = 0.05
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 QUANTIZATIONS = ("none", "8bit", "4bit")
 # kit name -> TrainingArguments.optim, and every TrainingArguments.optim name -> kit name: kit.optimizers has them
@@ -167,6 +174,12 @@ class Verdict:
     judged_bytes: int | None = None   # the figure judged (shown in ``text``): reserved, else the peak
     judged_name: str = ""             # its name, as ``text`` says it: "reserved (modelled)", "peak (allocated)"
     limit_bytes: int | None = None    # what it was judged against (GPU memory for torch; RAM on "cpu")
+    tight: bool = False               # within the limit, with less than the MODELLED_MARGIN of it to spare (fits False)
+
+    @property
+    def word(self) -> str:
+        """"fits", "TIGHT" (under the :data:`MODELLED_MARGIN`) or "DOES NOT FIT"."""
+        return "TIGHT" if self.tight else "fits" if self.fits else "DOES NOT FIT"
 
     @wrapped
     def __str__(self) -> str:
@@ -175,6 +188,9 @@ class Verdict:
 
 def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
     """Compare an :class:`~kit.estimate.Estimate` with a device preset; the text names the one figure judged.
+
+    Within the limit but with less than :data:`MODELLED_MARGIN` of it to spare, the verdict is "TIGHT" (``tight``
+    True, ``fits`` False): the figures are modelled, not measured on this GPU.
 
     On a GPU preset what the caching allocator holds (the estimate's modelled ``reserved_bytes``; the allocated
     peak where none was modelled) must fit in GPU memory, and building the model on the CPU must fit in RAM
@@ -210,8 +226,22 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         gpus = getattr(est, "num_gpus", 1)   # a multi-GPU estimate's bytes are one GPU's: the verdict says so
         each = f" per GPU ({est.strategy} over {gpus} GPUs)" if gpus > 1 else ""
         what = f"{fmt_bytes(judged)} {name}{each} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
-    head = "fits" if fits else "DOES NOT FIT"
-    return Verdict(preset, fits, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged, name, limit)
+    tight = fits and (gpu_margin if gpu_margin is not None else ram_margin) < margin_kept(limit)
+    if tight:
+        what += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
+    head = "TIGHT" if tight else "fits" if fits else "DOES NOT FIT"
+    return Verdict(preset, fits and not tight, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged,
+                   name, limit, tight)
+
+
+def margin_kept(limit_bytes: int) -> int:
+    """The bytes of ``limit_bytes`` that "fits" keeps free while the figure judged is modelled
+    (:data:`MODELLED_MARGIN`).
+
+    >>> round(margin_kept(PRESETS["colab-t4"].gpu_bytes) / 2**30, 2)
+    0.73
+    """
+    return int(limit_bytes * MODELLED_MARGIN)
 
 
 def vllm_share_bytes(est, device_bytes: int) -> int:

@@ -77,12 +77,13 @@ def test_the_rank_check_judges_as_the_fit_advisor_does():
 
     lim = limit_for("colab-t4")
     usable = s1nb.usable_bytes("colab-t4")
-    assert usable == lim.usable_bytes == PRESETS["colab-t4"].gpu_bytes
+    # the 5% margin kept while the figures are modelled (issue 49 item 5): the solution leaves it free
+    assert usable == lim.usable_bytes == int(PRESETS["colab-t4"].gpu_bytes * 0.95)
     best = s1nb.largest_rank("colab-t4")
     at, over = (s1.estimate_fix("b", "real", rank=r) for r in (best, best + 1))
     assert lim.judged(at) <= usable < lim.judged(over)   # the reserved figure, as the advisor judges it
     assert at.reserved_bytes > at.peak_bytes                 # room kept for what the allocator holds beyond
-    assert "(reserved judged)" in " ".join(s1nb.rank_check(best).split())
+    assert "less the 5% margin; reserved judged)" in " ".join(s1nb.rank_check(best).split())
 
 
 def test_the_toy_model_has_one_culprit_that_clearly_dominates():

@@ -113,3 +113,23 @@ def test_the_fold_loop_shows_fold_2s_load_against_the_device():
     assert p.estimate.setup["kbit_recipe"] == "lean" and "fold 2 fits" in p.story_html.value
     p.controls["folds"].value = 3
     assert p.story_html.value.count("class='kit-fold'") == 3
+
+
+def test_the_panel_says_tight_under_the_margin_never_fits():
+    """Issue 49 item 5: the panel keeps the advisor's margin (kit.presets.MODELLED_MARGIN) while its figures are
+    modelled: a setup 1% under a device's limit is TIGHT, and the largest batch that fits leaves the margin too."""
+    from kit.advise import limit_for, max_batch_size
+    from kit.presets import MODELLED_MARGIN
+
+    setup = dict(model="tiny-llama", quantization="none", lora_r=0, batch_size=4, seq_len=128)
+    device = int(panel(scenario=2, **setup).estimate.reserved_bytes * 1.01)
+    p = panel(scenario=2, preset=str(device), **setup)
+    p.advice_view.rest_s = None
+    assert p.verdict.tight and not p.verdict.fits
+    assert "TIGHT" in p.estimate_html.value and "FITS" not in p.estimate_html.value
+    assert f"under the {MODELLED_MARGIN:.0%} margin" in p.estimate_html.value
+    largest = max_batch_size({**p.setup(), "device": "cuda"}, device)
+    assert largest < 4 and f"largest batch that fits: <b>{largest}</b>" in p.advice_view.largest_html.value
+    p.advice_view.ask()
+    assert all(s.reserved_bytes <= limit_for(device).usable_bytes for s in p.advice_view.rows if s.fits)
+    assert f"less the {MODELLED_MARGIN:.0%} margin" in p.advice_view.header.value

@@ -34,12 +34,16 @@ tier, in the order below; then fewer changed options, then the lower peak):
 Single changes are tried first. Only when none fits: every pair, then a third change on the
 :data:`BEAM` pairs of lowest peak: a few hundred estimates at most, cached within the call.
 
-The limit is what torch can allocate (a preset, this GPU now, or a number of bytes). What must fit it is the
-estimate's *reserved* figure (``Estimate.reserved_bytes``): the allocated peak plus what the caching allocator
-holds beyond it (requests rounded up to 512 B, large ones carved from 2 MiB or 20 MiB segments, freed blocks a
+The limit is what torch can allocate (a preset, this GPU now, or a number of bytes), less the margin that "fits"
+keeps while a figure is modelled and not measured on a GPU (:data:`kit.presets.MODELLED_MARGIN`, 5% of the limit):
+the *usable* bytes. A setup or change within the limit but over the usable bytes is *tight*, never "fits", and the
+search goes on for changes that leave the margin. What must fit is the estimate's *reserved* figure
+(``Estimate.reserved_bytes``): the allocated peak plus what the caching allocator holds beyond it (requests
+rounded up to 512 B, large ones carved from 2 MiB or 20 MiB segments, freed blocks a
 new size cannot reuse), modelled on the step laid out as tensors (:mod:`kit.estimate.reserved`), with or without
 ``expandable_segments`` as the setup says. ``safety=F`` replaces that model with a flat fraction F of the limit
-kept free against the allocated peak (``safety=0``: the allocated peak alone). The model's CPU build must fit in
+kept free against the allocated peak, in place of the margin (``safety=0``: the allocated peak alone, against the
+whole limit). The model's CPU build must fit in
 RAM as well (it does not depend on batch or sequence).
 
 >>> a = advise(dict(model="tiny-llama", batch_size=8, seq_len=128, device="cpu"), 80_000_000, safety=0)
@@ -63,7 +67,7 @@ from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_for
 from kit.estimate.read_model import read_model
-from kit.presets import resolve_device
+from kit.presets import MODELLED_MARGIN, resolve_device
 from kit.units import fmt_bytes, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
@@ -85,8 +89,14 @@ class Limit:
     kernels: str = "cuda"   # estimate(device=...): "cpu" on the cpu preset
 
     @property
+    def margin_fraction(self) -> float:
+        """The share of the limit kept free: the safety fraction where one is given, else the modelled margin."""
+        return MODELLED_MARGIN if self.safety_fraction is None else self.safety_fraction
+
+    @property
     def usable_bytes(self) -> int:
-        return self.limit_bytes if self.safety_fraction is None else int(self.limit_bytes * (1 - self.safety_fraction))
+        """The limit less the share kept free (:attr:`margin_fraction`): what a setup that fits may use."""
+        return int(self.limit_bytes * (1 - self.margin_fraction))
 
     def judged(self, est, evaluates: bool = False, exact: bool = True) -> int:
         """What of estimate ``est`` must fit :attr:`usable_bytes`: its reserved figure (the allocated peak plus the
@@ -104,8 +114,8 @@ def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
     (read by :func:`kit.presets.resolve_device`). The 16-bit type to suggest comes from the GPU's compute
     capability (:func:`kit.dtypes.run_dtype`).
 
-    >>> round(limit_for("colab-t4").usable_bytes / 2**30, 2), round(limit_for("colab-t4", 0.05).usable_bytes / 2**30, 2)
-    (14.56, 13.83)
+    >>> round(limit_for("colab-t4").usable_bytes / 2**30, 2), round(limit_for("colab-t4", 0).usable_bytes / 2**30, 2)
+    (13.83, 14.56)
     """
     safety = None if safety is None else kin.fraction("safety", safety, maximum=0.5)
     if isinstance(device, Limit):
@@ -150,7 +160,8 @@ class Advice:
         for d, o in zip(sug, self.objects):
             d["objects"] = o.to_json()
         return {"fits": self.fits, "peak_bytes": self.peak_bytes, "limit_bytes": lim.limit_bytes,
-                "safety_fraction": lim.safety_fraction, "usable_bytes": lim.usable_bytes,
+                "safety_fraction": lim.safety_fraction, "margin_fraction": lim.margin_fraction,
+                "usable_bytes": lim.usable_bytes, "tight": self.tight,
                 "reserved_bytes": self.reserved_bytes, "expandable_segments": self.expandable_segments,
                 "judged": "peak_bytes" if lim.safety_fraction is not None else "reserved_bytes",
                 "margin_bytes": self.margin_bytes, "cpu_build_bytes": self.cpu_build_bytes,
@@ -159,6 +170,12 @@ class Advice:
                 "max_seq_len": self.max_seq_len, "evaluates": self.evaluates, "eval_peak_bytes": self.eval_peak_bytes,
                 "max_eval_batch_size": self.max_eval_batch_size,
                 "suggestions": sug, "notes": self.notes}
+
+    @property
+    def tight(self) -> bool:
+        """Within the limit, but not the margin kept (:attr:`Limit.margin_fraction`): never "fits"."""
+        return not self.fits and self.judged_bytes <= self.limit.limit_bytes and \
+            self.cpu_build_bytes <= self.limit.ram_bytes
 
     @property
     def judged_bytes(self) -> int:

@@ -179,11 +179,14 @@ class GrpoAdvice:
     def answer(self) -> list:
         """At most five lines: the verdict with the figure judged and the limit, the cause, the best change."""
         lim, margin = self.limit, self.limit.usable_bytes - self.judged_bytes
-        verdict, spare = ("fits", "to spare") if self.fits else ("DOES NOT FIT", "short")
+        tight = not self.fits and self.judged_bytes <= lim.limit_bytes
+        verdict, spare = ("fits", "to spare") if self.fits else ("TIGHT" if tight else "DOES NOT FIT", "short")
         share = vllm_share_bytes(self.est, lim.limit_bytes)
         vllm = f" + vLLM's share {self._f(share)}" if share else ""
+        usable = (f"{self._f(lim.usable_bytes)} usable ({self._f(lim.limit_bytes)} less the "
+                  f"{lim.margin_fraction:.0%} margin)") if lim.margin_fraction else self._f(lim.limit_bytes)
         out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap{vllm} (GRPO, "
-               f"modelled) of {self._f(lim.usable_bytes)} ({self._f(abs(margin))} {spare})", self.cause()]
+               f"modelled) of {usable} ({self._f(abs(margin))} {spare})", self.cause()]
         if self.fits:
             return out + ["no change needed"]
         if not self.changes:

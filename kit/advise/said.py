@@ -38,15 +38,29 @@ def judged_name(advice) -> str:
         else "reserved (modelled)"
 
 
+def word(advice_or_suggestion) -> str:
+    """"fits", "TIGHT" (within the limit, not the margin kept) or "DOES NOT FIT"."""
+    return "fits" if advice_or_suggestion.fits else "TIGHT" if advice_or_suggestion.tight else "DOES NOT FIT"
+
+
+def usable_said(advice) -> str:
+    """The usable bytes and what they are: the limit less the margin kept while modelled (or the safety fraction)."""
+    lim = advice.limit
+    if not lim.margin_fraction:
+        return _f(advice, lim.limit_bytes)
+    less = f"the {lim.margin_fraction:.0%} margin" if lim.safety_fraction is None else f"{lim.margin_fraction:.0%}"
+    return f"{_f(advice, lim.usable_bytes)} usable ({_f(advice, lim.limit_bytes)} less {less})"
+
+
 def verdict_line(advice) -> str:
     """The verdict with the one figure judged, by name, and the limit (and RAM where the build does not fit)."""
     lim = advice.limit
-    of = _f(advice, lim.limit_bytes) if lim.safety_fraction is None else \
-        f"{_f(advice, lim.usable_bytes)} usable ({_f(advice, lim.limit_bytes)} less {lim.safety_fraction:.0%})"
     ram = "" if advice.cpu_build_bytes <= lim.ram_bytes else \
         f"; CPU build {_f(advice, advice.cpu_build_bytes)} > {_f(advice, lim.ram_bytes)} RAM"
-    return (f"{'fits' if advice.fits else 'DOES NOT FIT'} {short_label(lim.label)}: {_f(advice, advice.judged_bytes)} "
-            f"{judged_name(advice)} of {of} ({_margin(advice, advice.margin_bytes)}){ram}")
+    room = _margin(advice, advice.margin_bytes) if not advice.tight else \
+        f"{_f(advice, lim.limit_bytes - advice.judged_bytes)} to spare of the limit, under its margin"
+    return (f"{word(advice)} {short_label(lim.label)}: {_f(advice, advice.judged_bytes)} "
+            f"{judged_name(advice)} of {usable_said(advice)} ({room}){ram}")
 
 
 def answer(advice) -> list:
@@ -63,7 +77,8 @@ def answer(advice) -> list:
     if not advice.suggestions:
         return out
     s = advice.suggestions[0]
-    head = f"{'best change' if s.fits else 'closest change (still short)'}: "
+    head = ("best change" if s.fits else "closest change (TIGHT: under the margin)" if s.tight else
+            "closest change (still short)") + ": "
     tail = f" -> {_f(advice, _held(advice, s))} {judged_name(advice).split(' ')[0]} ({_signed(advice, s.margin_bytes)})"
     room = ANSWER_LINES - len(wrap("\n".join(out)).splitlines())   # the lines left for it, folded
     width = min(room * (WIDTH - 4) - len(head) - len(tail) - 8, SHORT_WIDTH)
@@ -78,7 +93,7 @@ def short_rows(advice, top: int | None) -> list:
            f"({'reserved' if advice.limit.safety_fraction is None else 'peak'}, margin; append to the command):"
            ] if len(rows) > 1 else []
     out += [f"  {i:>2} {_f(advice, _held(advice, s)):>10} {_signed(advice, s.margin_bytes):>11}  {s.cli}"
-            for i, s in enumerate(rows[1:], 2)]
+            + (" (TIGHT)" if s.tight else "") for i, s in enumerate(rows[1:], 2)]
     if not advice.fits:
         out.append(f"largest batch that fits: {advice.max_batch_size}; longest sequence: {advice.max_seq_len}")
     return out
@@ -93,14 +108,13 @@ def details(advice, top: int | None = None) -> list:
         ram += f"; evaluate() {_f(advice, advice.eval_peak_bytes)}" + (
             " does NOT fit" if advice.eval_peak_bytes > lim.usable_bytes else "")
     if lim.safety_fraction is None and lim.kernels == "cpu":   # no caching allocator: the peak is judged
-        what = f"peak {_f(advice, advice.peak_bytes)} of {_f(advice, lim.limit_bytes)}"
+        what = f"peak {_f(advice, advice.peak_bytes)} of {usable_said(advice)}"
     elif lim.safety_fraction is None:
         what = (f"peak {_f(advice, advice.peak_bytes)} allocated, {_f(advice, advice.reserved_bytes)} reserved "
                 f"(the caching allocator modelled, expandable_segments "
-                f"{'on' if advice.expandable_segments else 'off'}) of {_f(advice, lim.limit_bytes)}")
+                f"{'on' if advice.expandable_segments else 'off'}) of {usable_said(advice)}")
     else:
-        what = (f"peak {_f(advice, advice.peak_bytes)} of {_f(advice, lim.usable_bytes)} usable "
-                f"({_f(advice, lim.limit_bytes)} less a {lim.safety_fraction:.0%} safety margin)")
+        what = f"peak {_f(advice, advice.peak_bytes)} of {usable_said(advice)}"
     out = [f"{lim.label}: {what}: {_margin(advice, advice.margin_bytes)}{ram}"]
     rows = advice.suggestions[:top]
     if rows:
@@ -109,6 +123,7 @@ def details(advice, top: int | None = None) -> list:
     for i, s in enumerate(rows, 1):
         held = _f(advice, s.reserved_bytes) if lim.safety_fraction is None else "-"
         out.append(f"  {i:>2} {_f(advice, s.peak_bytes):>10} {held:>10} {_signed(advice, s.margin_bytes):>11}  {s.cli}"
+                   + (" (TIGHT: within the limit, not its margin)" if s.tight else "")
                    + "".join(f"\n{'':38}cost: {c}" for c in s.costs))
         if i <= len(advice.objects):   # the same change in the user's own objects
             out += _in_objects(advice.objects[i - 1], s.costs)

@@ -169,10 +169,11 @@ class Suggestion:
     options: dict = field(repr=False, default_factory=dict)   # estimate()'s keywords, in full
     rank: tuple = field(repr=False, default=())
     reserved_bytes: int = 0    # its predicted max_memory_reserved() (kit.estimate.reserved)
+    tight: bool = False        # within the limit but not its margin kept (kit.advise.core.Limit.usable_bytes)
 
     def to_json(self) -> dict:
-        d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "reserved_bytes", "fits", "margin_bytes",
-                                           "costs",
+        d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "reserved_bytes", "fits", "tight",
+                                           "margin_bytes", "costs",
                                            "max_batch_size", "max_seq_len", "cpu_build_bytes", "eval_peak_bytes")}
         return d | {"tiers": list(self.tiers)}
 
@@ -305,9 +306,12 @@ class Search:
     def suggestion(self, names, setup, est) -> Suggestion:
         costs = [cost(m, self.base, setup, self.base_est, est) for m in MOVES if m in names]
         changes, rank = self.changes(setup), self.rank((names, setup, est))
-        return Suggestion(changes, cli(changes), est.peak_bytes, self.fits(est), self.margin(est), costs, rank[1],
+        fits, margin = self.fits(est), self.margin(est)
+        tight = not fits and self.lim.judged(est, self.evaluates) <= self.lim.limit_bytes and \
+            est.cpu_build_bytes <= self.lim.ram_bytes
+        return Suggestion(changes, cli(changes), est.peak_bytes, fits, margin, costs, rank[1],
                           *self.largest(setup), est.cpu_build_bytes, est.eval_peak_bytes, setup, rank,
-                          est.reserved_bytes)
+                          est.reserved_bytes, tight)
 
     def margin(self, est) -> int:
         """The usable limit less what is judged (:meth:`kit.advise.core.Limit.judged`)."""

@@ -18,7 +18,7 @@ them, and Run stays off while they are set (a run measures the controls' setup).
 >>> view = AdviceView(apply=lambda options: None, rest_s=None)
 >>> view.update(dict(model="tiny-llama", batch_size=64, seq_len=128, device="cpu"), 80_000_000, fits=False)
 >>> view.largest_html.value.split("<b>")[1].split("</b>")[0], view.rows
-('6', [])
+('5', [])
 >>> view.ask(); view.rows[0].cli
 '--batch-size 4 --grad-accum 16'
 """
@@ -100,7 +100,7 @@ class AdviceView:
                 n = max_batch_size(options, device)
                 self.largest_html.value = (
                     f"<span class='kit-largest' style='font-size:85%'>largest batch that fits: <b>{n}</b>"
-                    " (judged on its reserved estimate)</span>" if n else
+                    " (its reserved estimate judged, the margin kept)</span>" if n else
                     "<span class='kit-largest' style='font-size:85%;color:#D55E00'>not even batch 1 fits</span>")
                 if not fits:
                     self._asked = (options, device)
@@ -163,17 +163,20 @@ class AdviceView:
         if self.advice is None and self._asked is not None:   # not advised yet: the button, or the rest
             children.append(self._ask_row)
         if self.advice is not None:
-            a, usable = self.advice, limit_for(device).usable_bytes
+            a, lim = self.advice, limit_for(device)
             head = ("what makes it fit, cheapest first" if self.rows and self.rows[0].fits else
                     "nothing the advisor tried fits; the closest" if self.rows else "the advisor finds no change")
             self.header.value = (f"<div class='kit-advice-head' style='margin-top:6px'><b>{head}</b> "
                                  f"<span style='font-size:85%;color:#555'>(estimated, each reserved figure against "
-                                 f"{fmt_bytes(usable)})</span></div>")
+                                 f"{fmt_bytes(lim.usable_bytes)}: {fmt_bytes(lim.limit_bytes)} less the "
+                                 f"{lim.margin_fraction:.0%} margin kept while it is modelled)</span></div>")
             children.append(self.header)
             for s, t, line in zip(self.rows, self.texts, self._lines):
                 margin = ("+" if s.margin_bytes >= 0 else "-") + fmt_bytes(abs(s.margin_bytes))
-                t.value = (f"<span class='kit-suggestion' style='font-size:85%'><code>{html.escape(s.cli)}</code>: "
-                           f"reserved {fmt_bytes(s.reserved_bytes)} ({margin}), peak {fmt_bytes(s.peak_bytes)} "
+                tight = " <b style='color:#E69F00'>TIGHT</b>" if s.tight else ""
+                t.value = (f"<span class='kit-suggestion' style='font-size:85%'><code>{html.escape(s.cli)}</code>"
+                           f"{tight}: reserved {fmt_bytes(s.reserved_bytes)} ({margin}), peak "
+                           f"{fmt_bytes(s.peak_bytes)} "
                            "allocated<br><span style='color:#555'>"
                            + "<br>".join(html.escape(c) for c in s.costs) + "</span></span>")
                 children.append(line)

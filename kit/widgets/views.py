@@ -15,6 +15,7 @@ import html
 import re
 
 from kit.plot import OFF_SCALE
+from kit.presets import MODELLED_MARGIN, margin_kept
 from kit.units import fmt_bytes
 
 COLOURS = {"weights": "#0072B2", "gradients": "#E69F00", "optimizer state": "#009E73", "activations": "#CC79A7",
@@ -50,11 +51,14 @@ def verdict_html(est, verdict, preset, problem: str | None = None) -> str:
         return (f"<div class='kit-verdict' style='color:#D55E00;font-weight:bold'>No estimate: "
                 f"{html.escape(problem or '')}</div>")
     name, figure, limit, where = judged(est, preset)
-    colour, head = ("#009E73", "FITS") if verdict.fits else ("#D55E00", "DOES NOT FIT")
+    colour, head = ("#009E73", "FITS") if verdict.fits else ("#E69F00", "TIGHT") if verdict.tight else \
+        ("#D55E00", "DOES NOT FIT")
     if getattr(est, "num_gpus", 1) > 1 or getattr(est, "strategy", "single") != "single":
         head += f" EACH GPU ({est.num_gpus} x, {est.strategy})"
     margin = limit - figure
     spare = f"{fmt_bytes(margin)} to spare" if margin >= 0 else f"{fmt_bytes(-margin)} short"
+    if verdict.tight:   # within the limit, not the margin kept while the figure is modelled
+        spare += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
     ram = ""
     if preset.gpu_bytes is not None and verdict.ram_margin_bytes is not None and verdict.ram_margin_bytes < 0:
         ram = (f"; building the model needs <b>{fmt_bytes(est.cpu_build_bytes)}</b> of "
@@ -171,7 +175,8 @@ def history_html(history: list) -> str:
     rows = []
     for i, r in enumerate(history, 1):
         pred, meas = r.get("predicted_peak_bytes"), r.get("measured_peak_bytes")
-        vals = {**r, "model": run_label(r), "predicted": fmt_bytes(pred) if pred else "", "measured": fmt_bytes(meas) if meas else "",
+        vals = {**r, "model": run_label(r), "predicted": fmt_bytes(pred) if pred else "",
+                "measured": fmt_bytes(meas) if meas else "",
                 "ratio": f"{meas / pred:.2f}x" if pred and meas else "",
                 "returned": {True: "yes", False: "NO", None: ""}[r.get("returned")]}
         rows.append(f"<tr><td>{i}</td>" + "".join(f"<td class='kit-{c}' style='padding:2px 8px'>"

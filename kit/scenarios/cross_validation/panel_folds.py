@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 
 from kit import inputs as kin
+from kit.presets import MODELLED_MARGIN, margin_kept
 from kit.scenarios.cross_validation.predict import THEN, fold_timeline
 from kit.units import fmt_bytes
 
@@ -80,17 +81,20 @@ class FoldLoop:
         return "" if est is None or preset.gpu_bytes is None else folds_html(self.timeline(est), preset)
 
 
-def fold2_text(folds: list[dict], limit: int) -> tuple[str, bool]:
-    """Fold 2's load in one line, and whether it goes over ``limit``."""
+def fold2_text(folds: list[dict], limit: int) -> tuple[str, str]:
+    """Fold 2's peak in one line, and its word: "fits", "TIGHT" (under the margin kept while it is modelled,
+    :data:`kit.presets.MODELLED_MARGIN`) or "DOES NOT FIT"."""
     f2 = folds[1]
+    figure = f2["load_peak_bytes"] or f2["train_peak_bytes"]
+    gap = limit - figure
+    word = "DOES NOT FIT" if gap < 0 else "TIGHT" if gap < margin_kept(limit) else "fits"
+    room = f"{fmt_bytes(-gap)} over" if gap < 0 else f"{fmt_bytes(gap)} to spare" + (
+        f", under the {MODELLED_MARGIN:.0%} margin kept while it is modelled" if word == "TIGHT" else "")
     if f2["load_peak_bytes"] is None:
-        return (f"fold 2 loads no model (loaded once): its peak is one fold's step, "
-                f"{fmt_bytes(f2['train_peak_bytes'])}"), f2["train_peak_bytes"] > limit
-    over = f2["load_peak_bytes"] > limit
-    gap = f2["load_peak_bytes"] - limit
+        return (f"fold 2 loads no model (loaded once): its peak is one fold's step, {fmt_bytes(figure)} allocated "
+                f"of {fmt_bytes(limit)} ({room})"), word
     return (f"fold 2's load, {f2['models_at_load']} model{'s' if f2['models_at_load'] > 1 else ''} alive: "
-            f"{fmt_bytes(f2['load_peak_bytes'])} allocated of {fmt_bytes(limit)} "
-            f"({fmt_bytes(abs(gap))} {'over' if over else 'to spare'})"), over
+            f"{fmt_bytes(figure)} allocated of {fmt_bytes(limit)} ({room})"), word
 
 
 def folds_html(folds: list[dict], preset) -> str:
@@ -99,9 +103,10 @@ def folds_html(folds: list[dict], preset) -> str:
     limit = preset.gpu_bytes
     tops = [f[k] for f in folds for k in ("load_peak_bytes", "train_peak_bytes") if f[k]]
     scale = max(tops + [limit]) * 1.05
-    text, over = fold2_text(folds, limit)
-    head = (f"<div class='kit-fold2' style='font-size:105%'><b style='color:{'#D55E00' if over else '#009E73'}'>"
-            f"{'FOLD 2 DOES NOT FIT' if over else 'fold 2 fits'}</b> {html.escape(preset.label)}: "
+    text, word = fold2_text(folds, limit)
+    colour = {"fits": "#009E73", "TIGHT": "#E69F00"}.get(word, "#D55E00")
+    head = (f"<div class='kit-fold2' style='font-size:105%'><b style='color:{colour}'>"
+            f"{'fold 2 fits' if word == 'fits' else 'FOLD 2 ' + word}</b> {html.escape(preset.label)}: "
             f"{html.escape(text)} (ESTIMATED)</div>")
     line = (f"<div style='position:absolute;left:{100 * limit / scale:.2f}%;top:0;bottom:0;"
             f"border-left:2px dashed #D55E00' title='{fmt_bytes(limit)}'></div>")

@@ -20,19 +20,21 @@ RATIO_TOLERANCE = 0.05   # a ratio guess within 5% of the computed one is right 
 
 # -- the exercise: the largest low-rank head that fits -----------------------------------------
 def usable_bytes(preset: str = "colab-t4") -> int:
-    """What the rank exercise must fit: ``preset``'s GPU memory, judged as ``python -m kit fit`` judges, on each
+    """What the rank exercise must fit: ``preset``'s GPU memory less the fit advisor's 5% margin (kept while the
+    figures are modelled: :data:`kit.presets.MODELLED_MARGIN`), judged as ``python -m kit fit`` judges, on each
     estimate's reserved figure (the allocated peak plus what the caching allocator holds beyond it, modelled), so
-    that the solution's rank leaves room for the allocator.
+    that the solution's rank leaves room for the allocator and the margin.
 
     >>> round(usable_bytes("colab-t4") / 2**30, 2)
-    14.56
+    13.83
     """
     return limit_for(preset).usable_bytes
 
 
 def _limit_words(preset: str) -> str:
     lim = limit_for(preset)
-    return f"the {fmt_bytes(lim.usable_bytes)} of {PRESETS[preset].label.split(' (')[0]} (reserved judged)"
+    return (f"the {fmt_bytes(lim.usable_bytes)} usable of {PRESETS[preset].label.split(' (')[0]} (its "
+            f"{fmt_bytes(lim.limit_bytes)} less the {lim.margin_fraction:.0%} margin; reserved judged)")
 
 
 def _rank_fits(rank: int, preset: str) -> tuple[bool, object]:
@@ -46,8 +48,8 @@ def rank_check(my_rank, preset: str = "colab-t4") -> str:
     memory (:func:`usable_bytes`: its reserved figure judged, as the fit advisor judges).
 
     >>> print(rank_check(256))
-    rank 256: ESTIMATED peak 917.27 MiB, reserved 1.03 GiB, fits the 14.56 GiB of Colab T4 (reserved judged); rank
-        + 1 fits too: go higher
+    rank 256: ESTIMATED peak 917.27 MiB, reserved 1.03 GiB, fits the 13.83 GiB usable of Colab T4 (its 14.56 GiB
+        less the 5% margin; reserved judged); rank + 1 fits too: go higher
     """
     vocab = kmodels.get_config("distilgpt2").vocab_size + 1  # the pad token the user added
     rank = kin.whole_number("my_rank", my_rank)

@@ -25,6 +25,7 @@ import functools
 from kit import dtypes
 from kit import inputs as kin
 from kit import models as kmodels
+from kit.presets import MODELLED_MARGIN, margin_kept
 from kit.scenarios.custom_head import scenario as s1
 from kit.units import fmt_bytes
 
@@ -153,6 +154,8 @@ class HeadChoice:
         n, dtype = v * v + v, forced["load_dtype"]   # the head's parameters, 2 bytes each in 16 bits
         if not forced["refused"]:
             return f"{dtype} weights and grads {fmt_bytes(4 * n)}; 8-bit AdamW's two moments {fmt_bytes(2 * n)}"
+        limit = preset.gpu_bytes or preset.ram_bytes
         return (f"{dtype} weights and grads {fmt_bytes(4 * n)}; AdamW's two moments in {dtype} {fmt_bytes(4 * n)}. "
                 f"8-bit AdamW is refused here: {forced['refused']} Even it would keep {fmt_bytes(6 * n)} of weights, "
-                f"grads and state for the head alone, against {fmt_bytes(preset.gpu_bytes or 0)}")
+                f"grads and state for the head alone, against the {fmt_bytes(limit - margin_kept(limit))} usable of "
+                f"{fmt_bytes(limit)} (less the {MODELLED_MARGIN:.0%} margin kept while the figures are modelled)")
