@@ -18,6 +18,8 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``get_peft_config`` off and on; ``estimate_trainer``;
 4. peft's documented LoRA causal-LM pattern: ``get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))`` +
    ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
+   4b. the same with trained embeddings and head, as Google's Gemma guide writes it (``modules_to_save=["lm_head",
+   "embed_tokens"]``: peft's trained copies beside the frozen originals), on an untied (Llama) and a tied (Qwen2) twin;
 5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
    optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``;
 6. TRL's ``DPOTrainer`` built as ``tests/test_dpo.py`` builds it (pairs of a 20-token prompt, 30-token chosen and
@@ -436,6 +438,38 @@ def client_peft(work):
            "LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
+def client_peft_saved(work, family="tiny-llama"):
+    """LoRA with trained embeddings and head, as Google's Gemma fine-tuning guide (and anyone adding chat tokens)
+    writes it: ``LoraConfig(..., modules_to_save=["lm_head", "embed_tokens"])``; peft trains a copy of each beside
+    the frozen original (``ModulesToSaveWrapper``). Trainer + the LM collator, as client 4."""
+    from datasets import Dataset
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer_ = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir(family, work))
+    peft_config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16, lora_dropout=0.05,
+                             target_modules="all-linear", modules_to_save=["lm_head", "embed_tokens"])
+    model = get_peft_model(model, peft_config)
+
+    def tokenize(examples):
+        return tokenizer_(examples["text"], truncation=True, max_length=64)
+
+    ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(tokenize, batched=True,
+                                                                               remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, "peft-saved"), learning_rate=2e-4,
+                             per_device_train_batch_size=4, use_cpu=True, max_steps=3, report_to="none",
+                             save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
+    yield ("4b. LoRA + trained embeddings and head", f"{family}, LoRA r8 all-linear, dropout 0.05, "
+           "modules_to_save=[lm_head, embed_tokens], B4 x 64, Trainer + LM collator", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
+
+
 def _dpo_pairs(n=16, P=20, C=30, R=20):
     """tests/test_dpo.py's pairs: a P-token prompt, a C-token chosen and an R-token rejected completion (one token
     per word with the shipped tokenizer), so that every step is one batch padded to the same length."""
@@ -755,6 +789,9 @@ def rows_to_run(work, only=None):
     R.append(("TRL recipe peft", lambda m: run_trainer_client(client_trl_recipe(work, True), m)))
     R.append(("TRL recipe full bf16=False", lambda m: run_trainer_client(client_trl_recipe(work, False, False), m)))
     R.append(("peft example", lambda m: run_trainer_client(client_peft(work), m)))
+    for family in ("tiny-llama", "tiny-qwen2"):
+        R.append((f"peft LoRA modules_to_save lm_head embed_tokens {family}",
+                  lambda m, f=family: run_trainer_client(client_peft_saved(work, f), m)))
     R.append(("plain loop as written", lambda m: client_loop(work, m)))
     R.append(("plain loop use_cache=False", lambda m: client_loop(work, m, use_cache=False)))
     if loop_option():

@@ -117,6 +117,11 @@ def _count(info: Info, plan) -> Counts:
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
             w_bytes += n * other
             c.params += n
+        elif l.name in plan.saved_copies:  # peft's modules_to_save copy of an embedding / the head (even a tied one)
+            k = l.weight or l.fin * l.fout
+            pieces = [(k, other, l.shape if l.weight else (l.fout, l.fin)), (l.bias, other, (l.bias,))]
+            w_bytes += (k + l.bias) * other
+            c.params += k + l.bias
         elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]

@@ -349,6 +349,9 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
+        if info.task == "causal-lm" and peft_config.modules_to_save:   # trained copies (the plan checks the names)
+            opts["modules_to_save"] = tuple(peft_config.modules_to_save)
+            src["modules_to_save"] = (opts["modules_to_save"], "LoraConfig.modules_to_save")
     src["seq_len"] = (seq_len, "estimate_from(seq_len=...)")
     src["padded"] = (True, "assumed: padded, as estimate() does") \
         if padded is None else (padded, "estimate_from(padded=...)")

@@ -85,6 +85,9 @@ def read_model(model):
             opts["train_head"] = bool(saved)
             src["train_head"] = (bool(saved), f"peft's modules_to_save copy of {', '.join(saved)}" if saved else
                                  "the classifier head is frozen (no modules_to_save copy)")
+        elif saved:
+            opts["modules_to_save"] = tuple(saved)
+            src["modules_to_save"] = (tuple(saved), "peft's modules_to_save copies (ModulesToSaveWrapper) that train")
         dts = {dtype_name(p.dtype) for n, p in base.named_parameters() if ".lora_A." in n or ".lora_B." in n}
         if dts not in ({"fp32"}, {"bf16"}):
             raise kin.InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
@@ -152,8 +155,14 @@ def _read_adapters(base):
             raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
         a = next(iter(m.r))
-        if m.use_dora.get(a) or getattr(m, "lora_bias", {}).get(a):
-            raise kin.Refusal(f"{n} uses DoRA or a LoRA bias, which the kit does not model: plain LoRA only.")
+        if m.use_dora.get(a):
+            raise kin.Refusal(f"{n} uses DoRA (LoraConfig(use_dora=True): a trained magnitude vector and a weight "
+                             "norm per layer), which the kit does not model: estimate it without use_dora, or "
+                             "measure it with kit.watch(trainer).")
+        if getattr(m, "lora_bias", {}).get(a):
+            raise kin.Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
+                             "the kit does not model: estimate it without lora_bias, or measure it with "
+                             "kit.watch(trainer).")
         if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
             raise kin.Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")
@@ -167,14 +176,34 @@ def _read_adapters(base):
     extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
     saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
     head = _classifier_name(base)
-    other = [n for n in extra if n.split(".modules_to_save.")[0] != head or ".modules_to_save." not in n]
+    copies = {n for n in saved if _copy_modelled(base, n, head)}
+    other = [n for n in extra if n.split(".modules_to_save.")[0] not in copies or ".modules_to_save." not in n]
     if other:
-        what = f"the classifier head {head}'s modules_to_save copy" if head else "none"
-        raise kin.Refusal(f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
-                         f"{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it models "
-                         f"the adapters and, on a classifier, {what}): freeze them, or measure this setup on a real "
-                         "step with kit.measure.track.Tracker.")
-    return ranks.pop(), names, drops.pop(), saved
+        biases = [n for n in other if n.endswith(".bias")]
+        what = f"the classifier head {head}'s modules_to_save copy" if head else \
+            "modules_to_save copies of the input embeddings and the output head"
+        found = f"biases are trainable (LoraConfig(bias=...)?: {', '.join(biases[:3])}" if len(biases) == len(other) \
+            else f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
+        raise kin.Refusal(f"{found}{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it "
+                         f"models the adapters and {what}): freeze them, or measure this setup with "
+                         "kit.watch(trainer).")
+    return ranks.pop(), names, drops.pop(), sorted(copies)
+
+
+def _copy_modelled(base, name: str, head: str | None) -> bool:
+    """Whether peft's modules_to_save copy at ``name`` is one the kit models: a classifier's head, or a causal LM's
+    input embeddings or output head."""
+    if head:
+        return name == head
+    import torch.nn as nn
+
+    wrapper = base.get_submodule(name)
+    original = getattr(wrapper, "original_module", wrapper)
+    try:
+        output = base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        output = None
+    return isinstance(original, nn.Embedding) or (output is not None and wrapper is output)
 
 
 def _classifier_name(base) -> str | None:
@@ -264,7 +293,10 @@ def _tied(base):
         inp, out = base.get_input_embeddings(), base.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return None
-    return None if inp is None or out is None else out.weight is inp.weight
+    if inp is None or out is None:
+        return None
+    # (peft's modules_to_save wrapper answers with its trained copy's weight: the originals say what is tied)
+    return getattr(out, "original_module", out).weight is getattr(inp, "original_module", inp).weight
 
 
 def read_bnb(quant_config, name: str) -> str:

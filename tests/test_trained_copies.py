@@ -1,0 +1,77 @@
+"""peft's adapters beyond plain LoRA (issue 47.2): trained copies of a causal LM's embeddings and head
+(``LoraConfig(modules_to_save=["lm_head", "embed_tokens"])``, peft's ``ModulesToSaveWrapper``) within 2% of the
+profiler meter of ``benchmarks/real_clients.py`` at step 1 and the steady step, tied and untied; and the variants the
+kit does not model (DoRA, a LoRA bias, bias="all", a copy of another module) refused by exactly what was found."""
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import real_clients as rc  # noqa: E402
+
+from kit import inputs, models  # noqa: E402
+from kit.estimate import estimate  # noqa: E402
+from kit.estimate.read_model import read_model  # noqa: E402
+
+warnings.filterwarnings("ignore")
+SAVED = ("lm_head", "embed_tokens")
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-qwen2"])   # untied, and tied embeddings (Gemma's case)
+def test_i47_2_lora_with_trained_embeddings_and_head_within_2_percent(tmp_path, family):
+    """Refused before ("parameters outside the LoRA adapters are trainable")."""
+    _, setup, est, peaks = rc.run_trainer_client(rc.client_peft_saved(str(tmp_path), family), rc.ProfilerMeter)
+    assert est.setup["modules_to_save"] == ("lm_head", "model.embed_tokens")
+    first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
+    print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
+    assert 0.98 <= first <= 1.02 and 0.98 <= steady <= 1.02, (first, steady, peaks)
+
+
+def test_the_copies_weights_grads_and_state_are_counted_from_their_shapes():
+    """Each copy: V x H weights beside the frozen original, its fp32 grad and AdamW's two moments; on a tied model the
+    shared original is counted once and the two copies apart (peft unties them)."""
+    for family in ("tiny-llama", "tiny-qwen2"):
+        cfg = models.get_config(family)
+        table = cfg.vocab_size * cfg.hidden_size * 4    # [V, H] fp32
+        plain = estimate(family, batch_size=2, seq_len=16, lora_r=8, device="cpu")
+        saved = estimate(family, batch_size=2, seq_len=16, lora_r=8, device="cpu", modules_to_save=SAVED)
+        assert saved.weights_bytes - plain.weights_bytes == 2 * table, family
+        assert saved.gradients_bytes - plain.gradients_bytes == 2 * table, family
+        assert saved.optimizer_bytes - plain.optimizer_bytes == 2 * 2 * table, family
+
+
+def test_estimate_reads_the_copies_from_the_model_as_from_a_lora_config():
+    model = get_peft_model(models.build_model("tiny-llama"), LoraConfig(r=8, modules_to_save=list(SAVED)))
+    _, opts, src, _ = read_model(model)
+    assert opts["modules_to_save"] == ("lm_head", "model.embed_tokens") and "ModulesToSaveWrapper" in \
+        src["modules_to_save"][1]
+
+
+@pytest.mark.parametrize("config,found", [
+    (dict(use_dora=True), "uses DoRA (LoraConfig(use_dora=True)"),
+    (dict(lora_bias=True), "has a LoRA bias (LoraConfig(lora_bias=True)"),
+    (dict(bias="all"), "biases are trainable (LoraConfig(bias=...)?: model.layers.0.self_attn.q_proj.base_layer.bias"),
+])
+def test_a_refusal_names_exactly_what_it_found(config, found):
+    cfg = models.get_config("tiny-llama")
+    cfg.attention_bias = config.get("bias") == "all"      # (bias="all" needs biases to train)
+    model = get_peft_model(models.build_model(cfg), LoraConfig(r=4, target_modules=["q_proj"], **config))
+    with pytest.raises(inputs.Refusal) as e:
+        read_model(model)
+    assert found in str(e.value) and "DoRA or a LoRA bias" not in str(e.value), str(e.value)
+
+
+def test_a_copy_of_another_module_is_refused_by_name():
+    with pytest.raises(inputs.InputError, match="modules_to_save names 'norm', which is not this causal LM's input "
+                                                "embeddings or output head") as e:
+        estimate("tiny-llama", batch_size=2, seq_len=16, lora_r=8, modules_to_save=("norm",))
+    assert e.value.code == "modules-to-save-not-modelled"
+    with pytest.raises(inputs.InputError, match="beside LoRA adapters: set lora_r") as e:
+        estimate("tiny-llama", batch_size=2, seq_len=16, modules_to_save=SAVED)
+    with pytest.raises(inputs.InputError, match="both gets LoRA and is in modules_to_save"):
+        estimate("tiny-llama", batch_size=2, seq_len=16, lora_r=8, lora_targets="q_proj,lm_head",
+                 modules_to_save=("lm_head",))
