@@ -20,6 +20,7 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
    4b. the same with trained embeddings and head, as Google's Gemma guide writes it (``modules_to_save=["lm_head",
    "embed_tokens"]``: peft's trained copies beside the frozen originals), on an untied (Llama) and a tied (Qwen2) twin;
+   4c. peft's DoRA (``LoraConfig(use_dora=True)``, r8, default targets), with and without lora_dropout;
 5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
    optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``;
 6. TRL's ``DPOTrainer`` built as ``tests/test_dpo.py`` builds it (pairs of a 20-token prompt, 30-token chosen and
@@ -472,6 +473,30 @@ def client_peft_saved(work, family="tiny-llama"):
            lambda: estimate_trainer(trainer, device="cpu"))
 
 
+def client_dora(work, lora_dropout=0.05):
+    """peft's DoRA (``LoraConfig(use_dora=True)``, as peft's ``examples/dora_finetuning``: r8, alpha 16, the
+    family's default targets) on a tiny Llama, with the peft LoRA pattern of client 4."""
+    from datasets import Dataset
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer_ = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-llama", work))
+    model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16,
+                                             lora_dropout=lora_dropout, use_dora=True))
+    ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(
+        lambda rows: tokenizer_(rows["text"], truncation=True, max_length=64), batched=True, remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, "dora"), per_device_train_batch_size=4, use_cpu=True,
+                             max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
+    yield ("4c. DoRA", f"tiny-llama, LoRA r8 use_dora=True (peft default targets), dropout {lora_dropout}, B4 x 64, "
+           "Trainer + LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+
+
 def _dpo_pairs(n=16, P=20, C=30, R=20):
     """tests/test_dpo.py's pairs: a P-token prompt, a C-token chosen and an R-token rejected completion (one token
     per word with the shipped tokenizer), so that every step is one batch padded to the same length."""
@@ -816,6 +841,8 @@ def rows_to_run(work, only=None):
     for family in ("tiny-llama", "tiny-qwen2"):
         R.append((f"peft LoRA modules_to_save lm_head embed_tokens {family}",
                   lambda m, f=family: run_trainer_client(client_peft_saved(work, f), m)))
+    for drop in (0.05, 0.0):
+        R.append((f"peft DoRA dropout {drop}", lambda m, d=drop: run_trainer_client(client_dora(work, d), m)))
     R.append(("plain loop as written", lambda m: client_loop(work, m)))
     R.append(("plain loop use_cache=False", lambda m: client_loop(work, m, use_cache=False)))
     if loop_option():

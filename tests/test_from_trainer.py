@@ -184,7 +184,7 @@ def test_estimate_from_real_objects():
     (dict(args=dict(optim="sgd")), "without a momentum"),
     (dict(args=dict(torch_compile=True)), "torch_compile"),
     (dict(bnb=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float64)), "compute_dtype"),
-    (dict(lora=LoraConfig(r=4, use_dora=True)), "use_dora=True"),
+    (dict(lora=LoraConfig(r=4, lora_bias=True)), "LoraConfig.lora_bias=True"),
     (dict(lora=LoraConfig(r=4, modules_to_save=["norm"])), "modules_to_save names 'norm'"),
     (dict(lora=LoraConfig(r=4, target_modules=["embed_tokens"])), "not a Linear layer"),
     (dict(model="t5"), "not a causal language model"),

@@ -5,10 +5,9 @@ verdict for this GPU and where each setting was read from.
 
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
-(adafactor, DoRA, ``modules_to_save`` beyond the embeddings and heads, llm_int8_skip_modules ...) is refused in one
-sentence (a ``ValueError``),
-never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU
-(:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
+(adafactor, DoRA under autocast, ``modules_to_save`` beyond the embeddings and heads, llm_int8_skip_modules ...)
+is refused in one sentence (a ``ValueError``), never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the
+estimate per GPU (:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
@@ -362,6 +361,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
+        if peft_config.use_dora:
+            opts["use_dora"], src["use_dora"] = True, (True, "LoraConfig.use_dora")
         if info.task == "causal-lm" and peft_config.modules_to_save:   # trained copies (the plan checks the names)
             opts["modules_to_save"] = tuple(peft_config.modules_to_save)
             src["modules_to_save"] = (opts["modules_to_save"], "LoraConfig.modules_to_save")

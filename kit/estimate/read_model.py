@@ -80,7 +80,9 @@ def read_model(model):
         opts.update(q4)
         src.update(q4src)
     if adapters:
-        r, names, dropout, saved = adapters
+        r, names, dropout, saved, dora = adapters
+        if dora:
+            opts["use_dora"], src["use_dora"] = True, (True, "the LoRA layers' use_dora (lora_magnitude_vector)")
         if task != "causal-lm":
             opts["train_head"] = bool(saved)
             src["train_head"] = (bool(saved), f"peft's modules_to_save copy of {', '.join(saved)}" if saved else
@@ -133,8 +135,8 @@ def read_model(model):
 
 
 def _read_adapters(base):
-    """(r, {module names peft wrapped}, lora_dropout, [modules_to_save copies that train]) of a model with LoRA
-    layers, or None; refuses the rest."""
+    """(r, {module names peft wrapped}, lora_dropout, [modules_to_save copies that train], DoRA) of a model with
+    LoRA layers, or None; refuses the rest."""
     peft = sys.modules.get("peft")
     if peft is None:
         return None
@@ -145,7 +147,7 @@ def _read_adapters(base):
     layers = [(n, m) for n, m in base.named_modules() if isinstance(m, BaseTunerLayer)]
     if not layers:
         return None
-    ranks, drops, names = set(), set(), set()
+    ranks, drops, names, doras = set(), set(), set(), set()
     for n, m in layers:
         if not isinstance(m, LoraLayer):
             tuner = type(m).__module__.split("peft.tuners.")[-1].split(".")[0].upper()
@@ -155,10 +157,7 @@ def _read_adapters(base):
             raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
         a = next(iter(m.r))
-        if m.use_dora.get(a):
-            raise kin.Refusal(f"{n} uses DoRA (LoraConfig(use_dora=True): a trained magnitude vector and a weight "
-                             "norm per layer), which the kit does not model: estimate it without use_dora, or "
-                             "measure it with kit.watch(trainer).")
+        doras.add(bool(m.use_dora.get(a)))
         if getattr(m, "lora_bias", {}).get(a):
             raise kin.Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
                              "the kit does not model: estimate it without lora_bias, or measure it with "
@@ -170,10 +169,12 @@ def _read_adapters(base):
         ranks.add(m.r[a])
         drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0)
         names.add(n)
+    if len(doras) > 1:
+        raise kin.Refusal("some LoRA layers use DoRA and some do not; the kit models one kind for all of them.")
     if len(ranks) > 1 or len(drops) > 1:
         raise kin.Refusal(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
-    extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
+    extra = [n for n, p in base.named_parameters() if p.requires_grad and not _adapter(n)]
     saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
     head = _classifier_name(base)
     copies = {n for n in saved if _copy_modelled(base, n, head)}
@@ -187,7 +188,12 @@ def _read_adapters(base):
         raise kin.Refusal(f"{found}{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it "
                          f"models the adapters and {what}): freeze them, or measure this setup with "
                          "kit.watch(trainer).")
-    return ranks.pop(), names, drops.pop(), sorted(copies)
+    return ranks.pop(), names, drops.pop(), sorted(copies), doras.pop()
+
+
+def _adapter(name: str) -> bool:
+    """Whether a parameter is a LoRA adapter's: lora_A, lora_B, or DoRA's magnitude vector."""
+    return any(part in name for part in (".lora_A.", ".lora_B.", ".lora_magnitude_vector."))
 
 
 def _copy_modelled(base, name: str, head: str | None) -> bool:
@@ -248,7 +254,7 @@ def _read_dtypes(base, cfg, quant):
     packed = (bnb.nn.Params4bit, bnb.nn.Int8Params) if bnb else ()
     cast = _cast_biases(base, bnb)
     for n, p in base.named_parameters():  # (4-bit weights stored as bf16, bnb_4bit_quant_storage, are packed bytes)
-        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n and not isinstance(p, packed) \
+        if p.is_floating_point() and not _adapter(n) and not isinstance(p, packed) \
                 and id(p) not in cast:
             floats[dtype_name(p.dtype)] += p.numel()
     if quant == "none":

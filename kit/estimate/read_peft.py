@@ -47,7 +47,7 @@ def read_lora_config(lora_config, info):
 
     if not isinstance(lora_config, LoraConfig):
         raise kin.Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
-    bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
+    bad = [k for k in ("lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
                        "trainable_token_indices") if getattr(lora_config, k, None)]
     if (info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES)) or \
             info.task == "causal-lm":  # the head's copy; a causal LM's embeddings / head copies (the plan checks them)

@@ -116,6 +116,7 @@ class Setup:
     logit_cap: bool = False      # final logits soft-capped (Gemma-2): tanh keeps a (B, S, V) output
     parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
     adapter: Dt = FP32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
+    dora: bool = False           # ... as peft's DoRA (a magnitude vector per layer: Tape.dora)
     fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
     liger: tuple = ()            # Liger's kernels that run: "rope", "rms_norm", "swiglu", "flce" (.liger)
     ckpt_every: int = 1          # with ckpt: only blocks whose index % ckpt_every == 0 are checkpointed
