@@ -533,25 +533,27 @@ def client_dpo(work, lora):
     yield "6. TRL DPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
-def client_reward(work, lora, family="tiny-qwen2"):
+def client_reward(work, lora, family="tiny-qwen2", bf16=False):
     """TRL's RewardTrainer as its docs' quick start writes it: ``RewardTrainer(model=<path>, train_dataset=...)`` (TRL
     loads AutoModelForSequenceClassification with num_labels=1), and with ``peft_config=LoraConfig(
     modules_to_save=["score"])``; the pairs of :func:`_dpo_pairs` (chosen rows of 51 tokens, rejected of 41, so
-    every step is 2B rows padded to 51); RewardConfig's defaults but fp32 on the CPU (``bf16=False``)."""
+    every step is 2B rows padded to 51); RewardConfig's defaults, fp32 on the CPU (``bf16=False``) unless ``bf16``
+    (its default: bf16 autocast)."""
     from peft import LoraConfig
     from trl import RewardConfig, RewardTrainer
 
     from kit.estimate import estimate_trainer
 
     torch.manual_seed(0)
-    args = RewardConfig(output_dir=os.path.join(work, "reward"), use_cpu=True, bf16=False, report_to="none",
+    args = RewardConfig(output_dir=os.path.join(work, "reward"), use_cpu=True, bf16=bf16, report_to="none",
                         max_steps=3, per_device_train_batch_size=2, save_strategy="no", logging_strategy="no",
                         disable_tqdm=True)
     peft_config = LoraConfig(modules_to_save=["score"]) if lora else None
     trainer = RewardTrainer(model=twin_dir(family, work), args=args, train_dataset=_dpo_pairs(),
                             processing_class=tokenizer(), peft_config=peft_config)
     setup = (f"{family}, " + ("LoRA (peft default targets) + modules_to_save=[score]" if lora else "full FT") +
-             ", RewardConfig defaults (ckpt) but fp32, B2 pairs (4 rows) x 51, prompt 20 / chosen 30 / rejected 20")
+             f", RewardConfig defaults (ckpt){', bf16 autocast' if bf16 else ' but fp32'}, B2 pairs (4 rows) x 51, "
+             "prompt 20 / chosen 30 / rejected 20")
     yield "6b. TRL RewardTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
@@ -851,9 +853,9 @@ def rows_to_run(work, only=None):
                   lambda m: client_loop(work, m, use_cache=False, with_option=True)))
     R.append(("DPOTrainer full FT ref_model", lambda m: run_trainer_client(client_dpo(work, False), m)))
     R.append(("DPOTrainer LoRA peft_config", lambda m: run_trainer_client(client_dpo(work, True), m)))
-    for lora in (False, True):
-        R.append((f"RewardTrainer {'LoRA modules_to_save score' if lora else 'full FT'}",
-                  lambda m, lo=lora: run_trainer_client(client_reward(work, lo), m)))
+    for lora, bf16 in ((False, False), (True, False), (False, True), (True, True)):
+        R.append((f"RewardTrainer {'LoRA modules_to_save score' if lora else 'full FT'}{' bf16' if bf16 else ''}",
+                  lambda m, lo=lora, b=bf16: run_trainer_client(client_reward(work, lo, bf16=b), m)))
     for kind in ("every2", "offload", "trl"):
         R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
     R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))

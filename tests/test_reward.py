@@ -32,11 +32,13 @@ def _config(**kw):
     return RewardConfig(output_dir="/tmp/kit-reward-test", use_cpu=True, bf16=False, report_to="none", **kw)
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_i47_1_reward_trainer_within_2_percent(tmp_path, lora):
-    """Refused before ("not RewardTrainer, whose own forward passes, generation and losses ...")."""
-    _, setup, est, peaks = rc.run_trainer_client(rc.client_reward(str(tmp_path), lora), rc.ProfilerMeter)
+@pytest.mark.parametrize("lora,bf16", [(False, False), (True, False), (False, True), (True, True)])
+def test_i47_1_reward_trainer_within_2_percent(tmp_path, lora, bf16):
+    """Refused before ("not RewardTrainer, whose own forward passes, generation and losses ..."). bf16: RewardConfig's
+    default, bf16 autocast."""
+    _, setup, est, peaks = rc.run_trainer_client(rc.client_reward(str(tmp_path), lora, bf16=bf16), rc.ProfilerMeter)
     assert (est.setup["task"], est.setup["num_labels"], est.setup["batch_size"]) == ("seq-cls", 1, 4)
+    assert est.setup["precision"] == ("bf16" if bf16 else "fp32")
     assert est.setup.get("train_head", False) is lora    # peft's modules_to_save copy of score
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
