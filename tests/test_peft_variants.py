@@ -106,3 +106,18 @@ def test_a_copy_of_another_module_is_refused_by_name():
     with pytest.raises(inputs.InputError, match="both gets LoRA and is in modules_to_save"):
         estimate("tiny-llama", batch_size=2, seq_len=16, lora_r=8, lora_targets="q_proj,lm_head",
                  modules_to_save=("lm_head",))
+
+
+def test_estimate_from_reads_the_copies_and_dora_from_the_lora_config():
+    """The LoraConfig users write, before anything is loaded, gives the estimate the options do."""
+    from transformers import TrainingArguments
+
+    from kit.estimate import estimate_from
+
+    args = TrainingArguments(output_dir="unused", use_cpu=True, per_device_train_batch_size=2)
+    for config, option in ((dict(modules_to_save=list(SAVED)), dict(modules_to_save=SAVED)),
+                           (dict(use_dora=True), dict(use_dora=True))):
+        read = estimate_from("tiny-llama", args, peft_config=LoraConfig(r=8, **config), seq_len=32, device="cpu")
+        given = estimate("tiny-llama", batch_size=2, seq_len=32, lora_r=8, device="cpu", **option)
+        assert (read.peak_bytes, read.weights_bytes) == (given.peak_bytes, given.weights_bytes), config
+        assert read.sources[next(iter(option))][1].startswith("LoraConfig.")
