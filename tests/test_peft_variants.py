@@ -121,3 +121,13 @@ def test_estimate_from_reads_the_copies_and_dora_from_the_lora_config():
         given = estimate("tiny-llama", batch_size=2, seq_len=32, lora_r=8, device="cpu", **option)
         assert (read.peak_bytes, read.weights_bytes) == (given.peak_bytes, given.weights_bytes), config
         assert read.sources[next(iter(option))][1].startswith("LoraConfig.")
+
+
+def test_trainable_token_indices_are_refused_by_name():
+    """peft's trained rows of the embeddings (a full merged [V, H] weight in each forward) are not modelled yet."""
+    model = get_peft_model(models.build_model("tiny-llama"),
+                           LoraConfig(r=4, trainable_token_indices={"embed_tokens": [1, 2, 3]}))
+    with pytest.raises(inputs.InputError, match=r"model.embed_tokens.token_adapter is a peft TRAINABLE_TOKENS adapter "
+                                                r"\(TrainableTokensLayer\) \(LoraConfig.trainable_token_indices") as e:
+        read_model(model)
+    assert e.value.code == "peft-not-lora"

@@ -151,8 +151,10 @@ def _read_adapters(base):
     for n, m in layers:
         if not isinstance(m, LoraLayer):
             tuner = type(m).__module__.split("peft.tuners.")[-1].split(".")[0].upper()
-            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}), which the kit "
-                                 "does not model: it models LoRA.", code="peft-not-lora")
+            how = " (LoraConfig.trainable_token_indices: trained rows of the embeddings)" \
+                if tuner == "TRAINABLE_TOKENS" else ""
+            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}){how}, which the "
+                                 "kit does not model: it models LoRA.", code="peft-not-lora")
         if len(m.r) != 1:
             raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
