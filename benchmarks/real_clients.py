@@ -20,7 +20,7 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
    4b. the same with trained embeddings and head, as Google's Gemma guide writes it (``modules_to_save=["lm_head",
    "embed_tokens"]``: peft's trained copies beside the frozen originals), on an untied (Llama) and a tied (Qwen2) twin;
-   4c. peft's DoRA (``LoraConfig(use_dora=True)``, r8, default targets), with and without lora_dropout;
+   4c. peft's DoRA (``LoraConfig(use_dora=True)``, r8, default targets), with and without lora_dropout, fp32 and bf16;
 5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
    optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``;
 6. TRL's ``DPOTrainer`` built as ``tests/test_dpo.py`` builds it (pairs of a 20-token prompt, 30-token chosen and
@@ -473,7 +473,7 @@ def client_peft_saved(work, family="tiny-llama"):
            lambda: estimate_trainer(trainer, device="cpu"))
 
 
-def client_dora(work, lora_dropout=0.05):
+def client_dora(work, lora_dropout=0.05, bf16=False):
     """peft's DoRA (``LoraConfig(use_dora=True)``, as peft's ``examples/dora_finetuning``: r8, alpha 16, the
     family's default targets) on a tiny Llama, with the peft LoRA pattern of client 4."""
     from datasets import Dataset
@@ -490,11 +490,12 @@ def client_dora(work, lora_dropout=0.05):
     ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(
         lambda rows: tokenizer_(rows["text"], truncation=True, max_length=64), batched=True, remove_columns=["text"])
     args = TrainingArguments(output_dir=os.path.join(work, "dora"), per_device_train_batch_size=4, use_cpu=True,
-                             max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True)
+                             max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True, bf16=bf16)
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
     yield ("4c. DoRA", f"tiny-llama, LoRA r8 use_dora=True (peft default targets), dropout {lora_dropout}, B4 x 64, "
-           "Trainer + LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+           f"{'bf16 autocast' if bf16 else 'fp32'}, Trainer + LM collator", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
 
 
 def _dpo_pairs(n=16, P=20, C=30, R=20):
@@ -843,8 +844,9 @@ def rows_to_run(work, only=None):
     for family in ("tiny-llama", "tiny-qwen2"):
         R.append((f"peft LoRA modules_to_save lm_head embed_tokens {family}",
                   lambda m, f=family: run_trainer_client(client_peft_saved(work, f), m)))
-    for drop in (0.05, 0.0):
-        R.append((f"peft DoRA dropout {drop}", lambda m, d=drop: run_trainer_client(client_dora(work, d), m)))
+    for drop, bf16 in ((0.05, False), (0.0, False), (0.05, True)):
+        R.append((f"peft DoRA dropout {drop}{' bf16' if bf16 else ''}",
+                  lambda m, d=drop, b=bf16: run_trainer_client(client_dora(work, d, b), m)))
     R.append(("plain loop as written", lambda m: client_loop(work, m)))
     R.append(("plain loop use_cache=False", lambda m: client_loop(work, m, use_cache=False)))
     if loop_option():

@@ -1,8 +1,9 @@
 """peft's adapters beyond plain LoRA (issue 47.2), each within 2% of the profiler meter of
 ``benchmarks/real_clients.py`` at step 1 and the steady step: trained copies of a causal LM's embeddings and head
 (``LoraConfig(modules_to_save=["lm_head", "embed_tokens"])``, peft's ``ModulesToSaveWrapper``), tied and untied, and
-DoRA (``use_dora=True``); the variants the kit does not model (a LoRA bias, bias="all", a copy of another module,
-DoRA under autocast or quantization) refused by exactly what was found."""
+DoRA (``use_dora=True``, fp32 and bf16 autocast); the variants the kit does not model (a LoRA bias, bias="all", a
+copy of another module, trainable_token_indices, DoRA under fp16, on 16-bit weights or quantized) refused by exactly
+what was found."""
 import os
 import sys
 import warnings
@@ -52,11 +53,12 @@ def test_estimate_reads_the_copies_from_the_model_as_from_a_lora_config():
         src["modules_to_save"][1]
 
 
-@pytest.mark.parametrize("lora_dropout", [0.05, 0.0])   # (with dropout peft's DoRA recomputes the base result)
-def test_i47_2_dora_within_2_percent(tmp_path, lora_dropout):
-    """Refused before ("uses DoRA or a LoRA bias")."""
-    _, setup, est, peaks = rc.run_trainer_client(rc.client_dora(str(tmp_path), lora_dropout), rc.ProfilerMeter)
-    assert est.setup["use_dora"] is True
+@pytest.mark.parametrize("lora_dropout,bf16", [(0.05, False), (0.0, False), (0.05, True)])
+def test_i47_2_dora_within_2_percent(tmp_path, lora_dropout, bf16):
+    """Refused before ("uses DoRA or a LoRA bias"). (With dropout peft's DoRA computes the base result anew; bf16:
+    Trainer's bf16 autocast.)"""
+    _, setup, est, peaks = rc.run_trainer_client(rc.client_dora(str(tmp_path), lora_dropout, bf16), rc.ProfilerMeter)
+    assert est.setup["use_dora"] is True and est.setup["precision"] == ("bf16" if bf16 else "fp32")
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
     assert 0.98 <= first <= 1.02 and 0.98 <= steady <= 1.02, (first, steady, peaks)
@@ -75,10 +77,12 @@ def test_dora_adds_its_magnitude_vectors_and_what_its_forward_keeps():
     assert dora.activations_bytes - plain.activations_bytes >= 2 * 4 * 64 * 4 * outs
 
 
-def test_dora_under_autocast_or_quantization_is_refused_by_name():
-    with pytest.raises(inputs.InputError, match="DoRA with precision='bf16'") as e:
-        estimate("tiny-llama", batch_size=2, seq_len=16, lora_r=8, use_dora=True, precision="bf16")
-    assert (e.value.name, e.value.code) == ("use_dora", "dora-not-modelled")
+def test_dora_under_fp16_16_bit_weights_or_quantization_is_refused_by_name():
+    for option, found in ((dict(precision="fp16"), "precision='fp16'"), (dict(load_dtype="bf16"), "load_dtype='bf16'"),
+                          (dict(quantization="4bit"), "quantization='4bit'")):
+        with pytest.raises(inputs.InputError, match=f"DoRA with {found}") as e:
+            estimate("tiny-llama", batch_size=2, seq_len=16, lora_r=8, use_dora=True, **option)
+        assert (e.value.name, e.value.code) == ("use_dora", "dora-not-modelled")
     with pytest.raises(inputs.InputError, match="set lora_r"):
         estimate("tiny-llama", batch_size=2, seq_len=16, use_dora=True)
 

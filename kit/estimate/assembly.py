@@ -139,19 +139,20 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
-    """DoRA is modelled on LoRA adapters over fp32 weights without autocast (as measured); the rest is refused by
-    name."""
+    """DoRA is modelled on LoRA adapters over fp32 weights, in fp32 or under bf16 autocast (as measured); the rest
+    is refused by name."""
     if not use_dora:
         return
     if not lora_r:
         raise kin.InputError("use_dora", "use_dora is a kind of LoRA adapter: set lora_r, or leave it out.",
                              code="dora-needs-lora")
+    modelled = {"quantization": ("none",), "precision": ("fp32", "bf16"), "load_dtype": ("fp32",)}
     given = {"quantization": quantization, "precision": precision, "load_dtype": load_dtype}
-    what = next((f"{k}={v!r}" for k, v in given.items() if v not in ("none", "fp32")), None)
+    what = next((f"{k}={v!r}" for k, v in given.items() if v not in modelled[k]), None)
     if what:
         raise kin.InputError("use_dora", f"DoRA with {what} (the weight dequantized or cast inside each adapted "
-                             "layer's forward) is not modelled: the kit models DoRA on fp32 weights without "
-                             "autocast; measure it with kit.watch(trainer).", code="dora-not-modelled")
+                             "layer's forward) is not modelled: the kit models DoRA on fp32 weights, in fp32 or "
+                             "under bf16 autocast; measure it with kit.watch(trainer).", code="dora-not-modelled")
 
 
 def saved_copies_of(info: Info, names, *, lora_r: int, lora: set, fused: bool) -> frozenset:
