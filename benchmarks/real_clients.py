@@ -18,6 +18,9 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``get_peft_config`` off and on; ``estimate_trainer``;
 4. peft's documented LoRA causal-LM pattern: ``get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", ...))`` +
    ``Trainer`` + ``DataCollatorForLanguageModeling``; ``estimate_trainer``;
+   4b. the same with trained embeddings and head, as Google's Gemma guide writes it (``modules_to_save=["lm_head",
+   "embed_tokens"]``: peft's trained copies beside the frozen originals), on an untied (Llama) and a tied (Qwen2) twin;
+   4c. peft's DoRA (``LoraConfig(use_dora=True)``, r8, default targets), with and without lora_dropout, fp32 and bf16;
 5. a plain PyTorch loop (``outputs = model(**batch); loss = outputs.loss; loss.backward(); optimizer.step();
    optimizer.zero_grad()`` with ``torch.optim.AdamW``); ``estimate(model, batch_size=, seq_len=, device="cpu")``;
 6. TRL's ``DPOTrainer`` built as ``tests/test_dpo.py`` builds it (pairs of a 20-token prompt, 30-token chosen and
@@ -27,6 +30,8 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    runs with ``loss_type="chunked_nll"`` (packing on; TRL 1.16's SFTConfig rewrites it to "nll", deprecated, so the
    row runs the steps of its "nll" twin, which already computes the loss in tiles) and with ``padding_free=True``
    (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096;
+   6b. TRL's ``RewardTrainer`` as its docs' quick start writes it (a model path, a one-label sequence classifier),
+   full and with ``LoraConfig(modules_to_save=["score"])``, on the same pairs; ``estimate_trainer``;
 7. checkpointing as transformers and TRL offer it, on a 4-block tiny-llama: ``activation_checkpointing_kwargs=
    {"every_n_layers": 2}`` (runs on a CPU as shipped), ``{"offload": True}`` and ``SFTConfig(activation_offloading=
    True)``. The two offloaders need an accelerator, so each runs with the one stand-in
@@ -436,6 +441,63 @@ def client_peft(work):
            "LM collator", trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
+def client_peft_saved(work, family="tiny-llama"):
+    """LoRA with trained embeddings and head, as Google's Gemma fine-tuning guide (and anyone adding chat tokens)
+    writes it: ``LoraConfig(..., modules_to_save=["lm_head", "embed_tokens"])``; peft trains a copy of each beside
+    the frozen original (``ModulesToSaveWrapper``). Trainer + the LM collator, as client 4."""
+    from datasets import Dataset
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer_ = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir(family, work))
+    peft_config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16, lora_dropout=0.05,
+                             target_modules="all-linear", modules_to_save=["lm_head", "embed_tokens"])
+    model = get_peft_model(model, peft_config)
+
+    def tokenize(examples):
+        return tokenizer_(examples["text"], truncation=True, max_length=64)
+
+    ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(tokenize, batched=True,
+                                                                               remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, "peft-saved"), learning_rate=2e-4,
+                             per_device_train_batch_size=4, use_cpu=True, max_steps=3, report_to="none",
+                             save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
+    yield ("4b. LoRA + trained embeddings and head", f"{family}, LoRA r8 all-linear, dropout 0.05, "
+           "modules_to_save=[lm_head, embed_tokens], B4 x 64, Trainer + LM collator", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
+
+
+def client_dora(work, lora_dropout=0.05, bf16=False):
+    """peft's DoRA (``LoraConfig(use_dora=True)``, as peft's ``examples/dora_finetuning``: r8, alpha 16, the
+    family's default targets) on a tiny Llama, with the peft LoRA pattern of client 4."""
+    from datasets import Dataset
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    tokenizer_ = tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(twin_dir("tiny-llama", work))
+    model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16,
+                                             lora_dropout=lora_dropout, use_dora=True))
+    ds = Dataset.from_dict({"text": equal_token_rows(tokenizer_, 64, 64)}).map(
+        lambda rows: tokenizer_(rows["text"], truncation=True, max_length=64), batched=True, remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, "dora"), per_device_train_batch_size=4, use_cpu=True,
+                             max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True, bf16=bf16)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tokenizer_, mlm=False))
+    yield ("4c. DoRA", f"tiny-llama, LoRA r8 use_dora=True (peft default targets), dropout {lora_dropout}, B4 x 64, "
+           f"{'bf16 autocast' if bf16 else 'fp32'}, Trainer + LM collator", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
+
+
 def _dpo_pairs(n=16, P=20, C=30, R=20):
     """tests/test_dpo.py's pairs: a P-token prompt, a C-token chosen and an R-token rejected completion (one token
     per word with the shipped tokenizer), so that every step is one batch padded to the same length."""
@@ -470,6 +532,30 @@ def client_dpo(work, lora):
              "full FT, no ckpt, separate ref_model (a second tiny-llama)") + \
         ", fp32, B2 pairs (4 rows) x 51, prompt 20 / chosen 30 / rejected 20"
     yield "6. TRL DPOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
+def client_reward(work, lora, family="tiny-qwen2", bf16=False):
+    """TRL's RewardTrainer as its docs' quick start writes it: ``RewardTrainer(model=<path>, train_dataset=...)`` (TRL
+    loads AutoModelForSequenceClassification with num_labels=1), and with ``peft_config=LoraConfig(
+    modules_to_save=["score"])``; the pairs of :func:`_dpo_pairs` (chosen rows of 51 tokens, rejected of 41, so
+    every step is 2B rows padded to 51); RewardConfig's defaults, fp32 on the CPU (``bf16=False``) unless ``bf16``
+    (its default: bf16 autocast)."""
+    from peft import LoraConfig
+    from trl import RewardConfig, RewardTrainer
+
+    from kit.estimate import estimate_trainer
+
+    torch.manual_seed(0)
+    args = RewardConfig(output_dir=os.path.join(work, "reward"), use_cpu=True, bf16=bf16, report_to="none",
+                        max_steps=3, per_device_train_batch_size=2, save_strategy="no", logging_strategy="no",
+                        disable_tqdm=True)
+    peft_config = LoraConfig(modules_to_save=["score"]) if lora else None
+    trainer = RewardTrainer(model=twin_dir(family, work), args=args, train_dataset=_dpo_pairs(),
+                            processing_class=tokenizer(), peft_config=peft_config)
+    setup = (f"{family}, " + ("LoRA (peft default targets) + modules_to_save=[score]" if lora else "full FT") +
+             f", RewardConfig defaults (ckpt){', bf16 autocast' if bf16 else ' but fp32'}, B2 pairs (4 rows) x 51, "
+             "prompt 20 / chosen 30 / rejected 20")
+    yield "6b. TRL RewardTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
 def client_offload(work, kind):
@@ -756,6 +842,12 @@ def rows_to_run(work, only=None):
     R.append(("TRL recipe peft", lambda m: run_trainer_client(client_trl_recipe(work, True), m)))
     R.append(("TRL recipe full bf16=False", lambda m: run_trainer_client(client_trl_recipe(work, False, False), m)))
     R.append(("peft example", lambda m: run_trainer_client(client_peft(work), m)))
+    for family in ("tiny-llama", "tiny-qwen2"):
+        R.append((f"peft LoRA modules_to_save lm_head embed_tokens {family}",
+                  lambda m, f=family: run_trainer_client(client_peft_saved(work, f), m)))
+    for drop, bf16 in ((0.05, False), (0.0, False), (0.05, True)):
+        R.append((f"peft DoRA dropout {drop}{' bf16' if bf16 else ''}",
+                  lambda m, d=drop, b=bf16: run_trainer_client(client_dora(work, d, b), m)))
     R.append(("plain loop as written", lambda m: client_loop(work, m)))
     R.append(("plain loop use_cache=False", lambda m: client_loop(work, m, use_cache=False)))
     if loop_option():
@@ -764,6 +856,9 @@ def rows_to_run(work, only=None):
                   lambda m: client_loop(work, m, use_cache=False, with_option=True)))
     R.append(("DPOTrainer full FT ref_model", lambda m: run_trainer_client(client_dpo(work, False), m)))
     R.append(("DPOTrainer LoRA peft_config", lambda m: run_trainer_client(client_dpo(work, True), m)))
+    for lora, bf16 in ((False, False), (True, False), (False, True), (True, True)):
+        R.append((f"RewardTrainer {'LoRA modules_to_save score' if lora else 'full FT'}{' bf16' if bf16 else ''}",
+                  lambda m, lo=lora, b=bf16: run_trainer_client(client_reward(work, lo, bf16=b), m)))
     for kind in ("every2", "offload", "trl"):
         R.append((f"checkpointing {kind}", lambda m, k=kind: run_trainer_client(client_offload(work, k), m)))
     R.append(("paged AdamW 32-bit", lambda m: run_trainer_client(client_offload(work, "paged"), m)))

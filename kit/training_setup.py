@@ -58,6 +58,11 @@ class TrainingSetup:
     train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as "
                                 "peft's modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
                                 "TOKEN_CLS task types do it, yes)")
+    modules_to_save: tuple = option((), "with LoRA on a causal LM: the input embeddings and the output head (by module "
+                                    "name, e.g. ('lm_head', 'embed_tokens')) that train as peft's modules_to_save "
+                                    "copies beside their frozen originals; empty: none")
+    use_dora: bool = option(False, "with LoRA: peft's DoRA (LoraConfig(use_dora=True)): a trained magnitude vector "
+                            "per adapted layer and the weight norm its forward computes")
     precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "
                             "fp32, or the --accelerate-config file's mixed_precision", flag="--precision",
                             choices=tuple(DTYPES), cli_default=None, suggest=4, panel=True)

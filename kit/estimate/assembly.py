@@ -60,6 +60,9 @@ class Plan:
     offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
     task: str = "causal-lm"   # the head (Info.task): "causal-lm", "seq-cls", "token-cls"
     train_head: bool = False  # LoRA on a classifier: peft's modules_to_save copy of its head trains
+    dora: bool = False        # the adapters are peft's DoRA (a magnitude vector per layer)
+    saved_copies: frozenset = frozenset()  # LoRA on a causal LM: the embedding / output head leaves whose
+    # modules_to_save copy trains beside the frozen original (saved_copies_of)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -82,7 +85,7 @@ class Plan:
 def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
          gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
          device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
-         liger_kernels=(), offload=None, train_head=None) -> Plan:
+         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -119,6 +122,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
     if "flce" in liger_kernels and info.output_head in lora:
         raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
                              "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
+    refuse_dora(use_dora, lora_r=lora_r, quantization=quantization, precision=precision, load_dtype=load_dtype)
     refuse_offload(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
     refuse_for_classifier(info, fused=fused_lm_head, liger=liger_kernels)
     head_copy = bool(info.classifier and lora_r and not any(in_module(n, info.classifier) for n in lora)
@@ -129,7 +133,62 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 load_dtype=load_dtype, attn_implementation=attn_implementation, lora_dropout=lora_dropout,
                 padded=padded, device=device, evaluation=evaluation, bnb=bnb, fused_lm_head=fused_lm_head,
                 adapter_dtype=act.dtype(adapter_dtype), input_require_grads=input_require_grads,
-                liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy)
+                liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
+                dora=bool(use_dora),
+                saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
+                                             fused=fused_lm_head or "flce" in liger_kernels))
+
+
+def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
+    """DoRA is modelled on LoRA adapters over fp32 weights, in fp32 or under bf16 autocast (as measured); the rest
+    is refused by name."""
+    if not use_dora:
+        return
+    if not lora_r:
+        raise kin.InputError("use_dora", "use_dora is a kind of LoRA adapter: set lora_r, or leave it out.",
+                             code="dora-needs-lora")
+    modelled = {"quantization": ("none",), "precision": ("fp32", "bf16"), "load_dtype": ("fp32",)}
+    given = {"quantization": quantization, "precision": precision, "load_dtype": load_dtype}
+    what = next((f"{k}={v!r}" for k, v in given.items() if v not in modelled[k]), None)
+    if what:
+        raise kin.InputError("use_dora", f"DoRA with {what} (the weight dequantized or cast inside each adapted "
+                             "layer's forward) is not modelled: the kit models DoRA on fp32 weights, in fp32 or "
+                             "under bf16 autocast; measure it with kit.watch(trainer).", code="dora-not-modelled")
+
+
+def saved_copies_of(info: Info, names, *, lora_r: int, lora: set, fused: bool) -> frozenset:
+    """The leaves whose peft ``modules_to_save`` copy trains (``ModulesToSaveWrapper``: a trained copy beside the
+    frozen original, the copy alone in the forward), from module names matched as peft matches them (the name, or
+    its last parts); the kit models the copies of a causal LM's input embeddings and output head, with LoRA."""
+    if isinstance(names, str):
+        names = (names,)
+    names = tuple(names or ())
+    if not names:
+        return frozenset()
+    copyable = {l.name: l for l in info.leaves if (l.kind == "embedding" and l.part == "embed")
+                or (l.name == info.output_head and info.task == "causal-lm")}
+    found = set()
+    for name in names:
+        hits = [n for n in copyable if n == name or n.endswith("." + name)]
+        if not hits:
+            raise kin.InputError("modules_to_save", f"modules_to_save names {name!r}, which is not this causal LM's "
+                                 f"input embeddings or output head ({', '.join(sorted(copyable))}): the kit models "
+                                 "trained copies of those only; measure it with kit.watch(trainer).",
+                                 code="modules-to-save-not-modelled")
+        found.update(hits)
+    if not lora_r:
+        raise kin.InputError("modules_to_save", "modules_to_save is peft's, beside LoRA adapters: set lora_r, or "
+                             "leave it out (a full fine-tune trains every module already).",
+                             code="modules-to-save-needs-lora")
+    if found & lora:
+        raise kin.InputError("modules_to_save", f"{', '.join(sorted(found & lora))} both gets LoRA and is in "
+                             "modules_to_save, which peft refuses: keep it in one of them.",
+                             code="modules-to-save-and-lora")
+    if fused and info.output_head in found:
+        raise kin.InputError("modules_to_save", "a fused LM head (TRL's or Liger's) with a trained copy of the "
+                             "head is not modelled: estimate it without the fused head.",
+                             code="modules-to-save-fused-head")
+    return frozenset(found)
 
 
 def refuse_for_classifier(info: Info, *, fused: bool, liger) -> None:
@@ -186,8 +245,11 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                      ckpt=plan.gradient_checkpointing, device=plan.device,
                      head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
-                     fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, liger=plan.liger_kernels,
+                     fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,
+                     liger=plan.liger_kernels,
                      task=info.task, labels=info.num_labels,
+                     embed_trains=any(l.part == "embed" for l in info.leaves if l.name in plan.saved_copies),
+                     lm_head_trains=info.output_head in plan.saved_copies,
                      head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
                                                                              if in_module(l.name, info.classifier))),
                      p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
@@ -344,7 +406,10 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                                 **plan.offload,   # (only the options that differ from their defaults)
                                 **({"adapter_dtype": "bf16"} if plan.adapter_dtype == 2 else {}),
                                 **({"task": plan.task, "num_labels": info.num_labels} if info.classifier else {}),
-                                **({"train_head": True} if plan.train_head else {})),
+                                **({"train_head": True} if plan.train_head else {}),
+                                **({"use_dora": True} if plan.dora else {}),
+                                **({"modules_to_save": tuple(sorted(plan.saved_copies))} if plan.saved_copies
+                                   else {})),
         _parts=parts,
         context=Context(rp=rp, grads=counts.grads, wtemp=counts.wtemp, moved=counts.moved, inputs=inputs,
                         step_temp=step_temp,

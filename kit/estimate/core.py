@@ -161,7 +161,8 @@ def estimate(model, **setup) -> Estimate:
                          input_require_grads=kin.flag("input_require_grads", o["input_require_grads"],
                                                       allow_none=True),
                          liger_kernels=liger, offload=offload,
-                         train_head=kin.flag("train_head", o["train_head"], allow_none=True))
+                         train_head=kin.flag("train_head", o["train_head"], allow_none=True),
+                         modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]))
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
         + kl.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)

@@ -112,11 +112,20 @@ def _count(info: Info, plan) -> Counts:
                       (plan.lora_r * l.fout, plan.adapter_dtype, (l.fout, plan.lora_r))]    # lora_B: [out, r]
             w_bytes += plan.adapter_dtype * plan.lora_r * (l.fin + l.fout)
             c.params += plan.lora_r * (l.fin + l.fout)
+            if plan.dora:   # DoRA's lora_magnitude_vector: [out]
+                pieces.append((l.fout, plan.adapter_dtype, (l.fout,)))
+                w_bytes += plan.adapter_dtype * l.fout
+                c.params += l.fout
         elif plan.train_head and in_module(l.name, info.classifier):  # peft's modules_to_save: a trained copy beside it
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
             w_bytes += n * other
             c.params += n
+        elif l.name in plan.saved_copies:  # peft's modules_to_save copy of an embedding / the head (even a tied one)
+            k = l.weight or l.fin * l.fout
+            pieces = [(k, other, l.shape if l.weight else (l.fout, l.fin)), (l.bias, other, (l.bias,))]
+            w_bytes += (k + l.bias) * other
+            c.params += k + l.bias
         elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
             pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]

@@ -36,7 +36,7 @@ from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_hea
 from kit.estimate.trl import refuse_shared, refuser
 
 MODELED = "1.16"
-_OTHER = ("KTOTrainer", "RLOOTrainer", "RewardTrainer", "DistillationTrainer", "PPOTrainer",
+_OTHER = ("KTOTrainer", "RLOOTrainer", "DistillationTrainer", "PPOTrainer",
           "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer",
           "PRMTrainer")
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
@@ -56,14 +56,15 @@ def is_dpo(obj) -> bool:
 
 
 def refuse_other_trl(trainer) -> None:
-    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer, DPOTrainer and
-    GRPOTrainer)."""
+    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer, DPOTrainer, GRPOTrainer
+    and RewardTrainer)."""
     name = type(trainer).__name__
     if type(trainer).__module__.startswith("trl.") or name in _OTHER:
-        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer, DPOTrainer and GRPOTrainer, not "
+        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer, DPOTrainer, GRPOTrainer and "
+                             f"RewardTrainer, not "
                              f"{name}, whose own forward passes, generation and losses the kit does not model.",
                              code="trl-trainer", instead="the same model and data in a transformers Trainer, an "
-                             "SFTTrainer, a DPOTrainer or a GRPOTrainer are estimated")
+                             "SFTTrainer, a DPOTrainer, a GRPOTrainer or a RewardTrainer are estimated")
 
 
 def reference_of(trainer=None, cfg=None, peft: bool = False):

@@ -5,9 +5,9 @@ verdict for this GPU and where each setting was read from.
 
 Nothing trains and nothing is loaded. The returned :class:`~kit.estimate.Estimate` carries
 ``sources``: for each option, ``(value, where it was read from)``. What the kit does not model
-(adafactor, DoRA, ``modules_to_save``, llm_int8_skip_modules ...) is refused in one sentence (a ``ValueError``),
-never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the estimate per GPU
-(:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
+(adafactor, DoRA under autocast, ``modules_to_save`` beyond the embeddings and heads, llm_int8_skip_modules ...)
+is refused in one sentence (a ``ValueError``), never guessed. ``fsdp``/``fsdp_config`` and ``deepspeed`` make the
+estimate per GPU (:mod:`kit.estimate.strategies`), over the launch's ``WORLD_SIZE`` GPUs.
 
 >>> from transformers import TrainingArguments
 >>> est = estimate_from("tiny-llama", TrainingArguments(per_device_train_batch_size=2), seq_len=64)
@@ -21,6 +21,7 @@ from kit import optimizers
 from kit.dtypes import trainer_precision
 from kit.estimate import dpo as kd
 from kit.estimate import grpo as kg
+from kit.estimate import reward as kr
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of, task_of
@@ -84,13 +85,16 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if grpo := kg.is_grpo(trainer):  # TRL's GRPOTrainer (kit.estimate.grpo)
         topts, tsrc, tnotes = kg.read_grpo_config(args)
         kd.refuse_dropout(args, trainer.model.config, "GRPOConfig")
+    if reward := kr.is_reward(trainer):  # TRL's RewardTrainer (kit.estimate.reward)
+        topts, tsrc, tnotes = kr.read_reward_config(args)
+        kd.refuse_dropout(args, trainer.model.config, "RewardConfig")
     if dpo := kd.is_dpo(trainer):  # TRL's DPOTrainer (kit.estimate.dpo); its other trainers are refused
         topts, tsrc, tnotes = kd.read_dpo_config(args)
         kd.refuse_dropout(args, trainer.model.config)
-    elif not (sft or grpo):
+    elif not (sft or grpo or reward):
         kd.refuse_other_trl(trainer)
     opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "GRPOConfig" if grpo
-                                 else "TrainingArguments")
+                                 else "RewardConfig" if reward else "TrainingArguments")
     if getattr(trainer, "optimizer", None) is not None:   # Trainer(optimizers=(opt, None)), or the one train() made
         given = optimizers.unwrap(trainer.optimizer)
         opts["optimizer"] = optimizers.name_of(given)
@@ -115,6 +119,11 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         src.update(tsrc)
         notes.extend(tnotes)
         pairs = kd.pairs_options(opts, src, notes, "DPOConfig")
+    if reward:  # 2B rows (chosen, then rejected) through a one-label classifier
+        src.update(tsrc)
+        notes.extend(tnotes)
+        kr.refuse_other_head(opts)
+        pairs = kr.pairs_options(opts, src)
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts)
         src.update(tsrc)
@@ -143,6 +152,9 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:  # 2B rows padded to the longest pair, and the reference model
         sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
         (seq_len, padded), _ = sopts.values(), src.update(ssrc)
+    elif reward and seq_len is None:
+        seq_len, padded, where = kr.read_pairs(trainer, pairs)
+        src["seq_len"], src["padded"] = (seq_len, where), (padded, where)
     elif seq_len is None and not grpo:
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
         src["seq_len"] = (seq_len, where)
@@ -354,6 +366,11 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         src.update(lora_r=(r, "LoraConfig.r"), lora_targets=(targets, "LoraConfig.target_modules, matched as peft "
                    "matches them"), lora_dropout=(dropout, "LoraConfig.lora_dropout"))
         notes += tnote
+        if peft_config.use_dora:
+            opts["use_dora"], src["use_dora"] = True, (True, "LoraConfig.use_dora")
+        if info.task == "causal-lm" and peft_config.modules_to_save:   # trained copies (the plan checks the names)
+            opts["modules_to_save"] = tuple(peft_config.modules_to_save)
+            src["modules_to_save"] = (opts["modules_to_save"], "LoraConfig.modules_to_save")
     src["seq_len"] = (seq_len, "estimate_from(seq_len=...)")
     src["padded"] = (True, "assumed: padded, as estimate() does") \
         if padded is None else (padded, "estimate_from(padded=...)")

@@ -80,11 +80,16 @@ def read_model(model):
         opts.update(q4)
         src.update(q4src)
     if adapters:
-        r, names, dropout, saved = adapters
+        r, names, dropout, saved, dora = adapters
+        if dora:
+            opts["use_dora"], src["use_dora"] = True, (True, "the LoRA layers' use_dora (lora_magnitude_vector)")
         if task != "causal-lm":
             opts["train_head"] = bool(saved)
             src["train_head"] = (bool(saved), f"peft's modules_to_save copy of {', '.join(saved)}" if saved else
                                  "the classifier head is frozen (no modules_to_save copy)")
+        elif saved:
+            opts["modules_to_save"] = tuple(saved)
+            src["modules_to_save"] = (tuple(saved), "peft's modules_to_save copies (ModulesToSaveWrapper) that train")
         dts = {dtype_name(p.dtype) for n, p in base.named_parameters() if ".lora_A." in n or ".lora_B." in n}
         if dts not in ({"fp32"}, {"bf16"}):
             raise kin.InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
@@ -138,8 +143,8 @@ def read_model(model):
 
 
 def _read_adapters(base):
-    """(r, {module names peft wrapped}, lora_dropout, [modules_to_save copies that train]) of a model with LoRA
-    layers, or None; refuses the rest."""
+    """(r, {module names peft wrapped}, lora_dropout, [modules_to_save copies that train], DoRA) of a model with
+    LoRA layers, or None; refuses the rest."""
     peft = sys.modules.get("peft")
     if peft is None:
         return None
@@ -150,18 +155,23 @@ def _read_adapters(base):
     layers = [(n, m) for n, m in base.named_modules() if isinstance(m, BaseTunerLayer)]
     if not layers:
         return None
-    ranks, drops, names = set(), set(), set()
+    ranks, drops, names, doras = set(), set(), set(), set()
     for n, m in layers:
         if not isinstance(m, LoraLayer):
             tuner = type(m).__module__.split("peft.tuners.")[-1].split(".")[0].upper()
-            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}), which the kit "
-                                 "does not model: it models LoRA.", code="peft-not-lora")
+            how = " (LoraConfig.trainable_token_indices: trained rows of the embeddings)" \
+                if tuner == "TRAINABLE_TOKENS" else ""
+            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}){how}, which the "
+                                 "kit does not model: it models LoRA.", code="peft-not-lora")
         if len(m.r) != 1:
             raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
         a = next(iter(m.r))
-        if m.use_dora.get(a) or getattr(m, "lora_bias", {}).get(a):
-            raise kin.Refusal(f"{n} uses DoRA or a LoRA bias, which the kit does not model: plain LoRA only.")
+        doras.add(bool(m.use_dora.get(a)))
+        if getattr(m, "lora_bias", {}).get(a):
+            raise kin.Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
+                             "the kit does not model: estimate it without lora_bias, or measure it with "
+                             "kit.watch(trainer).")
         if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
             raise kin.Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")
@@ -169,20 +179,47 @@ def _read_adapters(base):
         ranks.add(m.r[a])
         drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0)
         names.add(n)
+    if len(doras) > 1:
+        raise kin.Refusal("some LoRA layers use DoRA and some do not; the kit models one kind for all of them.")
     if len(ranks) > 1 or len(drops) > 1:
         raise kin.Refusal(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
-    extra = [n for n, p in base.named_parameters() if p.requires_grad and ".lora_A." not in n and ".lora_B." not in n]
+    extra = [n for n, p in base.named_parameters() if p.requires_grad and not _adapter(n)]
     saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
     head = _classifier_name(base)
-    other = [n for n in extra if n.split(".modules_to_save.")[0] != head or ".modules_to_save." not in n]
+    copies = {n for n in saved if _copy_modelled(base, n, head)}
+    other = [n for n in extra if n.split(".modules_to_save.")[0] not in copies or ".modules_to_save." not in n]
     if other:
-        what = f"the classifier head {head}'s modules_to_save copy" if head else "none"
-        raise kin.Refusal(f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
-                         f"{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it models "
-                         f"the adapters and, on a classifier, {what}): freeze them, or measure this setup on a real "
-                         "step with kit.measure.track.Tracker.")
-    return ranks.pop(), names, drops.pop(), saved
+        biases = [n for n in other if n.endswith(".bias")]
+        what = f"the classifier head {head}'s modules_to_save copy" if head else \
+            "modules_to_save copies of the input embeddings and the output head"
+        found = f"biases are trainable (LoraConfig(bias=...)?: {', '.join(biases[:3])}" if len(biases) == len(other) \
+            else f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
+        raise kin.Refusal(f"{found}{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it "
+                         f"models the adapters and {what}): freeze them, or measure this setup with "
+                         "kit.watch(trainer).")
+    return ranks.pop(), names, drops.pop(), sorted(copies), doras.pop()
+
+
+def _adapter(name: str) -> bool:
+    """Whether a parameter is a LoRA adapter's: lora_A, lora_B, or DoRA's magnitude vector."""
+    return any(part in name for part in (".lora_A.", ".lora_B.", ".lora_magnitude_vector."))
+
+
+def _copy_modelled(base, name: str, head: str | None) -> bool:
+    """Whether peft's modules_to_save copy at ``name`` is one the kit models: a classifier's head, or a causal LM's
+    input embeddings or output head."""
+    if head:
+        return name == head
+    import torch.nn as nn
+
+    wrapper = base.get_submodule(name)
+    original = getattr(wrapper, "original_module", wrapper)
+    try:
+        output = base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        output = None
+    return isinstance(original, nn.Embedding) or (output is not None and wrapper is output)
 
 
 def _classifier_name(base) -> str | None:
@@ -227,7 +264,7 @@ def _read_dtypes(base, cfg, quant):
     packed = (bnb.nn.Params4bit, bnb.nn.Int8Params) if bnb else ()
     cast = _cast_biases(base, bnb)
     for n, p in base.named_parameters():  # (4-bit weights stored as bf16, bnb_4bit_quant_storage, are packed bytes)
-        if p.is_floating_point() and ".lora_A." not in n and ".lora_B." not in n and not isinstance(p, packed) \
+        if p.is_floating_point() and not _adapter(n) and not isinstance(p, packed) \
                 and id(p) not in cast:
             floats[dtype_name(p.dtype)] += p.numel()
     if quant == "none":
@@ -272,7 +309,10 @@ def _tied(base):
         inp, out = base.get_input_embeddings(), base.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         return None
-    return None if inp is None or out is None else out.weight is inp.weight
+    if inp is None or out is None:
+        return None
+    # (peft's modules_to_save wrapper answers with its trained copy's weight: the originals say what is tied)
+    return getattr(out, "original_module", out).weight is getattr(inp, "original_module", inp).weight
 
 
 def read_bnb(quant_config, name: str) -> str:

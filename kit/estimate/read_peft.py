@@ -47,13 +47,16 @@ def read_lora_config(lora_config, info):
 
     if not isinstance(lora_config, LoraConfig):
         raise kin.Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
-    bad = [k for k in ("use_dora", "lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
+    bad = [k for k in ("lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
                        "trainable_token_indices") if getattr(lora_config, k, None)]
-    if info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES):  # the head's copy: modeled
+    if (info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES)) or \
+            info.task == "causal-lm":  # the head's copy; a causal LM's embeddings / head copies (the plan checks them)
         bad = [k for k in bad if k != "modules_to_save"]
     if lora_config.bias != "none" or bad:
-        raise kin.Refusal(f"LoraConfig.{(bad or ['bias'])[0]} is set, which the kit does not model: it models plain "
-                         "LoRA (one r, bias='none', nothing else trainable).")
+        key = (bad or ["bias"])[0]
+        raise kin.Refusal(f"LoraConfig.{key}={getattr(lora_config, key)!r} is set, which the kit does not model: it "
+                         "models plain LoRA (one r, bias='none'), with modules_to_save copies of a causal LM's "
+                         "embeddings and head or of a classifier's head.")
     lora_config = copy.copy(lora_config)
     linear = {l.name for l in info.leaves if l.kind == "linear"}
     if isinstance(lora_config.target_modules, str) and lora_config.target_modules.lower() == kin.ALL_LINEAR:

@@ -112,10 +112,10 @@ def replay(st: Setup) -> Replay:
     # The embeddings' output requires grad when the embeddings train, or when enable_input_require_grads'
     # hook makes it (Setup.input_grad); with LoRA on a frozen embedding and no hook, block 1's input needs
     # none (its first norm saves nothing), and only its adapters' outputs bring grads in.
-    rg = st.base_trainable or st.input_grad
-    if st.base_trainable:
+    rg = st.base_trainable or st.input_grad or st.embed_trains
+    if st.base_trainable or st.embed_trains:
         tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
-        if block_fn.positions:
+        if block_fn.positions and st.base_trainable:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
         for _ in range(block_fn.id_rows):  # (RoBERTa's position ids and token types, made from the ids)
             tp.save(tp.new(T, I64, False))
@@ -199,7 +199,8 @@ def replay(st: Setup) -> Replay:
                       block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
                       copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers, trl=trl,
                       embed_order=embed_order, head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
-    logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable, w=st.w_other, quant="none")
+    logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable or st.lm_head_trains, w=st.w_other,
+                       quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
         capped = logits.n * logits.dt if logits.rg else 0

@@ -116,6 +116,7 @@ class Setup:
     logit_cap: bool = False      # final logits soft-capped (Gemma-2): tanh keeps a (B, S, V) output
     parallel: bool = False       # GPT-NeoX's parallel residual: attention and MLP read the same input
     adapter: Dt = FP32           # LoRA adapters' dtype (TRL casts them to bf16 on a quantized model)
+    dora: bool = False           # ... as peft's DoRA (a magnitude vector per layer: Tape.dora)
     fused_head: bool = False     # TRL's fused LM head (kit.estimate.replay.fused_head): no (B, S, V) logits
     liger: tuple = ()            # Liger's kernels that run: "rope", "rms_norm", "swiglu", "flce" (.liger)
     ckpt_every: int = 1          # with ckpt: only blocks whose index % ckpt_every == 0 are checkpointed
@@ -125,6 +126,8 @@ class Setup:
     task: str = "causal-lm"      # the head: "causal-lm" (lm_head, V logits), "seq-cls", "token-cls" (.task_heads)
     labels: int = 0              # a classifier head's classes (its Linear's out_features)
     head_trains: bool = False    # ... its Linear trains (full fine-tuning, or peft's modules_to_save copy)
+    embed_trains: bool = False   # with LoRA: peft's modules_to_save copy of the input embeddings trains
+    lm_head_trains: bool = False  # ... and of the LM head (its input is saved for the weight's grad)
     p_head: float = 0.0          # ... the dropout before it (token classification)
     pooling: str = "cls"         # ... a sequence's pooling before it: "cls" or "mean" (ModernBERT's config)
     rel_span: int = 0            # DeBERTa's relative attention: its span (position_buckets), 2 x span table rows

@@ -156,8 +156,27 @@ class Tape:
             xl = self.dropout(self.cast(x, st.adapter), st.lora_dropout)
             a = self.linear(xl, fin, r, trainable=True, w=st.adapter, quant="none")
             lo = self.linear(a, r, fout, trainable=True, w=st.adapter, quant="none")
+            if st.dora:
+                return self.dora(out, lo, xl, fout)
             out = self.cast(self.binary(out, lo), out.dt)  # result.to(torch_result_dtype)
         return out
+
+    def dora(self, out, lo, xl, fout):
+        """peft's DoRA on a Linear (``tuners/lora/dora.py``, ``DoraLinearLayer.forward``): the weight norm
+        ``||W + scaling B A||`` per output row comes from ``lora_B(lora_A(eye))`` detached (its graph dies with the
+        forward's locals: temporaries only), then ``mag_norm_scale = magnitude / norm`` (keeps the norm),
+        ``(mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling`` keeps the base result
+        (the layer's output, or ``F.linear(dropout(x), W)`` anew under dropout) and the LoRA result, both
+        ``[T, out]``, and the result is ``result + result_dora``."""
+        rows = out.n // fout
+        base = out if not self.st.lora_dropout else self.new(rows * fout, out.dt, xl.rg)
+        self.save(self.new(fout, self.st.adapter, False))                # the detached weight norm
+        scale = self.new(fout, self.st.adapter, True)                     # magnitude / norm
+        less = self.new(fout, self.st.adapter, True)                      # ... - 1
+        kept = self.binary(less, base, save_a=True, save_b=True)
+        scaled = self.binary(scale, lo, save_a=True, save_b=True)        # mag_norm_scale * lora_result
+        lora = self.new(scaled.n, scaled.dt, True)                        # ... * scaling
+        return self.cast(self.binary(out, self.binary(kept, lora)), out.dt)
 
     def layer_norm(self, x, trainable):
         x = self.cast(x, F32) if self.st.ac else x  # layer_norm: autocast's fp32 list

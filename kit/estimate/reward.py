@@ -1,0 +1,118 @@
+"""TRL's ``RewardTrainer`` and ``RewardConfig`` for the estimator (the behaviour of TRL 1.16, read from
+``trl/trainer/reward_trainer.py`` and ``reward_config.py``).
+
+What one RewardTrainer step does, and how each part is estimated:
+
+- the model is a sequence classifier with one label (``AutoModelForSequenceClassification``, ``num_labels=1``: TRL
+  loads a model given by id so, and refuses a built one with another count); with a ``peft_config`` it is wrapped by
+  ``get_peft_model`` (``modules_to_save=["score"]``: the head's trained copy), read from the built model as any
+  classifier is (modeled: task ``seq-cls``, one label);
+- ``DataCollatorForPreference.torch_call`` builds ONE batch of ``2B`` rows, the ``B`` chosen then the ``B`` rejected
+  rows (each prompt + completion + EOS, filtered out beyond ``max_length``, never truncated), right-padded to the
+  longest of the ``2B`` (modeled: the replay at batch ``2B``, the length of the longest pairs' batch, read by running
+  the trainer's collator on them);
+- ``compute_loss``: one forward (``use_cache=False``) whose pooled logits are ``[2B, 1]``, then
+  ``-logsigmoid(chosen - rejected [- margin]).mean()`` (+ ``center_rewards_coefficient`` x the rewards' mean square):
+  ``[B]`` vectors, nothing per token (no bytes the kit counts);
+- ``disable_dropout`` (default on) zeroes the ``nn.Dropout`` modules: refused where the config names a dropout the
+  replay applies (as for DPO and GRPO).
+
+Every RewardConfig field beyond TrainingArguments' is in one of :data:`MODELED`, :data:`NO_MEMORY` or
+:data:`REFUSED`.
+"""
+from __future__ import annotations
+
+import sys
+
+from kit import inputs as kin
+from kit.estimate.trl import refuse_shared, refuser
+
+MODELED_VERSION = "1.16"
+# RewardConfig fields that change the bytes, and how the estimate follows them
+MODELED = {
+    "max_length": "rows beyond it are filtered out of the dataset, never truncated: the longest pair is read from "
+                  "the rows that stay",
+    "pad_to_multiple_of": "the 2B rows padded up to a multiple of it (read by running the trainer's collator)",
+    "disable_dropout": "zeroes nn.Dropout modules (refused where the config names a dropout the replay applies)",
+    "model_init_kwargs": "the dtype and attention a model given by id loads with (read from the built model)",
+}
+# RewardConfig fields that change no byte the kit counts, and why
+NO_MEMORY = {
+    "trust_remote_code": "how the model's code is loaded",
+    "chat_template_path": "how the rows are rendered (their lengths are read from the tokenized dataset)",
+    "dataset_num_proc": "the processes that tokenize the dataset, before training",
+    "eos_token": "the token that ends each row (in the tokenized rows' lengths)",
+    "center_rewards_coefficient": "a scalar times the mean square of the [2B] rewards",
+    "pad_token": "deprecated: the tokenizer's pad token",
+}
+# RewardConfig fields refused when set: (is it set?, what it does)
+REFUSED = {
+    "activation_offloading": (lambda cfg: bool(cfg.activation_offloading),
+                              "moves the saved activations to the CPU around each step (modeled for SFTTrainer "
+                              "on a causal LM, not for a reward model's classifier head)"),
+}
+
+
+def is_reward(obj) -> bool:
+    """Whether ``obj`` is TRL's RewardTrainer or RewardConfig (TRL imported or not)."""
+    trl = sys.modules.get("trl")
+    return trl is not None and isinstance(obj, (getattr(trl, "RewardTrainer", ()), getattr(trl, "RewardConfig", ())))
+
+
+def read_reward_config(cfg, name: str = "RewardConfig"):
+    """(estimate options, sources, notes) of what a RewardConfig changes; refuses in one sentence what is not
+    modeled."""
+    refuse = refuser(name)
+    refuse_shared(cfg, refuse)
+    for field, (is_set, what) in REFUSED.items():
+        if is_set(cfg):
+            refuse(field, what, f"reward-{field.replace('_', '-')}")
+    if getattr(cfg, "use_liger_kernel", False):
+        refuse("use_liger_kernel", "swaps Liger's kernels into a reward model's forward", "trl-liger")
+    src = {k: (getattr(cfg, k), f"{name}.{k}: {why}") for k, why in MODELED.items()}
+    src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
+    notes = []
+    trl = sys.modules.get("trl")
+    if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
+        notes.append(kin.Note(f"TRL {trl.__version__} is installed; the kit models RewardTrainer as TRL "
+                              f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
+    return {}, src, notes
+
+
+def refuse_other_head(opts: dict) -> None:
+    """A reward model is a sequence classifier with one label (TRL refuses a built one with another count)."""
+    if (opts.get("task"), opts.get("num_labels")) != ("seq-cls", 1):
+        raise kin.InputError("task", f"RewardTrainer's model is a {opts.get('task', 'causal-lm')} model with "
+                             f"{opts.get('num_labels', 'no')} labels; the kit models a reward model as TRL builds "
+                             "one: AutoModelForSequenceClassification with num_labels=1.", code="reward-head")
+
+
+def pairs_options(opts: dict, src: dict, name: str = "RewardConfig") -> int:
+    """Make the options a reward model's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation);
+    returns B."""
+    B = opts["batch_size"]
+    opts["batch_size"] = 2 * B
+    src["batch_size"] = (2 * B, f"2 x {name}.per_device_train_batch_size ({B}): the chosen and the rejected rows, "
+                                "one batch (DataCollatorForPreference)")
+    opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
+    src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
+    return B
+
+
+def read_pairs(trainer, B: int):
+    """(S, padded, where) of the longest batch DataCollatorForPreference builds: the B pairs whose longer row is the
+    longest, 2B rows right-padded to the longest."""
+    import torch
+
+    ds = trainer.train_dataset
+    n = len(ds) if ds is not None else 0
+    if not n:
+        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+    chosen, rejected = ds["chosen_ids"], ds["rejected_ids"]
+    longest = [max(len(c), len(r)) for c, r in zip(chosen, rejected)]
+    top = sorted(range(n), key=lambda i: -longest[i])[:B]
+    rows = [{"chosen_ids": chosen[i], "rejected_ids": rejected[i]} for i in top]
+    mask = torch.as_tensor(trainer.data_collator(rows)["attention_mask"])
+    return int(mask.shape[1]), bool((mask == 0).any()), \
+        f"DataCollatorForPreference on the {B} longest pairs: {2 * B} rows (chosen, then rejected), padded to the " \
+        "longest"
