@@ -159,8 +159,10 @@ def versions() -> dict[str, str | None]:
 
 
 @wrapped
-def describe() -> str:
-    """What this runtime has, as a short text: GPU, RAM, libraries, Hub, and so real models or twins.
+def describe(sizes: str | None = None) -> str:
+    """What this runtime has, as a short text: GPU, RAM, libraries, Hub, and so real models or twins. ``sizes``: the
+    last line, which sizes run and why, where a caller chose them (the demo's ``--size``); by default
+    :func:`mode_reason`, this machine's default.
 
     >>> print(describe())                       # doctest: +SKIP
     GPU: none (CPU only)
@@ -177,7 +179,7 @@ def describe() -> str:
         f"Libraries: {libs}",
         "Hugging Face Hub: " + ("reachable" if hub_reachable()
                                 else "NOT reachable (offline: the kit uses shipped configs, text and tokenizer)"),
-        mode_reason(),
+        sizes or mode_reason(),
     ])
 
 

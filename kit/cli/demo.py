@@ -329,8 +329,7 @@ def run(args: argparse.Namespace) -> int:
     size = args.size or runtime.mode()
     hw = machine.hardware()
     summary = {"device": hw["gpu_name"] or "cpu", "size": size, "reading": device.best_reading()}
-    said = [line for line in runtime.describe().splitlines() if line != runtime.mode_reason()]
-    sections = [Section("This run", ["  \n".join(said + [sizes_reason(args.size)]),
+    sections = [Section("This run", [runtime.describe(sizes_reason(args.size)).replace("\n", "  \n"),
                                      f"Sizes: **{size}**. Every figure below was computed or measured by the kit "
                                      "in this run; the text says which."])]
     scenarios, glance = {"1": _scenario1, "2": scenario2}, {}
