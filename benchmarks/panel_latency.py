@@ -81,7 +81,7 @@ def _empty_caches() -> None:
 
 
 def measure(scenario: int, model: str, options: dict, repeats: int) -> dict:
-    from kit.widgets import panel
+    from kit import panel
 
     t = time.perf_counter()
     p = panel(scenario, model=model, **options)

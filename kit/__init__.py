@@ -42,6 +42,7 @@ def __getattr__(name):
     # `kit.panel(scenario=1|2)` (the contract docs/cli-and-api.md documents), imported on first use so that
     # `import kit` stays light (no ipywidgets, no torch.cuda).
     if name == "panel":
+        import kit.scenarios.stories  # noqa: F401  (gives each scenario's panel its story)
         from kit.widgets import panel
 
         return panel

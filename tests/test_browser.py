@@ -30,7 +30,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 CELLS = [
     "import os, sys\nsys.path.insert(0, {repo!r})\nos.environ['HF_HUB_OFFLINE'] = '1'\nos.environ['KIT_SMOKE'] = '1'",
-    "from kit.widgets import panel\np = panel(scenario=1, model='tiny-gpt2', seq_len=64, steps=2)\np",
+    "from kit import panel\np = panel(scenario=1, model='tiny-gpt2', seq_len=64, steps=2)\np",
 ]
 
 

@@ -7,7 +7,7 @@ import ipywidgets
 import pytest
 import torch
 
-from kit.widgets import panel
+from kit import panel
 from kit.widgets import runs as panel_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore")

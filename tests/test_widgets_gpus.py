@@ -2,7 +2,7 @@
 import pytest
 
 from kit.estimate import estimate
-from kit.widgets import panel
+from kit import panel
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

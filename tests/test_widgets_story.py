@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kit.inputs import InputError
-from kit.widgets import panel
+from kit import panel
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

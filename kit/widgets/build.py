@@ -90,15 +90,24 @@ TASK_CHOICES = [("causal LM (vocabulary logits)", "causal-lm"), ("sequence class
 OPTIONS = ("model", "steps", "sweep_sizes", "strategy", "num_gpus") + tuple(k for k in DEFAULTS[1] if k != "model")
 
 
+# each scenario's story (its own controls and views), registered by kit.scenarios.stories, which registers
+# scenario 1's head and scenario 2's fold loop when it is imported (kit.panel imports it), so that the panel, a layer
+# below the scenarios, never imports them
+STORIES: dict = {}
+
+
+def register_story(scenario: int, make) -> None:
+    """Give ``scenario``'s panel its story: ``make(control, **options)`` returns an object with ``controls``,
+    ``options``, ``run_model``, ``run_problem``, ``adjust`` and ``html`` (see kit.scenarios.stories)."""
+    STORIES[scenario] = make
+
+
 def story(scenario: int, options: dict):
     """The scenario's own controls and views, with the panel's ``options`` for them."""
-    if scenario == 1:
-        from kit.scenarios.custom_head.panel_head import HeadChoice
-
-        return HeadChoice(control, **options)
-    from kit.scenarios.cross_validation.panel_folds import FoldLoop
-
-    return FoldLoop(control, **options)
+    if scenario not in STORIES:
+        raise InputError("scenario", f"scenario {scenario}'s story is registered by kit.scenarios.stories: build "
+                                     "the panel with kit.panel(scenario=...), which imports it.")
+    return STORIES[scenario](control, **options)
 
 
 class Panel(PanelRuns):
