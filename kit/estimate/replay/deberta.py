@@ -64,7 +64,10 @@ def _relative(tp: Tape, q, k, rel):
 
 
 def attention(tp: Tape, x, rel):
-    """``DisentangledSelfAttention.forward``: returns the (B, S, H) context, the output dense's input."""
+    """``DisentangledSelfAttention.forward``: returns the (B, S, H) context, the output dense's input, and the bytes
+    its locals hold unsaved at its last op (the context's contiguous copy): ``rel_att`` (the relative terms' sum),
+    the masked scores (softmax keeps its output, not its input), ``attention_mask.bool()`` (its ``~`` is what
+    masked_fill keeps), the context ``bmm``'s output and its copy."""
     st, H = tp.st, tp.st.H
     BH, S = st.B * st.nh, st.S
     q = _heads(tp, tp.linear(x, H, H, "attention.self.query_proj"))
@@ -80,7 +83,9 @@ def attention(tp: Tape, x, rel):
     tp.save(probs, when=probs.rg)
     probs = tp.dropout(probs, st.p_attn)
     context = _bmm(tp, probs, v, v.n)
-    return tp.new(context.n, context.dt, context.rg)   # permute(0, 2, 1, 3).contiguous()
+    out = tp.new(context.n, context.dt, context.rg)   # permute(0, 2, 1, 3).contiguous()
+    unsaved = [t for t in (bias, scores, context, out) if t is not None and t.uid not in tp.saved]
+    return out, sum(t.n * t.dt for t in unsaved) + st.B * S * S * BOOL
 
 
 def rel_table(tp: Tape):
@@ -101,13 +106,16 @@ def rel_table(tp: Tape):
         final_norm=None, embd_dropout=True, embed_norm=True, embed_mask=True, encoder="deberta")
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
-    o = attention(tp, x, rel_table(tp) if st.rel_span and st.rel_att else None)
+    o, in_attention = attention(tp, x, rel_table(tp) if st.rel_span and st.rel_att else None)
+    saved_by_then = tp.total()
     a = tp.dropout(tp.linear(o, H, H, "attention.output.dense"), st.p_resid)
     x = tp.layer_norm(tp.binary(a, x), st.base_trainable)
     f = tp.gelu(tp.linear(x, H, st.F, "intermediate.dense"))
     m = tp.dropout(tp.linear(f, st.F, H, "output.dense"), st.p_resid)
     out = tp.layer_norm(tp.binary(m, x), st.base_trainable)
     tp.transient = _forward_end(tp, (x, f, m, out))
+    if not st.ckpt:   # the last attention's end, where the layer has saved less than at its own end
+        tp.transient = max(tp.transient, in_attention + _encoder_args(st) + st.T * I64 - (tp.total() - saved_by_then))
     return out
 
 
