@@ -46,7 +46,7 @@ def verdict_line(advice) -> str:
     ram = "" if advice.cpu_build_bytes <= lim.ram_bytes else \
         f"; CPU build {_f(advice, advice.cpu_build_bytes)} > {_f(advice, lim.ram_bytes)} RAM"
     return (f"{'fits' if advice.fits else 'DOES NOT FIT'} {short_label(lim.label)}: {_f(advice, advice.judged_bytes)} "
-            f"{judged_name(advice)} of {of} ({_margin(advice, advice.margin_bytes)}){ram}")
+            f"{judged_name(advice)} of {of} ({_margin(advice, advice.margin_bytes)}){ram}{advice.kernel}")
 
 
 def answer(advice) -> list:

@@ -59,6 +59,7 @@ class Plan:
     offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
     task: str = "causal-lm"   # the head (Info.task): "causal-lm", "seq-cls", "token-cls"
     train_head: bool = False  # LoRA on a classifier: peft's modules_to_save copy of its head trains
+    sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -81,7 +82,7 @@ class Plan:
 def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
          gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
          device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
-         liger_kernels=(), offload=None, train_head=None) -> Plan:
+         liger_kernels=(), offload=None, train_head=None, sm=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -128,7 +129,8 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 load_dtype=load_dtype, attn_implementation=attn_implementation, lora_dropout=lora_dropout,
                 padded=padded, device=device, evaluation=evaluation, bnb=bnb, fused_lm_head=fused_lm_head,
                 adapter_dtype=act.dtype(adapter_dtype), input_require_grads=input_require_grads,
-                liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy)
+                liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
+                sm=sm)
 
 
 def refuse_for_classifier(info: Info, *, fused: bool, liger) -> None:
@@ -181,7 +183,7 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                      dequant=kq.dequant_bytes(plan.bnb, plan.load_dtype),  # (the replay: at each layer's backward)
                      reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
                      input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
-                     ckpt=plan.gradient_checkpointing, device=plan.device,
+                     ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
                      head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
                      fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, liger=plan.liger_kernels,
