@@ -82,3 +82,21 @@ def test_a_gpu_that_cannot_be_used_is_refused_by_name(options, code):
     with pytest.raises(InputError) as caught:
         estimate("tiny-llama", batch_size=1, seq_len=8, **options)
     assert caught.value.name == "gpu" and caught.value.code == code
+
+
+def test_the_gpu_check_asks_the_kernel_question():
+    """benchmarks/estimate_vs_measured.py's GPU rows (make gpu-check) hold an fp32 full fine-tune of a GQA model
+    without a mask, where the two kernels' figures lie far enough apart for one measurement to tell them apart, and
+    its report names the nearer."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import estimate_vs_measured as bench
+
+    [(label, name, options)] = bench.KERNEL_ROWS
+    math = estimate(name, **options, device="cuda", gpu="h100")
+    fused = estimate(name, **options, device="cuda")
+    assert math.setup["attention_kernel"] == "math" and options["padded"] is False
+    assert fused.peak_bytes / math.peak_bytes < 0.9
+    row = dict(label=label, model=name, est=math, other=fused, got={"peak": math.peak_bytes - 2**20})
+    assert bench.kernel_lines([row])[1].endswith("nearer math")
