@@ -7,7 +7,7 @@ mixed-precision setups added).
 
 - With a CUDA GPU: each setup trains real Trainer steps on an architecture twin at real
   size and reads ``torch.cuda.max_memory_allocated()`` (through ``kit.measure.device``) over the
-  steady-state steps; the prediction is ``estimate(..., device="cuda")``.
+  steady-state steps; the prediction is ``estimate(..., device="cuda", gpu=<the preset of its architecture>)``.
 - Without one (a CPU): the CUDA allocator does not exist, so this measures what a CPU
   can measure honestly, on real Trainer steps of tiny twins (and one real-size twin):
   * ``peak``: the most bytes held by tensors at any moment of a training step, counted by
@@ -262,6 +262,13 @@ GPU_GRID = [
     ("scenario 1 (fp16, as the user ran it)", "distilgpt2+vocab-head",
      dict(batch_size=1, seq_len=128, precision="fp16")),
 ]
+# fp32 with grouped-query heads and no mask: torch 2.13's rules (the kit's, read from source) take SDPA's math path;
+# if the GPU takes the memory-efficient kernel instead, the measured peak is the figure without an architecture.
+# Run on a GPU only (the CPU report's GPU predictions list GPU_GRID).
+KERNEL_ROWS = [
+    ("full FT fp32, GQA unpadded: SDPA math or efficient?", "HuggingFaceTB/SmolLM2-360M-Instruct",
+     dict(batch_size=8, seq_len=512, padded=False)),
+]
 
 
 # ---- the family grid: one tiny twin per replay family, the same setups on each --------------------
@@ -431,7 +438,10 @@ def run_row(label, name, kw, cuda, overrides=None):
 
     torch.manual_seed(0)
     cfg = _config(name, overrides)
-    est = estimate(cfg if overrides else name, **kw, device="cuda" if cuda else "cpu")
+    gpu = gpu_preset() if cuda else None   # the estimate follows SDPA's kernel choice for this GPU's architecture
+    est = estimate(cfg if overrides else name, **kw, device="cuda" if cuda else "cpu", gpu=gpu)
+    # the figure without an architecture (flash / memory-efficient), where the kit's rules took the math path
+    other = estimate(cfg if overrides else name, **kw, device="cuda") if est.setup.get("attention_kernel") else None
     model = build(name, kw, cuda, overrides)
     B, S, padded = kw["batch_size"], kw["seq_len"], kw.get("padded", True)
     V = cfg.vocab_size
@@ -462,7 +472,30 @@ def run_row(label, name, kw, cuda, overrides=None):
         device.empty_cache()
     name = f"{name} ({', '.join(f'{k}={v}' for k, v in overrides.items() if k in cfg.to_dict())})" \
         if overrides else name
-    return dict(label=label, model=name, est=est, got=got, saved=saved, seconds=time.time() - t)
+    return dict(label=label, model=name, est=est, got=got, saved=saved, seconds=time.time() - t, other=other)
+
+
+def gpu_preset() -> str | None:
+    """The kit's GPU preset of this GPU's architecture (its compute capability), for the attention kernel's rules;
+    None where no preset has it."""
+    from kit.presets import PRESETS
+
+    capability = torch.cuda.get_device_capability(0)
+    return next((name for name, p in PRESETS.items() if p.capability == capability), None)
+
+
+def kernel_lines(rows) -> list:
+    """Where the kit's rules took SDPA's math path: the measured peak beside both figures, which says the kernel."""
+    from kit.units import fmt_bytes
+
+    lines = []
+    for r in (r for r in rows if r["other"] is not None):
+        measured, math, fused = r["got"]["peak"], r["est"].peak_bytes, r["other"].peak_bytes
+        nearer = "math" if abs(measured - math) < abs(measured - fused) else "flash / memory-efficient"
+        lines.append(f"- {r['label']} ({r['model']}): measured {fmt_bytes(measured)}; SDPA's math path (the kit's "
+                     f"rules) {fmt_bytes(math)}, flash / memory-efficient {fmt_bytes(fused)}: nearer {nearer}")
+    return ["SDPA's kernel where torch 2.13's rules, read from source, take the math path:", *lines, ""] if lines \
+        else []
 
 
 def time_cached_estimate(n=200) -> dict:
@@ -502,7 +535,8 @@ def report(rows, timing, cuda) -> str:
              "- command: `python benchmarks/estimate_vs_measured.py`", ""]
     if cuda:
         lines += ["Measured: `torch.cuda.max_memory_allocated()` over steady-state Trainer steps (step 2 on), "
-                  "real-size architecture twins. Predicted: `estimate(..., device=\"cuda\")`.", ""]
+                  "real-size architecture twins. Predicted: `estimate(..., device=\"cuda\", gpu=<this GPU's "
+                  "preset>)`.", ""]
     else:
         lines += [
             "**No GPU was available.** Nothing here measures `torch.cuda.max_memory_allocated()`. What was "
@@ -533,6 +567,7 @@ def report(rows, timing, cuda) -> str:
         lines.append(line)
     lines += ["", f"Peak error: median {statistics.median(errs):.2f}%, worst {max(errs):.2f}% "
               f"over {len(errs)} setups ({'GPU' if cuda else 'CPU allocation meter, not a GPU'}).", ""]
+    lines += kernel_lines(rows)
     if not cuda:
         from kit.estimate import estimate
 
@@ -565,7 +600,7 @@ def main(argv=None) -> int:
     cuda = machine.has_cuda()
     if a.families:
         return _publish(family_report(family_grid(a.only, cuda), cuda), a.out, "families", cuda)
-    grid = [g for g in (GPU_GRID if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
+    grid = [g for g in (GPU_GRID + KERNEL_ROWS if cuda else CPU_GRID) if not a.only or a.only in g[0] + g[1]]
     if cuda and not a.only:  # the CPU grid's twins too: cheap, and they cover more code paths
         grid += [g for g in CPU_GRID if "REAL SIZE" not in g[0]]
     rows = []

@@ -6,9 +6,10 @@
 Families: tiny-llama (grouped-query attention, 4 query heads over 2 key/value heads) and tiny-gpt2 (multi-head),
 batch 4 x 64, x fp32/fp16/bf16 x checkpointing off/on x unpadded/padded x T4 (sm75), L4 (sm89), A100 (sm80),
 H100 (sm90). The meter (benchmarks/fake_cuda, in one child process) runs 3 real Trainer steps on a fake cuda:0
-with SDPA's kernel chosen for that architecture; the kit's figure is ``estimate(..., device="cuda")``, which has no
-architecture. kit / meter is printed for the steady step (the peak of steps 2-3) and for step 1. A fake-CUDA meter
-is not a GPU: PyTorch's meta kernels say what each kernel keeps; which kernel a GPU picks is read from source.
+with SDPA's kernel chosen for that architecture; the kit's figure is ``estimate(..., device="cuda", gpu=...)`` with
+the GPU preset of that architecture, whose kernel rules are the kit's own code. kit / meter is printed for the steady
+step (the peak of steps 2-3) and for step 1. A fake-CUDA meter is not a GPU: PyTorch's meta kernels say what each
+kernel keeps; which kernel a GPU picks is read from source.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ METER = pathlib.Path(__file__).resolve().parent / "fake_cuda" / "trainer_steps.p
 FAMILIES = ("tiny-llama", "tiny-gpt2")
 PRECISIONS = ("fp32", "fp16", "bf16")
 GPUS = ("T4", "L4", "A100", "H100")
+PRESET_OF = {"T4": "colab-t4", "L4": "l4", "A100": "a100-80", "H100": "h100"}   # the kit's preset per GPU
 BATCH, SEQ = 4, 64
 
 
@@ -56,7 +58,8 @@ def metered(setups: list) -> list:
 
 def kit_figures(setup: dict):
     result = estimate(setup["config"], batch_size=setup["batch"], seq_len=setup["seq"], precision=setup["precision"],
-                      gradient_checkpointing=setup["checkpointing"], padded=setup["padded"], device="cuda")
+                      gradient_checkpointing=setup["checkpointing"], padded=setup["padded"], device="cuda",
+                      gpu=PRESET_OF[setup["gpu"]])
     return result.peak_bytes, result.first_step_peak_bytes
 
 
@@ -65,7 +68,8 @@ def table(rows: list, seconds: float) -> str:
              "Fake-CUDA (PyTorch's meta kernels), not a GPU. Command: `python benchmarks/fake_cuda_grid.py`. "
              f"torch {torch.__version__}, transformers {transformers.__version__}, {platform.machine()} CPU; "
              f"{len(rows)} setups in {seconds:.0f} s. Batch {BATCH} x {SEQ}, 3 Trainer steps, adamw_torch_fused. "
-             "kit = `estimate(..., device=\"cuda\")`; meter = the peak of live fake CUDA storages (512 B rounding); "
+             "kit = `estimate(..., device=\"cuda\", gpu=<the GPU's preset>)`; "
+             "meter = the peak of live fake CUDA storages (512 B rounding); "
              "steady = steps 2-3, first = step 1.", "",
              "| family | precision | ckpt | padded | GPU | SDPA kernel (meter) | kit steady | meter steady "
              "| kit/meter steady | kit/meter step 1 |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -100,6 +100,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+GPU_PRESETS = tuple(name for name, p in PRESETS.items() if p.capability)   # the presets with a GPU architecture
+
+
 # A device given as a number of bytes is read between these (a bare "16" is 16 bytes, not 16 GB: refused)
 SMALLEST_GPU_BYTES, LARGEST_GPU_BYTES = 2**20, 2**50
 
@@ -230,8 +233,8 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
     if tight:
         what += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
     head = "TIGHT" if tight else "fits" if fits else "DOES NOT FIT"
-    return Verdict(preset, fits and not tight, gpu_margin, ram_margin, f"{head} {short_label(preset)}: {what}", judged,
-                   name, limit, tight)
+    text = f"{head} {short_label(preset)}: {what}{kernel_said(est)}"
+    return Verdict(preset, fits and not tight, gpu_margin, ram_margin, text, judged, name, limit, tight)
 
 
 def margin_kept(limit_bytes: int) -> int:
@@ -242,6 +245,22 @@ def margin_kept(limit_bytes: int) -> int:
     0.73
     """
     return int(limit_bytes * MODELLED_MARGIN)
+
+
+def kernel_said(est) -> str:
+    """The attention kernel the figure assumes, where the GPU's architecture changed it (SDPA's math path), and how
+    sure that is; "" elsewhere.
+
+    >>> from types import SimpleNamespace as Est
+    >>> kernel_said(Est(setup={"gpu": "colab-t4", "attention_kernel": "math"}))
+    "; attention on SDPA's math path, torch 2.13's pick on sm75 (read from PyTorch's source, not measured on a GPU)"
+    """
+    setup = getattr(est, "setup", {})
+    if setup.get("attention_kernel") != "math":
+        return ""
+    major, minor = PRESETS[setup["gpu"]].capability
+    return (f"; attention on SDPA's math path, torch 2.13's pick on sm{major}{minor} (read from PyTorch's source, "
+            "not measured on a GPU)")
 
 
 def vllm_share_bytes(est, device_bytes: int) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 
 from kit.inputs import InputError
 from kit import optimizers
-from kit.presets import DTYPES, OPTIMIZERS, QUANTIZATIONS
+from kit.presets import DTYPES, GPU_PRESETS, OPTIMIZERS, QUANTIZATIONS
 
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3")
 GATHER = ("loss", "logits", "preprocessed")  # what Trainer.evaluate() keeps (kit.estimate.evaluation)
@@ -89,6 +89,10 @@ class TrainingSetup:
                                  flag="--lora-dropout", kind=float)
     padded: bool = option(True, "batches have no padding (no attention mask is built)", negative="--no-padding")
     device: str = option("cuda", "whose kernels are predicted: cuda, or cpu", choices=("cuda", "cpu"))
+    gpu: object = option(None, "the GPU preset the run is judged on (colab-t4, l4, a100-40, a100-80, h100): its "
+                         "architecture picks SDPA's attention kernel as torch 2.13 does (read from PyTorch's source, "
+                         "not yet measured on a GPU). None: flash / memory-efficient attention assumed",
+                         choices=GPU_PRESETS)
     eval_batch_size: int = option(8, "per_device_eval_batch_size, for the evaluation phase (default 8, as "
                                   "TrainingArguments)", flag="--eval-batch-size", kind=int, suggest=13)
     eval_gather: str = option("loss", "what evaluate() keeps: loss (no compute_metrics), logits (compute_metrics), "

@@ -65,21 +65,25 @@ def test_meter_reproduces_the_h200_distilgpt2_fp16_peak_within_100_mib():
 
 @needs_gxx
 def test_a_slice_of_the_grid_kit_within_one_percent_of_the_meter():
-    """Two setups of benchmarks/fake_cuda_grid.py where the kit's kernel is the one the meter picks: flash (tiny-gpt2
-    fp16 on an L4) and memory-efficient with a mask (tiny-llama bf16, padded, on an A100)."""
+    """Three setups of benchmarks/fake_cuda_grid.py, the kit judging each on its GPU's preset: flash (tiny-gpt2 fp16
+    on an L4), memory-efficient with a mask (tiny-llama bf16, padded, on an A100) and the math path (tiny-llama fp32,
+    grouped-query heads without a mask, on an H100), each picked by the kit's rules and the meter's separately."""
     from kit.estimate.core import estimate
 
     setups = [dict(config="tiny-gpt2", precision="fp16", padded=False, gpu="L4", batch=4, seq=64),
-              dict(config="tiny-llama", precision="bf16", padded=True, gpu="A100", batch=4, seq=64)]
+              dict(config="tiny-llama", precision="bf16", padded=True, gpu="A100", batch=4, seq=64),
+              dict(config="tiny-llama", precision="fp32", padded=False, gpu="H100", batch=4, seq=64)]
+    presets = {"L4": "l4", "A100": "a100-80", "H100": "h100"}
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(METER / "trainer_steps.py"), "--setups", json.dumps(setups)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     metered = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"config"')]
-    assert [set(m["sdpa_backends"]) for m in metered] == [{"flash"}, {"efficient"}]
+    assert [set(m["sdpa_backends"]) for m in metered] == [{"flash"}, {"efficient"}, {"math"}]
     for setup, meter in zip(setups, metered):
         kit = estimate(setup["config"], batch_size=4, seq_len=64, precision=setup["precision"],
-                       padded=setup["padded"], gradient_checkpointing=False, device="cuda")
+                       padded=setup["padded"], gradient_checkpointing=False, device="cuda",
+                       gpu=presets[setup["gpu"]])
         assert kit.peak_bytes / meter["peak_bytes"] == pytest.approx(1, abs=0.01), setup
         assert kit.first_step_peak_bytes / meter["step_peaks"][0] == pytest.approx(1, abs=0.01), setup
 

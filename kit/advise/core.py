@@ -67,7 +67,7 @@ from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
 from kit.estimate.inventory import info_for
 from kit.estimate.read_model import read_model
-from kit.presets import MODELLED_MARGIN, resolve_device
+from kit.presets import GPU_PRESETS, MODELLED_MARGIN, kernel_said, resolve_device
 from kit.units import fmt_bytes, wrapped
 
 SAFETY = None            # None: judge the modelled reserved figure; a fraction: keep it free instead (see the doc)
@@ -151,6 +151,7 @@ class Advice:
     expandable_segments: bool = False   # the allocator setting it assumes
     cause: str = ""            # the setup's biggest cause, in one line (kit.advise.answer.biggest_cause)
     classes: dict = field(repr=False, default_factory=dict)   # object name -> the user's class (answer.classes_of)
+    kernel: str = ""           # the attention kernel the figure assumes, where the GPU changed it (presets.kernel_said)
 
     def to_json(self) -> dict:
         """The ``python -m kit fit --json`` object (docs/cli-and-api.md's "What will make it fit" lists its fields); a
@@ -215,16 +216,17 @@ def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]
         if bad:
             raise kin.InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
                                           f"{', '.join(KW)}.")
-        return _as_run({"device": lim.kernels, **setup}, [], lim.kernels if setup.get("device") is None else None)
+        return _as_run({"device": lim.kernels, **setup}, [], lim.kernels if setup.get("device") is None else None,
+                       lim)
     if _is_trainer(setup):   # a Trainer
 
         est = trainer_estimate or estimate_trainer(setup)
         o, notes = _from_estimate(est, model=False)
-        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, _judged_kernels(lim))
+        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, _judged_kernels(lim), lim)
     if not isinstance(setup, Estimate):
         raise kin.InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
                                       f"not {type(setup).__name__}.")
-    return _as_run(*_from_estimate(setup), _judged_kernels(lim))
+    return _as_run(*_from_estimate(setup), _judged_kernels(lim), lim)
 
 
 def _judged_kernels(lim: Limit) -> str | None:
@@ -232,10 +234,13 @@ def _judged_kernels(lim: Limit) -> str | None:
     return "cpu" if lim.kernels == "cpu" else None
 
 
-def _as_run(options: dict, notes: list, device: str | None) -> tuple[dict, list]:
-    """``options`` on ``device`` (None: the device they name, a dict's own), in the precision Trainer runs there."""
+def _as_run(options: dict, notes: list, device: str | None, lim: Limit) -> tuple[dict, list]:
+    """``options`` on ``device`` (None: the device they name, a dict's own), in the precision Trainer runs there,
+    with the attention kernel ``lim``'s GPU picks (its preset's architecture; else the options' own ``gpu``)."""
     device = device or options.get("device") or "cuda"
     precision, note = trainer_precision(options.get("precision", "fp32"), device)
+    gpu = (lim.name if lim.name in GPU_PRESETS else options.get("gpu")) if device == "cuda" else None
+    options = {k: v for k, v in options.items() if k != "gpu"} | ({"gpu": gpu} if gpu else {})
     return {**options, "device": device, "precision": precision}, notes + [note] * bool(note)
 
 
@@ -329,7 +334,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                   out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
                   [in_objects(x, given) for x in out] if given is not None and given.inputs else [],
                   be.reserved_bytes, be.expandable_segments, biggest_cause(be),
-                  classes_of(given.inputs if given is not None else None))
+                  classes_of(given.inputs if given is not None else None), kernel_said(be))
 
 
 

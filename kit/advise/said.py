@@ -60,7 +60,7 @@ def verdict_line(advice) -> str:
     room = _margin(advice, advice.margin_bytes) if not advice.tight else \
         f"{_f(advice, lim.limit_bytes - advice.judged_bytes)} to spare of the limit, under its margin"
     return (f"{word(advice)} {short_label(lim.label)}: {_f(advice, advice.judged_bytes)} "
-            f"{judged_name(advice)} of {usable_said(advice)} ({room}){ram}")
+            f"{judged_name(advice)} of {usable_said(advice)} ({room}){ram}{advice.kernel}")
 
 
 def answer(advice) -> list:

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     Exit code 0; 2 on bad input, 1 when the estimator itself fails: either way one line on
     stderr, starting ``error:``, never a traceback.
     """
-    from kit.presets import PRESETS, verdict
+    from kit.presets import GPU_PRESETS, PRESETS, verdict
 
     preset = getattr(args, "preset", "colab-t4")
     try:
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             # a preset without a GPU (cpu) is judged on CPU kernels: the estimate refuses what runs on CUDA only
             device = "cpu" if PRESETS[preset].gpu_bytes is None else "cuda"
             precision, note = trainer_precision(args.precision, device)   # Trainer ignores fp16 on a CPU
-            est = estimate(args.model, **{**from_arguments(args), "precision": precision}, device=device)
+            gpu = preset if preset in GPU_PRESETS else None   # its architecture picks the attention kernel
+            est = estimate(args.model, **{**from_arguments(args), "precision": precision}, device=device, gpu=gpu)
             est.notes.extend([note] * bool(note))
     except ValueError as exc:
         flag = flag_of(getattr(exc, "name", None)) or _FLAGS.get(getattr(exc, "name", None))

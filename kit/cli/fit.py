@@ -49,7 +49,8 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def setup_of(args: argparse.Namespace) -> dict:
-    """estimate()'s keywords from parsed ``estimate``/``fit`` options (the same mapping as ``estimate``'s run).
+    """estimate()'s keywords from parsed ``estimate``/``fit`` options (the same mapping as ``estimate``'s run), with
+    the GPU preset judged on (``--device``, ``--preset``) as ``gpu``.
 
     >>> from kit.cli import build_parser
     >>> setup_of(build_parser().parse_args(["fit", "--model", "gpt2", "--batch-size", "2", "--seq-len", "64",
@@ -60,7 +61,10 @@ def setup_of(args: argparse.Namespace) -> dict:
         from kit.cli.estimate import resolve_launch
 
         resolve_launch(args)
-    return {"model": args.model, **from_arguments(args)}
+    from kit.presets import GPU_PRESETS
+
+    judged_on = getattr(args, "device", None) or getattr(args, "preset", None)   # its architecture: the SDPA kernel
+    return {"model": args.model, **from_arguments(args), **({"gpu": judged_on} if judged_on in GPU_PRESETS else {})}
 
 
 def run(args: argparse.Namespace) -> int:

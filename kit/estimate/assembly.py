@@ -63,6 +63,7 @@ class Plan:
     dora: bool = False        # the adapters are peft's DoRA (a magnitude vector per layer)
     saved_copies: frozenset = frozenset()  # LoRA on a causal LM: the embedding / output head leaves whose
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
+    sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -85,7 +86,7 @@ class Plan:
 def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
          gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
          device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
-         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False) -> Plan:
+         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -136,7 +137,8 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
                 dora=bool(use_dora),
                 saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
-                                             fused=fused_lm_head or "flce" in liger_kernels))
+                                             fused=fused_lm_head or "flce" in liger_kernels),
+                sm=sm)
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
@@ -242,7 +244,7 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                      dequant=kq.dequant_bytes(plan.bnb, plan.load_dtype),  # (the replay: at each layer's backward)
                      reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
                      input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
-                     ckpt=plan.gradient_checkpointing, device=plan.device,
+                     ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
                      head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
                      head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
                      fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,

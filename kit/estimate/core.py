@@ -35,7 +35,7 @@ from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit import runtime
 from kit.inputs import Note
-from kit.presets import DTYPES, QUANTIZATIONS
+from kit.presets import DTYPES, GPU_PRESETS, PRESETS, QUANTIZATIONS
 from kit.training_setup import STRATEGIES, TASKS, options
 from kit.units import fmt_bytes
 
@@ -116,6 +116,7 @@ def estimate(model, **setup) -> Estimate:
         ("precision", o["precision"], DTYPES), ("quantization", o["quantization"], QUANTIZATIONS),
         ("attn_implementation", o["attn_implementation"], ("sdpa", "eager")),
         ("kbit_recipe", o["kbit_recipe"], ("standard", "lean")), ("device", o["device"], ("cuda", "cpu"))))
+    gpu = read_gpu(o["gpu"], device)
     load_dtype = o["load_dtype"] or ("bf16" if quantization != "none" else "fp32")
     bnb = kq.options(quantization, o["quant_type"], o["double_quant"], o["compute_dtype"], o["checkpoint_reentrant"])
     load_dtype = kin.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
@@ -162,7 +163,8 @@ def estimate(model, **setup) -> Estimate:
                                                       allow_none=True),
                          liger_kernels=liger, offload=offload,
                          train_head=kin.flag("train_head", o["train_head"], allow_none=True),
-                         modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]))
+                         modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]),
+                         sm=PRESETS[gpu].capability if gpu else None)
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
         + kl.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
@@ -172,11 +174,30 @@ def estimate(model, **setup) -> Estimate:
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
-    est = assembly.phases(info, plan, counts, assembly.replay_setup(info, plan), notes, loop, expandable)
+    replay_setup = assembly.replay_setup(info, plan)
+    est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
+    est.setup.update(attention_assumed(replay_setup, gpu))
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
                      else {})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_gpu(gpu, device: str) -> str | None:
+    """The GPU preset whose architecture picks SDPA's kernel (None: none given), refused on a CPU's kernels."""
+    if gpu is None:
+        return None
+    gpu = kin.choice("gpu", gpu, GPU_PRESETS)
+    if device != "cuda":
+        raise kin.InputError("gpu", f"gpu {gpu!r} picks a GPU's attention kernel, and device={device!r} predicts a "
+                             "CPU's kernels: leave gpu out, or use device='cuda'.", code="gpu-on-cpu")
+    return gpu
+
+
+def attention_assumed(st, gpu: str | None) -> dict:
+    """Where the GPU's architecture changes the figure (torch picks SDPA's math path there, which the kit assumes
+    nowhere without one): that GPU and kernel, ``{"gpu": ..., "attention_kernel": "math"}``; else {}."""
+    return {"gpu": gpu, "attention_kernel": "math"} if "math" in st.kernels else {}
 
 
 def _alloc_conf_notes(conf) -> list:

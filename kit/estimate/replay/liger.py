@@ -151,9 +151,10 @@ class LigerTape(Tape):
         self.heads_first = False   # the kernel keeps the (B, S, heads, hd) layout: sdpa's output needs no copy
         # rope_backward rotates dq, dk in place after ``.transpose(1, 2).contiguous()``: a copy where the grad comes
         # heads-first, from eager's matmuls, or for k from repeat_kv's backward (the rule of Tape.attention)
-        repeated = (st.math_attn or (self.masked and st.kvh > 1)) and st.kvh != st.nh
+        math = st.math_path(self.masked, q.dt)
+        repeated = (math or (self.masked and st.kvh > 1)) and st.kvh != st.nh
         out = []
-        for t, copied in ((q, st.math_attn), (k, st.math_attn or repeated)):
+        for t, copied in ((q, math), (k, math or repeated)):
             r = replace(self.new(t.n, t.dt, False), rg=rg) if t.sn else replace(t, rg=rg)   # copy, or in place
             if rg:                 # its grad, rotated in place (or in that copy)
                 self.outs.append(Output(len(self.order), t.n * t.dt, input_grad=t.n * t.dt if copied else 0))

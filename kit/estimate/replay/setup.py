@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kit.estimate.replay.kernels import sdpa_kernel
+
 
 class Dt(int):
     """A dtype: ``int(dt)`` is its bytes per element; two :class:`Dt` are equal when their names are.
@@ -100,6 +102,10 @@ class Setup:
     padded: bool = True          # the batch has padding, so an attention mask is built
     ckpt: bool = False           # gradient checkpointing of the blocks
     device: str = "cuda"         # whose kernels: "cuda" (the prediction) or "cpu" (tests)
+    sm: tuple | None = None      # the GPU's compute capability: SDPA's kernel as torch 2.13 picks it there
+    #                              (.kernels); None: not known, flash / memory-efficient assumed
+    kernels: set = field(default_factory=set, compare=False, repr=False)  # the SDPA kernels the blocks took
+    #                              (:meth:`sdpa_kernel`, recorded by the tape's attention)
     p_attn: float = 0.0
     p_resid: float = 0.0
     p_embd: float = 0.0
@@ -154,6 +160,19 @@ class Setup:
     def math_attn(self) -> bool:
         """Eager attention, or sdpa's math path (a CPU with attention dropout)."""
         return self.eager or (self.device == "cpu" and self.p_attn > 0)
+
+    def sdpa_kernel(self, masked: bool, dt: Dt) -> str | None:
+        """The kernel CUDA's SDPA runs for a block's attention (:mod:`.kernels`), its inputs ``dt`` before autocast
+        and a mask passed or not; None: eager, a CPU, or no GPU architecture known. transformers passes
+        ``enable_gqa`` (fewer key/value heads) only without a mask; with one it has copied k and v (``repeat_kv``)."""
+        if self.eager or self.device != "cuda":
+            return None
+        gqa = not masked and self.kvh != self.nh and self.hd <= 256
+        return sdpa_kernel(self.sm, (self.ac or dt).name, masked, gqa, self.hd, self.p_attn)
+
+    def math_path(self, masked: bool, dt: Dt) -> bool:
+        """Attention saves the probabilities: :attr:`math_attn`, or SDPA's math path on this GPU."""
+        return self.math_attn or self.sdpa_kernel(masked, dt) == "math"
 
     def layer_kinds(self) -> dict:
         """{a mask is built: layers}: the blocks differ only in whether their attention gets a mask.

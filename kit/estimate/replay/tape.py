@@ -289,9 +289,12 @@ class Tape:
         st = self.st
         B, S, nh = st.B, st.S, st.nh
         rg = q.rg or k.rg or v.rg
-        if repeat_kv and (st.math_attn or (self.masked and st.kvh > 1)) and st.kvh != nh:
-            k, v = self.new(q.n, k.dt, k.rg), self.new(q.n, v.dt, v.rg)  # repeat_kv copies
-        if not st.math_attn:  # flash (no mask) / memory-efficient (mask) / CPU flash
+        kernel = st.sdpa_kernel(self.masked, q.dt)   # None: eager, a CPU or no GPU architecture known
+        st.kernels.add(kernel)
+        math = st.math_attn or kernel == "math"
+        if repeat_kv and (math or (self.masked and st.kvh > 1)) and st.kvh != nh:
+            k, v = self.new(q.n, k.dt, k.rg), self.new(q.n, v.dt, v.rg)  # repeat_kv copies (or the math path's)
+        if not math:  # flash (no mask) / memory-efficient (mask) / cuDNN / CPU flash
             if st.ac:
                 q, k, v = (self.cast(t, st.ac) for t in (q, k, v))
             self.save(q, k, v, self.new(B * nh * S, F32, False), when=rg)  # + logsumexp
