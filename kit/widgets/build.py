@@ -49,7 +49,7 @@ from kit.dtypes import run_precision
 from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.inputs import InputError, has_note, whole_number
-from kit.presets import OPTIMIZERS, PRESETS, Preset, resolve_device, verdict
+from kit.presets import GPU_PRESETS, OPTIMIZERS, PRESETS, Preset, resolve_device, verdict
 from kit.training_setup import TrainingSetup
 from kit.widgets import options as panel_options
 from kit.widgets import runs as panel_runs
@@ -267,6 +267,11 @@ class Panel(PanelRuns):
     def _where(self) -> str:
         return "cpu" if self.preset().gpu_bytes is None else "cuda"
 
+    def _gpu(self) -> str | None:
+        """The GPU preset judged, whose architecture picks the attention kernel (as the CLI's --preset does)."""
+        key = self.controls["preset"].value
+        return key if key in GPU_PRESETS else None
+
     # -- your own model: any Hub id or config.json path -------------------------------------
     def _model_options(self) -> list:
         real, tiny = GROUPS[self.scenario]
@@ -382,7 +387,7 @@ class Panel(PanelRuns):
              **self.extra}
         why = dict(self._why)
         try:
-            self.estimate = estimate(**s, device=self._where())
+            self.estimate = estimate(**s, device=self._where(), gpu=self._gpu())
             self.problem, self.verdict = None, verdict(self.estimate, self.preset())
         except Exception as exc:  # a ValueError names a bad combination; anything else is an estimator bug
             msg = str(exc) if isinstance(exc, ValueError) else f"the estimator failed ({type(exc).__name__}: {exc})"
