@@ -75,11 +75,14 @@ def test_a_shipped_config_is_plain_config_json_that_autoconfig_reads(name):
     assert get_config(name).kit_name == name
 
 
-# Qwen/Qwen3-30B-A3B's config.json, copied field for field from the public copy in citsjtu2020/LLM-Prof,
-# sglang/Model_Config.md (its "Qwen3-30B-A3B" entry; transformers_version dropped). That file's "Qwen3-8B" entry is
-# the shipped Qwen3-8B.json, field for field. The published figures are the model card's (Qwen/Qwen3-30B-A3B, and
-# its 2507 update of the same architecture, as copied in peterhan91/mimic_skills docs/qwen3-a3b.md): "30.5B in total",
-# "Number of Paramaters (Non-Embedding): 29.9B", 48 layers, 128 experts, 8 activated, 32 query heads and 4 kv heads.
+# Qwen/Qwen3-30B-A3B's config.json, copied field for field from the public copy in citsjtu2020/LLM-Prof
+# (https://github.com/citsjtu2020/LLM-Prof/blob/8434c8d19c396b2f95d92a67845a7c0a0e0dd512/sglang/Model_Config.md,
+# its "Qwen3-30B-A3B" entry; transformers_version dropped). That file's "Qwen3-8B" entry is the shipped Qwen3-8B.json,
+# field for field. The published figures are the model card's (Qwen/Qwen3-30B-A3B, and its 2507 update of the same
+# architecture, as copied in peterhan91/mimic_skills,
+# https://github.com/peterhan91/mimic_skills/blob/c001b2faedc2d0676be35dc6af677c8f9ff756ff/docs/qwen3-a3b.md):
+# "30.5B in total", "Number of Paramaters (Non-Embedding): 29.9B", 48 layers, 128 experts, 8 activated, 32 query
+# heads and 4 kv heads.
 def test_qwen3_30b_a3b_builds_to_its_model_cards_figures():
     cfg = get_config("Qwen/Qwen3-30B-A3B")
     model = build_model("Qwen/Qwen3-30B-A3B", device="meta")
