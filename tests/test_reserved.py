@@ -79,8 +79,9 @@ def test_the_advisor_offers_expandable_segments_first_where_they_close_the_gap()
 
 
 def test_the_fit_cli_pastes_the_setting_back(run_kit, monkeypatch):
+    # 44 GiB: Qwen's 46.48 GiB reserved does not fit; with expandable segments, 40.81 GiB keeps the 5% margin free
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    argv = ["fit", "--model", QWEN["model"], "--batch-size", "16", "--seq-len", "512", "--device", "42GiB", "--json"]
+    argv = ["fit", "--model", QWEN["model"], "--batch-size", "16", "--seq-len", "512", "--device", "44GiB", "--json"]
     code, out, err = run_kit(*argv)
     assert code == 0, err
     d = json.loads(out)

@@ -183,8 +183,8 @@ class GrpoAdvice:
         verdict, spare = ("fits", "to spare") if self.fits else ("TIGHT" if tight else "DOES NOT FIT", "short")
         share = vllm_share_bytes(self.est, lim.limit_bytes)
         vllm = f" + vLLM's share {self._f(share)}" if share else ""
-        usable = (f"{self._f(lim.usable_bytes)} usable ({self._f(lim.limit_bytes)} less the "
-                  f"{lim.margin_fraction:.0%} margin)") if lim.margin_fraction else self._f(lim.limit_bytes)
+        usable = f"{self._f(lim.limit_bytes)} less {lim.margin_fraction:.0%}" if lim.margin_fraction else \
+            self._f(lim.limit_bytes)   # (the margin kept, in few words: the answer keeps to five lines)
         out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap{vllm} (GRPO, "
                f"modelled) of {usable} ({self._f(abs(margin))} {spare})", self.cause()]
         if self.fits:
