@@ -33,7 +33,7 @@ import sys
 from kit import inputs as kin
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
-from kit.estimate.trl import refuse_shared, refuser
+from kit.estimate.trl import pair_rows, refuse_shared, refuser
 
 MODELED = "1.16"
 _OTHER = ("KTOTrainer", "RLOOTrainer", "DistillationTrainer", "PPOTrainer",
@@ -280,12 +280,7 @@ def pairs_options(opts: dict, src: dict, notes: list, name: str) -> int:
         notes.append(kin.Note("DPOTrainer's evaluation with compute_metrics (return_outputs=True: a second, "
                               "full-logits forward) is not modeled: eval_peak_bytes is its fused forwards' alone",
                               field="eval_batch_size", code="trl-eval-unmodeled"))
-    B = opts["batch_size"]
-    opts["batch_size"] = 2 * B
-    src["batch_size"] = (2 * B, f"2 x {name}.per_device_train_batch_size ({B}): the chosen and the rejected rows, "
-                                "one batch (DataCollatorForPreference)")
-    opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
-    src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
+    B = pair_rows(opts, src, name)
     if opts.get("strategy", "single") != "single":
         raise kin.InputError("strategy", f"{name} under {opts['strategy']} (the reference model prepared by "
                              "DeepSpeed or FSDP) is not modeled: the kit estimates DPOTrainer on one GPU.",

@@ -123,7 +123,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         src.update(tsrc)
         notes.extend(tnotes)
         kr.refuse_other_head(opts)
-        pairs = kr.pairs_options(opts, src)
+        pairs = kt.pair_rows(opts, src, "RewardConfig")   # the chosen and rejected rows, as DPO's
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts)
         src.update(tsrc)

@@ -87,18 +87,6 @@ def refuse_other_head(opts: dict) -> None:
                              "one: AutoModelForSequenceClassification with num_labels=1.", code="reward-head")
 
 
-def pairs_options(opts: dict, src: dict, name: str = "RewardConfig") -> int:
-    """Make the options a reward model's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation);
-    returns B."""
-    B = opts["batch_size"]
-    opts["batch_size"] = 2 * B
-    src["batch_size"] = (2 * B, f"2 x {name}.per_device_train_batch_size ({B}): the chosen and the rejected rows, "
-                                "one batch (DataCollatorForPreference)")
-    opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
-    src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
-    return B
-
-
 def read_pairs(trainer, B: int):
     """(S, padded, where) of the longest batch DataCollatorForPreference builds: the B pairs whose longer row is the
     longest, 2B rows right-padded to the longest."""

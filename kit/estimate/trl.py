@@ -153,3 +153,15 @@ def quantized_recipe(opts: dict, src: dict, name: str = "SFTTrainer") -> None:
     if opts.get("lora_r"):
         opts["adapter_dtype"] = "bf16"
         src["adapter_dtype"] = ("bf16", f"{name} casts the trainable adapter weights to bf16 on a quantized model")
+
+
+def pair_rows(opts: dict, src: dict, name: str) -> int:
+    """Make the options a preference trainer's (DPO, Reward): 2B rows a step, the chosen and the rejected rows in one
+    batch (TRL's DataCollatorForPreference), and 2 x per_device_eval_batch_size in evaluation; returns B."""
+    B = opts["batch_size"]
+    opts["batch_size"] = 2 * B
+    src["batch_size"] = (2 * B, f"2 x {name}.per_device_train_batch_size ({B}): the chosen and the rejected rows, "
+                                "one batch (DataCollatorForPreference)")
+    opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
+    src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
+    return B
