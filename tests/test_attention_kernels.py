@@ -49,7 +49,7 @@ def test_llama_1b_fp32_unpadded_gets_the_math_path_figure_and_the_verdict_names_
     assert est.peak_bytes / _meter_figure() == pytest.approx(1, abs=0.001)
     assert est.setup["attention_kernel"] == "math"
     text = verdict(est, gpu).text
-    assert "attention on SDPA's math path" in text and "not measured on a GPU" in text
+    assert "SDPA math path on sm" in text and "unmeasured" in text
     assert ("sm75" if gpu == "colab-t4" else "sm90") in text
 
 
@@ -73,7 +73,7 @@ def test_the_cli_judges_on_the_presets_architecture(capsys):
 
     assert main(["estimate", "--model", LLAMA_1B, "--batch-size", "1", "--seq-len", "2048", "--no-padding"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "attention on SDPA's math path, torch 2.13's pick on sm75" in out
+    assert "SDPA math path on sm75 (torch 2.13's rule, unmeasured)" in out
 
 
 @pytest.mark.parametrize("options, code", [(dict(gpu="t5"), "invalid"), (dict(gpu="h100", device="cpu"),

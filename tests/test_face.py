@@ -44,14 +44,18 @@ def test_check_of_an_8b_full_fine_tune_on_a_t4_is_the_answer_in_15_lines(full_8b
     a = advise(full_8b, "colab-t4")
     # the verdict names the one figure judged (reserved, modelled) and the limit; the margin is that figure's
     # of what is usable once the 5% margin is kept while the figures are modelled (kit.presets.MODELLED_MARGIN)
+    # judged on a T4, the figure is the T4's: bf16 attention takes SDPA's math path below sm80 (kit.estimate.replay.
+    # kernels), more than the estimate made for no GPU in particular, and the first line says which kernel
     usable = int(T4.gpu_bytes * 0.95)
-    assert " ".join(" ".join(short[:2]).split()).startswith(
-        f"DOES NOT FIT Colab T4: {fmt_bytes(full_8b.reserved_bytes)} reserved (modelled) of {fmt_bytes(usable)} usable "
-        f"(14.56 GiB less the 5% margin) ({fmt_bytes(full_8b.reserved_bytes - usable)} short)")
+    first = " ".join(" ".join(short[:2]).split())
+    assert first.startswith(
+        f"DOES NOT FIT Colab T4: {fmt_bytes(a.judged_bytes)} reserved (modelled) of {fmt_bytes(usable)} usable "
+        f"(14.56 GiB less the 5% margin) ({fmt_bytes(a.judged_bytes - usable)} short)")
+    assert a.judged_bytes > full_8b.reserved_bytes and "SDPA math path on sm75" in first
     text = "\n".join(short)
-    assert len(short) <= 15 and a.judged_bytes == full_8b.reserved_bytes
+    assert len(short) <= 15
     answer = " ".join(" ".join(short[:5]).split())
-    assert f"(peak {fmt_bytes(full_8b.peak_bytes)}: live tensors at their most, max allocated" in answer
+    assert f"(peak {fmt_bytes(a.peak_bytes)}: live tensors at their most, max allocated" in answer
     assert "biggest cause: optimizer state" in answer
     best = a.suggestions[0]
     assert "best change: TrainingArguments(activation_checkpointing=True) +3 more" in answer
