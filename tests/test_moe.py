@@ -83,17 +83,6 @@ def test_peak_matches_a_cpu_trainer_step(label):
     assert r["est"].weights_bytes == r["got"]["weights"]
 
 
-class _FullRows(torch.utils.data.Dataset):
-    def __init__(self, n, S, V):
-        self.ids = torch.randint(2, V, (n, S), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
-
-
 @pytest.mark.parametrize("twin,lora", [(TWIN, False), (TWIN, True), ("tiny-mixtral", False)],
                          ids=["qwen3-moe-full", "qwen3-moe-lora-attention", "mixtral-full"])
 def test_trainer_steps_within_2_percent_of_the_profiler_meter(twin, lora, tmp_path):
@@ -115,7 +104,7 @@ def test_trainer_steps_within_2_percent_of_the_profiler_meter(twin, lora, tmp_pa
         model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[],
                              save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=_FullRows(12, 96, cfg.vocab_size))
+    trainer = Trainer(model=model, args=args, train_dataset=bench._Batches(12, 96, cfg.vocab_size, padded=False))
     est = estimate_trainer(trainer, device="cpu")   # reads a batch: 96 tokens a row, no padding
     meter = rc.meter_trainer(trainer, rc.ProfilerMeter())
     trainer.train()
