@@ -20,7 +20,7 @@ from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import classifier_head
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replay:
     """Bytes saved by each part of one training forward, and the temporaries around it."""
 
@@ -172,17 +172,27 @@ def replay(st: Setup) -> Replay:
         shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     head_from = len(tp.order)   # the head's saved tensors follow in tp.order
+
+    if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2): it saves nothing
+        embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
+
+    def with_head(**head_part) -> Replay:
+        """The replay: the embeddings' and blocks' part read above, beside the head's part given."""
+        held_bytes, held_dup = held if y.rg else (0, 0)
+        return Replay(L=st.L, ckpt=st.ckpt, embed=embed, block=block, block_in=block_in, shared=shared,
+                      block_bwd=bwd, block_bwd_grads=bwd_grads, hidden=T * H * y.dt, copies_block=copies_block,
+                      block_sum=block_sum, held=held_bytes, held_dup=held_dup, reentrant=st.reentrant,
+                      block_in_sum=block_in_sum, copies_sum=copies_sum,
+                      block_order=orders[biggest] if block else (), layers=layers, embed_order=embed_order,
+                      **head_part)
+
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable) if block_fn.final_norm else y
     if st.task != "causal-lm":  # a classifier head (kit.estimate.replay.task_heads): no vocabulary logits
         ch = classifier_head(tp, h, block_fn.encoder)
-        if not (y.rg or st.lora):
-            embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
-        return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total(), 0, ch.loss, ch.live,
-                      cache + tp.cache, bwd, bwd_grads, T * H * y.dt, copies_block, tp.copies_saved(), 0, ch.last,
-                      ch.ls, block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, None,
-                      block_in_sum=block_in_sum, copies_sum=copies_sum, block_order=orders[biggest] if block else (),
-                      layers=layers, embed_order=embed_order, head_order=tuple(tp.order[head_from:]),
-                      transient=tp.transient + unsaved, shared_grad=tp.shared_grad if y.rg else 0)
+        return with_head(head=tp.total(), head_in=0, loss=ch.loss, logits_live=ch.live, cache=cache + tp.cache,
+                         copies_head=tp.copies_saved(), copies_head_in=0, last_logits=ch.last, ls=ch.ls,
+                         head_order=tuple(tp.order[head_from:]), transient=tp.transient + unsaved,
+                         shared_grad=tp.shared_grad if y.rg else 0)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
                           head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
@@ -190,15 +200,11 @@ def replay(st: Setup) -> Replay:
                            head_trainable=st.base_trainable, hidden_grad=h.rg, liger_norm="rms_norm" in st.liger,
                            norm_dt=st.w_other)   # ... or Liger's fused linear cross-entropy's chunks
         cache += fh.get("cache", 0)
-        if not (y.rg or st.lora):
-            embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
         if st.trl_offload:  # TRL's OffloadActivations: what it moves to the host (kit.estimate.replay.trl_offload)
             trl = trl_offload.offloaded(st, block_fn, layers, x, y, h, leaf=off.leaf_input(st, block_fn))
-        return Replay(st.L, st.ckpt, embed, block, block_in, shared, tp.total() + fh["saved"], 0,
-                      0, fh["forward"], cache, bwd, bwd_grads, T * H * y.dt, copies_block, 0, 0, fh["backward"], 0,
-                      block_sum, 0, *(held if y.rg else (0, 0)), st.reentrant, 0, block_in_sum=block_in_sum,
-                      copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers, trl=trl,
-                      embed_order=embed_order, head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
+        return with_head(head=tp.total() + fh["saved"], head_in=0, loss=0, logits_live=fh["forward"], cache=cache,
+                         copies_head=0, copies_head_in=0, last_logits=fh["backward"], ls=0, head_grad=0, trl=trl,
+                         head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
     logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable or st.lm_head_trains, w=st.w_other,
                        quant="none")
     capped = 0
@@ -221,14 +227,10 @@ def replay(st: Setup) -> Replay:
     ls_dt = F32 if (st.ac or not st.head) else logits.dt
     ls = logits.n * ls_dt
     live += logits.n * F32 if ls_dt != logits.dt else 0  # the fp32 copy (or accelerate's)
-    if not (y.rg or st.lora):  # nothing in the base needs a grad (scenario 1's frozen GPT-2)
-        embed, embed_order, block, block_sum, shared = 0, (), 0, 0, 0
-    return Replay(st.L, st.ckpt, embed, block, block_in, shared, head, head_in,
-                  ls + T * I64, live, cache, bwd, bwd_grads, T * H * y.dt, copies_block, copies_head, copies_head_in,
-                  logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
-                  (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
-                  copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers,
-                  embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
+    return with_head(head=head, head_in=head_in, loss=ls + T * I64, logits_live=live, cache=cache,
+                     copies_head=copies_head, copies_head_in=copies_head_in, last_logits=logits.n * logits.dt, ls=ls,
+                     capped=capped, head_grad=(ins.n * ins.dt if ins.rg else 0) if st.head else None,
+                     head_order=tuple(tp.order[head_from:]))
 
 
 @dataclass
