@@ -35,7 +35,7 @@ class EvalPeak:
 
 def block_forward_bytes(setup, eval_batch: int) -> int | None:
     """The largest a no_grad forward holds inside the blocks at eval batch ``eval_batch``, for the families declared
-    with a :class:`~kit.estimate.replay.family.NoGradLoop`, in plain weights (None elsewhere: :func:`eval_peak` then
+    with a :class:`~kit.estimate.replay.families.NoGradLoop`, in plain weights (None elsewhere: :func:`eval_peak` then
     takes one block's saved bytes, a bound): the loop's tensors at its largest moment, the rotary cos/sin and the
     attention mask the model made. LoRA on an MLP projection adds temporaries there (None too).
     """

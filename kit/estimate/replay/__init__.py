@@ -26,7 +26,7 @@ and GELU MLPs, dropout, attention (sdpa or eager, soft-capped), rotary embedding
 too), fused projections as views, autocast casts); :mod:`.core` runs embeddings, blocks
 (one replay per kind: masked or not, with sliding windows), head (final-logit soft-capping)
 and loss and finds the backward peak; one module per family declares that family
-(:mod:`.family`), and :mod:`.registry` imports them all and reads what every config shares besides the shapes
+(:mod:`.families`), and :mod:`.registry` imports them all and reads what every config shares besides the shapes
 (:func:`config_shapes`). :mod:`.liger` holds Liger's kernels' rules (``use_liger_kernel``: its RMSNorm, SwiGLU,
 RoPE and fused linear cross-entropy), read from its source.
 
@@ -39,11 +39,11 @@ Adding a family (the way peft registers a method: one module, one registration; 
    refused) and what the model does outside its blocks. Reuse the tape's rules; a new kind of op goes into
    :mod:`.tape` (or :mod:`.core`, outside the blocks), not into the family module.
 2. End the module with one ``register_family("<model_type>", block=block, ...)`` call
-   (:func:`~kit.estimate.replay.family.register_family`), declaring only what differs from the defaults:
+   (:func:`~kit.estimate.replay.families.register_family`), declaring only what differs from the defaults:
    ``model_types=``/``aliases=`` (other ``config.model_type`` values that are these blocks op for op),
    ``config_fields=`` (a function of the config: the :class:`Setup` fields it decides besides the shapes, such as
    dropouts), ``shapes=`` (a config that names its shapes its own way), ``lora_targets=`` (where peft has no
-   default), ``no_grad_loop=`` (:class:`~kit.estimate.replay.family.NoGradLoop`: the evaluation's exact
+   default), ``no_grad_loop=`` (:class:`~kit.estimate.replay.families.NoGradLoop`: the evaluation's exact
    no-grad peak; without it, one block's saved bytes bound it), ``liger=True`` (Liger's patch of it modeled),
    ``positional_mask=``/``dropout_modules=`` (checkpoint offload, TRL's ``disable_dropout``), ``task_head=`` (an
    encoder's classifier head), ``refusal=`` (config settings its replay does not have), ``notes=``, ``moe=True``.

@@ -10,7 +10,7 @@ position ids are a slice of a buffer, no new memory). The classifier heads are :
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import NoGradLoop, register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import pooler_head

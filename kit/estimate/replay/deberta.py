@@ -22,7 +22,7 @@ statistics are shared by the layers). The sequence classifier is ``ContextPooler
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import NoGradLoop, register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import BOOL, F32, I64, Covers, around, promote
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import pooler_head

@@ -10,7 +10,7 @@ sequence classifier is ``classifier(dropout(relu(pre_classifier(hidden[:, 0]))))
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import NoGradLoop, register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import Head, pooler_head

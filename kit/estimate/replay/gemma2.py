@@ -11,7 +11,7 @@ so are the final logits (``final_logit_softcapping``, in :func:`kit.estimate.rep
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

@@ -9,7 +9,7 @@ soft-capping (so sdpa runs). Sliding and full layers each get their own rotary c
 from __future__ import annotations
 
 from kit.estimate.replay import gemma2
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

@@ -5,7 +5,7 @@ attention, the residual branches and the embeddings (wte + wpe); ``ln_f`` before
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

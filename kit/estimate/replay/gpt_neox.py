@@ -12,7 +12,7 @@ and on the embeddings; ``final_layer_norm`` before the untied ``embed_out`` head
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

@@ -164,7 +164,7 @@ class LigerTape(Tape):
 
 
 # Copied from Liger-Kernel 0.8.2's monkey_patch.py (the keys of MODEL_TYPE_TO_APPLY_LIGER_FN): the model types
-# Liger patches. The kit models the patches of the families declared with liger=True (kit.estimate.replay.family).
+# Liger patches. The kit models the patches of the families declared with liger=True (kit.estimate.replay.families).
 PATCHED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "deepseek_v4", "gemma", "gemma2", "gemma3_text",
            "gemma3", "gemma4_text", "gemma4", "glm4", "glm4v", "glm4v_moe", "gpt_oss", "internvl", "llama4_text",
            "llama4", "llava", "granite", "mllama", "mllama_text_model", "ministral", "mixtral", "nemotron", "pixtral",

@@ -9,7 +9,7 @@ modeling code, and their model types with this family's. No other architecture i
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import NoGradLoop, register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -50,7 +50,7 @@ def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
     three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of ``LlamaModel.forward`` till it
     returns), the block's input (the loop's ``hidden_states``), the residual after attention and the MLP's normed
     input (three where block 1 is the only one: its input is ``inputs_embeds``). The rotary cos/sin are the
-    caller's (:class:`~kit.estimate.replay.family.NoGradLoop`)."""
+    caller's (:class:`~kit.estimate.replay.families.NoGradLoop`)."""
     return tokens * ((4 if setup.L > 1 else 3) * setup.H * hidden + 3 * setup.F * mlp)
 
 

@@ -23,7 +23,7 @@ sdpa's saved tensors there, not flash-attn's, so a padded batch under FA2 is est
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import NoGradLoop, register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import F32, I64, Covers, around
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import Head, encoder_logits

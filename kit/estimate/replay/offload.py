@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kit.estimate.replay.family import family
+from kit.estimate.replay.families import family
 from kit.estimate.replay.setup import BOOL
 
 

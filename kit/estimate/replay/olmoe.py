@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kit.estimate.replay import llama
 from kit.estimate.replay.moe import sparse_moe
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

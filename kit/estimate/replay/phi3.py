@@ -10,7 +10,7 @@ where ``partial_rotary_factor`` < 1), so sdpa's output needs a copy for ``o_proj
 """
 from __future__ import annotations
 
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 

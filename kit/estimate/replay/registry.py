@@ -1,5 +1,5 @@
 """The registry of families: it imports every module of this package, so that each family module declares its
-family (:func:`~kit.estimate.replay.family.register_family`, once, when imported), and reads what every config
+family (:func:`~kit.estimate.replay.families.register_family`, once, when imported), and reads what every config
 shares besides the shapes.
 
 Ask it, never a family's name: :func:`family` (a ``Setup.family`` key's declaration), :func:`lookup` (a config's
@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-from kit.estimate.replay.family import Family, NoGradLoop, declared, family, key_of, lookup, register_family
+from kit.estimate.replay.families import Family, NoGradLoop, declared, family, key_of, lookup, register_family
 
 __all__ = ["Family", "NoGradLoop", "register_family", "family", "lookup", "key_of", "declared", "config_shapes"]
 

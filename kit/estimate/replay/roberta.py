@@ -9,7 +9,7 @@ dropout, ``out_proj``; no pooler.
 from __future__ import annotations
 
 from kit.estimate.replay import bert
-from kit.estimate.replay.family import register_family
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import Head, encoder_logits, pooler_head

@@ -75,7 +75,7 @@ def promote(a: Dt, b: Dt) -> Dt:
 class Setup:
     """What the replay needs: shapes, dtypes (:class:`Dt`: bytes per element, and which dtype) and flags."""
 
-    family: str                  # a model type a family declares (kit.estimate.replay.family): its registry key
+    family: str                  # a model type a family declares (kit.estimate.replay.families): its registry key
     B: int
     S: int
     H: int
