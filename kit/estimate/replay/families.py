@@ -79,10 +79,10 @@ def register_family(name: str, **declaration) -> Family:
     two families claim is refused at import, so no family is taken for another by accident."""
     fam = Family(name, **declaration)
     fam = fam if fam.model_types else replace(fam, model_types=(name,))
-    for key in fam.model_types + fam.aliases:
-        if key in _DECLARED:
-            raise ValueError(f"model type {key!r} is declared twice: by {_DECLARED[key].name} and by {name}")
-        _DECLARED[key] = fam
+    taken = [key for key in fam.model_types + fam.aliases if key in _DECLARED]
+    if taken:
+        raise ValueError(f"model type {taken[0]!r} is declared twice: by {_DECLARED[taken[0]].name} and by {name}")
+    _DECLARED.update(dict.fromkeys(fam.model_types + fam.aliases, fam))
     return fam
 
 
