@@ -324,3 +324,17 @@ def test_the_audited_qwen3_and_gpt_neox_cases_are_within_2_percent_told_what_ran
     # the cause: the one option the bare-config estimate was not told moves it by the audit's miss (-9.4%, -5.5%)
     untold = estimate(cfg, batch_size=B, seq_len=S, padded=False, device="cpu", **kw)
     assert untold.peak_bytes / steady < 0.96
+
+
+def test_a_model_type_declared_twice_is_refused_and_a_new_family_is_known_at_once(monkeypatch):
+    """register_family refuses a model type another family declared (no family is taken for another by accident,
+    and nothing of the refused declaration is kept); a new declaration is what the registry's lookups answer."""
+    from kit.estimate.replay import families, family, lookup
+
+    monkeypatch.setattr(families, "_DECLARED", dict(families._DECLARED))
+    llama = family("llama")
+    with pytest.raises(ValueError, match="'mistral' is declared twice: by llama and by my_family"):
+        families.register_family("my_family", block=llama.block, model_types=("my_family", "mistral"))
+    assert lookup("my_family") is None and lookup("mistral") is llama
+    mine = families.register_family("my_family", block=llama.block, lora_targets=("q_proj",))
+    assert lookup("my_family") is mine and family("my_family").lora_targets == ("q_proj",) and not mine.encoder

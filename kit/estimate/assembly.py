@@ -222,18 +222,17 @@ def input_requires_grad(plan: Plan) -> bool:
 def replay_setup(info: Info, plan: Plan) -> act.Setup:
     """Stage 2: the shapes, dtypes and layers the activation replay runs on."""
     cfg = info.config
-    if info.family == "gpt2":
-        H, nh = cfg.n_embd, cfg.n_head
-        shapes = dict(H=H, F=cfg.n_inner or 4 * H, nh=nh, kvh=nh, hd=H // nh, L=cfg.n_layer,
-                      p_attn=cfg.attn_pdrop, p_resid=cfg.resid_pdrop, p_embd=cfg.embd_pdrop)
+    own_names = act.family(info.family).shapes   # a config that names its shapes its own way (GPT-2's)
+    if own_names:
+        shapes = own_names(cfg)
     else:
         H, nh = cfg.hidden_size, cfg.num_attention_heads
         shapes = dict(H=H, F=getattr(cfg, "intermediate_size", 0), nh=nh,   # (DistilBERT's F: config_shapes)
                       kvh=getattr(cfg, "num_key_value_heads", None) or nh,
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
-        shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
         shapes |= moe.config_shapes(cfg)   # experts, top-k, one expert's width ({} for a dense model)
+        shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, the family's own, ...
     # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \
@@ -271,7 +270,7 @@ def own_head_cache(info: Info, setup: act.Setup, rows: int, dtype_bytes: int) ->
     ``model.config.use_cache = args.use_cache`` (False) only on a model with a ``config``, so a plain module's base
     keeps its own (``use_cache=True`` in most configs), and its eval-mode forward fills a cache of every layer's
     k and v, (rows, kvh, S, hd) each, alive till the module's forward returns."""
-    if not info.own_head or act.FAMILIES[info.family].encoder or not getattr(info.config, "use_cache", False):
+    if not info.own_head or act.family(info.family).encoder or not getattr(info.config, "use_cache", False):
         return 0
     return 2 * setup.L * rows * setup.kvh * setup.S * setup.hd * dtype_bytes
 
@@ -280,7 +279,7 @@ def encoder_notes(info: Info, plan: Plan) -> list:
     """What the replay of an encoder does not yet follow, said where it applies: LoRA dropout on the attention's
     inputs, whose backward autograd runs while the attention's other grads wait (on tiny BERT twins, measured from
     -2.7% with dropout on ``query`` to +4.3% on ``value``; exact without dropout)."""
-    if not (act.FAMILIES[info.family].encoder and plan.lora_r and plan.lora_dropout):
+    if not (act.family(info.family).encoder and plan.lora_r and plan.lora_dropout):
         return []
     return [kin.Note(f"LoRA dropout on an encoder ({info.family}): the backward's order around its attention is not "
                      "replayed op for op, so the peak may be a few percent off (exact with lora_dropout=0)",

@@ -241,11 +241,8 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
     if optimizers.ROOM[optimizer].note:
         notes.append(optimizers.ROOM[optimizer].note)
     mt = info.config.model_type
-    if info.family != "llama" and act.FAMILIES[info.family] is act.FAMILIES["llama"]:  # mistral, qwen2
-        notes.append(f"{mt}: its activations are counted as Llama's blocks', which its blocks are op for op")
-    if info.family == "gemma2" and getattr(info.config, "attn_logit_softcapping", None):
-        notes.append("gemma2: attention runs eager whatever attn_implementation says (sdpa cannot soft-cap the "
-                     "attention scores), so its scores take B x heads x S^2 per layer")
+    said = act.family(info.family).notes   # what the family's declaration says of its estimates
+    notes.extend(said(info.config) if said else [])
     if lora_r:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_targets
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 
 from kit import inputs as kin
-from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
+from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trl import pair_rows, refuse_shared, refuser
 
@@ -131,9 +131,9 @@ def refuse_dropout(cfg, config, name: str = "DPOConfig") -> None:
     the config names a dropout the model applies with nn.Dropout (GPT-2's *_pdrop, ...)."""
     if not cfg.disable_dropout:
         return
-    named = [k for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
-             if (getattr(config, k, 0) or 0) > 0 and not (k == "attention_dropout" and config.model_type != "gpt2")]
-    if named and getattr(config, "model_type", "") in ("gpt2", "gpt_neox"):
+    declared = lookup(getattr(config, "model_type", None))
+    named = [k for k in (declared.dropout_modules if declared else ()) if (getattr(config, k, 0) or 0) > 0]
+    if named:
         raise kin.InputError("disable_dropout", f"{name}.disable_dropout=True zeroes the nn.Dropout modules that the "
                              f"config's {', '.join(named)} still names, which the kit does not model: estimate with "
                              "disable_dropout=False or a config without dropout.", code="trl-dropout")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.replay import BOOL, modernbert, promote
+from kit.estimate.replay import BOOL, family, promote
 from kit.training_setup import GATHER  # noqa: F401 (loss: no compute_metrics; logits; preprocess_logits_for_metrics)
 
 @dataclass(frozen=True)
@@ -33,76 +33,24 @@ class EvalPeak:
     gathered_bytes: int       # gathered predictions and labels on the device at that moment
 
 
-def _llama_loop(setup, tokens: int, hidden, mlp) -> int:
-    """Llama's loop (LlamaModel.forward, LlamaDecoderLayer, LlamaMLP), at block 2's (or 1's) MLP:
-    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` holds the activation, the up projection and their product,
-    three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of ``LlamaModel.forward`` till it
-    returns), the block's input (the loop's ``hidden_states``), the residual after attention and the MLP's normed
-    input (three where block 1 is the only one: its input is ``inputs_embeds``)."""
-    return tokens * ((4 if setup.L > 1 else 3) * setup.H * hidden + 3 * setup.F * mlp)
-
-
-def _bert_loop(setup, tokens: int, hidden, mlp) -> int:
-    """BERT's loop (BertModel.forward, BertLayer.feed_forward_chunk), at block 2's (or 1's) feed-forward: beside
-    ``embedding_output`` (a local of ``BertModel.forward``), the block's input and ``attention_output``, either the
-    dense layer's and GELU's (B, S, F) outputs, or GELU's output with ``LayerNorm(dense(h) + attention_output)``'s
-    three hidden states (the dense output, the sum, the norm's output)."""
-    hold = (3 if setup.L > 1 else 2) * setup.H * hidden
-    return tokens * max(hold + 2 * setup.F * mlp, hold + setup.H * (2 * hidden + mlp) + setup.F * mlp)
-
-
-def _distilbert_loop(setup, tokens: int, hidden, mlp) -> int:
-    """DistilBERT's loop (DistilBertModel.forward, TransformerBlock, FFN.ff_chunk): beside ``embeddings`` (a local of
-    ``DistilBertModel.forward``), the block's input and ``attention_output``, the larger of lin1's and the
-    activation's (B, S, F) outputs, the activation's output with lin2's, or, once ``ff_chunk`` has returned,
-    ``output_layer_norm(ffn_output + attention_output)``'s three hidden states."""
-    hold = (3 if setup.L > 1 else 2) * setup.H * hidden
-    return tokens * (hold + max(2 * setup.F * mlp, setup.F * mlp + setup.H * hidden, 3 * setup.H * hidden))
-
-
-def _deberta_loop(setup, tokens: int, hidden, mlp) -> int:
-    """DeBERTa-v2's loop (DebertaV2Model.forward, DebertaV2Encoder.forward, DisentangledSelfAttention) at the last
-    layer. The encoder keeps every layer's output (``all_hidden_states``: it always asks for them) beside
-    ``embedding_output``, the zero ``token_type_ids`` (B, S) int64, the (B, 1, S, S) int64 mask it multiplies out,
-    the (S, S) int64 ``relative_pos`` and the normed (2 span, H) table. In the attention: q, k and v, the content
-    scores, and, at the last disentangled term's ``gather``, its (B * nh, S, 2 span) input and (B * nh, S, S)
-    output, the earlier terms' results and their running sum, the repeated position projections and each term's
-    (S, S) int64 positions; else the MLP's two (B, S, F) tensors beside the attention's output."""
-    B, S, span2, terms = tokens // setup.S, setup.S, 2 * setup.rel_span, len(setup.rel_att)
-    square = B * setup.nh * S * S
-    table = S * S * 8 + span2 * setup.H * hidden if terms else 0   # relative positions and the normed table
-    fixed = tokens * 8 + B * S * S * 8 + table + setup.L * tokens * setup.H * hidden
-    attn = 3 * tokens * setup.H * mlp + square * mlp * (2 * terms if terms else 1)
-    if terms:
-        attn += (B * setup.nh * S * span2 + terms * B * span2 * setup.H) * mlp + terms * S * S * 8
-    return fixed + max(attn, tokens * setup.H * hidden + 2 * tokens * setup.F * mlp)
-
-
-# The families whose no_grad forward's largest moment the kit knows (block_forward_bytes), by model loop.
-NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_loop, "qwen3": _llama_loop,
-                 "bert": _bert_loop, "roberta": _bert_loop, "distilbert": _distilbert_loop,
-                 "deberta-v2": _deberta_loop}
-NO_GRAD_LOOPS["modernbert"] = modernbert.no_grad_loop
-
-
 def block_forward_bytes(setup, eval_batch: int) -> int | None:
-    """The largest a no_grad forward holds inside the blocks at eval batch ``eval_batch``, for the :data:`NO_GRAD_LOOPS`
-    families in plain weights (None elsewhere: :func:`eval_peak` then takes one block's saved bytes, a bound):
-    the loop's tensors at its largest moment, the rotary cos/sin and the attention mask the model made. LoRA on an
-    MLP projection adds temporaries there (None too).
+    """The largest a no_grad forward holds inside the blocks at eval batch ``eval_batch``, for the families declared
+    with a :class:`~kit.estimate.replay.families.NoGradLoop`, in plain weights (None elsewhere: :func:`eval_peak` then
+    takes one block's saved bytes, a bound): the loop's tensors at its largest moment, the rotary cos/sin and the
+    attention mask the model made. LoRA on an MLP projection adds temporaries there (None too).
     """
-    loop = NO_GRAD_LOOPS.get(setup.family)
+    loop = family(setup.family).no_grad_loop
     mlp_lora = any(k.startswith(("mlp.", "intermediate.", "output.", "ffn.")) for k in setup.lora)
     if loop is None or setup.quant != "none" or mlp_lora:
         return None
     # the residual stream (half + fp32 -> fp32)
     hidden = promote(setup.w_other, setup.ac) if setup.ac else setup.w_other
     mlp = setup.ac or promote(hidden, setup.w)
-    cos_sin = 2 * setup.S * (setup.rotary or setup.hd) * setup.w_other if loop is _llama_loop else 0
+    cos_sin = 2 * setup.S * (setup.rotary or setup.hd) * setup.w_other if loop.rotary else 0
     mask_element = setup.w_other if setup.eager else BOOL
     mask = eval_batch * setup.S * setup.S * mask_element if setup.padded or setup.eager else 0
-    mask = 0 if loop is _deberta_loop else mask   # (its own int64 mask, made whether padded or not)
-    return loop(setup, eval_batch * setup.S, hidden, mlp) + cos_sin + mask
+    mask = 0 if loop.own_mask else mask   # (a loop that counts its own mask: DeBERTa's int64 one)
+    return loop.bytes(setup, eval_batch * setup.S, hidden, mlp) + cos_sin + mask
 
 
 def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, held: int, copies: int,

@@ -29,9 +29,10 @@ fields (read by :func:`kit.estimate.read_training.read_args`).
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 from kit import inputs as kin
-from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
+from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trl import refuse_shared, refuser
 
@@ -242,22 +243,22 @@ def _pass_peak(est, shapes, *, text, seq_len, hidden_dt, weight_dt, separate: bo
     return labels + block, "a no-grad log-prob pass (a block" + (")" if exact else ", bounded)")
 
 
-_LLAMA_LOOP = ("llama", "mistral", "qwen2", "qwen3")   # the families whose no-grad block loop is known
-
-
 def block_loop_bytes(est, text, *, rows: int, seq_len: int, hidden_dt: int, mlp_dt: int,
                      padded: bool) -> tuple[int, bool]:
     """(bytes, exact) of the largest a no-grad forward holds inside the blocks over ``rows x seq_len`` positions: for
-    a Llama-like loop (LlamaModel.forward, the MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) three ``[T, F]``
-    tensors beside four hidden states (:func:`kit.estimate.evaluation.block_forward_bytes` counts the same loop), the
-    rotary cos/sin and, where a row is padded, the ``[rows, 1, seq_len, seq_len]`` bool mask; elsewhere at most what
-    one block saves in training, scaled to these tokens (an upper bound: ``exact`` False)."""
+    a decoder whose family declares its no-grad loop with rotary embeddings (Llama's: its MLP
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, three ``[T, F]`` tensors beside four hidden states), the loop's
+    tensors (as :func:`kit.estimate.evaluation.block_forward_bytes` counts them), the rotary cos/sin and, where a row
+    is padded, the ``[rows, 1, seq_len, seq_len]`` bool mask; elsewhere at most what one block saves in training,
+    scaled to these tokens (an upper bound: ``exact`` False)."""
     T = rows * seq_len
-    if text.model_type in _LLAMA_LOOP:
+    declared = lookup(text.model_type)
+    loop = declared.no_grad_loop if declared else None
+    if loop is not None and loop.rotary:
         hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        four = 4 if text.num_hidden_layers > 1 else 3
-        return T * (four * text.hidden_size * hidden_dt + 3 * text.intermediate_size * mlp_dt) + 2 * seq_len * hd * \
-            hidden_dt + (rows * seq_len * seq_len * BOOL if padded else 0), True
+        shape = SimpleNamespace(L=text.num_hidden_layers, H=text.hidden_size, F=text.intermediate_size)
+        return loop.bytes(shape, T, hidden_dt, mlp_dt) + 2 * seq_len * hd * hidden_dt + \
+            (rows * seq_len * seq_len * BOOL if padded else 0), True
     rp = est.context.rp
     return max(rp.block, rp.block_in) * T // (est.setup["batch_size"] * est.setup["seq_len"]), False
 

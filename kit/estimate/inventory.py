@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kit.estimate.own_head import read_own_head
-from kit.estimate.replay import FAMILIES, LORA_TARGETS, moe
+from kit.estimate.replay import declared, family, key_of, lookup, moe
 from kit.inputs import Refusal
 
 
@@ -72,10 +72,11 @@ NO_REPLAY, LAYER_TYPES, BLOCKS_DIFFER = "no-replay", "layer-types", "blocks-diff
 
 
 # The Llama-style replay reads these; a config without them has blocks of another shape.
-_LLAMA_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
+_SHAPE_NAMES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size")
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_COVERED = "a GPT-2 or Llama-style decoder (gpt2, llama, mistral, qwen2, qwen3, gemma, phi3, ...)"
-_ALIASES = {"gemma3_text": "gemma3"}   # model_type -> its kit.estimate.replay.FAMILIES key
+# a sentence's end naming the decoders the registry declares (the first seven, in the order registered)
+_COVERED = "a GPT-2 or Llama-style decoder ({}, ...)".format(
+    ", ".join([t for fam in declared() if not fam.encoder and not fam.moe for t in fam.model_types][:7]))
 _MEASURE = "measure it on a real step with kit.watch(trainer) and kit.train(trainer)"
 # Modules inside a block that are the tape's op rules as they are, by the package that defines them: torch's layers
 # (Linear, Dropout, LayerNorm...), transformers' activations and GPT-2's Conv1D, peft's LoRA layers, bitsandbytes'.
@@ -83,19 +84,20 @@ _OP_RULES = ("torch.", "transformers.activations", "transformers.pytorch_utils",
 
 
 def family_of(cfg) -> str:
-    """The replay family of a config: the kit.estimate.replay.FAMILIES key its model_type registers ("gpt2",
-    "llama" (and "mistral", "qwen2": Llama's blocks op for op), "qwen3", "olmo2", "phi3", "gemma2", "gemma3" for
-    gemma3_text, "gpt_neox", the encoders), or UnsupportedModel in one sentence: no family is taken for another."""
+    """The replay family of a config: the ``Setup.family`` key its model_type is declared under
+    (:func:`kit.estimate.replay.key_of`: the model type itself, or for an alias its family's name), or
+    UnsupportedModel in one sentence: no family is taken for another."""
 
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
-    if mt == "gpt2":
-        return "gpt2"
+    declared_as = lookup(mt)
+    if declared_as is not None and declared_as.shapes:   # a config with its own names for the shapes (GPT-2's)
+        return key_of(mt)
     if getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
                                f"{_COVERED}.")
     experts = {k: getattr(cfg, k) for k in _MOE_KEYS if isinstance(getattr(cfg, k, None), int)
                and not isinstance(getattr(cfg, k), bool) and getattr(cfg, k) > 1}
-    if experts and getattr(FAMILIES.get(mt), "moe", False):   # a mixture-of-experts family with a replay
+    if experts and getattr(declared_as, "moe", False):   # a mixture-of-experts family with a replay
         refused = moe.refusal(cfg)
         if refused:
             raise UnsupportedModel(f"{mt} ({cls}) {refused}: measure this one on a real step with "
@@ -106,38 +108,37 @@ def family_of(cfg) -> str:
         raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
                                f"dense blocks only, so it would undercount the experts' activations: measure this "
                                f"one on a real step with kit.measure.track.Tracker, or pass {_COVERED}.")
-    if mt == "deberta-v2" and (getattr(cfg, "conv_kernel_size", 0) or
-                               getattr(cfg, "embedding_size", cfg.hidden_size) != cfg.hidden_size):
-        raise UnsupportedModel(f"{mt} ({cls}) has a convolution after its first layer or projected embeddings "
-                               "(DeBERTa-v2 xlarge and xxlarge), which the estimator does not replay (it replays "
-                               "DeBERTa-v3's layout): measure this one on a real step with kit.measure.track.Tracker.")
-    family = _ALIASES.get(mt, mt)
-    missing = [a for a in _LLAMA_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
+    refused = declared_as.refusal(cfg) if declared_as is not None and declared_as.refusal else None
+    if refused:   # a layout of its model type that its family's replay does not have
+        raise UnsupportedModel(f"{mt} ({cls}) {refused}: measure this one on a real step with "
+                               "kit.measure.track.Tracker.")
+    missing = [a for a in _SHAPE_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     text = getattr(cfg, "text_config", None)
     if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
         raise UnsupportedModel(f"{mt} ({cls}) is a multimodal model, and the estimator replays text decoders "
                                f"only: pass its text_config ({text.model_type}) to estimate the language model "
                                f"without the vision tower, or measure this one on a real step with "
                                f"kit.measure.track.Tracker.")
-    if family not in FAMILIES:
+    if declared_as is None:
         raise UnsupportedModel(f"{mt} ({cls}) is not estimated: no family the kit replays has its blocks"
                                f"{_new_layer_types(cfg)}, and another family's would be a guess: {_MEASURE}, or pass "
                                f"{_COVERED}.", code=NO_REPLAY)
-    if missing and not FAMILIES[family].encoder:   # an encoder's replay reads its config's own names
+    key, covers = key_of(mt), declared_as.block.covers
+    if missing and not declared_as.encoder:   # an encoder's replay reads its config's own names
         raise UnsupportedModel(f"{mt} ({cls}) has no replay in the estimator (its config has no Llama-style "
                                f"{', '.join(missing)}, so its blocks are of another shape): pass {_COVERED}, or "
                                f"measure this one on a real step with kit.measure.track.Tracker.")
-    odd = sorted(set(getattr(cfg, "layer_types", None) or ()) - set(FAMILIES[family].covers.layer_types))
+    odd = sorted(set(getattr(cfg, "layer_types", None) or ()) - set(covers.layer_types))
     if odd:
         raise UnsupportedModel(f"{mt} ({cls}) is not estimated: its layer_types hold {', '.join(odd)}, which "
-                               f"{family}'s replay does not have (it replays "
-                               f"{', '.join(FAMILIES[family].covers.layer_types)}): {_MEASURE}.", code=LAYER_TYPES)
-    return family
+                               f"{key}'s replay does not have (it replays "
+                               f"{', '.join(covers.layer_types)}): {_MEASURE}.", code=LAYER_TYPES)
+    return key
 
 
 def _new_layer_types(cfg) -> str:
     """Words on the config's layer types that no family replays (Qwen3.5's linear_attention), or ""."""
-    known = {t for block in FAMILIES.values() for t in block.covers.layer_types}
+    known = {t for fam in declared() for t in fam.block.covers.layer_types}
     new = sorted(set(getattr(cfg, "layer_types", None) or ()) - known)
     return f" (its layer_types hold {', '.join(new)})" if new else ""
 
@@ -148,7 +149,7 @@ def check_blocks(model, blocks, family: str, what: str) -> None:
     :class:`kit.estimate.replay.setup.Covers`), and each module inside it one of the family's classes or an op rule
     of torch, peft, bitsandbytes or transformers' activations. A layer swapped for one of the user's own, or a
     remote-code class, is refused, never estimated as the family's."""
-    covers = FAMILIES[family].covers
+    covers = lookup(family).block.covers
     for path in sorted(blocks):
         block = model.get_submodule(path)
         odd = {type(block)} if type(block).__qualname__ not in covers.blocks else set()
@@ -207,8 +208,8 @@ def _classifier(model, leaves, what: str) -> tuple:
 
 def _check_task(cfg, task: str, what: str) -> None:
     """Refuse an encoder as a causal LM, in one sentence (before a model is built for it)."""
-    block = FAMILIES.get(getattr(cfg, "model_type", None))
-    if task == "causal-lm" and block is not None and block.encoder:
+    declared_as = lookup(getattr(cfg, "model_type", None))
+    if task == "causal-lm" and declared_as is not None and declared_as.encoder:
         raise UnsupportedModel(f"{what} is an encoder, which the estimator replays under a classifier head: pass "
                                "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")
 
@@ -409,8 +410,8 @@ def lora_matches(names: tuple, targets: tuple) -> tuple:
 
 def default_targets(info: Info) -> tuple:
     """peft's default LoRA targets for the architecture; where peft has none (Phi-3, OLMo-2), the
-    attention projections as ``LoraConfig(target_modules=...)`` must name them (kit.estimate.replay.LORA_TARGETS)."""
+    attention projections as ``LoraConfig(target_modules=...)`` must name them (the family's ``lora_targets``)."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
 
 
-    return tuple(M.get(info.config.model_type) or LORA_TARGETS.get(info.family, ["q_proj", "v_proj"]))
+    return tuple(M.get(info.config.model_type) or family(info.family).lora_targets or ["q_proj", "v_proj"])

@@ -20,7 +20,7 @@ from kit import runtime
 from kit.data import shipped_tokenizer
 from kit.estimate import estimate
 from kit.estimate.inventory import info_of
-from kit.estimate.replay import FAMILIES
+from kit.estimate.replay import lookup
 from kit.model_configs import ENCODERS
 
 OWN_MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
@@ -54,7 +54,7 @@ def is_encoder(model: str) -> bool:
     >>> is_encoder("tiny-bert"), is_encoder("tiny-gpt2")
     (True, False)
     """
-    family = FAMILIES.get(kmodels.get_config(model).model_type)
+    family = lookup(kmodels.get_config(model).model_type)
     return model in ENCODERS or bool(family is not None and family.encoder)
 
 

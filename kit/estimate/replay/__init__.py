@@ -25,31 +25,44 @@ OLMo-2 or Gemma apply the weight, over the hidden size or a head for q/k norms),
 and GELU MLPs, dropout, attention (sdpa or eager, soft-capped), rotary embeddings (partial
 too), fused projections as views, autocast casts); :mod:`.core` runs embeddings, blocks
 (one replay per kind: masked or not, with sliding windows), head (final-logit soft-capping)
-and loss and finds the backward peak; one module per family describes its block, and
-:func:`config_shapes` reads what besides the shapes a family's config decides. :mod:`.liger` holds Liger's
-kernels' rules (``use_liger_kernel``: its RMSNorm, SwiGLU, RoPE and fused linear cross-entropy), read from its
-source.
+and loss and finds the backward peak; one module per family declares that family
+(:mod:`.families`), and :mod:`.registry` imports them all and reads what every config shares besides the shapes
+(:func:`config_shapes`). :mod:`.liger` holds Liger's kernels' rules (``use_liger_kernel``: its RMSNorm, SwiGLU,
+RoPE and fused linear cross-entropy), read from its source.
 
-Adding a family: write ``kit/replay/<family>.py`` with one function ``block(tp, x)`` that
-replays one decoder layer with the tape's op rules, in the order of the transformers
-class it follows (name that class in the module docstring), and mark it with
-``@around(covers=Covers(...), final_norm=..., positions=..., embd_dropout=..., embed_scale=...)`` for the
-transformers classes it follows op for op (a model whose blocks hold any other is refused) and what the
-model does outside its blocks; then add one line to :data:`FAMILIES` (in :mod:`.registry`) (keyed by the config's
-``model_type``: ``kit.estimate.inventory.family_of`` picks ``Setup.family`` from it), and read any
-config field the block needs in :func:`config_shapes`. Reuse the tape's rules; a new kind of
-op goes into :mod:`.tape` (or :mod:`.core`, outside the blocks), not into the family module.
-Check it against autograd and a real Trainer step on a tiny CPU twin
-(``kit/configs/tiny-<family>.json``) as ``tests/test_families.py`` does for every family.
+Adding a family (the way peft registers a method: one module, one registration; nothing else names it):
+
+1. Write ``kit/estimate/replay/<family>.py`` with one function ``block(tp, x)`` that replays one decoder layer with
+   the tape's op rules, in the order of the transformers class it follows (name that class in the module
+   docstring), and mark it with ``@around(covers=Covers(...), final_norm=..., positions=..., embd_dropout=...,
+   embed_scale=...)`` for the transformers classes it follows op for op (a model whose blocks hold any other is
+   refused) and what the model does outside its blocks. Reuse the tape's rules; a new kind of op goes into
+   :mod:`.tape` (or :mod:`.core`, outside the blocks), not into the family module.
+2. End the module with one ``register_family("<model_type>", block=block, ...)`` call
+   (:func:`~kit.estimate.replay.families.register_family`), declaring only what differs from the defaults:
+   ``model_types=``/``aliases=`` (other ``config.model_type`` values that are these blocks op for op),
+   ``config_fields=`` (a function of the config: the :class:`Setup` fields it decides besides the shapes, such as
+   dropouts), ``shapes=`` (a config that names its shapes its own way), ``lora_targets=`` (where peft has no
+   default), ``no_grad_loop=`` (:class:`~kit.estimate.replay.families.NoGradLoop`: the evaluation's exact
+   no-grad peak; without it, one block's saved bytes bound it), ``liger=True`` (Liger's patch of it modeled),
+   ``positional_mask=``/``dropout_modules=`` (checkpoint offload, TRL's ``disable_dropout``), ``task_head=`` (an
+   encoder's classifier head), ``refusal=`` (config settings its replay does not have), ``notes=``, ``moe=True``.
+3. Add its module to the import list in :mod:`.registry`. Every other module asks the registry
+   (``family(key).no_grad_loop``, ``lookup(model_type).encoder``, ...): no module but the family's own names it,
+   which ``tests/test_layout.py`` checks.
+4. Ship its config (``kit/configs/``, a name line in ``kit/model_configs.py``) and a tiny twin
+   (``kit/configs/tiny-<family>.json``), and check it against autograd and a real Trainer step on that twin, as
+   ``tests/test_families.py`` does for every family.
 """
 from __future__ import annotations
 
 from kit.estimate.replay.core import Moment, Replay, moments, peak_moment, replay
 from kit.estimate.replay.offload import cpu_figures, host_peak, step_moments
-from kit.estimate.replay.registry import FAMILIES, LORA_TARGETS, config_shapes
+from kit.estimate.replay.registry import (Family, NoGradLoop, config_shapes, declared, family, key_of, lookup,
+                                          register_family)
 from kit.estimate.replay.setup import BF16, BOOL, F32, FP16, FP32, I64, Dt, Setup, around, dtype, promote
 from kit.estimate.replay.tape import Tape
 
-__all__ = ["FAMILIES", "LORA_TARGETS", "Setup", "Tape", "around", "replay", "Replay", "Moment", "moments",
-           "peak_moment", "config_shapes", "Dt", "dtype", "promote", "F32", "FP32", "BF16", "FP16", "BOOL", "I64",
-           "host_peak", "cpu_figures", "step_moments"]
+__all__ = ["Family", "NoGradLoop", "register_family", "family", "lookup", "key_of", "declared", "Setup", "Tape",
+           "around", "replay", "Replay", "Moment", "moments", "peak_moment", "config_shapes", "Dt", "dtype", "promote",
+           "F32", "FP32", "BF16", "FP16", "BOOL", "I64", "host_peak", "cpu_figures", "step_moments"]

@@ -10,8 +10,10 @@ position ids are a slice of a buffer, no new memory). The classifier heads are :
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
+from kit.estimate.replay.task_heads import pooler_head
 
 
 def layer(tp: Tape, x):
@@ -34,6 +36,25 @@ def layer(tp: Tape, x):
 
 @around(covers=Covers(blocks=("BertLayer",), attention=("BertAttention", "BertSelfAttention", "BertSelfOutput"),
                       mlp=("BertIntermediate", "BertOutput")),
-        final_norm=None, positions=True, embd_dropout=True, embed_norm=True, encoder="bert")
+        final_norm=None, positions=True, embd_dropout=True, embed_norm=True)
 def block(tp: Tape, x):
     return layer(tp, x)
+
+
+def config_fields(cfg) -> dict:
+    """Dropout on the attention probabilities, on both residual branches and on the embeddings."""
+    p = getattr(cfg, "hidden_dropout_prob", 0.0)
+    return {"p_attn": getattr(cfg, "attention_probs_dropout_prob", 0.0), "p_resid": p, "p_embd": p}
+
+
+def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
+    """BERT's loop (BertModel.forward, BertLayer.feed_forward_chunk), at block 2's (or 1's) feed-forward: beside
+    ``embedding_output`` (a local of ``BertModel.forward``), the block's input and ``attention_output``, either the
+    dense layer's and GELU's (B, S, F) outputs, or GELU's output with ``LayerNorm(dense(h) + attention_output)``'s
+    three hidden states (the dense output, the sum, the norm's output)."""
+    hold = (3 if setup.L > 1 else 2) * setup.H * hidden
+    return tokens * max(hold + 2 * setup.F * mlp, hold + setup.H * (2 * hidden + mlp) + setup.F * mlp)
+
+
+LOOP = NoGradLoop(no_grad_loop)
+register_family("bert", block=block, config_fields=config_fields, no_grad_loop=LOOP, task_head=pooler_head)

@@ -1,8 +1,9 @@
 """One training forward replayed: embeddings, L blocks, head and loss; and its backward peak.
 
-:func:`replay` takes the block function of ``Setup.family`` from :data:`kit.estimate.replay.FAMILIES`
-and runs it once on a :class:`~kit.estimate.replay.tape.Tape` per kind of block (the blocks are alike,
-but for whether their attention gets a mask: see ``Setup.layer_kinds``); the embeddings,
+:func:`replay` takes the block function (and an encoder's head) of ``Setup.family``'s declaration
+(:func:`kit.estimate.replay.registry.family`) and runs it once on a :class:`~kit.estimate.replay.tape.Tape` per
+kind of block (the blocks are alike, but for whether their attention gets a mask: see ``Setup.layer_kinds``); the
+embeddings,
 the final norm, the head and the loss around it are the same for every family, save for
 what the block's :func:`~kit.estimate.replay.setup.around` mark says and the final logits' soft-capping.
 """
@@ -14,7 +15,7 @@ from kit.estimate.replay import offload as off
 from kit.estimate.replay import trl_offload
 from kit.estimate.replay.fused_head import chunked_head
 from kit.estimate.replay.liger import LigerTape, flce_head
-from kit.estimate.replay.registry import FAMILIES
+from kit.estimate.replay.registry import family
 from kit.estimate.replay.setup import F32, I64, Setup
 from kit.estimate.replay.tape import Tape
 from kit.estimate.replay.task_heads import classifier_head
@@ -106,7 +107,8 @@ class Replay:
 def replay(st: Setup) -> Replay:
     """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.estimate.replay`)."""
 
-    block_fn = FAMILIES[st.family]
+    declared = family(st.family)
+    block_fn = declared.block
     T, H, V = st.T, st.H, st.V
     tp = LigerTape(st) if st.liger else Tape(st)  # Liger's kernels: its own rules (kit.estimate.replay.liger)
     # The embeddings' output requires grad when the embeddings train, or when enable_input_require_grads'
@@ -188,7 +190,7 @@ def replay(st: Setup) -> Replay:
 
     h = getattr(tp, block_fn.final_norm)(y, st.base_trainable) if block_fn.final_norm else y
     if st.task != "causal-lm":  # a classifier head (kit.estimate.replay.task_heads): no vocabulary logits
-        ch = classifier_head(tp, h, block_fn.encoder)
+        ch = classifier_head(tp, h, declared.task_head)
         return with_head(head=tp.total(), head_in=0, loss=ch.loss, logits_live=ch.live, cache=cache + tp.cache,
                          copies_head=tp.copies_saved(), copies_head_in=0, last_logits=ch.last, ls=ch.ls,
                          head_order=tuple(tp.order[head_from:]), transient=tp.transient + unsaved,

@@ -22,8 +22,10 @@ statistics are shared by the layers). The sequence classifier is ``ContextPooler
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import BOOL, F32, I64, Covers, around, promote
 from kit.estimate.replay.tape import Tape
+from kit.estimate.replay.task_heads import pooler_head
 
 
 def _bmm(tp: Tape, a, b, n: int):
@@ -103,7 +105,7 @@ def rel_table(tp: Tape):
 @around(covers=Covers(blocks=("DebertaV2Layer",),
                       attention=("DebertaV2Attention", "DisentangledSelfAttention", "DebertaV2SelfOutput"),
                       mlp=("DebertaV2Intermediate", "DebertaV2Output")),
-        final_norm=None, embd_dropout=True, embed_norm=True, embed_mask=True, encoder="deberta")
+        final_norm=None, embd_dropout=True, embed_norm=True, embed_mask=True)
 def block(tp: Tape, x):
     st, H = tp.st, tp.st.H
     o, in_attention = attention(tp, x, rel_table(tp) if st.rel_span and st.rel_att else None)
@@ -134,3 +136,45 @@ def _encoder_args(st) -> int:
     ``relative_pos`` and the normed (2 span, H) table (what checkpointing keeps for the recompute)."""
     rel = st.S * st.S * I64 + 2 * st.rel_span * st.H * (F32 if st.ac else st.w_other) if st.rel_span else 0
     return st.B * st.S * st.S * I64 + rel
+
+
+def config_fields(cfg) -> dict:
+    """Its dropouts; the relative attention's span (``DisentangledSelfAttention.pos_ebd_size``), terms and sharing."""
+    out = dict(p_attn=cfg.attention_probs_dropout_prob, p_resid=cfg.hidden_dropout_prob, p_embd=cfg.hidden_dropout_prob)
+    if cfg.relative_attention:
+        span = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
+        out.update(rel_span=cfg.position_buckets if getattr(cfg, "position_buckets", -1) > 0 else span,
+                   rel_att=tuple(cfg.pos_att_type or ()), rel_share=bool(getattr(cfg, "share_att_key", False)))
+    return out
+
+
+def refusal(cfg) -> str | None:
+    """DeBERTa-v2 xlarge's and xxlarge's layout, which this replay does not have."""
+    if getattr(cfg, "conv_kernel_size", 0) or getattr(cfg, "embedding_size", cfg.hidden_size) != cfg.hidden_size:
+        return ("has a convolution after its first layer or projected embeddings (DeBERTa-v2 xlarge and xxlarge), "
+                "which the estimator does not replay (it replays DeBERTa-v3's layout)")
+    return None
+
+
+def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
+    """DeBERTa-v2's loop (DebertaV2Model.forward, DebertaV2Encoder.forward, DisentangledSelfAttention) at the last
+    layer. The encoder keeps every layer's output (``all_hidden_states``: it always asks for them) beside
+    ``embedding_output``, the zero ``token_type_ids`` (B, S) int64, the (B, 1, S, S) int64 mask it multiplies out,
+    the (S, S) int64 ``relative_pos`` and the normed (2 span, H) table. In the attention: q, k and v, the content
+    scores, and, at the last disentangled term's ``gather``, its (B * nh, S, 2 span) input and (B * nh, S, S)
+    output, the earlier terms' results and their running sum, the repeated position projections and each term's
+    (S, S) int64 positions; else the MLP's two (B, S, F) tensors beside the attention's output."""
+    B, S, span2, terms = tokens // setup.S, setup.S, 2 * setup.rel_span, len(setup.rel_att)
+    square = B * setup.nh * S * S
+    table = S * S * 8 + span2 * setup.H * hidden if terms else 0   # relative positions and the normed table
+    fixed = tokens * 8 + B * S * S * 8 + table + setup.L * tokens * setup.H * hidden
+    attn = 3 * tokens * setup.H * mlp + square * mlp * (2 * terms if terms else 1)
+    if terms:
+        attn += (B * setup.nh * S * span2 + terms * B * span2 * setup.H) * mlp + terms * S * S * 8
+    return fixed + max(attn, tokens * setup.H * hidden + 2 * tokens * setup.F * mlp)
+
+
+# its no_grad loop counts the int64 mask the encoder makes, padded or not; its classifier pools as BERT's
+# (ContextPooler: gelu(dense(hidden[:, 0])), which keeps its input: the same bytes as tanh's output)
+register_family("deberta-v2", block=block, config_fields=config_fields, refusal=refusal,
+                no_grad_loop=NoGradLoop(no_grad_loop, own_mask=True), task_head=pooler_head)

@@ -11,6 +11,7 @@ so are the final logits (``final_logit_softcapping``, in :func:`kit.estimate.rep
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -36,3 +37,20 @@ def layer(tp: Tape, x, qk_norm: bool = False):
         final_norm="rms_norm_offset", embed_scale=True)
 def block(tp: Tape, x):
     return layer(tp, x)
+
+
+def config_fields(cfg) -> dict:
+    """Soft-capping: the attention scores' (Gemma-2 only) and the final logits'."""
+    return {"attn_cap": bool(getattr(cfg, "attn_logit_softcapping", None)),
+            "logit_cap": bool(getattr(cfg, "final_logit_softcapping", None))}
+
+
+def notes(cfg) -> list:
+    """Soft-capped attention scores run eager."""
+    if not getattr(cfg, "attn_logit_softcapping", None):
+        return []
+    return [f"{cfg.model_type}: attention runs eager whatever attn_implementation says (sdpa cannot soft-cap the "
+            "attention scores), so its scores take B x heads x S^2 per layer"]
+
+
+register_family("gemma2", block=block, config_fields=config_fields, notes=notes)

@@ -9,6 +9,7 @@ soft-capping (so sdpa runs). Sliding and full layers each get their own rotary c
 from __future__ import annotations
 
 from kit.estimate.replay import gemma2
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -18,3 +19,14 @@ from kit.estimate.replay.tape import Tape
         final_norm="rms_norm_offset", embed_scale=True)
 def block(tp: Tape, x):
     return gemma2.layer(tp, x, qk_norm=True)
+
+
+def config_fields(cfg) -> dict:
+    """Rotary cos/sin per layer type (sliding and full); final-logit soft-capping."""
+    types = getattr(cfg, "layer_types", None)
+    return ({"rope_sets": len(set(types))} if types else {}) | \
+        {"logit_cap": bool(getattr(cfg, "final_logit_softcapping", None))}
+
+
+# gemma3_text: the text model's config (Gemma-3 1B's, and a multimodal one's text_config) read as Gemma-3's
+register_family("gemma3", block=block, aliases=("gemma3_text",), config_fields=config_fields)

@@ -5,6 +5,7 @@ attention, the residual branches and the embeddings (wte + wpe); ``ln_f`` before
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -19,3 +20,15 @@ def block(tp: Tape, x):
     x = tp.binary(a, x)
     f = tp.gelu_new(tp.linear(tp.layer_norm(x, st.base_trainable), H, st.F, "mlp.c_fc"))
     return tp.binary(tp.dropout(tp.linear(f, st.F, H, "mlp.c_proj"), st.p_resid), x)
+
+
+def shapes(cfg) -> dict:
+    """GPT2Config's own names for the shapes and its three dropouts."""
+    H, nh = cfg.n_embd, cfg.n_head
+    return dict(H=H, F=cfg.n_inner or 4 * H, nh=nh, kvh=nh, hd=H // nh, L=cfg.n_layer,
+                p_attn=cfg.attn_pdrop, p_resid=cfg.resid_pdrop, p_embd=cfg.embd_pdrop)
+
+
+# GPT2Block takes the attention mask positionally (checkpoint offload copies it); its dropouts are nn.Dropout modules
+register_family("gpt2", block=block, shapes=shapes, positional_mask=True,
+                dropout_modules=("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout"))

@@ -12,6 +12,7 @@ and on the embeddings; ``final_layer_norm`` before the untied ``embed_out`` head
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -30,3 +31,14 @@ def block(tp: Tape, x):
     f = tp.gelu(tp.linear(tp.layer_norm(x, st.base_trainable), H, st.F, "mlp.dense_h_to_4h"))
     m = tp.dropout(tp.linear(f, st.F, H, "mlp.dense_4h_to_h"), st.p_resid)
     return tp.binary(tp.binary(m, a), x) if st.parallel else tp.binary(m, x)
+
+
+def config_fields(cfg) -> dict:
+    """Dropout on both branches and the embeddings (``hidden_dropout``); the parallel residual."""
+    p = getattr(cfg, "hidden_dropout", 0.0)
+    return {"p_resid": p, "p_embd": p, "parallel": bool(getattr(cfg, "use_parallel_residual", True))}
+
+
+# its dropouts are nn.Dropout modules (TRL's disable_dropout zeroes them)
+register_family("gpt_neox", block=block, config_fields=config_fields,
+                dropout_modules=("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout"))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kit.estimate.replay.registry import lookup
 from kit.estimate.replay.setup import BOOL, F32, I64, promote
 from kit.estimate.replay.tape import Output, Tape
 
@@ -106,7 +107,7 @@ class LigerTape(Tape):
     def _on(self, kernel: str) -> bool:
         return kernel in self.st.liger
 
-    def rms_norm(self, x, trainable, dim=None, kind="llama"):
+    def rms_norm(self, x, trainable, dim=None, kind="cast"):
         """``LigerRMSNormFunction`` (casting "llama") for the norms over the hidden size Liger patches;
         a q/k norm (``dim`` given) keeps transformers' rule (:meth:`Tape.rms_norm`)."""
         if not self._on("rms_norm") or dim is not None:
@@ -162,19 +163,25 @@ class LigerTape(Tape):
         return tuple(out)
 
 
-# Model types Liger patches (monkey_patch.py, MODEL_TYPE_TO_APPLY_LIGER_FN); the kit models the first six's
-MODELED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2")
-PATCHED = MODELED + ("deepseek_v4", "gemma", "gemma2", "gemma3_text", "gemma3", "gemma4_text", "gemma4", "glm4",
-                     "glm4v", "glm4v_moe", "gpt_oss", "internvl", "llama4_text", "llama4", "llava", "granite",
-                     "mllama", "mllama_text_model", "ministral", "mixtral", "nemotron", "pixtral", "olmo3",
-                     "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next",
-                     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text",
-                     "qwen3_vl_moe", "qwen3_vl_moe_text", "smollm3", "paligemma", "falcon_h1", "smolvlm",
-                     "hunyuan_v1_dense", "hunyuan_v1_moe", "exaone4")
-# apply_liger_kernel_to_<type>'s keywords and their defaults, the same for the six modeled types
+# Copied from Liger-Kernel 0.8.2's monkey_patch.py (the keys of MODEL_TYPE_TO_APPLY_LIGER_FN): the model types
+# Liger patches. The kit models the patches of the families declared with liger=True (kit.estimate.replay.families).
+PATCHED = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "deepseek_v4", "gemma", "gemma2", "gemma3_text",
+           "gemma3", "gemma4_text", "gemma4", "glm4", "glm4v", "glm4v_moe", "gpt_oss", "internvl", "llama4_text",
+           "llama4", "llava", "granite", "mllama", "mllama_text_model", "ministral", "mixtral", "nemotron", "pixtral",
+           "olmo3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_next",
+           "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text",
+           "qwen3_vl_moe", "qwen3_vl_moe_text", "smollm3", "paligemma", "falcon_h1", "smolvlm",
+           "hunyuan_v1_dense", "hunyuan_v1_moe", "exaone4")
+# apply_liger_kernel_to_<type>'s keywords and their defaults, the same for every modeled type
 DEFAULTS = {"rope": True, "cross_entropy": False, "fused_linear_cross_entropy": True, "rms_norm": True,
             "swiglu": True}
 SHORT = {"rope": "rope", "rms_norm": "rms_norm", "swiglu": "swiglu", "fused_linear_cross_entropy": "flce"}
+
+
+def modeled_types() -> tuple:
+    """The model types whose Liger patches the kit models (those of the families declared with ``liger=True``), in
+    Liger's order."""
+    return tuple(t for t in PATCHED if lookup(t) is not None and lookup(t).liger and t in lookup(t).model_types)
 
 
 def kernels(cfg, config, *, fused_head: bool, device: str, vocab_head: bool) -> tuple:
@@ -209,9 +216,10 @@ def kernels(cfg, config, *, fused_head: bool, device: str, vocab_head: bool) -> 
     if model_type not in PATCHED:
         refuse("liger_kernel", f"Liger has no kernels for {model_type} (_apply_liger_kernel_to_instance leaves the "
                "model as it is): estimate without liger_kernel, which changes nothing there.", "liger-family")
-    if model_type not in MODELED:
+    modeled = modeled_types()
+    if model_type not in modeled:
         refuse("liger_kernel", f"Liger's kernels for {model_type} are not modeled (the kit models its patches of "
-               f"{', '.join(MODELED)}): estimate without liger_kernel.", "liger-family")
+               f"{', '.join(modeled)}): estimate without liger_kernel.", "liger-family")
     if vocab_head:
         refuse("liger_kernel", "Liger's fused loss replaces the model's forward, which a head on the logits needs: "
                "estimate this model without liger_kernel.", "liger-head")

@@ -5,10 +5,11 @@ Pre-RMSNorm; separate q/k/v projections with grouped-query attention; rotary emb
 head. ``MistralDecoderLayer`` and ``Qwen2DecoderLayer`` are this block op for op (Qwen2's
 q/k/v biases save nothing more; their sliding windows only decide which layers get a mask,
 ``Setup.layer_kinds``): their classes are registered with this block's (``covers``), checked in transformers 5.25's
-modeling code. No other architecture is estimated this way.
+modeling code, and their model types with this family's. No other architecture is estimated this way.
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -41,3 +42,27 @@ def layer(tp: Tape, x, qk_norm: bool = False, mlp=None, qk_norm_whole: bool = Fa
         final_norm="rms_norm")
 def block(tp: Tape, x):
     return layer(tp, x)
+
+
+def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
+    """Llama's loop (LlamaModel.forward, LlamaDecoderLayer, LlamaMLP), at block 2's (or 1's) MLP:
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` holds the activation, the up projection and their product,
+    three (B, S, F) tensors, beside four hidden states: ``inputs_embeds`` (a local of ``LlamaModel.forward`` till it
+    returns), the block's input (the loop's ``hidden_states``), the residual after attention and the MLP's normed
+    input (three where block 1 is the only one: its input is ``inputs_embeds``). The rotary cos/sin are the
+    caller's (:class:`~kit.estimate.replay.families.NoGradLoop`)."""
+    return tokens * ((4 if setup.L > 1 else 3) * setup.H * hidden + 3 * setup.F * mlp)
+
+
+LOOP = NoGradLoop(no_grad_loop, rotary=True)
+
+
+def notes(cfg) -> list:
+    """Mistral's and Qwen2's estimate says whose blocks it counts."""
+    mt = cfg.model_type
+    return [f"{mt}: its activations are counted as Llama's blocks', which its blocks are op for op"] \
+        if mt != "llama" else []
+
+
+register_family("llama", block=block, model_types=("llama", "mistral", "qwen2"), no_grad_loop=LOOP, liger=True,
+                notes=notes)

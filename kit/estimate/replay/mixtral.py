@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kit.estimate.replay import llama
 from kit.estimate.replay.moe import sparse_moe
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -21,4 +22,9 @@ def block(tp: Tape, x):
     return llama.layer(tp, x, mlp=sparse_moe)
 
 
-block.moe = True   # its config's expert counts are replayed, not refused (kit.estimate.inventory.family_of)
+def config_fields(cfg) -> dict:
+    """``MixtralTopKRouter``: the top-k weights always renormalized, and left fp32."""
+    return {"norm_topk": True, "weights_fp32": True}
+
+
+register_family("mixtral", block=block, config_fields=config_fields, moe=True)   # moe: its experts are replayed

@@ -11,7 +11,7 @@ one (``|i - j| <= local_attention // 2``) on the local layers once S reaches tha
 (``Setup.layer_kinds``); every ``global_attn_every_n_layers``-th layer is global. The MLP is GeGLU:
 ``Wo(drop(gelu(input) * gate))`` with ``input, gate = Wi(x).chunk(2)`` (views of one (B, S, 2F) output, which GELU
 keeps). The embeddings are the token embedding, LayerNorm and dropout (no positions); ``final_norm`` before the
-head, which is :mod:`.task_heads`' ``modernbert_head`` (``classifier_pooling`` "mean" or "cls", then
+head, which is :func:`head` below (``classifier_pooling`` "mean" or "cls", then
 ``ModernBertPredictionHead``: dense, GELU, LayerNorm; then dropout and ``classifier``).
 
 Unpadding: transformers 5.24's ModernBERT does not unpad in the model (the 4.x versions, from 4.48, did, under
@@ -23,8 +23,10 @@ sdpa's saved tensors there, not flash-attn's, so a padded batch under FA2 is est
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import F32, Covers, around
+from kit.estimate.replay.families import NoGradLoop, register_family
+from kit.estimate.replay.setup import F32, I64, Covers, around
 from kit.estimate.replay.tape import Tape
+from kit.estimate.replay.task_heads import Head, encoder_logits
 
 
 def layer(tp: Tape, x):
@@ -44,7 +46,7 @@ def layer(tp: Tape, x):
 
 
 @around(covers=Covers(blocks=("ModernBertEncoderLayer",), attention=("ModernBertAttention",), mlp=("ModernBertMLP",)),
-        final_norm="layer_norm", embd_dropout=True, embed_norm=True, encoder="modernbert", first_layer=True)
+        final_norm="layer_norm", embd_dropout=True, embed_norm=True, first_layer=True)
 def block(tp: Tape, x):
     return layer(tp, x)
 
@@ -63,3 +65,33 @@ def no_grad_loop(st, T: int, hidden, mlp) -> int:
     local_mask = (T // st.S) * st.S * st.S if st.sliding and (st.padded or 0 < st.window <= st.S) else 0
     return T * (hold + max(4 * st.F * mlp, st.H * mlp + 3 * st.F * mlp)) + local_mask \
         + st.rope_sets * 2 * st.S * st.hd * hidden
+
+
+def config_fields(cfg) -> dict:
+    """Cos/sin per layer type (global, local); its dropouts (attention, MLP, embeddings) and classifier pooling."""
+    return {"rope_sets": len(set(cfg.layer_types)), "p_attn": cfg.attention_dropout, "p_resid": cfg.mlp_dropout,
+            "p_embd": cfg.embedding_dropout, "pooling": cfg.classifier_pooling}
+
+
+def head(tp: Tape, h) -> Head:
+    """ModernBERT's ``...ForSequenceClassification`` and ``...ForTokenClassification``: sequence classification pools
+    first (``Setup.pooling``: "mean", ``(h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)``, whose product
+    keeps only the batch's mask and whose division keeps the (B, 1) int64 count; "cls", ``h[:, 0]``, a view that
+    makes the dense layer keep the whole hidden state); then ``ModernBertPredictionHead`` (dense, GELU, LayerNorm:
+    part of the base, frozen under LoRA), dropout and ``classifier``, and ``CrossEntropyLoss`` on the logits."""
+    st = tp.st
+    if st.task == "seq-cls" and st.pooling == "mean":
+        masked = tp.new(h.n, h.dt, h.rg)                  # h * mask: a new (B, S, H), nothing of h kept
+        h = tp.new(st.B * st.H, h.dt, h.rg)               # .sum(dim=1), then / count: (B, H)
+        tp.save(tp.new(st.B, I64, False), when=masked.rg)   # the divisor, kept for the quotient's grad
+        h = tp.new(h.n, h.dt, h.rg)
+    elif st.task == "seq-cls":
+        h = tp.split(h, st.S)[0]
+    dense = tp.linear(h, st.H, st.H, "head.dense", trainable=st.base_trainable, w=st.w_other, quant="none")
+    tp.save(dense, when=dense.rg)                         # GELU keeps its input
+    return encoder_logits(tp, tp.layer_norm(tp.new(dense.n, dense.dt, dense.rg), st.base_trainable), "classifier")
+
+
+# peft has no default LoRA targets for ModernBERT: its fused qkv projection
+register_family("modernbert", block=block, config_fields=config_fields, lora_targets=("Wqkv",),
+                no_grad_loop=NoGradLoop(no_grad_loop), task_head=head)

@@ -49,10 +49,9 @@ def config_shapes(cfg) -> dict:
     if not experts:
         return {}
     width = next(getattr(cfg, k) for k in _WIDTH if getattr(cfg, k, None))
-    mixtral = cfg.model_type == "mixtral"   # MixtralTopKRouter: always renormalized, the weights left fp32
+    # (a router that always renormalizes, or leaves its weights fp32, says so in its family's config_fields)
     return dict(experts=experts, top_k=cfg.num_experts_per_tok, moe_F=width,
-                norm_topk=mixtral or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if mixtral
-                                                                                   else {})
+                norm_topk=bool(getattr(cfg, "norm_topk_prob", False)))
 
 
 def grouped_mm(tp: Tape, x, fin: int, fout: int, trainable: bool, offsets):

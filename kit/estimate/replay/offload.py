@@ -16,11 +16,11 @@ The rules, and where each is read:
   checkpoint's own hook (``_checkpoint_hook``: a holder, nothing kept), and its keyword arguments (the mask, cos/sin:
   ``GradientCheckpointingLayer`` binds them in a ``functools.partial``) stay on the GPU as without offload. The
   positional arguments are the hidden states, and for GPT-2 its mask too (``GPT2Model.forward`` passes
-  ``causal_mask`` positionally): one host copy per checkpointed block (:data:`POSITIONAL_MASK`). In backward the
-  recompute runs under checkpoint's ``_recomputation_hook``, on the GPU; ``unpack_from_cpu`` copies the input back
-  (``tensor.to(device)``) for the recompute, and the host copy lives until the block's graph goes, after its
-  backward. Reentrant checkpointing (``CheckpointFunction.forward``: ``ctx.save_for_backward(*tensor_inputs)``)
-  saves the same tensors through the same hook.
+  ``causal_mask`` positionally; a family declared with ``positional_mask``): one host copy per checkpointed block.
+  In backward the recompute runs under checkpoint's ``_recomputation_hook``, on the GPU; ``unpack_from_cpu`` copies
+  the input back (``tensor.to(device)``) for the recompute, and the host copy lives until the block's graph goes,
+  after its backward. Reentrant checkpointing (``CheckpointFunction.forward``:
+  ``ctx.save_for_backward(*tensor_inputs)``) saves the same tensors through the same hook.
 - Without an accelerator the copy cannot be made: ``pack_to_cpu`` pins when ``torch.cpu.is_available()`` (True), and
   torch 2.13 refuses ``pin_memory=True`` with no pinned allocator ("requires a CUDA or other accelerator backend").
   Where its pinning is off (``is_pinnable`` False), the same code copies into plain host tensors; unpacking then
@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kit.estimate.replay.families import family
 from kit.estimate.replay.setup import BOOL
 
-POSITIONAL_MASK = ("gpt2",)   # families whose blocks take the attention mask as a positional argument
 
 
 @dataclass(frozen=True)
@@ -98,13 +98,13 @@ def masked(st, j: int) -> bool:
 
 def mask_bytes(st, dt: int) -> int:
     """The mask a GPT-2 block takes positionally: what ``Setup.kept_masks`` keeps of its one layer type."""
-    return st.kept_masks(dt) if st.family in POSITIONAL_MASK else 0
+    return st.kept_masks(dt) if family(st.family).positional_mask else 0
 
 
 def kept_masks(st, dt: int) -> int:
     """``Setup.kept_masks`` for the layer types that have a checkpointed block (a GPT-2 mask offloaded with its
     blocks stays on the device no more)."""
-    if st.ckpt_offload and st.family in POSITIONAL_MASK:
+    if st.ckpt_offload and family(st.family).positional_mask:
         return 0
     flags = checkpointed(st.L, st.ckpt_every)
     full = any(f and not sliding(st, j) for j, f in enumerate(flags))

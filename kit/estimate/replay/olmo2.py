@@ -10,6 +10,7 @@ before the head.
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -28,3 +29,7 @@ def block(tp: Tape, x):
     a = tp.rms_norm_fp32(tp.linear(o, st.nh * st.hd, H, "self_attn.o_proj"), st.base_trainable)
     x = tp.binary(x, a)
     return tp.binary(x, tp.rms_norm_fp32(tp.gated_mlp(x), st.base_trainable))
+
+
+# peft has no default LoRA targets for OLMo-2: q and v, as peft's default for Llama
+register_family("olmo2", block=block, lora_targets=("q_proj", "v_proj"), liger=True)

@@ -10,6 +10,7 @@ where ``partial_rotary_factor`` < 1), so sdpa's output needs a copy for ``o_proj
 """
 from __future__ import annotations
 
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -27,3 +28,12 @@ def block(tp: Tape, x):
     x = tp.binary(x, tp.dropout(tp.linear(o, qw, H, "self_attn.o_proj"), st.p_resid))
     m = tp.gated_mlp(tp.rms_norm(x, st.base_trainable), fused=True)
     return tp.binary(x, tp.dropout(m, st.p_resid))
+
+
+def config_fields(cfg) -> dict:
+    """Dropout on both residual branches (``resid_pdrop``)."""
+    return {"p_resid": getattr(cfg, "resid_pdrop", 0.0)}
+
+
+# peft has no default LoRA targets for Phi-3: its fused qkv projection
+register_family("phi3", block=block, config_fields=config_fields, lora_targets=("qkv_proj",), liger=True)

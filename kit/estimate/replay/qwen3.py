@@ -8,6 +8,7 @@ normalized q or k.
 from __future__ import annotations
 
 from kit.estimate.replay import llama
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -17,3 +18,6 @@ from kit.estimate.replay.tape import Tape
         final_norm="rms_norm")
 def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True)
+
+
+register_family("qwen3", block=block, no_grad_loop=llama.LOOP, liger=True)   # Llama's model loop, op for op

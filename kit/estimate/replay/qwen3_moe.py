@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kit.estimate.replay import llama
 from kit.estimate.replay.moe import sparse_moe
+from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
@@ -21,4 +22,4 @@ def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True, mlp=sparse_moe)
 
 
-block.moe = True   # its config's expert counts are replayed, not refused (kit.estimate.inventory.family_of)
+register_family("qwen3_moe", block=block, moe=True)   # moe: its experts are replayed (kit.estimate.replay.moe)

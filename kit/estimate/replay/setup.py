@@ -75,7 +75,7 @@ def promote(a: Dt, b: Dt) -> Dt:
 class Setup:
     """What the replay needs: shapes, dtypes (:class:`Dt`: bytes per element, and which dtype) and flags."""
 
-    family: str                  # a key of kit.estimate.replay.FAMILIES: "gpt2", "llama", "phi3", ...
+    family: str                  # a model type a family declares (kit.estimate.replay.families): its registry key
     B: int
     S: int
     H: int
@@ -227,7 +227,7 @@ class Covers:
 
 
 def around(*, covers: Covers, final_norm: str | None, positions: bool = False, embd_dropout: bool = False,
-           embed_scale: bool = False, embed_norm: bool = False, encoder: str | None = None, id_rows: int = 0,
+           embed_scale: bool = False, embed_norm: bool = False, id_rows: int = 0,
            first_layer: bool = False, embed_mask: bool = False):
     """Mark a family's block function with the classes it covers (:class:`Covers`) and with what its model does
     outside the blocks.
@@ -238,7 +238,6 @@ def around(*, covers: Covers, final_norm: str | None, positions: bool = False, e
     the embeddings' output; ``embed_scale``: the embeddings are multiplied by a scalar
     (Gemma's sqrt(hidden)), a new tensor that keeps nothing but the 0-d scale; ``embed_norm``: a LayerNorm on the
     embeddings' sum, before their dropout (BERT's); ``final_norm=None``: none before the head (post-norm blocks);
-    ``encoder``: an encoder's pooler kind for sequence classification (:mod:`.task_heads`), None for a decoder;
     ``id_rows``: (B, S) int64 tensors the embeddings make and keep besides the input ids (RoBERTa's position ids
     and token types); ``first_layer``: block 1 differs from the others (ModernBERT's layer 0 has no attention norm):
     it is replayed alone, with ``Tape.first`` set; ``embed_mask``: the normed embeddings are multiplied by the
@@ -246,7 +245,7 @@ def around(*, covers: Covers, final_norm: str | None, positions: bool = False, e
     """
     def mark(block):
         block.final_norm, block.positions, block.embd_dropout = final_norm, positions, embd_dropout
-        block.embed_scale, block.embed_norm, block.encoder, block.id_rows = embed_scale, embed_norm, encoder, id_rows
+        block.embed_scale, block.embed_norm, block.id_rows = embed_scale, embed_norm, id_rows
         block.first_layer, block.embed_mask, block.covers = first_layer, embed_mask, covers
         return block
     return mark

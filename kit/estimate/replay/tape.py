@@ -184,13 +184,13 @@ class Tape:
         self.save(x, self.new(x.n // self.st.H * 2, stats, False), when=x.rg or trainable)
         return self.new(x.n, x.dt, x.rg or trainable)
 
-    def rms_norm(self, x, trainable, dim=None, kind="llama"):
+    def rms_norm(self, x, trainable, dim=None, kind="cast"):
         """RMSNorm over the last ``dim`` elements (H by default; a head's hd for q/k norms).
 
         All kinds compute ``h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps)`` (keeping the
         fp32 input and rsqrt's output), then apply the weight:
 
-        - ``"llama"``: ``weight * h.to(x.dtype)`` (Llama, Mistral, Qwen2/3, Phi-3): keeps the
+        - ``"cast"``: ``weight * h.to(x.dtype)`` (Llama, Mistral, Qwen2/3, Phi-3): keeps the
           cast h for the weight's grad; the output promotes to the weight's dtype;
         - ``"fp32"``: ``(weight * h).to(x.dtype)`` (OLMo-2): keeps the fp32 h;
         - ``"offset"``: ``(h * (1.0 + weight.float())).type_as(x)`` (Gemma-2/3): keeps the
@@ -200,7 +200,7 @@ class Tape:
         xf = self.cast(x, F32)
         self.save(xf, self.new(x.n // dim, F32, False), when=x.rg)  # pow/mul; rsqrt's out
         h = self.new(x.n, F32, x.rg)
-        if kind == "llama":
+        if kind == "cast":
             normed = self.cast(h, x.dt)
             self.save(normed, when=trainable)
             return self.new(x.n, promote(x.dt, self.st.w_other), x.rg or trainable)

@@ -10,9 +10,9 @@ Read from transformers 5's ``GenericForSequenceClassification`` and ``GenericFor
 - token classification: ``score(dropout(hidden))`` (the dropout is ``classifier_dropout``, else
   ``hidden_dropout``, else 0.1), (B, S, labels); its loss upcasts (``logits.float()``) as the causal LM's does.
 
-Encoders (``encoder``, the block's :func:`~kit.estimate.replay.setup.around` mark) pool otherwise, read from
-their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]))`` (the first token is a view,
-so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; RoBERTa's
+Encoders (a family declared with a ``task_head``: :func:`pooler_head` here, or its module's own) pool otherwise,
+read from their ``...ForSequenceClassification``: BERT's pooler, ``tanh(dense(hidden[:, 0]))`` (the first token
+is a view, so the dense layer keeps the whole (B, S, H) hidden state), then dropout and ``classifier``; RoBERTa's
 ``out_proj(dropout(tanh(dense(dropout(hidden[:, 0])))))`` (its first dropout makes a (B, H) tensor: the
 hidden state is not kept); DistilBERT's ``classifier(dropout(relu(pre_classifier(hidden[:, 0]))))`` (BERT's pooler
 with ReLU, which keeps its output as tanh does, and ``seq_classif_dropout``); DeBERTa's ``ContextPooler``,
@@ -48,15 +48,15 @@ class Head:
     ls: int      # the log-softmax output alone
 
 
-def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
+def classifier_head(tp: Tape, h, encoder_head=None) -> Head:
     """Replay ``st.task``'s head on the final hidden state ``h`` (after the final norm); the head's own saved
-    bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask). ``encoder``: the
-    encoder's pooler kind ("bert"), None for a decoder's ``score``."""
+    bytes stay on ``tp`` (the score Linear's input, token classification's dropout mask). ``encoder_head``: an
+    encoder family's head (its declaration's ``task_head``), None for a decoder's ``score``."""
     st = tp.st
     if st.own:
         return own_head(tp, h)
-    if encoder:
-        return encoder_head(tp, h, encoder)
+    if encoder_head:
+        return encoder_head(tp, h)
     if st.task == "token-cls":
         h = tp.dropout(h, st.p_head)
     logits = tp.linear(h, st.H, st.labels, "score", trainable=st.head_trains, w=st.w_other, quant="none")
@@ -71,50 +71,24 @@ def classifier_head(tp: Tape, h, encoder: str | None = None) -> Head:
     return Head(ls, live + (logits.n * F32 if logits.dt != F32 else 0), live, ls)
 
 
-def encoder_head(tp: Tape, h, encoder: str) -> Head:
-    """An encoder's classifier heads (see the module doc): on the first token for sequence classification, BERT's
-    pooler, dropout and ``classifier``, or RoBERTa's ``RobertaClassificationHead``; dropout and ``classifier`` on
-    every token for token classification."""
+def pooler_head(tp: Tape, h, dense: str = "dense") -> Head:
+    """BERT's classifier heads (see the module doc): for sequence classification, the pooler on the first token (its
+    Linear named ``dense``; DistilBERT's ``pre_classifier``), then dropout and ``classifier``; for token
+    classification, dropout and ``classifier`` on every token."""
     st = tp.st
-    if encoder == "modernbert":
-        return modernbert_head(tp, h)
-    if st.task == "seq-cls" and encoder == "roberta":   # dropout (its mask: the first token's), dense, tanh, ...
-        x = tp.dropout(tp.split(h, st.S)[0], st.p_head)
-        dense = tp.linear(x, st.H, st.H, "dense", trainable=st.head_trains, w=st.w_other, quant="none")
-        h = tp.new(dense.n, dense.dt, dense.rg)
-        tp.save(h, when=h.rg)
-    elif st.task == "seq-cls":
+    if st.task == "seq-cls":
         first = tp.split(h, st.S)[0]     # hidden[:, 0]: a view, (B, H), of the whole hidden state
-        name = "pre_classifier" if encoder == "distilbert" else "dense"
-        pooled = tp.linear(first, st.H, st.H, name, trainable=st.base_trainable, w=st.w_other, quant="none")
+        pooled = tp.linear(first, st.H, st.H, dense, trainable=st.base_trainable, w=st.w_other, quant="none")
         h = tp.new(pooled.n, pooled.dt, pooled.rg)    # tanh (DistilBERT: ReLU): a new output, which it keeps
         tp.save(h, when=h.rg)
-    h = tp.dropout(h, st.p_head)
-    name = "out_proj" if st.task == "seq-cls" and encoder == "roberta" else "classifier"
-    logits = tp.linear(h, st.H, st.labels, name, trainable=st.head_trains, w=st.w_other, quant="none")
-    ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
-    live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
-    return Head(ls, live, logits.n * logits.dt, ls)
+    return encoder_logits(tp, h, "classifier")
 
 
-def modernbert_head(tp: Tape, h) -> Head:
-    """ModernBERT's ``...ForSequenceClassification`` and ``...ForTokenClassification``: sequence classification pools
-    first (``Setup.pooling``: "mean", ``(h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)``, whose product
-    keeps only the batch's mask and whose division keeps the (B, 1) int64 count; "cls", ``h[:, 0]``, a view that
-    makes the dense layer keep the whole hidden state); then ``ModernBertPredictionHead`` (dense, GELU, LayerNorm:
-    part of the base, frozen under LoRA), dropout and ``classifier``, and ``CrossEntropyLoss`` on the logits."""
+def encoder_logits(tp: Tape, h, name: str) -> Head:
+    """An encoder head's end: dropout, the Linear ``name`` to the labels, and ``CrossEntropyLoss`` on its logits."""
     st = tp.st
-    if st.task == "seq-cls" and st.pooling == "mean":
-        masked = tp.new(h.n, h.dt, h.rg)                  # h * mask: a new (B, S, H), nothing of h kept
-        h = tp.new(st.B * st.H, h.dt, h.rg)               # .sum(dim=1), then / count: (B, H)
-        tp.save(tp.new(st.B, I64, False), when=masked.rg)   # the divisor, kept for the quotient's grad
-        h = tp.new(h.n, h.dt, h.rg)
-    elif st.task == "seq-cls":
-        h = tp.split(h, st.S)[0]
-    dense = tp.linear(h, st.H, st.H, "head.dense", trainable=st.base_trainable, w=st.w_other, quant="none")
-    tp.save(dense, when=dense.rg)                         # GELU keeps its input
-    h = tp.dropout(tp.layer_norm(tp.new(dense.n, dense.dt, dense.rg), st.base_trainable), st.p_head)
-    logits = tp.linear(h, st.H, st.labels, "classifier", trainable=st.head_trains, w=st.w_other, quant="none")
+    h = tp.dropout(h, st.p_head)
+    logits = tp.linear(h, st.H, st.labels, name, trainable=st.head_trains, w=st.w_other, quant="none")
     ls = logits.n * (F32 if st.ac else logits.dt)        # cross_entropy: autocast's fp32 list, else as it is
     live = logits.n * logits.dt + (logits.n * F32 if st.ac and logits.dt != F32 else 0)
     return Head(ls, live, logits.n * logits.dt, ls)
