@@ -15,7 +15,7 @@ KIT = pathlib.Path(__file__).resolve().parent.parent / "kit"
 LAYERS = {
     "kit.units": 0, "kit.inputs": 0, "kit.machine": 0, "kit.presets": 0, "kit.dtypes": 0, "kit.runtime": 0,
     "kit.model_configs": 0, "kit.models": 0, "kit.vocab_head": 0, "kit.data": 0, "kit.assets": 0, "kit.training_setup": 0,
-    "kit.optimizers": 0,
+    "kit.optimizers": 0, "kit.trainer_kinds": 0,
     "kit.estimate": 1, "kit.measure": 1, "kit.plot": 1,
     "kit.advise": 2,
     "kit.watching": 3, "kit.widgets": 3,

@@ -17,6 +17,7 @@ made its state, which is why step 1 can run and step 2 die. ``eval_peak_bytes`` 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from kit import inputs as kin
@@ -176,10 +177,10 @@ def estimate(model, **setup) -> Estimate:
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
-    est.setup.update(attention_assumed(replay_setup, gpu))
-    est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
-    est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
-                     else {})
+    est = dataclasses.replace(est, setup={
+        **est.setup, **attention_assumed(replay_setup, gpu),
+        **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (kt.sft_loss)
+        **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 
