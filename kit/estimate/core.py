@@ -218,14 +218,15 @@ def refuse_lm_only(info, *, loss_type, padding_free: bool) -> None:
     if info.task == "causal-lm":
         return
     if loss_type is not None:
-        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is SFTTrainer's loss through its fused LM head, "
-                             f"over a causal LM's vocabulary, and this {info.task} model has a classifier head "
-                             f"({info.classifier}) instead: estimate it without loss_type (--loss-type).",
+        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is {kt.SftReader.trainer_name}'s loss through "
+                             f"its fused LM head, over a causal LM's vocabulary, and this {info.task} model has a "
+                             f"classifier head ({info.classifier}) instead: estimate it without loss_type "
+                             "(--loss-type).",
                              code="fused-head-classifier")
     if padding_free:
         raise kin.InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
-                             f"SFTTrainer, for causal LMs), and this {info.task} model labels each row: estimate it "
-                             "without padding_free (--padding-free).", code="padding-free-classifier")
+                             f"{kt.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
+                             "row: estimate it without padding_free (--padding-free).", code="padding-free-classifier")
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

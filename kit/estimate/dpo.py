@@ -36,7 +36,7 @@ from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import model_init, pair_rows, quantized_recipe, refuse_shared, refuser
+from kit.estimate.trl import SftReader, model_init, pair_rows, quantized_recipe, refuse_shared, refuser
 
 MODELED = "1.16"
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
@@ -47,12 +47,6 @@ _NO_MEMORY = {
     "truncation_mode": "which tokens are kept, not how many", "ref_model_mixup_alpha": "a scalar of the sync",
     "ref_model_sync_steps": "when the sync runs",
 }
-
-
-def is_dpo(obj) -> bool:
-    """Whether ``obj`` is TRL's DPOTrainer or DPOConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "DPOTrainer", ()), getattr(trl, "DPOConfig", ())))
 
 
 def reference_of(trainer=None, cfg=None, peft: bool = False):
@@ -81,7 +75,8 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
     refuse_shared(cfg, refuse)
     if getattr(cfg, "use_liger_kernel", False):
         refuse("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad reference's forwards "
-               "(modeled for Trainer and SFTTrainer, not for DPOTrainer's reference and precompute phases)",
+               f"(modeled for Trainer and {SftReader.trainer_name}, not for DPOTrainer's reference and precompute "
+               "phases)",
                "trl-liger")
     if cfg.activation_offloading:
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")

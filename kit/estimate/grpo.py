@@ -37,12 +37,13 @@ from kit.estimate.dpo import held_bytes, refuse_dropout
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import model_init, refuse_shared, refuser
+from kit.estimate.trl import SftReader, model_init, refuse_shared, refuser
 
 MODELED_VERSION = "1.16"
 # GRPOConfig fields the estimate reads, and how
 MODELED = {
-    "model_init_kwargs": "the dtype a model given by id loads in (TRL's default: float32), as for SFTConfig",
+    "model_init_kwargs": f"the dtype a model given by id loads in (TRL's default: float32), as for "
+                         f"{SftReader.config_name}",
     "num_generations": "groups the generation batch's rows (per_device_train_batch_size x steps_per_generation "
                        "rows whatever it is); its divisibility is TRL's check",
     "max_completion_length": "the completion's length C: the KV cache, the rollouts and the training rows",
@@ -121,12 +122,6 @@ REFUSED = {
 }
 # generate() keywords that change no byte the kit counts (the others are refused by name)
 _GEN_KW = ("min_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id")
-
-
-def is_grpo(obj) -> bool:
-    """Whether ``obj`` is TRL's GRPOTrainer or GRPOConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "GRPOTrainer", ()), getattr(trl, "GRPOConfig", ())))
 
 
 def read_grpo_config(cfg, name: str = "GRPOConfig"):

@@ -28,7 +28,7 @@ from kit import inputs as kin
 from kit import trainer_kinds
 from kit.estimate.dpo import refuse_dropout
 from kit.estimate.trainer_reader import Reading, TrainerReader
-from kit.estimate.trl import pair_rows, refuse_shared, refuser
+from kit.estimate.trl import SftReader, pair_rows, refuse_shared, refuser
 
 MODELED_VERSION = "1.16"
 # RewardConfig fields that change the bytes, and how the estimate follows them
@@ -51,15 +51,9 @@ NO_MEMORY = {
 # RewardConfig fields refused when set: (is it set?, what it does)
 REFUSED = {
     "activation_offloading": (lambda cfg: bool(cfg.activation_offloading),
-                              "moves the saved activations to the CPU around each step (modeled for SFTTrainer "
-                              "on a causal LM, not for a reward model's classifier head)"),
+                              "moves the saved activations to the CPU around each step (modeled for "
+                              f"{SftReader.trainer_name} on a causal LM, not for a reward model's classifier head)"),
 }
-
-
-def is_reward(obj) -> bool:
-    """Whether ``obj`` is TRL's RewardTrainer or RewardConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "RewardTrainer", ()), getattr(trl, "RewardConfig", ())))
 
 
 def read_reward_config(cfg, name: str = "RewardConfig"):

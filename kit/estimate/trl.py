@@ -41,9 +41,8 @@ INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config",
 
 
 def is_sft(obj) -> bool:
-    """Whether ``obj`` is TRL's SFTTrainer or SFTConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "SFTTrainer", ()), getattr(trl, "SFTConfig", ())))
+    """Whether ``obj`` is of SFT's kind: TRL's SFTTrainer or SFTConfig, or a subclass (TRL imported or not)."""
+    return trainer_kinds.kind_of(obj) == "sft"
 
 
 def version_note():
@@ -168,6 +167,29 @@ def pair_rows(opts: dict, src: dict, name: str) -> int:
     opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
     src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
     return B
+
+
+def refuse_activation_offloading(opts: dict, *, ckpt: bool, reentrant: bool, fused: bool) -> None:
+    """Refuse, in one sentence, SFTConfig's activation_offloading where the kit does not model it (modeled: over
+    every block checkpointed, non-reentrant, under the fused LM head: :mod:`kit.estimate.replay.trl_offload`)."""
+    if not opts.get("activation_offloading"):
+        return
+    why = None
+    if not fused:
+        why = (f"is TRL's {SftReader.trainer_name}'s, whose loss comes from its fused LM head: set "
+               f"fused_lm_head=True (or a loss_type), as {SftReader.trainer_name} runs it")
+    elif not ckpt:
+        why = ("without gradient checkpointing is not modeled (every tensor the blocks save would pass TRL's "
+               "offloader in torch's per-op order): estimate it with gradient_checkpointing=True, "
+               f"{SftReader.config_name}'s default")
+    elif opts.get("ckpt_every_n_layers", 1) != 1:
+        why = ("with ckpt_every_n_layers > 1 is not modeled (the unchecked blocks' saves would pass TRL's offloader "
+               "op by op): estimate it with every block checkpointed")
+    elif reentrant:
+        why = ("with reentrant checkpointing is not modeled (its recompute saves under TRL's offloader in "
+               "backward): estimate it with checkpoint_reentrant=False, transformers' default")
+    if why:
+        raise kin.InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
 
 
 def model_init(cfg, name: str, given: Given) -> None:
