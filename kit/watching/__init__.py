@@ -5,7 +5,7 @@ run that stops early: the OOM report, the Ctrl-C cleanup), ``peaks`` (each part'
 (releasing what a dead run held), ``report`` (the report) and ``generation`` (GRPO's generation, a stage of its
 own: a trainer kind's part, :mod:`kit.trainer_kinds`).
 """
-from kit.watching import generation   # the trainer kinds' stages: each registers as it is imported
+from kit.watching import generation  # noqa: F401 (the kinds' stages: each registers as imported)
 from kit.watching.loop import LoopWatch, step, watch_loop
 from kit.watching.report import TrainReport
 from kit.watching.trainer import train, watch
