@@ -117,11 +117,11 @@ class TrainingSetup:
                            choices=STRATEGIES, cli_default=None)
     num_gpus: int = option(1, "GPUs the run is spread over (default 1)", flag="--num-gpus", kind=int,
                            cli_default=None)
-    fused_lm_head: bool = option(False, "TRL's SFTTrainer: the LM head computes the labels' log-probs in tiles "
+    fused_lm_head: bool = option(False, "TRL's SFT trainer: the LM head computes the labels' log-probs in tiles "
                                  "(add_fused_lm_head), never the (batch, seq, vocab) logits")
     liger_kernel: bool = option(False, "TrainingArguments.use_liger_kernel: Liger-Kernel's RMSNorm, SwiGLU, RoPE and "
-                                "fused linear cross-entropy (no (batch, seq, vocab) logits; TRL's SFTTrainer keeps its "
-                                "own fused head), counted from Liger 0.8.2's source, not yet measured on a GPU",
+                                "fused linear cross-entropy (no (batch, seq, vocab) logits; TRL's SFT trainer keeps "
+                                "its own fused head), counted from Liger 0.8.2's source, not yet measured on a GPU",
                                 flag="--liger-kernel", kind=bool,
                                 suggest=17)
     liger_kernel_config: object = option(None, "TrainingArguments.liger_kernel_config: which Liger kernels run, e.g. "
@@ -130,12 +130,12 @@ class TrainingSetup:
                                 "bfd packing): batch_size 1, seq_len its tokens; position ids restart per sequence, "
                                 "so seq_len may pass the model's positions", flag="--padding-free", kind=bool,
                                 suggest=15)
-    loss_type: object = option(None, "TRL SFTTrainer's SFTConfig.loss_type (TRL 1.16): nll or dft, both from its "
+    loss_type: object = option(None, "TRL's SFT trainer's loss_type (TRL 1.16): nll or dft, both from its "
                                "fused LM head (log-probs in tiles, no (batch, seq, vocab) logits); chunked_nll is "
                                "TRL's deprecated alias of nll (the same bytes). Unset: Trainer's loss on the full "
                                "logits", flag="--loss-type", choices=("nll", "dft", "chunked_nll"))
     adapter_dtype: str = option("fp32", "the LoRA adapters' dtype: fp32 (peft's autocast_adapter_dtype), bf16 (TRL's "
-                                "SFTTrainer casts them on a quantized model)", choices=("fp32", "bf16"))
+                                "SFT trainer casts them on a quantized model)", choices=("fp32", "bf16"))
     input_require_grads: object = option(None, "enable_input_require_grads ran (its hook makes the embeddings' "
                                          "output require grad, so block 1 saves for it): None as the libraries "
                                          "do it, with checkpointing (the k-bit recipe's too); estimate_trainer reads "
@@ -164,7 +164,7 @@ class TrainingSetup:
                                       "pinned host memory (activation_checkpointing_kwargs offload=True: "
                                       "save_on_cpu); offloaded_bytes counts it", flag="--checkpoint-offload",
                                       kind=bool, suggest=19)
-    activation_offloading: bool = option(False, "TRL's SFTConfig.activation_offloading over checkpointed blocks: "
+    activation_offloading: bool = option(False, "TRL's SFT config's activation_offloading over checkpointed blocks: "
                                          "block inputs and the head's saved tensors go to pinned host memory "
                                          "(offloaded_bytes), tensors under 1 KiB and the last five stay",
                                          flag="--activation-offloading", kind=bool, suggest=20)

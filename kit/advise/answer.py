@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kit.estimate.trl import SftReader
 from kit.units import fmt_bytes
 
 ANSWER_LINES = 5     # the answer's lines at most, folded at the page's width
@@ -17,7 +18,7 @@ OUTSIZED = 0.5       # a module holding this share of the training state is name
 SHORT_WIDTH = 140    # characters: a suggestion in two lines at most; later objects are counted past it
 FIELDS = 2           # an object's changed fields written in short; the rest are "..." (the details write them)
 ENVIRONMENT = {"--expandable-segments": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (before CUDA starts)"}
-CLASSES = {"training_args": "TrainingArguments", "sft_config": "SFTConfig", "args": "TrainingArguments",
+CLASSES = {"training_args": "TrainingArguments", "sft_config": SftReader.config_name, "args": "TrainingArguments",
            "peft_config": "LoraConfig", "quantization_config": "BitsAndBytesConfig"}
 
 

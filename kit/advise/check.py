@@ -112,7 +112,7 @@ def answer(est, verdict, advice=None) -> list:
 def brief(est, why=None) -> list:
     """A blank line, the setup and its components at the peak in two lines, and where the device came from."""
     s, peak = est.setup, est.peak_bytes
-    idle = (getattr(est, "sources", None) or {}).get("idle_params", (0,))[0]   # requires_grad, and no gradient
+    idle = est.sources.get("idle_params", (0,))[0]   # requires_grad, and no gradient
     trained = f"LoRA r{s.get('lora_r')}" if s.get("lora_r") else "full fine-tune" if \
         est.trainable_params + idle >= est.params else f"{est.trainable_params:,} of {est.params:,} parameters trained"
     trained += f" ({idle:,} more get no gradient: the base's pooler, unread by the head)" if idle else ""
@@ -132,7 +132,7 @@ def brief(est, why=None) -> list:
 def full(est, preset, why, advice) -> list:
     """Everything: the estimate table, where the device came from, the sources, the advisor's changes in full."""
     out = ["", est.table(preset, answer=False)] + ([why] if why else [])   # (the answer is printed above it)
-    sources = getattr(est, "sources", None)
+    sources = est.sources
     if sources:
         out.append("where each setting was read from:")
         out += [f"  {k:<24}{show_value(v):<22} {w}" for k, (v, w) in sources.items()]

@@ -55,11 +55,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
+from kit import trainer_kinds
 from kit.advise.gpus import shard_suggestion
 from kit.advise import said
 from kit.advise.answer import biggest_cause, classes_of
 from kit.advise.objects import in_objects
-from kit.advise.grpo_levers import advise_grpo
 from kit.advise.edge import largest_fitting, largest_replayed
 from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype, trainer_precision
@@ -246,7 +246,7 @@ def _as_run(options: dict, notes: list, device: str | None, lim: Limit) -> tuple
 
 def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
     o = {k: v for k, v in est.setup.items() if k in KW}
-    o.update({k: v[0] for k, v in getattr(est, "sources", {}).items()
+    o.update({k: v[0] for k, v in est.sources.items()
               if k in ("lora_targets", "lora_dropout", "padded")})
     if not model:
         return o, []
@@ -272,8 +272,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     ``Trainer.evaluate()``, so its peak (at ``eval_batch_size``) must fit too; None: a Trainer's
     ``eval_strategy`` says, else False (the eval peak is then a note). ``cancelled``: a callable asked before each
     estimate of the search; once it returns True, :class:`kit.advise.search.Cancelled` is raised (the panel calls a
-    search off when a control moves). A GRPOTrainer, or its estimate, gets its own levers, each a change in its
-    GRPOConfig (:func:`kit.advise.grpo_levers.advise_grpo`: a :class:`~kit.advise.grpo_levers.GrpoAdvice`).
+    search off when a control moves). A trainer kind with levers of its own (its ``"advise"`` part in
+    :mod:`kit.trainer_kinds`: GRPO's, each a change in its config, :func:`kit.advise.grpo_levers.advise_grpo`) gets
+    them, for a trainer of that kind or its estimate.
 
     >>> a = advise(dict(model="distilgpt2+vocab-head", batch_size=1, seq_len=128, grad_accum=16, precision="fp16"))
     >>> a.fits, a.suggestions[0].changes
@@ -283,13 +284,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     if _is_trainer(setup) and trainer_estimate is None:
         trainer_estimate = estimate_trainer(setup)
     read = trainer_estimate if _is_trainer(setup) else setup if isinstance(setup, Estimate) else None
-    if read is not None and read.setup.get("grpo"):   # GRPOTrainer: its own levers, in its GRPOConfig
-        return advise_grpo(read, lim, model=setup.model.config if _is_trainer(setup) else None)
-    if read is not None and "reference" in read.setup:   # kit.estimate.dpo: a reference model, its own phases
-        raise kin.InputError("setup", "the fit advisor searches Trainer and SFTTrainer setups, and DPOTrainer's "
-                                      "reference model and phases are estimated but not searched: change the "
-                                      "DPOConfig (per_device_train_batch_size, max_length, precompute_ref_log_probs, "
-                                      "a peft_config) and estimate again.")
+    levers = trainer_kinds.part_of(read.kind, "advise") if read is not None else None
+    if levers is not None:   # a trainer kind with levers of its own (kit.trainer_kinds), in its own config
+        return levers(read, lim, setup.model.config if _is_trainer(setup) else None)
     opts, notes = setup_options(setup, lim, trainer_estimate)
     if evaluates is None:
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")

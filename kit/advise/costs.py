@@ -8,6 +8,7 @@ import importlib.util
 from kit import inputs as kin
 from kit.advise import levers
 from kit.estimate.reserved import HOW_TO
+from kit.estimate.trl import SftReader
 from kit.units import fmt_bytes
 
 LORA_R = 16              # the rank of a suggested LoRA (an outsized layer gets more: kit.advise.search's _head)
@@ -76,7 +77,7 @@ def cost(move, base, setup, base_est, est) -> str:
                                  + ("" if base["gradient_checkpointing"] else "; with checkpointing on")),
         "trl-offload": lambda: (f"slower (not measured): TRL copies what checkpointing keeps to pinned RAM on a side "
                                 f"stream and back for the backward; {f(est.offloaded_bytes)} of pinned RAM "
-                                "(SFTConfig(activation_offloading=True))"
+                                f"({SftReader.config_name}(activation_offloading=True))"
                                 + ("" if base["gradient_checkpointing"] else "; with checkpointing on")),
         "ckpt": lambda: ("slower, by a rule of thumb (not measured): the blocks' forward runs again in the backward; "
                          + ("with the blocks frozen their backward makes no weight grads, about one forward, so a step "

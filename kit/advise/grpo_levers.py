@@ -29,6 +29,7 @@ import copy
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
+from kit import trainer_kinds
 from kit.estimate import estimate_from
 from kit.presets import beside_vllm, short_label, vllm_share_bytes
 from kit.units import GiB, fmt_bytes, wrap
@@ -261,3 +262,6 @@ def advise_grpo(est, limit, model=None) -> GrpoAdvice:
     if est.setup.get("vllm_reserved_fraction"):
         out.notes.append("vLLM's share is modelled from vllm_gpu_memory_utilization, not measured")
     return out
+
+
+trainer_kinds.register_part("grpo", "advise", advise_grpo)

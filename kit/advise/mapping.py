@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kit import inputs as kin
 from kit.estimate.reserved import HOW_TO
+from kit.estimate.trl import SftReader
 from kit.advise.search import CLI
 from kit.optimizers import TRAINER_OPTIM as OPTIM   # the kit's optimizer -> TrainingArguments.optim
 KEYWORD = {v: k for k, v in CLI.items()}   # the estimate CLI's option -> estimate()'s keyword
@@ -191,10 +192,11 @@ def plan(suggestion, ctx) -> InObjects:
             new["quantization_config"] = True
             if v != "none":
                 notes.append(f"{flag}: from_pretrained(..., quantization_config=quantization_config)" + (
-                    "; SFTTrainer does the rest: it runs no prepare_model_for_kbit_training, which this suggestion's "
+                    f"; {SftReader.trainer_name} does the rest: it runs no prepare_model_for_kbit_training, which "
+                    "this suggestion's "
                     "peak assumes, so these objects estimate lower (estimate_from(..., sft_config=...) says how much)"
                     if sft and o.get("kbit_recipe", "standard") == "standard" else
-                    "; SFTTrainer does the rest (no prepare_model_for_kbit_training)" if sft else
+                    f"; {SftReader.trainer_name} does the rest (no prepare_model_for_kbit_training)" if sft else
                     "; then prepare_model_for_kbit_training(model), as the estimate assumes (peft's recipe)"))
         elif kw in ("lora_r", "lora_targets"):
             t = kin.targets(o.get("lora_targets")) if "lora_targets" in o else kin.targets(v) \
@@ -236,12 +238,13 @@ def plan(suggestion, ctx) -> InObjects:
                          + HOW_TO)
         elif kw == "padding_free" and not sft:
             notes.append(f"{flag}: no object field: a plain Trainer pads its batches; TRL's "
-                         "SFTConfig(padding_free=True) flattens them (or transformers' DataCollatorWithFlattening)")
+                         f"{SftReader.config_name}(padding_free=True) flattens them (or transformers' "
+                         "DataCollatorWithFlattening)")
         elif _has_field(ctx, kw) and (sft or kw != "loss_type"):   # padding_free, loss_type, packing, ...
             put(kw, v)
         else:
             notes.append(f"{flag}: no object field: " + (
-                f"{kw} is TRL's SFTConfig's, and this is a plain Trainer" if kw == "loss_type" else
+                f"{kw} is TRL's {SftReader.config_name}'s, and this is a plain Trainer" if kw == "loss_type" else
                 f"{_args_class(ctx).__name__} has no {kw}: the kit's estimate option only"))
     fields_ = {k: d for k, d in ((ctx["name"], args), ("peft_config", peft)) if d}
     if "quantization_config" in new:

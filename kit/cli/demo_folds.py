@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kit.cli import outputs
 from kit.cli.report import Section
+from kit.estimate.trl import SftReader
 from kit.measure import device
 from kit.units import fmt_bytes
 
@@ -124,7 +125,8 @@ def scenario2(size: str, out: Path, summary: dict, sections: list, step, glance:
     rows += [[f"fixed {i + 1}", fmt_bytes(f["start_bytes"]), fmt_bytes(f["peak_bytes"]), fmt_bytes(f["end_bytes"]),
               "verified" if f["adapter_reset_ok"] else "NOT reset"] for i, f in enumerate(fixed)]
     spread = max(abs(f["end_bytes"] - fixed[0]["end_bytes"]) for f in fixed) / max(fixed[0]["end_bytes"], 1)
-    how = ("with the k-bit recipe of the user's post (peft's fp32 upcast, run by SFTTrainer(...))" if recipe
+    how = (f"with the k-bit recipe of the user's post (peft's fp32 upcast, run by {SftReader.trainer_name}(...))"
+           if recipe
            else "with today's TRL")
     sections.append(Section("Scenario 2: QLoRA cross-validation that dies on fold 2", [
         (cap["text"] + " Both loops run under it. " if cap else "") +

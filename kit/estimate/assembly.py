@@ -25,6 +25,7 @@ from kit.estimate.evaluation import block_forward_bytes, eval_peak
 from kit.estimate.inventory import Info, default_targets, in_module, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
 from kit.estimate.result import Context, Estimate
+from kit.estimate.trl import refuse_activation_offloading
 from kit.estimate.counts import Counts
 
 
@@ -124,7 +125,8 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
         raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
                              "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
     refuse_dora(use_dora, lora_r=lora_r, quantization=quantization, precision=precision, load_dtype=load_dtype)
-    refuse_offload(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
+    refuse_offload(offload or {}, ckpt=checkpointing)
+    refuse_activation_offloading(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
     refuse_for_classifier(info, fused=fused_lm_head, liger=liger_kernels)
     head_copy = bool(info.classifier and lora_r and not any(in_module(n, info.classifier) for n in lora)
                      and train_head is not False)

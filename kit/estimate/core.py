@@ -17,6 +17,7 @@ made its state, which is why step 1 can run and step 2 die. ``eval_peak_bytes`` 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from kit import inputs as kin
@@ -176,10 +177,10 @@ def estimate(model, **setup) -> Estimate:
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
-    est.setup.update(attention_assumed(replay_setup, gpu))
-    est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
-    est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
-                     else {})
+    est = dataclasses.replace(est, setup={
+        **est.setup, **attention_assumed(replay_setup, gpu),
+        **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (kt.sft_loss)
+        **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 
@@ -217,14 +218,15 @@ def refuse_lm_only(info, *, loss_type, padding_free: bool) -> None:
     if info.task == "causal-lm":
         return
     if loss_type is not None:
-        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is SFTTrainer's loss through its fused LM head, "
-                             f"over a causal LM's vocabulary, and this {info.task} model has a classifier head "
-                             f"({info.classifier}) instead: estimate it without loss_type (--loss-type).",
+        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is {kt.SftReader.trainer_name}'s loss through "
+                             f"its fused LM head, over a causal LM's vocabulary, and this {info.task} model has a "
+                             f"classifier head ({info.classifier}) instead: estimate it without loss_type "
+                             "(--loss-type).",
                              code="fused-head-classifier")
     if padding_free:
         raise kin.InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
-                             f"SFTTrainer, for causal LMs), and this {info.task} model labels each row: estimate it "
-                             "without padding_free (--padding-free).", code="padding-free-classifier")
+                             f"{kt.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
+                             "row: estimate it without padding_free (--padding-free).", code="padding-free-classifier")
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:

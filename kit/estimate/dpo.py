@@ -1,5 +1,5 @@
 """TRL's ``DPOTrainer`` and ``DPOConfig`` for the estimator (the behaviour of TRL 1.16, read from
-``trl/trainer/dpo_trainer.py``), and the refusal of TRL's other trainers.
+``trl/trainer/dpo_trainer.py``).
 
 What one DPOTrainer step does, and how each part is estimated:
 
@@ -31,14 +31,14 @@ from __future__ import annotations
 import sys
 
 from kit import inputs as kin
+from kit import trainer_kinds
+from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
-from kit.estimate.trl import pair_rows, refuse_shared, refuser
+from kit.estimate.trainer_reader import Given, Reading, TrainerReader
+from kit.estimate.trl import SftReader, model_init, pair_rows, quantized_recipe, refuse_shared, refuser
 
 MODELED = "1.16"
-_OTHER = ("KTOTrainer", "RLOOTrainer", "DistillationTrainer", "PPOTrainer",
-          "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer",
-          "PRMTrainer")
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
 _NO_MEMORY = {
     "beta": "a scalar of the loss", "label_smoothing": "a scalar of the robust/EXO/AOT losses",
@@ -47,24 +47,6 @@ _NO_MEMORY = {
     "truncation_mode": "which tokens are kept, not how many", "ref_model_mixup_alpha": "a scalar of the sync",
     "ref_model_sync_steps": "when the sync runs",
 }
-
-
-def is_dpo(obj) -> bool:
-    """Whether ``obj`` is TRL's DPOTrainer or DPOConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "DPOTrainer", ()), getattr(trl, "DPOConfig", ())))
-
-
-def refuse_other_trl(trainer) -> None:
-    """Refuse, in one sentence, a TRL trainer the kit does not model (all but SFTTrainer, DPOTrainer, GRPOTrainer
-    and RewardTrainer)."""
-    name = type(trainer).__name__
-    if type(trainer).__module__.startswith("trl.") or name in _OTHER:
-        raise kin.InputError("trainer", f"estimate_trainer models TRL's SFTTrainer, DPOTrainer, GRPOTrainer and "
-                             f"RewardTrainer, not "
-                             f"{name}, whose own forward passes, generation and losses the kit does not model.",
-                             code="trl-trainer", instead="the same model and data in a transformers Trainer, an "
-                             "SFTTrainer, a DPOTrainer, a GRPOTrainer or a RewardTrainer are estimated")
 
 
 def reference_of(trainer=None, cfg=None, peft: bool = False):
@@ -93,7 +75,8 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
     refuse_shared(cfg, refuse)
     if getattr(cfg, "use_liger_kernel", False):
         refuse("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad reference's forwards "
-               "(modeled for Trainer and SFTTrainer, not for DPOTrainer's reference and precompute phases)",
+               f"(modeled for Trainer and {SftReader.trainer_name}, not for DPOTrainer's reference and precompute "
+               "phases)",
                "trl-liger")
     if cfg.activation_offloading:
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
@@ -221,9 +204,9 @@ def precompute_peak(est, *, pairs, S, V, ref_weights, copies, hidden_dt, weight_
 
 
 def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, precompute_pairs, precompute_model,
-           weighting) -> None:
-    """Put the reference into ``est``: its weights (held through every phase), its forward's moment (the peak
-    where it is the largest) and, with precomputed log-probs, the precomputation's own phase (``setup``).
+           weighting) -> dict:
+    """The fields of ``est`` with the reference in: its weights (held through every phase), its forward's moment (the
+    peak where it is the largest) and, with precomputed log-probs, the precomputation's own phase (``setup``).
     ``ref_model``/``precompute_model``: the real models where a Trainer was built (None: from ``info``)."""
     load, prec = est.setup["load_dtype"], est.setup["precision"]
     hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
@@ -233,37 +216,39 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
     copies = 0 if lora and precompute_model is None or hasattr(precompute_model, "peft_config") else \
         cast_copies(info, half, load, precompute_model)
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
-    est.setup.update(reference=kind, reference_weights_bytes=ref_weights, dpo_pairs=pairs)
-    est.sources["reference"] = (kind, where)
+    setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, dpo_pairs=pairs)
+    notes = list(est.notes)
     if kind != "precomputed":
         ref, moment = reference_moment(est, rows=2 * pairs, S=S, V=V, ref_weights=ref_weights, ref_copies=ref_copies,
                                        weighting=weighting, hidden_dt=hidden_dt, weight_dt=weight_dt)
-        est.setup["reference_forward_peak_bytes"] = ref
+        setup["reference_forward_peak_bytes"] = ref
         if moment.endswith("bounded)"):
-            est.notes.append(kin.Note("the reference forward's moment is set by a block, where the kit counts at most "
-                                      "what one block saves in training: an upper bound", field="ref_model",
-                                      code="dpo-ref-upper-bound"))
+            notes.append(kin.Note("the reference forward's moment is set by a block, where the kit counts at most what "
+                                  "one block saves in training: an upper bound", field="ref_model",
+                                  code="dpo-ref-upper-bound"))
     else:
         pre = precompute_peak(est, pairs=precompute_pairs, S=S, V=V, ref_weights=ref_weights, copies=copies,
                               hidden_dt=hidden_dt, weight_dt=weight_dt, batch=pairs)
-        est.setup["precompute_peak_bytes"] = pre
-        est.notes.append(kin.Note(f"precompute_ref_log_probs: DPOTrainer.__init__ first runs a no-grad forward over "
-                                  f"every pair ({precompute_pairs} pairs a batch), its own phase, whose peak is "
-                                  "setup['precompute_peak_bytes']", field="precompute_ref_log_probs",
-                                  code="dpo-precompute"))
-    for attr in ("peak_bytes", "first_step_peak_bytes", "weights_bytes", "eval_peak_bytes"):
-        setattr(est, attr, getattr(est, attr) + ref_weights)   # the reference's weights, held all along
-    est._parts["weights"] = est._parts.get("weights", 0) + ref_weights
+        setup["precompute_peak_bytes"] = pre
+        notes.append(kin.Note(f"precompute_ref_log_probs: DPOTrainer.__init__ first runs a no-grad forward over "
+                              f"every pair ({precompute_pairs} pairs a batch), its own phase, whose peak is "
+                              "setup['precompute_peak_bytes']", field="precompute_ref_log_probs",
+                              code="dpo-precompute"))
+    weights = est.weights_bytes + ref_weights   # the reference's weights, held all along
+    out = dict(peak_bytes=est.peak_bytes + ref_weights, first_step_peak_bytes=est.first_step_peak_bytes + ref_weights,
+               weights_bytes=weights, eval_peak_bytes=est.eval_peak_bytes + ref_weights, setup=setup, notes=notes,
+               _parts={**est._parts, "weights": est._parts.get("weights", 0) + ref_weights},
+               sources={**est.sources, "reference": (kind, where)})
     if kind != "precomputed":
-        est.first_step_peak_bytes = max(est.first_step_peak_bytes, ref - opt)  # step 1's forward: no state yet
-        if ref > est.peak_bytes:
-            est.peak_bytes, est.peak_phase, est.peak_moment = ref, "forward/backward", moment
-            est._parts = {"weights": est.weights_bytes, "optimizer state": opt,
-                          "temporaries": ref - est.weights_bytes - opt}
-    elif pre > est.peak_bytes:
-        est.peak_bytes, est.peak_phase, est.peak_moment = pre, "precomputing reference log-probs", \
-            "reference forward (precompute)"
-        est._parts = {"weights": est.weights_bytes, "temporaries": pre - est.weights_bytes}
+        out["first_step_peak_bytes"] = max(out["first_step_peak_bytes"], ref - opt)  # step 1's forward: no state yet
+        if ref > out["peak_bytes"]:
+            out.update(peak_bytes=ref, peak_phase="forward/backward", peak_moment=moment,
+                       _parts={"weights": weights, "optimizer state": opt, "temporaries": ref - weights - opt})
+    elif pre > out["peak_bytes"]:
+        out.update(peak_bytes=pre, peak_phase="precomputing reference log-probs",
+                   peak_moment="reference forward (precompute)",
+                   _parts={"weights": weights, "temporaries": pre - weights})
+    return out
 
 
 def held_bytes(model) -> int:
@@ -303,3 +288,64 @@ def trainer_reference(trainer, B: int, seq_len=None):
               precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting)
     return {"seq_len": S, "padded": padded}, {"seq_len": (S, at), "padded": (padded, "rows of different lengths "
                                               "(chosen/rejected) in the batch" if padded else "no padding")}, fk
+
+
+class DpoReader(TrainerReader):
+    """DPOTrainer and DPOConfig (the module doc): 2B rows a step, the reference model and its phases."""
+
+    trainer_name, config_name, config_keyword = "DPOTrainer", "DPOConfig", "dpo_config"
+    lean_kbit, reads_eval_rows = True, False
+    pairs = finishing = None   # B (the pairs a step); finish()'s keywords
+    peft = False               # estimate_from was given a peft_config
+
+    def read_trainer(self, trainer) -> None:
+        self.own.take(*read_dpo_config(trainer.args))
+        refuse_dropout(trainer.args, trainer.model.config)
+
+    def after_model(self, trainer, reading: Reading, seq_len) -> None:
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        self.pairs = pairs_options(reading.opts, reading.src, reading.notes, self.config_name)
+
+    def rows(self, trainer, reading: Reading, seq_len) -> tuple:
+        """2B rows padded to the longest pair, and the reference model."""
+        options, sources, self.finishing = trainer_reference(trainer, self.pairs, seq_len)
+        reading.src.update(sources)
+        return options["seq_len"], options["padded"]
+
+    def compose(self, draft, trainer, reading: Reading) -> dict:
+        opts = reading.opts
+        return finish(draft, info_of(reading.target, opts.get("task", "causal-lm"), opts.get("num_labels", 2)),
+                      **self.finishing)
+
+    def read_config(self, cfg, given: Given) -> None:
+        self.own.take(*read_dpo_config(cfg))
+        model_init(cfg, self.config_name, given)
+        if given.seq_len is None and cfg.max_length:
+            m = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
+            given.seq_len = -(-cfg.max_length // m) * m
+            given.seq_source = ("DPOConfig.max_length: each prompt+completion row is truncated to it (padded up to "
+                                "pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
+        self.peft = given.peft_config is not None
+
+    def after_args(self, reading: Reading, name: str) -> None:
+        self.pairs = pairs_options(reading.opts, reading.src, reading.notes, name)
+
+    def finish_options(self, reading: Reading, cfg, config, seq_len, padded) -> tuple:
+        quantized_recipe(reading.opts, reading.src, self.trainer_name)
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        refuse_dropout(cfg, config)
+        kind, _, where = reference_of(cfg=cfg, peft=self.peft)
+        self.finishing = dict(kind=kind, where=where, pairs=self.pairs, S=seq_len, ref_model=None,
+                              precompute_pairs=cfg.precompute_ref_batch_size or self.pairs, precompute_model=None,
+                              weighting=cfg.use_weighting)
+        return seq_len, padded
+
+    def compose_from(self, draft, cfg, info, config) -> dict:
+        # the reference: a copy as loaded, the adapter-disabled policy, or precomputed log-probs
+        kind = self.finishing["kind"]
+        return finish(draft, info, V=config.get_text_config().vocab_size, **self.finishing,
+                      ref_weights=draft.loaded_weights_bytes if kind == "model" else 0)
+
+
+trainer_kinds.register_kind("dpo", trainer_kinds.library_classes("trl", "DPOTrainer", "DPOConfig"))
+trainer_kinds.register_part("dpo", "estimate", DpoReader)

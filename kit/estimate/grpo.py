@@ -28,18 +28,23 @@ fields (read by :func:`kit.estimate.read_training.read_args`).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from types import SimpleNamespace
 
 from kit import inputs as kin
+from kit import trainer_kinds
+from kit.estimate.dpo import held_bytes, refuse_dropout
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
-from kit.estimate.trl import refuse_shared, refuser
+from kit.estimate.trainer_reader import Given, Reading, TrainerReader
+from kit.estimate.trl import SftReader, model_init, refuse_shared, refuser
 
 MODELED_VERSION = "1.16"
 # GRPOConfig fields the estimate reads, and how
 MODELED = {
-    "model_init_kwargs": "the dtype a model given by id loads in (TRL's default: float32), as for SFTConfig",
+    "model_init_kwargs": f"the dtype a model given by id loads in (TRL's default: float32), as for "
+                         f"{SftReader.config_name}",
     "num_generations": "groups the generation batch's rows (per_device_train_batch_size x steps_per_generation "
                        "rows whatever it is); its divisibility is TRL's check",
     "max_completion_length": "the completion's length C: the KV cache, the rollouts and the training rows",
@@ -118,12 +123,6 @@ REFUSED = {
 }
 # generate() keywords that change no byte the kit counts (the others are refused by name)
 _GEN_KW = ("min_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id")
-
-
-def is_grpo(obj) -> bool:
-    """Whether ``obj`` is TRL's GRPOTrainer or GRPOConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "GRPOTrainer", ()), getattr(trl, "GRPOConfig", ())))
 
 
 def read_grpo_config(cfg, name: str = "GRPOConfig"):
@@ -344,46 +343,47 @@ def reference_of(cfg, peft: bool, ref_model=None) -> tuple[str, str]:
     return "model", "GRPOTrainer.__init__: create_model_from_path of the policy's id, in its dtype (a copy)"
 
 
-def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights: int) -> None:
-    """Put GRPO's phases into ``est``: the buffered rollouts beside the training step, the reference's weights (held
-    all along), and the generation phase (its own peak: ``setup["generation_peak_bytes"]`` and step 1's
+def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights: int) -> dict:
+    """The fields of ``est`` with GRPO's phases in: the buffered rollouts beside the training step, the reference's
+    weights (held all along), and the generation phase (its own peak: ``setup["generation_peak_bytes"]`` and step 1's
     ``setup["first_generation_peak_bytes"]``); where the generation is the largest, it is the peak."""
     buffered = buffered_bytes(shapes, reference != "none")
-    for attr in ("peak_bytes", "first_step_peak_bytes"):
-        setattr(est, attr, getattr(est, attr) + buffered + ref_weights)
-    est.weights_bytes += ref_weights
-    est.eval_peak_bytes += ref_weights
-    est._parts["weights"] = est._parts.get("weights", 0) + ref_weights
-    est._parts["temporaries"] = est._parts.get("temporaries", 0) + buffered
-    steady, moment = generation_peak(est, shapes, config=config, reference=reference, later=True)
-    first, _ = generation_peak(est, shapes, config=config, reference=reference, later=False)
-    est.setup.update(grpo=True, reference=reference, reference_weights_bytes=ref_weights, generation_rows=shapes["G"],
-                     prompt_len=shapes["P"], completion_len=shapes["C"], buffered_rollouts_bytes=buffered,
-                     generation_peak_bytes=steady, first_generation_peak_bytes=first, generation_moment=moment,
-                     old_logprob_pass=shapes["old_pass"])
-    est.sources["reference"] = (reference, where)
+    held = dataclasses.replace(est, weights_bytes=est.weights_bytes + ref_weights)   # the reference's, held too
+    steady, moment = generation_peak(held, shapes, config=config, reference=reference, later=True)
+    first, _ = generation_peak(held, shapes, config=config, reference=reference, later=False)
+    setup = dict(est.setup, grpo=True, reference=reference, reference_weights_bytes=ref_weights,
+                 generation_rows=shapes["G"], prompt_len=shapes["P"], completion_len=shapes["C"],
+                 buffered_rollouts_bytes=buffered, generation_peak_bytes=steady, first_generation_peak_bytes=first,
+                 generation_moment=moment, old_logprob_pass=shapes["old_pass"])
+    notes = list(est.notes)
     if shapes["vllm"]:
-        est.setup.update(vllm_reserved_fraction=shapes["vllm"], vllm_sleep_mode=bool(cfg.vllm_enable_sleep_mode))
-        est.notes.append(kin.Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
-                                  "(vllm_gpu_memory_utilization) beside this estimate"
-                                  + ("; sleep mode releases it during the optimizer step"
-                                     if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
-                                  code="grpo-vllm-share"))
+        setup.update(vllm_reserved_fraction=shapes["vllm"], vllm_sleep_mode=bool(cfg.vllm_enable_sleep_mode))
+        notes.append(kin.Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
+                              "(vllm_gpu_memory_utilization) beside this estimate"
+                              + ("; sleep mode releases it during the optimizer step"
+                                 if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
+                              code="grpo-vllm-share"))
     if cfg.use_vllm and cfg.use_cpu:
-        est.notes.append(kin.Note("use_vllm=True with use_cpu=True: vLLM's share is a fraction of a GPU's memory, "
-                                  "which a run on the CPU does not use: set use_vllm=False to generate with "
-                                  "transformers on the CPU, or drop use_cpu to train on the GPU", field="use_vllm",
-                                  code="grpo-vllm-cpu"))
+        notes.append(kin.Note("use_vllm=True with use_cpu=True: vLLM's share is a fraction of a GPU's memory, "
+                              "which a run on the CPU does not use: set use_vllm=False to generate with "
+                              "transformers on the CPU, or drop use_cpu to train on the GPU", field="use_vllm",
+                              code="grpo-vllm-cpu"))
     if est.setup["device"] == "cuda":
-        est.notes.append(kin.Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
-                                  "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
-                                  code="grpo-scored-positions"))
-    if steady > est.peak_bytes:
+        notes.append(kin.Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
+                              "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
+                              code="grpo-scored-positions"))
+    out = dict(peak_bytes=est.peak_bytes + buffered + ref_weights,
+               first_step_peak_bytes=max(est.first_step_peak_bytes + buffered + ref_weights, first),
+               weights_bytes=held.weights_bytes, eval_peak_bytes=est.eval_peak_bytes + ref_weights,
+               _parts={**est._parts, "weights": est._parts.get("weights", 0) + ref_weights,
+                       "temporaries": est._parts.get("temporaries", 0) + buffered},
+               setup=setup, notes=notes, sources={**est.sources, "reference": (reference, where)})
+    if steady > out["peak_bytes"]:
         opt = est.optimizer_bytes - est.paged_optimizer_bytes
-        est.peak_bytes, est.peak_phase, est.peak_moment = steady, "generation", moment
-        est._parts = {"weights": est.weights_bytes, "optimizer state": opt,
-                      "temporaries": steady - est.weights_bytes - opt}
-    est.first_step_peak_bytes = max(est.first_step_peak_bytes, first)
+        out.update(peak_bytes=steady, peak_phase="generation", peak_moment=moment,
+                   _parts={"weights": held.weights_bytes, "optimizer state": opt,
+                           "temporaries": steady - held.weights_bytes - opt})
+    return out
 
 
 def trainer_prompts(trainer, seq_len=None) -> tuple[int, bool, str]:
@@ -442,3 +442,73 @@ def refuse_reward_models(trainer) -> None:
         raise kin.InputError("reward_funcs", f"GRPOTrainer's reward_funcs hold a reward model ({', '.join(models)}), "
                              "whose weights and forward the kit does not model: estimate with reward functions "
                              "only.", code="grpo-reward-model")
+
+
+class GrpoReader(TrainerReader):
+    """GRPOTrainer and GRPOConfig (the module doc): its rollouts, the generation phase, the reference."""
+
+    trainer_name, config_name, config_keyword = "GRPOTrainer", "GRPOConfig", "grpo_config"
+    reads_eval_rows, keeps_training_args = False, False
+    shapes = rows_read = finishing = None   # the rollout's shapes; (seq_len, padded); finish()'s keywords
+    peft = False                            # estimate_from was given a peft_config
+
+    def read_trainer(self, trainer) -> None:
+        self.own.take(*read_grpo_config(trainer.args))
+        refuse_dropout(trainer.args, trainer.model.config, self.config_name)
+
+    def after_model(self, trainer, reading: Reading, seq_len) -> None:
+        """B rows of prompt + completion a step; G generated at once."""
+        opts = reading.opts
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        refuse_unmodeled(opts)
+        refuse_reward_models(trainer)
+        P, same, at = trainer_prompts(trainer, seq_len)
+        self.shapes = rollout(trainer.args, P)
+        check_positions(self.shapes, trainer.model.config)
+        reading.take(*seq_options(self.shapes, same, at))
+        self.rows_read = opts.pop("seq_len"), opts.pop("padded")
+
+    def rows(self, trainer, reading: Reading, seq_len) -> tuple:
+        return self.rows_read
+
+    def compose(self, draft, trainer, reading: Reading) -> dict:
+        ref = getattr(trainer, "ref_model", None)
+        kind, where = reference_of(trainer.args, hasattr(trainer.model, "peft_config"), ref)
+        return finish(draft, trainer.args, self.shapes, config=trainer.model.config, reference=kind, where=where,
+                      ref_weights=held_bytes(ref) if ref is not None else 0)
+
+    def read_config(self, cfg, given: Given) -> None:
+        self.own.take(*read_grpo_config(cfg))
+        model_init(cfg, self.config_name, given)
+        if given.seq_len is None:
+            raise kin.InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
+                                 "tokens (GRPOTrainer does not truncate prompts).")
+        self.peft = given.peft_config is not None
+
+    def after_quantization(self, opts: dict) -> None:
+        refuse_unmodeled(opts)
+
+    def finish_options(self, reading: Reading, cfg, config, seq_len, padded) -> tuple:
+        """B rows of prompt + completion a step; G generated at once."""
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        refuse_dropout(cfg, config, self.config_name)
+        self.shapes = rollout(cfg, seq_len)
+        check_positions(self.shapes, config)
+        options, sources = seq_options(self.shapes, not padded, "estimate_from(seq_len=...)")
+        seq_len, padded = options.pop("seq_len"), options.pop("padded")
+        reading.take(options, sources)
+        kind, where = reference_of(cfg, self.peft)
+        self.finishing = dict(config=config, reference=kind, where=where)
+        return seq_len, padded
+
+    def compose_from(self, draft, cfg, info, config) -> dict:
+        # the reference (a copy as loaded, or the adapter-disabled policy), the generation phase
+        model = self.finishing["reference"] == "model"
+        return finish(draft, cfg, self.shapes, **self.finishing, ref_weights=draft.loaded_weights_bytes if model else 0)
+
+    def config_inputs(self, cfg) -> dict:
+        return {"sft": False, "sft_config": None, "padding_free": False, "grpo_config": cfg}
+
+
+trainer_kinds.register_kind("grpo", trainer_kinds.library_classes("trl", "GRPOTrainer", "GRPOConfig"))
+trainer_kinds.register_part("grpo", "estimate", GrpoReader)

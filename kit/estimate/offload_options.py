@@ -25,29 +25,13 @@ def read(options: dict) -> dict:
     return out
 
 
-def refuse_offload(opts: dict, *, ckpt: bool, reentrant: bool, fused: bool) -> None:
-    """Refuse, in one sentence, what these options cannot do or the kit does not model."""
+def refuse_offload(opts: dict, *, ckpt: bool) -> None:
+    """Refuse, in one sentence, what these options cannot do (TRL's activation offloading is refused where it is
+    not modeled by :func:`kit.estimate.trl.refuse_activation_offloading`)."""
     for k in ("ckpt_every_n_layers", "checkpoint_offload"):
         if opts.get(k) and not ckpt:
             raise kin.InputError(k, f"{k} applies to gradient checkpointing, which is off here: set "
                                     "gradient_checkpointing=True, or leave it out.", code="offload-needs-ckpt")
-    if not opts.get("activation_offloading"):
-        return
-    why = None
-    if not fused:
-        why = ("is TRL's SFTTrainer's, whose loss comes from its fused LM head: set fused_lm_head=True (or a "
-               "loss_type), as SFTTrainer runs it")
-    elif not ckpt:
-        why = ("without gradient checkpointing is not modeled (every tensor the blocks save would pass TRL's "
-               "offloader in torch's per-op order): estimate it with gradient_checkpointing=True, SFTConfig's default")
-    elif opts.get("ckpt_every_n_layers", 1) != 1:
-        why = ("with ckpt_every_n_layers > 1 is not modeled (the unchecked blocks' saves would pass TRL's offloader "
-               "op by op): estimate it with every block checkpointed")
-    elif reentrant:
-        why = ("with reentrant checkpointing is not modeled (its recompute saves under TRL's offloader in "
-               "backward): estimate it with checkpoint_reentrant=False, transformers' default")
-    if why:
-        raise kin.InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
 
 
 def offload_notes(replay, opts: dict, host: int, device: str) -> list:

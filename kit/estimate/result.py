@@ -41,9 +41,10 @@ class Context:
     tensors: list = field(default_factory=list)  # per leaf: (part, weight bytes, [(grad, state bytes)]), laid out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Estimate:
-    """A named breakdown of one training setup's memory. Bytes are ints.
+    """A named breakdown of one training setup's memory. Bytes are ints. Frozen: what a trainer kind adds (a
+    reference model, a generation phase) is composed before it is built (``dataclasses.replace`` of a draft).
 
     ``weights_bytes`` .. ``optimizer_bytes`` are totals. ``activations_bytes`` is what the
     forward saves for backward, without the logits and loss; ``logits_bytes`` is beside
@@ -80,6 +81,10 @@ class Estimate:
     # the user's objects it was read from (estimate_trainer / estimate_from; {} for estimate()): kit.advise.objects
     inputs: dict = field(default_factory=dict, repr=False, compare=False)
     expandable_segments: bool = False   # the allocator setting reserved_bytes assumes
+    # where each option was read (estimate_trainer / estimate_from: {option: (value, where)}; {} for estimate())
+    sources: dict = field(default_factory=dict, repr=False, compare=False)
+    # the trainer kind it was read as (kit.trainer_kinds: "trainer", "sft", ...; None for estimate())
+    kind: str | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def reserved(self):
@@ -109,7 +114,7 @@ class Estimate:
     def to_json(self) -> dict:
         """The CLI's ``--json`` object: the contract's integer fields first, then more."""
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
-             if f.name not in ("_parts", "context", "inputs")}
+             if f.name not in ("_parts", "context", "inputs", "sources", "kind")}
         d["reserved_bytes"], d["reserved_gap_bytes"] = self.reserved_bytes, self.reserved_gap_bytes
         d["offenders"] = [{"module": n, "params": p, "training_bytes": b} for n, p, b in self.offenders]
         d["components"] = dict(self.components())
@@ -122,7 +127,7 @@ class Estimate:
         return render(self, preset, answer)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShardedEstimate(Estimate):
     """One rank's :class:`Estimate` under a multi-GPU strategy: the byte fields are per GPU;
     ``components()`` adds the unsharded parameters and the communication buffers."""

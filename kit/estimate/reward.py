@@ -25,7 +25,10 @@ from __future__ import annotations
 import sys
 
 from kit import inputs as kin
-from kit.estimate.trl import refuse_shared, refuser
+from kit import trainer_kinds
+from kit.estimate.dpo import refuse_dropout
+from kit.estimate.trainer_reader import Reading, TrainerReader
+from kit.estimate.trl import SftReader, pair_rows, refuse_shared, refuser
 
 MODELED_VERSION = "1.16"
 # RewardConfig fields that change the bytes, and how the estimate follows them
@@ -48,15 +51,9 @@ NO_MEMORY = {
 # RewardConfig fields refused when set: (is it set?, what it does)
 REFUSED = {
     "activation_offloading": (lambda cfg: bool(cfg.activation_offloading),
-                              "moves the saved activations to the CPU around each step (modeled for SFTTrainer "
-                              "on a causal LM, not for a reward model's classifier head)"),
+                              "moves the saved activations to the CPU around each step (modeled for "
+                              f"{SftReader.trainer_name} on a causal LM, not for a reward model's classifier head)"),
 }
-
-
-def is_reward(obj) -> bool:
-    """Whether ``obj`` is TRL's RewardTrainer or RewardConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "RewardTrainer", ()), getattr(trl, "RewardConfig", ())))
 
 
 def read_reward_config(cfg, name: str = "RewardConfig"):
@@ -104,3 +101,31 @@ def read_pairs(trainer, B: int):
     return int(mask.shape[1]), bool((mask == 0).any()), \
         f"DataCollatorForPreference on the {B} longest pairs: {2 * B} rows (chosen, then rejected), padded to the " \
         "longest"
+
+
+class RewardReader(TrainerReader):
+    """RewardTrainer and RewardConfig (the module doc): 2B rows through a one-label classifier."""
+
+    trainer_name, config_name = "RewardTrainer", "RewardConfig"
+    pairs = None   # B, the pairs a step
+
+    def read_trainer(self, trainer) -> None:
+        self.own.take(*read_reward_config(trainer.args))
+        refuse_dropout(trainer.args, trainer.model.config, self.config_name)
+
+    def after_model(self, trainer, reading: Reading, seq_len) -> None:
+        """2B rows (chosen, then rejected) through a one-label classifier."""
+        reading.take(src=self.own.src, notes=self.own.notes)
+        refuse_other_head(reading.opts)
+        self.pairs = pair_rows(reading.opts, reading.src, self.config_name)   # the chosen and rejected rows
+
+    def rows(self, trainer, reading: Reading, seq_len) -> tuple:
+        if seq_len is not None:
+            return super().rows(trainer, reading, seq_len)
+        seq_len, padded, where = read_pairs(trainer, self.pairs)
+        reading.src["seq_len"], reading.src["padded"] = (seq_len, where), (padded, where)
+        return seq_len, padded
+
+
+trainer_kinds.register_kind("reward", trainer_kinds.library_classes("trl", "RewardTrainer", "RewardConfig"))
+trainer_kinds.register_part("reward", "estimate", RewardReader)

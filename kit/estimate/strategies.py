@@ -76,17 +76,17 @@ def per_gpu(est, strategy: str = "single", num_gpus: int = 1, cpu_offload: bool 
     peak = sum(parts.values())
     notes = list(est.notes) + extra.pop("notes", [])
     setup = dict(est.setup, strategy=strategy, num_gpus=num_gpus, cpu_offload=cpu_offload)
-    out = ShardedEstimate(**{f.name: getattr(est, f.name) for f in dataclasses.fields(est)})
-    out.__dict__.update(weights_bytes=states[0], gradients_bytes=states[1], optimizer_bytes=states[2],
-                        peak_bytes=peak, first_step_peak_bytes=max(peak - states[2] if moment != "optimizer step"
-                                                                   else peak, extra.pop("step")),
-                        peak_phase="optimizer step" if moment == "optimizer step" else "forward/backward",
-                        peak_moment=moment, notes=notes, setup=setup, _parts=parts, strategy=strategy,
-                        num_gpus=num_gpus, cpu_offload=cpu_offload, **extra)
     # evaluation: one GPU's, with this engine's states (DDP's buckets stay allocated; FSDP gathers as in training)
-    out.eval_peak_bytes = max(0, est.eval_peak_bytes - est.weights_bytes - est.optimizer_bytes + states[0]
-                              + states[2] + (out.comm_buffer_bytes if strategy == "ddp" else out.unsharded_bytes))
-    return out
+    held = extra.get("comm_buffer_bytes", 0) if strategy == "ddp" else extra.get("unsharded_bytes", 0)
+    return ShardedEstimate(**{**{f.name: getattr(est, f.name) for f in dataclasses.fields(est)},
+                              **dict(weights_bytes=states[0], gradients_bytes=states[1], optimizer_bytes=states[2],
+                                     peak_bytes=peak, first_step_peak_bytes=max(
+                                         peak - states[2] if moment != "optimizer step" else peak, extra.pop("step")),
+                                     peak_phase="optimizer step" if moment == "optimizer step" else "forward/backward",
+                                     peak_moment=moment, notes=notes, setup=setup, _parts=parts, strategy=strategy,
+                                     num_gpus=num_gpus, cpu_offload=cpu_offload, **extra),
+                              "eval_peak_bytes": max(0, est.eval_peak_bytes - est.weights_bytes - est.optimizer_bytes
+                                                     + states[0] + states[2] + held)})
 
 
 def _states(est, context):

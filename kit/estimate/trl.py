@@ -31,6 +31,9 @@ from __future__ import annotations
 import sys
 
 from kit import inputs as kin
+from kit import trainer_kinds
+from kit.estimate.read_model import dtype_name
+from kit.estimate.trainer_reader import Given, Reading, TrainerReader, flattened_eval
 
 MODELED = "1.16"   # the TRL version whose SFTTrainer the kit models
 INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "device_map", "trust_remote_code",
@@ -38,9 +41,8 @@ INIT_KW = ("dtype", "torch_dtype", "attn_implementation", "quantization_config",
 
 
 def is_sft(obj) -> bool:
-    """Whether ``obj`` is TRL's SFTTrainer or SFTConfig (TRL imported or not)."""
-    trl = sys.modules.get("trl")
-    return trl is not None and isinstance(obj, (getattr(trl, "SFTTrainer", ()), getattr(trl, "SFTConfig", ())))
+    """Whether ``obj`` is of SFT's kind: TRL's SFTTrainer or SFTConfig, or a subclass (TRL imported or not)."""
+    return trainer_kinds.kind_of(obj) == "sft"
 
 
 def version_note():
@@ -165,3 +167,88 @@ def pair_rows(opts: dict, src: dict, name: str) -> int:
     opts["eval_batch_size"] = 2 * opts["eval_batch_size"]
     src["eval_batch_size"] = (opts["eval_batch_size"], f"2 x {name}.per_device_eval_batch_size: pairs, as in training")
     return B
+
+
+def refuse_activation_offloading(opts: dict, *, ckpt: bool, reentrant: bool, fused: bool) -> None:
+    """Refuse, in one sentence, SFTConfig's activation_offloading where the kit does not model it (modeled: over
+    every block checkpointed, non-reentrant, under the fused LM head: :mod:`kit.estimate.replay.trl_offload`)."""
+    if not opts.get("activation_offloading"):
+        return
+    why = None
+    if not fused:
+        why = (f"is TRL's {SftReader.trainer_name}'s, whose loss comes from its fused LM head: set "
+               f"fused_lm_head=True (or a loss_type), as {SftReader.trainer_name} runs it")
+    elif not ckpt:
+        why = ("without gradient checkpointing is not modeled (every tensor the blocks save would pass TRL's "
+               "offloader in torch's per-op order): estimate it with gradient_checkpointing=True, "
+               f"{SftReader.config_name}'s default")
+    elif opts.get("ckpt_every_n_layers", 1) != 1:
+        why = ("with ckpt_every_n_layers > 1 is not modeled (the unchecked blocks' saves would pass TRL's offloader "
+               "op by op): estimate it with every block checkpointed")
+    elif reentrant:
+        why = ("with reentrant checkpointing is not modeled (its recompute saves under TRL's offloader in "
+               "backward): estimate it with checkpoint_reentrant=False, transformers' default")
+    if why:
+        raise kin.InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
+
+
+def model_init(cfg, name: str, given: Given) -> None:
+    """Fill ``given`` from a TRL config's ``model_init_kwargs`` (how the trainer loads a model given by its id), where
+    the caller did not pass its own: the load dtype (and where it was read), the attention, the quantization."""
+    model_dtype, attn, quant, where = read_sft_model(cfg, name)
+    if given.load_dtype is None and model_dtype is not None:
+        given.load_dtype, given.dtype_source = model_dtype, (dtype_name(model_dtype),
+                                                             f"{where}['dtype'] (TRL's default: float32)")
+    given.attn_implementation = attn if given.attn_implementation is None else given.attn_implementation
+    given.quantization_config = quant if given.quantization_config is None else given.quantization_config
+
+
+class SftReader(TrainerReader):
+    """SFTTrainer and SFTConfig (the module doc): its fused LM head, padding-free rows, its k-bit recipe."""
+
+    trainer_name, config_name, config_keyword, article = "SFTTrainer", "SFTConfig", "sft_config", "an"
+    lean_kbit, keeps_training_args = True, False
+    free = False   # padding_free, or bfd packing: one flattened row per micro-batch
+
+    def read_trainer(self, trainer) -> None:
+        self.own.take(*read_sft_config(trainer.args, trainer=trainer)[:3])
+
+    def after_model(self, trainer, reading: Reading, seq_len) -> None:
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        if reading.opts.get("eval_gather", "loss") != "loss":  # a loss-only evaluation runs the fused head: modeled
+            reading.notes.append(kin.Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits "
+                                          "forward) is not modeled: eval_peak_bytes is its fused forward's alone",
+                                          field="eval_batch_size", code="trl-eval-unmodeled"))
+
+    def trainer_inputs(self, trainer) -> dict:
+        return {"sft": True}
+
+    def read_config(self, cfg, given: Given) -> None:
+        *own, self.free = read_sft_config(cfg)
+        self.own.take(*own)
+        model_init(cfg, self.config_name, given)
+        if given.seq_len is None and cfg.max_length:
+            given.seq_len, given.seq_source = cfg.max_length, ("SFTConfig.max_length: rows are truncated (or "
+                                                               "packed) to it, so it is the longest a row can be")
+
+    def finish_options(self, reading: Reading, cfg, config, seq_len, padded) -> tuple:
+        opts, src = reading.opts, reading.src
+        quantized_recipe(opts, src, self.trainer_name)
+        reading.take(self.own.opts, self.own.src, self.own.notes)
+        if not self.free:
+            return seq_len, padded
+        # one flattened row of batch x seq_len tokens at most; a block-diagonal mask from position_ids
+        B = opts["batch_size"]
+        flattened_eval(opts, src, reading.notes, B)
+        opts.update(batch_size=1, padding_free=True)
+        src["batch_size"] = (1, f"{B} rows flattened into one (padding-free)")
+        src["seq_len"] = (B * seq_len, f"{B} x {src['seq_len'][0]} ({src['seq_len'][1]}): the flattened row")
+        src["padded"] = (True, "the flattened row's position_ids restart: sdpa builds a block-diagonal mask")
+        return B * seq_len, True
+
+    def config_inputs(self, cfg) -> dict:
+        return {"sft": True, "sft_config": cfg, "padding_free": bool(self.free), "grpo_config": None}
+
+
+trainer_kinds.register_kind("sft", trainer_kinds.library_classes("trl", "SFTTrainer", "SFTConfig"))
+trainer_kinds.register_part("sft", "estimate", SftReader)

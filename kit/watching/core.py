@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from kit import machine
 from kit.inputs import InputError, byte_count, flag, whole_number
@@ -30,6 +31,15 @@ from kit.watching import recover
 from kit.watching.report import TrainReport, advice_text, estimated_for, read_alive
 
 _ALWAYS_DRAWN = ("evaluate", "train_end")      # tracker events the live plot always draws at: the run's whole story
+
+
+class StageHook(NamedTuple):
+    """A trainer kind's part in ``kit.watch`` (:mod:`kit.trainer_kinds`, layer ``"watch"``): ``attach(trainer,
+    phases, tracker)`` marks a stage of the kind's own (GRPO's generation) and returns whether it did; ``detach(
+    trainer)`` puts back what it wrapped."""
+
+    attach: Callable
+    detach: Callable
 
 
 class Run:

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+from kit.estimate.grpo import GrpoReader
 from kit.measure.track import Tracker  # noqa: F401 (the doctests read with it)
 from kit.plot import OKABE_ITO, timeline
 from kit.plot.estimate import OFF_SCALE, limit_text
@@ -55,7 +56,7 @@ def _shade_generation(ax, tracker) -> None:
     t0 = min([r.start.time for r in recs] + [s.snap.time for s in getattr(tracker, "samples", [])])
     for i, r in enumerate(gens):
         ax.axvspan(r.start.time - t0, r.end.time - t0, color=OKABE_ITO["vermillion"], alpha=0.18, linewidth=0,
-                   label="generation (GRPOTrainer)" if i == 0 else None)
+                   label=f"generation ({GrpoReader.trainer_name})" if i == 0 else None)
 
 
 def draw_steps(tracker, steps, est=None, limit_bytes=None, limit_label="limit"):

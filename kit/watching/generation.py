@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import weakref
 
+from kit import trainer_kinds
+from kit.watching.core import StageHook
+
 METHOD = "_generate_and_score_completions"   # GRPOTrainer's (TRL 1.16)
 
 
@@ -34,7 +37,7 @@ class GenerationStage:
 
 
 def attach(trainer, phases, tracker) -> bool:
-    """Mark a GRPOTrainer's generation (nothing for another Trainer); whether it was marked."""
+    """Mark a GRPOTrainer's generation (nothing where its class has no such method); whether it was marked."""
     if not callable(getattr(type(trainer), METHOD, None)):
         return False
     setattr(trainer, METHOD, GenerationStage(trainer, phases, tracker))
@@ -49,3 +52,6 @@ def detach(trainer) -> None:
             delattr(trainer, METHOD)
         else:
             setattr(trainer, METHOD, marked.inner)
+
+
+trainer_kinds.register_part("grpo", "watch", StageHook(attach, detach))

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from kit import machine
+from kit import machine, trainer_kinds
 from kit.estimate import estimate_trainer
 from kit.inputs import byte_count, flag
 from kit.measure import controls, device
@@ -40,7 +40,7 @@ from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
 from kit.units import MiB, fmt_bytes
-from kit.watching import generation, recover
+from kit.watching import recover
 from kit.watching.draw import draw_watch
 from kit.watching.objects import StepPeak, batch_shape, own_lengths
 from kit.watching.peaks import PeakSplit
@@ -166,7 +166,9 @@ class Watch:
                     del tr.evaluate
                 else:
                     tr.evaluate = ev.inner
-            generation.detach(tr)
+            hook = trainer_kinds.part_of(tr, "watch")
+            if hook is not None:   # the trainer kind's own stage (kit.trainer_kinds)
+                hook.detach(tr)
             tr.__dict__.pop("_kit_watch", None)
         self.tracker.listeners[:] = [f for f in self.tracker.listeners if not isinstance(f, Redraw)]
 
@@ -211,7 +213,9 @@ def watch(trainer, *, plot=None, estimate=True, limit_bytes: int | None = None, 
     trainer.callback_handler.callbacks.insert(0, phases)
     trainer.callback_handler.add_callback(callback)
     trainer.evaluate = _Evaluate(trainer, phases)
-    generation.attach(trainer, phases, tracker)   # GRPOTrainer: its generation, a stage of its own
+    hook = trainer_kinds.part_of(trainer, "watch")
+    if hook is not None:   # the trainer kind's own stage (GRPO's generation: kit.watching.generation)
+        hook.attach(trainer, phases, tracker)
     draw = functools.partial(draw_watch, est=est, limit_bytes=limit_bytes, limit_label=label)
     live = live_plot(plot, tracker, draw, "watch")
     w = Watch(trainer, tracker, callback, phases, live, est, why, limit_bytes, label)
