@@ -51,6 +51,7 @@ REGISTRY = {
     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": "TinyLlama-1.1B-intermediate-step-1431k-3T.json",
     "EleutherAI/pythia-1b": "pythia-1b.json",
     "allenai/OLMo-2-1124-7B": "OLMo-2-1124-7B.json",
+    "stabilityai/stablelm-3b-4e1t": "stablelm-3b-4e1t.json", "tiny-stablelm": "tiny-stablelm.json",
     "tiny-gpt2": "tiny-gpt2.json",
     "tiny-llama": "tiny-llama.json",
     "tiny-qwen2": "tiny-qwen2.json",
@@ -98,6 +99,7 @@ TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin
 TINY |= {"tiny-modernbert"}
 TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
 TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe"}
+TINY |= {"tiny-stablelm"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -114,6 +116,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
            "roberta-base": "tiny-roberta", "FacebookAI/roberta-base": "tiny-roberta"}
 _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
 _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
+_SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -34,6 +34,7 @@ TWINS = {
     "tiny-gemma2": ("gemma2", 894_080),
     "tiny-gemma3": ("gemma3", 877_824),
     "tiny-gpt-neox": ("gpt_neox", 1_445_376),
+    "tiny-stablelm": ("stablelm", 1_524_992),
 }
 GRID = {label: (kw, over[0] if over else None) for label, kw, *over in bench.FAMILY_SETUPS}
 SETUPS = ["full FT, sdpa", "full FT, checkpointing", "full FT, bf16 weights", "LoRA r8 (default targets)",
@@ -338,3 +339,29 @@ def test_a_model_type_declared_twice_is_refused_and_a_new_family_is_known_at_onc
     assert lookup("my_family") is None and lookup("mistral") is llama
     mine = families.register_family("my_family", block=llama.block, lora_targets=("q_proj",))
     assert lookup("my_family") is mine and family("my_family").lora_targets == ("q_proj",) and not mine.encoder
+
+
+# StableLM was added as one module (kit/estimate/replay/stablelm.py) and one register_family line, with its configs:
+# its tiny twin is held to 0.5% of the tensor peak of real Trainer steps where it was added, a tighter bound than the
+# grid's 2% above.
+@pytest.mark.parametrize("label", ["full FT, sdpa", "full FT, checkpointing", "LoRA r8 (default targets)"])
+def test_stablelm_twin_within_half_a_percent_of_a_cpu_trainer_step(label):
+    r = _measured("tiny-stablelm", label)
+    assert 0.995 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.005, (r["est"].peak_moment, r["got"])
+
+
+def test_stablelm_parallel_residual_and_dropout_match_autograd():
+    """The layout the released StableLM models do not use but the config allows: attention and MLP on the same
+    normed input (use_parallel_residual), dropout on the MLP's output (hidden_dropout)."""
+    over = {"use_parallel_residual": True, "hidden_dropout": 0.1}
+    r = bench.run_row("parallel residual, dropout", "tiny-stablelm", dict(batch_size=4, seq_len=128), False, over)
+    assert r["est"].saved_bytes == pytest.approx(r["saved"], rel=1e-3)
+    assert 0.98 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.02, (r["est"].peak_moment, r["got"])
+
+
+def test_stablelm_per_head_qk_norms_are_refused():
+    """StableLM-2 12B's per-head q/k LayerNorms (qk_layernorm) are not replayed: refused in one sentence."""
+    cfg = get_config("tiny-stablelm")
+    cfg.qk_layernorm = True
+    with pytest.raises(UnsupportedModel, match=r"^stablelm \(StableLmConfig\) normalizes q and k per head"):
+        estimate(cfg, batch_size=1, seq_len=8)

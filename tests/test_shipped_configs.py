@@ -56,6 +56,14 @@ PUBLISHED = {
     "EleutherAI/pythia-1b": 1_011_781_632,
     # HF API allenai/OLMo-2-1124-7B safetensors.total 7298617344.
     "allenai/OLMo-2-1124-7B": 7_298_617_344,
+    # The model card's "Model Architecture" table (huggingface.co/stabilityai/stablelm-3b-4e1t, as copied in
+    # https://toolify.ai/ai-model/stabilityai-stablelm-3b-4e1t): 2,795,443,200 parameters, hidden 2560, 32 layers,
+    # 32 heads, sequence length 4096. Its config.json, copied field for field from the public copy in mlc-ai/mlc-llm
+    # (https://github.com/mlc-ai/mlc-llm/blob/01ced331a9e155c5ba4e7625b027a51bee611450/python/mlc_llm/model/
+    # model_preset.py, its "stablelm" entry: StableLmForCausalLM, 2560 hidden, 32 layers, 50304 vocabulary;
+    # transformers_version dropped); the fields that copy leaves out take StableLmConfig's defaults (no parallel
+    # residual, no q/k LayerNorm, no dropout).
+    "stabilityai/stablelm-3b-4e1t": 2_795_443_200,
 }
 
 
