@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from kit import panel
+from kit.measure.track import Tracker
 from kit.widgets import runs as panel_runs
+from kit.widgets import stages as staged
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -136,20 +138,20 @@ def test_8bit_adam_on_the_big_head_is_refused():
     p = panel(scenario=1, model="distilgpt2+vocab-head", optimizer="adamw-8bit")
     assert "Run refused" in p.reasons["optimizer"].value
     assert "DOES NOT FIT" in p.estimate_html.value
-    record, _, _ = panel_runs.measured_run(p.setup())
+    record = staged.staged_run(p.setup(), steps=2, tracker=Tracker())
     assert record["status"] == "refused" and "2^31" in record["error"]
 
 
 def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
     p = panel(scenario=1, model="tiny-gpt2", steps=2, batch_size=2, seq_len=32)
     seen = []
-    real = panel_runs.measured_run
+    real = staged.staged_run
 
     def spy(*args, **kw):
         seen.append({k: w.disabled for k, w in p.controls.items()} | {"run": p.run_button.disabled})
         return real(*args, **kw)
 
-    monkeypatch.setattr(panel_runs, "measured_run", spy)
+    monkeypatch.setattr(staged, "staged_run", spy)
     p.run_button.click()
     assert seen and all(seen[0].values()), f"controls not all disabled during the run: {seen}"
     r = p.history[-1]
@@ -157,7 +159,8 @@ def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
     # The same setup at the same step (the second: AdamW's state alive), as the legend claims.
     assert 0.85 <= r["measured_peak_bytes"] / r["predicted_peak_bytes"] <= 1.15, r
     assert r["returned"] is True
-    assert p.last_figure is not None and "measured" in p.last_figure.axes[0].get_xticklabels()[1].get_text()
+    assert p.last_figure is not None and [t.get_text() for t in p.last_figure.axes[0].get_xticklabels()] == [
+        "load", "step 1", "later steps", "evaluation", "cleanup"]
     assert not p.controls["batch_size"].disabled and p.controls["lora_r"].disabled is False
     assert ">ok</td>" in p.history_html.value
 
@@ -236,7 +239,7 @@ def test_steps_are_read_as_users_pass_them_and_refused_by_name():
         with pytest.raises(ValueError, match="steps must be a whole number"):
             panel(scenario=1, model="tiny-gpt2", steps=bad)
         with pytest.raises(ValueError, match="steps must be a whole number"):
-            panel_runs.measured_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad)
+            staged.staged_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad, tracker=Tracker())
 
 
 # -- your own model: the list, and the box that takes any Hub id or config.json path ------------------

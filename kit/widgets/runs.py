@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 from kit import data as kdata
-from kit import machine, plot
+from kit import dtypes, machine, plot
 from kit import models as kmodels
 from kit.dtypes import run_precision
 from kit.estimate import INT32_OPTIMIZER, estimate
@@ -97,6 +97,14 @@ def tokenized(name: str, seq_len: int, rows: int):
     ds = kdata.tokenize(train.select(range(min(len(train), max(4 * rows, 32)))), tok, max_length=seq_len,
                         padding="max_length")
     return tok, ds
+
+
+def files_ready(model: str, quantization: str) -> None:
+    """Write the saved twin ``from_pretrained`` loads in place of ``model`` (once, where the Hub does not serve it),
+    before a capped run: a first load writes its files (a model built and saved), which no user's load does. Its
+    dtype is the one :func:`kit.models.load_model` loads: the device's 16 bits under quantization, else fp32."""
+    sixteen = dtypes.for_this_device()[0] if machine.has_cuda() else "bf16"
+    kmodels.pretrained_source(kmodels.split_name(model)[0], sixteen if quantization != "none" else "fp32")
 
 
 def build(setup: dict):

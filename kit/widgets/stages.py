@@ -144,6 +144,7 @@ def staged_run(setup: dict, *, steps: int, tracker: Tracker, chart: StageChart |
     if record["error"]:
         return record
     chart = chart or StageChart(trainer_plan(est, steps), title="")
+    panel_runs.files_ready(setup["model"], setup["quantization"])
     base = leaks.take_baseline()
     chart.base_bytes = base.snapshot.best_bytes or 0
     cap = None if cap_bytes is None else chart.base_bytes + cap_bytes

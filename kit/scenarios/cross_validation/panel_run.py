@@ -33,6 +33,7 @@ from kit.scenarios.cross_validation.predict import fold1_leftovers, fold_timelin
 from kit.scenarios.cross_validation.training import fold_trainer, load_for_training, loop_params
 from kit.scenarios.cross_validation.user_loop import free_gpu_cache
 from kit.widgets import views
+from kit.widgets.runs import files_ready
 from kit.widgets.stages import STAGE, PlannedStage, StageChart, finish
 
 RECIPES = {"2024": "standard", "lean": "lean"}   # the panel's recipe -> kit.scenarios.cross_validation's
@@ -105,6 +106,7 @@ def fold_run(setup: dict, loop: dict, steps: int, preset, real_est):
     def go(tracker) -> dict:
         record = dict(setup, status="refused", predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
                       oom_stage=None, stages={}, returned=None, error=None, cap_bytes=cap)
+        files_ready(setup["model"], settings["quantization"])
         base = leaks.take_baseline()
         chart.base_bytes = base.snapshot.best_bytes or 0
         out = tempfile.mkdtemp(prefix="kit-panel-folds-")
