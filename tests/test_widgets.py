@@ -320,11 +320,15 @@ def test_a_typed_config_path_works_and_runs(tmp_path):
     assert {f: getattr(p.estimate, f) for f in JSON_FIELDS} == {f: getattr(direct, f) for f in JSON_FIELDS}
     assert p.controls["seq_len"].max == 512 and "512 positions" in p.reasons["seq_len"].value
     assert "added to the model list" in p.model_message.value
-    # Run: no Hub, so the twin is built from the file and fed the shipped tokenizer (4096 = its vocab)
+    # Scenario 2's Run is its fold loop, a LoRA adapter's: without one it says so
     p.controls["quantization"].value, p.controls["lora_r"].value = "none", 0
-    assert not p.run_button.disabled, p.run_why.value
-    p.run_button.click()
-    r = p.history[-1]
+    assert p.run_button.disabled and "the fold loop trains a LoRA adapter" in p.run_why.value
+    # Run (scenario 1's, a Trainer stage by stage): no Hub, so the twin is built from the file and fed the shipped
+    # tokenizer (4096 = its vocab)
+    q = panel(scenario=1, steps=2, batch_size=2, seq_len=64)
+    assert q.use_model(path) is True and not q.run_button.disabled, q.run_why.value
+    q.run_button.click()
+    r = q.history[-1]
     assert r["model"] == path and r["status"] == "ok" and r["measured_peak_bytes"] and r["returned"] is True, r
 
 
@@ -404,7 +408,7 @@ def test_run_is_off_with_a_reason_where_a_typed_model_cannot_run_here(monkeypatc
     assert p.use_model(path)
     assert p.run_button.disabled and "a config.json path does not name" in p.run_why.value
     # LoRA on a model peft has no default targets for (Phi-3): the run would fail in get_peft_model
-    q = panel(scenario=2, model="tiny-phi3")
+    q = panel(scenario=1, model="tiny-phi3", lora_r=8)
     assert q.run_button.disabled and "no default LoRA targets for phi3" in q.run_why.value
     q.controls["quantization"].value, q.controls["lora_r"].value = "none", 0
     assert not q.run_button.disabled and q.run_why.value == ""

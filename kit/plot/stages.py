@@ -29,19 +29,20 @@ def stages_beside_estimates(rows: list[dict], limit_bytes: int | None = None, li
     unit = axis_unit(top, unit)
     scale = UNIT_BYTES[unit]
     fig, ax = new_figure(title=title)
+    turn = 90 if len(rows) > 6 else 0     # many stages: bar labels upright, so that neighbours never overlap
     pending = "not run" if any(r["oom"] for r in rows) else "not yet"
     for i, r in enumerate(rows):
         if r["estimate_bytes"] is not None:
             bar = ax.bar(i - WIDTH / 2, r["estimate_bytes"] / scale, WIDTH, color="white", hatch="//",
                          edgecolor=OKABE_ITO["black"], label="ESTIMATE" if i == 0 else None)
-            ax.bar_label(bar, labels=[short_label(r["estimate_bytes"])], fontsize=7, padding=1)
+            ax.bar_label(bar, labels=[short_label(r["estimate_bytes"])], fontsize=7, padding=1, rotation=turn)
         if r["oom"]:
             ax.text(i + WIDTH / 2, 0, "OOM", rotation=90, ha="center", va="bottom", fontsize=10, fontweight="bold",
                     color=OKABE_ITO["vermillion"])
         elif r["measured_bytes"] is not None:
             bar = ax.bar(i + WIDTH / 2, r["measured_bytes"] / scale, WIDTH, color=OKABE_ITO["blue"],
                          label=measured_label if not any(q["measured_bytes"] is not None for q in rows[:i]) else None)
-            ax.bar_label(bar, labels=[short_label(r["measured_bytes"])], fontsize=7, padding=1)
+            ax.bar_label(bar, labels=[short_label(r["measured_bytes"])], fontsize=7, padding=1, rotation=turn)
         elif not r["ran"]:
             ax.text(i + WIDTH / 2, 0, pending, rotation=90, ha="center", va="bottom", fontsize=7, color="0.5")
     draw_limit(ax, limit_bytes, limit_label, unit)
@@ -49,6 +50,6 @@ def stages_beside_estimates(rows: list[dict], limit_bytes: int | None = None, li
     ax.set_xticks(range(len(rows)), names, rotation=20 if len(rows) > 5 else 0,
                   ha="right" if len(rows) > 5 else "center")
     ax.set_ylabel(unit_label(unit))
-    ax.legend(loc="upper left", fontsize=8)
-    ax.margins(y=0.15)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8)   # below the axes: never over a bar
+    ax.margins(y=0.25 if turn else 0.15)
     return fig
