@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from kit import machine, plot, runtime
+from kit import machine, plot
 from kit.inputs import whole_number
 from kit.measure import cleanup, leaks, oom
 from kit.measure import device as kdevice
@@ -169,13 +169,14 @@ def finish(record: dict, chart: StageChart, tracker: Tracker, result, base) -> d
     return record
 
 
-def scaled_cap(run_est, real_est, preset) -> int | None:
-    """The cap a twin's Run goes under: ``preset``'s GPU scaled by the twin's peak over the real model's (both
-    ESTIMATED), so that the twin runs out where the real model would; the preset's own bytes where the model runs
-    itself on a GPU; None on a CPU preset, or for a real model on a CPU (no GPU to stand in for)."""
+def scaled_cap(run_est, real_est, preset, twin: bool) -> int | None:
+    """The cap a Run goes under: for a ``twin``, ``preset``'s GPU scaled by the twin's peak over the real model's
+    (both ESTIMATED allocated peaks), so that the twin runs out where the real model would; the preset's own bytes
+    where the model runs itself on a GPU; None on a CPU preset, or for a real model on a CPU (no GPU to stand in
+    for)."""
     if preset.gpu_bytes is None or real_est is None:
         return None
-    if run_est.setup["model"] != real_est.setup.get("model") and runtime.mode() == "smoke":
+    if twin:
         return preset.gpu_bytes * run_est.peak_bytes // real_est.peak_bytes
     return preset.gpu_bytes if machine.has_cuda() else None
 
@@ -184,7 +185,7 @@ def trainer_run(setup: dict, steps: int, preset, real_est):
     """The panel's Run of a Trainer setup: ``(chart, go)``, where ``go(tracker)`` runs :func:`staged_run` under
     :func:`scaled_cap` and returns its record, and ``chart`` (a :class:`StageChart`) draws it."""
     est = panel_runs.estimate_as_run(setup)
-    cap = scaled_cap(est, real_est, preset)
+    cap = scaled_cap(est, real_est, preset, twin=setup.get("twin_of") is not None)
     who = views.run_label(setup)
     title = f"{who}: each stage beside its estimate (as run here)"
     label = "memory cap" if cap is None or setup.get("twin_of") is None else \

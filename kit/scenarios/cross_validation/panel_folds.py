@@ -1,13 +1,13 @@
 """Scenario 2's fold loop on the widget panel: the loop is the subject, one fold's step is the estimate.
 
-Its controls: the number of folds; the model loaded each fold (the user's loop) or once (the fixed loop); the
-old Trainer kept until ``trainer = ...`` replaces it (the user's) or released first; the recipe: 2024's
+Its controls: the number of folds; the model loaded each fold (the user's loop) or once (the fixed loop); the old
+Trainer kept until ``trainer = ...`` replaces it (the user's) or released first; the recipe: 2024's
 ``prepare_model_for_kbit_training`` (the 16-bit parts upcast to fp32, fp32 adapters: what SFTTrainer ran in the
-user's post, :data:`~kit.scenarios.cross_validation.predict.THEN`) or the lean one (no upcast, as today's TRL).
-Run (:meth:`FoldLoop.staged_run`) runs that loop here, fold by fold
-(:mod:`kit.scenarios.cross_validation.panel_run`). The panel's ``.estimate`` stays one fold's training step; the fold chart (:func:`folds_html`) shows each fold's
-load and training peak, the models alive at each load, and fold 2's load against the device's line, ESTIMATED
-(allocated memory) with :func:`~kit.scenarios.cross_validation.predict.fold_timeline`.
+user's post, :data:`~kit.scenarios.cross_validation.predict.THEN`) or the lean one (no upcast, as today's TRL). Run
+(:meth:`FoldLoop.staged_run`) runs that loop here, fold by fold (:mod:`kit.scenarios.cross_validation.panel_run`).
+The panel's ``.estimate`` stays one fold's training step; the fold chart (:func:`folds_html`) shows each fold's load
+and training peak, the models alive at each load, and fold 2's load against the device's line, ESTIMATED (allocated
+memory) with :func:`~kit.scenarios.cross_validation.predict.fold_timeline`.
 
 >>> from kit.presets import PRESETS
 >>> loop = FoldLoop(lambda kind, label, value, **kw: kind(value=value, description=label, **kw))

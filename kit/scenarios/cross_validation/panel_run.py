@@ -104,7 +104,8 @@ def fold_run(setup: dict, loop: dict, steps: int, preset, real_est):
                        limit_label=f"cap: {preset.label.split(' (')[0]} scaled to the twin" if twin else "memory cap")
 
     def go(tracker) -> dict:
-        record = dict(setup, batch_size=settings["batch_size"], seq_len=settings["seq_len"], status="refused", predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
+        record = dict(setup, batch_size=settings["batch_size"], seq_len=settings["seq_len"], status="refused",
+                      predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
                       oom_stage=None, stages={}, returned=None, error=None, cap_bytes=cap)
         files_ready(setup["model"], settings["quantization"])
         base = leaks.take_baseline()
