@@ -11,7 +11,8 @@ tensor bytes counted op by op). Under ``cap_bytes`` (:func:`kit.measure.controls
 or on a CPU a live-tensor cap) an out-of-memory error is caught: its stage is marked, the rest stay planned, and
 the memory is freed.
 
->>> >>> plan = trainer_plan(estimate("tiny-gpt2", batch_size=1, seq_len=16), steps=3)
+>>> from kit.estimate import estimate
+>>> plan = trainer_plan(estimate("tiny-gpt2", batch_size=1, seq_len=16), steps=3)
 >>> [stage.name for stage in plan]
 ['load', 'step 1', 'later steps', 'evaluation', 'cleanup']
 """
