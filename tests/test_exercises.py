@@ -103,3 +103,60 @@ def test_a_ratio_guess_within_the_stated_tolerance_is_right():
     assert s1nb.ratio_text(None, ratio).startswith("No answer written yet")
     with pytest.raises(ValueError, match="must be a number"):
         s1nb.ratio_text("thirty", ratio)
+
+
+def instructor_solution(notebook: str, key: str) -> dict:
+    """The solution ``key`` as the learner copy's cell reveals it (``teach.solution``), read from the instructor
+    copy as ``make learner-notebooks`` reads it (no file written)."""
+    import json
+    from pathlib import Path
+
+    from kit.scenarios.learner import INSTRUCTOR_DIR, learner_copy
+
+    _, solutions = learner_copy(json.loads((Path(INSTRUCTOR_DIR) / notebook).read_text()), notebook)
+    return {key: solutions[key]}
+
+
+def test_the_panel_exercise_of_01_is_the_smallest_gpu_that_holds_fix_c():
+    """Issue 49 item 3: 01's panel exercise, a question the controls answer, checked by its solution as
+    ``teach.solution`` reveals and runs it."""
+    from kit import panel
+    from kit.presets import PRESETS
+    from kit.scenarios import teach
+
+    ns = {"panel_1": panel(scenario=1), "nb": s1nb}
+    assert s1nb.panel_gpu_check(ns["panel_1"]).startswith("Pick fix (c) as the head first")
+    ns["panel_1"].controls["head"].value = "vxv-16bit"
+    assert "Try a bigger GPU" in s1nb.panel_gpu_check(ns["panel_1"]), "on the T4 it does not fit"
+    ns["panel_1"].controls["preset"].value = "h100"
+    assert "a smaller GPU in the list holds it too" in s1nb.panel_gpu_check(ns["panel_1"])
+    teach.solution("01-each-gpu-from-the-smallest", ns,
+                   solutions=instructor_solution("01_distilgpt2_custom_head.ipynb", "01-each-gpu-from-the-smallest"))
+    p = ns["panel_1"]
+    assert s1nb.panel_gpu_check(p).startswith("Right") and p.verdict.fits
+    chosen = PRESETS[p.controls["preset"].value].gpu_bytes
+    # every smaller GPU of the list: the panel's own verdict is not "fits" (TIGHT counts as not fitting)
+    smaller = [k for k, said in s1nb.gpu_verdicts(p) if PRESETS[k].gpu_bytes < chosen]
+    assert smaller and not any(said.fits for k, said in s1nb.gpu_verdicts(p) if k in smaller)
+    assert p.controls["head"].value == "vxv-16bit" and p.controls["preset"].value == "a100-40"
+
+
+def test_the_panel_exercise_of_02_makes_fold_2_fit_without_changing_the_model():
+    from kit import panel
+    from kit.scenarios import teach
+    from kit.scenarios.cross_validation import exercises as ex
+
+    ns = {"panel_2": panel(scenario=2), "ex": ex}
+    assert ex.fold2_check(ns["panel_2"]).startswith("Not yet: DOES NOT FIT, with the user's own loop")
+    other = panel(scenario=2, model="meta-llama/Llama-3.2-1B")
+    assert ex.fold2_check(other).startswith("Keep the user's model"), "changing the model is not an answer"
+    key = "02-release-the-old-trainer-before-the-next-load"
+    teach.solution(key, ns, solutions=instructor_solution("02_llama3_qlora_cross_validation.ipynb", key))
+    p = ns["panel_2"]
+    assert ex.fold2_check(p).startswith("Right: fold 2 fits, with trainer 'released'")
+    assert p.controls["model"].value == ex.USER_MODEL and p.controls["quantization"].value == "4bit"
+    folds = p.story.timeline(p.estimate)
+    from kit.presets import margin_kept
+
+    assert folds[1]["models_at_load"] == 1
+    assert p.preset().gpu_bytes - folds[1]["load_peak_bytes"] >= margin_kept(p.preset().gpu_bytes), "the margin"

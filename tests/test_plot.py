@@ -160,3 +160,18 @@ def test_breakdown_is_an_estimate_alone_against_a_near_limit():
     assert not any("not run" in t or "measured" in t.lower() for t in _texts(ax) + _legend(ax))
     assert "Colab T4: limit 15.00 GiB" in _legend(ax)            # near the bar: drawn as a line
     assert any("does NOT fit, peak 50.00 GiB is 35.00 GiB over" in t for t in _texts(ax))   # the figure, by name
+
+
+def test_stages_beside_estimates_marks_the_oom_and_what_never_ran():
+    rows = [{"name": "load", "estimate_bytes": 4 * MiB, "measured_bytes": 4 * MiB, "ran": True, "oom": False},
+            {"name": "step 1", "estimate_bytes": 16 * MiB, "measured_bytes": None, "ran": True, "oom": True},
+            {"name": "later steps", "estimate_bytes": 20 * MiB, "measured_bytes": None, "ran": False, "oom": False}]
+    ax = plot.stages_beside_estimates(rows, limit_bytes=8 * MiB, limit_label="memory cap").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["load", "step 1", "later steps"]
+    assert [t.get_text() for t in ax.texts if not t.get_text().endswith("MiB")] == ["OOM", "not run"]
+    heights = sorted(round(b.get_height(), 3) for b in ax.patches)
+    assert heights == [4.0, 4.0, 16.0, 20.0], "three estimates and one measurement, in MiB"
+    rows[1].update(oom=False, ran=False)                     # mid-run: the stages to come are "not yet"
+    assert "not yet" in [t.get_text() for t in plot.stages_beside_estimates(rows).axes[0].texts]
+    with pytest.raises(ValueError, match="no stage is planned"):
+        plot.stages_beside_estimates([])

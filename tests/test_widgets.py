@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from kit import panel
+from kit.measure.track import Tracker
 from kit.widgets import runs as panel_runs
+from kit.widgets import stages as staged
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -136,20 +138,20 @@ def test_8bit_adam_on_the_big_head_is_refused():
     p = panel(scenario=1, model="distilgpt2+vocab-head", optimizer="adamw-8bit")
     assert "Run refused" in p.reasons["optimizer"].value
     assert "DOES NOT FIT" in p.estimate_html.value
-    record, _, _ = panel_runs.measured_run(p.setup())
+    record = staged.staged_run(p.setup(), steps=2, tracker=Tracker())
     assert record["status"] == "refused" and "2^31" in record["error"]
 
 
 def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
     p = panel(scenario=1, model="tiny-gpt2", steps=2, batch_size=2, seq_len=32)
     seen = []
-    real = panel_runs.measured_run
+    real = staged.staged_run
 
     def spy(*args, **kw):
         seen.append({k: w.disabled for k, w in p.controls.items()} | {"run": p.run_button.disabled})
         return real(*args, **kw)
 
-    monkeypatch.setattr(panel_runs, "measured_run", spy)
+    monkeypatch.setattr(staged, "staged_run", spy)
     p.run_button.click()
     assert seen and all(seen[0].values()), f"controls not all disabled during the run: {seen}"
     r = p.history[-1]
@@ -157,7 +159,8 @@ def test_run_records_a_measurement_and_locks_the_controls(monkeypatch):
     # The same setup at the same step (the second: AdamW's state alive), as the legend claims.
     assert 0.85 <= r["measured_peak_bytes"] / r["predicted_peak_bytes"] <= 1.15, r
     assert r["returned"] is True
-    assert p.last_figure is not None and "measured" in p.last_figure.axes[0].get_xticklabels()[1].get_text()
+    assert p.last_figure is not None and [t.get_text() for t in p.last_figure.axes[0].get_xticklabels()] == [
+        "load", "step 1", "later steps", "evaluation", "cleanup"]
     assert not p.controls["batch_size"].disabled and p.controls["lora_r"].disabled is False
     assert ">ok</td>" in p.history_html.value
 
@@ -236,7 +239,7 @@ def test_steps_are_read_as_users_pass_them_and_refused_by_name():
         with pytest.raises(ValueError, match="steps must be a whole number"):
             panel(scenario=1, model="tiny-gpt2", steps=bad)
         with pytest.raises(ValueError, match="steps must be a whole number"):
-            panel_runs.measured_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad)
+            staged.staged_run(panel(scenario=1, model="tiny-gpt2").setup(), steps=bad, tracker=Tracker())
 
 
 # -- your own model: the list, and the box that takes any Hub id or config.json path ------------------
@@ -317,11 +320,15 @@ def test_a_typed_config_path_works_and_runs(tmp_path):
     assert {f: getattr(p.estimate, f) for f in JSON_FIELDS} == {f: getattr(direct, f) for f in JSON_FIELDS}
     assert p.controls["seq_len"].max == 512 and "512 positions" in p.reasons["seq_len"].value
     assert "added to the model list" in p.model_message.value
-    # Run: no Hub, so the twin is built from the file and fed the shipped tokenizer (4096 = its vocab)
+    # Scenario 2's Run is its fold loop, a LoRA adapter's: without one it says so
     p.controls["quantization"].value, p.controls["lora_r"].value = "none", 0
-    assert not p.run_button.disabled, p.run_why.value
-    p.run_button.click()
-    r = p.history[-1]
+    assert p.run_button.disabled and "the fold loop trains a LoRA adapter" in p.run_why.value
+    # Run (scenario 1's, a Trainer stage by stage): no Hub, so the twin is built from the file and fed the shipped
+    # tokenizer (4096 = its vocab)
+    q = panel(scenario=1, steps=2, batch_size=2, seq_len=64)
+    assert q.use_model(path) is True and not q.run_button.disabled, q.run_why.value
+    q.run_button.click()
+    r = q.history[-1]
     assert r["model"] == path and r["status"] == "ok" and r["measured_peak_bytes"] and r["returned"] is True, r
 
 
@@ -401,7 +408,7 @@ def test_run_is_off_with_a_reason_where_a_typed_model_cannot_run_here(monkeypatc
     assert p.use_model(path)
     assert p.run_button.disabled and "a config.json path does not name" in p.run_why.value
     # LoRA on a model peft has no default targets for (Phi-3): the run would fail in get_peft_model
-    q = panel(scenario=2, model="tiny-phi3")
+    q = panel(scenario=1, model="tiny-phi3", lora_r=8)
     assert q.run_button.disabled and "no default LoRA targets for phi3" in q.run_why.value
     q.controls["quantization"].value, q.controls["lora_r"].value = "none", 0
     assert not q.run_button.disabled and q.run_why.value == ""

@@ -7,7 +7,9 @@ fit, with the one figure judged, by name: the reserved figure on a GPU, the trai
 the margin; the biggest cause; the largest batch that fits beside its slider; in scenario 2 the folds, fold 2's load
 against the device), the details in a collapsed "Details" Accordion (the allocated peak, a breakdown bar against the
 device's limit, the notes), the fit advisor on a button or once the controls
-rest (:mod:`kit.widgets.advice`), Run and Sweep buttons that measure through the tracker, and a history of runs.
+rest (:mod:`kit.widgets.advice`), a Run button that trains the setup here stage by stage, each stage drawn beside
+its estimate as it ends (:mod:`kit.widgets.stages`; scenario 2's story runs its folds), a Sweep button, and a
+history of runs.
 
 The model is the scenario's real one in every mode, so the verdict is the notebook's (DistilGPT2 with the V x V head,
 Llama-3-8B); in smoke mode Run and Sweep train its tiny twin on this machine, labelled as the twin's. Each scenario's

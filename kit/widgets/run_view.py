@@ -1,5 +1,6 @@
-"""The panel's Run and Sweep: a few measured steps of the controls' setup, or a peak against batch size or
-sequence length, through :mod:`kit.widgets.runs`; the controls are locked while one goes.
+"""The panel's Run and Sweep: the controls' setup run stage by stage, each stage drawn beside its estimate as it
+ends (:mod:`kit.widgets.stages`; scenario 2's story runs its folds), or a peak against batch size or sequence
+length (:mod:`kit.widgets.runs`); the controls are locked while one goes.
 
 :class:`PanelRuns` is a part of :class:`kit.widgets.Panel` (its controls, buttons and outputs are the panel's).
 """
@@ -7,10 +8,10 @@ from __future__ import annotations
 
 import html
 
-from kit import plot
 from kit.measure.track import Tracker
 from kit.plot.live import LivePlot, show
 from kit.widgets import runs as panel_runs
+from kit.widgets import stages as staged
 from kit.widgets import views as views
 
 
@@ -34,24 +35,22 @@ class PanelRuns:
             return
         setup, tracker = self.run_setup(), Tracker()
         self._lock(True)
-        self.status.value = f"running {self.steps} steps of {html.escape(views.run_label(setup))}&hellip;"
-        live = LivePlot(tracker, plot.stage_bars, out=self.plot_out, min_interval_s=1.0)
+        self.status.value = f"running {html.escape(views.run_label(setup))} stage by stage&hellip;"
+        chart, go = (getattr(self.story, "staged_run", None) or staged.trainer_run)(
+            setup, self.steps, self.preset(), self.estimate)
+        live = LivePlot(tracker, chart, out=self.plot_out, min_interval_s=1.0)
         try:
-            record, est, _ = panel_runs.measured_run(setup, steps=self.steps, tracker=tracker)
+            record = go(tracker)
+            if record["status"] != "refused":
+                self.last_figure = chart(tracker)   # the run as it ended, kept for the caller
         except KeyboardInterrupt:  # the notebook's stop button: the run has cleaned up (finally blocks)
-            record, est = dict(setup, status="stopped", error="interrupted; memory released"), None
+            record = dict(setup, status="stopped", error="interrupted; memory released")
         except Exception as exc:  # never leave the panel locked; show what went wrong
-            record, est = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300]), None
+            record = dict(setup, status="error", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
             live.close()
             self._lock(False)
-        if est is not None and record["status"] != "refused":
-            on_cpu = record.get("reading") != "cuda_allocated"
-            label = "measured (CPU tensor peak, op by op)" if on_cpu else "measured (CUDA max allocated)"
-            self._show(plot.predicted_vs_measured(
-                est.components(), record["measured_peak_bytes"], None if on_cpu else self.machine.gpu_bytes,
-                title=f"Predicted (as run here) vs measured: {views.run_label(setup)}, batch {setup['batch_size']} x "
-                      f"{setup['seq_len']}", measured_label=label))
+        self.last_chart = chart
         self._finish(dict(record, twin_of=setup["twin_of"]))
 
     def _on_sweep(self, _button=None) -> None:

@@ -1,16 +1,15 @@
-"""Measured runs behind the widget panel: a few Trainer steps of one setup, and a size sweep.
+"""What the widget panel's runs share (the setup checked, its estimate as run here, why a run is refused, the
+model built, its Trainer), and a size sweep. The Run itself, stage by stage, is :mod:`kit.widgets.stages`.
 
-A *setup* is the panel's settings as a dict: ``model``, ``batch_size``, ``seq_len``,
+A *setup* is the panel's settings as a dict: ``model``, ``batch_size``, ``seq_len``, ``task``,
 ``precision``, ``quantization``, ``lora_r``, ``optimizer``, ``gradient_checkpointing``.
-Each run goes through a :class:`~kit.measure.track.Tracker` (stages: tokenize, build, Trainer
-init, train, cleanup), is OOM-safe (:func:`kit.measure.oom.oom_safe`) and frees what it built
-(:func:`kit.measure.cleanup.release`), then checks that memory came back to its baseline.
+Each sweep point goes through a :class:`~kit.measure.track.Tracker`, is OOM-safe (:func:`kit.measure.oom.oom_safe`)
+and frees what it built (:func:`kit.measure.cleanup.release`); the sweep then checks that memory came back to its
+baseline.
 
->>> setup = dict(model="tiny-gpt2", batch_size=2, seq_len=64, precision="fp32", quantization="none",
-...              lora_r=0, optimizer="adamw-fused", gradient_checkpointing=False)
->>> record, est, tracker = measured_run(setup, steps=2)          # doctest: +SKIP
->>> record["status"], record["measured_peak_bytes"] > 0         # doctest: +SKIP
-('ok', True)
+>>> setup = dict(model="tiny-gpt2", batch_size=2, seq_len=64, task="causal-lm", precision="fp32",
+...              quantization="none", lora_r=0, optimizer="adamw-fused", gradient_checkpointing=False)
+>>> result = sweep(setup, "batch_size", (1, 2))          # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import tempfile
 import torch
 
 from kit import data as kdata
-from kit import machine, plot
+from kit import dtypes, machine, plot
 from kit import models as kmodels
 from kit.dtypes import run_precision
 from kit.estimate import INT32_OPTIMIZER, estimate
@@ -67,7 +66,8 @@ def estimate_as_run(setup: dict, **override):
     return estimate(s["model"], batch_size=s["batch_size"], seq_len=s["seq_len"],
                     precision=run_precision(s["precision"]), quantization=s["quantization"],
                     lora_r=s["lora_r"], optimizer=s["optimizer"],
-                    gradient_checkpointing=s["gradient_checkpointing"], device=machine.device_name())
+                    gradient_checkpointing=s["gradient_checkpointing"], eval_batch_size=s["batch_size"],
+                    device=machine.device_name())
 
 
 def refusal(setup: dict, est) -> str | None:
@@ -89,13 +89,22 @@ def refusal(setup: dict, est) -> str | None:
     return None
 
 
-def _data(name: str, seq_len: int, rows: int):
+def tokenized(name: str, seq_len: int, rows: int):
+    """The tokenizer of ``name`` and at least ``rows`` rows of the shipped text, padded to ``seq_len``."""
     tok = kdata.load_tokenizer(name)
     train = kdata.load_text_dataset()["train"]
     # Padded to seq_len, as the estimate assumes (padded=True): measured shapes = predicted shapes.
     ds = kdata.tokenize(train.select(range(min(len(train), max(4 * rows, 32)))), tok, max_length=seq_len,
                         padding="max_length")
     return tok, ds
+
+
+def files_ready(model: str, quantization: str) -> None:
+    """Write the saved twin ``from_pretrained`` loads in place of ``model`` (once, where the Hub does not serve it),
+    before a capped run: a first load writes its files (a model built and saved), which no user's load does. Its
+    dtype is the one :func:`kit.models.load_model` loads: the device's 16 bits under quantization, else fp32."""
+    sixteen = dtypes.for_this_device()[0] if machine.has_cuda() else "bf16"
+    kmodels.pretrained_source(kmodels.split_name(model)[0], sixteen if quantization != "none" else "fp32")
 
 
 def build(setup: dict):
@@ -134,68 +143,24 @@ def amp_flags(model, precision: str, cuda: bool) -> dict:
     return {"fp16": cuda and precision == "fp16" and not fp16_weights, "bf16": precision == "bf16"}
 
 
-def trainer_for(model, tok, dataset, setup: dict, steps: int, callbacks=()):
-    """A Trainer for ``steps`` optimizer steps of ``setup`` (no saving, no logging)."""
+def trainer_for(model, tok, dataset, setup: dict, steps: int, callbacks=(), eval_dataset=None):
+    """A Trainer for ``steps`` optimizer steps of ``setup`` (no saving, no logging; evaluation at the batch size,
+    on ``eval_dataset`` when it is called)."""
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     cuda, precision = machine.has_cuda(), run_precision(setup["precision"])
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="kit-panel-"), max_steps=steps,
-        per_device_train_batch_size=setup["batch_size"], learning_rate=1e-4, warmup_steps=0,
+        per_device_train_batch_size=setup["batch_size"], per_device_eval_batch_size=setup["batch_size"],
+        learning_rate=1e-4, warmup_steps=0,
         **amp_flags(model, precision, cuda), use_cpu=not cuda,
         optim=OPTIMIZERS[setup["optimizer"]], optim_args="momentum=0.9" if setup["optimizer"] == "sgd" else None,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=kdata.collator(tok),
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                      data_collator=kdata.collator(tok),
                       callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)
     return trainer
-
-
-def _train_once(setup: dict, steps: int, tracker: Tracker) -> int | None:
-    # gc.collect() costs ~1 s with transformers loaded: only the cleanup stage (which proves
-    # that memory came back) collects; the others read what is there.
-    with tracker.stage("tokenize", collect=False, live_tensors=False):
-        tok, ds = _data(setup["model"], setup["seq_len"], setup["batch_size"] * steps)
-    trainer = model = None
-    try:
-        with tracker.stage("build", collect=False):
-            model = build(setup)
-        with tracker.stage("Trainer init", collect=False, live_tensors=False):
-            trainer = trainer_for(model, tok, ds, setup, steps, [tracker.callback()])
-        # The panel owns the peak while it runs. On a CPU, TensorPeak counts every op's tensors (activations
-        # included), the stand-in for CUDA's max allocated that the estimate predicts.
-        with tracker.stage("train", reset_peak=True, collect=False, tensor_peak=True) as rec:
-            trainer.train()
-        return rec.peak_bytes
-    finally:
-        out = getattr(getattr(trainer, "args", None), "output_dir", None)
-        with tracker.stage("cleanup"):
-            trainer = cleanup.release(trainer, model, free_model=model is not None)
-            model = None
-        if out:
-            shutil.rmtree(out, ignore_errors=True)
-
-
-def measured_run(setup: dict, *, steps: int = 3, tracker: Tracker | None = None):
-    """Train ``steps`` steps of ``setup``, OOM-safe; returns ``(record, estimate_as_run, tracker)``.
-
-    ``record``: the setup plus ``status`` ("ok", "OOM", "refused"), ``predicted_peak_bytes``,
-    ``measured_peak_bytes`` (the train stage's peak of the best reading: CUDA max allocated,
-    or on a CPU the tensor bytes counted op by op by ``kit.measure.tensor_peak.TensorPeak``),
-    ``reading``, ``returned`` (memory back at the baseline), ``error`` and ``seconds``.
-    """
-    setup, tracker, steps = check_setup(setup), tracker or Tracker(), whole_number("steps", steps)
-    est = estimate_as_run(setup)
-    record = dict(setup, status="refused", predicted_peak_bytes=est.peak_bytes, measured_peak_bytes=None,
-                  reading=kdevice.best_reading(), returned=None, error=refusal(setup, est), seconds=0.0)
-    if record["error"]:
-        return record, est, tracker
-    base = leaks.take_baseline()
-    result = oom.oom_safe(_train_once, setup, steps, tracker, setup=setup)
-    record.update(status="ok" if result.ok else "OOM", measured_peak_bytes=result.value if result.ok else None,
-                  error=result.error, seconds=round(result.seconds, 1))
-    record["returned"] = leaks.check_returned(base, raise_on_leak=False).ok
-    return record, est, tracker
 
 
 def _point(model, tok, dataset, setup: dict, steps: int, tracker: Tracker, name: str) -> int | None:
@@ -248,7 +213,7 @@ def sweep(setup: dict, over: str = "batch_size", sizes=(1, 2, 4, 8), *, steps: i
                     model = build(setup)
             key = s["seq_len"]
             if key not in data:
-                data = {key: _data(setup["model"], key, sizes[-1] * steps if over == "batch_size" else
+                data = {key: tokenized(setup["model"], key, sizes[-1] * steps if over == "batch_size" else
                                    setup["batch_size"] * steps)}
             tok, ds = data[key]
             r = oom.oom_safe(_point, model, tok, ds, s, steps, tracker, f"{over} {size}", setup={over: size})

@@ -1,4 +1,5 @@
-"""Notebook 02's exercise: write your own adapter reset and your own cleanup, and let the kit check them.
+"""Notebook 02's exercises: write your own adapter reset and your own cleanup, and let the kit check them; then make
+fold 2 fit on the panel without changing the model (:func:`fold2_check`).
 
 - :func:`check_reset`: one fold, trained once and kept (:func:`shared_fold`): the adapter is put back as that
   fold left it, ``my_reset(model, init)`` runs, then
@@ -32,6 +33,8 @@ from kit.scenarios.cross_validation.lora_reset import (
     verify_adapter_reset,
 )
 from kit.scenarios.cross_validation.training import count_live_models, fold_trainer, load_for_training, loop_params
+from kit.scenarios.cross_validation.cap import USER_MODEL
+from kit.scenarios.cross_validation.panel_folds import fold2_text
 from kit.units import wrapped
 
 _SAID: dict = {}  # the loader lines, said once for all the checks of a notebook
@@ -123,3 +126,34 @@ def check_free() -> str:
     return (f"your cleanup left {left} model(s) in memory (MEASURED): a name in this notebook still reaches the "
             "Trainer, and through it the model and the optimizer. Let go of it here, where it was made: "
             "`trainer = release(trainer)` (kit.measure.cleanup.release) or `del trainer`.")
+
+
+# -- the panel exercise: fold 2 made to fit, the model unchanged ----------------------------------------------------
+USER_LOOP = {"load": "each", "trainer": "kept", "recipe": "2024"}   # the fold loop as the user ran it
+
+
+@wrapped
+def fold2_check(panel, model: str = USER_MODEL, preset: str = "colab-t4") -> str:
+    """Notebook 02's panel exercise: is fold 2 made to fit ``preset`` on ``panel`` (its word "fits", with the
+    :data:`~kit.presets.MODELLED_MARGIN` kept free: less is "TIGHT"), the model still the user's? Says which of the
+    fold loop's controls now differ from the user's loop.
+
+    >>> from kit import panel                                         # doctest: +SKIP
+    >>> p = panel(scenario=2, trainer="released")                       # doctest: +SKIP
+    >>> fold2_check(p).startswith("Right")                              # doctest: +SKIP
+    True
+    """
+    c = panel.controls
+    if c["model"].value != model:
+        return f"Keep the user's model ({model}): the question is how to make fold 2 fit without changing it."
+    if c["preset"].value != preset:
+        return f"Judge it on the user's GPU: set the device to {preset}."
+    if panel.estimate is None:
+        return f"The panel has no estimate for these settings: {panel.problem}"
+    text, word = fold2_text(panel.story.timeline(panel.estimate), panel.preset().gpu_bytes)
+    changed = [f"{key} {value!r}" for key, value in ((k, c[k].value) for k in USER_LOOP) if value != USER_LOOP[key]]
+    how = "with " + ", ".join(changed) if changed else "with the user's own loop"
+    if word != "fits":
+        return f"Not yet: {word}, {how}: {text}."
+    return f"Right: fold 2 fits, {how}: {text}."
+

@@ -1,12 +1,13 @@
 """Scenario 2's fold loop on the widget panel: the loop is the subject, one fold's step is the estimate.
 
-Its controls: the number of folds; the model loaded each fold (the user's loop) or once (the fixed loop); the
-old Trainer kept until ``trainer = ...`` replaces it (the user's) or released first; the recipe: 2024's
+Its controls: the number of folds; the model loaded each fold (the user's loop) or once (the fixed loop); the old
+Trainer kept until ``trainer = ...`` replaces it (the user's) or released first; the recipe: 2024's
 ``prepare_model_for_kbit_training`` (the 16-bit parts upcast to fp32, fp32 adapters: what SFTTrainer ran in the
-user's post, :data:`~kit.scenarios.cross_validation.predict.THEN`) or the lean one (no upcast, as today's TRL).
-The panel's ``.estimate`` stays one fold's training step; the fold chart (:func:`folds_html`) shows each fold's
-load and training peak, the models alive at each load, and fold 2's load against the device's line, ESTIMATED
-(allocated memory) with :func:`~kit.scenarios.cross_validation.predict.fold_timeline`.
+user's post, :data:`~kit.scenarios.cross_validation.predict.THEN`) or the lean one (no upcast, as today's TRL). Run
+(:meth:`FoldLoop.staged_run`) runs that loop here, fold by fold (:mod:`kit.scenarios.cross_validation.panel_run`).
+The panel's ``.estimate`` stays one fold's training step; the fold chart (:func:`folds_html`) shows each fold's load
+and training peak, the models alive at each load, and fold 2's load against the device's line, ESTIMATED (allocated
+memory) with :func:`~kit.scenarios.cross_validation.predict.fold_timeline`.
 
 >>> from kit.presets import PRESETS
 >>> loop = FoldLoop(lambda kind, label, value, **kw: kind(value=value, description=label, **kw))
@@ -49,6 +50,7 @@ class FoldLoop:
                          "load": control(W.Dropdown, "model loaded", load, options=LOADS),
                          "trainer": control(W.Dropdown, "old Trainer", trainer, options=TRAINERS),
                          "recipe": control(W.Dropdown, "k-bit recipe", recipe, options=RECIPES)}
+        self._lora_r = 8     # the panel's LoRA rank, read at each adjust()
 
     def options(self, setup: dict, preset) -> dict:
         """The recipe's estimate options (a 4-bit or 8-bit model only: the recipe prepares a quantized one)."""
@@ -59,10 +61,20 @@ class FoldLoop:
     def run_model(self, model: str) -> str:
         return model
 
-    def run_problem(self, model: str) -> None:
-        return None
+    def run_problem(self, model: str) -> str | None:
+        """Why Run cannot run this fold loop, or None."""
+        return None if self._lora_r else "the fold loop trains a LoRA adapter: pick a LoRA rank"
+
+    def staged_run(self, setup: dict, steps: int, preset, real_est):
+        """Run's ``(chart, go)``: the fold loop of these controls, run fold by fold
+        (:func:`kit.scenarios.cross_validation.panel_run.fold_run`; imported on the first Run, with TRL)."""
+        from kit.scenarios.cross_validation.panel_run import fold_run
+
+        loop = {k: w.value for k, w in self.controls.items()}
+        return fold_run(setup, loop, steps, preset, real_est)
 
     def adjust(self, controls: dict, why: dict, preset, model: str) -> None:
+        self._lora_r = controls["lora_r"].value
         controls["trainer"].disabled = controls["load"].value == "once"
         controls["recipe"].disabled = controls["quantization"].value == "none"
         if controls["trainer"].disabled:

@@ -70,7 +70,7 @@ WORKSHOP_RUN = dict(folds=3, steps=5, batch_size=4, seq_len=30, lora_r=8, lora_t
 TEACHING = {"setup, download": (2, False), "1 · Predict": (7, False), "2 · The user's loop": (8, False),
             "3 · The advice's reset": (4, False), "Exercise": (6, False), "PyTorch's own tools": (3, True),
             "4 · The fixed loop": (5, False), "4 · the resume demo": (1, True), "5 · k-bit recipes": (3, True),
-            "6 · Explore": (0, True), "7 · Checklist, recap": (3, False)}
+            "6 · The panel": (4, False), "7 · Checklist, recap": (3, False)}
 SLOT_MINUTES = 45   # notebook 02's share of the 90-minute workshop: setup, teaching and compute
 SETUP = "start, install"   # the plan's first row: kit.scenarios.plan.setup_work (the model's download is the next)
 
@@ -98,7 +98,9 @@ def workshop_work(model_id: str = DEFAULT_MODEL, **run) -> dict:
             "PyTorch's own tools": [("steps", est, steps + 1)],               # on the exercise's model: no load
             "4 · The fixed loop": [load, ("steps", est, folds * (steps + 1))],
             "4 · the resume demo": [load, ("steps", est, steps + 1)],
-            "5 · k-bit recipes": [load, load, ("steps", est, 2 * steps)], "6 · Explore": [], "7 · Checklist, recap": []}
+            "5 · k-bit recipes": [load, load, ("steps", est, 2 * steps)],
+            "6 · The panel": [],                                  # the exercise reads estimates; its Run is homework
+            "7 · Checklist, recap": []}
 
 
 def planned_sections(model_id: str = DEFAULT_MODEL, **run) -> tuple:

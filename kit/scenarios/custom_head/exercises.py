@@ -1,6 +1,6 @@
 """Notebook 01's exercises and prediction checks: the largest low-rank head that fits a device, a hidden
 outsized layer for ``find_culprit``, the learner's ratio guess, and their fits/does-not-fit answers against the
-estimates.
+estimates; on the panel, the smallest GPU that holds fix (c) (:func:`panel_gpu_check`).
 
 >>> rank_check(256).startswith("rank 256: ESTIMATED peak")
 True
@@ -183,3 +183,53 @@ def culprit_check(my_culprit, model) -> str:
     share = f"{own[my_culprit]:,} of {total:,} trainable parameters ({own[my_culprit] / total:.0%})"
     return f"Right: {my_culprit} holds {share}." if my_culprit == top else \
         f"Not this one: {my_culprit} holds {share}. Look at the top line again."
+
+
+# -- the panel exercise: the smallest GPU that holds fix (c) ------------------------------------------------------
+SIXTEEN_BIT_HEAD = "vxv-16bit"   # fix (c) on the panel's head control (kit.scenarios.custom_head.panel_head)
+
+
+def gpu_verdicts(panel) -> list[tuple[str, object]]:
+    """``(device key, the panel's verdict on it)`` for each GPU in the panel's device list, the smallest first: the
+    panel itself is set to each device in turn and read, then set back (its settings stay the learner's)."""
+    control = panel.controls["preset"]
+    keys = [key for _, key in control.options if key in PRESETS and PRESETS[key].gpu_bytes is not None]
+    chosen, out = control.value, []
+    try:
+        for key in sorted(keys, key=lambda k: PRESETS[k].gpu_bytes):
+            control.value = key
+            out.append((key, panel.verdict))
+    finally:
+        control.value = chosen
+    return out
+
+
+@wrapped
+def panel_gpu_check(panel) -> str:
+    """Notebook 01's panel exercise: with fix (c) as the head (the V x V head kept, in 16 bits), is the device chosen
+    on ``panel`` the smallest GPU of its list on which the panel's verdict is "fits", with the
+    :data:`~kit.presets.MODELLED_MARGIN` kept free (less is "TIGHT")?
+
+    >>> from kit import panel                                             # doctest: +SKIP
+    >>> p = panel(scenario=1, head="vxv-16bit", preset="a100-40")           # doctest: +SKIP
+    >>> panel_gpu_check(p).startswith("Right")                              # doctest: +SKIP
+    True
+    """
+    if panel.controls["head"].value != SIXTEEN_BIT_HEAD:
+        return ("Pick fix (c) as the head first ('V×V head in 16 bits, 8-bit AdamW: fix (c)'): the question is which "
+                "GPU holds the user's V×V head once it is in 16 bits.")
+    chosen = panel.controls["preset"].value
+    verdicts = gpu_verdicts(panel)
+    smallest = next((key for key, v in verdicts if v.fits), None)
+    if chosen not in dict(verdicts):
+        return f"Pick a GPU in the device list: {chosen!r} is not one."
+    said = dict(verdicts)[chosen]
+    if smallest is None:
+        return f"No GPU in the list holds fix (c): {said.text}"
+    if not said.fits:
+        return f"{said.text}. Try a bigger GPU."
+    if chosen != smallest:
+        return f"It fits {PRESETS[chosen].label}, and a smaller GPU in the list holds it too: try smaller."
+    t4 = dict(verdicts).get("colab-t4")
+    return (f"Right: {PRESETS[chosen].label} is the smallest GPU in the list that holds fix (c) ({said.text}). "
+            + (f"On the user's T4: {t4.text}." if t4 is not None else ""))

@@ -39,6 +39,8 @@ from kit.scenarios.custom_head.exercises import (  # noqa: F401 (read by the not
     fits_answer_text,
     fix_verdicts,
     largest_rank,
+    gpu_verdicts,
+    panel_gpu_check,
     rank_check,
     ratio_text,
     toy_model,

@@ -24,7 +24,7 @@ WORKSHOP_SECTIONS = [
     ("3 · Fixes, the rank task", 8, "fix (c)'s run, the advisor, the rank solution's run"),
     ("PyTorch's own tools", 3, "the history cell (homework)"),
     ("4 · The original", 3, "the real-size cell"),
-    ("5 · Explore", 0, "homework"),
+    ("5 · The panel", 3, "its Run (homework)"),
     ("6 · Your own culprit", 2, ""),
     ("recap, free memory", 1, ""),
 ]
