@@ -4,7 +4,7 @@ one module beside this one, its block marked with the classes it covers, and one
 from __future__ import annotations
 
 from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, modernbert, olmo2, phi3, qwen3, roberta
-from kit.estimate.replay import deberta, distilbert, mixtral, olmoe, qwen3_moe
+from kit.estimate.replay import deberta, distilbert, mixtral, olmoe, qwen3_5, qwen3_moe
 
 # Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay, marked with the
 # transformers classes it covers (its @around(covers=...)). Mistral and Qwen2 run the Llama block op for op (Llama's
@@ -16,6 +16,7 @@ FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "q
 FAMILIES["modernbert"] = modernbert.block
 FAMILIES |= {"distilbert": distilbert.block, "deberta-v2": deberta.block}
 FAMILIES |= {"qwen3_moe": qwen3_moe.block, "mixtral": mixtral.block, "olmoe": olmoe.block}   # MoE blocks (.moe)
+FAMILIES["qwen3_5_text"] = qwen3_5.block   # hybrid: Gated DeltaNet and gated attention layers (.linear_attention)
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
 # the fused qkv projection (Phi-3, ModernBERT), q and v (OLMo-2, as peft's default for Llama; DistilBERT's q_lin
 # and v_lin).
@@ -68,6 +69,8 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
             span = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
             out.update(rel_span=cfg.position_buckets if getattr(cfg, "position_buckets", -1) > 0 else span,
                        rel_att=tuple(cfg.pos_att_type or ()), rel_share=bool(getattr(cfg, "share_att_key", False)))
+    if family == "qwen3_5_text":
+        out |= qwen3_5.config_shapes(cfg)
     if family == "gpt_neox":
         out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout", 0.0)
         out["parallel"] = bool(getattr(cfg, "use_parallel_residual", True))

@@ -1,0 +1,90 @@
+"""Qwen3.5 text (``tiny-qwen3-5``: 4 layers, Gated DeltaNet x3 then gated full attention, hidden 128, vocab 4096) on
+the CPU, where transformers runs its reference PyTorch paths for the causal conv and the chunked gated delta rule:
+the replay against what autograd saves, and the estimate read off a Trainer against ``benchmarks/real_clients.py``'s
+profiler meter at step 1, the steady step and ``evaluate()``.
+"""
+import functools
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import estimate_vs_measured as bench  # noqa: E402
+
+from kit.estimate import estimate  # noqa: E402
+from kit.estimate.inventory import family_of, info_of  # noqa: E402
+from kit.model_configs import get_config  # noqa: E402
+from kit.models import build_model  # noqa: E402
+
+TWIN = "tiny-qwen3-5"
+# (batch, tokens a row, options): S = 100 pads the chunked rule to 128 tokens; 128 and 192 fill whole chunks of 64,
+# where an fp32 run keeps the (B, S, heads, d) layout and its matmuls copy their inputs
+CASES = {
+    "full FT, padded rows, S 100": dict(batch_size=2, seq_len=100),
+    "full FT, unpadded, S 128": dict(batch_size=2, seq_len=128, padded=False),
+    "full FT, checkpointing, S 192": dict(batch_size=2, seq_len=192, padded=False, gradient_checkpointing=True),
+    "LoRA r8 (in_proj_qkv, out_proj, q_proj, v_proj), S 96": dict(
+        batch_size=2, seq_len=96, lora_r=8, lora_targets=["in_proj_qkv", "out_proj", "q_proj", "v_proj"]),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(label):
+    torch.manual_seed(0)
+    return bench.run_row(label, TWIN, CASES[label], False)
+
+
+def test_the_twin_is_its_own_family_with_every_parameter_counted():
+    info = info_of(TWIN)
+    assert family_of(get_config(TWIN)) == info.family == "qwen3_5_text"
+    # Gated DeltaNet's A_log and dt_bias are vectors of its own, not mixture-of-experts weights
+    assert {l.short.split(".")[-1] for l in info.leaves if l.kind == "other" and l.part == "block"} >= {"A_log",
+                                                                                                      "dt_bias"}
+    assert not [l for l in info.leaves if l.kind == "experts"]
+    assert estimate(TWIN, batch_size=1, seq_len=8).params == build_model(TWIN, device="meta").num_parameters()
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_replay_matches_autograd_saved_tensors(label):
+    r = _measured(label)
+    kw = CASES[label]
+    B, S = kw["batch_size"], kw["seq_len"]
+    # checkpointing keeps the rotary cos/sin (per row: (B, S, 8) each, fp32) for the recompute, unsaved
+    kept = 2 * B * S * 8 * 4 if kw.get("gradient_checkpointing") else 0
+    assert r["est"].saved_bytes - kept == pytest.approx(r["saved"], rel=1e-6)
+
+
+@pytest.mark.parametrize("label", list(CASES))
+def test_peak_matches_a_cpu_trainer_step(label):
+    r = _measured(label)
+    assert 0.99 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.01, (r["est"].peak_moment, r["got"])
+    assert r["est"].weights_bytes == r["got"]["weights"]
+
+
+def test_trainer_steps_and_evaluate_within_2_percent_of_the_profiler_meter(tmp_path):
+    """A full fine-tune under a real Trainer (3 steps, AdamW fused, rows of 96 tokens, no padding), read by
+    real_clients' profiler meter: the estimate read off the Trainer is within 2% at step 1, the steady step and
+    ``evaluate()`` (8 rows a batch, metered after training)."""
+    import real_clients as rc
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    cfg = get_config(TWIN)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, per_device_eval_batch_size=8, max_steps=3,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=bench._Batches(12, 96, cfg.vocab_size, padded=False),
+                      eval_dataset=bench._Batches(16, 96, cfg.vocab_size, padded=False))
+    est = estimate_trainer(trainer, device="cpu")   # reads a batch: 96 tokens a row, no padding
+    meter = rc.meter_trainer(trainer, rc.ProfilerMeter())
+    trainer.train()
+    peaks = meter.peaks
+    evaluated = rc.meter_evaluate(trainer, rc.ProfilerMeter)
+    assert len(peaks) == 3
+    assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02, (est.first_step_peak_bytes, peaks)
+    assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02, (est.peak_bytes, peaks)
+    assert 0.98 <= est.eval_peak_bytes / evaluated <= 1.02, (est.eval_peak_bytes, evaluated)
