@@ -88,3 +88,23 @@ def test_trainer_steps_and_evaluate_within_2_percent_of_the_profiler_meter(tmp_p
     assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02, (est.first_step_peak_bytes, peaks)
     assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02, (est.peak_bytes, peaks)
     assert 0.98 <= est.eval_peak_bytes / evaluated <= 1.02, (est.eval_peak_bytes, evaluated)
+
+
+def test_a_cuda_figure_says_it_follows_flash_linear_attention_unmeasured():
+    """On CUDA the Gated DeltaNet layers follow flash-linear-attention's saved tensors (read from its source): fewer
+    than the reference path's, and the estimate says so beside the figure, with the modelled margin."""
+    cuda = estimate(TWIN, batch_size=2, seq_len=512)
+    cpu = estimate(TWIN, batch_size=2, seq_len=512, device="cpu")
+    said = [n for n in cuda.notes if n.code == "linear-attention-fla"]
+    assert len(said) == 1 and "not measured" in said[0] and "5% modelled margin" in said[0]
+    assert not [n for n in cpu.notes if n.code == "linear-attention-fla"]
+    assert cuda.activations_bytes < cpu.activations_bytes
+
+
+def test_fit_answers_a_qwen3_5_model_in_five_lines(capsys):
+    from kit.cli import main
+
+    main(["fit", "--model", TWIN, "--batch-size", "4", "--seq-len", "512", "--device", "colab-t4"])
+    out = capsys.readouterr().out.strip().splitlines()
+    said = [line for line in out if not line.startswith(" ")]   # (a long line wraps, indented)
+    assert said[0].startswith("fits Colab T4") and len(said) <= 5 and said[-1].startswith("details: --details")

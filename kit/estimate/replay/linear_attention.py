@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from kit.estimate.replay.setup import BOOL, F32, I64, promote
 from kit.estimate.replay.tape import Tape
+from kit.inputs import Note
+from kit.presets import MODELLED_MARGIN
 
 CHUNK = 64   # torch_chunk_gated_delta_rule's and flash-linear-attention's default chunk_size
 
@@ -51,6 +53,21 @@ def config_shapes(cfg) -> dict:
                 linear_heads=(cfg.linear_num_key_heads, cfg.linear_num_value_heads),
                 linear_dims=(cfg.linear_key_head_dim, cfg.linear_value_head_dim),
                 conv_kernel=cfg.linear_conv_kernel_dim)
+
+
+def notes(info, device: str) -> list:
+    """What a hybrid estimate rests on, said beside it (none for a model without linear-attention layers): on CUDA,
+    flash-linear-attention's kernels, read from its source and not measured."""
+    types = getattr(info.config, "layer_types", None) or ()
+    if device != "cuda" or "linear_attention" not in types:
+        return []
+    mt = info.config.model_type
+    return [Note(f"{mt}: its {types.count('linear_attention')} Gated DeltaNet layers are replayed as "
+                 "flash-linear-attention's chunk_gated_delta_rule saves for backward (read from its source, not "
+                 f"measured on a GPU: a fit keeps the {MODELLED_MARGIN:.0%} modelled margin); without "
+                 "flash-linear-attention installed transformers runs its reference PyTorch path, which saves more "
+                 "(device='cpu' replays that path), and the causal-conv1d package, where installed, saves less in the "
+                 "short convolution than the torch conv1d replayed here", field="device", code="linear-attention-fla")]
 
 
 def gated_delta_net(tp: Tape, h):
