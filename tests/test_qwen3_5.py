@@ -1,5 +1,5 @@
-"""Qwen3.5 text (``tiny-qwen3-5``: 4 layers, Gated DeltaNet x3 then gated full attention, hidden 128, vocab 4096) on
-the CPU, where transformers runs its reference PyTorch paths for the causal conv and the chunked gated delta rule:
+"""Qwen3.5 text (``tiny-qwen3-5``: 4 layers, Gated DeltaNet x3 then gated full attention, hidden 128, vocab 4096;
+``tiny-qwen3-5-moe``: the same with 8 experts, top-2, and a shared expert in every MLP) on the CPU, where transformers runs its reference PyTorch paths for the causal conv and the chunked gated delta rule:
 the replay against what autograd saves, and the estimate read off a Trainer against ``benchmarks/real_clients.py``'s
 profiler meter at step 1, the steady step and ``evaluate()``.
 """
@@ -30,10 +30,17 @@ CASES = {
 }
 
 
+MOE = "tiny-qwen3-5-moe"
+TWINS = {label: TWIN for label in CASES}
+for label, kw in (("MoE, full FT, padded rows, S 100", dict(batch_size=2, seq_len=100)),
+                  ("MoE, full FT, unpadded, S 128", dict(batch_size=2, seq_len=128, padded=False))):
+    CASES[label], TWINS[label] = kw, MOE
+
+
 @functools.lru_cache(maxsize=None)
 def _measured(label):
     torch.manual_seed(0)
-    return bench.run_row(label, TWIN, CASES[label], False)
+    return bench.run_row(label, TWINS[label], CASES[label], False)
 
 
 def test_the_twin_is_its_own_family_with_every_parameter_counted():
@@ -44,6 +51,11 @@ def test_the_twin_is_its_own_family_with_every_parameter_counted():
                                                                                                       "dt_bias"}
     assert not [l for l in info.leaves if l.kind == "experts"]
     assert estimate(TWIN, batch_size=1, seq_len=8).params == build_model(TWIN, device="meta").num_parameters()
+    # the MoE twin: its fused 3-D experts (8 x 2 x 64 x 128 and 8 x 128 x 64 a layer) and the shared expert counted
+    moe = info_of(MOE)
+    assert family_of(get_config(MOE)) == moe.family == "qwen3_5_moe_text"
+    assert {l.shape for l in moe.leaves if l.kind == "experts"} == {(8, 128, 128), (8, 128, 64)}
+    assert estimate(MOE, batch_size=1, seq_len=8).params == build_model(MOE, device="meta").num_parameters()
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -63,7 +75,8 @@ def test_peak_matches_a_cpu_trainer_step(label):
     assert r["est"].weights_bytes == r["got"]["weights"]
 
 
-def test_trainer_steps_and_evaluate_within_2_percent_of_the_profiler_meter(tmp_path):
+@pytest.mark.parametrize("twin", [TWIN, MOE])
+def test_trainer_steps_and_evaluate_within_2_percent_of_the_profiler_meter(twin, tmp_path):
     """A full fine-tune under a real Trainer (3 steps, AdamW fused, rows of 96 tokens, no padding), read by
     real_clients' profiler meter: the estimate read off the Trainer is within 2% at step 1, the steady step and
     ``evaluate()`` (8 rows a batch, metered after training)."""
@@ -72,7 +85,7 @@ def test_trainer_steps_and_evaluate_within_2_percent_of_the_profiler_meter(tmp_p
 
     from kit.estimate import estimate_trainer
 
-    cfg = get_config(TWIN)
+    cfg = get_config(twin)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, per_device_eval_batch_size=8, max_steps=3,

@@ -50,8 +50,9 @@ def config_shapes(cfg) -> dict:
         return {}
     width = next(getattr(cfg, k) for k in _WIDTH if getattr(cfg, k, None))
     mixtral = cfg.model_type == "mixtral"   # MixtralTopKRouter: always renormalized, the weights left fp32
+    always = mixtral or cfg.model_type == "qwen3_5_moe_text"   # (Qwen3_5MoeTopKRouter: always renormalized too)
     return dict(experts=experts, top_k=cfg.num_experts_per_tok, moe_F=width,
-                norm_topk=mixtral or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if mixtral
+                norm_topk=always or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if mixtral
                                                                                    else {})
 
 
@@ -101,6 +102,22 @@ def sparse_moe(tp: Tape, h):
     restored = tp.new(rows * H, weighted.dt, weighted.rg)
     out = tp.new(restored.n // st.top_k, restored.dt, restored.rg)   # .view(T, k, H).sum(1)
     return tp.cast(out, h.dt)
+
+
+def shared_expert_moe(tp: Tape, h):
+    """A sparse MoE MLP with a shared expert beside the routed ones (``Qwen3_5MoeSparseMoeBlock``): the shared gated
+    MLP (``Setup.shared_F`` wide) on ``h``, the router and experts of :func:`sparse_moe`, then
+    ``sigmoid(shared_expert_gate(h)) * shared + routed`` (sigmoid keeps its (T, 1) output, the mul both operands)."""
+    st = tp.st
+    H, width = st.H, st.shared_F
+    gate = tp.linear(h, H, width, "mlp.shared_expert.gate_proj")
+    tp.save(gate, when=gate.rg)                             # SiLU keeps its input
+    up = tp.linear(h, H, width, "mlp.shared_expert.up_proj")
+    shared = tp.linear(tp.binary(tp.new(gate.n, gate.dt, gate.rg), up, True, True), width, H,
+                       "mlp.shared_expert.down_proj")
+    routed = sparse_moe(tp, h)
+    scale = tp.sigmoid(tp.linear(h, H, 1, "mlp.shared_expert_gate"))
+    return tp.binary(routed, tp.binary(scale, shared, True, True))
 
 
 def refusal(cfg) -> str | None:

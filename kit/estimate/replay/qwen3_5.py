@@ -10,15 +10,13 @@ language model): the kit ships and replays their ``text_config``.
 from __future__ import annotations
 
 from kit.estimate.replay import linear_attention
+from kit.estimate.replay.moe import shared_expert_moe
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
 
 
-@around(covers=Covers(blocks=("Qwen3_5DecoderLayer",), attention=("Qwen3_5Attention", "Qwen3_5GatedDeltaNet"),
-                      mlp=("Qwen3_5MLP",), norms=("Qwen3_5RMSNorm", "Qwen3_5RMSNormGated"),
-                      layer_types=("full_attention", "linear_attention")),
-        final_norm="rms_norm_offset")
-def block(tp: Tape, x):
+def layer(tp: Tape, x, mlp=None):
+    """One hybrid layer: its token mixer (``tp.mixer``), then the gated MLP (or ``mlp``: the MoE block)."""
     st = tp.st
     h = tp.rms_norm_offset(x, st.base_trainable)
     if tp.mixer == "linear_attention":
@@ -27,9 +25,34 @@ def block(tp: Tape, x):
         mixed = linear_attention.gated_attention(tp, h, tp.rms_norm_offset)
     x = tp.binary(mixed, x)
     h = tp.rms_norm_offset(x, st.base_trainable)
-    return tp.binary(tp.gated_mlp(h), x)
+    return tp.binary(mlp(tp, h) if mlp else tp.gated_mlp(h), x)
+
+
+@around(covers=Covers(blocks=("Qwen3_5DecoderLayer",), attention=("Qwen3_5Attention", "Qwen3_5GatedDeltaNet"),
+                      mlp=("Qwen3_5MLP",), norms=("Qwen3_5RMSNorm", "Qwen3_5RMSNormGated"),
+                      layer_types=("full_attention", "linear_attention")),
+        final_norm="rms_norm_offset")
+def block(tp: Tape, x):
+    return layer(tp, x)
+
+
+@around(covers=Covers(blocks=("Qwen3_5MoeDecoderLayer",),
+                      attention=("Qwen3_5MoeAttention", "Qwen3_5MoeGatedDeltaNet"),
+                      mlp=("Qwen3_5MoeSparseMoeBlock", "Qwen3_5MoeTopKRouter", "Qwen3_5MoeExperts", "Qwen3_5MoeMLP"),
+                      norms=("Qwen3_5MoeRMSNorm", "Qwen3_5MoeRMSNormGated"),
+                      layer_types=("full_attention", "linear_attention")),
+        final_norm="rms_norm_offset")
+def moe_block(tp: Tape, x):
+    """Qwen3.5-MoE (``Qwen3_5MoeDecoderLayer``): the same layers, every MLP ``Qwen3_5MoeSparseMoeBlock`` (routed
+    experts, always renormalized, beside a gated shared expert: :func:`kit.estimate.replay.moe.shared_expert_moe`)."""
+    return layer(tp, x, mlp=shared_expert_moe)
+
+
+moe_block.moe = True   # its config's expert counts are replayed, not refused (kit.estimate.inventory.family_of)
 
 
 def config_shapes(cfg) -> dict:
-    """What a Qwen3.5 text config decides besides the shapes: its linear-attention layers and their widths."""
-    return linear_attention.config_shapes(cfg)
+    """What a Qwen3.5 text config decides besides the shapes: its linear-attention layers and their widths (and
+    Qwen3.5-MoE's shared expert's width)."""
+    shared = getattr(cfg, "shared_expert_intermediate_size", 0)
+    return linear_attention.config_shapes(cfg) | ({"shared_F": shared} if shared else {})

@@ -17,6 +17,7 @@ FAMILIES["modernbert"] = modernbert.block
 FAMILIES |= {"distilbert": distilbert.block, "deberta-v2": deberta.block}
 FAMILIES |= {"qwen3_moe": qwen3_moe.block, "mixtral": mixtral.block, "olmoe": olmoe.block}   # MoE blocks (.moe)
 FAMILIES["qwen3_5_text"] = qwen3_5.block   # hybrid: Gated DeltaNet and gated attention layers (.linear_attention)
+FAMILIES["qwen3_5_moe_text"] = qwen3_5.moe_block   # ... with MoE MLPs and a shared expert (.moe)
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
 # the fused qkv projection (Phi-3, ModernBERT), q and v (OLMo-2, as peft's default for Llama; DistilBERT's q_lin
 # and v_lin).
@@ -69,7 +70,7 @@ def config_shapes(cfg, family: str, hd: int) -> dict:
             span = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
             out.update(rel_span=cfg.position_buckets if getattr(cfg, "position_buckets", -1) > 0 else span,
                        rel_att=tuple(cfg.pos_att_type or ()), rel_share=bool(getattr(cfg, "share_att_key", False)))
-    if family == "qwen3_5_text":
+    if family in ("qwen3_5_text", "qwen3_5_moe_text"):
         out |= qwen3_5.config_shapes(cfg)
     if family == "gpt_neox":
         out["p_resid"] = out["p_embd"] = getattr(cfg, "hidden_dropout", 0.0)

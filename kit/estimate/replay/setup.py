@@ -143,6 +143,7 @@ class Setup:
     top_k: int = 0               # ... experts each token is routed to
     moe_F: int = 0               # ... one expert's MLP width
     norm_topk: bool = False      # ... the top-k routing weights renormalized to sum to 1 (norm_topk_prob)
+    shared_F: int = 0            # ... a shared expert's MLP width beside the routed ones (Qwen3.5-MoE; 0: none)
     weights_fp32: bool = False   # ... the routing weights stay fp32 (Mixtral's), not cast to the router logits' dtype
     linear_at: tuple = ()        # indices of the Gated DeltaNet (linear-attention) layers (Qwen3.5's layer_types)
     linear_heads: tuple = ()     # ... their (key heads, value heads) (kit.estimate.replay.linear_attention)
