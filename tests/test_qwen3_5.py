@@ -1,7 +1,8 @@
 """Qwen3.5 text (``tiny-qwen3-5``: 4 layers, Gated DeltaNet x3 then gated full attention, hidden 128, vocab 4096;
-``tiny-qwen3-5-moe``: the same with 8 experts, top-2, and a shared expert in every MLP) on the CPU, where transformers runs its reference PyTorch paths for the causal conv and the chunked gated delta rule:
-the replay against what autograd saves, and the estimate read off a Trainer against ``benchmarks/real_clients.py``'s
-profiler meter at step 1, the steady step and ``evaluate()``.
+``tiny-qwen3-5-moe``: the same with 8 experts, top-2, and a shared expert in every MLP) on the CPU, where
+transformers runs its reference PyTorch paths for the causal conv and the chunked gated delta rule: the replay
+against what autograd saves, and the estimate read off a Trainer against ``benchmarks/real_clients.py``'s profiler
+meter at step 1, the steady step and ``evaluate()``.
 """
 import functools
 import os
