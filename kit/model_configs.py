@@ -65,6 +65,8 @@ REGISTRY = {
     "tiny-qwen3-moe": "tiny-qwen3-moe.json",
     "tiny-mixtral": "tiny-mixtral.json",
     "tiny-olmoe": "tiny-olmoe.json",
+    "tiny-qwen3-5": "tiny-qwen3-5.json",   # Qwen3.5 text: Gated DeltaNet x3, then full attention
+    "tiny-qwen3-5-moe": "tiny-qwen3-5-moe.json",   # ... its MoE: 8 experts, top-2, a shared expert
     # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
     # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
     # distilbert/distilbert-base-uncased and microsoft/deberta-v3-base: their published config.json, written from it.
@@ -100,6 +102,7 @@ TINY |= {"tiny-modernbert"}
 TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
 TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe"}
 TINY |= {"tiny-stablelm"}
+TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}

@@ -264,7 +264,8 @@ KIND_NAMES = {
     "reward": (("RewardTrainer", "RewardConfig"), ("kit.estimate.reward",)),
 }
 # (module, name) still named outside its kind's modules, each with why: the module is being moved on another branch
-PENDING = {("kit.estimate.replay.liger", "SFTTrainer"): "its refusal quotes TRL's own rule (SFTTrainer raises on fused_linear_cross_entropy=True)"}
+PENDING = {("kit.estimate.replay.liger", "SFTTrainer"):
+           "its refusal quotes TRL's own rule (SFTTrainer raises on fused_linear_cross_entropy=True)"}
 
 
 def _docstrings(tree) -> set[int]:

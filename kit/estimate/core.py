@@ -31,7 +31,7 @@ from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
 from kit.estimate.offload_options import read as read_offload
 from kit.estimate.replay import liger as kl
-from kit.estimate.replay import moe
+from kit.estimate.replay import linear_attention, moe
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit import runtime
@@ -175,6 +175,7 @@ def estimate(model, **setup) -> Estimate:
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
+    notes += linear_attention.notes(info, device)
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
     est = dataclasses.replace(est, setup={

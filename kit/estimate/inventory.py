@@ -137,9 +137,9 @@ def family_of(cfg) -> str:
 
 
 def _new_layer_types(cfg) -> str:
-    """Words on the config's layer types that no family replays (Qwen3.5's linear_attention), or ""."""
-    known = {t for fam in declared() for t in fam.block.covers.layer_types}
-    new = sorted(set(getattr(cfg, "layer_types", None) or ()) - known)
+    """Words on the config's layer types besides softmax attention (Jamba's Mamba layers are linear_attention), or
+    "": they say why its blocks are no transformer family's."""
+    new = sorted(set(getattr(cfg, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
     return f" (its layer_types hold {', '.join(new)})" if new else ""
 
 
@@ -283,13 +283,15 @@ def inventory(model, cfg, own=None) -> Info:
 
 def _fused_leaf(name: str, param, own) -> Leaf:
     """A parameter that is neither a module's weight nor its bias: a mixture-of-experts block's fused experts,
-    (E, out, in) each (``Qwen3MoeExperts.gate_up_proj``, ``down_proj``). bitsandbytes quantizes only
+    (E, out, in) each (``Qwen3MoeExperts.gate_up_proj``, ``down_proj``), or a vector of a module's own (Qwen3.5's
+    ``A_log``, ``dt_bias``). bitsandbytes quantizes only
     ``nn.Linear`` layers, so these stay in the load dtype (and the k-bit recipe casts them to fp32 like the norms);
     peft's ``target_modules`` never adapts them."""
     parts = name.split(".")
     idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
                None)
-    return Leaf(name, "experts", 0, 0, param.numel(), 0, param.requires_grad and not own, False,
+    kind = "experts" if param.dim() == 3 else "other"   # (Qwen3.5's Gated DeltaNet A_log and dt_bias: vectors)
+    return Leaf(name, kind, 0, 0, param.numel(), 0, param.requires_grad and not own, False,
                 "head" if idx is None else "block", name if idx is None else ".".join(parts[idx + 1:]),
                 shape=tuple(param.shape))
 

@@ -104,6 +104,28 @@ class Replay:
         return self.embed + self.blocks() + self.shared + self.head + self.logits_saved
 
 
+def mixer_of(st: Setup, layer: int) -> str:
+    """Block ``layer``'s token mixer where the blocks differ in it (``Setup.linear_at``: Qwen3.5's Gated DeltaNet
+    layers), else ""."""
+    if not st.linear_at:
+        return ""
+    return "linear_attention" if layer in st.linear_at else "full_attention"
+
+
+def by_mixer(st: Setup, entries: list, split: bool) -> list:
+    """The replay's entries, (masked, layers, input) each (block 1 alone first where ``split``), split by token mixer
+    where the blocks differ in it: (masked, layers, input, mixer). Such blocks all get a mask or none (no sliding
+    window), so each entry is all the blocks of its input."""
+    if not st.linear_at:
+        return [(m, n, inp, "") for m, n, inp in entries]
+    out = [(*entries[0], mixer_of(st, 0))] if split else []
+    first = 1 if split else 0
+    linear = sum(i >= first for i in st.linear_at)
+    for m, n, inp in entries[first:]:
+        out += [(m, k, inp, mixer) for k, mixer in ((linear, "linear_attention"), (n - linear, "full_attention")) if k]
+    return out
+
+
 def replay(st: Setup) -> Replay:
     """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.estimate.replay`)."""
 
@@ -129,28 +151,30 @@ def replay(st: Setup) -> Replay:
     embed = tp.total()
     embed_order = tuple(tp.order)
 
-    def run(masked, inp):
+    def run(masked, inp, mixer=""):
         tp.saved, tp.order, tp.outs, tp.cache, tp.copies, tp.wsaved, tp.held = {}, [], [], 0, 0, set(), {}
-        tp.masked, tp.first = masked, block_fn.first_layer and inp is x
+        tp.masked, tp.first, tp.mixer = masked, block_fn.first_layer and inp is x, mixer
         return block_fn(tp, inp)
 
     # Block 1 reads the embeddings' output; the others read a block's output, which can differ from it: it
     # requires grad where the embeddings' does not (LoRA, above), or has another dtype (bf16 embeddings plus
     # a half linear's output promote to fp32 under fp16 autocast). Then block 1 is replayed alone.
     kinds_of = st.layer_kinds()
-    y1 = run(st.first_masked(), x)
+    y1 = run(st.first_masked(), x, mixer_of(st, 0))
     entries = [(m, n, x) for m, n in kinds_of.items()]  # (masked, layers, input) per replay
-    if (y1.dt, y1.rg) != (x.dt, x.rg) or block_fn.first_layer:
+    split = (y1.dt, y1.rg) != (x.dt, x.rg) or block_fn.first_layer
+    if split:
         rest = tp.new(T * H, y1.dt, y1.rg)
         entries = [(st.first_masked(), 1, x)] + [(m, n - (m == st.first_masked()), rest)
                                                  for m, n in kinds_of.items() if n - (m == st.first_masked())]
+    entries = by_mixer(st, entries, split)   # (masked, layers, input, token mixer) per replay
     kinds, orders = [], {}  # (saved, layers, weight copies saved, backward peak, its weight grads, input kept) per
     # replay; the saving order of each kind's saved bytes
     more = []   # (its input is saved, autocast copies made, of them cached unsaved, the input's bytes) per replay
     held = (0, 0)  # 8-bit layers' inputs kept as ctx attributes, and those of them also saved (Replay.held)
     cache = 0
-    for masked, layers, inp in entries:
-        y = run(masked, inp)
+    for masked, layers, inp, mixer in entries:
+        y = run(masked, inp, mixer)
         kinds.append((tp.total(), layers, tp.copies_saved(), *(tp.backward_peak(T * H * y.dt) if y.rg else (0, 0)),
                       T * H * inp.dt if inp.rg else 0))
         orders[kinds[-1]] = tuple(tp.order)
@@ -165,8 +189,8 @@ def replay(st: Setup) -> Replay:
     copies_sum = sum(c * layers for _, layers, c, *_ in kinds)
     # checkpointing keeps each block's input: the last block's output where every block reads one
     block_in = T * H * y.dt if y.rg else 0
-    block_in_sum = sum(k[-1] * k[1] for k in kinds) if len(entries) > len(kinds_of) else 0
-    shared = tp.shared * st.rope_sets if y.rg else 0
+    block_in_sum = sum(k[-1] * k[1] for k in kinds) if split else 0
+    shared = tp.shared * st.rope_sets + sum(tp.once.values()) if y.rg else 0
     layers, trl = (), None
     if off.layered(st):  # partial or offloaded checkpointing: per-block records, and the autocast cache they make
         layers, cache = off.per_layer(st, entries, kinds, more, x.dt, off.leaf_input(st, block_fn))

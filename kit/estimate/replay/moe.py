@@ -102,6 +102,22 @@ def sparse_moe(tp: Tape, h):
     return tp.cast(out, h.dt)
 
 
+def shared_expert_moe(tp: Tape, h):
+    """A sparse MoE MLP with a shared expert beside the routed ones (``Qwen3_5MoeSparseMoeBlock``): the shared gated
+    MLP (``Setup.shared_F`` wide) on ``h``, the router and experts of :func:`sparse_moe`, then
+    ``sigmoid(shared_expert_gate(h)) * shared + routed`` (sigmoid keeps its (T, 1) output, the mul both operands)."""
+    st = tp.st
+    H, width = st.H, st.shared_F
+    gate = tp.linear(h, H, width, "mlp.shared_expert.gate_proj")
+    tp.save(gate, when=gate.rg)                             # SiLU keeps its input
+    up = tp.linear(h, H, width, "mlp.shared_expert.up_proj")
+    shared = tp.linear(tp.binary(tp.new(gate.n, gate.dt, gate.rg), up, True, True), width, H,
+                       "mlp.shared_expert.down_proj")
+    routed = sparse_moe(tp, h)
+    scale = tp.sigmoid(tp.linear(h, H, 1, "mlp.shared_expert_gate"))
+    return tp.binary(routed, tp.binary(scale, shared, True, True))
+
+
 def refusal(cfg) -> str | None:
     """Why a mixture-of-experts config is not replayed (a clause after its name), or None where it is."""
     impl = getattr(cfg, "_experts_implementation", None)

@@ -117,16 +117,17 @@ def kept_masks(st, dt: int) -> int:
 
 def per_layer(st, entries, kinds, more, dt_mask: int, leaf: int = 0) -> tuple:
     """(the :class:`Layer` of each block, the autocast cache of the forward) from the replay's entries ((masked,
-    layers, input) per replay: block 1 alone first where its input differs), what each replay saved (``kinds``: saved,
-    layers, copies, backward peak, its weight grads, input kept) and ``more`` (its input is among its saves, the
-    autocast copies it made, those of them nothing saved, its input's bytes). A checkpointed block's copies are all
-    cached, none saved; the others' cached copies are those nothing saves (as the replay counts them). ``leaf``: block
-    1's input is a leaf of these bytes (:func:`leaf_input`)."""
-    split = len(entries) > len(st.layer_kinds())
+    layers, input, token mixer) per replay: block 1 alone first where its input differs), what each replay saved
+    (``kinds``: saved, layers, copies, backward peak, its weight grads, input kept) and ``more`` (its input is among
+    its saves, the autocast copies it made, those of them nothing saved, its input's bytes). A checkpointed block's
+    copies are all cached, none saved; the others' cached copies are those nothing saves (as the replay counts
+    them). ``leaf``: block 1's input is a leaf of these bytes (:func:`leaf_input`)."""
+    split = len(entries) > 1 and entries[0][2] is not entries[-1][2]
     out, cache = [], 0
     for j, ck in enumerate(checkpointed(st.L, st.ckpt_every)):
+        mixer = "" if not st.linear_at else "linear_attention" if j in st.linear_at else "full_attention"
         e = 0 if split and j == 0 else next(k for k in range(int(split), len(entries))
-                                            if entries[k][0] == masked(st, j))
+                                            if entries[k][0] == masked(st, j) and entries[k][3] == mixer)
         saved, _, copies, bwd, grads, kept = kinds[e]
         in_saved, made, unsaved, inp = more[e]
         # save_on_cpu copies the input (and GPT-2's mask) of a block whose graph holds anything

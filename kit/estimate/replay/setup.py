@@ -143,7 +143,12 @@ class Setup:
     top_k: int = 0               # ... experts each token is routed to
     moe_F: int = 0               # ... one expert's MLP width
     norm_topk: bool = False      # ... the top-k routing weights renormalized to sum to 1 (norm_topk_prob)
+    shared_F: int = 0            # ... a shared expert's MLP width beside the routed ones (Qwen3.5-MoE; 0: none)
     weights_fp32: bool = False   # ... the routing weights stay fp32 (Mixtral's), not cast to the router logits' dtype
+    linear_at: tuple = ()        # indices of the Gated DeltaNet (linear-attention) layers (Qwen3.5's layer_types)
+    linear_heads: tuple = ()     # ... their (key heads, value heads) (kit.estimate.replay.linear_attention)
+    linear_dims: tuple = ()      # ... their (key head dim, value head dim)
+    conv_kernel: int = 0         # ... their short causal convolution's kernel
     own: tuple = ()              # a head of the user's own (kit.estimate.own_head): its saved bytes per token, per
                                  # row and once, and its logits' bytes per row; () for a transformers head
 
@@ -173,6 +178,12 @@ class Setup:
     def math_path(self, masked: bool, dt: Dt) -> bool:
         """Attention saves the probabilities: :attr:`math_attn`, or SDPA's math path on this GPU."""
         return self.math_attn or self.sdpa_kernel(masked, dt) == "math"
+
+    @property
+    def fla(self) -> bool:
+        """The linear-attention layers run flash-linear-attention's kernels (CUDA), not transformers' reference
+        PyTorch path (a CPU)."""
+        return self.device == "cuda"
 
     def layer_kinds(self) -> dict:
         """{a mask is built: layers}: the blocks differ only in whether their attention gets a mask.

@@ -51,6 +51,9 @@ class Tape:
         self.transient = 0   # alive at the last block's end in the forward, saved by nothing (a block sets it)
         self.shared_grad = 0  # a grad of an input all blocks share, growing from the last block's backward on
         self.block_locals = ()  # an encoder block's tensors alive at its last op, saved or not (replay.bert)
+        self.once = {}       # name -> bytes of a tensor saved by every block of a kind but stored once (the padding
+        #                      mask a linear-attention layer multiplies by: kit.estimate.replay.linear_attention)
+        self.mixer = ""      # this block's token mixer where the blocks differ in it (Setup.linear_at)
 
     def new(self, n, dt, rg, gin=None):
         if rg:  # an op output in the graph: backward makes a grad this size for it
@@ -235,6 +238,12 @@ class Tape:
             up = self.linear(h, st.H, st.F, "mlp.up_proj")
         return self.linear(self.binary(a, up, True, True), st.F, st.H, "mlp.down_proj")
 
+    def sigmoid(self, x):
+        """``torch.sigmoid``: keeps its output."""
+        out = self.new(x.n, x.dt, x.rg)
+        self.save(out, when=x.rg)
+        return out
+
     def gelu(self, x):
         """``nn.functional.gelu`` (exact or tanh-approximated): keeps its input."""
         self.save(x, when=x.rg)
@@ -248,7 +257,7 @@ class Tape:
         half_x, one_plus = self.new(x.n, x.dt, x.rg), self.new(x.n, xp.dt, x.rg)
         return self.binary(half_x, one_plus, True, True)
 
-    def rope(self, q, k, x, cat=False, fp32=False):
+    def rope(self, q, k, x, cat=False, fp32=False, rows=1):
         """Rotary embeddings: q * cos + rotate_half(q) * sin, cos/sin in the embeddings' dtype.
 
         cos and sin are made once per forward and shared by every block: they count once,
@@ -257,14 +266,15 @@ class Tape:
         tensors; ``cat``: the code ends in ``torch.cat([rotated, rest], -1)`` (Phi-3,
         GPT-NeoX), which lays q out (B, nh, S, hd)-contiguous, where the elementwise ops keep
         the (B, S, nh, hd) layout of the projection's output (see :meth:`attention`).
-        ``fp32``: cos/sin stay fp32 and q, k go back to their dtype after (OLMo-2).
+        ``fp32``: cos/sin stay fp32 and q, k go back to their dtype after (OLMo-2). ``rows``: cos/sin are made per
+        batch row (Qwen3.5's multimodal rotary embedding expands the position ids to (3, B, S)), else once for all.
 
         The model makes cos/sin once from its embeddings' output (``LlamaRotaryEmbedding.forward``:
         ``cos.to(dtype=x.dtype)``, x the ``inputs_embeds``), whatever the block's input ``x`` has become
         since (fp32, where bf16 embeddings met fp16 linears); q, k times them promote (fp16 * bf16: fp32).
         """
         cs = F32 if fp32 else self.st.w_other
-        self.shared = 2 * self.st.S * (self.st.rotary or self.st.hd) * cs if (q.rg or k.rg) else 0
+        self.shared = 2 * rows * self.st.S * (self.st.rotary or self.st.hd) * cs if (q.rg or k.rg) else 0
         self.heads_first = cat
         if fp32:
             return tuple(self.cast(self.new(t.n, F32, t.rg), t.dt) for t in (q, k))
