@@ -233,7 +233,7 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
         shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, partial rotary, ...
-        shapes |= moe.config_shapes(cfg)   # experts, top-k, one expert's width ({} for a dense model)
+        shapes |= moe.config_shapes(cfg, act.FAMILIES[info.family])   # experts, top-k, an expert's width ({}: dense)
     # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \

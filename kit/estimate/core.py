@@ -174,9 +174,12 @@ def estimate(model, **setup) -> Estimate:
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
+    notes += getattr(act.FAMILIES[info.family], "notes", lambda *_: [])(info, plan.load_dtype)   # a family's own
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
     est.setup.update(attention_assumed(replay_setup, gpu))
+    weights_said = getattr(act.FAMILIES[info.family], "assumed", None)   # a family's weights as the verdict says them
+    est.setup.update({"weights_assumed": weights_said(plan.load_dtype)} if weights_said else {})
     est.setup.update({"loss_type": loss_type} if loss_type else {})   # TRL's SFTConfig.loss_type (kt.sft_loss)
     est.setup.update({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"]
                      else {})

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.replay import BOOL, modernbert, promote
+from kit.estimate.replay import BOOL, gpt_oss, modernbert, promote
 from kit.training_setup import GATHER  # noqa: F401 (loss: no compute_metrics; logits; preprocess_logits_for_metrics)
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ NO_GRAD_LOOPS = {"llama": _llama_loop, "mistral": _llama_loop, "qwen2": _llama_l
                  "bert": _bert_loop, "roberta": _bert_loop, "distilbert": _distilbert_loop,
                  "deberta-v2": _deberta_loop}
 NO_GRAD_LOOPS["modernbert"] = modernbert.no_grad_loop
+NO_GRAD_LOOPS["gpt_oss"] = gpt_oss.no_grad_loop
 
 
 def block_forward_bytes(setup, eval_batch: int) -> int | None:
@@ -101,7 +102,8 @@ def block_forward_bytes(setup, eval_batch: int) -> int | None:
     cos_sin = 2 * setup.S * (setup.rotary or setup.hd) * setup.w_other if loop is _llama_loop else 0
     mask_element = setup.w_other if setup.eager else BOOL
     mask = eval_batch * setup.S * setup.S * mask_element if setup.padded or setup.eager else 0
-    mask = 0 if loop is _deberta_loop else mask   # (its own int64 mask, made whether padded or not)
+    # DeBERTa's own int64 mask, made whether padded or not; gpt-oss's eager masks, in its loop
+    mask = 0 if loop is _deberta_loop or getattr(loop, "masks_included", False) else mask
     return loop(setup, eval_batch * setup.S, hidden, mlp) + cos_sin + mask
 
 

@@ -228,7 +228,7 @@ def replay(st: Setup) -> Replay:
                   logits.n * logits.dt, ls, block_sum, capped, *(held if y.rg else (0, 0)), st.reentrant,
                   (ins.n * ins.dt if ins.rg else 0) if st.head else None, block_in_sum=block_in_sum,
                   copies_sum=copies_sum, block_order=orders[biggest] if block else (), layers=layers,
-                  embed_order=embed_order, head_order=tuple(tp.order[head_from:]))
+                  embed_order=embed_order, head_order=tuple(tp.order[head_from:]), transient=tp.transient)
 
 
 @dataclass

@@ -22,3 +22,4 @@ def block(tp: Tape, x):
 
 
 block.moe = True   # its config's expert counts are replayed, not refused (kit.estimate.inventory.family_of)
+block.router_fp32 = True   # MixtralTopKRouter: top-k always renormalized, the weights left fp32 (.moe.config_shapes)

@@ -38,8 +38,10 @@ _EXPERTS = ("num_experts", "num_local_experts")
 _WIDTH = ("moe_intermediate_size", "intermediate_size")
 
 
-def config_shapes(cfg) -> dict:
-    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one).
+def config_shapes(cfg, block=None) -> dict:
+    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one);
+    ``block``: its family's block replay, whose ``router_fp32`` flag (Mixtral's) says that its router always
+    renormalizes the top-k weights and leaves them fp32.
 
     >>> from transformers import Qwen3MoeConfig
     >>> config_shapes(Qwen3MoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64))
@@ -49,10 +51,10 @@ def config_shapes(cfg) -> dict:
     if not experts:
         return {}
     width = next(getattr(cfg, k) for k in _WIDTH if getattr(cfg, k, None))
-    mixtral = cfg.model_type == "mixtral"   # MixtralTopKRouter: always renormalized, the weights left fp32
+    fp32 = getattr(block, "router_fp32", False)
     return dict(experts=experts, top_k=cfg.num_experts_per_tok, moe_F=width,
-                norm_topk=mixtral or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if mixtral
-                                                                                   else {})
+                norm_topk=fp32 or bool(getattr(cfg, "norm_topk_prob", False))) | ({"weights_fp32": True} if fp32
+                                                                                 else {})
 
 
 def grouped_mm(tp: Tape, x, fin: int, fout: int, trainable: bool, offsets):

@@ -4,7 +4,7 @@ one module beside this one, its block marked with the classes it covers, and one
 from __future__ import annotations
 
 from kit.estimate.replay import bert, gemma2, gemma3, gpt2, gpt_neox, llama, modernbert, olmo2, phi3, qwen3, roberta
-from kit.estimate.replay import deberta, distilbert, mixtral, olmoe, qwen3_moe
+from kit.estimate.replay import deberta, distilbert, gpt_oss, mixtral, olmoe, qwen3_moe
 
 # Setup.family (a config's model_type, see kit.estimate.inventory.family_of) -> block replay, marked with the
 # transformers classes it covers (its @around(covers=...)). Mistral and Qwen2 run the Llama block op for op (Llama's
@@ -16,6 +16,7 @@ FAMILIES = {"gpt2": gpt2.block, "llama": llama.block, "mistral": llama.block, "q
 FAMILIES["modernbert"] = modernbert.block
 FAMILIES |= {"distilbert": distilbert.block, "deberta-v2": deberta.block}
 FAMILIES |= {"qwen3_moe": qwen3_moe.block, "mixtral": mixtral.block, "olmoe": olmoe.block}   # MoE blocks (.moe)
+FAMILIES["gpt_oss"] = gpt_oss.block   # sinks, eager attention, biased experts with their own gate
 # LoRA targets for the families peft has no default for (LoraConfig needs target_modules there):
 # the fused qkv projection (Phi-3, ModernBERT), q and v (OLMo-2, as peft's default for Llama; DistilBERT's q_lin
 # and v_lin).
