@@ -931,9 +931,9 @@ def rows_to_run(work, only=None):
         work, m, autocast=torch.bfloat16, accum=4)))
     R.append(("watched loop plain SGD", lambda m: client_loop_watched(work, m, optimizer="sgd")))
     for twin, lora, bf16 in (("tiny-qwen3-moe", False, False), ("tiny-qwen3-moe", True, False),
-                             ("tiny-mixtral", False, False), ("tiny-mixtral", True, False), ("tiny-olmoe", False, False),
-                             ("tiny-olmoe", True, False), ("tiny-gpt-oss", False, False),
-                             ("tiny-gpt-oss", True, True)):
+                             ("tiny-mixtral", False, False), ("tiny-mixtral", True, False),
+                             ("tiny-olmoe", False, False), ("tiny-olmoe", True, False),
+                             ("tiny-gpt-oss", False, False), ("tiny-gpt-oss", True, True)):
         R.append((f"MoE {twin} {'LoRA' if lora else 'full'}{' bf16' if bf16 else ''}",
                   lambda m, t=twin, lo=lora, b=bf16: run_trainer_client(client_moe(work, t, lo, b), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]

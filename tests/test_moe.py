@@ -145,6 +145,25 @@ def test_gpt_oss_20b_fits_an_a100_in_five_lines_and_says_mxfp4_was_dequantized(r
     assert any(getattr(n, "code", "") == "mxfp4-dequantized" for n in est.notes)
 
 
+def test_lora_on_the_experts_is_refused_by_name_where_it_is_given(tmp_path):
+    """peft 0.21's LoRA on the fused experts (``LoraConfig(target_parameters=...)``, its ``ParamWrapper``) makes a
+    full copy of each layer's experts per forward: refused in one sentence, from the config and from a built
+    Trainer (which before said to leave a Qwen3MoeExperts out of target_modules, where it never was)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    from kit.estimate import estimate_from, estimate_trainer
+    from kit.inputs import Refusal
+
+    lora = LoraConfig(r=8, target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj"])
+    with pytest.raises(Refusal, match=r"target_parameters.*ParamWrapper.*full copy of the layer's experts"):
+        estimate_from(TWIN, peft_config=lora, seq_len=16)
+    trainer = Trainer(model=get_peft_model(build_model(TWIN), lora),
+                      args=TrainingArguments(str(tmp_path), use_cpu=True, report_to=[]))
+    with pytest.raises(Refusal, match=r"^model\.layers\.0\.mlp\.experts puts LoRA on fused parameters"):
+        estimate_trainer(trainer, seq_len=16)
+
+
 @pytest.mark.parametrize("change,said", [
     (dict(_experts_implementation="batched_mm"), "experts_implementation='batched_mm'"),
     (dict(_experts_implementation="eager"), "experts_implementation='eager'"),
