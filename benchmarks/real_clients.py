@@ -786,6 +786,42 @@ def client_classifier(work, task, lora=False, family="tiny-qwen2", lora_dropout=
            lambda: estimate_trainer(trainer, device="cpu"))
 
 
+# The MoE twins widened so that their blocks, not the logits, set the peak (tests/test_moe.py's WIDE): a small
+# vocabulary, wide experts, top-4. Qwen3-MoE names one expert's width moe_intermediate_size, the others
+# intermediate_size.
+MOE_WIDE = {"tiny-qwen3-moe": dict(vocab_size=256, moe_intermediate_size=384, num_experts_per_tok=4)}
+MOE_WIDE |= {twin: dict(vocab_size=256, intermediate_size=384, num_experts_per_tok=4)
+             for twin in ("tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss")}
+
+
+def client_moe(work, twin, lora=False, bf16=False):
+    """transformers' causal-LM task guide with Trainer on a mixture-of-experts twin (widened: ``MOE_WIDE``), rows all
+    96 tokens long, an eval set: full FT, or LoRA r8 on the attention projections (the experts and the router
+    frozen); ``bf16``: the model loaded in bf16 and ``TrainingArguments(bf16=True)``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from estimate_vs_measured import _Batches
+    from kit.estimate import estimate_trainer
+    from kit.model_configs import get_config
+
+    cfg = get_config(twin)
+    for k, v in MOE_WIDE[twin].items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if bf16 else torch.float32)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    args = TrainingArguments(os.path.join(work, f"moe-{twin}"), per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, max_steps=3, use_cpu=True, bf16=bf16, report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    rows = _Batches(12, 96, cfg.vocab_size, padded=False)
+    trainer = Trainer(model=model, args=args, train_dataset=rows, eval_dataset=_Batches(8, 96, cfg.vocab_size, False))
+    how = ("LoRA r8 q/k/v/o" if lora else "full FT") + (", bf16 weights + bf16=True" if bf16 else "")
+    yield ("10. MoE task guide", f"{twin} widened ({', '.join(f'{k} {v}' for k, v in MOE_WIDE[twin].items())}), "
+           f"{how}, B4 x 96, eval B4 x 8 rows", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+
+
 # ---- running ----------------------------------------------------------------------------------------------------
 class StepPeaks(list):
     """Each optimizer step's measured peak, and ``evaluate``: the measured ``trainer.evaluate()`` after training
@@ -894,6 +930,12 @@ def rows_to_run(work, only=None):
     R.append(("watched loop AMP bf16 GradScaler accum 4", lambda m: client_loop_watched(
         work, m, autocast=torch.bfloat16, accum=4)))
     R.append(("watched loop plain SGD", lambda m: client_loop_watched(work, m, optimizer="sgd")))
+    for twin, lora, bf16 in (("tiny-qwen3-moe", False, False), ("tiny-qwen3-moe", True, False),
+                             ("tiny-mixtral", False, False), ("tiny-mixtral", True, False),
+                             ("tiny-olmoe", False, False), ("tiny-olmoe", True, False),
+                             ("tiny-gpt-oss", False, False), ("tiny-gpt-oss", True, True)):
+        R.append((f"MoE {twin} {'LoRA' if lora else 'full'}{' bf16' if bf16 else ''}",
+                  lambda m, t=twin, lo=lora, b=bf16: run_trainer_client(client_moe(work, t, lo, b), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -41,6 +41,7 @@ REGISTRY = {
     # tests/test_shipped_configs.py), and its twin: 2 layers, 8 experts, top-2
     "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B.json",
     "mistralai/Mixtral-8x7B-v0.1": "Mixtral-8x7B-v0.1.json",   # (the same, pinned beside it)
+    "openai/gpt-oss-20b": "gpt-oss-20b.json",   # (the same; its experts stored as MXFP4)
     "google/gemma-2-2b": "gemma-2-2b.json",
     "google/gemma-2-9b": "gemma-2-9b.json",
     "google/gemma-3-1b-it": "gemma-3-1b-it.json",
@@ -67,6 +68,7 @@ REGISTRY = {
     "tiny-olmoe": "tiny-olmoe.json",
     "tiny-qwen3-5": "tiny-qwen3-5.json",   # Qwen3.5 text: Gated DeltaNet x3, then full attention
     "tiny-qwen3-5-moe": "tiny-qwen3-5-moe.json",   # ... its MoE: 8 experts, top-2, a shared expert
+    "tiny-gpt-oss": "tiny-gpt-oss.json",
     # Encoders (a classifier head: task seq-cls or token-cls). The real models' config.json as published on the
     # Hub (google-bert/bert-base-uncased, FacebookAI/roberta-base), written from it, and the tiny twin of each family.
     # distilbert/distilbert-base-uncased and microsoft/deberta-v3-base: their published config.json, written from it.
@@ -100,7 +102,7 @@ TINY |= {"tiny-qwen2", "tiny-qwen3", "tiny-olmo2", "tiny-phi3",  # one tiny twin
           "tiny-gemma2", "tiny-gemma3", "tiny-gpt-neox", "tiny-mistral", "tiny-bert", "tiny-roberta"}
 TINY |= {"tiny-modernbert"}
 TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
-TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe"}
+TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
@@ -120,6 +122,7 @@ _SMOKE |= {"mistralai/Mistral-7B-v0.3": "tiny-mistral",  # each shipped model ->
 _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
 _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
+_SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -249,18 +249,20 @@ def margin_kept(limit_bytes: int) -> int:
 
 def kernel_said(est) -> str:
     """The attention kernel the figure assumes, where the GPU's architecture changed it (SDPA's math path), and how
-    sure that is; "" elsewhere.
+    sure that is, and the weights it assumes where a family says so (gpt-oss's MXFP4 experts dequantized); ""
+    elsewhere.
 
     >>> from types import SimpleNamespace as Est
     >>> kernel_said(Est(setup={"gpu": "colab-t4", "attention_kernel": "math"}))
     "; SDPA math path on sm75 (torch 2.13's rule, unmeasured)"
     """
     setup = getattr(est, "setup", {})
+    weights = f"; {setup['weights_assumed']}" if setup.get("weights_assumed") else ""   # gpt-oss: MXFP4 dequantized
     if setup.get("attention_kernel") != "math":
-        return ""
+        return weights
     major, minor = PRESETS[setup["gpu"]].capability
     # short: it ends the verdict's line, and the answer keeps to five lines (the docs say where the rule is read)
-    return f"; SDPA math path on sm{major}{minor} (torch 2.13's rule, unmeasured)"
+    return f"; SDPA math path on sm{major}{minor} (torch 2.13's rule, unmeasured){weights}"
 
 
 def vllm_share_bytes(est, device_bytes: int) -> int:

@@ -29,3 +29,21 @@ def test_each_row_is_the_estimate_of_that_one_change():
     text = str(t)
     assert "not for this setup (already so, or it does not apply): fused AdamW" in " ".join(text.split())
     assert all(len(line) <= 120 for line in text.splitlines())
+
+
+def test_a_mixture_of_experts_gets_its_levers_named():
+    """Issue 46's MoE levers, where the table has them: LoRA on the attention only with the experts frozen (peft's
+    targets, or all-linear, reach no fused expert parameter), and fewer routed tokens per step (the smaller
+    micro-batch, the shorter sequences): each row the estimate of that change, and the table says what they are."""
+    setup = dict(model="tiny-qwen3-moe", batch_size=8, seq_len=256)
+    t = levers(setup, "colab-t4")
+    rows = {r.name: r for r in t.rows}
+    attention = estimate(**setup, lora_r=16, lora_targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+    opts = setup_of(build_parser().parse_args(["fit", "--model", setup["model"], "--batch-size", "8", "--seq-len",
+                                               "256", *rows["LoRA on every linear layer"].cli.split()]))
+    assert estimate(**opts).trainable_params == attention.trainable_params   # the experts and the router frozen
+    for fewer in ("smaller micro-batch, accumulate", "shorter sequences"):
+        assert rows[fewer].peak_bytes < t.setup_peak_bytes
+    text = " ".join(str(t).split())
+    assert "mixture of experts: the LoRA rows adapt the attention only" in text and "tokens x top-k" in text
+    assert "mixture of experts" not in str(levers(QWEN, "colab-t4"))

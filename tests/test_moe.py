@@ -1,5 +1,6 @@
 """Mixture-of-experts blocks on tiny twins: ``tiny-qwen3-moe`` (2 layers, 8 experts, top-2, norm_topk_prob),
-``tiny-mixtral`` and ``tiny-olmoe`` (2 layers, 8 experts, top-2): the replay against what autograd saves, the
+``tiny-mixtral``, ``tiny-olmoe`` and ``tiny-gpt-oss`` (2 layers, 8 experts, top-2; gpt-oss: a sliding and a full
+layer, attention sinks, biased experts): the replay against what autograd saves, the
 estimate against real Trainer steps read by ``benchmarks/real_clients.py``'s profiler meter (step 1 and the
 steady step), the fused 3-D experts in the parameter count, and the refusals of what the replay does not follow.
 
@@ -34,7 +35,7 @@ CASES = {  # label -> (twin, estimate options, config overrides)
     "wide experts, full FT, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False), WIDE),
     "wide experts, LoRA r8, unpadded": (TWIN, dict(batch_size=4, seq_len=128, padded=False, lora_r=8), WIDE),
 }
-for twin in ("tiny-mixtral", "tiny-olmoe"):
+for twin in ("tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"):
     CASES |= {f"{twin}, full FT": (twin, dict(batch_size=4, seq_len=128), None),
               f"{twin}, LoRA r8 (q_proj, v_proj)": (twin, dict(batch_size=4, seq_len=128, lora_r=8,
                                                                 lora_targets=ATTENTION), None),
@@ -114,6 +115,55 @@ def test_trainer_steps_within_2_percent_of_the_profiler_meter(twin, lora, tmp_pa
     assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02, (est.peak_bytes, peaks)
 
 
+@pytest.mark.parametrize("twin,lora,bf16", [("tiny-gpt-oss", True, True), ("tiny-gpt-oss", False, False)],
+                         ids=["gpt-oss-lora-bf16", "gpt-oss-full"])
+def test_gpt_oss_trainer_steps_and_evaluate_within_2_percent(twin, lora, bf16, tmp_path):
+    """benchmarks/real_clients.py's MoE client (Trainer, the twin widened, an eval set): gpt-oss loaded in bf16 with
+    ``bf16=True`` and LoRA on the attention (as TRL's gpt-oss recipe trains it), and fp32 full FT; step 1, the
+    steady step and ``trainer.evaluate()`` under its profiler meter (measured 1.0000, 1.0000 and 0.9994 here for
+    both). Its forward's largest moment (the gate's last mul in the last block) sets the step's peak here."""
+    import real_clients as rc
+
+    _, _, est, peaks = rc.run_trainer_client(rc.client_moe(str(tmp_path), twin, lora, bf16), rc.ProfilerMeter)
+    assert len(peaks) == 3 and peaks.evaluate
+    assert est.setup["attn_implementation"] == "eager"   # gpt-oss has no sdpa in transformers 5.25
+    for what, ratio in zip(("step 1", "steady", "evaluate"), rc.step_ratios(est, peaks)):
+        assert 0.98 <= ratio <= 1.02, (what, ratio, est.peak_moment, list(peaks), peaks.evaluate)
+
+
+def test_gpt_oss_20b_fits_an_a100_in_five_lines_and_says_mxfp4_was_dequantized(run_kit):
+    """``python -m kit fit --model openai/gpt-oss-20b --lora-r 16`` on an A100 80 GB: the answer (the lines before
+    the other changes and the details) in at most 5 lines, its verdict saying which weights it assumed."""
+    code, out, _ = run_kit("fit", "--model", "openai/gpt-oss-20b", "--lora-r", "16", "--batch-size", "1",
+                           "--seq-len", "1024", "--device", "a100-80", "--load-dtype", "bf16")
+    lines = out.splitlines()
+    ends = ("largest batch", "details:", "the next closest", "other changes", "no change needed")
+    answer = lines[:next(i for i, ln in enumerate(lines) if ln.startswith(ends)) + 1]
+    assert code == 0 and len(answer) <= 5 and lines[0].startswith("fits A100 80 GB: ")
+    assert "MXFP4 experts dequantized to bf16" in " ".join(answer[:2])
+    est = estimate("openai/gpt-oss-20b", batch_size=1, seq_len=1024, lora_r=16, load_dtype="bf16")
+    assert any(getattr(n, "code", "") == "mxfp4-dequantized" for n in est.notes)
+
+
+def test_lora_on_the_experts_is_refused_by_name_where_it_is_given(tmp_path):
+    """peft 0.21's LoRA on the fused experts (``LoraConfig(target_parameters=...)``, its ``ParamWrapper``) makes a
+    full copy of each layer's experts per forward: refused in one sentence, from the config and from a built
+    Trainer (which before said to leave a Qwen3MoeExperts out of target_modules, where it never was)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    from kit.estimate import estimate_from, estimate_trainer
+    from kit.inputs import Refusal
+
+    lora = LoraConfig(r=8, target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj"])
+    with pytest.raises(Refusal, match=r"target_parameters.*ParamWrapper.*full copy of the layer's experts"):
+        estimate_from(TWIN, peft_config=lora, seq_len=16)
+    trainer = Trainer(model=get_peft_model(build_model(TWIN), lora),
+                      args=TrainingArguments(str(tmp_path), use_cpu=True, report_to=[]))
+    with pytest.raises(Refusal, match=r"^model\.layers\.0\.mlp\.experts puts LoRA on fused parameters"):
+        estimate_trainer(trainer, seq_len=16)
+
+
 @pytest.mark.parametrize("change,said", [
     (dict(_experts_implementation="batched_mm"), "experts_implementation='batched_mm'"),
     (dict(_experts_implementation="eager"), "experts_implementation='eager'"),
@@ -130,12 +180,15 @@ def test_what_the_replay_does_not_follow_is_refused_by_name(change, said):
 
 
 @pytest.mark.parametrize("twin,family,params", [("tiny-mixtral", "mixtral", 1_018_496),
-                                                 ("tiny-olmoe", "olmoe", 1_018_880)])
-def test_mixtral_and_olmoe_twins_are_their_own_families(twin, family, params):
+                                                 ("tiny-olmoe", "olmoe", 1_018_880),
+                                                 ("tiny-gpt-oss", "gpt_oss", 1_547_672)])
+def test_mixtral_olmoe_and_gpt_oss_twins_are_their_own_families(twin, family, params):
     """Mixtral (no q/k norms, its routing weights left fp32) and OLMoE (q/k norms over the whole projections) run
     the same experts: each is replayed by name, and its parameters counted with the fused 3-D experts (Mixtral:
     embeddings 4096 x 128, tied, + final norm 128 + 2 x (attention 49,152, experts 8 x 3 x 128 x 64, router 8 x 128,
-    two norms 256); OLMoE: + its q/k norms, 128 + 64 a layer)."""
+    two norms 256); OLMoE: + its q/k norms, 128 + 64 a layer; gpt-oss: embeddings and head 2 x 4096 x 128, untied, +
+    final norm 128 + 2 x (attention with biases 49,536 and 4 sinks, router 8 x 128 + 8, experts with their biases
+    8 x (128 x 128 + 128 + 64 x 128 + 128), two norms 256))."""
     assert family_of(get_config(twin)) == info_of(twin).family == family
     assert estimate(twin, batch_size=1, seq_len=8).params == build_model(twin, device="meta").num_parameters() == params
 

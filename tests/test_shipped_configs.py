@@ -114,3 +114,21 @@ def test_mixtral_8x7b_builds_to_its_papers_figures():
     idle = experts * (cfg.num_local_experts - cfg.num_experts_per_tok) // cfg.num_local_experts
     assert round(total / 1e9, 1) == 46.7 and round((total - idle) / 1e9, 1) == 12.9
     test_a_shipped_config_is_plain_config_json_that_autoconfig_reads("mistralai/Mixtral-8x7B-v0.1")
+
+
+# openai/gpt-oss-20b's config.json, copied field for field from the public copy in tinygrad/tinygrad,
+# test/external/external_test_gpt_oss.py (TORCH_PARAMS["20B"], commit 6a9011bf, which quotes
+# https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json; transformers_version dropped), its MXFP4
+# quantization_config kept. The published figures are the model card's (openai/gpt-oss-20b: 21B parameters, 3.6B
+# active; arXiv 2508.10925: 20.9B in total): the active ones are four of the 32 experts and no input embeddings.
+def test_gpt_oss_20b_builds_to_its_model_cards_figures():
+    cfg = get_config("openai/gpt-oss-20b")
+    model = build_model("openai/gpt-oss-20b", device="meta")
+    total = model.num_parameters()
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    idle = experts * (cfg.num_local_experts - cfg.num_experts_per_tok) // cfg.num_local_experts
+    embeddings = cfg.vocab_size * cfg.hidden_size
+    assert round(total / 1e9, 1) == 20.9 and round((total - idle - embeddings) / 1e9, 1) == 3.6
+    assert cfg.quantization_config["quant_method"] == "mxfp4" and cfg.layer_types[:2] == ["sliding_attention",
+                                                                                         "full_attention"]
+    test_a_shipped_config_is_plain_config_json_that_autoconfig_reads("openai/gpt-oss-20b")

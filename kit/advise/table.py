@@ -29,6 +29,13 @@ NAMES = {   # move -> what a practitioner calls it
     "lora-all": "LoRA on every linear layer", "lora": "LoRA (peft's targets)", "8bit": "8-bit base weights",
     "4bit": "4-bit base weights (QLoRA)",
 }
+# A mixture-of-experts model's levers, as the rows above give them: its experts are fused 3-D parameters, no
+# nn.Linear, so peft's target_modules (its defaults, or all-linear) reach the attention only and the experts stay
+# frozen; every saved tensor of the experts spans tokens x top-k routed rows (kit.estimate.replay.moe), so fewer
+# tokens per micro-batch route fewer rows.
+MOE_NOTE = ("mixture of experts: the LoRA rows adapt the attention only (the experts are fused parameters, no "
+            "Linear: they stay frozen); the smaller micro-batch and shorter sequences route fewer tokens "
+            "(tokens x top-k rows) per step")
 TIERS = {0: "free", 1: "slower, same result", 2: "slower (recompute)", 3: "numerics", 4: "numerics",
          5: "changes the data", 6: "changes the training", 7: "changes the model", 8: "changes the model"}
 
@@ -51,6 +58,7 @@ class Levers:
     limit_bytes: int
     label: str
     rows: tuple
+    notes: tuple = ()   # what the levers mean for this model (a mixture of experts: :data:`MOE_NOTE`)
 
     @wrapped
     def __str__(self) -> str:
@@ -67,7 +75,7 @@ class Levers:
         idle = [r.name for r in self.rows if r.peak_bytes is None]
         if idle:
             out.append(f"not for this setup (already so, or it does not apply): {', '.join(idle)}")
-        return "\n".join(out)
+        return "\n".join(out + list(self.notes))
 
 
 def levers(setup, device="colab-t4") -> Levers:
@@ -86,4 +94,5 @@ def levers(setup, device="colab-t4") -> Levers:
             rows.append(Row(label, cost, "", None, None, None, why))
             continue
         rows.append(Row(label, cost, cli(s.changes({**s.base, **ch})), e.peak_bytes, s.lim.judged(e), s.fits(e)))
-    return Levers(be.peak_bytes, lim.judged(be), lim.usable_bytes, lim.label, tuple(rows))
+    moe = any(getattr(note, "code", "") == "moe-routing" for note in be.notes)
+    return Levers(be.peak_bytes, lim.judged(be), lim.usable_bytes, lim.label, tuple(rows), (MOE_NOTE,) * moe)

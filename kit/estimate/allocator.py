@@ -310,11 +310,11 @@ class _Allocator:
                                                            self.prev, self.next)
         small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
         allocated, peak = self.allocated, self.peak_allocated
-        out = []
+        bisect_left, insort, out = bisect.bisect_left, bisect.insort, []
         for size in sizes:
             small = size <= SMALL_SIZE_BYTES
             blocks = small_blocks if small else large_blocks   # get_pool()
-            i = bisect.bisect_left(blocks, (size,))
+            i = bisect_left(blocks, (size,))
             if i < len(blocks):
                 if expandable:   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
                     after = nexts[blocks[i][3]]
@@ -344,7 +344,7 @@ class _Allocator:
                     prevs[after] = rest
                 nexts[block] = rest
                 lengths[block] = size
-                bisect.insort(blocks, (remaining, seg, off, rest))
+                insort(blocks, (remaining, seg, off, rest))
             used[block] = True
             allocated += lengths[block]
             if allocated > peak:
@@ -407,8 +407,8 @@ class _Allocator:
         While it runs, a block of ``blocks`` not yet merged is marked ``None`` in ``used`` (falsy, as free)."""
         used, sizes, offs, prevs, nexts, mapped = self.used, self.size, self.off, self.prev, self.next, self.mapped
         segs, seg_small = self.seg, self.seg_small
-        free_lists = {small: pool.blocks for small, pool in self.pools.items()}
-        freed = 0
+        free_lists = (self.pools[False].blocks, self.pools[True].blocks)   # indexed by a segment's seg_small
+        bisect_left, insort, freed = bisect.bisect_left, bisect.insort, 0
         for block in blocks:
             used[block] = None
             freed += sizes[block]
@@ -425,7 +425,7 @@ class _Allocator:
                 if used[before] is None:   # one of the run: merged, not listed yet
                     used[before] = False
                 else:
-                    del pool[bisect.bisect_left(pool, (sizes[before], seg, offs[before]))]
+                    del pool[bisect_left(pool, (sizes[before], seg, offs[before]))]
                 start = offs[before]
                 size += sizes[before]
                 before = prevs[before]
@@ -437,14 +437,14 @@ class _Allocator:
                 if used[after] is None:
                     used[after] = False
                 else:
-                    del pool[bisect.bisect_left(pool, (sizes[after], seg, offs[after]))]
+                    del pool[bisect_left(pool, (sizes[after], seg, offs[after]))]
                 size += sizes[after]
                 after = nexts[after]
             nexts[block] = after
             if after != NONE:
                 prevs[after] = block
             sizes[block], offs[block] = size, start
-            bisect.insort(pool, (size, seg, start, block))
+            insort(pool, (size, seg, start, block))
 
     def _find_expandable_block(self, pool: _Pool, size: int) -> int:  # find_expandable_block()
         for _, _, u in pool.unmapped:  # lowest address first; a free block just before counts too

@@ -176,10 +176,13 @@ def estimate(model, **setup) -> Estimate:
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
     notes += linear_attention.notes(info, device)
+    declared = act.family(info.family)
+    notes += declared.weights_notes(info, plan.load_dtype) if declared.weights_notes else []
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
     est = dataclasses.replace(est, setup={
         **est.setup, **attention_assumed(replay_setup, gpu),
+        **({"weights_assumed": declared.weights_assumed(plan.load_dtype)} if declared.weights_assumed else {}),
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (kt.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")

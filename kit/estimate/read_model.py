@@ -12,7 +12,7 @@ from kit import inputs as kin
 from kit.estimate.inventory import POOLERS, info_of, task_of
 from kit.estimate.offload_options import from_model
 from kit.estimate.own_head import own_head_notes, read_own_head
-from kit.estimate.read_peft import targets_for
+from kit.estimate.read_peft import experts_lora_refusal, targets_for
 
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
                 "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -172,6 +172,8 @@ def _read_adapters(base):
             raise kin.Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
                              "the kit does not model: estimate it without lora_bias, or measure it with "
                              "kit.watch(trainer).")
+        if type(m).__name__ == "ParamWrapper":   # LoraConfig.target_parameters
+            raise experts_lora_refusal(n)
         if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
             raise kin.Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")

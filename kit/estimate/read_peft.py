@@ -40,6 +40,15 @@ def read_task(lora_config, task=None, num_labels=None, cfg=None):
     return task, labels, saved if lora_config is not None else None, src
 
 
+def experts_lora_refusal(what: str):
+    """The refusal of LoRA on a mixture-of-experts model's fused expert parameters (``LoraConfig.target_parameters``:
+    peft 0.21's ``ParamWrapper``), ``what`` saying where it was found."""
+    return kin.Refusal(f"{what} puts LoRA on fused parameters (LoraConfig.target_parameters, peft's ParamWrapper), "
+                       "which the kit does not replay: each forward folds W + scaling * B @ A into a new full copy of "
+                       "the layer's experts, kept for backward, whose grad backward makes in full; estimate LoRA on "
+                       "the attention (target_modules), or measure this setup with kit.watch(trainer).")
+
+
 def read_lora_config(lora_config, info):
     """(r, {module names peft would wrap}, lora_dropout) from a LoraConfig, matched on the model as peft does."""
     from peft import LoraConfig
@@ -47,8 +56,10 @@ def read_lora_config(lora_config, info):
 
     if not isinstance(lora_config, LoraConfig):
         raise kin.Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
-    bad = [k for k in ("lora_bias", "modules_to_save", "rank_pattern", "target_parameters",
-                       "trainable_token_indices") if getattr(lora_config, k, None)]
+    if getattr(lora_config, "target_parameters", None):
+        raise experts_lora_refusal(f"LoraConfig(target_parameters={lora_config.target_parameters!r})")
+    bad = [k for k in ("lora_bias", "modules_to_save", "rank_pattern", "trainable_token_indices")
+           if getattr(lora_config, k, None)]
     if (info.classifier and set(lora_config.modules_to_save or ()) <= set(CLASSIFIER_NAMES)) or \
             info.task == "causal-lm":  # the head's copy; a causal LM's embeddings / head copies (the plan checks them)
         bad = [k for k in bad if k != "modules_to_save"]

@@ -256,7 +256,7 @@ def replay(st: Setup) -> Replay:
     return with_head(head=head, head_in=head_in, loss=ls + T * I64, logits_live=live, cache=cache,
                      copies_head=copies_head, copies_head_in=copies_head_in, last_logits=logits.n * logits.dt, ls=ls,
                      capped=capped, head_grad=(ins.n * ins.dt if ins.rg else 0) if st.head else None,
-                     head_order=tuple(tp.order[head_from:]))
+                     head_order=tuple(tp.order[head_from:]), transient=tp.transient)
 
 
 @dataclass

@@ -47,7 +47,9 @@ class Family:
     encoder's classifier head (:mod:`.task_heads`; None: a decoder's ``score``).
     ``refusal(cfg)``: words on a config of this model type the replay does not model (the estimate is refused),
     or None. ``notes(cfg)``: what an estimate says of this family. ``moe``: its config's expert counts are
-    replayed (:mod:`.moe`), not refused."""
+    replayed (:mod:`.moe`), not refused. ``weights_notes(info, load_dtype)``: what an estimate says of how its
+    weights are taken (gpt-oss's MXFP4 experts, dequantized); ``weights_assumed(load_dtype)``: the same in the few
+    words the verdict's line adds."""
 
     name: str
     block: Callable
@@ -64,6 +66,8 @@ class Family:
     refusal: Callable | None = None
     notes: Callable | None = None
     moe: bool = False
+    weights_notes: Callable | None = None
+    weights_assumed: Callable | None = None
 
     @property
     def encoder(self) -> bool:

@@ -38,8 +38,10 @@ _EXPERTS = ("num_experts", "num_local_experts")
 _WIDTH = ("moe_intermediate_size", "intermediate_size")
 
 
-def config_shapes(cfg) -> dict:
-    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one).
+def config_shapes(cfg, block=None) -> dict:
+    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one);
+    ``block``: its family's block replay, whose ``router_fp32`` flag (Mixtral's) says that its router always
+    renormalizes the top-k weights and leaves them fp32.
 
     >>> from transformers import Qwen3MoeConfig
     >>> config_shapes(Qwen3MoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64))
