@@ -311,14 +311,17 @@ class _Allocator:
         small_blocks, large_blocks = pools[True].blocks, pools[False].blocks
         allocated, peak = self.allocated, self.peak_allocated
         bisect_left, insort, out = bisect.bisect_left, bisect.insort, []
+        add_seg, add_off, add_length, add_mapped, add_used, add_prev, add_next = (
+            segs.append, offs.append, lengths.append, mapped.append, used.append, prevs.append, nexts.append)
+        small_max, min_block, none = SMALL_SIZE_BYTES, MIN_BLOCK_BYTES, NONE
         for size in sizes:
-            small = size <= SMALL_SIZE_BYTES
+            small = size <= small_max
             blocks = small_blocks if small else large_blocks   # get_pool()
             i = bisect_left(blocks, (size,))
             if i < len(blocks):
                 if expandable:   # get_free_block(): the first fit, unless it borders unmapped space (_best_fit)
                     after = nexts[blocks[i][3]]
-                    if after != NONE and not mapped[after]:
+                    if after != none and not mapped[after]:
                         i = best_fit(pools[small], size, i)
                 block = blocks.pop(i)[3]
             elif expandable:   # alloc_block(): pages mapped (no limit: it cannot fail), then split as a cached block
@@ -330,23 +333,25 @@ class _Allocator:
                 allocated, peak = self.allocated, self.peak_allocated
                 continue
             remaining = lengths[block] - size   # should_split()
-            if (remaining >= MIN_BLOCK_BYTES) if small or expandable else (remaining > SMALL_SIZE_BYTES):
+            if (remaining >= min_block) if small or expandable else (remaining > small_max):
                 seg, off, after = segs[block], offs[block] + size, nexts[block]   # alloc_found_block(): the
                 rest = len(lengths)                                               # tail, free
-                segs.append(seg)
-                offs.append(off)
-                lengths.append(remaining)
-                mapped.append(True)
-                used.append(False)
-                prevs.append(block)
-                nexts.append(after)
-                if after != NONE:
+                add_seg(seg)
+                add_off(off)
+                add_length(remaining)
+                add_mapped(True)
+                add_used(False)
+                add_prev(block)
+                add_next(after)
+                if after != none:
                     prevs[after] = rest
                 nexts[block] = rest
                 lengths[block] = size
                 insort(blocks, (remaining, seg, off, rest))
+                allocated += size
+            else:
+                allocated += lengths[block]
             used[block] = True
-            allocated += lengths[block]
             if allocated > peak:
                 peak = allocated
             if expandable and self.fresh_peak:   # the reserved peak the pages set: the cache beyond live blocks
@@ -408,7 +413,7 @@ class _Allocator:
         used, sizes, offs, prevs, nexts, mapped = self.used, self.size, self.off, self.prev, self.next, self.mapped
         segs, seg_small = self.seg, self.seg_small
         free_lists = (self.pools[False].blocks, self.pools[True].blocks)   # indexed by a segment's seg_small
-        bisect_left, insort, freed = bisect.bisect_left, bisect.insort, 0
+        bisect_left, insort, freed, none = bisect.bisect_left, bisect.insort, 0, NONE
         for block in blocks:
             used[block] = None
             freed += sizes[block]
@@ -421,7 +426,7 @@ class _Allocator:
             pool = free_lists[seg_small[seg]]
             size, start = sizes[block], offs[block]
             before = prevs[block]
-            while before != NONE and not used[before] and mapped[before]:
+            while before != none and not used[before] and mapped[before]:
                 if used[before] is None:   # one of the run: merged, not listed yet
                     used[before] = False
                 else:
@@ -430,10 +435,10 @@ class _Allocator:
                 size += sizes[before]
                 before = prevs[before]
             prevs[block] = before
-            if before != NONE:
+            if before != none:
                 nexts[before] = block
             after = nexts[block]
-            while after != NONE and not used[after] and mapped[after]:
+            while after != none and not used[after] and mapped[after]:
                 if used[after] is None:
                     used[after] = False
                 else:
@@ -441,7 +446,7 @@ class _Allocator:
                 size += sizes[after]
                 after = nexts[after]
             nexts[block] = after
-            if after != NONE:
+            if after != none:
                 prevs[after] = block
             sizes[block], offs[block] = size, start
             insort(pool, (size, seg, start, block))
