@@ -891,6 +891,8 @@ def rows_to_run(work, only=None):
     R.append(("own head tiny-llama mean 2 layers", lambda m: run_trainer_client(own.client_own_head(
         work, hidden=32), m)))
     R.append(("own head loop tiny-llama mean", lambda m: own.client_own_head_loop(work, m)))
+    import clients_embeddings   # sentence-transformers' SentenceTransformerTrainer (skipped where not installed)
+    R += clients_embeddings.rows(work)
     R.append(("watched loop AMP bf16 GradScaler accum 4", lambda m: client_loop_watched(
         work, m, autocast=torch.bfloat16, accum=4)))
     R.append(("watched loop plain SGD", lambda m: client_loop_watched(work, m, optimizer="sgd")))

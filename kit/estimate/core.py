@@ -164,6 +164,7 @@ def estimate(model, **setup) -> Estimate:
                          liger_kernels=liger, offload=offload,
                          train_head=kin.flag("train_head", o["train_head"], allow_none=True),
                          modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]),
+                         towers=tuple(kin.whole_number("towers", n) for n in o["towers"]),
                          sm=PRESETS[gpu].capability if gpu else None)
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \

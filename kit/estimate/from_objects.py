@@ -22,6 +22,7 @@ from kit.dtypes import trainer_precision
 from kit.estimate import dpo as kd
 from kit.estimate import grpo as kg
 from kit.estimate import reward as kr
+from kit.estimate import sentence_trainer as kst
 from kit.estimate import trl as kt
 from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of, task_of
@@ -93,8 +94,11 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         kd.refuse_dropout(args, trainer.model.config)
     elif not (sft or grpo or reward):
         kd.refuse_other_trl(trainer)
+    if sentence := kst.is_sentence_trainer(trainer):   # sentence-transformers' trainer (kit.estimate.sentence_trainer)
+        loss, loss_where = kst.read_loss(trainer)
     opts, src, notes = read_args(args, "SFTConfig" if sft else "DPOConfig" if dpo else "GRPOConfig" if grpo
-                                 else "RewardConfig" if reward else "TrainingArguments")
+                                 else "RewardConfig" if reward else "SentenceTransformerTrainingArguments" if sentence
+                                 else "TrainingArguments")
     if getattr(trainer, "optimizer", None) is not None:   # Trainer(optimizers=(opt, None)), or the one train() made
         given = optimizers.unwrap(trainer.optimizer)
         opts["optimizer"] = optimizers.name_of(given)
@@ -124,6 +128,11 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         notes.extend(tnotes)
         kr.refuse_other_head(opts)
         pairs = kt.pair_rows(opts, src, "RewardConfig")   # the chosen and rejected rows, as DPO's
+    if sentence:  # the anchor column's forward, then the others' merged, before one backward
+        src["loss"] = (loss, loss_where)
+        notes[:] = kst.loss_notes(notes, loss)
+        towers, st_seq, st_padded, st_where = kst.read_towers(trainer, opts["batch_size"])
+        kst.tower_rows(opts, src, towers, loss)
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts)
         src.update(tsrc)
@@ -152,6 +161,9 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:  # 2B rows padded to the longest pair, and the reference model
         sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
         (seq_len, padded), _ = sopts.values(), src.update(ssrc)
+    elif sentence and seq_len is None:
+        seq_len, padded = st_seq, st_padded
+        src["seq_len"], src["padded"] = (seq_len, st_where), (padded, st_where)
     elif reward and seq_len is None:
         seq_len, padded, where = kr.read_pairs(trainer, pairs)
         src["seq_len"], src["padded"] = (seq_len, where), (padded, where)
@@ -169,7 +181,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
         padded = True
         src["seq_len"] = (seq_len, "estimate_trainer(seq_len=...)")
         src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
-    if not (dpo or grpo or opts.get("padding_free")):   # evaluate() at its own batches' length
+    if not (dpo or grpo or sentence or opts.get("padding_free")):   # evaluate() at its own batches' length
         eval_len, where = read_eval_seq_len(trainer, opts.get("eval_batch_size", 8))
         opts["eval_seq_len"], src["eval_seq_len"] = eval_len or seq_len, (eval_len or seq_len, where)
     est = _run(target, dict(opts, seq_len=seq_len, padded=padded, device=device), src, notes)
@@ -315,8 +327,10 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         reentrant, where = trainer_reentrant(training_args, name)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if hasattr(model_id_or_config, "named_modules"):
+        from transformers import PreTrainedModel
+
         # a module of the user's own under a head of its own (kit.estimate.own_head): its base's config, its task
-        own = read_own_head(model_id_or_config) if getattr(model_id_or_config, "config", None) is None else None
+        own = None if isinstance(model_id_or_config, PreTrainedModel) else read_own_head(model_id_or_config)
         cfg = model_id_or_config.get_submodule(own.base).config if own else model_id_or_config.config
         if own and task is None:   # its head says its labels: a num_labels given is checked against them
             task, num_labels = "seq-cls", own.labels if num_labels is None else num_labels
