@@ -45,8 +45,9 @@ def texts(n_rows: int, n_tokens: int) -> list:
 
 
 def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B=4, S=32, rows=32, pooling="mean",
-                     family="tiny-bert"):
-    """The training overview's model, arguments and trainer, with ``towers`` text columns."""
+                     family="tiny-bert", evaluate=False):
+    """The training overview's model, arguments and trainer, with ``towers`` text columns; ``evaluate``: an eval set
+    of the first 16 rows (per_device_eval_batch_size 8)."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)
@@ -62,19 +63,23 @@ def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B
     for extra in LOSSES[loss_name]:
         columns[extra] = [float(i % 2) if extra == "score" else i % 2 for i in range(rows)]
     args = SentenceTransformerTrainingArguments(output_dir=os.path.join(work, "sentence"), per_device_train_batch_size=B,
-                                                use_cpu=True, max_steps=3, report_to="none", save_strategy="no",
-                                                logging_strategy="no", disable_tqdm=True)
-    return SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
+                                                per_device_eval_batch_size=8, use_cpu=True, max_steps=3,
+                                                report_to="none", save_strategy="no", logging_strategy="no",
+                                                disable_tqdm=True)
+    data = Dataset.from_dict(columns)
+    return SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                      eval_dataset=data.select(range(16)) if evaluate else None,
                                       loss=getattr(losses, loss_name)(model))
 
 
 def client_sentence(work, loss_name="MultipleNegativesRankingLoss", towers=2, pooling="mean", B=4, S=32):
+    """One row; at B16 with an eval set (``trainer.evaluate()`` metered after training)."""
     from kit.estimate import estimate_trainer
 
-    trainer = sentence_trainer(work, loss_name, towers, B=B, S=S, rows=4 * B, pooling=pooling)
+    trainer = sentence_trainer(work, loss_name, towers, B=B, S=S, rows=4 * B, pooling=pooling, evaluate=B >= 16)
     columns = towers if loss_name == "MultipleNegativesRankingLoss" else 2
     yield (f"14. sentence-transformers {loss_name}", f"tiny-bert {pooling} pooling, {columns} text columns, full FT, "
-           f"B{B} x {S}", trainer, lambda: estimate_trainer(trainer, device="cpu"))
+           f"B{B} x {S}" + (", eval B8" if B >= 16 else ""), trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
 def rows(work):

@@ -937,11 +937,13 @@ def report(lines, details, seconds, cross) -> str:
     from kit import machine
 
     opt = loop_option()
+    st = sys.modules.get("sentence_transformers")   # an optional extra (benchmarks/clients_embeddings.py)
+    sentence = f", sentence-transformers {st.__version__}" if st else ""
     out = ["# The estimator on real clients (CPU tiny twins, an independent meter)", "",
            f"- date: {datetime.date.today().isoformat()}",
            f"- device: CPU; hardware: {machine.hardware()}",
            f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
-           f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}",
+           f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}{sentence}",
            f"- command: `{' '.join(['python benchmarks/real_clients.py', *sys.argv[1:]])}` ({seconds:.0f} s)", "",
            "Measured: PyTorch profiler memory events (`profile_memory=True`, one profile over the run, each optimizer "
            "step a `record_function` range): the storages alive at the step's start that it could free (weights, "

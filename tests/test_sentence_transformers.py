@@ -122,3 +122,13 @@ def test_kit_check_answers_for_a_sentence_transformer_trainer(work, capsys):
     out = capsys.readouterr().out
     answer = [line for line in out.splitlines() if line.strip()]
     assert answer[0].startswith("fits") and "cannot be read" not in out, out
+
+
+def test_kit_train_runs_a_sentence_transformer_trainer_beside_its_estimate(work):
+    import kit
+
+    trainer = ce.sentence_trainer(work, towers=3, B=4, S=32, rows=8)
+    expected = estimate_trainer(trainer, device="cpu").peak_bytes   # no GPU here: the watch judges the CPU
+    report = kit.train(trainer, plot=False)
+    assert not report.oom and report.step == 3   # max_steps=3
+    assert report.estimate_peak_bytes == expected
