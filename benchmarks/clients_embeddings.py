@@ -45,8 +45,9 @@ def texts(n_rows: int, n_tokens: int) -> list:
 
 
 def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B=4, S=32, rows=32, pooling="mean",
-                     family="tiny-bert", evaluate=False):
-    """The training overview's model, arguments and trainer, with ``towers`` text columns; ``evaluate``: an eval set
+                     family="tiny-bert", evaluate=False, anchor_tokens=None):
+    """The training overview's model, arguments and trainer, with ``towers`` text columns of ``S`` tokens (the first,
+    the anchor, of ``anchor_tokens`` where given: a short query beside longer documents); ``evaluate``: an eval set
     of the first 16 rows (per_device_eval_batch_size 8)."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
@@ -60,6 +61,8 @@ def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B
     names = ("anchor", "positive", "negative")[:towers] if loss_name == "MultipleNegativesRankingLoss" else \
         ("sentence1", "sentence2")
     columns = {name: pool[i * rows:(i + 1) * rows] for i, name in enumerate(names)}
+    if anchor_tokens:
+        columns[names[0]] = texts(rows, anchor_tokens)
     for extra in LOSSES[loss_name]:
         columns[extra] = [float(i % 2) if extra == "score" else i % 2 for i in range(rows)]
     args = SentenceTransformerTrainingArguments(output_dir=os.path.join(work, "sentence"), per_device_train_batch_size=B,
@@ -72,14 +75,17 @@ def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B
                                       loss=getattr(losses, loss_name)(model))
 
 
-def client_sentence(work, loss_name="MultipleNegativesRankingLoss", towers=2, pooling="mean", B=4, S=32):
+def client_sentence(work, loss_name="MultipleNegativesRankingLoss", towers=2, pooling="mean", B=4, S=32,
+                    anchor_tokens=None):
     """One row; at B16 with an eval set (``trainer.evaluate()`` metered after training)."""
     from kit.estimate import estimate_trainer
 
-    trainer = sentence_trainer(work, loss_name, towers, B=B, S=S, rows=4 * B, pooling=pooling, evaluate=B >= 16)
+    trainer = sentence_trainer(work, loss_name, towers, B=B, S=S, rows=4 * B, pooling=pooling, evaluate=B >= 16,
+                               anchor_tokens=anchor_tokens)
     columns = towers if loss_name == "MultipleNegativesRankingLoss" else 2
     yield (f"14. sentence-transformers {loss_name}", f"tiny-bert {pooling} pooling, {columns} text columns, full FT, "
-           f"B{B} x {S}" + (", eval B8" if B >= 16 else ""), trainer, lambda: estimate_trainer(trainer, device="cpu"))
+           f"B{B} x {S}" + (f" (anchor {anchor_tokens})" if anchor_tokens else "") + (", eval B8" if B >= 16 else ""),
+           trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
 def rows(work):
@@ -92,7 +98,9 @@ def rows(work):
             ("MultipleNegativesRankingLoss", 2, "cls", 4, 32), ("CoSENTLoss", 2, "mean", 4, 32),
             ("OnlineContrastiveLoss", 2, "mean", 4, 32), ("MultipleNegativesRankingLoss", 2, "mean", 16, 64),
             ("MultipleNegativesRankingLoss", 3, "mean", 16, 64), ("CoSENTLoss", 2, "cls", 16, 64))
-    return [(f"sentence-transformers {loss} {towers} columns {pooling} B{B} x {S}",
-             lambda m, lo=loss, t=towers, p=pooling, b=B, s=S: rc.run_trainer_client(
-                 client_sentence(work, lo, t, p, b, s), m))
-            for loss, towers, pooling, B, S in runs]
+    out = [(f"sentence-transformers {loss} {towers} columns {pooling} B{B} x {S}",
+            lambda m, lo=loss, t=towers, p=pooling, b=B, s=S: rc.run_trainer_client(
+                client_sentence(work, lo, t, p, b, s), m))
+           for loss, towers, pooling, B, S in runs]
+    return out + [("sentence-transformers MultipleNegativesRankingLoss 3 columns mean B16 x 64 anchor 16",
+                   lambda m: rc.run_trainer_client(client_sentence(work, towers=3, B=16, S=64, anchor_tokens=16), m))]

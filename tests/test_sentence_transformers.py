@@ -81,11 +81,21 @@ def test_a_forward_taking_neither_keywords_nor_one_dict_is_refused_by_name():
 def test_columns_are_the_forwards_a_step_runs(work):
     trainer = ce.sentence_trainer(work, towers=3, B=4, S=32, rows=8)
     est = estimate_trainer(trainer, device="cpu")
-    assert est.sources["towers"][0] == (1, 2)   # the anchor alone, then positive and negative merged
-    assert est.sources["seq_len"][0] == 32 and est.setup["towers"] == (1, 2)
+    # the anchor alone, then positive and negative merged: (rows as a multiple of B, tokens) each
+    assert est.sources["towers"][0] == ((1, 32), (2, 32))
+    assert est.sources["seq_len"][0] == 32 and est.setup["towers"] == ((1, 32), (2, 32))
     assert not any(n.code == "own-head-loss" for n in est.notes if isinstance(n, kin.Note))
     two = estimate_trainer(ce.sentence_trainer(work, towers=2, B=4, S=32, rows=8), device="cpu")
     assert est.activations_bytes > 1.4 * two.activations_bytes   # three columns' saved tensors against two
+
+
+def test_each_forward_runs_at_its_own_columns_length(work):
+    """A short anchor (a query) beside long documents: the anchor's forward at its length, the merged one at theirs,
+    and the estimate below the one that takes every column at the longest."""
+    trainer = ce.sentence_trainer(work, towers=3, B=4, S=64, rows=8, anchor_tokens=16)
+    est = estimate_trainer(trainer, device="cpu")
+    assert est.setup["towers"] == ((1, 16), (2, 64)) and est.sources["seq_len"][0] == 64
+    assert est.activations_bytes < estimate_trainer(trainer, device="cpu", seq_len=64).activations_bytes
 
 
 def test_a_loss_the_kit_does_not_model_is_refused_by_name(work):

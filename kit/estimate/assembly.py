@@ -64,7 +64,7 @@ class Plan:
     saved_copies: frozenset = frozenset()  # LoRA on a causal LM: the embedding / output head leaves whose
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
-    towers: tuple = ()        # forwards a step before one backward, in batch_size rows (replay.towers); (): one
+    towers: tuple = ()        # forwards a step before one backward, (rows / batch_size, tokens) (replay.towers)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -328,7 +328,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
         if getattr(info.config, "use_cache", False) and setup.kvh != setup.nh else 0
     held_out = rp.last_logits + cache if loop.get("outputs_kept") else 0
 
-    towers = [act.replay(replace(setup, B=setup.B * rows)) for rows in plan.towers]   # one replay per forward
+    towers = [act.replay(replace(setup, B=setup.B * rows, S=tokens)) for rows, tokens in plan.towers]   # one each
 
     def peak(later: bool, **kwargs):   # step 1's forward has no earlier outputs beside it
         found = act.tower_moments([(r, act.moments(r, **kwargs), act.moments(r, **alive)) for r in towers]) \
@@ -351,7 +351,8 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
     if loop.get("grads_kept") and counts.gradients:
         m = max(m, peak(True, **alive), key=lambda moment: moment.total)
     weights = counts.weights + info.buffers_bytes
-    inputs = sum(plan.towers or (1,)) * plan.batch_size * batch_row_bytes(plan.task, plan.seq_len)
+    inputs = sum(rows * plan.batch_size * batch_row_bytes(plan.task, tokens)
+                 for rows, tokens in plan.towers or ((1, plan.seq_len),))
     fwdbwd = weights + counts.optimizer + m.total + inputs
     # its step's own, at their highest
     step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)

@@ -131,8 +131,9 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if sentence:  # the anchor column's forward, then the others' merged, before one backward
         src["loss"] = (loss, loss_where)
         notes[:] = kst.loss_notes(notes, loss)
-        towers, st_seq, st_padded, st_where = kst.read_towers(trainer, opts["batch_size"])
-        kst.tower_rows(opts, src, towers, loss)
+        lengths, st_padded, st_where = kst.read_towers(trainer, opts["batch_size"])
+        lengths = lengths if seq_len is None else (seq_len,) * len(lengths)   # seq_len given: every column's
+        kst.tower_rows(opts, src, lengths, loss)
     if grpo:  # B rows of prompt + completion a step; G generated at once (kit.estimate.grpo)
         opts.update(topts)
         src.update(tsrc)
@@ -161,8 +162,8 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     if dpo:  # 2B rows padded to the longest pair, and the reference model
         sopts, ssrc, fk = kd.trainer_reference(trainer, pairs, seq_len)
         (seq_len, padded), _ = sopts.values(), src.update(ssrc)
-    elif sentence and seq_len is None:
-        seq_len, padded = st_seq, st_padded
+    elif sentence and seq_len is None:   # the longest column (evaluation's, and each forward's in opts["towers"])
+        seq_len, padded = max(lengths), st_padded
         src["seq_len"], src["padded"] = (seq_len, st_where), (padded, st_where)
     elif reward and seq_len is None:
         seq_len, padded, where = kr.read_pairs(trainer, pairs)

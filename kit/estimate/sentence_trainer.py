@@ -12,8 +12,7 @@ What one step does, and how each part is estimated:
   padded to its own longest row; the loss embeds them with ``embed_columns``: the first (anchor) column in a forward
   of its own, then the other columns merged into one forward (``merge_feature_batches``: ``(columns - 1) x B`` rows
   padded to the widest), all before one backward, so their saved activations add up (``towers``: the replay's
-  :mod:`kit.estimate.replay.towers`), each at the longest column's length (:func:`read_towers`; an upper bound where
-  the columns' lengths differ);
+  :mod:`kit.estimate.replay.towers`), each at its longest batch's length (:func:`read_towers`);
 - the loss: :data:`LOSSES` below; its tensors are (B, towers x B) at most, the similarity matrix of the in-batch
   negatives, and (B, H) copies of the embeddings; the estimate counts them as the own head's loss on (rows, H).
 
@@ -57,9 +56,8 @@ def read_loss(trainer) -> tuple:
 
 
 def read_towers(trainer, batch_size: int, rows: int = 64) -> tuple:
-    """(towers, seq_len, padded, where): the text columns the collator tokenizes (each one forward of the model a
-    step), and the longest of their batches, from the collator run on the first ``rows`` rows in batches of
-    ``batch_size``."""
+    """(lengths, padded, where): each text column's longest batch in tokens, in the dataset's order (the first is
+    the anchor), from the collator run on the first ``rows`` rows in batches of ``batch_size``."""
     import torch
 
     ds = trainer.train_dataset
@@ -67,33 +65,34 @@ def read_towers(trainer, batch_size: int, rows: int = 64) -> tuple:
         raise kin.InputError("seq_len", "the SentenceTransformerTrainer has no train_dataset rows to read the towers "
                              "and the sequence length from: pass seq_len=....")
     first = [ds[i] for i in range(min(rows, len(ds)))]
-    towers, seq, padded = 0, 0, False
+    lengths, padded = {}, False
     for start in range(0, len(first), batch_size):
         batch = trainer.data_collator(first[start:start + batch_size])
-        columns = [k[:-len("_input_ids")] for k in batch if k.endswith("_input_ids")]
-        towers = max(towers, len(columns))
-        for column in columns:
+        for column in (k[:-len("_input_ids")] for k in batch if k.endswith("_input_ids")):
             mask = batch.get(f"{column}_attention_mask")
-            seq = max(seq, int(torch.as_tensor(batch[f"{column}_input_ids"]).shape[-1]))
+            tokens = int(torch.as_tensor(batch[f"{column}_input_ids"]).shape[-1])
+            lengths[column] = max(lengths.get(column, 0), tokens)
             padded = padded or (mask is not None and not bool(torch.as_tensor(mask).bool().all()))
-    if towers < 2:
-        raise kin.InputError("train_dataset", f"SentenceTransformerTrainer's collator made {towers} text column(s) "
-                             "(*_input_ids) from train_dataset, and the kit models its losses on two or more (anchor "
-                             "and positive, and negatives): pass a dataset of text columns.", code="st-columns")
-    return towers, seq, padded, (f"the data collator on the first {len(first)} rows: {towers} text columns, each "
-                                 "padded to its own longest row; the longest")
+    if len(lengths) < 2:
+        raise kin.InputError("train_dataset", f"SentenceTransformerTrainer's collator made {len(lengths)} text "
+                             "column(s) (*_input_ids) from train_dataset, and the kit models its losses on two or more "
+                             "(anchor and positive, and negatives): pass a dataset of text columns.", code="st-columns")
+    return tuple(lengths.values()), padded, (f"the data collator on the first {len(first)} rows: text columns "
+                                             f"{', '.join(lengths)}, each padded to its own longest row")
 
 
-def tower_rows(opts: dict, src: dict, columns: int, loss: str) -> None:
-    """Make the options the forwards' (see the module doc): the anchor column alone, then the other ``columns - 1``
-    merged into one forward (``embed_columns``), each of ``B`` rows a column; in evaluation the larger of the two."""
-    opts["towers"] = (1, columns - 1)
-    src["towers"] = (opts["towers"], f"{loss} embeds the anchor column alone, then the other {columns - 1} text "
-                     "column(s) merged into one forward (embed_columns), and their saved activations add up before "
-                     "one backward")
+def tower_rows(opts: dict, src: dict, lengths: tuple, loss: str) -> None:
+    """Make the options the forwards' (see the module doc): the anchor column alone at its length, then the other
+    columns merged into one forward (``embed_columns``) at the longest of theirs, ``B`` rows a column; in evaluation
+    the merged forward, the larger (``eval_seq_len`` the longest column)."""
+    merged = len(lengths) - 1
+    opts["towers"] = ((1, lengths[0]), (merged, max(lengths[1:])))
+    src["towers"] = (opts["towers"], f"{loss} embeds the anchor column alone ({lengths[0]} tokens), then the other "
+                     f"{merged} text column(s) merged into one forward ({max(lengths[1:])} tokens: embed_columns pads "
+                     "them to the widest), and their saved activations add up before one backward")
     be = opts.get("eval_batch_size", 8)
-    opts["eval_batch_size"] = (columns - 1) * be
-    src["eval_batch_size"] = (opts["eval_batch_size"], f"{columns - 1} x per_device_eval_batch_size ({be}): the merged "
+    opts["eval_batch_size"] = merged * be
+    src["eval_batch_size"] = (opts["eval_batch_size"], f"{merged} x per_device_eval_batch_size ({be}): the merged "
                               "columns' forward, the larger of evaluation's two under no_grad")
 
 
