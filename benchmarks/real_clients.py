@@ -927,6 +927,8 @@ def rows_to_run(work, only=None):
     R.append(("own head tiny-llama mean 2 layers", lambda m: run_trainer_client(own.client_own_head(
         work, hidden=32), m)))
     R.append(("own head loop tiny-llama mean", lambda m: own.client_own_head_loop(work, m)))
+    import clients_embeddings   # sentence-transformers' SentenceTransformerTrainer (skipped where not installed)
+    R += clients_embeddings.rows(work)
     R.append(("watched loop AMP bf16 GradScaler accum 4", lambda m: client_loop_watched(
         work, m, autocast=torch.bfloat16, accum=4)))
     R.append(("watched loop plain SGD", lambda m: client_loop_watched(work, m, optimizer="sgd")))
@@ -977,11 +979,13 @@ def report(lines, details, seconds, cross) -> str:
     from kit import machine
 
     opt = loop_option()
+    st = sys.modules.get("sentence_transformers")   # an optional extra (benchmarks/clients_embeddings.py)
+    sentence = f", sentence-transformers {st.__version__}" if st else ""
     out = ["# The estimator on real clients (CPU tiny twins, an independent meter)", "",
            f"- date: {datetime.date.today().isoformat()}",
            f"- device: CPU; hardware: {machine.hardware()}",
            f"- libraries: torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
-           f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}",
+           f"trl {trl.__version__}, bitsandbytes {bitsandbytes.__version__}{sentence}",
            f"- command: `{' '.join(['python benchmarks/real_clients.py', *sys.argv[1:]])}` ({seconds:.0f} s)", "",
            "Measured: PyTorch profiler memory events (`profile_memory=True`, one profile over the run, each optimizer "
            "step a `record_function` range): the storages alive at the step's start that it could free (weights, "

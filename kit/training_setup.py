@@ -61,6 +61,10 @@ class TrainingSetup:
     modules_to_save: tuple = option((), "with LoRA on a causal LM: the input embeddings and the output head (by module "
                                     "name, e.g. ('lm_head', 'embed_tokens')) that train as peft's modules_to_save "
                                     "copies beside their frozen originals; empty: none")
+    towers: tuple = option((), "forwards of the model a step whose saved activations add up before one backward, in "
+                           "the order they run, each (rows as a multiple of batch_size, tokens): "
+                           "sentence-transformers' ((1, 16), (2, 256)) is the anchor column alone at its length, then "
+                           "the positive and negative columns merged into one at theirs; empty: one forward")
     use_dora: bool = option(False, "with LoRA: peft's DoRA (LoraConfig(use_dora=True)): a trained magnitude vector "
                             "per adapted layer and the weight norm its forward computes")
     precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "

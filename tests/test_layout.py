@@ -262,8 +262,10 @@ KIND_NAMES = {
     "dpo": (("DPOTrainer", "DPOConfig"), ("kit.estimate.dpo", "kit.advise.dpo_levers")),
     "grpo": (("GRPOTrainer", "GRPOConfig"), ("kit.estimate.grpo", "kit.advise.grpo_levers", "kit.watching.generation")),
     "reward": (("RewardTrainer", "RewardConfig"), ("kit.estimate.reward",)),
+    "sentence": (("SentenceTransformerTrainer", "SentenceTransformerTrainingArguments"),
+                 ("kit.estimate.sentence_trainer", "kit.advise.sentence_levers")),
 }
-# (module, name) still named outside its kind's modules, each with why: the module is being moved on another branch
+# (module, name) named outside its kind's modules, each with why
 PENDING = {("kit.estimate.replay.liger", "SFTTrainer"):
            "its refusal quotes TRL's own rule (SFTTrainer raises on fused_linear_cross_entropy=True)"}
 

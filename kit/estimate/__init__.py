@@ -9,7 +9,8 @@ forward saves, op by op). It never imports :mod:`kit.measure`, :mod:`kit.widgets
 >>> estimate("tiny-gpt2", batch_size=1, seq_len=16).peak_phase in ("forward/backward", "optimizer step")
 True
 """
-from kit.estimate import dpo, grpo, reward, trl  # noqa: F401 (the trainer kinds: each registers as imported)
+# the trainer kinds: each registers as imported
+from kit.estimate import dpo, grpo, reward, sentence_trainer, trl  # noqa: F401
 from kit.estimate.core import INT32_OPTIMIZER, estimate
 from kit.estimate.from_objects import estimate_from, estimate_trainer
 from kit.estimate.inventory import UnsupportedModel

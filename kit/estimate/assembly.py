@@ -65,6 +65,7 @@ class Plan:
     saved_copies: frozenset = frozenset()  # LoRA on a causal LM: the embedding / output head leaves whose
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
+    towers: tuple = ()        # forwards a step before one backward, (rows / batch_size, tokens) (replay.towers)
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -87,7 +88,8 @@ class Plan:
 def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
          gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
          device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
-         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None) -> Plan:
+         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None,
+         towers=()) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -140,7 +142,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 dora=bool(use_dora),
                 saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
                                              fused=fused_lm_head or "flce" in liger_kernels),
-                sm=sm)
+                sm=sm, towers=towers)
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
@@ -327,9 +329,13 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
         if getattr(info.config, "use_cache", False) and setup.kvh != setup.nh else 0
     held_out = rp.last_logits + cache if loop.get("outputs_kept") else 0
 
+    towers = [act.replay(replace(setup, B=setup.B * rows, S=tokens)) for rows, tokens in plan.towers]   # one each
+
     def peak(later: bool, **kwargs):   # step 1's forward has no earlier outputs beside it
+        found = act.tower_moments([(r, act.moments(r, **kwargs), act.moments(r, **alive)) for r in towers]) \
+            if towers else act.step_moments(rp, act.moments(rp, **kwargs), later)
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
-                    for x in act.step_moments(rp, act.moments(rp, **kwargs), later)), key=lambda moment: moment.total)
+                    for x in found), key=lambda moment: moment.total)
 
     fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
                  wtemp_block=counts.wtemp["block"], wtemp_head=counts.wtemp["head"], head_half=counts.wtemp["head"],
@@ -346,7 +352,8 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
     if loop.get("grads_kept") and counts.gradients:
         m = max(m, peak(True, **alive), key=lambda moment: moment.total)
     weights = counts.weights + info.buffers_bytes
-    inputs = plan.batch_size * batch_row_bytes(plan.task, plan.seq_len)
+    inputs = sum(rows * plan.batch_size * batch_row_bytes(plan.task, tokens)
+                 for rows, tokens in plan.towers or ((1, plan.seq_len),))
     fwdbwd = weights + counts.optimizer + m.total + inputs
     # its step's own, at their highest
     step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)
@@ -380,12 +387,13 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
     return Estimate(
         params=counts.params, trainable_params=counts.trainable, weights_bytes=weights,
         gradients_bytes=counts.gradients, optimizer_bytes=counts.optimizer + counts.paged,
-        activations_bytes=rp.activation_bytes(), logits_bytes=rp.logits_bytes(),
+        activations_bytes=sum(r.activation_bytes() for r in towers or [rp]),
+        logits_bytes=sum(r.logits_bytes() for r in towers or [rp]),
         peak_bytes=peak, first_step_peak_bytes=max(weights + first.total + inputs, step),
         eval_peak_bytes=ev.peak_bytes, eval_moment=ev.moment,
         cpu_build_bytes=counts.build + counts.streamed + info.buffers_bytes, peak_phase=phase, peak_moment=moment,
         loaded_weights_bytes=counts.loaded + info.buffers_bytes, paged_optimizer_bytes=counts.paged,
-        autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=rp.saved_bytes(),
+        autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=sum(r.saved_bytes() for r in towers or [rp]),
         quantized_params=counts.quantized, unquantized_params=counts.unquantized, offloaded_bytes=host,
         offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda offender: offender[1], reverse=True)[:5]
                                    if o not in by_bytes[:10]],
@@ -411,6 +419,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                                 **({"task": plan.task, "num_labels": info.num_labels} if info.classifier else {}),
                                 **({"train_head": True} if plan.train_head else {}),
                                 **({"use_dora": True} if plan.dora else {}),
+                                **({"towers": plan.towers} if plan.towers else {}),
                                 **({"modules_to_save": tuple(sorted(plan.saved_copies))} if plan.saved_copies
                                    else {})),
         _parts=parts,

@@ -165,6 +165,7 @@ def estimate(model, **setup) -> Estimate:
                          liger_kernels=liger, offload=offload,
                          train_head=kin.flag("train_head", o["train_head"], allow_none=True),
                          modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]),
+                         towers=read_towers(o["towers"]),
                          sm=PRESETS[gpu].capability if gpu else None)
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
@@ -186,6 +187,19 @@ def estimate(model, **setup) -> Estimate:
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (kt.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_towers(towers) -> tuple:
+    """The ``towers`` option: ``(rows, tokens)`` pairs of whole numbers, refused in one sentence otherwise.
+
+    >>> read_towers([(1, 16), (2, 64)])
+    ((1, 16), (2, 64))
+    """
+    pairs = tuple(towers or ())
+    if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+        raise kin.InputError("towers", f"towers is a tuple of (rows, tokens) pairs, one per forward (rows as a "
+                             f"multiple of batch_size), not {towers!r}: e.g. ((1, 16), (2, 64)).", code="towers-pairs")
+    return tuple((kin.whole_number("towers", rows), kin.whole_number("towers", tokens)) for rows, tokens in pairs)
 
 
 def read_gpu(gpu, device: str) -> str | None:

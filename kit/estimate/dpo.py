@@ -294,6 +294,7 @@ class DpoReader(TrainerReader):
     """DPOTrainer and DPOConfig (the module doc): 2B rows a step, the reference model and its phases."""
 
     trainer_name, config_name, config_keyword = "DPOTrainer", "DPOConfig", "dpo_config"
+    trl = True
     lean_kbit, reads_eval_rows = True, False
     pairs = finishing = None   # B (the pairs a step); finish()'s keywords
     peft = False               # estimate_from was given a peft_config

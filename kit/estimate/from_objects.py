@@ -202,8 +202,10 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         reentrant, where = trainer_reentrant(training_args, name)
         opts["checkpoint_reentrant"], src["checkpoint_reentrant"] = reentrant, (reentrant, where)
     if hasattr(model_id_or_config, "named_modules"):
+        from transformers import PreTrainedModel
+
         # a module of the user's own under a head of its own (kit.estimate.own_head): its base's config, its task
-        own = read_own_head(model_id_or_config) if getattr(model_id_or_config, "config", None) is None else None
+        own = None if isinstance(model_id_or_config, PreTrainedModel) else read_own_head(model_id_or_config)
         config = model_id_or_config.get_submodule(own.base).config if own else model_id_or_config.config
         if own and task is None:   # its head says its labels: a num_labels given is checked against them
             task, num_labels = "seq-cls", own.labels if num_labels is None else num_labels

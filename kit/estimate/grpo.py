@@ -448,6 +448,7 @@ class GrpoReader(TrainerReader):
     """GRPOTrainer and GRPOConfig (the module doc): its rollouts, the generation phase, the reference."""
 
     trainer_name, config_name, config_keyword = "GRPOTrainer", "GRPOConfig", "grpo_config"
+    trl = True
     reads_eval_rows, keeps_training_args = False, False
     shapes = rows_read = finishing = None   # the rollout's shapes; (seq_len, padded); finish()'s keywords
     peft = False                            # estimate_from was given a peft_config

@@ -8,10 +8,13 @@ module's forward three times on a few rows, with the base model's forward stood 
 last hidden state (the base's blocks never run), and records what the head's autograd graph saves
 (``torch.autograd.graph.saved_tensors_hooks``: each saved storage once, the parameters and the batch aside). Its
 saved bytes grow with the tokens (a mean pooling's expanded mask, a hidden state a view keeps) and with the rows
-(the pooled vector, dropout's mask, each Linear's input, the loss); three shapes give both rates. The head's
-logits are (rows, labels): a head that gives anything else, or whose forward cannot run on ``input_ids``,
-``attention_mask`` and ``labels``, is refused in one sentence naming the module. A forward without a loss is taken
-as Trainer's ``compute_loss`` override or a loop computes it: ``cross_entropy(logits, labels)``, said in a note.
+(the pooled vector, dropout's mask, each Linear's input, the loss); three shapes give both rates. The module is
+called as its model is (:func:`calling`): ``model(input_ids=..., attention_mask=..., labels=...)`` as Trainer calls
+it, or with one dict of features as sentence-transformers' losses call a ``SentenceTransformer`` (whose output dict's
+``sentence_embedding`` is its pooled (rows, hidden) output). The head's logits are (rows, labels): a head that gives
+anything else, or whose forward takes neither call, is refused in one sentence naming the module. A forward without
+a loss is taken as Trainer's ``compute_loss`` override or a loop computes it: ``cross_entropy(logits, labels)``, said
+in a note.
 
 The probe runs where the model is, without autocast, with the random state put back: a GPU estimate of a module
 still on the CPU counts dropout's CPU float mask where CUDA keeps a bool one (a few bytes per row). A read changes
@@ -29,8 +32,8 @@ from kit.inputs import Refusal
 
 _SHAPES = ((2, 8), (2, 16), (4, 8))   # (rows, tokens) of the three probes: tokens double, then rows
 _READ = weakref.WeakKeyDictionary()   # module -> OwnHead (a module's head is probed once)
-CALLED = "a head called as model(input_ids=..., attention_mask=..., labels=...) that pools to (rows, labels) logits " \
-         "is estimated"
+CALLED = "a head called as model(input_ids=..., attention_mask=..., labels=...), or with one dict of them as " \
+         "sentence-transformers calls its model, that pools to (rows, labels) logits is estimated"
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,13 @@ def _probe_all(model, name: str, base) -> OwnHead:
     import torch
 
     what = f"{type(model).__name__}'s head on its {type(base).__name__} ({name})"
-    signature = inspect.signature(model.forward).parameters
-    missing = [k for k in ("input_ids", "attention_mask") if k not in signature]
-    if missing and not any(p.kind == p.VAR_KEYWORD for p in signature.values()):
-        raise OwnHeadError(f"{what} cannot be read: its forward takes no {' or '.join(missing)}.", instead=CALLED)
-    takes_labels = "labels" in signature or any(p.kind == p.VAR_KEYWORD for p in signature.values())
+    call = calling(model, what)
     with torch.random.fork_rng(devices=[]), as_they_were(model, name):
         model.train()
-        runs = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
+        runs = [_probe(model, base, what, rows, tokens, call) for rows, tokens in _SHAPES]
         model.eval()
         with torch.no_grad():
-            evals = [_probe(model, base, what, rows, tokens, takes_labels) for rows, tokens in _SHAPES]
+            evals = [_probe(model, base, what, rows, tokens, call) for rows, tokens in _SHAPES]
     labels, row1, outside = runs[0][1:4]
     per_token, per_row, fixed = _rates([r[0] for r in runs])
     eval_token, eval_row, eval_fixed = _rates([r[4] for r in evals])
@@ -134,6 +133,33 @@ def as_they_were(model, base: str):
             m.training = training
 
 
+def calling(model, what: str = "the model") -> str:
+    """How the user's model is called, read from its forward's signature: ``"keywords"``,
+    ``model(input_ids=..., attention_mask=..., labels=...)`` (Trainer's ``model(**batch)``; labels only where the
+    forward takes them: ``"keywords+labels"``), or ``"features"``, ``model({"input_ids": ..., "attention_mask": ...})``:
+    one dict of the batch's tensors in its one required positional parameter, as sentence-transformers' losses call
+    a ``SentenceTransformer`` (``forward(self, input, **kwargs)``). Refuses a forward that takes neither."""
+    signature = inspect.signature(model.forward).parameters
+    required = [k for k, p in signature.items() if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and k not in ("input_ids", "attention_mask")]
+    if len(required) == 1 and not {"input_ids", "attention_mask"} & set(signature):
+        return "features"
+    var_keyword = any(p.kind == p.VAR_KEYWORD for p in signature.values())
+    missing = [k for k in ("input_ids", "attention_mask") if k not in signature]
+    if required or (missing and not var_keyword):
+        takes = f"requires {', '.join(required)}" if required else f"takes no {' or '.join(missing)}"
+        raise OwnHeadError(f"{what} cannot be read: its forward {takes}.", instead=CALLED)
+    return "keywords+labels" if "labels" in signature or var_keyword else "keywords"
+
+
+def call_model(model, call: str, ids, mask, labels):
+    """``model.forward`` called as :func:`calling` read it (forward, not ``__call__``: hooks on the module, kit.watch's
+    or the user's, must not see the probe)."""
+    if call == "features":
+        return model.forward({"input_ids": ids, "attention_mask": mask})
+    return model.forward(input_ids=ids, attention_mask=mask, **({"labels": labels} if call.endswith("labels") else {}))
+
+
 def _rates(sizes) -> tuple:
     """(per token, per row, once) from figures at the :data:`_SHAPES`: tokens doubled, then rows doubled."""
     (b1, s1), (_, s2), (b3, _) = _SHAPES
@@ -142,7 +168,7 @@ def _rates(sizes) -> tuple:
     return per_token, per_row, sizes[0] - per_token * b1 * s1 - per_row * b1
 
 
-def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
+def _probe(model, base, what: str, rows: int, tokens: int, call: str):
     """(saved bytes, labels, logits bytes per row, loss computed outside) of one forward at ``rows`` x ``tokens``."""
     import torch
     import torch.nn.functional as F
@@ -174,8 +200,7 @@ def _probe(model, base, what: str, rows: int, tokens: int, takes_labels: bool):
     base.forward = lambda *a, **k: BaseModelOutput(last_hidden_state=hidden)   # an instance attribute: the stub
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack), live:
-            # forward, not __call__: hooks on the module (kit.watch_loop's, the user's) must not see the probe
-            out = model.forward(input_ids=ids, attention_mask=mask, **({"labels": labels} if takes_labels else {}))
+            out = call_model(model, call, ids, mask, labels)
             loss, logits = _loss_and_logits(out)
             if logits is None or logits.dim() != 2 or logits.shape[0] != rows:
                 shape = "no logits" if logits is None else f"logits of shape {tuple(logits.shape)}"
@@ -243,8 +268,8 @@ def _loss_and_logits(out):
 
     if isinstance(out, torch.Tensor):
         return None, out
-    if isinstance(out, dict):
-        return out.get("loss"), out.get("logits")
+    if isinstance(out, dict):   # a sentence-transformers model's features: its pooled "sentence_embedding"
+        return out.get("loss"), out.get("logits", out.get("sentence_embedding"))
     if isinstance(out, (tuple, list)) and out:
         tensors = [t for t in out if isinstance(t, torch.Tensor)]
         if len(tensors) >= 2 and tensors[0].dim() == 0:

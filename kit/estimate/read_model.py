@@ -35,7 +35,8 @@ def read_model(model):
                          "built by transformers.")
     cfg = getattr(base, "config", None)
     opts, src, notes = {}, {}, []
-    own = read_own_head(base) if cfg is None else None   # a head of the user's own on a base model (AutoModel)
+    # a head of the user's own on a base model (AutoModel); a SentenceTransformer hands on its base's config
+    own = read_own_head(base) if cfg is None or not isinstance(base, PreTrainedModel) else None
     cfg = base.get_submodule(own.base).config if own else cfg
     adapters = _read_adapters(base)
     task = "seq-cls" if own else task_of(base)

@@ -107,6 +107,7 @@ class RewardReader(TrainerReader):
     """RewardTrainer and RewardConfig (the module doc): 2B rows through a one-label classifier."""
 
     trainer_name, config_name = "RewardTrainer", "RewardConfig"
+    trl = True
     pairs = None   # B, the pairs a step
 
     def read_trainer(self, trainer) -> None:

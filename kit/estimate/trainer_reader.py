@@ -62,6 +62,7 @@ class TrainerReader:
     lean_kbit = False                    # no prepare_model_for_kbit_training on a quantized model (TRL's trainers)
     reads_eval_rows = True               # evaluate()'s batch length is read from the trainer's eval data
     keeps_training_args = True           # estimate_from's inputs keep the config as training_args (the advisor's)
+    trl = False                          # one of TRL's trainers (a refusal of another lists them)
 
     def __init__(self):
         self.own = Reading()   # what the kind's config says, read before TrainingArguments' readers
@@ -159,7 +160,7 @@ def refuse_other_trl(trainer) -> None:
     """Refuse, in one sentence, a TRL trainer no kind registers (the kit models the registered ones)."""
     name = type(trainer).__name__
     if type(trainer).__module__.startswith("trl.") or name in OTHER_TRL:
-        others = [r for r in readers() if r is not TrainerReader]
+        others = [r for r in readers() if r.trl]
         modeled = listed([r.trainer_name for r in others])
         raise kin.InputError("trainer", f"estimate_trainer models TRL's {modeled}, not {name}, whose own forward "
                              "passes, generation and losses the kit does not model.",

@@ -207,6 +207,7 @@ class SftReader(TrainerReader):
     """SFTTrainer and SFTConfig (the module doc): its fused LM head, padding-free rows, its k-bit recipe."""
 
     trainer_name, config_name, config_keyword, article = "SFTTrainer", "SFTConfig", "sft_config", "an"
+    trl = True
     lean_kbit, keeps_training_args = True, False
     free = False   # padding_free, or bfd packing: one flattened row per micro-batch
 

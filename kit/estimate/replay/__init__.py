@@ -62,7 +62,9 @@ from kit.estimate.replay.registry import (Family, NoGradLoop, config_shapes, dec
                                           register_family)
 from kit.estimate.replay.setup import BF16, BOOL, F32, FP16, FP32, I64, Dt, Setup, around, dtype, promote
 from kit.estimate.replay.tape import Tape
+from kit.estimate.replay.towers import tower_moments
 
 __all__ = ["Family", "NoGradLoop", "register_family", "family", "lookup", "key_of", "declared", "Setup", "Tape",
            "around", "replay", "Replay", "Moment", "moments", "peak_moment", "config_shapes", "Dt", "dtype", "promote",
-           "F32", "FP32", "BF16", "FP16", "BOOL", "I64", "host_peak", "cpu_figures", "step_moments"]
+           "F32", "FP32", "BF16", "FP16", "BOOL", "I64", "host_peak", "cpu_figures", "step_moments",
+           "tower_moments"]
