@@ -47,9 +47,7 @@ def __getattr__(name):
 
         return panel
     if name == "check":  # `kit.check(trainer)`: the estimate, its verdict and where each setting was read
-        from kit.advise import check
-
-        return check
+        return _check_here
     if name in ("watch", "train"):  # `kit.watch(trainer)`, `report = kit.train(trainer)`: the user's own run
         # (the module is kit.watching.trainer: a submodule named kit.watch would take the function's name on import)
         from kit.watching import trainer as watching
@@ -78,3 +76,13 @@ def unload_ipython_extension(ipython):
     from kit.measure.cells import unload
 
     unload(ipython)
+
+
+def _check_here(trainer_or_estimate, device=None, **options):
+    """``kit.check``: :func:`kit.advise.check.check`, judged with the runtime's own RAM measured in this session
+    where the session runs on the machine judged (:func:`kit.measure.session.session_preset`); prediction itself
+    never measures."""
+    from kit.advise import check
+    from kit.measure.session import session_preset
+
+    return check(trainer_or_estimate, session_preset(device), **options)

@@ -65,16 +65,44 @@ def optimizer_state_bytes(optimizer: str, elements: int, dtype_bytes: int, embed
     return optimizers.state_bytes(optimizer, (elements,), dtype_bytes, embedding)
 
 
+# What the runtime itself holds in RAM before the model is built (Python, torch, transformers, CUDA's libraries, and
+# on Colab the VM's own processes): the RAM verdict adds it to the CPU build. Where a session runs on the machine
+# judged, the face measures it (kit.measure.device.runtime_ram_bytes, the process's RSS once those are loaded) and
+# passes a Preset carrying it; a preset carries these figures:
+COLAB_VM_RAM_BYTES = 900_000_000   # the VM's own use of a fresh free Colab session, "around 0.9 to 1.4 GB", the
+# low end (linux-blog.anracom.com, 2023/05/04, "Google Colab, RAM, VRAM and GPU usage limits - I")
+TORCH_CUDA_RAM_BYTES = 2_056_600 * 1024   # the max RSS of `import torch` and one CUDA tensor (CUDA's libraries
+# and context loaded; torch 2.2, CUDA 11.8: https://github.com/pytorch/pytorch/issues/113326)
+TORCH_CPU_RAM_BYTES = 233_316_352   # the RSS of `import torch` (2.13, CPU build), measured on this machine
+TRANSFORMERS_RAM_BYTES = 312_524_800   # the RSS that importing transformers' Trainer and datasets adds beside torch,
+# measured on this machine (transformers 5.25): an assumption for Colab. `python benchmarks/runtime_ram.py` measures
+# the last two figures again.
+GPU_RUNTIME_RAM_BYTES = TORCH_CUDA_RAM_BYTES + TRANSFORMERS_RAM_BYTES
+COLAB_RUNTIME_RAM_BYTES = COLAB_VM_RAM_BYTES + GPU_RUNTIME_RAM_BYTES
+CPU_RUNTIME_RAM_BYTES = TORCH_CPU_RAM_BYTES + TRANSFORMERS_RAM_BYTES
+RUNTIME_SAID = {"colab": "the Colab VM's own 0.9 GB, torch with CUDA's libraries and transformers: public figures",
+                "gpu": "torch with CUDA's libraries and transformers: public figures",
+                "cpu": "torch and transformers, as measured on the kit's own CPU machine"}
+
+
 @dataclass(frozen=True)
 class Preset:
     """A machine: GPU memory (None for a CPU-only one) and CPU RAM, in bytes, and its GPU's CUDA compute
-    capability (None for a CPU), which says whether bf16 is native (8.0 and up)."""
+    capability (None for a CPU), which says whether bf16 is native (8.0 and up). ``runtime_ram_bytes``: what the
+    runtime holds in RAM before the model is built, and ``runtime_said`` where that figure comes from."""
 
     name: str
     label: str
     gpu_bytes: int | None
     ram_bytes: int
     capability: tuple[int, int] | None = None
+    runtime_ram_bytes: int = GPU_RUNTIME_RAM_BYTES
+    runtime_said: str = RUNTIME_SAID["gpu"]
+
+    @property
+    def ram_for_model_bytes(self) -> int:
+        """The RAM left for the model (and, on a CPU, its training) once the runtime holds its own."""
+        return self.ram_bytes - self.runtime_ram_bytes
 
 
 def _this_machine_ram() -> int:
@@ -90,12 +118,14 @@ PRESETS: dict[str, Preset] = {
     for p in (
         # A T4 has 15 GB, but torch can allocate only about 14.56 GiB of it in Colab (the CUDA context
         # and the driver keep the rest): the verdicts use what torch can have.
-        Preset("colab-t4", "Colab T4 (14.56 GiB for torch, 12.7 GiB RAM)", int(14.56 * GiB), int(12.7 * GiB), (7, 5)),
+        Preset("colab-t4", "Colab T4 (14.56 GiB for torch, 12.7 GiB RAM)", int(14.56 * GiB), int(12.7 * GiB), (7, 5),
+               COLAB_RUNTIME_RAM_BYTES, RUNTIME_SAID["colab"]),
         Preset("l4", "L4 (24 GB GPU)", 24 * 10**9, 64 * GiB, (8, 9)),
         Preset("a100-40", "A100 40 GB", 40 * 10**9, 85 * 10**9, (8, 0)),
         Preset("a100-80", "A100 80 GB", 80 * 10**9, 170 * 10**9, (8, 0)),
         Preset("h100", "H100 80 GB", 80 * 10**9, 200 * 10**9, (9, 0)),
-        Preset("cpu", "this machine's CPU and RAM", None, _this_machine_ram()),
+        Preset("cpu", "this machine's CPU and RAM", None, _this_machine_ram(), None, CPU_RUNTIME_RAM_BYTES,
+               RUNTIME_SAID["cpu"]),
     )
 }
 
@@ -146,7 +176,8 @@ def resolve_device(device=None, *, cpu_ok: bool = False) -> tuple[Preset, str | 
             if key is None:
                 return PRESETS["colab-t4"], "no GPU was found here, so this was judged against the colab-t4 preset"
             if cpu_ok:
-                return Preset("this", "this machine (CPU and RAM)", None, hw["ram_total_bytes"]), None
+                return Preset("this", "this machine (CPU and RAM)", None, hw["ram_total_bytes"], None,
+                              CPU_RUNTIME_RAM_BYTES, RUNTIME_SAID["cpu"]), None
             raise InputError("device", "device 'this' reads this machine's GPU, and no CUDA GPU was found here: "
                                        f"name a preset ({', '.join(PRESETS)}) or a number of bytes (e.g. 16GiB).")
         total, usable = hw["gpu_total_bytes"], machine.gpu_bytes_for_torch()
@@ -172,7 +203,7 @@ class Verdict:
     preset: Preset
     fits: bool
     gpu_margin_bytes: int | None   # GPU memory - reserved_bytes (the peak where none was modelled; None on "cpu")
-    ram_margin_bytes: int          # RAM - cpu_build_bytes (or - peak_bytes on "cpu")
+    ram_margin_bytes: int          # RAM - the runtime's own - cpu_build_bytes (or - peak_bytes on "cpu")
     text: str
     judged_bytes: int | None = None   # the figure judged (shown in ``text``): reserved, else the peak
     judged_name: str = ""             # its name, as ``text`` says it: "reserved (modelled)", "peak (allocated)"
@@ -208,9 +239,10 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
             raise ValueError(f"Unknown device preset {preset!r}. Known: {', '.join(PRESETS)}.")
         preset = PRESETS[preset]
     if preset.gpu_bytes is None:
-        gpu_margin, ram_margin = None, preset.ram_bytes - est.peak_bytes
+        gpu_margin, ram_margin = None, preset.ram_for_model_bytes - est.peak_bytes
         fits, judged, name, limit = ram_margin >= 0, est.peak_bytes, "training peak", preset.ram_bytes
-        what = f"training peak {fmt_bytes(est.peak_bytes)} of {fmt_bytes(preset.ram_bytes)} RAM ({_margin(ram_margin)})"
+        what = (f"training peak {fmt_bytes(est.peak_bytes)} + {runtime_said(preset)} of {fmt_bytes(preset.ram_bytes)} "
+                f"RAM ({_margin(ram_margin)})")
     else:
         reserved = getattr(est, "reserved_bytes", 0)
         judged = reserved or est.peak_bytes   # what the allocator holds, modelled
@@ -222,19 +254,39 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         gpu_margin = preset.gpu_bytes - judged
         if est.peak_bytes <= preset.gpu_bytes < judged:   # the allocated peak fits: the allocator's model alone says no
             _add_note(est, allocator_model_note(est))
-        ram_margin = preset.ram_bytes - est.cpu_build_bytes
+        ram_margin = preset.ram_for_model_bytes - est.cpu_build_bytes
         fits = gpu_margin >= 0 and ram_margin >= 0
-        ram = "" if ram_margin >= 0 else \
-            f"; CPU build {fmt_bytes(est.cpu_build_bytes)} > {fmt_bytes(preset.ram_bytes)} RAM"
+        ram = "" if ram_margin >= margin_kept(preset.ram_bytes) else \
+            "; " + ram_said(est.cpu_build_bytes, preset.ram_bytes, preset.runtime_ram_bytes) + (
+                "" if ram_margin < 0 else f", a near miss ({_margin(ram_margin)})")
         gpus = getattr(est, "num_gpus", 1)   # a multi-GPU estimate's bytes are one GPU's: the verdict says so
         each = f" per GPU ({est.strategy} over {gpus} GPUs)" if gpus > 1 else ""
         what = f"{fmt_bytes(judged)} {name}{each} of {fmt_bytes(preset.gpu_bytes)} ({_margin(gpu_margin)}){ram}"
-    tight = fits and (gpu_margin if gpu_margin is not None else ram_margin) < margin_kept(limit)
-    if tight:
+    limit_tight = fits and (gpu_margin if gpu_margin is not None else ram_margin) < margin_kept(limit)
+    tight = limit_tight or fits and ram_margin < margin_kept(preset.ram_bytes)   # a near miss in RAM: said above
+    if limit_tight:
         what += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
     head = "TIGHT" if tight else "fits" if fits else "DOES NOT FIT"
     text = f"{head} {short_label(preset)}: {what}{kernel_said(est)}"
     return Verdict(preset, fits and not tight, gpu_margin, ram_margin, text, judged, name, limit, tight)
+
+
+def runtime_said(preset: Preset) -> str:
+    """The runtime's own RAM as a verdict says it, beside the model's: "3.09 GiB runtime"."""
+    return f"{fmt_bytes(preset.runtime_ram_bytes)} runtime"
+
+
+def ram_said(build_bytes: int, ram_bytes: int, runtime_ram_bytes: int, unit: str | None = None) -> str:
+    """The CPU build against the RAM, in few words (it ends a verdict's line): the runtime's own RAM is named where
+    the build alone would fit, and so the runtime turns it.
+
+    >>> colab = PRESETS["colab-t4"]
+    >>> [ram_said(n * GiB, colab.ram_bytes, colab.runtime_ram_bytes) for n in (10, 20)]
+    ['CPU build 10.00 GiB + 3.09 GiB runtime > 12.70 GiB RAM', 'CPU build 20.00 GiB > 12.70 GiB RAM']
+    """
+    runtime = f" + {fmt_bytes(runtime_ram_bytes, unit)} runtime" if build_bytes <= ram_bytes else ""
+    over = "> " if build_bytes + runtime_ram_bytes > ram_bytes else "of "
+    return f"CPU build {fmt_bytes(build_bytes, unit)}{runtime} {over}{fmt_bytes(ram_bytes, unit)} RAM"
 
 
 def margin_kept(limit_bytes: int) -> int:

@@ -87,6 +87,12 @@ class Limit:
     safety_fraction: float | None = SAFETY
     half: str = "bf16"
     kernels: str = "cuda"   # estimate(device=...): "cpu" on the cpu preset
+    runtime_ram_bytes: int = 0   # what the runtime holds in RAM before the model (kit.presets.Preset's)
+
+    @property
+    def ram_for_model_bytes(self) -> int:
+        """The RAM left to build the model once the runtime holds its own."""
+        return self.ram_bytes - self.runtime_ram_bytes
 
     @property
     def margin_fraction(self) -> float:
@@ -121,10 +127,10 @@ def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
     if isinstance(device, Limit):
         return device
     p, _ = resolve_device("this" if isinstance(device, str) and device.strip().lower() == "this gpu" else device)
-    if p.gpu_bytes is None:
-        return Limit(p.name, p.label, p.ram_bytes, p.ram_bytes, safety, "bf16", "cpu")
+    if p.gpu_bytes is None:   # training itself runs in the RAM the runtime leaves
+        return Limit(p.name, p.label, p.ram_for_model_bytes, p.ram_bytes, safety, "bf16", "cpu", p.runtime_ram_bytes)
     return Limit(p.name, p.label, p.gpu_bytes, p.ram_bytes, safety,
-                 run_dtype(p.capability)[0] if p.capability else "bf16")
+                 run_dtype(p.capability)[0] if p.capability else "bf16", "cuda", p.runtime_ram_bytes)
 
 
 @dataclass
@@ -166,7 +172,8 @@ class Advice:
                 "reserved_bytes": self.reserved_bytes, "expandable_segments": self.expandable_segments,
                 "judged": "peak_bytes" if lim.safety_fraction is not None else "reserved_bytes",
                 "margin_bytes": self.margin_bytes, "cpu_build_bytes": self.cpu_build_bytes,
-                "ram_bytes": lim.ram_bytes, "ram_fits": self.cpu_build_bytes <= lim.ram_bytes,
+                "ram_bytes": lim.ram_bytes, "runtime_ram_bytes": lim.runtime_ram_bytes,
+                "ram_fits": self.cpu_build_bytes <= lim.ram_for_model_bytes,
                 "device": lim.name, "device_label": lim.label, "max_batch_size": self.max_batch_size,
                 "max_seq_len": self.max_seq_len, "evaluates": self.evaluates, "eval_peak_bytes": self.eval_peak_bytes,
                 "max_eval_batch_size": self.max_eval_batch_size,
@@ -176,7 +183,7 @@ class Advice:
     def tight(self) -> bool:
         """Within the limit, but not the margin kept (:attr:`Limit.margin_fraction`): never "fits"."""
         return not self.fits and self.judged_bytes <= self.limit.limit_bytes and \
-            self.cpu_build_bytes <= self.limit.ram_bytes
+            self.cpu_build_bytes <= self.limit.ram_for_model_bytes
 
     @property
     def judged_bytes(self) -> int:
@@ -297,7 +304,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
               s.estimate({**s.base, **(MOVES["4bit"][0](s.base, s) or {})})]
-    impossible = min(e.cpu_build_bytes for e in [be, *builds] if e is not None) > lim.ram_bytes
+    impossible = min(e.cpu_build_bytes for e in [be, *builds] if e is not None) > lim.ram_for_model_bytes
     for size in range(1, MAX_CHANGES + 1) if not s.fits(be) and not impossible else ():
         sets = {names | {m} for names in frontier for m in MOVES if m not in names} - seen
         seen |= sets
@@ -307,9 +314,9 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
             break   # every pair of single moves is tried; then the BEAM pairs of lowest peak grow a third
         frontier = [n[0] for n in sorted(level, key=lambda node: node[2].peak_bytes)[:None if size == 1 else BEAM]]
     if impossible:
-        notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of "
-                     f"{fmt_bytes(lim.ram_bytes)} RAM, and neither 16-bit nor 4-bit weights fit there: no change "
-                     "the advisor tries helps")
+        notes.append(f"building the model on the CPU needs {fmt_bytes(be.cpu_build_bytes)} of the "
+                     f"{fmt_bytes(lim.ram_for_model_bytes)} of RAM the runtime leaves, and neither 16-bit nor 4-bit "
+                     "weights fit there: no change the advisor tries helps")
     out = _suggestions(s, found)
     if not out:   # nothing fits (with rows of a useful length): the closest tried, to show how far it is
         out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda node: node[2].peak_bytes)[:3])

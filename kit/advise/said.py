@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from kit.advise.answer import ANSWER_LINES, SHORT_WIDTH, in_short
 from kit.estimate.reserved import HOW_TO
-from kit.presets import figures_said, short_label
+from kit.presets import figures_said, ram_said, short_label
 from kit.units import WIDTH, GiB, fmt_bytes, wrap
 
 
 def _f(advice, nbytes: int) -> str:
-    return fmt_bytes(nbytes, "GiB" if advice.limit.limit_bytes >= GiB else None)   # one unit in a text
+    return fmt_bytes(nbytes, _unit(advice))
+
+
+def _unit(advice) -> str | None:
+    return "GiB" if advice.limit.limit_bytes >= GiB else None   # one unit in a text
 
 
 def _margin(advice, nbytes: int) -> str:
@@ -55,8 +59,8 @@ def usable_said(advice) -> str:
 def verdict_line(advice) -> str:
     """The verdict with the one figure judged, by name, and the limit (and RAM where the build does not fit)."""
     lim = advice.limit
-    ram = "" if advice.cpu_build_bytes <= lim.ram_bytes else \
-        f"; CPU build {_f(advice, advice.cpu_build_bytes)} > {_f(advice, lim.ram_bytes)} RAM"
+    ram = "" if advice.cpu_build_bytes <= lim.ram_for_model_bytes else \
+        "; " + ram_said(advice.cpu_build_bytes, lim.ram_bytes, lim.runtime_ram_bytes, _unit(advice))
     room = _margin(advice, advice.margin_bytes) if not advice.tight else \
         f"{_f(advice, lim.limit_bytes - advice.judged_bytes)} to spare of the limit, under its margin"
     return (f"{word(advice)} {short_label(lim.label)}: {_f(advice, advice.judged_bytes)} "
@@ -95,15 +99,30 @@ def short_rows(advice, top: int | None) -> list:
     out += [f"  {i:>2} {_f(advice, _held(advice, s)):>10} {_signed(advice, s.margin_bytes):>11}  {s.cli}"
             + (" (TIGHT)" if s.tight else "") for i, s in enumerate(rows[1:], 2)]
     if not advice.fits:
-        out.append(f"largest batch that fits: {advice.max_batch_size}; longest sequence: {advice.max_seq_len}")
+        out.append(largest_said(advice))
     return out
+
+
+def largest_said(advice) -> str:
+    """The largest batch and the longest sequence that fit, or that none does ("no batch fits"), never a 0.
+
+    >>> from types import SimpleNamespace as Advice
+    >>> largest_said(Advice(max_batch_size=8, max_seq_len=2048)), largest_said(Advice(max_batch_size=0, max_seq_len=0))
+    ('largest batch that fits: 8; longest sequence: 2048', 'no batch fits, not even 1, and no sequence length either')
+    """
+    batch = (f"largest batch that fits: {advice.max_batch_size}" if advice.max_batch_size else
+             "no batch fits, not even 1")
+    seq = (f"longest sequence: {advice.max_seq_len}" if advice.max_seq_len else
+           "and no sequence length either" if not advice.max_batch_size else "no sequence length fits at this batch")
+    return f"{batch}{'; ' if advice.max_seq_len or advice.max_batch_size else ', '}{seq}"
 
 
 def details(advice, top: int | None = None) -> list:
     """The full text: the verdict with both figures, each change with its costs and in the user's objects."""
     lim = advice.limit
-    ram = "" if advice.cpu_build_bytes <= lim.ram_bytes else \
-        f"; CPU build {_f(advice, advice.cpu_build_bytes)} does NOT fit {_f(advice, lim.ram_bytes)} of RAM"
+    ram = "" if advice.cpu_build_bytes <= lim.ram_for_model_bytes else \
+        f"; CPU build {_f(advice, advice.cpu_build_bytes)} does NOT fit the {_f(advice, lim.ram_for_model_bytes)} " \
+        f"of RAM the runtime leaves ({_f(advice, lim.ram_bytes)} less its own {_f(advice, lim.runtime_ram_bytes)})"
     if advice.evaluates:
         ram += f"; evaluate() {_f(advice, advice.eval_peak_bytes)}" + (
             " does NOT fit" if advice.eval_peak_bytes > lim.usable_bytes else "")
@@ -128,7 +147,7 @@ def details(advice, top: int | None = None) -> list:
         if i <= len(advice.objects):   # the same change in the user's own objects
             out += _in_objects(advice.objects[i - 1], s.costs)
     out += [f"note: {n}" for n in advice.notes]
-    return out + [f"largest batch that fits: {advice.max_batch_size}; longest sequence: {advice.max_seq_len}"]
+    return out + [largest_said(advice)]
 
 
 def _in_objects(objects, costs: list) -> list:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from kit import inputs as kin
+from kit import optimizers
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
@@ -22,7 +23,6 @@ from kit.training_setup import DEFAULTS, KEYWORDS, SUGGESTED, flag_of
 
 BATCH_CAP, SEQ_CAP = 65536, 1 << 20   # max_batch_size / max_seq_len search no further
 MIN_ROW_TOKENS = 32   # the shortest training row the advisor suggests (scenario 2's user trains rows of 30)
-INT32_MAX = 2**31 - 1    # bitsandbytes' 8-bit AdamW kills the process on a tensor above it (docs/known-failures.md)
 # estimate() keyword -> the estimate CLI's option (its long name without the dashes), as `changes` names it
 CLI = {k: flag_of(k).lstrip("-") for k in SUGGESTED}
 KW = ("model",) + KEYWORDS   # what a setup dict holds: estimate()'s keywords
@@ -202,7 +202,8 @@ class Search:
         top = max(big, key=lambda leaf: leaf.weight, default=None)
         self.outsized = (top.name, top.fin, top.fout) if top and not self.base["lora_r"] and \
             top.weight > b.trainable_params / 2 else None
-        self.too_big = next((l.name + ".weight" for l in self.info.leaves if l.trainable and l.weight > INT32_MAX),
+        self.too_big = next((l.name + ".weight" for l in self.info.leaves
+                             if l.trainable and optimizers.over_int32(l.weight)),
                             None)
         self.maxpos = min(self.info.max_positions or SEQ_CAP, SEQ_CAP)
         self.notes |= levers.notes(self)   # TRL's chunked_nll and padding-free, where they do not help
@@ -230,7 +231,8 @@ class Search:
         too: optimizer state paged out of the GPU's allocator (bitsandbytes' managed memory, paged to RAM under
         pressure) and offloaded activations (pinned)."""
         return est is not None and self.lim.judged(est, self.evaluates, exact=False) <= self.lim.usable_bytes \
-            and max(est.cpu_build_bytes, est.paged_optimizer_bytes + est.offloaded_bytes) <= self.lim.ram_bytes
+            and max(est.cpu_build_bytes, est.paged_optimizer_bytes + est.offloaded_bytes) \
+            <= self.lim.ram_for_model_bytes
 
     def apply(self, names) -> dict | None:
         o = dict(self.base)
@@ -308,7 +310,7 @@ class Search:
         changes, rank = self.changes(setup), self.rank((names, setup, est))
         fits, margin = self.fits(est), self.margin(est)
         tight = not fits and self.lim.judged(est, self.evaluates) <= self.lim.limit_bytes and \
-            est.cpu_build_bytes <= self.lim.ram_bytes
+            est.cpu_build_bytes <= self.lim.ram_for_model_bytes
         return Suggestion(changes, cli(changes), est.peak_bytes, fits, margin, costs, rank[1],
                           *self.largest(setup), est.cpu_build_bytes, est.eval_peak_bytes, setup, rank,
                           est.reserved_bytes, tight)

@@ -415,7 +415,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                                 **({"fused_lm_head": True} if plan.fused_lm_head else {}),
                                 **({"liger_kernel": True} if plan.liger_kernels else {}),
                                 **plan.offload,   # (only the options that differ from their defaults)
-                                **({"adapter_dtype": "bf16"} if plan.adapter_dtype == 2 else {}),
+                                **({"adapter_dtype": "bf16"} if plan.adapter_dtype == act.BF16 else {}),
                                 **({"task": plan.task, "num_labels": info.num_labels} if info.classifier else {}),
                                 **({"train_head": True} if plan.train_head else {}),
                                 **({"use_dora": True} if plan.dora else {}),

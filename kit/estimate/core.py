@@ -254,7 +254,7 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
                           "outside max_memory_allocated, evicted to RAM under pressure", field="optimizer",
                           code="paged-optimizer"))
     if optimizers.ROOM[optimizer].int32_limit and any(
-            l.trainable and not lora_r and l.weight >= 2**31 for l in leaves):
+            l.trainable and not lora_r and optimizers.over_int32(l.weight) for l in leaves):
         notes.append(Note("a trainable tensor has >= 2^31 elements: bitsandbytes 8-bit AdamW kills the process "
                           "on it (ops.cu 'invalid argument'); do not run this", field="optimizer",
                           code=INT32_OPTIMIZER))

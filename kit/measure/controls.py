@@ -29,7 +29,7 @@ a smaller GPU: ``KIT_GPU_CAP_BYTES=15633680957 python -m kit demo --out report/`
 >>> import torch
 >>> with memory_cap(2**40) as cap:                    # doctest: +SKIP
 ...     cap.how
-'CPU live-tensor counter (kit.measure.tensor_peak.TensorPeak): a simulated cap'
+'CPU live-tensor counter: a simulated cap'
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def memory_cap(cap_bytes):
         return
     if not machine.has_cuda():
         with TensorPeak(limit_bytes=n) as counter:
-            yield Cap(n, "CPU live-tensor counter (kit.measure.tensor_peak.TensorPeak): a simulated cap", counter)
+            yield Cap(n, "CPU live-tensor counter: a simulated cap", counter)
         return
     with cuda_memory_fraction(n) as how:
         yield Cap(n if how.startswith("CUDA") else None, how)

@@ -32,6 +32,22 @@ from kit import machine
 from kit.units import fmt_bytes, wrapped
 
 
+def runtime_ram_bytes() -> int:
+    """What the runtime itself holds in RAM: this process's RSS once torch, transformers' Trainer and, with a GPU,
+    CUDA's libraries and context are loaded (loaded here first, as training would), less the bytes live CPU
+    tensors hold (a model already built is the model's, not the runtime's).
+
+    >>> runtime_ram_bytes() > 100 * 2**20
+    True
+    """
+    from transformers import Trainer  # noqa: F401 (loads the training stack, as the user's notebook does)
+
+    if machine.has_cuda():
+        torch.empty(1, device="cuda")   # CUDA's context and libraries
+    rss = psutil.Process(os.getpid()).memory_info().rss
+    return max(rss - live_tensor_bytes("cpu"), 0)
+
+
 def best_reading() -> str:
     """Name of the counter the kit trusts most here: ``cuda_allocated`` or ``live_tensor_bytes``."""
     return "cuda_allocated" if machine.has_cuda() else "live_tensor_bytes"

@@ -13,6 +13,35 @@ import torch
 from kit.units import fmt_bytes
 
 
+# What the user's code did, for torch's operations an out-of-memory error meets most, by the op's name
+OPS_SAID = {
+    "_to_copy": "a copy to another dtype or device (.to(), .float(), .half())", "copy_": "a copy into a tensor",
+    "clone": "a copy of a tensor (.clone())", "empty": "a new tensor", "empty_strided": "a new tensor",
+    "zeros": "a new tensor of zeros", "ones": "a new tensor of ones", "full": "a new filled tensor",
+    "zeros_like": "a new tensor of zeros", "ones_like": "a new tensor of ones", "empty_like": "a new tensor",
+    "mm": "a matrix multiply", "addmm": "a matrix multiply (a Linear layer)", "bmm": "a batched matrix multiply",
+    "matmul": "a matrix multiply", "add": "an addition (+)", "mul": "a multiplication (*)", "sub": "a subtraction (-)",
+    "div": "a division (/)", "cat": "a concatenation (torch.cat)", "embedding": "an embedding lookup",
+    "_log_softmax": "a log-softmax (the loss)", "_softmax": "a softmax", "nll_loss_forward": "the loss",
+    "native_layer_norm": "a layer norm", "gelu": "a GELU activation", "silu": "a SiLU activation",
+    "_scaled_dot_product_flash_attention_for_cpu": "attention", "_scaled_dot_product_efficient_attention": "attention",
+    "_fused_adamw_": "the AdamW step", "_foreach_mul": "the optimizer step", "_foreach_add": "the optimizer step",
+    "_foreach_sqrt": "the optimizer step", "_foreach_div": "the optimizer step",
+}
+
+
+def op_said(func) -> str:
+    """What the user's code did at ``func`` (one of torch's operations), in words: "a matrix multiply", or for an op
+    not in :data:`OPS_SAID` "a tensor operation" with torch's own name for it, last.
+
+    >>> op_said(torch.ops.aten._to_copy.default), op_said(torch.ops.aten.tanh.default)
+    ('a copy to another dtype or device (.to(), .float(), .half())', "a tensor operation (torch's tanh)")
+    """
+    packet = getattr(func, "overloadpacket", None)
+    name = getattr(packet, "__name__", str(func))
+    return OPS_SAID.get(name, OPS_SAID.get(name.rstrip("_"), f"a tensor operation (torch's {name})"))
+
+
 class TensorPeak:
     """Exact peak of tensor bytes on the CPU, where PyTorch keeps no allocator statistics.
 
@@ -38,7 +67,7 @@ class TensorPeak:
     >>> with TensorPeak(limit_bytes=p.current_bytes + 1536) as p:   # doctest: +ELLIPSIS
     ...     y = x + 1; z = x + 2
     Traceback (most recent call last):
-    torch.OutOfMemoryError: kit memory cap: live tensors would reach ..., over the cap of ... (aten.add.Tensor)
+    torch.OutOfMemoryError: kit memory cap: live tensors would reach ..., over the cap of ..., at an addition (+)
     >>> p.hits, p.peak_bytes - p.start_bytes       # y was counted; z, over the cap, never was
     (1, 1024)
     """
@@ -73,7 +102,7 @@ class TensorPeak:
 
         self.hits += 1
         raise torch.OutOfMemoryError(f"kit memory cap: live tensors would reach {fmt_bytes(would)}, "
-                                     f"over the cap of {fmt_bytes(self.limit_bytes)} ({where})")
+                                     f"over the cap of {fmt_bytes(self.limit_bytes)}, at {op_said(where)}")
 
     def _free(self, key: int) -> None:
         self.current_bytes -= self._sizes.pop(key, 0)

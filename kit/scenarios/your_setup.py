@@ -247,7 +247,8 @@ def memory_cap(setup: YourSetup, advice, device: str = "colab-t4") -> CapChoice:
                              "further from the device's limit.")
         cap = int(math.sqrt(orig * adv))
         return CapChoice(cap, f"a tiny twin cannot run out of memory on this machine, so kit.train caps it at the "
-                              f"geometric mean of its estimated peaks (as run here) with the advisor's change "
+                              f"geometric mean of its estimated training peaks (step 2 on, as run here) with the "
+                              f"advisor's change "
                               f"({fmt_bytes(adv)}) and without it ({fmt_bytes(orig)}); the CPU counts live tensor "
                               "bytes op by op and raises torch.OutOfMemoryError past it. The cap sits "
                               f"{math.sqrt(orig / adv):.2f}x from each estimate, so it shows the report, the "
@@ -330,7 +331,6 @@ def compare(runs: list) -> str:
         lines.append(wrap("(a run that ran out of memory: measured = what was alive at the failing op, which never "
                           "ran; estimated = that phase's estimated peak, which the run never reached: no ratio)"))
     if reading == "live_tensor_bytes":
-        lines.append(wrap("(on a CPU a completed run's measured peak is the live tensor bytes counted op by op by the "
-                          "cap's counter, kit.measure.tensor_peak.TensorPeak: "
-                          "the CPU's stand-in for CUDA's max allocated)"))
+        lines.append(wrap("(on a CPU a completed run's measured peak is the most tensor bytes alive at once, counted "
+                          "op by op by the cap's live-tensor counter: the CPU's stand-in for CUDA's max allocated)"))
     return "\n".join(lines)  # the rows stay whole (at most 114 characters): a table must not fold

@@ -138,11 +138,11 @@ class TrainReport:
             f" The run had a{cap[3:]}." if cap else ""
         out = [f"OUT OF MEMORY {when}, during {self.phase_text}.{alive}"]
         parts = {k: v for k, v in self.measured.items() if k != "total" and v is not None}
-        if parts:
-            top = max(parts, key=parts.get)
-            est = self.estimated.get(top)
-            out.append(f"biggest then: {_rest_label(top, self.reading)}, {fmt_bytes(parts[top])} (measured"
-                       + (f"; estimated {fmt_bytes(est)})" if est is not None else ")"))
+        if parts:   # beside it the one estimated figure of this run, named: its phase's estimated peak
+            top, est = max(parts, key=parts.get), self.estimated.get("total")
+            named = SAID.get(self.estimate_field, self.estimate_field)
+            out.append(f"biggest then: {_rest_label(top, self.reading)}, {fmt_bytes(parts[top])} measured"
+                       + (f"; this phase's estimated peak: {fmt_bytes(est)} ({named})" if est is not None else ""))
         best = getattr(self.advice, "best", None)
         if best:
             out.append(best)

@@ -51,6 +51,7 @@ from kit.dtypes import run_precision
 from kit import models as kmodels
 from kit.estimate import INT32_OPTIMIZER, estimate
 from kit.inputs import InputError, has_note, whole_number
+from kit.measure import device as kdevice
 from kit.presets import GPU_PRESETS, OPTIMIZERS, PRESETS, Preset, resolve_device, verdict
 from kit.training_setup import TrainingSetup
 from kit.widgets import options as panel_options
@@ -69,7 +70,7 @@ from kit.widgets.models import (
     run_problem,
     task_for,
 )
-from kit.widgets.options import PRESET_CHOICES, SEQ_CAP, control, this_machine
+from kit.widgets.options import PRESET_CHOICES, SEQ_CAP, control, session_presets, this_machine
 from kit.widgets.run_view import PanelRuns
 
 # Scenario 1: the user's Trainer (batch 1, 128 tokens, fp16, AdamW, checkpointed frozen base).
@@ -133,7 +134,8 @@ class Panel(PanelRuns):
         if "seq_len" in kwargs and d["seq_len"] > top:   # never clamped silently
             raise InputError("seq_len", f"seq_len {d['seq_len']:,} is beyond what the panel's slider takes for {model} "
                              f"({top:,}): pass at most {top:,}, or estimate longer ones with kit.estimate.estimate.")
-        self.machine = this_machine()
+        runtime_bytes = kdevice.runtime_ram_bytes()   # the runtime's own RAM, for the presets that are this machine
+        self.machine, self.here = this_machine(runtime_bytes), session_presets(runtime_bytes)
         self.history: list[dict] = []
         self.estimate = self.problem = self.verdict = self.last_figure = self.last_result = None
         self.run_reason = None
@@ -264,7 +266,9 @@ class Panel(PanelRuns):
 
     def preset(self) -> Preset:
         key = self.controls["preset"].value
-        return self.machine if key == "this" else PRESETS.get(key) or resolve_device(key)[0]   # or "16GiB"
+        if key == "this":
+            return self.machine
+        return self.here.get(key) or PRESETS.get(key) or resolve_device(key)[0]   # or "16GiB"
 
     def _where(self) -> str:
         return "cpu" if self.preset().gpu_bytes is None else "cuda"

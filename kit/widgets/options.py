@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from kit import inputs as kin
+from kit.measure.session import session_preset
 from kit.presets import ALIASES, PRESETS, Preset, resolve_device
 from kit.training_setup import FIELDS
 
@@ -29,9 +30,17 @@ BATCH_MAX = 64     # the batch slider's end, unless the panel is given more
 _CHOICES = {k: FIELDS[k].metadata["choices"] for k in ("quantization", "precision", "optimizer", "strategy")}
 
 
-def this_machine() -> Preset:
-    """The "this machine" preset: this GPU's memory for torch, or (no GPU) the CPU's RAM."""
-    return resolve_device("this", cpu_ok=True)[0]
+def this_machine(measured_bytes: int | None = None) -> Preset:
+    """The "this machine" preset: this GPU's memory for torch, or (no GPU) the CPU's RAM, with the runtime's own RAM
+    measured in this session (``measured_bytes`` where the caller measured it)."""
+    return session_preset("this", measured_bytes)
+
+
+def session_presets(measured_bytes: int) -> dict[str, Preset]:
+    """The presets that are the machine this session runs on (the ``cpu`` preset; ``colab-t4`` inside Colab), by
+    name, carrying ``measured_bytes`` as the runtime's own RAM (:func:`kit.measure.session.session_preset`)."""
+    made = (session_preset(name, measured_bytes) for name in ("cpu", "colab-t4"))
+    return {p.name: p for p in made if isinstance(p, Preset)}
 
 
 def control(kind, label: str, value, **kwargs):

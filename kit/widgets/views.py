@@ -38,8 +38,8 @@ def judged(est, preset) -> tuple[str, int, int, str]:
     >>> judged(estimate("tiny-gpt2", batch_size=2, seq_len=64, device="cpu"), PRESETS["cpu"])[0]
     'training peak'
     """
-    if preset.gpu_bytes is None:
-        return "training peak", est.peak_bytes, preset.ram_bytes, "RAM"
+    if preset.gpu_bytes is None:   # training runs in the RAM the runtime leaves
+        return "training peak", est.peak_bytes, preset.ram_for_model_bytes, "RAM the runtime leaves"
     held = getattr(est, "reserved_bytes", 0) or est.peak_bytes
     return ("reserved (modelled)" if held != est.peak_bytes else "peak allocated"), held, preset.gpu_bytes, "GPU"
 
@@ -60,9 +60,11 @@ def verdict_html(est, verdict, preset, problem: str | None = None) -> str:
     if verdict.tight:   # within the limit, not the margin kept while the figure is modelled
         spare += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
     ram = ""
-    if preset.gpu_bytes is not None and verdict.ram_margin_bytes is not None and verdict.ram_margin_bytes < 0:
-        ram = (f"; building the model needs <b>{fmt_bytes(est.cpu_build_bytes)}</b> of "
-               f"{fmt_bytes(preset.ram_bytes)} RAM ({fmt_bytes(-verdict.ram_margin_bytes)} short)")
+    if preset.gpu_bytes is not None and verdict.ram_margin_bytes < margin_kept(preset.ram_bytes):
+        ram = (f"; building the model needs <b>{fmt_bytes(est.cpu_build_bytes)}</b> beside the runtime's own "
+               f"{fmt_bytes(preset.runtime_ram_bytes)}, of {fmt_bytes(preset.ram_bytes)} RAM ("
+               + (f"{fmt_bytes(-verdict.ram_margin_bytes)} short: the session crashes" if verdict.ram_margin_bytes < 0
+                  else f"a near miss, {fmt_bytes(verdict.ram_margin_bytes)} to spare") + ")")
     top = est.offenders[0] if est.offenders else None
     cause = (f"biggest: <b>{html.escape(top[0])}</b> {fmt_bytes(top[2])} with its training state &middot; "
              if top else "")
@@ -103,7 +105,9 @@ def details_html(est, preset) -> str:
                                                      f" &middot; <span style='color:#D55E00'>- - limit "
                                                      f"{fmt_bytes(limit)}</span>") + "</div>",
              f"<div style='font-size:85%;color:#555'>{est.params:,} params, {est.trainable_params:,} trainable; "
-             f"CPU RAM to build the model {fmt_bytes(est.cpu_build_bytes)} of {fmt_bytes(preset.ram_bytes)}</div>"]
+             f"CPU RAM to build the model {fmt_bytes(est.cpu_build_bytes)}, beside the runtime's own "
+             f"{fmt_bytes(preset.runtime_ram_bytes)} ({html.escape(preset.runtime_said)}), of "
+             f"{fmt_bytes(preset.ram_bytes)}</div>"]
     lines += [f"<div style='font-size:85%;color:#555'>note: {html.escape(n)}</div>" for n in est.notes]
     return "".join(lines)
 

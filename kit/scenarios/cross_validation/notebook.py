@@ -199,8 +199,8 @@ def recipe_table(estimates: dict, measured: list[dict] | None = None) -> str:
         lines.append("(the estimate is of the longest micro-batch the data can pack, as estimate_trainer reads it; "
                      "a run of a few steps may draw only shorter ones)")
     if measured and not machine.has_cuda():
-        lines.append("(on a CPU the measured peak is the tensor bytes counted op by op by "
-                     "kit.measure.tensor_peak.TensorPeak, activations included)")
+        lines.append("(on a CPU the measured peak is the most tensor bytes alive at once, counted op by op by the "
+                     "kit's live-tensor counter, activations included)")
     return "\n".join(lines)
 
 

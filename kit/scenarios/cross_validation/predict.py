@@ -237,7 +237,8 @@ def advisor_text(est, preset: str = "colab-t4", top: int = 3) -> str:
 
     p = PRESETS[preset]
     old = fold1_leftovers(est)
-    left = Preset(p.name, f"{p.label} less fold 1's {fmt_bytes(old)}", p.gpu_bytes - old, p.ram_bytes)
+    left = Preset(p.name, f"{p.label} less fold 1's {fmt_bytes(old)}", p.gpu_bytes - old, p.ram_bytes,
+                  runtime_ram_bytes=p.runtime_ram_bytes, runtime_said=p.runtime_said)
     lines = ["ESTIMATED by the fit advisor (python -m kit fit), one fold:", advise(est, p).text(top=top), "",
              "fold 2, with fold 1's model and optimizer state still alive:", advise(est, left).text(top=top)]
     if any("--kbit-recipe" in line for line in lines):  # explained where it first appears

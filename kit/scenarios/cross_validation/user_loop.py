@@ -32,7 +32,6 @@ from kit import models as kmodels
 from kit import runtime
 from kit.measure import cleanup, oom
 from kit.measure.controls import memory_cap
-from kit.measure import device as kdevice
 from kit.measure.track import Tracker
 from kit.scenarios.cross_validation.folds import KFold, user_data
 from kit.scenarios.cross_validation.lora_reset import lora_config
@@ -45,11 +44,11 @@ def free_gpu_cache() -> None:
     """The user's cleanup helper, as the advice wrote it (its ``gpu_usage()`` prints left out)."""
     # What it frees is the notebook's question; the answer is in this module's docstring.
     try:
-        del trainer  # noqa: F821
+        del trainer
     except NameError:
         pass
     gc.collect()
-    kdevice.empty_cache()  # torch.cuda.empty_cache(), through the kit's one CUDA module
+    torch.cuda.empty_cache()
 
 
 def user_bnb_config() -> BitsAndBytesConfig:

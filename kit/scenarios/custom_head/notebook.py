@@ -283,9 +283,8 @@ def reading_text(reading: str) -> str:
     True
     """
     if reading == "live_tensor_bytes":
-        return ("On a CPU, each MEASURED peak below is the tensor bytes counted op by op by "
-                "kit.measure.tensor_peak.TensorPeak, activations included: the CPU's stand-in for CUDA's max "
-                "allocated.")
+        return ("On a CPU, each MEASURED peak below is the most tensor bytes alive at once, counted op by op by the "
+                "kit's live-tensor counter, activations included: the CPU's stand-in for CUDA's max allocated.")
     return (f"On this GPU, each MEASURED peak below ({reading}) is CUDA's max allocated during training "
             "(torch.cuda.max_memory_allocated()), less what was alive before the run: what the estimate predicts.")
 

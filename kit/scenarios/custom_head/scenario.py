@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from torch import nn
 
 from kit import data as kdata
-from kit import dtypes, machine, runtime
+from kit import dtypes, machine, optimizers, runtime
 from kit import models as kmodels
 from kit.dtypes import run_precision  # noqa: F401 (read as s1.run_precision too)
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel
-from kit.presets import PRESETS, verdict
+from kit.measure.session import session_preset
+from kit.presets import PRESETS, Preset, margin_kept, verdict
 from kit.training_setup import declared
 from kit.units import fmt_bytes, wrapped
 
@@ -32,8 +33,7 @@ NAMES = {"real": "distilgpt2+vocab-head", "smoke": "tiny-gpt2+vocab-head"}
 # frozen and checkpointed (VocabHeadModel does that). Warmup 2500 and lr 0.1 change no tensor size.
 USER = declared(batch_size=1, seq_len=128, grad_accum=16, precision="fp16", optimizer="adamw-fused",
                 gradient_checkpointing=True)   # the seed user's TrainingArguments, as the kit names them
-T4_BYTES, COLAB_RAM_BYTES = PRESETS["colab-t4"].gpu_bytes, PRESETS["colab-t4"].ram_bytes
-INT32_MAX = 2**31 - 1    # the likely limit of bitsandbytes' 8-bit optimizer kernels (see bnb_8bit_problem)
+T4_BYTES = PRESETS["colab-t4"].gpu_bytes
 RANK = {"real": 256, "smoke": 16}    # fix (b)'s rank
 FIXES = {"a": "drop the head, fine-tune the LM itself", "b": "a low-rank head V->r->V",
          "c": "keep the VxV head: 16-bit weights (bf16 where native, fp16 on a T4), 8-bit AdamW where it is safe"}
@@ -63,7 +63,8 @@ class Prediction:
     cpu_build_bytes: int
     peak_bytes: int
     fits_t4: bool
-    fits_ram: bool
+    fits_ram: bool             # the build fits beside the runtime's own RAM, with the margin kept (no near miss)
+    preset: Preset = PRESETS["colab-t4"]   # Colab's T4 runtime, with this session's runtime RAM inside Colab
 
     @wrapped
     def text(self) -> str:
@@ -71,26 +72,45 @@ class Prediction:
             f"ESTIMATED for {self.name} (fp16 mixed precision, batch 1 x 128 tokens, accumulation 16, AdamW, "
             "base frozen and checkpointed):",
             f"  the biggest module: {self.offender}, {self.offender_params:,} trainable parameters",
-            f"  CPU RAM to build the model: {fmt_bytes(self.cpu_build_bytes)} "
-            f"({'fits' if self.fits_ram else 'does NOT fit'} Colab's {fmt_bytes(COLAB_RAM_BYTES)})",
+            "  " + ram_said(self.cpu_build_bytes, self.preset),
             f"  GPU peak in training: {fmt_bytes(self.peak_bytes)}",
-            "  " + verdict(self.estimate, "colab-t4").text])
+            "  " + verdict(self.estimate, self.preset).text])
 
     __str__ = text
 
 
+def ram_said(build_bytes: int, preset: Preset) -> str:
+    """The RAM the build needs beside the runtime's own, against the machine's RAM: fits, a near miss (under the
+    margin kept while figures are modelled) or a crash.
+
+    >>> print(ram_said(int(9.71 * 2**30), PRESETS["colab-t4"]))  # doctest: +ELLIPSIS
+    CPU RAM to build the model: 9.71 GiB, beside the runtime's own 3.09 GiB (...): 12.80 GiB of Colab's 12.70 GiB, ...
+    """
+    need, ram = build_bytes + preset.runtime_ram_bytes, preset.ram_bytes
+    how = ("does NOT fit: the session dies of RAM while the model is built, on a GPU runtime as on a CPU one"
+           if need > ram else f"a near miss, {fmt_bytes(ram - need)} to spare" if ram - need < margin_kept(ram)
+           else "fits")
+    return (f"CPU RAM to build the model: {fmt_bytes(build_bytes)}, beside the runtime's own "
+            f"{fmt_bytes(preset.runtime_ram_bytes)} ({preset.runtime_said}): {fmt_bytes(need)} of Colab's "
+            f"{fmt_bytes(ram)}, {how}")
+
+
 def predict_original(size: str | None = None) -> Prediction:
-    """Estimate the user's setup and name the culprit (no weights are made: instant at any size).
+    """Estimate the user's setup and name the culprit (no weights are made: instant at any size). The RAM verdict
+    counts the runtime's own RAM: the Colab preset's figure, or inside Colab this session's, measured.
 
     >>> p = predict_original("real")
-    >>> p.offender, p.offender_params, p.fits_t4
-    ('custom_layer', 2525916822, False)
+    >>> p.offender, p.offender_params, p.fits_t4, p.fits_ram
+    ('custom_layer', 2525916822, False, False)
     """
     name = NAMES[size_name(size)]
     est = estimate_user(name)
     top, params, _ = est.offenders[0]
-    return Prediction(name, est, top, params, est.cpu_build_bytes, est.peak_bytes,
-                      verdict(est, "colab-t4").gpu_margin_bytes >= 0, est.cpu_build_bytes <= COLAB_RAM_BYTES)
+    preset = session_preset("colab-t4")
+    preset = preset if isinstance(preset, Preset) else PRESETS["colab-t4"]
+    v = verdict(est, preset)
+    return Prediction(name, est, top, params, est.cpu_build_bytes, est.peak_bytes, v.gpu_margin_bytes >= 0,
+                      v.ram_margin_bytes >= margin_kept(preset.ram_bytes), preset)
 
 
 # -- 2. the usual advice ------------------------------------------------------------------
@@ -215,8 +235,8 @@ def bnb_8bit_problem(model: nn.Module) -> str | None:
     'custom_layer.weight has 2,525,866,564'
     """
     for pname, p in model.named_parameters():
-        if p.requires_grad and p.numel() > INT32_MAX:
-            return (f"{pname} has {p.numel():,} elements, over 2**31 - 1: bitsandbytes' 8-bit optimizer "
+        if p.requires_grad and optimizers.over_int32(p.numel()):
+            return (f"{pname} has {p.numel():,} elements, over {optimizers.INT32_MAX:,}: bitsandbytes' 8-bit optimizer "
                     "would kill the process (not raise). Refused.")
     return None
 
