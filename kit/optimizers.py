@@ -165,26 +165,30 @@ class Optimizer:
 ROOM = {o.name: o for o in (
     # adamw-fused is Trainer's default in transformers 5 (TrainingArguments().optim): one fused kernel per step,
     # no full-size temporaries, on CUDA and on the CPU; adamw is adamw_torch's foreach step, which makes them.
-    Optimizer("adamw-fused", ("adamw_torch_fused",), label="Trainer's default"),
-    Optimizer("adamw", ("adamw_torch",), temporaries=_foreach_adamw_temporaries),
-    Optimizer("adamw-8bit", ("adamw_bnb_8bit", "adamw_8bit"), ("AdamW8bit", "Adam8bit"), _adamw_8bit,
+    Optimizer(name="adamw-fused", optim=("adamw_torch_fused",), label="Trainer's default"),
+    Optimizer(name="adamw", optim=("adamw_torch",), temporaries=_foreach_adamw_temporaries),
+    Optimizer(name="adamw-8bit", optim=("adamw_bnb_8bit", "adamw_8bit"), classes=("AdamW8bit", "Adam8bit"),
+              state=_adamw_8bit,
               int32_limit=True),
-    Optimizer("paged-adamw-8bit", ("paged_adamw_8bit",), ("PagedAdamW8bit", "PagedAdam8bit"), _paged_adamw_8bit,
+    Optimizer(name="paged-adamw-8bit", optim=("paged_adamw_8bit",), classes=("PagedAdamW8bit", "PagedAdam8bit"),
+              state=_paged_adamw_8bit,
               paged=True, int32_limit=True),
-    Optimizer("paged-adamw", ("paged_adamw_32bit",), ("PagedAdamW32bit", "PagedAdamW", "PagedAdam32bit"),
-              _paged_adamw, _paged_adamw_temporaries, paged=True,
+    Optimizer(name="paged-adamw", optim=("paged_adamw_32bit",), classes=("PagedAdamW32bit", "PagedAdamW",
+                                                                         "PagedAdam32bit"),
+              state=_paged_adamw, temporaries=_paged_adamw_temporaries, paged=True,
               label="the state in CUDA managed memory, paged to RAM"),
-    Optimizer("sgd", ("sgd",), ("SGD",), _momentum, label="with momentum",
+    Optimizer(name="sgd", optim=("sgd",), classes=("SGD",), state=_momentum, label="with momentum",
               note="sgd counts a momentum buffer: TrainingArguments(optim='sgd', optim_args='momentum=0.9')"),
     # TrainingArguments(optim="sgd") without optim_args is this one too; kit.estimate.read_training asks for a momentum
-    Optimizer("sgd-plain", (), ("SGD",), _no_state, label="without momentum: no state",
+    Optimizer(name="sgd-plain", optim=(), classes=("SGD",), state=_no_state, label="without momentum: no state",
               note="sgd-plain keeps no optimizer state (SGD without momentum): step 1 and the later steps hold the "
                    "same"),
-        Optimizer("adafactor", ("adafactor",), ("Adafactor",), _adafactor, _adafactor_temporaries, flat=False,
+        Optimizer(name="adafactor", optim=("adafactor",), classes=("Adafactor",), state=_adafactor,
+                  temporaries=_adafactor_temporaries, flat=False,
               label="transformers' Adafactor: factored second moments"),
     # torch.optim.Muon has no TrainingArguments.optim name: it is read from the optimizer object
     # (Trainer(optimizers=(muon, None)), kit.watch_loop's optimizer) or named in estimate(optimizer="muon").
-    Optimizer("muon", (), ("Muon",), _muon, _muon_temporaries, flat=False,
+    Optimizer(name="muon", optim=(), classes=("Muon",), state=_muon, temporaries=_muon_temporaries, flat=False,
               note="Muon keeps a momentum buffer for each 2-D parameter only (torch.optim.Muon refuses others); "
                    "any other trainable tensor gets its gradient and no state"),
 )}

@@ -268,7 +268,8 @@ def verdict(est, preset: str | Preset = "colab-t4") -> Verdict:
         what += f", under the {MODELLED_MARGIN:.0%} margin ({fmt_bytes(margin_kept(limit))}) kept while it is modelled"
     head = "TIGHT" if tight else "fits" if fits else "DOES NOT FIT"
     text = f"{head} {short_label(preset)}: {what}{kernel_said(est)}"
-    return Verdict(preset, fits and not tight, gpu_margin, ram_margin, text, judged, name, limit, tight)
+    return Verdict(preset=preset, fits=fits and not tight, gpu_margin_bytes=gpu_margin, ram_margin_bytes=ram_margin,
+                   text=text, judged_bytes=judged, judged_name=name, limit_bytes=limit, tight=tight)
 
 
 def runtime_said(preset: Preset) -> str:

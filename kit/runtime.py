@@ -24,7 +24,9 @@ import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit import machine
 from kit.units import fmt_bytes, wrapped
 
@@ -59,9 +61,9 @@ def mode() -> str:
     if not forced:
         return "real" if has_cuda() else "smoke"
     try:
-        return "smoke" if kin.flag("KIT_SMOKE", forced) else "real"
-    except kin.InputError:
-        raise kin.InputError("KIT_SMOKE", f"KIT_SMOKE must be 1 or 0 (or true/false, yes/no, on/off), not "
+        return "smoke" if inputs.flag("KIT_SMOKE", forced) else "real"
+    except InputError:
+        raise InputError("KIT_SMOKE", f"KIT_SMOKE must be 1 or 0 (or true/false, yes/no, on/off), not "
                                           f"{forced!r}: 1 runs tiny twins, 0 real sizes; unset, the kit picks tiny "
                                           "twins without a GPU.") from None
 
@@ -129,7 +131,7 @@ def allocator_conf(environ=None) -> AllocatorConf:
         if key == "expandable_segments":
             value = tokens[i + 2] if tokens[i + 1:i + 2] == [":"] and i + 2 < len(tokens) else None
             if value not in ("True", "False"):
-                raise kin.InputError(var, f"{var}={text!r}: torch accepts only True or False for "
+                raise InputError(var, f"{var}={text!r}: torch accepts only True or False for "
                                           f"expandable_segments (capitalised), and stops at CUDA's first use with "
                                           f"anything else: write expandable_segments:True.")
             expandable = value == "True"

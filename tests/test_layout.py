@@ -265,9 +265,6 @@ KIND_NAMES = {
     "sentence": (("SentenceTransformerTrainer", "SentenceTransformerTrainingArguments"),
                  ("kit.estimate.sentence_trainer", "kit.advise.sentence_levers")),
 }
-# (module, name) named outside its kind's modules, each with why
-PENDING = {("kit.estimate.replay.liger", "SFTTrainer"):
-           "its refusal quotes TRL's own rule (SFTTrainer raises on fused_linear_cross_entropy=True)"}
 
 
 def _docstrings(tree) -> set[int]:
@@ -390,7 +387,7 @@ def _kind_word(node) -> str | None:
     return node.name if isinstance(node, ast.alias) else None
 
 
-def kind_names_outside(root: pathlib.Path = KIT, kinds: dict = KIND_NAMES, pending: dict = PENDING) -> list[str]:
+def kind_names_outside(root: pathlib.Path = KIT, kinds: dict = KIND_NAMES) -> list[str]:
     """``module:line name`` for each trainer class name in a module that is not its kind's (``kit.scenarios``
     exempt)."""
     found = []
@@ -403,7 +400,7 @@ def kind_names_outside(root: pathlib.Path = KIT, kinds: dict = KIND_NAMES, pendi
             text = None if id(node) in prose else _kind_word(node)
             for names, own in kinds.values() if text else ():
                 found += [f"{mod}:{node.lineno} {n}" for n in names
-                          if re.search(rf"\b{n}\b", text) and mod not in own and (mod, n) not in pending]
+                          if re.search(rf"\b{n}\b", text) and mod not in own]
     return found
 
 
@@ -432,5 +429,76 @@ def test_the_kind_check_names_a_planted_breach(tmp_path):
                                                           'NAME = "DPOTrainer"\n')
     (tmp_path / "kit" / "estimate" / "other.py").write_text('# GRPOTrainer in a comment\nfrom trl import GRPOConfig\n')
     (tmp_path / "kit" / "scenarios" / "s.py").write_text('Y = "RewardTrainer"\n')
-    assert kind_names_outside(tmp_path / "kit", pending={}) == ["kit.estimate.dpo:2 SFTConfig",
+    assert kind_names_outside(tmp_path / "kit") == ["kit.estimate.dpo:2 SFTConfig",
                                                                 "kit.estimate.other:2 GRPOConfig"]
+
+
+# Names that read: a module is imported under its own name, or a name anyone reads (numpy's np, torch's nn and F,
+# pyplot's plt, pandas' pd, ipywidgets' W), never under an opaque short alias such as ``kin`` for kit.inputs.
+CONVENTIONAL_ALIASES = {"np", "nn", "F", "plt", "pd", "W"}
+SHORTEST_ALIAS = 4
+
+
+def opaque_aliases(root: pathlib.Path = KIT) -> list[str]:
+    """``file:line name as alias`` for each import under an alias of fewer than SHORTEST_ALIAS characters that is
+    not a convention."""
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [f"{p.relative_to(root.parent)}:{node.lineno} {a.name} as {a.asname}" for a in node.names
+                          if a.asname and len(a.asname) < SHORTEST_ALIAS and a.asname not in CONVENTIONAL_ALIASES]
+    return found
+
+
+MOST_FIELDS_BY_POSITION = 8
+
+
+def record_fields(root: pathlib.Path = KIT) -> dict[str, int]:
+    """Each dataclass or NamedTuple of kit/ with more than MOST_FIELDS_BY_POSITION fields: its name and fields."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            record = any("dataclass" in ast.unparse(d) for d in node.decorator_list) or any(
+                ast.unparse(b) in ("NamedTuple", "typing.NamedTuple") for b in node.bases)
+            fields = [s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                      and "ClassVar" not in ast.unparse(s.annotation)]
+            if record and len(fields) > MOST_FIELDS_BY_POSITION:
+                out[node.name] = len(fields)
+    return out
+
+
+def records_built_by_position(root: pathlib.Path = KIT) -> list[str]:
+    """``file:line Record`` for each call that builds a big record (:func:`record_fields`) with any argument given
+    by position: each field by its name."""
+    big, found = record_fields(root), []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            if isinstance(node, ast.Call) and node.args:
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                if name in big:
+                    found.append(f"{p.relative_to(root.parent)}:{node.lineno} {name}")
+    return found
+
+
+def test_no_module_is_imported_under_an_opaque_alias():
+    found = opaque_aliases()
+    assert not found, "import each under its own name: " + ", ".join(found)
+
+
+def test_no_record_of_more_than_8_fields_is_built_by_position():
+    found = records_built_by_position()
+    assert not found, "give each field by name: " + ", ".join(found)
+
+
+def test_the_name_checks_name_a_planted_breach(tmp_path):
+    """Both checks above, on a made-up package: each names what it plants, and passes the conventions."""
+    (tmp_path / "kit").mkdir()
+    fields = "\n".join(f"    f{i}: int = 0" for i in range(9))
+    (tmp_path / "kit" / "bad.py").write_text(
+        "import numpy as np\nfrom kit import inputs as kin\nfrom dataclasses import dataclass\n\n\n@dataclass\n"
+        f"class Big:\n{fields}\n\n\nok = Big(f0=1)\nbad = Big(1, 2)\n", encoding="utf-8")
+    assert opaque_aliases(tmp_path / "kit") == ["kit/bad.py:2 inputs as kin"]
+    assert records_built_by_position(tmp_path / "kit") == ["kit/bad.py:20 Big"]

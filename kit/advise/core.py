@@ -54,7 +54,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit import trainer_kinds
 from kit.advise.gpus import shard_suggestion
 from kit.advise import said
@@ -123,7 +125,7 @@ def limit_for(device="colab-t4", safety=SAFETY) -> Limit:
     >>> round(limit_for("colab-t4").usable_bytes / 2**30, 2), round(limit_for("colab-t4", 0).usable_bytes / 2**30, 2)
     (13.83, 14.56)
     """
-    safety = None if safety is None else kin.fraction("safety", safety, maximum=0.5)
+    safety = None if safety is None else inputs.fraction("safety", safety, maximum=0.5)
     if isinstance(device, Limit):
         return device
     p, _ = resolve_device("this" if isinstance(device, str) and device.strip().lower() == "this gpu" else device)
@@ -221,7 +223,7 @@ def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]
     if isinstance(setup, dict):
         bad = sorted(set(setup) - set(KW))
         if bad:
-            raise kin.InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
+            raise InputError("setup", f"setup has keys estimate() does not take ({', '.join(bad)}): use "
                                           f"{', '.join(KW)}.")
         return _as_run({"device": lim.kernels, **setup}, [], lim.kernels if setup.get("device") is None else None,
                        lim)
@@ -231,7 +233,7 @@ def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]
         o, notes = _from_estimate(est, model=False)
         return _as_run({**o, "model": read_model(setup.model)[0]}, notes, _judged_kernels(lim), lim)
     if not isinstance(setup, Estimate):
-        raise kin.InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
+        raise InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
                                       f"not {type(setup).__name__}.")
     return _as_run(*_from_estimate(setup), _judged_kernels(lim), lim)
 
@@ -260,7 +262,7 @@ def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
     try:
         info_for(o)
     except ValueError:
-        raise kin.InputError("setup", f"this Estimate's model ({o['model']!r}) cannot be rebuilt by name: pass a dict "
+        raise InputError("setup", f"this Estimate's model ({o['model']!r}) cannot be rebuilt by name: pass a dict "
                                       "of estimate() options (model=<the config or module>, ...) or the Trainer.")
     again = estimate(**o).peak_bytes
     return o, [] if again == est.peak_bytes else [
@@ -299,7 +301,7 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
         strategy = getattr(getattr(setup, "args", None), "eval_strategy", "no")
         evaluates = getattr(setup, "eval_dataset", None) is not None and \
             str(getattr(strategy, "value", strategy)) != "no"
-    s = Search(opts, lim, kin.flag("evaluates", evaluates), flattened_rows(read), cancelled)
+    s = Search(opts, lim, inputs.flag("evaluates", evaluates), flattened_rows(read), cancelled)
     be, found, level, frontier, seen = s.base_est, [], [], [frozenset()], set()
     # the CPU build depends on the load dtype, and on k-bit weights (loaded straight onto the GPU)
     builds = [s.estimate({**s.base, "load_dtype": "bf16"}),
@@ -334,12 +336,13 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                          "no eval batch fits"))
     mb, ms = s.largest(s.base)
     given = setup if isinstance(setup, Estimate) else trainer_estimate if _is_trainer(setup) else None
-    return Advice(s.fits(be), be.peak_bytes, lim, s.margin(be), be.cpu_build_bytes, mb, ms,
-                  out, notes + sorted(s.notes), s.evaluates, ev, mev, s.base,
-                  [in_objects(x, given) for x in out] if given is not None and given.inputs else [],
-                  be.reserved_bytes, be.expandable_segments, biggest_cause(be),
-                  classes_of(given.inputs if given is not None else None), kernel_said(be))
-
+    return Advice(fits=s.fits(be), peak_bytes=be.peak_bytes, limit=lim, margin_bytes=s.margin(be),
+                  cpu_build_bytes=be.cpu_build_bytes, max_batch_size=mb, max_seq_len=ms,
+                  suggestions=out, notes=notes + sorted(s.notes), evaluates=s.evaluates, eval_peak_bytes=ev,
+                  max_eval_batch_size=mev, options=s.base,
+                  objects=[in_objects(x, given) for x in out] if given is not None and given.inputs else [],
+                  reserved_bytes=be.reserved_bytes, expandable_segments=be.expandable_segments, cause=biggest_cause(be),
+                  classes=classes_of(given.inputs if given is not None else None), kernel=kernel_said(be))
 
 
 def _suggestions(search: Search, nodes: list) -> list:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR
+
 from kit.advise import levers
 from kit.estimate.reserved import HOW_TO
 from kit.estimate.trl import SftReader
@@ -43,7 +44,7 @@ def cost(move, base, setup, base_est, est) -> str:
     weights = f"weights {f(base_est.weights_bytes)} -> {f(est.weights_bytes)}"
     trained = f"{est.trainable_params:,} trainable parameters instead of {base_est.trainable_params:,}"
     lora = (f"; a rank-{LORA_R} LoRA on every linear layer trains, not the weights"
-            if setup["lora_targets"] == kin.ALL_LINEAR and not base["lora_r"] else "") + (
+            if setup["lora_targets"] == ALL_LINEAR and not base["lora_r"] else "") + (
         f"; the other weights load in {setup['load_dtype']}" if setup["load_dtype"] != base["load_dtype"] else "")
     evals = ([f"eval batches of {setup['eval_batch_size']} instead of {base['eval_batch_size']}"]
              if setup["eval_batch_size"] != base["eval_batch_size"] else []) + (

@@ -3,7 +3,8 @@ estimated but not searched, so the advisor says which DPOConfig fields to change
 """
 from __future__ import annotations
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
 from kit import trainer_kinds
 from kit.estimate.trainer_reader import listed
 
@@ -12,7 +13,7 @@ def refuse_search(est, limit, model=None):
     """The advisor's answer for a DPO estimate: no search, the DPOConfig fields that move its peak."""
     searched = [trainer_kinds.part_of(key, "estimate").trainer_name for key in trainer_kinds.keys()
                 if trainer_kinds.part_of(key, "advise") is None and trainer_kinds.part_of(key, "estimate")]
-    raise kin.InputError("setup", f"the fit advisor searches {listed(searched)} setups, and DPOTrainer's "
+    raise InputError("setup", f"the fit advisor searches {listed(searched)} setups, and DPOTrainer's "
                                   "reference model and phases are estimated but not searched: change the "
                                   "DPOConfig (per_device_train_batch_size, max_length, precompute_ref_log_probs, "
                                   "a peft_config) and estimate again.")

@@ -44,7 +44,10 @@ def shard_suggestion(search, closest=()):
                         (f"; the shards live in RAM ({fmt_bytes(e.cpu_offload_bytes)} per process), slower still"
                          if offload else ""))
                 tiers = (TIER, *(near.tiers if near else ()))
-                return Suggestion(changes, cli(changes), e.peak_bytes, True, search.margin(e),
-                                  [*(near.costs if near else []), cost], tiers, *search.largest(o), e.cpu_build_bytes,
-                                  e.eval_peak_bytes, o, (False, tiers))
+                max_batch_size, max_seq_len = search.largest(o)
+                return Suggestion(changes=changes, cli=cli(changes), peak_bytes=e.peak_bytes, fits=True,
+                                  margin_bytes=search.margin(e), costs=[*(near.costs if near else []), cost],
+                                  tiers=tiers, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                                  cpu_build_bytes=e.cpu_build_bytes, eval_peak_bytes=e.eval_peak_bytes, options=o,
+                                  rank=(False, tiers))
     return None

@@ -28,7 +28,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
 from kit import trainer_kinds
 from kit.estimate import estimate_from
 from kit.presets import beside_vllm, short_label, vllm_share_bytes
@@ -118,7 +119,7 @@ def grpo_config_of(est):
     inputs = getattr(est, "inputs", None) or {}
     cfg = inputs.get("grpo_config") or inputs.get("args")
     if cfg is None:
-        raise kin.InputError("setup", "this GRPO estimate holds no GRPOConfig: pass the GRPOTrainer, or the Estimate "
+        raise InputError("setup", "this GRPO estimate holds no GRPOConfig: pass the GRPOTrainer, or the Estimate "
                                       "that estimate_from(..., grpo_config=...) returned.", code="grpo-no-config")
     return cfg
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit.estimate.reserved import HOW_TO
 from kit.estimate.trl import SftReader
 from kit.advise.search import CLI
@@ -126,7 +128,7 @@ def plan(suggestion, ctx) -> InObjects:
     """``suggestion`` in the objects of :func:`context` ``ctx``: the fields that change, the notes, the code (the
     module doc has an example)."""
     if not hasattr(suggestion, "changes") or not isinstance(suggestion.changes, dict):
-        raise kin.InputError("suggestion", f"suggestion must be one of advise(...).suggestions, not "
+        raise InputError("suggestion", f"suggestion must be one of advise(...).suggestions, not "
                                            f"{type(suggestion).__name__}.")
     o = getattr(suggestion, "options", None) or {}
     sft, trainer = ctx["sft"], ctx["trainer"]
@@ -199,7 +201,7 @@ def plan(suggestion, ctx) -> InObjects:
                     f"; {SftReader.trainer_name} does the rest (no prepare_model_for_kbit_training)" if sft else
                     "; then prepare_model_for_kbit_training(model), as the estimate assumes (peft's recipe)"))
         elif kw in ("lora_r", "lora_targets"):
-            t = kin.targets(o.get("lora_targets")) if "lora_targets" in o else kin.targets(v) \
+            t = inputs.targets(o.get("lora_targets")) if "lora_targets" in o else inputs.targets(v) \
                 if kw == "lora_targets" else None
             if kw == "lora_r":
                 peft["r"] = v

@@ -46,10 +46,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
 from kit.advise.mapping import Code, InObjects, context, plan
 from kit.estimate import Estimate
-from kit.estimate import trl as kt
+from kit.estimate import trl
 from kit.estimate.from_objects import trainer_inputs
 
 __all__ = ["InObjects", "apply", "in_objects"]
@@ -60,7 +61,7 @@ def _kinds() -> dict:
     from peft import LoraConfig
     from transformers import BitsAndBytesConfig, TrainingArguments
 
-    return {"sft_config": (kt.is_sft, f"trl {kt.SftReader.config_name}"),
+    return {"sft_config": (trl.is_sft, f"trl {kt.SftReader.config_name}"),
             "training_args": (lambda obj: isinstance(obj, TrainingArguments), "transformers TrainingArguments"),
             "peft_config": (lambda obj: isinstance(obj, LoraConfig), "peft LoraConfig"),
             "quantization_config": (lambda obj: isinstance(obj, BitsAndBytesConfig), "transformers BitsAndBytesConfig")}
@@ -76,7 +77,7 @@ def _check_kinds(given: dict) -> None:
         home = next((k for k, (t, _) in kinds.items() if t(obj)), None)
         where = f"pass it as {home}=" if home else (
             "a dict is read by estimate_from, not copied here" if isinstance(obj, dict) else f"pass a {wanted}")
-        raise kin.InputError(keyword, f"{keyword} is a {type(obj).__name__}, not a {wanted}: {where}.")
+        raise InputError(keyword, f"{keyword} is a {type(obj).__name__}, not a {wanted}: {where}.")
 
 
 # -- the public faces --------------------------------------------------------------------------------------------
@@ -95,13 +96,13 @@ def in_objects(suggestion, source) -> InObjects:
     if isinstance(source, Estimate):
         inputs = source.inputs
         if not inputs:
-            raise kin.InputError("source", "this Estimate was not read from your objects (estimate_trainer or "
+            raise InputError("source", "this Estimate was not read from your objects (estimate_trainer or "
                                            "estimate_from remember them): pass the Trainer, or the objects to apply().")
     elif hasattr(source, "args") and hasattr(source, "model"):
         inputs = trainer_inputs(source)
         inputs["adapters"] = getattr(source.model, "peft_config", None)
     else:
-        raise kin.InputError("source", f"source must be a Trainer or an Estimate from estimate_trainer / "
+        raise InputError("source", f"source must be a Trainer or an Estimate from estimate_trainer / "
                                        f"estimate_from, not {type(source).__name__}.")
     return plan(suggestion, context(inputs))
 
@@ -134,32 +135,32 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
     """
     if trainer is not None:
         if any(x is not None for x in (training_args, sft_config, peft_config, quantization_config)):
-            raise kin.InputError("trainer", "pass the Trainer alone: its args and its model's configs are read "
+            raise InputError("trainer", "pass the Trainer alone: its args and its model's configs are read "
                                             "from it.")
         if not (hasattr(trainer, "args") and hasattr(trainer, "model")):
-            raise kin.InputError("trainer", f"trainer must be a transformers Trainer, not {type(trainer).__name__}.")
+            raise InputError("trainer", f"trainer must be a transformers Trainer, not {type(trainer).__name__}.")
         inputs = {**trainer_inputs(trainer), "adapters": getattr(trainer.model, "peft_config", None)}
     else:
         if training_args is not None and sft_config is not None:
-            raise kin.InputError("sft_config", f"pass the {kt.SftReader.config_name} alone: it is "
-                                 f"{kt.SftReader.trainer_name}'s TrainingArguments.")
+            raise InputError("sft_config", f"pass the {kt.SftReader.config_name} alone: it is "
+                             f"{kt.SftReader.trainer_name}'s TrainingArguments.")
         _check_kinds({"training_args": training_args, "sft_config": sft_config, "peft_config": peft_config,
                       "quantization_config": quantization_config})
         inputs = {"source": "estimate_from", "sft": sft_config is not None, "training_args": training_args,
                   "sft_config": sft_config, "peft_config": peft_config, "quantization_config": quantization_config,
-                  "padding_free": sft_config is not None and kt.read_sft_config(sft_config)[3]}
+                  "padding_free": sft_config is not None and trl.read_sft_config(sft_config)[3]}
     ctx = context(inputs)
     p = plan(suggestion, ctx)
     if ctx["args"] is None and ctx["name"] in p.fields:
         changed = ", ".join(f"{k}={v!r}" for k, v in p.fields[ctx["name"]].items())
-        raise kin.InputError(ctx["name"], f"this suggestion sets {changed}, and no {ctx['name']} were passed, so "
+        raise InputError(ctx["name"], f"this suggestion sets {changed}, and no {ctx['name']} were passed, so "
                                           f"apply() would make new defaults and drop your own settings (learning "
                                           f"rate, epochs, output_dir): pass yours, apply(suggestion, "
                                           f"{ctx['name']}=your_args), or trainer=your_trainer.",
-                             code="missing-object")
+                         code="missing-object")
     missing = [n for n in p.notes if ": no object field" in n]
     if strict and missing:
-        raise kin.InputError("suggestion", f"{missing[0]}: no object of yours holds the change "
+        raise InputError("suggestion", f"{missing[0]}: no object of yours holds the change "
                                            f"{missing[0].split(':')[0]}, so apply() cannot make it.")
     plain = lambda fields: {k: v.value if isinstance(v, Code) else v for k, v in fields.items()}
     out = {}
@@ -169,7 +170,7 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
         try:
             out[name] = dataclasses.replace(ctx["args"], **fields)
         except ValueError as exc:  # its __post_init__ checks the hardware: bf16/fp16 on a machine without the GPU
-            raise kin.InputError("precision", f"{name} refuses {fields} on this machine ({str(exc).splitlines()[0]}): "
+            raise InputError("precision", f"{name} refuses {fields} on this machine ({str(exc).splitlines()[0]}): "
                                               "apply the change where the run will happen, or paste the code that "
                                               "in_objects(...).code gives there.") from None
     if p.new.get("peft_config"):

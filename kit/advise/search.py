@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR
+
+from kit import inputs
 from kit import optimizers
 from kit.estimate import Estimate, estimate
 from kit.advise import levers
@@ -82,7 +84,7 @@ def _quant(bits):
     def move(setup, search):
         if setup["quantization"] != "none":
             return None
-        lora = {} if setup["lora_r"] or search.info.vocab_head else {"lora_r": LORA_R, "lora_targets": kin.ALL_LINEAR}
+        lora = {} if setup["lora_r"] or search.info.vocab_head else {"lora_r": LORA_R, "lora_targets": ALL_LINEAR}
         trl = {"kbit_recipe": "lean", "adapter_dtype": "bf16"} if setup.get("fused_lm_head") else {}  # as SFTTrainer
         load = search.lim.half if setup["lora_r"] or lora else setup["load_dtype"]
         return {"quantization": bits, **lora, **trl, "load_dtype": load}
@@ -123,7 +125,7 @@ def _expandable(setup, search):   # judged on reserved, on a GPU: the setting ch
 MOVES = {
     "expandable": (_expandable, 0),   # the allocator setting: no tensor changes, only what is reserved
     "liger": (_liger, 0),             # a chunked loss and fused layer kernels: the same math
-    "head-lora": (_head, 6), "lora-all": (_lora(kin.ALL_LINEAR), 6), "lora": (_lora(None), 6),
+    "head-lora": (_head, 6), "lora-all": (_lora(ALL_LINEAR), 6), "lora": (_lora(None), 6),
     "8bit": (_quant("8bit"), 7), "4bit": (_quant("4bit"), 8),
     "mixed": (lambda setup, search: {"precision": search.lim.half} if setup["precision"] == "fp32" else None, 3),
     "lean": (lambda setup, search: {"kbit_recipe": "lean"}
@@ -193,7 +195,7 @@ class Search:
         self.cancelled = cancelled
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
         b = estimate(**base)   # the setup itself: its errors are the user's, raised as they are
-        base["lora_targets"] = kin.targets(base["lora_targets"])
+        base["lora_targets"] = inputs.targets(base["lora_targets"])
         self.info = info_for(base)
         self.base = {**base, **{k: b.setup[k] for k in KW if k in b.setup and k not in ("model",
                                                                                         "checkpoint_reentrant")}}
@@ -311,9 +313,11 @@ class Search:
         fits, margin = self.fits(est), self.margin(est)
         tight = not fits and self.lim.judged(est, self.evaluates) <= self.lim.limit_bytes and \
             est.cpu_build_bytes <= self.lim.ram_for_model_bytes
-        return Suggestion(changes, cli(changes), est.peak_bytes, fits, margin, costs, rank[1],
-                          *self.largest(setup), est.cpu_build_bytes, est.eval_peak_bytes, setup, rank,
-                          est.reserved_bytes, tight)
+        max_batch_size, max_seq_len = self.largest(setup)
+        return Suggestion(changes=changes, cli=cli(changes), peak_bytes=est.peak_bytes, fits=fits, margin_bytes=margin,
+                          costs=costs, tiers=rank[1], max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                          cpu_build_bytes=est.cpu_build_bytes, eval_peak_bytes=est.eval_peak_bytes, options=setup,
+                          rank=rank, reserved_bytes=est.reserved_bytes, tight=tight)
 
     def margin(self, est) -> int:
         """The usable limit less what is judged (:meth:`kit.advise.core.Limit.judged`)."""

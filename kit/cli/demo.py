@@ -101,9 +101,9 @@ def real_size_figure(real=None):
     True
     """
     from kit import plot
-    from kit.scenarios.custom_head import scenario as s1
+    from kit.scenarios.custom_head import scenario
 
-    real = real or s1.predict_original("real")
+    real = real or scenario.predict_original("real")
     t4, t4_name = t4_preset()
     return plot.breakdown(real.estimate.components(), t4, device_label=t4_name, judged=real.estimate,
                           title=f"ESTIMATED at real size: {real.name}, one training step (nothing measured)")
@@ -113,7 +113,7 @@ def scenario1_cap(size: str, pred, real) -> dict | None:
     """In smoke mode, a T4 scaled to the twin: the T4's bytes x (the twin's ESTIMATED peak / the real model's),
     both for the user's Colab recipe; None at real size (the device is the device).
 
-    >>> from kit.scenarios.custom_head import scenario as s1
+    >>> from kit.scenarios.custom_head import scenario
     >>> cap = scenario1_cap("smoke", s1.predict_original("smoke"), s1.predict_original("real"))
     >>> cap["cap_bytes"] < 2**30 < cap["limit_bytes"]
     True
@@ -137,13 +137,13 @@ def on_a_t4_at_real_size(which: str) -> dict:
     (False, True)
     """
     from kit.presets import verdict
-    from kit.scenarios.custom_head import scenario as s1
+    from kit.scenarios.custom_head import scenario
 
     dtype = dtypes.for_preset("colab-t4")[0]
-    est = s1.estimate_fix(which, "real", dtype=dtype)
+    est = scenario.estimate_fix(which, "real", dtype=dtype)
     said = verdict(est, "colab-t4")
     parts = est.components()
-    return {"fits": said.fits, "name": s1.fix_setup(which, "real", dtype=dtype)["name"], "verdict": said.text,
+    return {"fits": said.fits, "name": scenario.fix_setup(which, "real", dtype=dtype)["name"], "verdict": said.text,
             "state_bytes": parts["weights"] + parts["gradients"] + parts["optimizer state"]}
 
 
@@ -167,15 +167,15 @@ def _capped(cap: dict | None):
 def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance: dict) -> None:
     from kit import plot
     from kit.scenarios.custom_head import runs as s1_runs
-    from kit.scenarios.custom_head import scenario as s1
+    from kit.scenarios.custom_head import scenario
 
     t4, t4_name = t4_preset()
     step("scenario 1: predict the original")
-    pred = s1.predict_original(size)       # the Colab recipe (fp16 on a GPU, accumulation 16) at this run's size
-    real = pred if size == "real" else s1.predict_original("real")  # an estimate: instant at any size
+    pred = scenario.predict_original(size)       # the Colab recipe (fp16 on a GPU, accumulation 16) at this run's size
+    real = pred if size == "real" else scenario.predict_original("real")  # an estimate: instant at any size
     # The original as it runs here: Trainer ignores fp16 on a CPU, and the accumulation follows the device.
-    accum, precision = s1_runs.grad_accum_for(None), s1.run_precision(s1.USER["precision"])
-    as_run = s1.estimate_user(pred.name, precision=precision, device=machine.device_name(), grad_accum=accum)
+    accum, precision = s1_runs.grad_accum_for(None), scenario.run_precision(scenario.USER["precision"])
+    as_run = scenario.estimate_user(pred.name, precision=precision, device=machine.device_name(), grad_accum=accum)
     setup = f"{precision}, accumulation {accum}, {S1_STEPS} optimizer steps"
     s1_sum = summary["scenario1"] = {"offender": pred.offender, "original": {
         "estimate_peak_bytes": as_run.peak_bytes, "measured_peak_bytes": None, "oom": False,
@@ -187,7 +187,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         step.say(f"    {cap['text']}")
         glance.setdefault("caps", []).append("Scenario 1: " + cap["text"])
         s1_sum["cap"] = {"cap_bytes": cap["cap_bytes"], "limit_bytes": cap["limit_bytes"], "text": cap["text"]}
-    advice = s1.advice_table(size)
+    advice = scenario.advice_table(size)
     s1_sum["real_size_estimate"] = {"peak_bytes": real.peak_bytes, "cpu_build_bytes": real.cpu_build_bytes,
                                     "fits_t4": real.fits_t4}
     s1_sum["advice"] = {"rows": advice.rows, "data": advice.data}
@@ -240,7 +240,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
     sections.append(Section("Scenario 1: the original, run safely", [said], images=images))
 
     rows, images, kept = [], [], []
-    for which, label in s1.FIXES.items():
+    for which, label in scenario.FIXES.items():
         at_real_size = on_a_t4_at_real_size(which)
         step(f"scenario 1: fix ({which}) {label}" if at_real_size["fits"] else
              f"scenario 1: ({which}) {label}: not a fix, it still does not fit a T4 at real size")
@@ -254,8 +254,8 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
             kept.append(f"({which})")
             note = f"{kept_head_note(at_real_size, real.offender_params)} {note}".strip()
         # The chart draws the record's estimate: the setup as run, with the run's accumulation.
-        est = _estimate_as_recorded(s1.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
-                                                    seq_len=record["seq_len"]), record, f"fix ({which})")
+        est = _estimate_as_recorded(scenario.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
+                                                          seq_len=record["seq_len"]), record, f"fix ({which})")
         measured = record["measured_peak_bytes"]
         fix_setup = (f"{s1.run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
                      f"{record['grad_accum']}, {record['steps']} optimizer steps")

@@ -79,12 +79,12 @@ def scenario2(size: str, out: Path, summary: dict, sections: list, step, glance:
     from kit import plot
     from kit.estimate import estimate
     from kit.presets import PRESETS
-    from kit.scenarios.cross_validation import fixed_loop as s2
+    from kit.scenarios.cross_validation import fixed_loop
     from kit.scenarios.cross_validation.cap import run_estimate, scaled_cap
     from kit.scenarios.cross_validation.predict import fold2_prediction
 
     model = CV_MODEL[size]
-    p = {**s2.DEFAULTS, **CV_SETTINGS[size]}
+    p = {**fixed_loop.DEFAULTS, **CV_SETTINGS[size]}
     step("scenario 2: predict one fold")
     recipe, settings = CV_RECIPE[size], CV_SETTINGS[size]
     est = run_estimate(model, recipe, **settings)      # the loops as they run here
@@ -97,8 +97,8 @@ def scenario2(size: str, out: Path, summary: dict, sections: list, step, glance:
                    lora_targets=("q_proj", "v_proj"))
     t4 = PRESETS["colab-t4"].gpu_bytes
     step("scenario 2: broken loop, advice reset, fixed loop")
-    result = s2.run_scenario2(model, folds=5, broken_folds=3, output_dir=outputs.claim(out, "cv-runs"),
-                              recipe=recipe, cap_bytes=cap["cap_bytes"] if cap else None, **settings)
+    result = fixed_loop.run_scenario2(model, folds=5, broken_folds=3, output_dir=outputs.claim(out, "cv-runs"),
+                                      recipe=recipe, cap_bytes=cap["cap_bytes"] if cap else None, **settings)
     if cap:
         result["cap"] = {"cap_bytes": cap["cap_bytes"], "limit_bytes": cap["limit_bytes"], "text": cap["text"],
                          "how": result["cap"], "model_weights_bytes": cap["model_weights_bytes"],

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR, InputError, Note
+
 from kit import optimizers
-from kit.estimate import quantization as kq
-from kit.estimate import replay as act
+from kit.estimate import quantization as kit_quantization
+from kit.estimate import replay
 from kit.estimate.replay import moe
-from kit.estimate import reserved as kr
+from kit.estimate import reserved
 from kit.estimate.evaluation import block_forward_bytes, eval_peak
 from kit.estimate.inventory import Info, default_targets, in_module, lora_matches
 from kit.estimate.offload_options import offload_notes, refuse_offload
@@ -53,9 +54,9 @@ class Plan:
     padded: bool
     device: str
     evaluation: dict          # evaluate()'s batch size, gather, samples, length (seq_len) and accumulation
-    bnb: kq.Bnb
+    bnb: kit_quantization.Bnb
     fused_lm_head: bool = False   # TRL's fused LM head (kit.estimate.replay.fused_head)
-    adapter_dtype: act.Dt = act.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
+    adapter_dtype: replay.Dt = replay.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
     input_require_grads: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
     liger_kernels: tuple = ()     # Liger's kernels that run (kit.estimate.replay.liger.kernels)
     offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
@@ -69,63 +70,64 @@ class Plan:
 
     # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
-    def load_bytes(self) -> act.Dt:        # the loaded weights' dtype
-        return act.dtype(self.load_dtype)
+    def load_bytes(self) -> replay.Dt:        # the loaded weights' dtype
+        return replay.dtype(self.load_dtype)
 
     @property
-    def half(self) -> act.Dt | None:       # autocast's dtype (None: fp32, no autocast)
-        return act.dtype(self.precision) if self.precision != "fp32" else None
+    def half(self) -> replay.Dt | None:       # autocast's dtype (None: fp32, no autocast)
+        return replay.dtype(self.precision) if self.precision != "fp32" else None
 
     @property
     def kbit_prepared(self) -> bool:       # prepare_model_for_kbit_training runs: quantized, standard, no vocab head
         return self.quantization != "none" and self.kbit_recipe == "standard" and not self.vocab_head
 
     @property
-    def trained_bytes(self) -> act.Dt:     # the dtype of the parameters that are not 4-bit/8-bit, after the recipe
-        return act.FP32 if self.kbit_prepared else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
+    def trained_bytes(self) -> replay.Dt:     # the dtype of the parameters that are not 4-bit/8-bit, after the recipe
+        return replay.FP32 if self.kbit_prepared else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
 
 
 def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
          gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
-         device, evaluation, bnb=kq.Bnb(), fused_lm_head=False, adapter_dtype="fp32", input_require_grads=None,
+         device, evaluation, bnb=kit_quantization.Bnb(), fused_lm_head=False, adapter_dtype="fp32",
+         input_require_grads=None,
          liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None,
          towers=()) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
     if quantization != "none" and not lora_r and not vh:
-        raise kin.InputError("quantization", "4-bit/8-bit weights cannot be trained directly (Trainer refuses a "
-                             "purely quantized model): add LoRA adapters with lora_r > 0.", code="quantized-needs-lora")
+        raise InputError("quantization", "4-bit/8-bit weights cannot be trained directly (Trainer refuses a "
+                         "purely quantized model): add LoRA adapters with lora_r > 0.", code="quantized-needs-lora")
     if lora_targets and not lora_r:
-        raise kin.InputError("lora_targets", "lora_targets needs lora_r > 0: set lora_r (e.g. 16), or leave "
+        raise InputError("lora_targets", "lora_targets needs lora_r > 0: set lora_r (e.g. 16), or leave "
                                              "lora_targets out.", code="targets-need-lora")
     lora = set()
-    if lora_r and lora_targets == kin.ALL_LINEAR:  # peft: every Linear/Conv1D but a PreTrainedModel's output
+    if lora_r and lora_targets == ALL_LINEAR:  # peft: every Linear/Conv1D but a PreTrainedModel's output
         lora = {l.name for l in leaves if l.kind == "linear" and l.name != info.output_head}
     elif lora_r:
         targets = lora_targets or tuple(default_targets(info))
         lora = set(lora_matches(tuple(l.name for l in leaves if l.kind == "linear"), targets))
         if not lora:
             names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
-            raise kin.InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
-                                 f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
-                                 f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
+            raise InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
+                             f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
+                             f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
     std = quantization != "none" and kbit_recipe == "standard" and not vh  # Plan.kbit_prepared: the k-bit recipe runs
     # (8-bit layers keep their inputs through non-reentrant checkpointing)
     reentrant = bnb.reentrant_for(gradient_checkpointing, std)
     checkpointing = (vh or std) if gradient_checkpointing is None else bool(gradient_checkpointing)
     head_trains = vh and not set(info.head_layers) & lora   # a head on the logits, not adapted, trains as loaded
     if precision == "fp16" and load_dtype == "fp16" and device == "cuda" and not std and (not lora_r or head_trains):
-        raise kin.InputError("load_dtype", "fp16 trainable weights under fp16 mixed precision fail at the first "
-                             "optimizer step (GradScaler: 'Attempting to unscale FP16 gradients'): load the model in "
-                             "fp32, or in bf16 on a GPU that has it.", code="fp16-trainable-weights")
+        raise InputError("load_dtype", "fp16 trainable weights under fp16 mixed precision fail at the first "
+                         "optimizer step (GradScaler: 'Attempting to unscale FP16 gradients'): load the model in "
+                         "fp32, or in bf16 on a GPU that has it.", code="fp16-trainable-weights")
     if fused_lm_head and (vh or getattr(info.config, "final_logit_softcapping", None)):
-        raise kin.InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
-                             "soft-capping or a head on the logits: estimate this model without it.",
-                             code="fused-head-not-modeled")
+        raise InputError("fused_lm_head", "TRL's fused LM head is modeled on a plain causal LM without final-logit "
+                         "soft-capping or a head on the logits: estimate this model without it.",
+                         code="fused-head-not-modeled")
     if "flce" in liger_kernels and info.output_head in lora:
-        raise kin.InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
-                             "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
+        raise InputError("lora_targets", "Liger's fused linear cross-entropy reads lm_head.weight directly, past "
+                         "a LoRA adapter on it: leave lm_head out of lora_targets.", code="liger-head-lora")
     refuse_dora(use_dora, lora_r=lora_r, quantization=quantization, precision=precision, load_dtype=load_dtype)
     refuse_offload(offload or {}, ckpt=checkpointing)
     refuse_activation_offloading(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
@@ -137,7 +139,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 checkpoint_reentrant=reentrant, kbit_recipe=kbit_recipe, vocab_head=bool(vh), grad_accum=grad_accum,
                 load_dtype=load_dtype, attn_implementation=attn_implementation, lora_dropout=lora_dropout,
                 padded=padded, device=device, evaluation=evaluation, bnb=bnb, fused_lm_head=fused_lm_head,
-                adapter_dtype=act.dtype(adapter_dtype), input_require_grads=input_require_grads,
+                adapter_dtype=replay.dtype(adapter_dtype), input_require_grads=input_require_grads,
                 liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
                 dora=bool(use_dora),
                 saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
@@ -151,15 +153,15 @@ def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: st
     if not use_dora:
         return
     if not lora_r:
-        raise kin.InputError("use_dora", "use_dora is a kind of LoRA adapter: set lora_r, or leave it out.",
-                             code="dora-needs-lora")
+        raise InputError("use_dora", "use_dora is a kind of LoRA adapter: set lora_r, or leave it out.",
+                         code="dora-needs-lora")
     modelled = {"quantization": ("none",), "precision": ("fp32", "bf16"), "load_dtype": ("fp32",)}
     given = {"quantization": quantization, "precision": precision, "load_dtype": load_dtype}
     what = next((f"{k}={v!r}" for k, v in given.items() if v not in modelled[k]), None)
     if what:
-        raise kin.InputError("use_dora", f"DoRA with {what} (the weight dequantized or cast inside each adapted "
-                             "layer's forward) is not modelled: the kit models DoRA on fp32 weights, in fp32 or "
-                             "under bf16 autocast; measure it with kit.watch(trainer).", code="dora-not-modelled")
+        raise InputError("use_dora", f"DoRA with {what} (the weight dequantized or cast inside each adapted "
+                         "layer's forward) is not modelled: the kit models DoRA on fp32 weights, in fp32 or "
+                         "under bf16 autocast; measure it with kit.watch(trainer).", code="dora-not-modelled")
 
 
 def saved_copies_of(info: Info, names, *, lora_r: int, lora: set, fused: bool) -> frozenset:
@@ -177,23 +179,23 @@ def saved_copies_of(info: Info, names, *, lora_r: int, lora: set, fused: bool) -
     for name in names:
         hits = [n for n in copyable if n == name or n.endswith("." + name)]
         if not hits:
-            raise kin.InputError("modules_to_save", f"modules_to_save names {name!r}, which is not this causal LM's "
-                                 f"input embeddings or output head ({', '.join(sorted(copyable))}): the kit models "
-                                 "trained copies of those only; measure it with kit.watch(trainer).",
-                                 code="modules-to-save-not-modelled")
+            raise InputError("modules_to_save", f"modules_to_save names {name!r}, which is not this causal LM's "
+                             f"input embeddings or output head ({', '.join(sorted(copyable))}): the kit models "
+                             "trained copies of those only; measure it with kit.watch(trainer).",
+                             code="modules-to-save-not-modelled")
         found.update(hits)
     if not lora_r:
-        raise kin.InputError("modules_to_save", "modules_to_save is peft's, beside LoRA adapters: set lora_r, or "
-                             "leave it out (a full fine-tune trains every module already).",
-                             code="modules-to-save-needs-lora")
+        raise InputError("modules_to_save", "modules_to_save is peft's, beside LoRA adapters: set lora_r, or "
+                         "leave it out (a full fine-tune trains every module already).",
+                         code="modules-to-save-needs-lora")
     if found & lora:
-        raise kin.InputError("modules_to_save", f"{', '.join(sorted(found & lora))} both gets LoRA and is in "
-                             "modules_to_save, which peft refuses: keep it in one of them.",
-                             code="modules-to-save-and-lora")
+        raise InputError("modules_to_save", f"{', '.join(sorted(found & lora))} both gets LoRA and is in "
+                         "modules_to_save, which peft refuses: keep it in one of them.",
+                         code="modules-to-save-and-lora")
     if fused and info.output_head in found:
-        raise kin.InputError("modules_to_save", "a fused LM head (TRL's or Liger's) with a trained copy of the "
-                             "head is not modelled: estimate it without the fused head.",
-                             code="modules-to-save-fused-head")
+        raise InputError("modules_to_save", "a fused LM head (TRL's or Liger's) with a trained copy of the "
+                         "head is not modelled: estimate it without the fused head.",
+                         code="modules-to-save-fused-head")
     return frozenset(found)
 
 
@@ -204,9 +206,9 @@ def refuse_for_classifier(info: Info, *, fused: bool, liger) -> None:
         return
     if fused or "flce" in liger:
         name = "fused_lm_head" if fused else "liger_kernel"
-        raise kin.InputError(name, f"{name} fuses a causal LM's vocabulary head, and this {info.task} model has a "
-                             f"classifier head ({info.classifier}) instead: estimate it without {name}.",
-                             code="fused-head-classifier")
+        raise InputError(name, f"{name} fuses a causal LM's vocabulary head, and this {info.task} model has a "
+                         f"classifier head ({info.classifier}) instead: estimate it without {name}.",
+                         code="fused-head-classifier")
 
 
 def input_requires_grad(plan: Plan) -> bool:
@@ -223,10 +225,10 @@ def input_requires_grad(plan: Plan) -> bool:
     return plan.input_require_grads if plan.input_require_grads is not None else plan.gradient_checkpointing
 
 
-def replay_setup(info: Info, plan: Plan) -> act.Setup:
+def replay_setup(info: Info, plan: Plan) -> replay.Setup:
     """Stage 2: the shapes, dtypes and layers the activation replay runs on."""
     cfg = info.config
-    own_names = act.family(info.family).shapes   # a config that names its shapes its own way (GPT-2's)
+    own_names = replay.family(info.family).shapes   # a config that names its shapes its own way (GPT-2's)
     if own_names:
         shapes = own_names(cfg)
     else:
@@ -236,31 +238,33 @@ def replay_setup(info: Info, plan: Plan) -> act.Setup:
                       hd=getattr(cfg, "head_dim", None) or H // nh, L=cfg.num_hidden_layers,
                       p_attn=getattr(cfg, "attention_dropout", 0.0))
         shapes |= moe.config_shapes(cfg)   # experts, top-k, one expert's width ({} for a dense model)
-        shapes |= act.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, the family's own, ...
+        shapes |= replay.config_shapes(cfg, info.family, shapes["hd"])  # windows, soft-caps, the family's own, ...
     # a head on the logits (scenario 1's Linear(V, V), or the V->r->V of its fix (b)), in forward order
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \
         | {l.name.split(".")[-1]: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "head"}
-    return act.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
-                     w_other=plan.trained_bytes, ac=plan.half, base_trainable=not plan.lora_r and not info.vocab_head,
-                     quant=plan.quantization, compute=act.dtype(plan.bnb.compute_dtype),
-                     dequant=kq.dequant_bytes(plan.bnb, plan.load_dtype),  # (the replay: at each layer's backward)
-                     reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
-                     input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
-                     ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
-                     head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
-                     head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
-                     fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,
-                     liger=plan.liger_kernels,
-                     task=info.task, labels=info.num_labels,
-                     embed_trains=any(l.part == "embed" for l in info.leaves if l.name in plan.saved_copies),
-                     lm_head_trains=info.output_head in plan.saved_copies,
-                     head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
-                                                                             if in_module(l.name, info.classifier))),
-                     p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
-                     **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
-                                          ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
-                                          ("trl_offload", plan.offload.get("activation_offloading", False))) if v})
+    return replay.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
+                        w_other=plan.trained_bytes, ac=plan.half,
+                        base_trainable=not plan.lora_r and not info.vocab_head,
+                        quant=plan.quantization, compute=replay.dtype(plan.bnb.compute_dtype),
+                        # (the replay: at each layer's backward)
+                        dequant=kit_quantization.dequant_bytes(plan.bnb, plan.load_dtype),
+                        reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
+                        input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
+                        ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
+                        head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
+                        head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
+                        fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,
+                        liger=plan.liger_kernels,
+                        task=info.task, labels=info.num_labels,
+                        embed_trains=any(l.part == "embed" for l in info.leaves if l.name in plan.saved_copies),
+                        lm_head_trains=info.output_head in plan.saved_copies,
+                        head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
+                                                                                if in_module(l.name, info.classifier))),
+                        p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
+                        **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
+                                             ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
+                                             ("trl_offload", plan.offload.get("activation_offloading", False))) if v})
 
 
 def own_bytes(head) -> tuple:
@@ -269,12 +273,12 @@ def own_bytes(head) -> tuple:
     return (head.per_token, head.per_row, head.fixed, head.logits_row) if head else ()
 
 
-def own_head_cache(info: Info, setup: act.Setup, rows: int, dtype_bytes: int) -> int:
+def own_head_cache(info: Info, setup: replay.Setup, rows: int, dtype_bytes: int) -> int:
     """The KV cache a decoder base under a head of the user's own builds in evaluation (bytes): Trainer sets
     ``model.config.use_cache = args.use_cache`` (False) only on a model with a ``config``, so a plain module's base
     keeps its own (``use_cache=True`` in most configs), and its eval-mode forward fills a cache of every layer's
     k and v, (rows, kvh, S, hd) each, alive till the module's forward returns."""
-    if not info.own_head or act.family(info.family).encoder or not getattr(info.config, "use_cache", False):
+    if not info.own_head or replay.family(info.family).encoder or not getattr(info.config, "use_cache", False):
         return 0
     return 2 * setup.L * rows * setup.kvh * setup.S * setup.hd * dtype_bytes
 
@@ -283,11 +287,11 @@ def encoder_notes(info: Info, plan: Plan) -> list:
     """What the replay of an encoder does not yet follow, said where it applies: LoRA dropout on the attention's
     inputs, whose backward autograd runs while the attention's other grads wait (on tiny BERT twins, measured from
     -2.7% with dropout on ``query`` to +4.3% on ``value``; exact without dropout)."""
-    if not (act.family(info.family).encoder and plan.lora_r and plan.lora_dropout):
+    if not (replay.family(info.family).encoder and plan.lora_r and plan.lora_dropout):
         return []
-    return [kin.Note(f"LoRA dropout on an encoder ({info.family}): the backward's order around its attention is not "
-                     "replayed op for op, so the peak may be a few percent off (exact with lora_dropout=0)",
-                     field="lora_dropout", code="encoder-lora-dropout")]
+    return [Note(f"LoRA dropout on an encoder ({info.family}): the backward's order around its attention is not "
+                 "replayed op for op, so the peak may be a few percent off (exact with lora_dropout=0)",
+                 field="lora_dropout", code="encoder-lora-dropout")]
 
 
 def batch_row_bytes(task: str, seq_len: int) -> int:
@@ -296,14 +300,14 @@ def batch_row_bytes(task: str, seq_len: int) -> int:
     return 2 * seq_len * 8 + (8 if task == "seq-cls" else seq_len * 8)
 
 
-def evaluation(info: Info, plan: Plan, setup: act.Setup, rp, *, held: int, copies: int):
+def evaluation(info: Info, plan: Plan, setup: replay.Setup, rp, *, held: int, copies: int):
     """``Trainer.evaluate()``'s peak (:func:`kit.estimate.evaluation.eval_peak`) at its own batches' length: from the
     training replay ``rp`` where that is the training length, else from a replay of ``setup`` at it."""
     ev = plan.evaluation
     S, rows = ev["seq_len"], ev["batch_size"]
     if S != setup.S:
         setup = replace(setup, S=S)
-        rp = act.replay(setup)
+        rp = replay.replay(setup)
     return eval_peak(rp, batch=setup.B, eval_batch=rows, seq_len=S, vocab=setup.labels or setup.V, held=held,
                      copies=copies, inputs_per_row=batch_row_bytes(plan.task, S), gather=ev["gather"],
                      samples=ev["samples"], accumulation=ev["accumulation"], device=plan.device,
@@ -312,7 +316,7 @@ def evaluation(info: Info, plan: Plan, setup: act.Setup, rp, *, held: int, copie
                      kv_cache=own_head_cache(info, setup, rows, plan.half or plan.load_bytes))
 
 
-def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list, loop: dict | None = None,
+def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: list, loop: dict | None = None,
            expandable: bool = False) -> Estimate:
     """Stage 3: the forward/backward phase, the optimizer step and evaluation; the larger of the first two
     is the peak.
@@ -320,7 +324,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
     ``loop``: what a plain PyTorch loop holds beyond Trainer (:class:`~kit.training_setup.TrainingSetup`'s
     ``outputs_kept`` and ``grads_kept``; ``optimizer_before_move`` changes nothing on one device)."""
     loop = loop or {}
-    rp = act.replay(setup)
+    rp = replay.replay(setup)
     g, L = counts.grads, setup.L
     # the model's outputs, held from the forward into the next step's (`outputs = model(**batch)` rebound only when
     # the next forward returns): the logits Trainer lets go at the loss, and the KV cache (config.use_cache), whose
@@ -329,11 +333,11 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
         if getattr(info.config, "use_cache", False) and setup.kvh != setup.nh else 0
     held_out = rp.last_logits + cache if loop.get("outputs_kept") else 0
 
-    towers = [act.replay(replace(setup, B=setup.B * rows, S=tokens)) for rows, tokens in plan.towers]   # one each
+    towers = [replay.replay(replace(setup, B=setup.B * rows, S=tokens)) for rows, tokens in plan.towers]   # one each
 
     def peak(later: bool, **kwargs):   # step 1's forward has no earlier outputs beside it
-        found = act.tower_moments([(r, act.moments(r, **kwargs), act.moments(r, **alive)) for r in towers]) \
-            if towers else act.step_moments(rp, act.moments(rp, **kwargs), later)
+        found = replay.tower_moments([(r, replay.moments(r, **kwargs), replay.moments(r, **alive)) for r in towers]) \
+            if towers else replay.step_moments(rp, replay.moments(rp, **kwargs), later)
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
                     for x in found), key=lambda moment: moment.total)
 
@@ -368,21 +372,21 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
         phase = moment = "optimizer step"
         parts = {"weights": weights, "gradients": counts.gradients, "optimizer state": counts.optimizer,
                  "temporaries": step_temp, **({"model outputs held": held_out} if held_out else {})}
-    notes = notes + kq.notes(rp)
-    host = act.host_peak(act.moments(rp, **fresh)) if rp.layers else 0   # pinned RAM for saved activations
+    notes = notes + kit_quantization.notes(rp)
+    host = replay.host_peak(replay.moments(rp, **fresh)) if rp.layers else 0   # pinned RAM for saved activations
     notes += offload_notes(rp, plan.offload, host, plan.device) if rp.layers else []
     if ev.moment == "forward (a block)":
-        notes.append(kin.Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
-                              "saves in training: an upper bound (it is exact where the logits set it)",
-                              field="eval_batch_size", code="eval-upper-bound"))
+        notes.append(Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
+                          "saves in training: an upper bound (it is exact where the logits set it)",
+                          field="eval_batch_size", code="eval-upper-bound"))
     by_bytes = sorted(counts.offenders, key=lambda offender: (offender[2], offender[1]), reverse=True)
     peak = max(fwdbwd, step)
 
     def reserve(peak_bytes):   # on first use only: the allocator's model runs over the step laid out as tensors
         if plan.device != "cuda":
-            return kr.Reserved(peak_bytes, 0, expandable, peak_bytes)
-        return kr.reserved(counts.tensors, rp, peak_bytes, inputs=inputs, step_temp=step_temp, accum=plan.grad_accum,
-                           expandable=expandable)
+            return reserved.Reserved(peak_bytes, 0, expandable, peak_bytes)
+        return reserved.reserved(counts.tensors, rp, peak_bytes, inputs=inputs, step_temp=step_temp,
+                                 accum=plan.grad_accum, expandable=expandable)
 
     return Estimate(
         params=counts.params, trainable_params=counts.trainable, weights_bytes=weights,
@@ -415,7 +419,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: act.Setup, notes: list
                                 **({"fused_lm_head": True} if plan.fused_lm_head else {}),
                                 **({"liger_kernel": True} if plan.liger_kernels else {}),
                                 **plan.offload,   # (only the options that differ from their defaults)
-                                **({"adapter_dtype": "bf16"} if plan.adapter_dtype == act.BF16 else {}),
+                                **({"adapter_dtype": "bf16"} if plan.adapter_dtype == replay.BF16 else {}),
                                 **({"task": plan.task, "num_labels": info.num_labels} if info.classifier else {}),
                                 **({"train_head": True} if plan.train_head else {}),
                                 **({"use_dora": True} if plan.dora else {}),

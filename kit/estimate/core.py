@@ -20,22 +20,22 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from kit import inputs as kin
+from kit import inputs
 from kit import optimizers
 from kit.estimate import assembly
-from kit.estimate import quantization as kq
-from kit.estimate import replay as act
-from kit.estimate import trl as kt
+from kit.estimate import quantization as kit_quantization
+from kit.estimate import replay
+from kit.estimate import trl
 from kit.estimate.counts import count_parameters
 from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
 from kit.estimate.offload_options import read as read_offload
-from kit.estimate.replay import liger as kl
+from kit.estimate.replay import liger as kit_liger
 from kit.estimate.replay import linear_attention, moe
 from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit import runtime
-from kit.inputs import Note
+from kit.inputs import InputError, Note
 from kit.presets import DTYPES, GPU_PRESETS, PRESETS, QUANTIZATIONS
 from kit.training_setup import STRATEGIES, TASKS, options
 from kit.units import fmt_bytes
@@ -49,17 +49,17 @@ def refuse_other_head(model, info, task, num_labels) -> None:
     built = hasattr(model, "named_modules")
     what = f"this {type(model).__name__}" if built else "the model"
     if task is not None and task != info.task:
-        raise kin.InputError("task", f"task={task!r} contradicts {what}, a {info.task} model (its class says so): "
-                             "build the model with the head you mean (AutoModelForSequenceClassification, "
-                             "...ForTokenClassification), or leave task out.", code="task-contradicts-model")
+        raise InputError("task", f"task={task!r} contradicts {what}, a {info.task} model (its class says so): "
+                         "build the model with the head you mean (AutoModelForSequenceClassification, "
+                         "...ForTokenClassification), or leave task out.", code="task-contradicts-model")
     if num_labels is not None and info.task == "causal-lm":
-        raise kin.InputError("num_labels", f"num_labels={num_labels} is for a classifier head, and {what} is a causal "
-                             "LM (vocabulary logits): pass task='seq-cls' or 'token-cls' (--task) with it, or leave "
-                             "num_labels out.", code="num-labels-without-classifier")
+        raise InputError("num_labels", f"num_labels={num_labels} is for a classifier head, and {what} is a causal "
+                         "LM (vocabulary logits): pass task='seq-cls' or 'token-cls' (--task) with it, or leave "
+                         "num_labels out.", code="num-labels-without-classifier")
     if num_labels is not None and built and num_labels != info.num_labels:
-        raise kin.InputError("num_labels", f"num_labels={num_labels} contradicts {what}, whose classifier gives "
-                             f"{info.num_labels} labels: leave num_labels out (the model's head says it).",
-                             code="num-labels-contradicts-model")
+        raise InputError("num_labels", f"num_labels={num_labels} contradicts {what}, whose classifier gives "
+                         f"{info.num_labels} labels: leave num_labels out (the model's head says it).",
+                         code="num-labels-contradicts-model")
 
 
 def estimate(model, **setup) -> Estimate:
@@ -96,61 +96,63 @@ def estimate(model, **setup) -> Estimate:
     6815744
     """
     o = options(setup, required=True)
-    batch_size, seq_len, grad_accum = (kin.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
-    lora_r = kin.whole_number("lora_r", o["lora_r"], minimum=0)
-    lora_targets = kin.targets(o["lora_targets"])
-    gradient_checkpointing = kin.flag("gradient_checkpointing", o["gradient_checkpointing"], allow_none=True)
-    padded = kin.flag("padded", o["padded"])
-    lora_dropout = kin.fraction("lora_dropout", o["lora_dropout"])
-    ev = dict(batch_size=kin.whole_number("eval_batch_size", o["eval_batch_size"]),
-              gather=kin.choice("eval_gather", o["eval_gather"], GATHER),
-              samples=None if o["eval_samples"] is None else kin.whole_number("eval_samples", o["eval_samples"]),
-              seq_len=seq_len if o["eval_seq_len"] is None else kin.whole_number("eval_seq_len", o["eval_seq_len"]),
-              accumulation=None if o["eval_accumulation_steps"] is None else kin.whole_number(
+    batch_size, seq_len, grad_accum = (inputs.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
+    lora_r = inputs.whole_number("lora_r", o["lora_r"], minimum=0)
+    lora_targets = inputs.targets(o["lora_targets"])
+    gradient_checkpointing = inputs.flag("gradient_checkpointing", o["gradient_checkpointing"], allow_none=True)
+    padded = inputs.flag("padded", o["padded"])
+    lora_dropout = inputs.fraction("lora_dropout", o["lora_dropout"])
+    ev = dict(batch_size=inputs.whole_number("eval_batch_size", o["eval_batch_size"]),
+              gather=inputs.choice("eval_gather", o["eval_gather"], GATHER),
+              samples=None if o["eval_samples"] is None else inputs.whole_number("eval_samples", o["eval_samples"]),
+              seq_len=seq_len if o["eval_seq_len"] is None else inputs.whole_number("eval_seq_len", o["eval_seq_len"]),
+              accumulation=None if o["eval_accumulation_steps"] is None else inputs.whole_number(
                   "eval_accumulation_steps", o["eval_accumulation_steps"]))
     if ev["gather"] != "loss" and ev["samples"] is None and ev["accumulation"] is None:
-        raise kin.InputError("eval_samples", f"eval_gather={ev['gather']!r} keeps every eval batch's predictions on "
-                             "the device until the loop ends: give eval_samples (len(eval_dataset)) or "
-                             "eval_accumulation_steps.")
-    optimizer = kin.choice("optimizer", o["optimizer"], optimizers.ROOM, optimizers.BY_OPTIM)
-    precision, quantization, attn_implementation, kbit_recipe, device = (kin.choice(*c) for c in (
+        raise InputError("eval_samples", f"eval_gather={ev['gather']!r} keeps every eval batch's predictions on "
+                         "the device until the loop ends: give eval_samples (len(eval_dataset)) or "
+                         "eval_accumulation_steps.")
+    optimizer = inputs.choice("optimizer", o["optimizer"], optimizers.ROOM, optimizers.BY_OPTIM)
+    precision, quantization, attn_implementation, kbit_recipe, device = (inputs.choice(*c) for c in (
         ("precision", o["precision"], DTYPES), ("quantization", o["quantization"], QUANTIZATIONS),
         ("attn_implementation", o["attn_implementation"], ("sdpa", "eager")),
         ("kbit_recipe", o["kbit_recipe"], ("standard", "lean")), ("device", o["device"], ("cuda", "cpu"))))
     gpu = read_gpu(o["gpu"], device)
     load_dtype = o["load_dtype"] or ("bf16" if quantization != "none" else "fp32")
-    bnb = kq.options(quantization, o["quant_type"], o["double_quant"], o["compute_dtype"], o["checkpoint_reentrant"])
-    load_dtype = kin.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
+    bnb = kit_quantization.options(quantization, o["quant_type"], o["double_quant"], o["compute_dtype"],
+                                   o["checkpoint_reentrant"])
+    load_dtype = inputs.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
                                {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
-    task = None if o["task"] is None else kin.choice("task", o["task"], TASKS)
-    num_labels = None if o["num_labels"] is None else kin.whole_number("num_labels", o["num_labels"])
+    task = None if o["task"] is None else inputs.choice("task", o["task"], TASKS)
+    num_labels = None if o["num_labels"] is None else inputs.whole_number("num_labels", o["num_labels"])
     try:
         info = info_of(model, task or "causal-lm", num_labels or 2)
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
     refuse_other_head(model, info, task, num_labels)
-    fused, loss_type, loss_note = kt.sft_loss(o["loss_type"], kin.flag("fused_lm_head", o["fused_lm_head"]))
-    refuse_lm_only(info, loss_type=loss_type, padding_free=kin.flag("padding_free", o["padding_free"]))
-    if info.max_positions and seq_len > info.max_positions and not kin.flag("padding_free", o["padding_free"]):
-        raise kin.InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
+    fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
+    refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
+    if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
+        raise InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
     if info.max_positions and ev["seq_len"] > info.max_positions:
-        raise kin.InputError("eval_seq_len", f"eval_seq_len {ev['seq_len']} is beyond the model's "
+        raise InputError("eval_seq_len", f"eval_seq_len {ev['seq_len']} is beyond the model's "
                                              f"{info.max_positions} positions: use eval_seq_len <= "
                                              f"{info.max_positions}.")
-    liger = kl.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
-                       vocab_head=bool(info.vocab_head)) if kin.flag("liger_kernel", o["liger_kernel"]) else ()
-    multi = kin.choice("strategy", o["strategy"], STRATEGIES), kin.whole_number("num_gpus", o["num_gpus"]), \
-        kin.flag("cpu_offload", o["cpu_offload"])
+    liger = kit_liger.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
+                              vocab_head=bool(info.vocab_head)) \
+        if inputs.flag("liger_kernel", o["liger_kernel"]) else ()
+    multi = inputs.choice("strategy", o["strategy"], STRATEGIES), inputs.whole_number("num_gpus", o["num_gpus"]), \
+        inputs.flag("cpu_offload", o["cpu_offload"])
     if not optimizers.ROOM[optimizer].flat and multi[0] != "single":
-        raise kin.InputError("optimizer", f"{optimizer} keeps state by each tensor's shape, which a sharded or "
+        raise InputError("optimizer", f"{optimizer} keeps state by each tensor's shape, which a sharded or "
                                           "replicated launch changes, and the kit models it on one GPU: estimate "
                                           "it with strategy='single'.", code="optimizer-one-gpu")
     if (offload := read_offload(o)) and multi[0] != "single":
-        raise kin.InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
+        raise InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
                                                   "strategy='single'.", code="offload-one-gpu")
     plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
                          batch_size=batch_size, seq_len=seq_len, precision=precision, quantization=quantization,
@@ -159,25 +161,25 @@ def estimate(model, **setup) -> Estimate:
                          attn_implementation=attn_implementation, kbit_recipe=kbit_recipe,
                          lora_dropout=lora_dropout, padded=padded, device=device, evaluation=ev, bnb=bnb,
                          fused_lm_head=fused,
-                         adapter_dtype=kin.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
-                         input_require_grads=kin.flag("input_require_grads", o["input_require_grads"],
-                                                      allow_none=True),
+                         adapter_dtype=inputs.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
+                         input_require_grads=inputs.flag("input_require_grads", o["input_require_grads"],
+                                                         allow_none=True),
                          liger_kernels=liger, offload=offload,
-                         train_head=kin.flag("train_head", o["train_head"], allow_none=True),
-                         modules_to_save=o["modules_to_save"], use_dora=kin.flag("use_dora", o["use_dora"]),
+                         train_head=inputs.flag("train_head", o["train_head"], allow_none=True),
+                         modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
                          towers=read_towers(o["towers"]),
                          sm=PRESETS[gpu].capability if gpu else None)
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
-        + kl.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
-    loop = {k: kin.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
-    expandable = kin.flag("expandable_segments", o["expandable_segments"], allow_none=True)
+        + kit_liger.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
+    loop = {k: inputs.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
+    expandable = inputs.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if device == "cuda" else []
     notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
     notes += linear_attention.notes(info, device)
-    declared = act.family(info.family)
+    declared = replay.family(info.family)
     notes += declared.weights_notes(info, plan.load_dtype) if declared.weights_notes else []
     replay_setup = assembly.replay_setup(info, plan)
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
@@ -197,19 +199,19 @@ def read_towers(towers) -> tuple:
     """
     pairs = tuple(towers or ())
     if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
-        raise kin.InputError("towers", f"towers is a tuple of (rows, tokens) pairs, one per forward (rows as a "
-                             f"multiple of batch_size), not {towers!r}: e.g. ((1, 16), (2, 64)).", code="towers-pairs")
-    return tuple((kin.whole_number("towers", rows), kin.whole_number("towers", tokens)) for rows, tokens in pairs)
+        raise InputError("towers", f"towers is a tuple of (rows, tokens) pairs, one per forward (rows as a "
+                         f"multiple of batch_size), not {towers!r}: e.g. ((1, 16), (2, 64)).", code="towers-pairs")
+    return tuple((inputs.whole_number("towers", rows), inputs.whole_number("towers", tokens)) for rows, tokens in pairs)
 
 
 def read_gpu(gpu, device: str) -> str | None:
     """The GPU preset whose architecture picks SDPA's kernel (None: none given), refused on a CPU's kernels."""
     if gpu is None:
         return None
-    gpu = kin.choice("gpu", gpu, GPU_PRESETS)
+    gpu = inputs.choice("gpu", gpu, GPU_PRESETS)
     if device != "cuda":
-        raise kin.InputError("gpu", f"gpu {gpu!r} picks a GPU's attention kernel, and device={device!r} predicts a "
-                             "CPU's kernels: leave gpu out, or use device='cuda'.", code="gpu-on-cpu")
+        raise InputError("gpu", f"gpu {gpu!r} picks a GPU's attention kernel, and device={device!r} predicts a "
+                         "CPU's kernels: leave gpu out, or use device='cuda'.", code="gpu-on-cpu")
     return gpu
 
 
@@ -236,15 +238,15 @@ def refuse_lm_only(info, *, loss_type, padding_free: bool) -> None:
     if info.task == "causal-lm":
         return
     if loss_type is not None:
-        raise kin.InputError("loss_type", f"loss_type {loss_type!r} is {kt.SftReader.trainer_name}'s loss through "
-                             f"its fused LM head, over a causal LM's vocabulary, and this {info.task} model has a "
-                             f"classifier head ({info.classifier}) instead: estimate it without loss_type "
-                             "(--loss-type).",
-                             code="fused-head-classifier")
+        raise InputError("loss_type", f"loss_type {loss_type!r} is {kt.SftReader.trainer_name}'s loss through "
+                         f"its fused LM head, over a causal LM's vocabulary, and this {info.task} model has a "
+                         f"classifier head ({info.classifier}) instead: estimate it without loss_type "
+                         "(--loss-type).",
+                         code="fused-head-classifier")
     if padding_free:
-        raise kin.InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
-                             f"{kt.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
-                             "row: estimate it without padding_free (--padding-free).", code="padding-free-classifier")
+        raise InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
+                         f"{kt.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
+                         "row: estimate it without padding_free (--padding-free).", code="padding-free-classifier")
 
 
 def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
@@ -261,7 +263,7 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
     if optimizers.ROOM[optimizer].note:
         notes.append(optimizers.ROOM[optimizer].note)
     mt = info.config.model_type
-    said = act.family(info.family).notes   # what the family's declaration says of its estimates
+    said = replay.family(info.family).notes   # what the family's declaration says of its estimates
     notes.extend(said(info.config) if said else [])
     if lora_r:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_targets

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, fields
 from math import prod
 
 from kit import optimizers
-from kit.estimate import quantization as kq
-from kit.estimate import replay as act
+from kit.estimate import quantization
+from kit.estimate import replay
 from kit.estimate.inventory import Info, in_module
 from kit.presets import int8_bytes, nf4_bytes
 
@@ -92,7 +92,7 @@ def _count(info: Info, plan) -> Counts:
         q = plan.quantization if l.quantizable else "none"
         packed = nf4_bytes(l.weight, double_quant=plan.bnb.double_quant) if q == "4bit" else \
             int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
-        w_bytes = n * other if packed is None else kq.weight_bytes(l, q, plan.bnb, other)
+        w_bytes = n * other if packed is None else quantization.weight_bytes(l, q, plan.bnb, other)
         c.params += n
         # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
         # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
@@ -150,7 +150,7 @@ def _count(info: Info, plan) -> Counts:
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
             # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
             # torch's at::autocast::cached_cast caches kFloat leaves only)
-            c.halves += half if l.kind == "linear" and dt == act.FP32 else 0
+            c.halves += half if l.kind == "linear" and dt == replay.FP32 else 0
             train_bytes += k * dt + state + paged
         c.weights += w_bytes
         c.part_weights[l.part] += w_bytes
@@ -161,5 +161,5 @@ def _count(info: Info, plan) -> Counts:
     c.grads["head"] += c.moved
     if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
         c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
-        c.halves += c.moved // other * plan.half if plan.half and other == act.FP32 else 0  # lm_head casts the tie
+        c.halves += c.moved // other * plan.half if plan.half and other == replay.FP32 else 0  # lm_head casts the tie
     return c

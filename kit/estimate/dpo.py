@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
 from kit import trainer_kinds
 from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
@@ -56,9 +57,9 @@ def reference_of(trainer=None, cfg=None, peft: bool = False):
         ref, cfg = trainer.ref_model, trainer.args
         peft = hasattr(trainer.model, "peft_config")
         if peft and "ref" in trainer.model.peft_config:
-            raise kin.InputError("ref_model", "DPOTrainer loaded a second adapter named 'ref' (a PeftModel with a "
-                                 "pretrained adapter), which the kit does not model: pass the base model and a "
-                                 "peft_config.", code="trl-ref-adapter")
+            raise InputError("ref_model", "DPOTrainer loaded a second adapter named 'ref' (a PeftModel with a "
+                             "pretrained adapter), which the kit does not model: pass the base model and a "
+                             "peft_config.", code="trl-ref-adapter")
         if ref is not None:
             return "model", ref, "DPOTrainer.ref_model (held for the whole run" + \
                 (", though the log-probs are precomputed)" if cfg.precompute_ref_log_probs else ")")
@@ -104,8 +105,8 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
     notes = []
     trl = sys.modules.get("trl")
     if trl is not None and trl.__version__.split(".")[0] != MODELED.split(".")[0]:
-        notes.append(kin.Note(f"TRL {trl.__version__} is installed; the kit models DPOTrainer as TRL {MODELED} runs it",
-                              field="trl", code="trl-version"))
+        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models DPOTrainer as TRL {MODELED} runs it",
+                          field="trl", code="trl-version"))
     return {"fused_lm_head": True}, src, notes
 
 
@@ -117,9 +118,9 @@ def refuse_dropout(cfg, config, name: str = "DPOConfig") -> None:
     declared = lookup(getattr(config, "model_type", None))
     named = [k for k in (declared.dropout_modules if declared else ()) if (getattr(config, k, 0) or 0) > 0]
     if named:
-        raise kin.InputError("disable_dropout", f"{name}.disable_dropout=True zeroes the nn.Dropout modules that the "
-                             f"config's {', '.join(named)} still names, which the kit does not model: estimate with "
-                             "disable_dropout=False or a config without dropout.", code="trl-dropout")
+        raise InputError("disable_dropout", f"{name}.disable_dropout=True zeroes the nn.Dropout modules that the "
+                         f"config's {', '.join(named)} still names, which the kit does not model: estimate with "
+                         "disable_dropout=False or a config without dropout.", code="trl-dropout")
 
 
 def read_pairs(trainer):
@@ -130,7 +131,7 @@ def read_pairs(trainer):
     ds, B = trainer.train_dataset, trainer.args.per_device_train_batch_size
     n = len(ds)
     if not n:
-        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+        raise InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
     cols = {c: ds[c] for c in ("prompt_ids", "chosen_ids", "rejected_ids")}
     longest = [len(p) + max(len(c), len(r)) for p, c, r in zip(*cols.values())]
     top = sorted(range(n), key=lambda i: -longest[i])[:B]
@@ -223,17 +224,17 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
                                        weighting=weighting, hidden_dt=hidden_dt, weight_dt=weight_dt)
         setup["reference_forward_peak_bytes"] = ref
         if moment.endswith("bounded)"):
-            notes.append(kin.Note("the reference forward's moment is set by a block, where the kit counts at most what "
-                                  "one block saves in training: an upper bound", field="ref_model",
-                                  code="dpo-ref-upper-bound"))
+            notes.append(Note("the reference forward's moment is set by a block, where the kit counts at most what "
+                              "one block saves in training: an upper bound", field="ref_model",
+                              code="dpo-ref-upper-bound"))
     else:
         pre = precompute_peak(est, pairs=precompute_pairs, S=S, V=V, ref_weights=ref_weights, copies=copies,
                               hidden_dt=hidden_dt, weight_dt=weight_dt, batch=pairs)
         setup["precompute_peak_bytes"] = pre
-        notes.append(kin.Note(f"precompute_ref_log_probs: DPOTrainer.__init__ first runs a no-grad forward over "
-                              f"every pair ({precompute_pairs} pairs a batch), its own phase, whose peak is "
-                              "setup['precompute_peak_bytes']", field="precompute_ref_log_probs",
-                              code="dpo-precompute"))
+        notes.append(Note(f"precompute_ref_log_probs: DPOTrainer.__init__ first runs a no-grad forward over "
+                          f"every pair ({precompute_pairs} pairs a batch), its own phase, whose peak is "
+                          "setup['precompute_peak_bytes']", field="precompute_ref_log_probs",
+                          code="dpo-precompute"))
     weights = est.weights_bytes + ref_weights   # the reference's weights, held all along
     out = dict(peak_bytes=est.peak_bytes + ref_weights, first_step_peak_bytes=est.first_step_peak_bytes + ref_weights,
                weights_bytes=weights, eval_peak_bytes=est.eval_peak_bytes + ref_weights, setup=setup, notes=notes,
@@ -262,14 +263,14 @@ def held_bytes(model) -> int:
 def pairs_options(opts: dict, src: dict, notes: list, name: str) -> int:
     """Make the options DPO's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation); returns B."""
     if opts.get("eval_gather", "loss") != "loss":
-        notes.append(kin.Note("DPOTrainer's evaluation with compute_metrics (return_outputs=True: a second, "
-                              "full-logits forward) is not modeled: eval_peak_bytes is its fused forwards' alone",
-                              field="eval_batch_size", code="trl-eval-unmodeled"))
+        notes.append(Note("DPOTrainer's evaluation with compute_metrics (return_outputs=True: a second, "
+                          "full-logits forward) is not modeled: eval_peak_bytes is its fused forwards' alone",
+                          field="eval_batch_size", code="trl-eval-unmodeled"))
     B = pair_rows(opts, src, name)
     if opts.get("strategy", "single") != "single":
-        raise kin.InputError("strategy", f"{name} under {opts['strategy']} (the reference model prepared by "
-                             "DeepSpeed or FSDP) is not modeled: the kit estimates DPOTrainer on one GPU.",
-                             code="dpo-strategy")
+        raise InputError("strategy", f"{name} under {opts['strategy']} (the reference model prepared by "
+                         "DeepSpeed or FSDP) is not modeled: the kit estimates DPOTrainer on one GPU.",
+                         code="dpo-strategy")
     return B
 
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kit import inputs as kin
+from kit.inputs import InputError, Refusal
+
+from kit import inputs as kit_inputs
 from kit import optimizers
 from kit import trainer_kinds
 from kit.dtypes import trainer_precision
@@ -62,7 +64,7 @@ def estimate_trainer(trainer, *, seq_len=None, device: str = "cuda"):
     """
     args = getattr(trainer, "args", None)
     if args is None or not hasattr(trainer, "model"):
-        raise kin.Refusal(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
+        raise Refusal(f"estimate_trainer reads a transformers Trainer, not a {type(trainer).__name__}: pass "
                          "the Trainer you built (or call estimate_from with your TrainingArguments).")
     reader = reader_of(trainer)
     reader.read_trainer(trainer)
@@ -124,26 +126,26 @@ def _kind_config(training_args, configs: dict) -> tuple:
     by_keyword = {r.config_keyword: r for r in readers() if r.config_keyword}
     unknown = sorted(set(configs) - set(by_keyword))
     if unknown:
-        raise kin.InputError(unknown[0], f"estimate_from takes no {unknown[0]}=: a trainer kind's config is one of "
-                             f"{', '.join(k + '=' for k in by_keyword)}.", code="unknown-config")
+        raise InputError(unknown[0], f"estimate_from takes no {unknown[0]}=: a trainer kind's config is one of "
+                         f"{', '.join(k + '=' for k in by_keyword)}.", code="unknown-config")
     configs = {k: v for k, v in configs.items() if v is not None}
     if training_args is not None and type(training_args).__module__.startswith("trl."):
         reader = reader_of(training_args)
         if reader.config_keyword is None or reader.config_keyword in configs:
             said = listed([r.config_name for r in by_keyword.values()])
-            raise kin.InputError("training_args", f"training_args is TRL's {type(training_args).__name__}: the kit "
-                                 f"reads {said} (each by its own keyword, or in this one), and models no other TRL "
-                                 "trainer's forward passes, generation and losses.", code="trl-trainer")
+            raise InputError("training_args", f"training_args is TRL's {type(training_args).__name__}: the kit "
+                             f"reads {said} (each by its own keyword, or in this one), and models no other TRL "
+                             "trainer's forward passes, generation and losses.", code="trl-trainer")
         training_args, configs = None, {**configs, reader.config_keyword: training_args}
     if not configs:
         return TrainerReader(), None, training_args
     keyword, cfg = list(configs.items())[-1]
     reader = by_keyword[keyword]()
     if training_args is not None or len(configs) > 1:
-        raise kin.InputError(keyword, f"pass the {reader.config_name} alone: it is {reader.trainer_name}'s "
-                             "TrainingArguments.")
+        raise InputError(keyword, f"pass the {reader.config_name} alone: it is {reader.trainer_name}'s "
+                         "TrainingArguments.")
     if not isinstance(reader_of(cfg), type(reader)):
-        raise kin.InputError(keyword, f"{keyword} is a {type(cfg).__name__}, not a trl {reader.config_name}.")
+        raise InputError(keyword, f"{keyword} is a {type(cfg).__name__}, not a trl {reader.config_name}.")
     return reader, cfg, None
 
 
@@ -180,7 +182,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     load_dtype, attn_implementation, quantization_config = given.load_dtype, given.attn_implementation, \
         given.quantization_config
     if given.seq_len is None:
-        raise kin.InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
+        raise InputError("seq_len", "estimate_from needs seq_len (the longest batch's length in tokens); "
                                         "estimate_trainer reads it from a built Trainer's data.")
     if cfg is not None:
         training_args, name = cfg, reader.config_name
@@ -189,7 +191,7 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
 
         training_args, name = TrainingArguments(), "TrainingArguments()"
     else:   # a dict of TrainingArguments' keywords is read into one; else refused by name
-        training_args, name = kin.training_arguments("training_args", training_args), "TrainingArguments"
+        training_args, name = kit_inputs.training_arguments("training_args", training_args), "TrainingArguments"
     inputs["training_args"] = training_args if reader.keeps_training_args and name != "TrainingArguments()" else None
     reading = Reading(*read_args(training_args, name))
     opts, src, notes = reading.opts, reading.src, reading.notes

@@ -32,7 +32,9 @@ import dataclasses
 import sys
 from types import SimpleNamespace
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
+from kit import inputs
 from kit import trainer_kinds
 from kit.estimate.dpo import held_bytes, refuse_dropout
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
@@ -146,12 +148,12 @@ def read_grpo_config(cfg, name: str = "GRPOConfig"):
     src = {"fused_lm_head": (True, "GRPOTrainer's add_fused_lm_head, outputs log_probs and entropy (no logits)"),
            "loss_type": (cfg.loss_type, f"{name}.loss_type: every variant works on [B, C] log-probs")}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
-    notes = [kin.Note("GRPOTrainer's evaluation (generation and scoring of the eval prompts) is not modeled: "
-                      "eval_peak_bytes is a plain forward's", field="eval_batch_size", code="grpo-eval-unmodeled")]
+    notes = [Note("GRPOTrainer's evaluation (generation and scoring of the eval prompts) is not modeled: "
+                  "eval_peak_bytes is a plain forward's", field="eval_batch_size", code="grpo-eval-unmodeled")]
     trl = sys.modules.get("trl")
     if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(kin.Note(f"TRL {trl.__version__} is installed; the kit models GRPOTrainer as TRL "
-                              f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
+        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models GRPOTrainer as TRL "
+                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
     return {"fused_lm_head": True}, src, notes
 
 
@@ -163,7 +165,7 @@ def rollout(cfg, prompt_len: int, name: str = "GRPOConfig") -> dict:
     every = spg * cfg.num_iterations
     vllm_is = cfg.use_vllm and cfg.vllm_importance_sampling_correction
     m = cfg.pad_to_multiple_of or 1
-    prompt_len = kin.whole_number("seq_len", prompt_len)   # the longest prompt, in tokens, as for any Trainer
+    prompt_len = inputs.whole_number("seq_len", prompt_len)   # the longest prompt, in tokens, as for any Trainer
     P, C = -(-prompt_len // m) * m, -(-completion // m) * m
     min_tokens = (cfg.generation_kwargs or {}).get("min_new_tokens") or 0
     return dict(B=B, G=B * spg, P=P, C=C, spg=spg, old_pass=bool(cfg.gradient_accumulation_steps % every or vllm_is),
@@ -180,16 +182,16 @@ def checked_lengths(cfg, name: str = "GRPOConfig") -> tuple[int, int]:
     ``steps_per_generation=0`` is a DataLoader of 0 prompts a batch; ``num_iterations=0`` repeats each generation 0
     times and divides the step by 0 (``_step % (steps_per_generation x num_iterations)``)."""
     if cfg.max_completion_length is None:
-        raise kin.InputError("max_completion_length", f"{name}.max_completion_length=None leaves the completion's "
-                             "length to generate()'s defaults (20 new tokens in transformers, the model's "
-                             "generation_config, or vLLM's max_model_len), which the kit cannot read: set it to the "
-                             "longest completion you allow (TRL's default: 512).", code="grpo-completion-length")
+        raise InputError("max_completion_length", f"{name}.max_completion_length=None leaves the completion's "
+                         "length to generate()'s defaults (20 new tokens in transformers, the model's "
+                         "generation_config, or vLLM's max_model_len), which the kit cannot read: set it to the "
+                         "longest completion you allow (TRL's default: 512).", code="grpo-completion-length")
     for field, default in (("max_completion_length", "512"), ("steps_per_generation", "gradient_accumulation_steps"),
                            ("num_iterations", "1")):
         value = getattr(cfg, field)
-        if kin.whole_number(field, value, minimum=None) < 1:   # (a fraction or text: refused by whole_number)
-            raise kin.InputError(field, f"{name}.{field}={value!r}: GRPOTrainer needs it a whole number >= 1 "
-                                 f"(default {default}); {_AT_ZERO[field]}.", code="grpo-" + field.replace("_", "-"))
+        if inputs.whole_number(field, value, minimum=None) < 1:   # (a fraction or text: refused by whole_number)
+            raise InputError(field, f"{name}.{field}={value!r}: GRPOTrainer needs it a whole number >= 1 "
+                             f"(default {default}); {_AT_ZERO[field]}.", code="grpo-" + field.replace("_", "-"))
     return cfg.steps_per_generation, cfg.max_completion_length
 
 
@@ -205,9 +207,9 @@ def check_positions(shapes: dict, config, name: str = "GRPOConfig") -> None:
     P, C = shapes["P"], shapes["C"]
     if most and P + C > most:
         fix = f"use max_completion_length <= {most - P}" if most > P else f"use prompts of fewer than {most} tokens"
-        raise kin.InputError("max_completion_length", f"the longest prompt ({P} tokens) plus {name}."
-                             f"max_completion_length ({C}) is {P + C} positions, beyond the model's {most}: {fix}.",
-                             code="grpo-positions")
+        raise InputError("max_completion_length", f"the longest prompt ({P} tokens) plus {name}."
+                         f"max_completion_length ({C}) is {P + C} positions, beyond the model's {most}: {fix}.",
+                         code="grpo-positions")
 
 
 def buffered_bytes(shapes: dict, reference: bool) -> int:
@@ -358,20 +360,20 @@ def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights:
     notes = list(est.notes)
     if shapes["vllm"]:
         setup.update(vllm_reserved_fraction=shapes["vllm"], vllm_sleep_mode=bool(cfg.vllm_enable_sleep_mode))
-        notes.append(kin.Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
-                              "(vllm_gpu_memory_utilization) beside this estimate"
-                              + ("; sleep mode releases it during the optimizer step"
-                                 if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
-                              code="grpo-vllm-share"))
+        notes.append(Note(f"not measured: vLLM colocate reserves {shapes['vllm']:g} of the device's memory "
+                          "(vllm_gpu_memory_utilization) beside this estimate"
+                          + ("; sleep mode releases it during the optimizer step"
+                             if cfg.vllm_enable_sleep_mode else ""), field="vllm_gpu_memory_utilization",
+                          code="grpo-vllm-share"))
     if cfg.use_vllm and cfg.use_cpu:
-        notes.append(kin.Note("use_vllm=True with use_cpu=True: vLLM's share is a fraction of a GPU's memory, "
-                              "which a run on the CPU does not use: set use_vllm=False to generate with "
-                              "transformers on the CPU, or drop use_cpu to train on the GPU", field="use_vllm",
-                              code="grpo-vllm-cpu"))
+        notes.append(Note("use_vllm=True with use_cpu=True: vLLM's share is a fraction of a GPU's memory, "
+                          "which a run on the CPU does not use: set use_vllm=False to generate with "
+                          "transformers on the CPU, or drop use_cpu to train on the GPU", field="use_vllm",
+                          code="grpo-vllm-cpu"))
     if est.setup["device"] == "cuda":
-        notes.append(kin.Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
-                              "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
-                              code="grpo-scored-positions"))
+        notes.append(Note("on CUDA TRL's fused head scores the completion tokens only (B x C); the estimate "
+                          "counts every position (B x (P + C - 1)), the most it can be", field="seq_len",
+                          code="grpo-scored-positions"))
     out = dict(peak_bytes=est.peak_bytes + buffered + ref_weights,
                first_step_peak_bytes=max(est.first_step_peak_bytes + buffered + ref_weights, first),
                weights_bytes=held.weights_bytes, eval_peak_bytes=est.eval_peak_bytes + ref_weights,
@@ -394,11 +396,11 @@ def trainer_prompts(trainer, seq_len=None) -> tuple[int, bool, str]:
         return seq_len, False, "estimate_trainer(seq_len=...): the longest prompt, in tokens"
     ds = trainer.train_dataset
     if ds is None or not len(ds) or "prompt" not in ds.column_names:
-        raise kin.InputError("seq_len", "GRPOTrainer's train_dataset has no prompt rows to read: pass seq_len=... "
-                             "(the longest prompt, in tokens).")
+        raise InputError("seq_len", "GRPOTrainer's train_dataset has no prompt rows to read: pass seq_len=... "
+                         "(the longest prompt, in tokens).")
     if getattr(trainer, "environment_factories", None) is not None:
-        raise kin.InputError("environment_factory", "GRPOTrainer with environments (multi-turn rollouts) is not "
-                             "modeled: estimate without environment_factory.", code="grpo-environments")
+        raise InputError("environment_factory", "GRPOTrainer with environments (multi-turn rollouts) is not "
+                         "modeled: estimate without environment_factory.", code="grpo-environments")
     n = min(len(ds), 64)
     ids = trainer._tokenize_prompts([ds[i]["prompt"] for i in range(n)])[0]
     lengths = [len(x) for x in ids]
@@ -424,12 +426,12 @@ def refuse_unmodeled(opts: dict) -> None:
     """GRPOTrainer on a bitsandbytes model (what it does to it is not read), or under DeepSpeed/FSDP (the
     generation's gathered weights, the reference prepared by them): refused in one sentence."""
     if opts.get("strategy", "single") != "single":
-        raise kin.InputError("strategy", f"GRPOTrainer under {opts['strategy']} (the weights gathered for generation, "
-                             "the reference prepared by DeepSpeed or FSDP) is not modeled: the kit estimates "
-                             "GRPOTrainer on one GPU.", code="grpo-strategy")
+        raise InputError("strategy", f"GRPOTrainer under {opts['strategy']} (the weights gathered for generation, "
+                         "the reference prepared by DeepSpeed or FSDP) is not modeled: the kit estimates "
+                         "GRPOTrainer on one GPU.", code="grpo-strategy")
     if opts.get("quantization", "none") != "none":
-        raise kin.InputError("quantization", "GRPOTrainer on a quantized (bitsandbytes) model is not modeled: "
-                             "estimate it unquantized.", code="grpo-quantized")
+        raise InputError("quantization", "GRPOTrainer on a quantized (bitsandbytes) model is not modeled: "
+                         "estimate it unquantized.", code="grpo-quantized")
 
 
 def refuse_reward_models(trainer) -> None:
@@ -439,9 +441,9 @@ def refuse_reward_models(trainer) -> None:
 
     models = [type(f).__name__ for f in getattr(trainer, "reward_funcs", []) if isinstance(f, torch.nn.Module)]
     if models:
-        raise kin.InputError("reward_funcs", f"GRPOTrainer's reward_funcs hold a reward model ({', '.join(models)}), "
-                             "whose weights and forward the kit does not model: estimate with reward functions "
-                             "only.", code="grpo-reward-model")
+        raise InputError("reward_funcs", f"GRPOTrainer's reward_funcs hold a reward model ({', '.join(models)}), "
+                         "whose weights and forward the kit does not model: estimate with reward functions "
+                         "only.", code="grpo-reward-model")
 
 
 class GrpoReader(TrainerReader):
@@ -482,8 +484,8 @@ class GrpoReader(TrainerReader):
         self.own.take(*read_grpo_config(cfg))
         model_init(cfg, self.config_name, given)
         if given.seq_len is None:
-            raise kin.InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
-                                 "tokens (GRPOTrainer does not truncate prompts).")
+            raise InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
+                             "tokens (GRPOTrainer does not truncate prompts).")
         self.peft = given.peft_config is not None
 
     def after_quantization(self, opts: dict) -> None:

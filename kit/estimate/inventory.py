@@ -253,13 +253,14 @@ def inventory(model, cfg, own=None) -> Info:
         if idx is not None:
             blocks.add(".".join(parts[:idx + 1]))
         leaves.append(Leaf(
-            name, kind, fin, fout, 0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
-            b.numel() if b is not None else 0, any(p.requires_grad for _, p in params)
+            name=name, kind=kind, fin=fin, fout=fout,
+            weight=0 if tied else fin * fout if linear else (w.numel() if w is not None else 0),
+            bias=b.numel() if b is not None else 0, trainable=any(p.requires_grad for _, p in params)
             and not (own and name.endswith(POOLERS)),   # a head of one's own reads the last hidden state: no grad
             # reaches the base's pooler (a head that reads pooler_output is refused by its probe)
-            linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
-            part, ".".join(parts[idx + 1:]) if idx is not None else name, tied,
-            (fout, fin) if linear else tuple(w.shape) if w is not None else ()))
+            quantizable=linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
+            part=part, short=".".join(parts[idx + 1:]) if idx is not None else name, tied=tied,
+            shape=(fout, fin) if linear else tuple(w.shape) if w is not None else ()))
     if len(blocks) != base_cfg.num_hidden_layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
@@ -277,8 +278,10 @@ def inventory(model, cfg, own=None) -> Info:
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
     cls = (_own_module(leaves, prefix), own.labels, own.dropout) if own else \
         _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
-    return Info(base_cfg, family, tuple(leaves), bufs, head_layers, maxpos, head_name, task, cls[1], cls[0], cls[2],
-                own)
+    return Info(config=base_cfg, family=family, leaves=tuple(leaves), buffers_bytes=bufs, head_layers=head_layers,
+                max_positions=maxpos, output_head=head_name, task=task, num_labels=cls[1], classifier=cls[0],
+                head_dropout=cls[2],
+                own_head=own)
 
 
 def _fused_leaf(name: str, param, own) -> Leaf:
@@ -291,8 +294,9 @@ def _fused_leaf(name: str, param, own) -> Leaf:
     idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
                None)
     kind = "experts" if param.dim() == 3 else "other"   # (Qwen3.5's Gated DeltaNet A_log and dt_bias: vectors)
-    return Leaf(name, kind, 0, 0, param.numel(), 0, param.requires_grad and not own, False,
-                "head" if idx is None else "block", name if idx is None else ".".join(parts[idx + 1:]),
+    return Leaf(name=name, kind=kind, fin=0, fout=0, weight=param.numel(), bias=0,
+                trainable=param.requires_grad and not own, quantizable=False,
+                part="head" if idx is None else "block", short=name if idx is None else ".".join(parts[idx + 1:]),
                 shape=tuple(param.shape))
 
 
@@ -413,7 +417,6 @@ def lora_matches(names: tuple, targets: tuple) -> tuple:
 def default_targets(info: Info) -> tuple:
     """peft's default LoRA targets for the architecture; where peft has none (Phi-3, OLMo-2), the
     attention projections as ``LoraConfig(target_modules=...)`` must name them (the family's ``lora_targets``)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_defaults
 
-
-    return tuple(M.get(info.config.model_type) or family(info.family).lora_targets or ["q_proj", "v_proj"])
+    return tuple(peft_defaults.get(info.config.model_type) or family(info.family).lora_targets or ["q_proj", "v_proj"])

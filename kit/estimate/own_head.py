@@ -28,7 +28,7 @@ import inspect
 import weakref
 from dataclasses import dataclass
 
-from kit.inputs import Refusal
+from kit.inputs import Note, Refusal
 
 _SHAPES = ((2, 8), (2, 16), (4, 8))   # (rows, tokens) of the three probes: tokens double, then rows
 _READ = weakref.WeakKeyDictionary()   # module -> OwnHead (a module's head is probed once)
@@ -98,8 +98,9 @@ def _probe_all(model, name: str, base) -> OwnHead:
     eval_token, eval_row, eval_fixed = _rates([r[4] for r in evals])
     drop = next((m.p for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)
                  and not (n == name or n.startswith(name + "."))), 0.0)
-    return OwnHead(name, labels, per_token, per_row, max(fixed, 0), row1, float(drop), outside, eval_token,
-                   eval_row + max(eval_fixed, 0) // _SHAPES[0][0])
+    return OwnHead(base=name, labels=labels, per_token=per_token, per_row=per_row, fixed=max(fixed, 0),
+                   logits_row=row1, dropout=float(drop), loss_outside=outside, eval_token=eval_token,
+                   eval_row=eval_row + max(eval_fixed, 0) // _SHAPES[0][0])
 
 
 @contextlib.contextmanager
@@ -285,13 +286,13 @@ def _key(t) -> int:
 
 def own_head_notes(model, head: OwnHead) -> list:
     """What the estimate of a head of one's own assumed, as notes."""
-    from kit import inputs as kin
 
-    notes = [kin.Note(f"{type(model).__name__}'s own head on its {head.base} was read by running it on a stand-in "
-                      f"hidden state: it keeps {head.per_token:,} bytes per token and {head.per_row:,} per row for "
-                      f"backward, and gives {head.labels} logits per row", field="task", code="own-head")]
+
+    notes = [Note(f"{type(model).__name__}'s own head on its {head.base} was read by running it on a stand-in "
+                  f"hidden state: it keeps {head.per_token:,} bytes per token and {head.per_row:,} per row for "
+                  f"backward, and gives {head.labels} logits per row", field="task", code="own-head")]
     if head.loss_outside:
-        notes.append(kin.Note(f"{type(model).__name__}'s forward returns no loss: the loss is taken as "
-                              "cross_entropy(logits, labels) (a compute_loss override or the loop's)", field="task",
-                              code="own-head-loss"))
+        notes.append(Note(f"{type(model).__name__}'s forward returns no loss: the loss is taken as "
+                          "cross_entropy(logits, labels) (a compute_loss override or the loop's)", field="task",
+                          code="own-head-loss"))
     return notes

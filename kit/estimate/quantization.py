@@ -34,7 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit.presets import DTYPES, int8_bytes, nf4_bytes
 from kit.units import fmt_bytes
 
@@ -78,14 +80,14 @@ def options(quantization: str, quant_type="nf4", double_quant=True, compute_dtyp
     ...
     kit.inputs.InputError: quant_type applies to 4-bit weights: set quantization='4bit', or leave quant_type out.
     """
-    got = dict(quant_type=kin.choice("quant_type", quant_type, QUANT_TYPES),
-               double_quant=kin.flag("double_quant", double_quant),
-               compute_dtype=kin.choice("compute_dtype", str(compute_dtype), DTYPES, _DTYPE_ALIASES))
+    got = dict(quant_type=inputs.choice("quant_type", quant_type, QUANT_TYPES),
+               double_quant=inputs.flag("double_quant", double_quant),
+               compute_dtype=inputs.choice("compute_dtype", str(compute_dtype), DTYPES, _DTYPE_ALIASES))
     if quantization != "4bit":
         for k, v in got.items():
             if v != DEFAULTS[k]:
-                raise kin.InputError(k, f"{k} applies to 4-bit weights: set quantization='4bit', or leave {k} out.")
-    return Bnb(**got, reentrant=kin.flag("checkpoint_reentrant", checkpoint_reentrant, allow_none=True))
+                raise InputError(k, f"{k} applies to 4-bit weights: set quantization='4bit', or leave {k} out.")
+    return Bnb(**got, reentrant=inputs.flag("checkpoint_reentrant", checkpoint_reentrant, allow_none=True))
 
 
 def weight_bytes(leaf, quant: str, bnb: Bnb, other: int) -> int | None:

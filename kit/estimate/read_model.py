@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note, Refusal
+
 from kit.estimate.inventory import POOLERS, info_of, task_of
 from kit.estimate.offload_options import from_model
 from kit.estimate.own_head import own_head_notes, read_own_head
@@ -27,11 +28,11 @@ def read_model(model):
     if peft and isinstance(model, peft.PeftModel):
         kinds = {str(getattr(c.peft_type, "value", c.peft_type)) for c in model.peft_config.values()}
         if kinds - {"LORA"}:
-            raise kin.InputError("peft_config", f"the model carries a peft {', '.join(sorted(kinds - {'LORA'}))} "
-                                 "adapter, which the kit does not model: it models LoRA.", code="peft-not-lora")
+            raise InputError("peft_config", f"the model carries a peft {', '.join(sorted(kinds - {'LORA'}))} "
+                             "adapter, which the kit does not model: it models LoRA.", code="peft-not-lora")
     base = model.get_base_model() if peft and isinstance(model, peft.PeftModel) else model
     if not isinstance(base, nn.Module):
-        raise kin.Refusal(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
+        raise Refusal(f"trainer.model is a {type(base).__name__}, not an nn.Module: the kit reads a causal LM "
                          "built by transformers.")
     cfg = getattr(base, "config", None)
     opts, src, notes = {}, {}, []
@@ -52,7 +53,7 @@ def read_model(model):
                    num_labels=(cfg.num_labels, "model.config.num_labels"))
     quant, qlayers, qsrc = _read_quant(base, cfg)
     if adapters and not isinstance(base, PreTrainedModel):
-        raise kin.Refusal(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
+        raise Refusal(f"LoRA on a {type(base).__name__} is not modeled: the kit reads LoRA on a transformers "
                          "causal LM (AutoModelForCausalLM).")
     if adapters:  # peft's layers hide the Linear modules: estimate from the base config plus the options
         target = copy.deepcopy(cfg)
@@ -69,7 +70,7 @@ def read_model(model):
     kit_q = {l.name for l in info.leaves if l.quantizable} if quant != "none" else set()
     if kit_q != qlayers:
         odd = sorted(kit_q ^ qlayers)[:3]
-        raise kin.Refusal(f"the model's {quant} layers differ from the ones transformers quantizes by default "
+        raise Refusal(f"the model's {quant} layers differ from the ones transformers quantizes by default "
                          f"(e.g. {', '.join(odd)}; llm_int8_skip_modules?), which the kit does not model.")
     opts["quantization"], src["quantization"] = quant, (quant, qsrc)
     load, recipe, dsrc, rsrc = _read_dtypes(base, cfg, quant)
@@ -93,9 +94,9 @@ def read_model(model):
             src["modules_to_save"] = (tuple(saved), "peft's modules_to_save copies (ModulesToSaveWrapper) that train")
         dts = {dtype_name(p.dtype) for n, p in base.named_parameters() if ".lora_A." in n or ".lora_B." in n}
         if dts not in ({"fp32"}, {"bf16"}):
-            raise kin.InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
-                                 "them in fp32 (peft's default) or bf16 (TRL's cast on a quantized model).",
-                                 code="adapter-dtype")
+            raise InputError("adapter_dtype", f"the LoRA adapters are {', '.join(sorted(dts))}; the kit models "
+                             "them in fp32 (peft's default) or bf16 (TRL's cast on a quantized model).",
+                             code="adapter-dtype")
         opts["adapter_dtype"] = dts.pop()
         src["adapter_dtype"] = (opts["adapter_dtype"], "the LoRA layers' parameter dtype")
         targets, tnote = targets_for(info, names)
@@ -117,9 +118,9 @@ def read_model(model):
     if idle:   # a head of one's own reads the last hidden state: no gradient reaches the base's pooler
         src["idle_params"] = (sum(idle.values()), f"{', '.join(sorted({n.rsplit('.', 1)[0] for n in idle}))}: "
                               "requires_grad, and no gradient reaches it (the head reads the last hidden state)")
-        notes.append(kin.Note(f"{sum(idle.values()):,} of the {trainable:,} parameters with requires_grad (the base's "
-                              "pooler) get no gradient: the head reads the last hidden state, so no gradient or "
-                              "optimizer state is kept for them", field="trainable_params", code="idle-pooler"))
+        notes.append(Note(f"{sum(idle.values()):,} of the {trainable:,} parameters with requires_grad (the base's "
+                          "pooler) get no gradient: the head reads the last hidden state, so no gradient or "
+                          "optimizer state is kept for them", field="trainable_params", code="idle-pooler"))
     if not adapters and 0 < trainable < total and not info.vocab_head:
         notes.append(f"{total - trainable:,} parameters are frozen: their weights, gradients and optimizer state "
                      "are counted as they are, activations as for a full fine-tune (an upper bound)")
@@ -136,7 +137,7 @@ def read_model(model):
         "is transformers' default"
     attn = attn or "sdpa"
     if attn not in ("sdpa", "eager"):
-        raise kin.InputError("attn_implementation", f"config._attn_implementation={attn!r} is not modeled: the "
+        raise InputError("attn_implementation", f"config._attn_implementation={attn!r} is not modeled: the "
                                                     "kit replays 'sdpa' and 'eager'; load the model with one of them.")
     opts["attn_implementation"], src["attn_implementation"] = attn, (attn, where)
     src["tied_weights"] = (_tied(base), "get_output_embeddings().weight is get_input_embeddings().weight")
@@ -162,30 +163,30 @@ def _read_adapters(base):
             tuner = type(m).__module__.split("peft.tuners.")[-1].split(".")[0].upper()
             how = " (LoraConfig.trainable_token_indices: trained rows of the embeddings)" \
                 if tuner == "TRAINABLE_TOKENS" else ""
-            raise kin.InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}){how}, which the "
-                                 "kit does not model: it models LoRA.", code="peft-not-lora")
+            raise InputError("peft_config", f"{n} is a peft {tuner} adapter ({type(m).__name__}){how}, which the "
+                             "kit does not model: it models LoRA.", code="peft-not-lora")
         if len(m.r) != 1:
-            raise kin.Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
+            raise Refusal(f"{n} holds {len(m.r)} LoRA adapters ({', '.join(m.r)}); the kit models one: delete "
                              "the others (delete_adapter) or estimate one setup at a time.")
         a = next(iter(m.r))
         doras.add(bool(m.use_dora.get(a)))
         if getattr(m, "lora_bias", {}).get(a):
-            raise kin.Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
+            raise Refusal(f"{n} has a LoRA bias (LoraConfig(lora_bias=True): a trained bias on lora_B), which "
                              "the kit does not model: estimate it without lora_bias, or measure it with "
                              "kit.watch(trainer).")
         if type(m).__name__ == "ParamWrapper":   # LoraConfig.target_parameters
             raise experts_lora_refusal(n)
         if not isinstance(m.get_base_layer(), nn.Linear) and type(m.get_base_layer()).__name__ != "Conv1D":
-            raise kin.Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
+            raise Refusal(f"{n} puts LoRA on a {type(m.get_base_layer()).__name__}; the kit models LoRA on "
                              "Linear layers only: leave it out of target_modules.")
         d = m.lora_dropout[a]
         ranks.add(m.r[a])
         drops.add(float(d.p) if isinstance(d, nn.Dropout) else 0.0)
         names.add(n)
     if len(doras) > 1:
-        raise kin.Refusal("some LoRA layers use DoRA and some do not; the kit models one kind for all of them.")
+        raise Refusal("some LoRA layers use DoRA and some do not; the kit models one kind for all of them.")
     if len(ranks) > 1 or len(drops) > 1:
-        raise kin.Refusal(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
+        raise Refusal(f"the LoRA layers have different ranks {sorted(ranks)} or dropouts {sorted(drops)} "
                          "(rank_pattern?); the kit models one r and one lora_dropout for all of them.")
     extra = [n for n, p in base.named_parameters() if p.requires_grad and not _adapter(n)]
     saved = sorted({n.split(".modules_to_save.")[0] for n in extra if ".modules_to_save." in n})
@@ -198,7 +199,7 @@ def _read_adapters(base):
             "modules_to_save copies of the input embeddings and the output head"
         found = f"biases are trainable (LoraConfig(bias=...)?: {', '.join(biases[:3])}" if len(biases) == len(other) \
             else f"parameters outside the LoRA adapters are trainable ({', '.join(other[:3])}"
-        raise kin.Refusal(f"{found}{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it "
+        raise Refusal(f"{found}{', ...' if len(other) > 3 else ''}), which the kit does not model with LoRA (it "
                          f"models the adapters and {what}): freeze them, or measure this setup with "
                          "kit.watch(trainer).")
     return ranks.pop(), names, drops.pop(), sorted(copies), doras.pop()
@@ -252,7 +253,7 @@ def _read_quant(base, cfg):
     if not kinds:
         return "none", set(), "no bitsandbytes layer in the model"
     if len(set(kinds.values())) > 1:
-        raise kin.Refusal("the model mixes 4-bit and 8-bit bitsandbytes layers, which the kit does not model.")
+        raise Refusal("the model mixes 4-bit and 8-bit bitsandbytes layers, which the kit does not model.")
     quant = next(iter(kinds.values()))
     kind_name = "Linear4bit" if quant == "4bit" else "Linear8bitLt"
     return quant, set(kinds), f"the model's bitsandbytes {kind_name} layers"
@@ -281,7 +282,7 @@ def _read_dtypes(base, cfg, quant):
                                          "upcast them" if load != "fp32" else "the model loaded in fp32")
     if set(floats) == {load}:
         return load, "lean", where, f"the unquantized parameters are still {load}: no fp32 upcast"
-    raise kin.Refusal(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
+    raise Refusal(f"the unquantized parameters mix {', '.join(sorted(floats))}; the kit models them all in the "
                      f"load dtype ({load}) or all in fp32 (prepare_model_for_kbit_training).")
 
 
@@ -323,18 +324,18 @@ def read_bnb(quant_config, name: str) -> str:
     if quant_config is None:
         return "none"
     if type(quant_config).__name__ != "BitsAndBytesConfig":
-        raise kin.Refusal(f"{type(quant_config).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
+        raise Refusal(f"{type(quant_config).__name__} is not modeled: the kit models bitsandbytes 4-bit and 8-bit "
                          "(BitsAndBytesConfig).")
     if getattr(quant_config, "llm_int8_skip_modules", None) or \
             getattr(quant_config, "llm_int8_enable_fp32_cpu_offload", False):
-        raise kin.Refusal(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
+        raise Refusal(f"{name}.llm_int8_skip_modules / llm_int8_enable_fp32_cpu_offload are not modeled: the kit "
                          "quantizes the layers transformers quantizes by default, all on the GPU.")
     if quant_config.load_in_4bit:
         bnb_options(quant_config, name)  # refuses what is not modeled
         return "4bit"
     if quant_config.load_in_8bit:
         if getattr(quant_config, "llm_int8_has_fp16_weight", False):
-            raise kin.Refusal(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
+            raise Refusal(f"{name}.llm_int8_has_fp16_weight=True keeps 16-bit weights, which the kit does not "
                              "model: leave it False.")
         return "8bit"
     return "none"
@@ -349,11 +350,11 @@ def bnb_options(quant_config, name: str = "BitsAndBytesConfig") -> dict:
     """
     qt = str(quant_config.bnb_4bit_quant_type)
     if qt not in ("nf4", "fp4"):
-        raise kin.InputError("quant_type", f"{name}.bnb_4bit_quant_type={qt!r} is not a bitsandbytes 4-bit type: "
+        raise InputError("quant_type", f"{name}.bnb_4bit_quant_type={qt!r} is not a bitsandbytes 4-bit type: "
                                            "pass 'nf4' or 'fp4'.")
     cd = str(quant_config.bnb_4bit_compute_dtype)
     if cd not in _DTYPE_NAMES:
-        raise kin.InputError("compute_dtype", f"{name}.bnb_4bit_compute_dtype={cd} is not modeled: pass "
+        raise InputError("compute_dtype", f"{name}.bnb_4bit_compute_dtype={cd} is not modeled: pass "
                                               "torch.float32, torch.float16 or torch.bfloat16.")
     return dict(quant_type=qt, double_quant=bool(quant_config.bnb_4bit_use_double_quant),
                 compute_dtype=_DTYPE_NAMES[cd])
@@ -370,11 +371,11 @@ def read_4bit(base):
         if isinstance(m, bnb.nn.Linear4bit):
             qs = getattr(m.weight, "quant_state", None) or getattr(m, "quant_state", None)
             if qs is None or m.compute_dtype is None:
-                raise kin.Refusal("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
+                raise Refusal("a Linear4bit layer has no quant_state or compute_dtype yet (not quantized, or "
                                  "built by hand): load the model with from_pretrained(quantization_config=...).")
             seen.add((qs.quant_type, bool(qs.nested), dtype_name(m.compute_dtype)))
     if len(seen) > 1:
-        raise kin.Refusal(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
+        raise Refusal(f"the model's 4-bit layers differ ({sorted(seen)}: quant type, double quant, compute "
                          "dtype), which the kit does not model: one BitsAndBytesConfig for all of them.")
     if not seen:
         return {}, {}
@@ -417,7 +418,7 @@ def trainer_reentrant(args, name: str = "TrainingArguments"):
 def dtype_name(dtype) -> str:
     name = str(dtype)
     if name not in _DTYPE_NAMES and name not in ("fp32", "fp16", "bf16"):
-        raise kin.InputError("load_dtype", f"dtype {name} is not modeled: the kit models fp32, fp16 and bf16 weights.")
+        raise InputError("load_dtype", f"dtype {name} is not modeled: the kit models fp32, fp16 and bf16 weights.")
     return _DTYPE_NAMES.get(name, name)
 
 

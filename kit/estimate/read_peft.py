@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import copy
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR, InputError, Refusal
+
 from kit.estimate.inventory import default_targets, lora_matches
 
 
@@ -43,10 +44,10 @@ def read_task(lora_config, task=None, num_labels=None, cfg=None):
 def experts_lora_refusal(what: str):
     """The refusal of LoRA on a mixture-of-experts model's fused expert parameters (``LoraConfig.target_parameters``:
     peft 0.21's ``ParamWrapper``), ``what`` saying where it was found."""
-    return kin.Refusal(f"{what} puts LoRA on fused parameters (LoraConfig.target_parameters, peft's ParamWrapper), "
-                       "which the kit does not replay: each forward folds W + scaling * B @ A into a new full copy of "
-                       "the layer's experts, kept for backward, whose grad backward makes in full; estimate LoRA on "
-                       "the attention (target_modules), or measure this setup with kit.watch(trainer).")
+    return Refusal(f"{what} puts LoRA on fused parameters (LoraConfig.target_parameters, peft's ParamWrapper), "
+                   "which the kit does not replay: each forward folds W + scaling * B @ A into a new full copy of "
+                   "the layer's experts, kept for backward, whose grad backward makes in full; estimate LoRA on "
+                   "the attention (target_modules), or measure this setup with kit.watch(trainer).")
 
 
 def read_lora_config(lora_config, info):
@@ -55,7 +56,7 @@ def read_lora_config(lora_config, info):
     from peft.tuners.tuners_utils import check_target_module_exists
 
     if not isinstance(lora_config, LoraConfig):
-        raise kin.Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
+        raise Refusal(f"peft_config is a {type(lora_config).__name__}: the kit models LoRA (a peft LoraConfig).")
     if getattr(lora_config, "target_parameters", None):
         raise experts_lora_refusal(f"LoraConfig(target_parameters={lora_config.target_parameters!r})")
     bad = [k for k in ("lora_bias", "modules_to_save", "rank_pattern", "trainable_token_indices")
@@ -65,23 +66,23 @@ def read_lora_config(lora_config, info):
         bad = [k for k in bad if k != "modules_to_save"]
     if lora_config.bias != "none" or bad:
         key = (bad or ["bias"])[0]
-        raise kin.Refusal(f"LoraConfig.{key}={getattr(lora_config, key)!r} is set, which the kit does not model: it "
+        raise Refusal(f"LoraConfig.{key}={getattr(lora_config, key)!r} is set, which the kit does not model: it "
                          "models plain LoRA (one r, bias='none'), with modules_to_save copies of a causal LM's "
                          "embeddings and head or of a classifier's head.")
     lora_config = copy.copy(lora_config)
     linear = {l.name for l in info.leaves if l.kind == "linear"}
-    if isinstance(lora_config.target_modules, str) and lora_config.target_modules.lower() == kin.ALL_LINEAR:
+    if isinstance(lora_config.target_modules, str) and lora_config.target_modules.lower() == ALL_LINEAR:
         lora_config.target_modules = linear - {info.output_head}
     elif lora_config.target_modules is None:
         lora_config.target_modules = set(default_targets(info))
     found = {l.name: check_target_module_exists(lora_config, l.name) for l in info.leaves}
     names = {n for n, hit in found.items() if hit and type(hit).__name__ != "_ExcludedModule"}
     if names - linear:
-        raise kin.Refusal(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
+        raise Refusal(f"LoraConfig.target_modules matches {', '.join(sorted(names - linear)[:3])}, which is not a "
                          "Linear layer: the kit models LoRA on Linear layers only.")
     if not names:
-        raise kin.InputError("lora_targets",
-                             f"LoraConfig.target_modules={lora_config.target_modules!r} matches no Linear "
+        raise InputError("lora_targets",
+                         f"LoraConfig.target_modules={lora_config.target_modules!r} matches no Linear "
                                              "module of this model.")
     return lora_config.r, names, float(lora_config.lora_dropout)
 
@@ -90,7 +91,7 @@ def targets_for(info, names):
     """The shortest lora_targets that make estimate() wrap exactly ``names`` (+ a note when blocks differ)."""
     linear = tuple(l.name for l in info.leaves if l.kind == "linear")
     if names == set(linear) - {info.output_head}:
-        return kin.ALL_LINEAR, []
+        return ALL_LINEAR, []
     for key in (lambda name: name.rsplit(".", 1)[-1],
                 lambda name: next(l.short for l in info.leaves if l.name == name)):
         short = tuple(sorted({key(n) for n in names}))

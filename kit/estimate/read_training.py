@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Refusal
+
 from kit import optimizers
 from kit.estimate.launch import read_training_launch
 from kit.estimate.offload_options import from_ckpt_kwargs
@@ -23,16 +24,16 @@ def read_args(args, name: str = "TrainingArguments"):
               "the forward saves)")]
     for attr, what in refuse:
         if getattr(args, attr, None):
-            raise kin.Refusal(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
+            raise Refusal(f"TrainingArguments.{attr} is set, and the kit does not model {what}: it predicts one "
                              "GPU with the plain Trainer step; estimate without it.")
     if getattr(args, "label_smoothing_factor", 0):
-        raise kin.Refusal("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
+        raise Refusal("TrainingArguments.label_smoothing_factor > 0 is not modeled (the Trainer then computes "
                          "its own log-softmax over the logits): estimate with 0.")
     attr = "activation_checkpointing_kwargs" if getattr(args, "activation_checkpointing_kwargs", None) else \
         "gradient_checkpointing_kwargs"
     optim = str(getattr(args.optim, "value", args.optim))
     if optim not in OPTIMS:
-        raise kin.InputError("optim", f"TrainingArguments.optim={optim!r} is not modeled by the kit, which models "
+        raise InputError("optim", f"TrainingArguments.optim={optim!r} is not modeled by the kit, which models "
                                       f"{', '.join(OPTIMS)} (sgd with a momentum): choose one of those.")
     src, notes = {}, []
     if optim == "sgd":
@@ -40,7 +41,7 @@ def read_args(args, name: str = "TrainingArguments"):
 
         momentum = float(_parse_optim_args(args.optim_args).get("momentum", 0) or 0)
         if not momentum:
-            raise kin.InputError("optim", "TrainingArguments.optim='sgd' without a momentum keeps no state, and the "
+            raise InputError("optim", "TrainingArguments.optim='sgd' without a momentum keeps no state, and the "
                                           "kit's sgd counts a momentum buffer: set optim_args='momentum=0.9'.")
         src["optim_args"] = (f"momentum={momentum:g}", "TrainingArguments.optim_args")
     prec = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
@@ -117,7 +118,7 @@ def read_seq_len(trainer, batch_size: int, dataset=None, description: str = "tra
     ds, collate = trainer.train_dataset if dataset is None else dataset, trainer.data_collator
     name = "trainer.train_dataset" if dataset is None else "trainer.eval_dataset"
     if ds is None:
-        raise kin.InputError("seq_len", "the Trainer has no train_dataset to read the sequence length from: pass "
+        raise InputError("seq_len", "the Trainer has no train_dataset to read the sequence length from: pass "
                                         "seq_len=... (the longest batch's length in tokens).")
     hf = sys.modules.get("datasets")
     lengths, scanned = None, "all"
@@ -136,7 +137,7 @@ def read_seq_len(trainer, batch_size: int, dataset=None, description: str = "tra
         else:
             get, n = ds.__getitem__, len(ds)
     if not n:
-        raise kin.InputError("seq_len", f"{name} is empty: pass seq_len=....")
+        raise InputError("seq_len", f"{name} is empty: pass seq_len=....")
     if lengths is None and n and isinstance(get(0), dict) and "input_ids" in get(0):
         lengths = [len(get(i)["input_ids"]) for i in range(n)]
     if lengths is not None:
@@ -148,7 +149,7 @@ def read_seq_len(trainer, batch_size: int, dataset=None, description: str = "tra
     for rows in batches:
         out = collate(rows)
         if "input_ids" not in out:
-            raise kin.InputError("seq_len", "trainer.data_collator's batches have no input_ids: pass seq_len=....")
+            raise InputError("seq_len", "trainer.data_collator's batches have no input_ids: pass seq_len=....")
         ids = torch.as_tensor(out["input_ids"])
         mask, pos = out.get("attention_mask"), out.get("position_ids")
         if mask is None and pos is not None and ids.shape[0] == 1:   # padding-free: one flattened row
@@ -178,7 +179,7 @@ def read_eval_seq_len(trainer, eval_batch: int):
     for part in parts:
         try:
             seq, _, where, batch = read_seq_len(trainer, eval_batch, part, "evaluation")
-        except kin.InputError as exc:
+        except InputError as exc:
             return None, f"trainer.eval_dataset's batches cannot be read ({exc}): the training length"
         if batch != eval_batch:
             return None, "trainer.data_collator flattens the eval rows (padding-free): the training length"

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
 from kit import trainer_kinds
 from kit.estimate.dpo import refuse_dropout
 from kit.estimate.trainer_reader import Reading, TrainerReader
@@ -71,17 +72,17 @@ def read_reward_config(cfg, name: str = "RewardConfig"):
     notes = []
     trl = sys.modules.get("trl")
     if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(kin.Note(f"TRL {trl.__version__} is installed; the kit models RewardTrainer as TRL "
-                              f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
+        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models RewardTrainer as TRL "
+                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
     return {}, src, notes
 
 
 def refuse_other_head(opts: dict) -> None:
     """A reward model is a sequence classifier with one label (TRL refuses a built one with another count)."""
     if (opts.get("task"), opts.get("num_labels")) != ("seq-cls", 1):
-        raise kin.InputError("task", f"RewardTrainer's model is a {opts.get('task', 'causal-lm')} model with "
-                             f"{opts.get('num_labels', 'no')} labels; the kit models a reward model as TRL builds "
-                             "one: AutoModelForSequenceClassification with num_labels=1.", code="reward-head")
+        raise InputError("task", f"RewardTrainer's model is a {opts.get('task', 'causal-lm')} model with "
+                         f"{opts.get('num_labels', 'no')} labels; the kit models a reward model as TRL builds "
+                         "one: AutoModelForSequenceClassification with num_labels=1.", code="reward-head")
 
 
 def read_pairs(trainer, B: int):
@@ -92,7 +93,7 @@ def read_pairs(trainer, B: int):
     ds = trainer.train_dataset
     n = len(ds) if ds is not None else 0
     if not n:
-        raise kin.InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
+        raise InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
     chosen, rejected = ds["chosen_ids"], ds["rejected_ids"]
     longest = [max(len(c), len(r)) for c, r in zip(chosen, rejected)]
     top = sorted(range(n), key=lambda i: -longest[i])[:B]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
 from kit import trainer_kinds
 from kit.estimate.trainer_reader import Reading, TrainerReader
 
@@ -42,12 +43,12 @@ def read_loss(trainer) -> tuple:
     """(the loss's class name, where it was read); refuses a loss the kit does not model, by name."""
     loss = trainer.loss
     if isinstance(loss, dict):
-        raise kin.InputError("loss", "SentenceTransformerTrainer has a loss per dataset (a dict), which the kit does "
-                             "not model: estimate each dataset's trainer on its own.", code="st-loss-dict")
+        raise InputError("loss", "SentenceTransformerTrainer has a loss per dataset (a dict), which the kit does "
+                         "not model: estimate each dataset's trainer on its own.", code="st-loss-dict")
     name = type(loss).__name__
     if name not in LOSSES:
-        raise kin.InputError("loss", f"SentenceTransformerTrainer's loss is {name}, which the kit does not model (it "
-                             f"models {', '.join(LOSSES)}); measure it with kit.watch(trainer).", code="st-loss")
+        raise InputError("loss", f"SentenceTransformerTrainer's loss is {name}, which the kit does not model (it "
+                         f"models {', '.join(LOSSES)}); measure it with kit.watch(trainer).", code="st-loss")
     return name, f"SentenceTransformerTrainer.loss ({name}: {LOSSES[name]})"
 
 
@@ -58,8 +59,8 @@ def read_towers(trainer, batch_size: int, rows: int = 64) -> tuple:
 
     ds = trainer.train_dataset
     if ds is None or not len(ds):
-        raise kin.InputError("seq_len", "the SentenceTransformerTrainer has no train_dataset rows to read the towers "
-                             "and the sequence length from: pass seq_len=....")
+        raise InputError("seq_len", "the SentenceTransformerTrainer has no train_dataset rows to read the towers "
+                         "and the sequence length from: pass seq_len=....")
     first = [ds[i] for i in range(min(rows, len(ds)))]
     lengths, padded = {}, False
     for start in range(0, len(first), batch_size):
@@ -70,9 +71,9 @@ def read_towers(trainer, batch_size: int, rows: int = 64) -> tuple:
             lengths[column] = max(lengths.get(column, 0), tokens)
             padded = padded or (mask is not None and not bool(torch.as_tensor(mask).bool().all()))
     if len(lengths) < 2:
-        raise kin.InputError("train_dataset", f"SentenceTransformerTrainer's collator made {len(lengths)} text "
-                             "column(s) (*_input_ids) from train_dataset, and the kit models its losses on two or more "
-                             "(anchor and positive, and negatives): pass a dataset of text columns.", code="st-columns")
+        raise InputError("train_dataset", f"SentenceTransformerTrainer's collator made {len(lengths)} text "
+                         "column(s) (*_input_ids) from train_dataset, and the kit models its losses on two or more "
+                         "(anchor and positive, and negatives): pass a dataset of text columns.", code="st-columns")
     return tuple(lengths.values()), padded, (f"the data collator on the first {len(first)} rows: text columns "
                                              f"{', '.join(lengths)}, each padded to its own longest row")
 
@@ -97,15 +98,15 @@ def loss_notes(notes: list, loss: str) -> list:
     loss) said as the trainer's loss is counted, and the version note where another sentence-transformers is
     installed."""
     out = [n for n in notes if getattr(n, "code", None) != "own-head-loss"]
-    out.append(kin.Note(f"the embeddings go to {loss}, whose tensors (similarities of B rows to the batch's "
-                        "candidates, copies of the (B, H) embeddings) are counted as a cross-entropy on the (rows, H) "
-                        "embeddings: the same order of bytes, a few KiB beside the towers' activations",
-                        field="loss", code="st-loss-bytes"))
+    out.append(Note(f"the embeddings go to {loss}, whose tensors (similarities of B rows to the batch's "
+                    "candidates, copies of the (B, H) embeddings) are counted as a cross-entropy on the (rows, H) "
+                    "embeddings: the same order of bytes, a few KiB beside the towers' activations",
+                    field="loss", code="st-loss-bytes"))
     module = sys.modules.get("sentence_transformers")
     version = getattr(module, "__version__", MODELED_VERSION)
     if version.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        out.append(kin.Note(f"sentence-transformers {version} is installed; the kit models SentenceTransformerTrainer "
-                            f"as {MODELED_VERSION} runs it", field="trainer", code="st-version"))
+        out.append(Note(f"sentence-transformers {version} is installed; the kit models SentenceTransformerTrainer "
+                        f"as {MODELED_VERSION} runs it", field="trainer", code="st-version"))
     return out
 
 

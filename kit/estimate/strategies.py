@@ -44,7 +44,7 @@ import dataclasses
 import math
 from collections import OrderedDict
 
-from kit.estimate import replay as act
+from kit.estimate import replay
 from kit.estimate.result import ShardedEstimate
 from kit.inputs import InputError
 from kit.presets import optimizer_state_bytes
@@ -120,9 +120,9 @@ def _fsdp(est, context, strategy, num_gpus, offload):
     grad_op = strategy == "fsdp-grad-op"
     gb_sh = 0 if offload else _sh(Gb, num_gpus)
     cands = []
-    for m in act.moments(rp, grads_embed=g["embed"], grads_block=gb_sh, grads_head=g["head"],
-                         wtemp_block=context.wtemp["block"], wtemp_head=context.wtemp["head"],
-                         head_half=context.wtemp["head"], tied=context.moved):
+    for m in replay.moments(rp, grads_embed=g["embed"], grads_block=gb_sh, grads_head=g["head"],
+                            wtemp_block=context.wtemp["block"], wtemp_head=context.wtemp["head"],
+                            head_half=context.wtemp["head"], tied=context.moved):
         i = int(m.where.split()[-1].rstrip(")")) if "block" in m.where else (0 if "embeddings" in m.where else L + 1)
         # gathered blocks: grad-op keeps blocks 1..i from the forward on; fsdp has block i and the next one's
         # all-gather (prefetched) in flight; the last block's reduce-scatter input is kept until the next one
@@ -193,8 +193,8 @@ def _zero(est, context, strategy, num_gpus, offload):
     unsh = 2 * scale(w["block"] // L) if stage == 3 else 0
     if offload:
         O, Wg = 0, (0 if stage == 3 else Wg)
-    m = max(act.moments(rp, grads_embed=0, grads_block=0, grads_head=0, wtemp_block=context.wtemp["block"],
-                        wtemp_head=context.wtemp["head"], head_half=context.wtemp["head"], tied=0),
+    m = max(replay.moments(rp, grads_embed=0, grads_block=0, grads_head=0, wtemp_block=context.wtemp["block"],
+                           wtemp_head=context.wtemp["head"], head_half=context.wtemp["head"], tied=0),
             key=lambda moment: moment.total)
     fb = dict(weights=Wg + context.buffers, gradients=Gg, **{"optimizer state": O}, **_base_parts(m, context.inputs),
               **{"unsharded parameters": unsh, "communication buffers": bucket})

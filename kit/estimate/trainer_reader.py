@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
 from kit import trainer_kinds
 from kit.estimate.read_training import read_seq_len
 
@@ -137,9 +138,9 @@ def flattened_eval(opts: dict, src: dict, notes: list, rows: int) -> None:
     opts["eval_batch_size"] = 1
     src["eval_batch_size"] = (1, f"{be} evaluation rows flattened into one (padding-free), as in training")
     if be != rows:
-        notes.append(kin.Note(f"a padding-free evaluation flattens {be} rows into one, and training {rows}: the "
-                              f"evaluation estimate is of a row of {rows} rows' tokens, not {be}",
-                              field="eval_batch_size", code=PACKED_EVAL))
+        notes.append(Note(f"a padding-free evaluation flattens {be} rows into one, and training {rows}: the "
+                          f"evaluation estimate is of a row of {rows} rows' tokens, not {be}",
+                          field="eval_batch_size", code=PACKED_EVAL))
 
 
 def readers() -> list:
@@ -162,11 +163,11 @@ def refuse_other_trl(trainer) -> None:
     if type(trainer).__module__.startswith("trl.") or name in OTHER_TRL:
         others = [r for r in readers() if r.trl]
         modeled = listed([r.trainer_name for r in others])
-        raise kin.InputError("trainer", f"estimate_trainer models TRL's {modeled}, not {name}, whose own forward "
-                             "passes, generation and losses the kit does not model.",
-                             code="trl-trainer", instead="the same model and data in a transformers Trainer, "
-                             + ", ".join(f"{r.article} {r.trainer_name}" for r in others[:-1])
-                             + f" or {others[-1].article} {others[-1].trainer_name} are estimated")
+        raise InputError("trainer", f"estimate_trainer models TRL's {modeled}, not {name}, whose own forward "
+                         "passes, generation and losses the kit does not model.",
+                         code="trl-trainer", instead="the same model and data in a transformers Trainer, "
+                         + ", ".join(f"{r.article} {r.trainer_name}" for r in others[:-1])
+                         + f" or {others[-1].article} {others[-1].trainer_name} are estimated")
 
 
 trainer_kinds.register_kind("trainer", trainer_kinds.library_classes("transformers", "Trainer", "TrainingArguments"))

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import sys
 
-from kit import inputs as kin
+from kit.inputs import InputError, Note
+
+from kit import inputs
 from kit import trainer_kinds
 from kit.estimate.read_model import dtype_name
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader, flattened_eval
@@ -50,8 +52,8 @@ def version_note():
     import trl
 
     if trl.__version__.split(".")[0] != MODELED.split(".")[0]:
-        return kin.Note(f"TRL {trl.__version__} is installed; the kit models SFTTrainer as TRL {MODELED} runs it",
-                        field="trl", code="trl-version")
+        return Note(f"TRL {trl.__version__} is installed; the kit models SFTTrainer as TRL {MODELED} runs it",
+                    field="trl", code="trl-version")
     return None
 
 
@@ -67,8 +69,8 @@ def sft_loss(loss_type, fused: bool) -> tuple[bool, object, object]:
     """
     if loss_type is None:
         return fused, None, None
-    loss_type = kin.choice("loss_type", loss_type, ("nll", "dft", "chunked_nll"))
-    return True, loss_type, loss_type == "chunked_nll" and kin.Note(
+    loss_type = inputs.choice("loss_type", loss_type, ("nll", "dft", "chunked_nll"))
+    return True, loss_type, loss_type == "chunked_nll" and Note(
         f"loss_type='chunked_nll': in TRL {MODELED} a deprecated alias of 'nll' (SFTConfig.__post_init__ rewrites "
         "it), whose loss already comes from the fused LM head in tiles: the same bytes as 'nll', no saving",
         field="loss_type", code="trl-chunked-nll") or None
@@ -78,8 +80,8 @@ def refuser(name: str):
     """``refuse(field, what, code)``: the one sentence that refuses a TRL config's setting the kit does not model."""
 
     def refuse(field, what, code):
-        raise kin.InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
-                             code=code)
+        raise InputError(field, f"{name}.{field} {what}, which the kit does not model: estimate without it.",
+                         code=code)
 
     return refuse
 
@@ -105,7 +107,7 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
         refuse("label_smoothing_factor" if getattr(cfg, "label_smoothing_factor", 0) else "compute_loss_func",
                "runs a second forward that builds the full logits", "trl-full-logits")
     if cfg.loss_type not in ("nll", "dft"):
-        raise kin.InputError("loss_type", f"{name}.loss_type={cfg.loss_type!r} is not one TRL {MODELED} runs "
+        raise InputError("loss_type", f"{name}.loss_type={cfg.loss_type!r} is not one TRL {MODELED} runs "
                                           "('nll' or 'dft'; SFTConfig turns 'chunked_nll' into 'nll' only when it "
                                           "is built).", code="trl-loss-type")
     free = trainer.padding_free if trainer is not None else \
@@ -127,9 +129,9 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
                                      "tokenized: no memory of its own)")
     notes = []
     if cfg.completion_only_loss or cfg.assistant_only_loss:
-        notes.append(kin.Note("completion_only_loss / assistant_only_loss: on CUDA the fused head scores the labelled "
-                              "positions only; the estimate counts every position (the most it can be)",
-                              field="completion_only_loss", code="trl-scored-positions"))
+        notes.append(Note("completion_only_loss / assistant_only_loss: on CUDA the fused head scores the labelled "
+                          "positions only; the estimate counts every position (the most it can be)",
+                          field="completion_only_loss", code="trl-scored-positions"))
     if v := version_note():
         notes.append(v)
     return {"fused_lm_head": True, "loss_type": cfg.loss_type,
@@ -189,7 +191,7 @@ def refuse_activation_offloading(opts: dict, *, ckpt: bool, reentrant: bool, fus
         why = ("with reentrant checkpointing is not modeled (its recompute saves under TRL's offloader in "
                "backward): estimate it with checkpoint_reentrant=False, transformers' default")
     if why:
-        raise kin.InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
+        raise InputError("activation_offloading", f"activation_offloading {why}.", code="trl-offloading")
 
 
 def model_init(cfg, name: str, given: Given) -> None:
@@ -217,9 +219,9 @@ class SftReader(TrainerReader):
     def after_model(self, trainer, reading: Reading, seq_len) -> None:
         reading.take(self.own.opts, self.own.src, self.own.notes)
         if reading.opts.get("eval_gather", "loss") != "loss":  # a loss-only evaluation runs the fused head: modeled
-            reading.notes.append(kin.Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits "
-                                          "forward) is not modeled: eval_peak_bytes is its fused forward's alone",
-                                          field="eval_batch_size", code="trl-eval-unmodeled"))
+            reading.notes.append(Note("SFTTrainer's evaluation with compute_metrics (a second, full-logits "
+                                      "forward) is not modeled: eval_peak_bytes is its fused forward's alone",
+                                      field="eval_batch_size", code="trl-eval-unmodeled"))
 
     def trainer_inputs(self, trainer) -> dict:
         return {"sft": True}

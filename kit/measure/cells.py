@@ -119,13 +119,14 @@ class CellMemory:
         seconds = t - t0
         end_live = self._live() if live is not None else None   # `%kit_cells live` in this cell: from the next one
         again = device.peak_resets() != resets
-        r = CellReading(seconds, start.rss_bytes, snap.rss_bytes,
+        r = CellReading(seconds=seconds, rss_start_bytes=start.rss_bytes, rss_end_bytes=snap.rss_bytes,
                         # the kernel syncs its RSS counters lazily: a peak a few pages under a reading is that reading
-                        max(snap.rss_peak_bytes, start.rss_bytes, snap.rss_bytes) if took.get("rss") and
+                        rss_peak_bytes=max(snap.rss_peak_bytes, start.rss_bytes, snap.rss_bytes) if took.get("rss") and
                         snap.rss_peak_bytes is not None else None,
-                        start.cuda_allocated_bytes, snap.cuda_allocated_bytes,
-                        snap.cuda_peak_allocated_bytes, start.cuda_reserved_bytes, snap.cuda_reserved_bytes,
-                        live, end_live, peak_exact=not again)
+                        cuda_start_bytes=start.cuda_allocated_bytes, cuda_end_bytes=snap.cuda_allocated_bytes,
+                        cuda_peak_bytes=snap.cuda_peak_allocated_bytes, reserved_start_bytes=start.cuda_reserved_bytes,
+                        reserved_end_bytes=snap.cuda_reserved_bytes,
+                        live_start_bytes=live, live_end_bytes=end_live, peak_exact=not again)
         self.last = r
         self.cost_s += time.perf_counter() - t
         print(r.text(), flush=True)

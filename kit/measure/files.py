@@ -92,7 +92,8 @@ def _load_csv(tracker, path: Path) -> None:
             tracker.samples.append(Sample(snap, row["step"], row["event"], row["stage"], row["stage_index"],
                                           bool(row["has_live"]), row["cost_s"] or 0.0))
         elif row["kind"] == "stage_start":
-            open_recs[row["order"]] = StageRecord(row["stage"], row["stage_index"], row["order"], snap,
+            open_recs[row["order"]] = StageRecord(name=row["stage"], index=row["stage_index"], order=row["order"],
+                                                  start=snap,
                                                   depth=row["depth"])
         else:
             r = open_recs.pop(row["order"])

@@ -162,7 +162,8 @@ class Tracker:
         start, _ = self._snap(live_tensors)
         index = self._counts.get(name, 0)
         self._counts[name] = index + 1
-        rec = StageRecord(name, index, len(self.records), start, depth=len(self._open), reset_peak=bool(reset_peak))
+        rec = StageRecord(name=name, index=index, order=len(self.records), start=start, depth=len(self._open),
+                          reset_peak=bool(reset_peak))
         self.records.append(rec)
         self._open.append(rec)
         self._emit("stage_start")

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from kit import data as kdata
-from kit import inputs as kin
+from kit.inputs import InputError
+from kit import inputs
 from kit import machine
 from kit import models as kmodels
 from kit.advise.check import show_value as _show
@@ -54,7 +55,7 @@ class YourSetup:
     def __post_init__(self):
         if self.size not in ("smoke", "real"):
             raise ValueError(f"size must be 'smoke' or 'real', not {self.size!r}.")
-        self.seq_len = kin.whole_number("seq_len", self.seq_len)
+        self.seq_len = inputs.whole_number("seq_len", self.seq_len)
         if self.load_dtype is None:
             self.load_dtype = "bf16" if self.quantization_config is not None else "fp32"
         if self.size == "smoke":
@@ -93,7 +94,7 @@ class YourSetup:
         try:
             new = apply(given, training_args=args, peft_config=self.peft_config,
                         quantization_config=self.quantization_config, strict=True)
-        except kin.InputError as exc:
+        except InputError as exc:
             raise ValueError(f"the change is not applied to your objects here ({exc}): make it in your own code "
                              "(the advisor's text says what it costs).") from None
         kw = {k: changes[c] for k, c in (("seq_len", "seq-len"), ("load_dtype", "load-dtype")) if c in changes}
@@ -234,7 +235,7 @@ def memory_cap(setup: YourSetup, advice, device: str = "colab-t4") -> CapChoice:
     """
     preset = PRESETS.get(device)
     if preset is None:
-        raise kin.InputError("device", f"device must be a preset ({', '.join(PRESETS)}), not {device!r}.")
+        raise InputError("device", f"device must be a preset ({', '.join(PRESETS)}), not {device!r}.")
     advised = setup.advised(advice)
     if setup.size == "smoke" and advised is setup:
         return CapChoice(None, f"by the estimate your setup fits {preset.label} (or nothing the advisor tried "

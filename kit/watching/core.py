@@ -121,7 +121,8 @@ def oom_report(run: Run, exc: BaseException) -> TrainReport:
     run.prepare()
     watch = run.watch
     step, phase = run.where()
-    report = TrainReport(True, error_line(exc), step, phase, device.best_reading(), time.perf_counter() - run.t0,
+    report = TrainReport(oom=True, error=error_line(exc), step=step, phase=phase, reading=device.best_reading(),
+                         seconds=time.perf_counter() - run.t0,
                          tracker=watch.tracker, by=run.by, **run.report_fields())
     report.measured, report.cuda, report.tensors = read_alive(run.owner, exc, top=run.top)
     scrub(exc)

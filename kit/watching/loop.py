@@ -355,8 +355,8 @@ class LoopWatch:
         if self._oom_report is not None:
             return self._oom_report
         est, exact = self.estimate, self.tensor_peak or machine.has_cuda()
-        r = TrainReport(False, None, len(self.steps), self.phase, device.best_reading(),
-                        time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
+        r = TrainReport(oom=False, error=None, step=len(self.steps), phase=self.phase, reading=device.best_reading(),
+                        seconds=time.perf_counter() - self.t0, tracker=self.tracker, by="kit.watch_loop")
         r.judged_at = self._judged_at()
         first = [s.peak_bytes for s in self.steps if s.first and s.peak_bytes is not None]
         later = [s.peak_bytes for s in self.steps if not s.first and s.peak_bytes is not None]

@@ -299,8 +299,9 @@ def train(trainer, *, plot=None, history: bool = True, snapshot_path=None, histo
         stops.report.notes += plot_note(w.live)
         show_history(stops.report)
         return stops.report
-    report = TrainReport(False, None, trainer.state.global_step, w.phases.phase, device.best_reading(),
-                         time.perf_counter() - run.t0, tracker=w.tracker, output=output, **run.report_fields())
+    report = TrainReport(oom=False, error=None, step=trainer.state.global_step, phase=w.phases.phase,
+                         reading=device.best_reading(),
+                         seconds=time.perf_counter() - run.t0, tracker=w.tracker, output=output, **run.report_fields())
     rec = w.tracker.records[-1]
     if split.meter is not None:   # what the stage's own TensorPeak would have counted: every op watched
         rec.live_peak_bytes["cpu"] = max([rec.live_peak_bytes.get("cpu", 0), *split.peaks.values()])

@@ -30,7 +30,8 @@ import threading
 
 import ipywidgets as W
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
 from kit.advise.core import advise, limit_for, max_batch_size
 from kit.advise.search import CLI, Cancelled, cli, cli_value
 from kit.units import fmt_bytes
@@ -105,7 +106,7 @@ class AdviceView:
                 if not fits:
                     self._asked = (options, device)
                     self._rest_then_ask()
-            except (kin.InputError, ValueError) as exc:   # an option the advisor cannot take: said, not raised
+            except (InputError, ValueError) as exc:   # an option the advisor cannot take: said, not raised
                 self.largest_html.value = (f"<span style='font-size:85%;color:#555'>advisor: "
                                            f"{html.escape(str(exc))}</span>")
         self._render(device if options is not None else None)

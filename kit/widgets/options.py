@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit.measure.session import session_preset
 from kit.presets import ALIASES, PRESETS, Preset, resolve_device
 from kit.training_setup import FIELDS
@@ -55,25 +57,25 @@ def control(kind, label: str, value, **kwargs):
 def read(name: str, value):
     """One panel option as the panel's control takes it, or an :class:`kit.inputs.InputError` naming it."""
     if name in _CHOICES:
-        return kin.choice(name, value, _CHOICES[name], ALIASES if name == "optimizer" else None)
+        return inputs.choice(name, value, _CHOICES[name], ALIASES if name == "optimizer" else None)
     if name in ("batch_size", "num_gpus", "steps"):
-        return kin.whole_number(name, value)
+        return inputs.whole_number(name, value)
     if name == "seq_len":
-        return kin.whole_number(name, value, minimum=8)
+        return inputs.whole_number(name, value, minimum=8)
     if name == "lora_r":
-        return kin.whole_number(name, value, minimum=0)
+        return inputs.whole_number(name, value, minimum=0)
     if name == "gradient_checkpointing":
-        return kin.flag(name, value)
+        return inputs.flag(name, value)
     if name == "preset":
         return preset_key(value)
     if name == "model":
         if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-            raise kin.InputError("model", f"model must be a shipped name, a Hub id or a config.json path, not "
+            raise InputError("model", f"model must be a shipped name, a Hub id or a config.json path, not "
                                           f"{value!r}.")
         return str(os.fspath(value)).strip()
     if name == "sweep_sizes":
         items = value if isinstance(value, (list, tuple)) else [value]
-        return tuple(kin.whole_number("sweep_sizes", v) for v in items)
+        return tuple(inputs.whole_number("sweep_sizes", v) for v in items)
     return value
 
 
@@ -88,8 +90,8 @@ def preset_key(value) -> str:
         return key
     try:
         resolve_device(value)
-    except (kin.InputError, ValueError, TypeError):
-        raise kin.InputError("preset", f"preset must be one of {', '.join(PRESETS)}, 'this', or a GPU's size in "
+    except (InputError, ValueError, TypeError):
+        raise InputError("preset", f"preset must be one of {', '.join(PRESETS)}, 'this', or a GPU's size in "
                                        f"bytes (16GiB, 16e9), not {value!r}.") from None
     return value.strip() if isinstance(value, str) else str(value)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kit.estimate.replay import offload as off
+from kit.estimate.replay import offload
 from kit.estimate.replay import trl_offload
 from kit.estimate.replay.fused_head import chunked_head
 from kit.estimate.replay.liger import LigerTape, flce_head
@@ -192,10 +192,10 @@ def replay(st: Setup) -> Replay:
     block_in_sum = sum(k[-1] * k[1] for k in kinds) if split else 0
     shared = tp.shared * st.rope_sets + sum(tp.once.values()) if y.rg else 0
     layers, trl = (), None
-    if off.layered(st):  # partial or offloaded checkpointing: per-block records, and the autocast cache they make
-        layers, cache = off.per_layer(st, entries, kinds, more, x.dt, off.leaf_input(st, block_fn))
+    if offload.layered(st):  # partial or offloaded checkpointing: per-block records, and the autocast cache they make
+        layers, cache = offload.per_layer(st, entries, kinds, more, x.dt, offload.leaf_input(st, block_fn))
     if st.ckpt and y.rg:  # checkpointing also keeps the attention masks for the recompute
-        shared += off.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
+        shared += offload.kept_masks(st, x.dt) if layers else st.kept_masks(x.dt)
     tp.saved, tp.cache, tp.copies, tp.wsaved = {}, 0, 0, set()
     head_from = len(tp.order)   # the head's saved tensors follow in tp.order
 
@@ -227,7 +227,7 @@ def replay(st: Setup) -> Replay:
                            norm_dt=st.w_other)   # ... or Liger's fused linear cross-entropy's chunks
         cache += fh.get("cache", 0)
         if st.trl_offload:  # TRL's OffloadActivations: what it moves to the host (kit.estimate.replay.trl_offload)
-            trl = trl_offload.offloaded(st, block_fn, layers, x, y, h, leaf=off.leaf_input(st, block_fn))
+            trl = trl_offload.offloaded(st, block_fn, layers, x, y, h, leaf=offload.leaf_input(st, block_fn))
         return with_head(head=tp.total() + fh["saved"], head_in=0, loss=0, logits_live=fh["forward"], cache=cache,
                          copies_head=0, copies_head_in=0, last_logits=fh["backward"], ls=0, head_grad=0, trl=trl,
                          head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
@@ -316,15 +316,20 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     copies = cb + rp.copies_head + rp.copies_head_in
     acts = rp.embed + rp.blocks() + rp.shared + rp.head - cb - rp.copies_head
     kept = rp.head_in - rp.copies_head_in + rp.loss + rp.capped  # logits and loss saved for backward
-    moments = [Moment("forward (the last block)", acts - rp.head + rp.copies_head, 0, cb + rp.cache, grads_before,
-                      rp.transient)] if rp.transient else []
+    moments = [Moment(where="forward (the last block)", activations=acts - rp.head + rp.copies_head, logits=0,
+                      copies=cb + rp.cache, gradients=grads_before,
+                      temporaries=rp.transient)] if rp.transient else []
     moments += [
-        Moment("forward (at the loss)", acts, kept + rp.logits_live, copies + rp.cache, grads_before, 0),
+        Moment(where="forward (at the loss)", activations=acts, logits=kept + rp.logits_live, copies=copies + rp.cache,
+               gradients=grads_before, temporaries=0),
         # the loss: log-softmax's output, its grad and its input's grad, all (B, S, V)
-        Moment("backward (loss)", acts, kept + 2 * rp.ls, copies, grads_before, 0),
+        Moment(where="backward (loss)", activations=acts, logits=kept + 2 * rp.ls, copies=copies,
+               gradients=grads_before, temporaries=0),
         # the last linear: its saved input, the logits' grad, its weight grads and temporaries
-        Moment("backward (head)", acts, kept - rp.loss - rp.capped + rp.last_logits, copies - min(copies, head_half),
-               grads_before + grads_head, wtemp_head + (rp.hidden if rp.head_grad is None else rp.head_grad)),
+        Moment(where="backward (head)", activations=acts, logits=kept - rp.loss - rp.capped + rp.last_logits,
+               copies=copies - min(copies, head_half),
+               gradients=grads_before + grads_head,
+               temporaries=wtemp_head + (rp.hidden if rp.head_grad is None else rp.head_grad)),
     ]
     keep = rp.kept()  # 8-bit inputs: no part of backward frees them (reentrant: a block's, in its own backward)
     # reentrant checkpointing runs each block's backward as its own: the recomputed output stays alive through
@@ -332,16 +337,16 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     own = rp.held - rp.held_dup + rp.hidden if rp.ckpt and rp.reentrant else 0
     each = rp.block_in if rp.ckpt else rp.block
     if rp.layers:  # partial or offloaded checkpointing: every block (kit.estimate.replay.offload)
-        moments += off.block_moments(rp, Moment, keep=keep, grads_before=grads_before, grads_head=grads_head,
-                                     grads_block=grads_block, acc=acc, wtemp_block=wtemp_block)
+        moments += offload.block_moments(rp, Moment, keep=keep, grads_before=grads_before, grads_head=grads_head,
+                                         grads_block=grads_block, acc=acc, wtemp_block=wtemp_block)
     for i in (rp.L, 1) if not rp.layers else ():
         c = rp.copies_block * (1 if rp.ckpt else i)
         before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
-        moments.append(Moment(f"backward (block {i})", held, 0, c, grads,
-                              rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
-    moments.append(Moment("backward (embeddings)", rp.embed + keep, 0, 0,
-                          grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
-                          rp.hidden + (grads_embed + tied if acc else 2 * tied)))
-    return off.adjust(rp, moments) if rp.layers else moments
+        moments.append(Moment(where=f"backward (block {i})", activations=held, logits=0, copies=c, gradients=grads,
+                              temporaries=rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
+    moments.append(Moment(where="backward (embeddings)", activations=rp.embed + keep, logits=0, copies=0,
+                          gradients=grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
+                          temporaries=rp.hidden + (grads_embed + tied if acc else 2 * tied)))
+    return offload.adjust(rp, moments) if rp.layers else moments

@@ -81,7 +81,7 @@ _DECLARED: dict = {}    # model type (or alias) -> its Family, in the order the 
 def register_family(name: str, **declaration) -> Family:
     """Declare a family once (see :class:`Family` for the keywords); each family module calls it once. A model type
     two families claim is refused at import, so no family is taken for another by accident."""
-    fam = Family(name, **declaration)
+    fam = Family(name=name, **declaration)
     fam = fam if fam.model_types else replace(fam, model_types=(name,))
     taken = [key for key in fam.model_types + fam.aliases if key in _DECLARED]
     if taken:

@@ -234,7 +234,7 @@ def kernels(cfg, config, *, fused_head: bool, device: str, vocab_head: bool) -> 
                "liger-cross-entropy")
     if fused_head and given.get("fused_linear_cross_entropy"):
         refuse("liger_kernel_config", "liger_kernel_config fused_linear_cross_entropy=True is refused by TRL's "
-               "SFTTrainer (it keeps its own fused LM head): leave it out.", "liger-trl-flce")
+               "supervised fine-tuning trainer (it keeps its own fused LM head): leave it out.", "liger-trl-flce")
     if fused_head:
         on["fused_linear_cross_entropy"] = False
     if partial and on["rope"]:

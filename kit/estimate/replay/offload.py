@@ -135,7 +135,8 @@ def per_layer(st, entries, kinds, more, dt_mask: int, leaf: int = 0) -> tuple:
         offloaded = ck and (st.ckpt_offload or st.trl_offload)
         stays = leaf if offloaded and j == 0 else 0
         device = saved if not ck else stays if offloaded else kept
-        out.append(Layer(ck, saved, copies, bwd, grads, kept, in_saved, inp, stays, device, host))
+        out.append(Layer(ckpt=ck, saved=saved, copies=copies, bwd=bwd, bwd_grads=grads, kept=kept, in_saved=in_saved,
+                         inp=inp, stays=stays, device=device, host=host))
         cache += made if ck else unsaved
     return tuple(out), cache
 
@@ -162,7 +163,8 @@ def block_moments(rp, Moment, *, keep: int, grads_before: int, grads_head: int, 
         extra, host_out, brought = trl.block(i) if trl is not None else (0, 0, 0)
         held = rp.embed + rp.shared + below[i - 1] + l.saved - c + keep + own + extra + l.stays
         grads = grads_before + grads_head + (L - i) * grads_block + (0 if acc else l.bwd_grads)
-        m = Moment(f"backward (block {i})", held, 0, c, grads, l.bwd - l.saved + wtemp_block)
+        m = Moment(where=f"backward (block {i})", activations=held, logits=0, copies=c, gradients=grads,
+                   temporaries=l.bwd - l.saved + wtemp_block)
         m.host = host[i] + host_out
         m.held_copies = l.inp if l.ckpt and l.in_saved and l.host else 0   # save_on_cpu's copy, among its saves
         m.restored = m.held_copies + brought

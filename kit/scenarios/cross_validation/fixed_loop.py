@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit import inputs as kin
+from kit import inputs
 from kit import runtime
 from kit.measure import cleanup, leaks, oom
 from kit.measure.controls import memory_cap
@@ -158,7 +158,7 @@ def run_fixed_loop(model_name: str = "tiny-llama", *, folds: int = 5, output_dir
     [True, True, True, True, True]
     """
     p, folds = loop_params(**settings), fold_count(folds)
-    resume, tolerance = kin.flag("resume", resume), kin.fraction("tolerance", tolerance)
+    resume, tolerance = inputs.flag("resume", resume), inputs.fraction("tolerance", tolerance)
     tracker = tracker if tracker is not None else Tracker()
     path = Path(results_path or Path(output_dir) / "cv_results.jsonl")
     key = run_key(model_name, {"folds": folds, **p, **({"recipe": recipe} if recipe else {})})

@@ -27,7 +27,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR, InputError
+
+from kit import inputs
 
 # The advice's reset, character for character as it appears in the write-up
 # (the answer the user was given). Shown in the notebook; run by advice_reset() below.
@@ -47,12 +49,12 @@ def lora_config(rank: int = 8, targets=("q_proj", "v_proj")) -> LoraConfig:
     >>> sorted(lora_config(8, "q_proj,v_proj").target_modules), lora_config(8, "all-linear").target_modules
     (['q_proj', 'v_proj'], 'all-linear')
     """
-    rank, names = kin.whole_number("lora_r", rank), kin.targets(targets)
+    rank, names = inputs.whole_number("lora_r", rank), inputs.targets(targets)
     if names is None:
-        raise kin.InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
+        raise InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
                                              "or 'all-linear'.")
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.05, task_type="CAUSAL_LM",
-                      target_modules=names if names == kin.ALL_LINEAR else list(names))
+                      target_modules=names if names == ALL_LINEAR else list(names))
 
 
 def advice_reset(model) -> None:

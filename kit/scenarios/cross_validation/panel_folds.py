@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import html
 
-from kit import inputs as kin
+from kit.inputs import InputError
+
+from kit import inputs
 from kit.presets import MODELLED_MARGIN, margin_kept
 from kit.scenarios.cross_validation.predict import THEN, fold_timeline
 from kit.units import fmt_bytes
@@ -39,12 +41,12 @@ class FoldLoop:
     def __init__(self, control, folds: int = 5, load: str = "each", trainer: str = "kept", recipe: str = "2024"):
         import ipywidgets as W
 
-        folds = kin.whole_number("folds", folds, minimum=FOLDS["min"])
+        folds = inputs.whole_number("folds", folds, minimum=FOLDS["min"])
         if folds > FOLDS["max"]:
-            raise kin.InputError("folds", f"folds {folds} is beyond the panel's slider ({FOLDS['max']}): pass at most "
+            raise InputError("folds", f"folds {folds} is beyond the panel's slider ({FOLDS['max']}): pass at most "
                                           f"{FOLDS['max']}, or call kit.scenarios.cross_validation.predict."
                                           "fold_timeline.")
-        load, trainer, recipe = (kin.choice(name, value, [v for _, v in pairs]) for name, value, pairs in (
+        load, trainer, recipe = (inputs.choice(name, value, [v for _, v in pairs]) for name, value, pairs in (
             ("load", load, LOADS), ("trainer", trainer, TRAINERS), ("recipe", recipe, RECIPES)))
         self.controls = {"folds": control(W.IntSlider, "folds", folds, **FOLDS),
                          "load": control(W.Dropdown, "model loaded", load, options=LOADS),

@@ -20,7 +20,9 @@ from peft import get_peft_model
 from transformers import PreTrainedModel, PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
-from kit import inputs as kin
+from kit.inputs import ALL_LINEAR, InputError
+
+from kit import inputs
 from kit import machine
 from kit import models as kmodels
 from kit.measure import device as kdevice
@@ -146,23 +148,23 @@ def loop_params(**settings) -> dict:
     """
     unknown = set(settings) - set(DEFAULTS)
     if unknown:
-        raise kin.InputError(sorted(unknown)[0], f"unknown settings {sorted(unknown)}; the settings are "
+        raise InputError(sorted(unknown)[0], f"unknown settings {sorted(unknown)}; the settings are "
                                                  f"{sorted(DEFAULTS)}.")
     p = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     for name in ("batch_size", "seq_len", "steps_per_fold", "lora_r", "max_samples"):
-        p[name] = kin.whole_number(name, p[name])
-    p["seed"] = kin.whole_number("seed", p["seed"], minimum=0)
-    p["quantization"] = kin.choice("quantization", p["quantization"], ("none", "8bit", "4bit"))
-    targets = kin.targets(p["lora_targets"])
+        p[name] = inputs.whole_number(name, p[name])
+    p["seed"] = inputs.whole_number("seed", p["seed"], minimum=0)
+    p["quantization"] = inputs.choice("quantization", p["quantization"], ("none", "8bit", "4bit"))
+    targets = inputs.targets(p["lora_targets"])
     if targets is None:
-        raise kin.InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
+        raise InputError("lora_targets", "lora_targets names no module: pass names such as 'q_proj,v_proj', "
                                              "or 'all-linear'.")
-    p["lora_targets"] = targets if targets == kin.ALL_LINEAR else list(targets)
+    p["lora_targets"] = targets if targets == ALL_LINEAR else list(targets)
     return p
 
 
 def fold_count(folds) -> int:
-    return kin.whole_number("folds", folds, minimum=2)
+    return inputs.whole_number("folds", folds, minimum=2)
 
 
 def fold_record(stage, fold: int, **extra) -> dict:

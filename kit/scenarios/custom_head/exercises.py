@@ -8,11 +8,12 @@ True
 from __future__ import annotations
 
 from kit import dtypes
-from kit import inputs as kin
+from kit.inputs import InputError
+from kit import inputs
 from kit import models as kmodels
 from kit.advise import limit_for
 from kit.presets import PRESETS, verdict
-from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import scenario
 from kit.units import fmt_bytes, wrapped
 
 RATIO_TOLERANCE = 0.05   # a ratio guess within 5% of the computed one is right (30 for 30.8)
@@ -38,7 +39,7 @@ def _limit_words(preset: str) -> str:
 
 
 def _rank_fits(rank: int, preset: str) -> tuple[bool, object]:
-    est = s1.estimate_fix("b", "real", rank=rank)
+    est = scenario.estimate_fix("b", "real", rank=rank)
     return limit_for(preset).judged(est) <= usable_bytes(preset), est
 
 
@@ -52,9 +53,9 @@ def rank_check(my_rank, preset: str = "colab-t4") -> str:
         less the 5% margin; reserved judged); rank + 1 fits too: go higher
     """
     vocab = kmodels.get_config("distilgpt2").vocab_size + 1  # the pad token the user added
-    rank = kin.whole_number("my_rank", my_rank)
+    rank = inputs.whole_number("my_rank", my_rank)
     if rank >= vocab:
-        raise kin.InputError("my_rank", f"my_rank must be below the vocabulary ({vocab}): a rank-V head is no "
+        raise InputError("my_rank", f"my_rank must be below the vocabulary ({vocab}): a rank-V head is no "
                                         f"smaller than the V x V one. Try a few hundred or a few thousand.")
     fits, est = _rank_fits(rank, preset)
     more, _ = _rank_fits(rank + 1, preset)
@@ -88,7 +89,7 @@ def twin_rank(rank: int, size: str | None = None) -> int:
     >>> twin_rank(5000, "smoke")
     408
     """
-    if s1.size_name(size) == "real":
+    if scenario.size_name(size) == "real":
         return rank
     share = rank / (kmodels.get_config("distilgpt2").vocab_size + 1)
     return max(1, round(share * (kmodels.get_config(kmodels.smoke_twin("distilgpt2")).vocab_size + 1)))
@@ -102,7 +103,7 @@ def fix_verdicts(preset: str = "colab-t4") -> dict:
     {'a': True, 'b': True, 'c': False}
     """
     dtype = dtypes.for_preset(preset)[0]
-    return {w: verdict(s1.estimate_fix(w, "real", dtype=dtype), preset).fits for w in s1.FIXES}
+    return {w: verdict(scenario.estimate_fix(w, "real", dtype=dtype), preset).fits for w in scenario.FIXES}
 
 
 def fits_answer_text(my_fits: dict, preset: str = "colab-t4") -> str:
@@ -134,7 +135,7 @@ def ratio_text(my_ratio, actual: float, what: str = "the ratio", tolerance: floa
     if my_ratio is None:
         return f"No answer written yet. {said}."
     if isinstance(my_ratio, bool) or not isinstance(my_ratio, (int, float)):
-        raise kin.InputError("my_ratio", f"my_ratio must be a number, such as 12, not {my_ratio!r}.")
+        raise InputError("my_ratio", f"my_ratio must be a number, such as 12, not {my_ratio!r}.")
     off = abs(my_ratio - actual) / actual
     verdict = f"Right: within {tolerance:.0%} of it." if off <= tolerance else \
         f"Not this time: {off:.0%} off, over the {tolerance:.0%} counted as right."

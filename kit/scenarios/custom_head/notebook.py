@@ -33,7 +33,7 @@ from kit.measure.track import Tracker
 from kit.plot.live import LivePlot
 from kit.presets import PRESETS, verdict
 from kit.scenarios.custom_head import runs as s1_runs
-from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import scenario
 from kit.scenarios.custom_head.exercises import (  # noqa: F401 (read by the notebook as nb.*)
     culprit_check,
     fits_answer_text,
@@ -74,9 +74,10 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
     >>> "custom_layer" in fixes_at_real_size() or "(a)" in fixes_at_real_size()
     True
     """
-    pred, dtype = s1.predict_original("real"), dtypes.for_preset(preset)[0]  # fix (c) in the preset's 16 bits
+    pred, dtype = scenario.predict_original("real"), dtypes.for_preset(preset)[0]  # fix (c) in the preset's 16 bits
     rows = [("the user's setup", pred.estimate)] + [
-        (s1.fix_setup(w, "real", dtype=dtype)["name"], s1.estimate_fix(w, "real", dtype=dtype)) for w in s1.FIXES]
+        (scenario.fix_setup(w, "real", dtype=dtype)["name"], scenario.estimate_fix(w, "real", dtype=dtype))
+        for w in scenario.FIXES]
     w = max(len(name) for name, _ in rows) + 2
     lines = [f"ESTIMATED at real size, against {PRESETS[preset].label}:",
              f"  {'setup':<{w}}{'trainable':>15}{'GPU peak':>12}{'CPU build':>12}  verdict"]
@@ -84,9 +85,9 @@ def fixes_at_real_size(preset: str = "colab-t4") -> str:
         fits = "fits" if verdict(est, preset).fits else "DOES NOT FIT"
         lines.append(f"  {name:<{w}}{est.trainable_params:>15,}{fmt_bytes(est.peak_bytes):>12}"
                      f"{fmt_bytes(est.cpu_build_bytes):>12}  {fits}")
-    refused = s1.fix_setup("c", "real", dtype=dtype).get("refused")
+    refused = scenario.fix_setup("c", "real", dtype=dtype).get("refused")
     if refused:
-        est8 = s1.estimate_fix("c", "real", dtype=dtype, optimizer="adamw-8bit")
+        est8 = scenario.estimate_fix("c", "real", dtype=dtype, optimizer="adamw-8bit")
         lines.append(f"  (c) with 8-bit AdamW, had bitsandbytes allowed it: GPU peak {fmt_bytes(est8.peak_bytes)}, "
                      f"{'fits' if verdict(est8, preset).fits else 'DOES NOT FIT'}.")
         lines.append(f"  Why not: {refused}")
@@ -102,7 +103,7 @@ def advisor_text(preset: str = "colab-t4", top: int = 3) -> str:
     """
 
     return "ESTIMATED by the fit advisor (python -m kit fit), for the user's setup at real size:\n" + \
-        advise({"model": s1.NAMES["real"], **s1.USER}, preset).text(top=top)
+        advise({"model": scenario.NAMES["real"], **scenario.USER}, preset).text(top=top)
 
 
 def _live(title: str) -> Tracker:
@@ -132,7 +133,7 @@ def user_trainer(size: str | None = None, *, steps: int = 2, grad_accum: int | N
 
     >>> trainer = user_trainer("smoke")               # doctest: +SKIP
     """
-    size = s1.size_name(size)
+    size = scenario.size_name(size)
     _, refused = s1_runs.ram_check(size, s1_runs.grad_accum_for(None, grad_accum))
     if refused:
         print(f"The user's code was not run at {size} size here. {refused}")
@@ -153,7 +154,7 @@ def beside_registry(trainer, est_user, pred: "s1.Prediction | None" = None) -> s
 
     >>> print(beside_registry(trainer, kit.check(trainer), s1.predict_original("real")))   # doctest: +SKIP
     """
-    same = s1.same_size_registry(trainer, est_user)
+    same = scenario.same_size_registry(trainer, est_user)
     v = trainer.model.custom_layer.out_features
     lines = [f"ESTIMATED peaks (kit.check's settings: {est_user.setup['precision']}, batch "
              f"{est_user.setup['batch_size']} x {est_user.setup['seq_len']} tokens, accumulation "
@@ -207,7 +208,7 @@ def record_figure(record: dict):
 
     >>> fig = record_figure(live_fix("a", "smoke")[0])      # doctest: +SKIP
     """
-    est = s1.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
+    est = scenario.estimate_fix(record["which"], record.get("size"), as_run=True, grad_accum=record["grad_accum"])
     return plot.predicted_vs_measured(est.components(), record["measured_peak_bytes"], PRESETS["colab-t4"].gpu_bytes,
                                       title=f"{record['name']}: ESTIMATED vs MEASURED ({record['reading']})",
                                       device_label="Colab T4", unit=None)   # MiB for a tiny twin, GiB at real size
@@ -243,11 +244,11 @@ def original_at_real_size(size: str | None = None) -> str:
     >>> original_at_real_size("smoke").startswith(("Refused", "Not started"))
     True
     """
-    if (size or s1.runtime.mode()) == "real":
+    if (size or scenario.runtime.mode()) == "real":
         return "The run above was the user's setup at real size."
-    est = s1.predict_original("real").estimate
+    est = scenario.predict_original("real").estimate
     if not machine.has_cuda():
-        problem = s1_runs.ram_problem(s1.estimate_user(s1.NAMES["real"], precision="fp32", device="cpu",
+        problem = s1_runs.ram_problem(scenario.estimate_user(scenario.NAMES["real"], precision="fp32", device="cpu",
                                                     grad_accum=s1_runs.grad_accum_for(None)))
         if problem:
             return f"Refused at real size on this machine. {problem}"

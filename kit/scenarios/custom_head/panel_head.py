@@ -23,24 +23,25 @@ from __future__ import annotations
 import functools
 
 from kit import dtypes
-from kit import inputs as kin
+from kit.inputs import InputError
+from kit import inputs
 from kit import models as kmodels
 from kit.presets import MODELLED_MARGIN, margin_kept
-from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import scenario
 from kit.units import fmt_bytes
 
 HEADS = [("V×V head, as the user wrote it", "vxv"), ("low-rank head V→r→V: fix (b)", "low-rank"),
          ("no head, the LM fine-tuned itself: fix (a)", "none"), ("V×V head in 16 bits, 8-bit AdamW: fix (c)",
                                                                   "vxv-16bit")]
 RANKS = dict(min=8, max=2048, step=8)       # the rank slider; fix (b)'s rank is s1.RANK["real"]
-USER_OPTIONS = {"grad_accum": s1.USER["grad_accum"]}   # the user's, no control shows it
+USER_OPTIONS = {"grad_accum": scenario.USER["grad_accum"]}   # the user's, no control shows it
 FORCED = ("precision", "optimizer")          # the controls fix (c) sets (and gives back when left)
 
 
 @functools.lru_cache(maxsize=8)
 def _meta_base(base: str):
     """The base LM on the meta device, its embeddings resized for the pad token (built once per base)."""
-    return s1.LowRankHeadModel(kmodels.build_model(base, device="meta"), 1).gpt2
+    return scenario.LowRankHeadModel(kmodels.build_model(base, device="meta"), 1).gpt2
 
 
 @functools.lru_cache(maxsize=64)
@@ -48,7 +49,7 @@ def low_rank_model(base: str, rank: int):
     """Fix (b)'s model on the meta device (nothing allocated), once per base and rank; the ranks share one meta
     base (a new rank builds only its two thin layers)."""
     gpt2 = _meta_base(base)
-    return s1.LowRankHeadModel(gpt2, rank, vocab_size=gpt2.config.vocab_size)
+    return scenario.LowRankHeadModel(gpt2, rank, vocab_size=gpt2.config.vocab_size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -56,7 +57,7 @@ def sixteen_bit(model: str, dtype: str) -> dict:
     """Fix (c)'s settings for ``model`` in ``dtype``: its optimizer (8-bit AdamW, or plain AdamW where bitsandbytes
     would kill the process), the precision (fp16 weights train without autocast), and why 8-bit was refused."""
     meta = kmodels.build_model(model, device="meta", dtype=kmodels.as_dtype(dtype))
-    refused = s1.bnb_8bit_problem(meta)
+    refused = scenario.bnb_8bit_problem(meta)
     return {"optimizer": "adamw-fused" if refused else "adamw-8bit", "load_dtype": dtype,
             "precision": "bf16" if dtype == "bf16" else "fp32", "refused": refused}
 
@@ -66,13 +67,13 @@ class HeadChoice:
     ``control`` factory; :meth:`options` turns the panel's setup into the estimate's, :meth:`adjust` fits the
     other controls to the head and says why."""
 
-    def __init__(self, control, head: str = "vxv", head_rank: int = s1.RANK["real"]):
+    def __init__(self, control, head: str = "vxv", head_rank: int = scenario.RANK["real"]):
         import ipywidgets as W
 
-        head = kin.choice("head", head, [v for _, v in HEADS])
-        rank = kin.whole_number("head_rank", head_rank, minimum=RANKS["min"])
+        head = inputs.choice("head", head, [v for _, v in HEADS])
+        rank = inputs.whole_number("head_rank", head_rank, minimum=RANKS["min"])
         if rank > RANKS["max"]:
-            raise kin.InputError("head_rank", f"head_rank {rank:,} is beyond the panel's slider ({RANKS['max']:,}): "
+            raise InputError("head_rank", f"head_rank {rank:,} is beyond the panel's slider ({RANKS['max']:,}): "
                                               "estimate a larger rank with kit.scenarios.custom_head.scenario."
                                               "estimate_fix('b', rank=...).")
         self.controls = {"head": control(W.Dropdown, "head", head, options=HEADS),

@@ -109,8 +109,9 @@ def predict_original(size: str | None = None) -> Prediction:
     preset = session_preset("colab-t4")
     preset = preset if isinstance(preset, Preset) else PRESETS["colab-t4"]
     v = verdict(est, preset)
-    return Prediction(name, est, top, params, est.cpu_build_bytes, est.peak_bytes, v.gpu_margin_bytes >= 0,
-                      v.ram_margin_bytes >= margin_kept(preset.ram_bytes), preset)
+    return Prediction(name=name, estimate=est, offender=top, offender_params=params,
+                      cpu_build_bytes=est.cpu_build_bytes, peak_bytes=est.peak_bytes, fits_t4=v.gpu_margin_bytes >= 0,
+                      fits_ram=v.ram_margin_bytes >= margin_kept(preset.ram_bytes), preset=preset)
 
 
 # -- 2. the usual advice ------------------------------------------------------------------
@@ -176,7 +177,8 @@ def advice_table(size: str | None = None, rows: int = 100) -> Advice:
                   for a, w in _NO_EFFECT.items()]
     padded = kdata.tokenize(user_text, tok, max_length=USER["seq_len"], padding="max_length")
     dynamic = kdata.tokenize(user_text, tok, max_length=USER["seq_len"])
-    return Advice(base, table, {"max_length_bytes": kdata.dataset_bytes(padded), "rows": len(lengths),
+    return Advice(fits=base, peak_bytes=table, limit={"max_length_bytes": kdata.dataset_bytes(padded),
+                                                      "rows": len(lengths),
                                 "dynamic_bytes": kdata.dataset_bytes(dynamic), "mean_len": mean, "max_len": longest})
 
 

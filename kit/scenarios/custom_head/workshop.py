@@ -11,7 +11,7 @@ from kit import dtypes
 from kit.estimate import estimate
 from kit.presets import verdict
 from kit.scenarios import plan
-from kit.scenarios.custom_head import scenario as s1
+from kit.scenarios.custom_head import scenario
 from kit.scenarios.custom_head.exercises import largest_rank
 from kit.units import fmt_bytes, wrapped
 
@@ -79,10 +79,10 @@ def plan_work(steps: int = 2, grad_accum: int = 2, preset: str = "colab-t4") -> 
         return [(f"{label}: load {fmt_bytes(est.weights_bytes)}, {n} step(s)" + ("" if n == steps else
                  " (out of memory in it)"), [("load", est.weights_bytes), ("steps", est, n)])]
 
-    fix = {w: s1.estimate_fix(w, "real", dtype=dtype, grad_accum=grad_accum) for w in s1.FIXES}
+    fix = {w: scenario.estimate_fix(w, "real", dtype=dtype, grad_accum=grad_accum) for w in scenario.FIXES}
     best = largest_rank(preset)
-    rank = s1.estimate_fix("b", "real", rank=best, grad_accum=grad_accum)
-    user = s1.estimate_user(s1.NAMES["real"], grad_accum=grad_accum)
+    rank = scenario.estimate_fix("b", "real", rank=best, grad_accum=grad_accum)
+    user = scenario.estimate_user(scenario.NAMES["real"], grad_accum=grad_accum)
     work = {name: [] for name, _, _ in WORKSHOP_SECTIONS}
     work["3 · Fixes, the rank task"] = run("fix (a)", fix["a"]) + run("fix (b)", fix["b"]) + \
         run(f"the rank solution (rank {best})", rank) + run(f"fix (c), {dtype} weights", fix["c"])
