@@ -61,7 +61,7 @@ def _kinds() -> dict:
     from peft import LoraConfig
     from transformers import BitsAndBytesConfig, TrainingArguments
 
-    return {"sft_config": (trl.is_sft, f"trl {kt.SftReader.config_name}"),
+    return {"sft_config": (trl.is_sft, f"trl {trl.SftReader.config_name}"),
             "training_args": (lambda obj: isinstance(obj, TrainingArguments), "transformers TrainingArguments"),
             "peft_config": (lambda obj: isinstance(obj, LoraConfig), "peft LoraConfig"),
             "quantization_config": (lambda obj: isinstance(obj, BitsAndBytesConfig), "transformers BitsAndBytesConfig")}
@@ -142,8 +142,8 @@ def apply(suggestion, *, trainer=None, training_args=None, sft_config=None, peft
         inputs = {**trainer_inputs(trainer), "adapters": getattr(trainer.model, "peft_config", None)}
     else:
         if training_args is not None and sft_config is not None:
-            raise InputError("sft_config", f"pass the {kt.SftReader.config_name} alone: it is "
-                             f"{kt.SftReader.trainer_name}'s TrainingArguments.")
+            raise InputError("sft_config", f"pass the {trl.SftReader.config_name} alone: it is "
+                             f"{trl.SftReader.trainer_name}'s TrainingArguments.")
         _check_kinds({"training_args": training_args, "sft_config": sft_config, "peft_config": peft_config,
                       "quantization_config": quantization_config})
         inputs = {"source": "estimate_from", "sft": sft_config is not None, "training_args": training_args,

@@ -68,7 +68,7 @@ class Plan:
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
     towers: tuple = ()        # forwards a step before one backward, (rows / batch_size, tokens) (replay.towers)
 
-    # The dtypes are act.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
+    # The dtypes are replay.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
     def load_bytes(self) -> replay.Dt:        # the loaded weights' dtype
         return replay.dtype(self.load_dtype)
@@ -111,7 +111,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
             names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
             raise InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
                              f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
-                             f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
+                             f"'{ALL_LINEAR}'.", code="targets-match-nothing")
     std = quantization != "none" and kbit_recipe == "standard" and not vh  # Plan.kbit_prepared: the k-bit recipe runs
     # (8-bit layers keep their inputs through non-reentrant checkpointing)
     reentrant = bnb.reentrant_for(gradient_checkpointing, std)

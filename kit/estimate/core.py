@@ -186,7 +186,7 @@ def estimate(model, **setup) -> Estimate:
     est = dataclasses.replace(est, setup={
         **est.setup, **attention_assumed(replay_setup, gpu),
         **({"weights_assumed": declared.weights_assumed(plan.load_dtype)} if declared.weights_assumed else {}),
-        **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (kt.sft_loss)
+        **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (trl.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
@@ -238,14 +238,14 @@ def refuse_lm_only(info, *, loss_type, padding_free: bool) -> None:
     if info.task == "causal-lm":
         return
     if loss_type is not None:
-        raise InputError("loss_type", f"loss_type {loss_type!r} is {kt.SftReader.trainer_name}'s loss through "
+        raise InputError("loss_type", f"loss_type {loss_type!r} is {trl.SftReader.trainer_name}'s loss through "
                          f"its fused LM head, over a causal LM's vocabulary, and this {info.task} model has a "
                          f"classifier head ({info.classifier}) instead: estimate it without loss_type "
                          "(--loss-type).",
                          code="fused-head-classifier")
     if padding_free:
         raise InputError("padding_free", "padding_free flattens a batch into one row of sequences (TRL's "
-                         f"{kt.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
+                         f"{trl.SftReader.trainer_name}, for causal LMs), and this {info.task} model labels each "
                          "row: estimate it without padding_free (--padding-free).", code="padding-free-classifier")
 
 

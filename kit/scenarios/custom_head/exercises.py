@@ -70,7 +70,7 @@ def largest_rank(preset: str = "colab-t4") -> int:
     memory (:func:`usable_bytes`, the fit advisor's limit; a bisection on the estimator: the peak grows with the
     rank).
 
-    >>> largest_rank("colab-t4") > s1.RANK["real"]        # doctest: +SKIP
+    >>> largest_rank("colab-t4") > scenario.RANK["real"]        # doctest: +SKIP
     True
     """
     lo, hi = 1, kmodels.get_config("distilgpt2").vocab_size  # fits at lo (checked), the search stays below V

@@ -56,11 +56,11 @@ from kit.scenarios.custom_head.workshop import (  # noqa: F401 (read by the note
 from kit.units import fmt_bytes, wrap, wrapped
 
 
-def breakdown_figure(pred: "s1.Prediction", preset: str = "colab-t4"):
+def breakdown_figure(pred: "scenario.Prediction", preset: str = "colab-t4"):
     """The prediction's components stacked in one bar, against the preset's GPU memory (an estimate:
     nothing is measured, so nothing is drawn as "not run").
 
-    >>> fig = breakdown_figure(s1.predict_original("real"))
+    >>> fig = breakdown_figure(scenario.predict_original("real"))
     """
     p = PRESETS[preset]
     return plot.breakdown(pred.estimate.components(), p.gpu_bytes, device_label=p.label.split(" (")[0],
@@ -147,12 +147,12 @@ def user_trainer(size: str | None = None, *, steps: int = 2, grad_accum: int | N
 
 
 @wrapped
-def beside_registry(trainer, est_user, pred: "s1.Prediction | None" = None) -> str:
+def beside_registry(trainer, est_user, pred: "scenario.Prediction | None" = None) -> str:
     """``kit.check``'s estimate of the user's Trainer beside the kit's: its registry model (``VocabHeadModel``
     on the same base) at the same vocabulary and in the same settings, their ratio, and ``pred``, the registry
     model at real size (section 1). All ESTIMATED: nothing trains.
 
-    >>> print(beside_registry(trainer, kit.check(trainer), s1.predict_original("real")))   # doctest: +SKIP
+    >>> print(beside_registry(trainer, kit.check(trainer), scenario.predict_original("real")))   # doctest: +SKIP
     """
     same = scenario.same_size_registry(trainer, est_user)
     v = trainer.model.custom_layer.out_features
@@ -291,12 +291,12 @@ def reading_text(reading: str) -> str:
 
 
 @wrapped
-def temporaries_text(pred: "s1.Prediction") -> str:
+def temporaries_text(pred: "scenario.Prediction") -> str:
     """What the breakdown's *temporaries* are at the predicted peak, read from the estimate's own parts
     (ESTIMATED): at the head's backward of a later micro-batch, the new gradient of the head, in autocast's 16
     bits and cast to the weight's fp32, before it is added into the ``.grad`` that the earlier micro-batches left.
 
-    >>> print(temporaries_text(s1.predict_original("real")))      # doctest: +ELLIPSIS
+    >>> print(temporaries_text(scenario.predict_original("real")))      # doctest: +ELLIPSIS
     ESTIMATED temporaries at the peak (backward (head)): 14.13 GiB, 27% of the peak. ...
     """
     est = pred.estimate

@@ -33,7 +33,7 @@ from kit.units import fmt_bytes
 HEADS = [("V×V head, as the user wrote it", "vxv"), ("low-rank head V→r→V: fix (b)", "low-rank"),
          ("no head, the LM fine-tuned itself: fix (a)", "none"), ("V×V head in 16 bits, 8-bit AdamW: fix (c)",
                                                                   "vxv-16bit")]
-RANKS = dict(min=8, max=2048, step=8)       # the rank slider; fix (b)'s rank is s1.RANK["real"]
+RANKS = dict(min=8, max=2048, step=8)       # the rank slider; fix (b)'s rank is scenario.RANK["real"]
 USER_OPTIONS = {"grad_accum": scenario.USER["grad_accum"]}   # the user's, no control shows it
 FORCED = ("precision", "optimizer")          # the controls fix (c) sets (and gives back when left)
 
@@ -139,7 +139,7 @@ class HeadChoice:
         if applies:
             why["head"] = self.head_reason(model, preset, forced)
         if applies and head == "low-rank":
-            why["head_rank"] = f"fix (b) in notebook 01 takes r = {s1.RANK['real']}"
+            why["head_rank"] = f"fix (b) in notebook 01 takes r = {scenario.RANK['real']}"
 
     def head_reason(self, model: str, preset, forced: dict | None) -> str:
         head = self.controls["head"].value

@@ -19,7 +19,7 @@ from torch import nn
 from kit import data as kdata
 from kit import dtypes, machine, optimizers, runtime
 from kit import models as kmodels
-from kit.dtypes import run_precision  # noqa: F401 (read as s1.run_precision too)
+from kit.dtypes import run_precision  # noqa: F401 (read as scenario.run_precision too)
 from kit.estimate import estimate
 from kit.estimate.inventory import UnsupportedModel
 from kit.measure.session import session_preset
