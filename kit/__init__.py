@@ -11,6 +11,7 @@ optimizer)`` watches a plain PyTorch loop (``with watch.step(batch):`` each step
 releases what a notebook made; ``%load_ext kit`` prints a
 memory reading under each notebook cell. ``from kit.estimate import estimate`` predicts one setup.
 """
+import functools
 import logging as _logging
 
 __version__ = "0.1.0"
@@ -47,7 +48,9 @@ def __getattr__(name):
 
         return panel
     if name == "check":  # `kit.check(trainer)`: the estimate, its verdict and where each setting was read
-        return _check_here
+        from kit.advise import check
+
+        return _judged_here(check)
     if name in ("watch", "train"):  # `kit.watch(trainer)`, `report = kit.train(trainer)`: the user's own run
         # (the module is kit.watching.trainer: a submodule named kit.watch would take the function's name on import)
         from kit.watching import trainer as watching
@@ -78,11 +81,16 @@ def unload_ipython_extension(ipython):
     unload(ipython)
 
 
-def _check_here(trainer_or_estimate, device=None, **options):
-    """``kit.check``: :func:`kit.advise.check.check`, judged with the runtime's own RAM measured in this session
-    where the session runs on the machine judged (:func:`kit.measure.session.session_preset`); prediction itself
-    never measures."""
-    from kit.advise import check
-    from kit.measure.session import session_preset
+@functools.cache
+def _judged_here(check):
+    """``kit.check``: :func:`kit.advise.check.check` (its signature and doc), judged with the runtime's own RAM
+    measured in this session where the session runs on the machine judged (:func:`kit.measure.session.
+    session_preset`); prediction itself never measures."""
 
-    return check(trainer_or_estimate, session_preset(device), **options)
+    @functools.wraps(check)
+    def judged_here(trainer_or_estimate, device=None, **options):
+        from kit.measure.session import session_preset
+
+        return check(trainer_or_estimate, session_preset(device), **options)
+
+    return judged_here

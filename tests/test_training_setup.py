@@ -70,6 +70,6 @@ def test_the_public_face_is_where_the_readme_says():
     assert all(callable(f) for f in (kit.panel, kit.check, kit.watch, kit.train, advise, max_batch_size,
                                      estimate_from, estimate_trainer, kit.load_ipython_extension,
                                      kit.unload_ipython_extension))
-    assert kit.check is kit.advise.check and kit.watch is kit.watching.watch
+    assert kit.check.__wrapped__ is kit.advise.check and kit.watch is kit.watching.watch
     assert "trainer" in inspect.signature(kit.train).parameters
     assert kit.panel.__module__ == "kit.widgets.build"

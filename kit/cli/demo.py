@@ -114,7 +114,7 @@ def scenario1_cap(size: str, pred, real) -> dict | None:
     both for the user's Colab recipe; None at real size (the device is the device).
 
     >>> from kit.scenarios.custom_head import scenario
-    >>> cap = scenario1_cap("smoke", s1.predict_original("smoke"), s1.predict_original("real"))
+    >>> cap = scenario1_cap("smoke", scenario.predict_original("smoke"), scenario.predict_original("real"))
     >>> cap["cap_bytes"] < 2**30 < cap["limit_bytes"]
     True
     """
@@ -195,7 +195,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
                       f"`{real.name}` needs **{fmt_bytes(real.peak_bytes)}** at the peak of a training step; "
                       f"{plot.limit_text(real.estimate, t4, t4_name)}. The head `{real.offender}` is the cause.")
     recipe = "" if size == "real" else (
-        f" The Colab recipe at this size (fp16 mixed precision on a GPU, accumulation {s1.USER['grad_accum']}) "
+        f" The Colab recipe at this size (fp16 mixed precision on a GPU, accumulation {scenario.USER['grad_accum']}) "
         f"is ESTIMATED at {fmt_bytes(pred.peak_bytes)}; that is not what runs here, so it is not compared.")
     sections.append(Section("Scenario 1: a vocab-by-vocab head on DistilGPT2", [
         f"At the user's real size the kit ESTIMATES, before loading anything, **{fmt_bytes(real.peak_bytes)}** at "
@@ -257,7 +257,7 @@ def _scenario1(size: str, out: Path, summary: dict, sections: list, step, glance
         est = _estimate_as_recorded(scenario.estimate_fix(which, size, as_run=True, grad_accum=record["grad_accum"],
                                                           seq_len=record["seq_len"]), record, f"fix ({which})")
         measured = record["measured_peak_bytes"]
-        fix_setup = (f"{s1.run_precision(s1.fix_setup(which, size)['precision'])}, accumulation "
+        fix_setup = (f"{scenario.run_precision(scenario.fix_setup(which, size)['precision'])}, accumulation "
                      f"{record['grad_accum']}, {record['steps']} optimizer steps")
         rows.append([f"({which}) {label}", fix_setup, fmt_bytes(est.peak_bytes), fmt_bytes(measured),
                      _ratio(measured, est.peak_bytes, record.get("oom")),

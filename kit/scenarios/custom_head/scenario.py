@@ -177,9 +177,9 @@ def advice_table(size: str | None = None, rows: int = 100) -> Advice:
                   for a, w in _NO_EFFECT.items()]
     padded = kdata.tokenize(user_text, tok, max_length=USER["seq_len"], padding="max_length")
     dynamic = kdata.tokenize(user_text, tok, max_length=USER["seq_len"])
-    return Advice(fits=base, peak_bytes=table, limit={"max_length_bytes": kdata.dataset_bytes(padded),
-                                                      "rows": len(lengths),
-                                "dynamic_bytes": kdata.dataset_bytes(dynamic), "mean_len": mean, "max_len": longest})
+    return Advice(base_peak_bytes=base, rows=table,
+                  data={"max_length_bytes": kdata.dataset_bytes(padded), "rows": len(lengths),
+                        "dynamic_bytes": kdata.dataset_bytes(dynamic), "mean_len": mean, "max_len": longest})
 
 
 # -- 3. fixes -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def bnb_8bit_problem(model: nn.Module) -> str | None:
     """
     for pname, p in model.named_parameters():
         if p.requires_grad and optimizers.over_int32(p.numel()):
-            return (f"{pname} has {p.numel():,} elements, over {optimizers.INT32_MAX:,}: bitsandbytes' 8-bit optimizer "
+            return (f"{pname} has {p.numel():,} elements, over 2**31 - 1: bitsandbytes' 8-bit optimizer "
                     "would kill the process (not raise). Refused.")
     return None
 
