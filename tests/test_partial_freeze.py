@@ -23,10 +23,10 @@ from kit.models import build_model  # noqa: E402
 B, S, LAYERS = 4, 64, 4
 
 
-def _model(name, *, frozen=(), embeddings=False, norms_only=False):
-    """A twin of ``name`` with LAYERS blocks; ``frozen``: the blocks frozen (their norms alone with ``norms_only``);
-    ``embeddings``: the input embeddings (and GPT-2's position embeddings) frozen."""
-    over = {"n_layer": LAYERS} if name == "tiny-gpt2" else {"num_hidden_layers": LAYERS}
+def _model(name, *, frozen=(), embeddings=False, norms_only=False, **more):
+    """A twin of ``name`` with LAYERS blocks (and the config's ``more``); ``frozen``: the blocks frozen (their norms
+    alone with ``norms_only``); ``embeddings``: the input embeddings (and GPT-2's position embeddings) frozen."""
+    over = ({"n_layer": LAYERS} if name == "tiny-gpt2" else {"num_hidden_layers": LAYERS}) | more
     cfg = bench._config(name, over)
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -62,6 +62,17 @@ def test_the_bottom_half_frozen_is_within_2_percent_of_real_trainer_steps(name):
     assert 0.98 <= est.first_step_peak_bytes / got["first_step_peak"] <= 1.02, (est.peak_moment, got)
     assert 0.98 <= est.peak_bytes / got["peak"] <= 1.02, (est.peak_moment, got)
     assert est.trainable_params == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def test_where_the_blocks_set_the_peak_it_is_the_top_trained_blocks_backward():
+    """A small vocabulary and longer rows: the peak is a block's backward, named by the model's own block number
+    (block 4 of 4, the frozen two below it not replayed)."""
+    model, cfg = _model("tiny-llama", frozen=(0, 1), embeddings=True, vocab_size=256)
+    est = estimate(model, batch_size=B, seq_len=2 * S, device="cpu")
+    got = bench.trainer_peak(model, B=B, S=2 * S, V=cfg.vocab_size, steps=2, padded=True)
+    assert est.peak_moment == "backward (block 4)"
+    assert 0.98 <= est.first_step_peak_bytes / got["first_step_peak"] <= 1.02, got
+    assert 0.98 <= est.peak_bytes / got["peak"] <= 1.02, got
 
 
 def test_frozen_embeddings_alone_save_nothing():

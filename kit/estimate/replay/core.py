@@ -353,7 +353,8 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
         before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
-        moments.append(Moment(where=f"backward (block {i})", activations=held, logits=0, copies=c, gradients=grads,
+        moments.append(Moment(where=f"backward (block {rp.frozen + i})", activations=held, logits=0, copies=c,
+                              gradients=grads,
                               temporaries=rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
     moments.append(Moment(where="backward (embeddings)", activations=rp.embed + keep, logits=0, copies=0,
                           gradients=grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),
