@@ -111,7 +111,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
             names = sorted({l.short.split(".")[-1] for l in leaves if l.kind == "linear"})
             raise InputError("lora_targets", f"lora_targets {list(targets)} match no Linear module of this "
                              f"model (its Linear modules: {', '.join(names)}): name some of those, or pass "
-                             f"'{kin.ALL_LINEAR}'.", code="targets-match-nothing")
+                             f"'{ALL_LINEAR}'.", code="targets-match-nothing")
     std = quantization != "none" and kbit_recipe == "standard" and not vh  # Plan.kbit_prepared: the k-bit recipe runs
     # (8-bit layers keep their inputs through non-reentrant checkpointing)
     reentrant = bnb.reentrant_for(gradient_checkpointing, std)
