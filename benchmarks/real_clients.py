@@ -62,6 +62,9 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    (:func:`client_loop_watched`): the AMP recipe (``torch.autocast`` in bf16, a ``GradScaler``, 4 micro-batches per
    optimizer step), whose precision and accumulation the watch reads from what it sees; and plain
    ``torch.optim.SGD`` (no momentum: no optimizer state).
+14. a full fine-tune with its bottom half frozen, as the recipes write it (``for p in model.model.embed_tokens
+   .parameters(): p.requires_grad = False`` and the same over ``model.model.layers[:2]`` of 4), on an untied (Llama)
+   and a tied (Qwen2: its LM head is the frozen embedding) twin; ``Trainer``, ``estimate_trainer``.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -643,6 +646,34 @@ def client_optimizer(work, optimizer, dtype=None, batch=4, seq=64):
     yield label, setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
+def client_frozen_bottom(work, family="tiny-llama", batch=4, seq=64):
+    """A Trainer full fine-tune of a 4-block twin loaded by path, its input embeddings and first two blocks frozen
+    by ``requires_grad = False`` (a tied LM head, Qwen2's, is frozen with them)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    types = {"layer_types": ["full_attention"] * 4} if family == "tiny-qwen2" else {}
+    tok, path = tokenizer(), twin_dir(family, work, num_hidden_layers=4, **types)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    for param in model.model.embed_tokens.parameters():
+        param.requires_grad = False
+    for layer in model.model.layers[:2]:
+        for param in layer.parameters():
+            param.requires_grad = False
+    ds = Dataset.from_dict({"text": equal_token_rows(tok, seq, 8 * batch)}).map(
+        lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, "frozen-" + family), use_cpu=True,
+                             per_device_train_batch_size=batch, max_steps=3, report_to="none", save_strategy="no",
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tok, mlm=False))
+    setup = f"{family}, Trainer full FT fp32, embeddings + blocks 0-1 of 4 frozen, B{batch} x {seq}"
+    yield "14. frozen bottom half", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
 def loop_option():
     """The estimate option for "outputs kept through backward", if kit/training_setup.py declares one."""
     from kit.training_setup import FIELDS
@@ -938,6 +969,9 @@ def rows_to_run(work, only=None):
                              ("tiny-gpt-oss", False, False), ("tiny-gpt-oss", True, True)):
         R.append((f"MoE {twin} {'LoRA' if lora else 'full'}{' bf16' if bf16 else ''}",
                   lambda m, t=twin, lo=lora, b=bf16: run_trainer_client(client_moe(work, t, lo, b), m)))
+    for family in ("tiny-llama", "tiny-qwen2"):
+        R.append((f"frozen bottom half {family}", lambda m, f=family: run_trainer_client(
+            client_frozen_bottom(work, f), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

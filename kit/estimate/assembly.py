@@ -225,6 +225,67 @@ def input_requires_grad(plan: Plan) -> bool:
     return plan.input_require_grads if plan.input_require_grads is not None else plan.gradient_checkpointing
 
 
+def block_index(leaf) -> int:
+    """The index of the block a ``part == "block"`` leaf sits in (``model.layers.3.mlp.up_proj``: 3)."""
+    return int(leaf.name[:-len(leaf.short) - 1].rsplit(".", 1)[-1])
+
+
+def frozen_parts(info: Info, plan: Plan) -> dict:
+    """A full fine-tune's frozen parts, read from each leaf's ``requires_grad``, as the replay's Setup fields:
+    the embeddings, the bottom blocks (``frozen_below``: they run with no graph, where no input grad reaches them),
+    the final norm and the LM head. A pattern the replay does not follow is refused, naming what was found."""
+    leaves = info.leaves
+    if plan.lora_r or info.vocab_head or info.own_head or all(l.trainable for l in leaves):
+        return {}
+    embed = {l.trainable for l in leaves if l.part == "embed"}
+    blocks = {}
+    for leaf in (l for l in leaves if l.part == "block"):
+        blocks.setdefault(block_index(leaf), set()).add(leaf.trainable)
+    found = f"{sum(not l.trainable for l in leaves)} of the model's {len(leaves)} modules with weights are frozen"
+    if len(embed) > 1:
+        raise InputError("model", f"{found}, among them some of the input embeddings but not all: the kit replays "
+                         "frozen embeddings only whole; freeze or train all of them, or measure the run with "
+                         "kit.watch(trainer).", code="partly-frozen-embeddings")
+    half = sorted(i for i, flags in blocks.items() if len(flags) > 1)
+    if half:
+        names = [l.short for l in leaves if l.part == "block" and block_index(l) == half[0] and not l.trainable]
+        raise InputError("model", f"{found}: block {half[0]} is partly frozen ({', '.join(names[:4])}"
+                         f"{', ...' if len(names) > 4 else ''}), and the kit replays a block only whole, frozen or "
+                         "trained (its saved activations follow which weights train); freeze or train each block "
+                         "whole, or measure the run with kit.watch(trainer).", code="partly-frozen-block")
+    trained = sorted(i for i, flags in blocks.items() if flags == {True})
+    first = trained[0] if trained else len(blocks)
+    above = sorted(i for i, flags in blocks.items() if flags == {False} and i > first)
+    if above or not trained or (first and embed == {True}):
+        what = f"blocks {above} are frozen above trained block {first}" if above else \
+            "no block trains" if not trained else f"blocks 0-{first - 1} are frozen above trained embeddings"
+        raise InputError("model", f"{found}: {what}, and the kit replays only a frozen bottom (the embeddings, or "
+                         "them and the first blocks) below trained blocks exactly; freeze the bottom instead, or "
+                         "measure the run with kit.watch(trainer).", code="frozen-blocks-not-modelled")
+    if first and input_requires_grad(plan) and not plan.gradient_checkpointing:
+        raise InputError("input_require_grads", f"{found}: blocks 0-{first - 1} are frozen, and with the input "
+                         "embeddings' output requiring grad (enable_input_require_grads) they still save for backward, "
+                         "which the kit does not replay for frozen blocks; remove the hook, or measure the run with "
+                         "kit.watch(trainer).", code="frozen-blocks-with-input-grads")
+    norms = [l.trainable for l in leaves if l.part == "head" and l.kind == "norm"]
+    head = next((l.trainable for l in leaves if l.name == info.output_head), True)
+    # with checkpointing and the input-grads hook, each block keeps only its input, frozen or not: replayed as trained
+    return dict(embed_frozen=embed == {False}, frozen_below=0 if input_requires_grad(plan) else first,
+                final_norm_frozen=bool(norms) and not any(norms), lm_head_frozen=not head)
+
+
+def refuse_frozen_prefix(setup: replay.Setup) -> None:
+    """A frozen bottom is replayed on blocks of one kind, with plain checkpointing (or none): refuse the rest."""
+    mixed = 0 < setup.sliding < setup.L or setup.sliding_at or setup.linear_at or \
+        replay.family(setup.family).block.first_layer
+    offloaded = setup.ckpt_every > 1 or setup.ckpt_offload or setup.trl_offload
+    if setup.frozen_below and (mixed or offloaded):
+        only = "on blocks that are all alike" if mixed else "without offloading or partial checkpointing"
+        raise InputError("model", f"blocks 0-{setup.frozen_below - 1} are frozen, and the kit replays a frozen "
+                         f"bottom only {only}; measure the run with kit.watch(trainer).",
+                         code="frozen-blocks-not-modelled")
+
+
 def replay_setup(info: Info, plan: Plan) -> replay.Setup:
     """Stage 2: the shapes, dtypes and layers the activation replay runs on."""
     cfg = info.config
@@ -243,28 +304,31 @@ def replay_setup(info: Info, plan: Plan) -> replay.Setup:
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \
         | {l.name.split(".")[-1]: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "head"}
-    return replay.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
-                        w_other=plan.trained_bytes, ac=plan.half,
-                        base_trainable=not plan.lora_r and not info.vocab_head,
-                        quant=plan.quantization, compute=replay.dtype(plan.bnb.compute_dtype),
-                        # (the replay: at each layer's backward)
-                        dequant=kit_quantization.dequant_bytes(plan.bnb, plan.load_dtype),
-                        reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
-                        input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
-                        ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
-                        head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
-                        head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
-                        fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,
-                        liger=plan.liger_kernels,
-                        task=info.task, labels=info.num_labels,
-                        embed_trains=any(l.part == "embed" for l in info.leaves if l.name in plan.saved_copies),
-                        lm_head_trains=info.output_head in plan.saved_copies,
-                        head_trains=plan.train_head or (not plan.lora_r and any(l.trainable for l in info.leaves
-                                                                                if in_module(l.name, info.classifier))),
-                        p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
-                        **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
-                                             ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
-                                             ("trl_offload", plan.offload.get("activation_offloading", False))) if v})
+    setup = replay.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
+                         w_other=plan.trained_bytes, ac=plan.half,
+                         base_trainable=not plan.lora_r and not info.vocab_head,
+                         quant=plan.quantization, compute=replay.dtype(plan.bnb.compute_dtype),
+                         # (the replay: at each layer's backward)
+                         dequant=kit_quantization.dequant_bytes(plan.bnb, plan.load_dtype),
+                         reentrant=plan.checkpoint_reentrant, lora=lora, lora_dropout=plan.lora_dropout,
+                         input_grad=input_requires_grad(plan), attn=plan.attn_implementation, padded=plan.padded,
+                         ckpt=plan.gradient_checkpointing, device=plan.device, sm=plan.sm,
+                         head=tuple((l.name, l.fout) for l in head), head_w=plan.load_bytes,
+                         head_trainable=bool(head) and all(l.trainable for l in head) and not plan.lora_r,
+                         fused_head=plan.fused_lm_head, adapter=plan.adapter_dtype, dora=plan.dora,
+                         liger=plan.liger_kernels,
+                         task=info.task, labels=info.num_labels,
+                         embed_trains=any(l.part == "embed" for l in info.leaves if l.name in plan.saved_copies),
+                         lm_head_trains=info.output_head in plan.saved_copies,
+                         head_trains=plan.train_head or (not plan.lora_r and any(
+                             l.trainable for l in info.leaves if in_module(l.name, info.classifier))),
+                         p_head=info.head_dropout, own=own_bytes(info.own_head), **shapes,
+                         **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
+                                              ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
+                                              ("trl_offload", plan.offload.get("activation_offloading", False))) if v},
+                         **frozen_parts(info, plan))
+    refuse_frozen_prefix(setup)
+    return setup
 
 
 def own_bytes(head) -> tuple:
@@ -341,7 +405,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
         return max((replace(x, logits=x.logits + held_out) if later or x.where.startswith("backward") else x
                     for x in found), key=lambda moment: moment.total)
 
-    fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // L, grads_head=g["head"],
+    fresh = dict(grads_embed=g["embed"], grads_block=g["block"] // rp.L, grads_head=g["head"],
                  wtemp_block=counts.wtemp["block"], wtemp_head=counts.wtemp["head"], head_half=counts.wtemp["head"],
                  tied=counts.moved)
     # every grad alive from the forward on, each new one added in place: gradient accumulation's later

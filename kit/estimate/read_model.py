@@ -123,7 +123,7 @@ def read_model(model):
                           "optimizer state is kept for them", field="trainable_params", code="idle-pooler"))
     if not adapters and 0 < trainable < total and not info.vocab_head:
         notes.append(f"{total - trainable:,} parameters are frozen: their weights, gradients and optimizer state "
-                     "are counted as they are, activations as for a full fine-tune (an upper bound)")
+                     "are counted as they are, and activations follow which layers train")
     ckpt, csrc, copts, ccsrc = _read_ckpt(model)
     opts["gradient_checkpointing"], src["gradient_checkpointing"] = ckpt, (ckpt, csrc)
     # every_n_layers / offload, as the layers were set

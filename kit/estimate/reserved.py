@@ -119,7 +119,8 @@ def step_trace(tensors, replay, *, inputs: int, step_temp: int, accum: int = 1, 
     L, hid = max(1, replay.L), replay.hidden
     t.alloc_group(("w",), tuple(w for _, w, _ in tensors))
     blocks = [i for i, x in enumerate(tensors) if x[0] == "block"]
-    per = max(1, len(blocks) // L)
+    per = max(1, len(blocks) // (L + replay.frozen))
+    blocks = blocks[replay.frozen * per:]   # a frozen prefix: no grads, nothing saved (Replay.frozen)
     layers = [blocks[j * per:(j + 1) * per] for j in range(L)]
     layers[-1] += blocks[L * per:]
     parts = {"embed": [i for i, x in enumerate(tensors) if x[0] == "embed"],

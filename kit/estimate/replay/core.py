@@ -60,6 +60,7 @@ class Replay:
     trl: object = None     # TRL's activation offloading outside the blocks (trl_offload.Offloaded), or None
     transient: int = 0     # alive at the last block's end in the forward, saved by nothing (Tape.transient)
     shared_grad: int = 0   # the grad of an input every block takes, alive below the last block (Tape.shared_grad)
+    frozen: int = 0        # blocks below these L, frozen and run with no graph (Setup.frozen_below): none saved
 
     @property
     def copies_saved(self) -> int:
@@ -135,9 +136,11 @@ def replay(st: Setup) -> Replay:
     tp = LigerTape(st) if st.liger else Tape(st)  # Liger's kernels: its own rules (kit.estimate.replay.liger)
     # The embeddings' output requires grad when the embeddings train, or when enable_input_require_grads'
     # hook makes it (Setup.input_grad); with LoRA on a frozen embedding and no hook, block 1's input needs
-    # none (its first norm saves nothing), and only its adapters' outputs bring grads in.
-    rg = st.base_trainable or st.input_grad or st.embed_trains
-    if st.base_trainable or st.embed_trains:
+    # none (its first norm saves nothing), and only its adapters' outputs bring grads in. So too with the
+    # embeddings frozen in a full fine-tune (Setup.embed_frozen).
+    embed_trains = (st.base_trainable and not st.embed_frozen) or st.embed_trains
+    rg = embed_trains or st.input_grad
+    if embed_trains:
         tp.save(tp.new(T, I64, False))  # the embedding keeps the ids
         if block_fn.positions and st.base_trainable:
             tp.save(tp.new(st.S, I64, False))  # ... and the position embedding the positions
@@ -145,7 +148,7 @@ def replay(st: Setup) -> Replay:
             tp.save(tp.new(T, I64, False))
     x = tp.new(T * H, st.w_other, rg)
     x = tp.new(T * H, st.w_other, rg) if block_fn.embed_scale else x  # embeds * scale: keeps the 0-d scale
-    x = tp.layer_norm(x, st.base_trainable) if block_fn.embed_norm else x   # BERT's LayerNorm on the sum
+    x = tp.layer_norm(x, st.base_trainable and not st.embed_frozen) if block_fn.embed_norm else x  # BERT's, on the sum
     x = tp.binary(x, tp.new(T, x.dt, False), save_b=True) if block_fn.embed_mask else x   # * mask (DeBERTa's)
     x = tp.dropout(x, st.p_embd) if block_fn.embd_dropout else x
     embed = tp.total()
@@ -161,6 +164,9 @@ def replay(st: Setup) -> Replay:
     # a half linear's output promote to fp32 under fp16 autocast). Then block 1 is replayed alone.
     kinds_of = st.layer_kinds()
     y1 = run(st.first_masked(), x, mixer_of(st, 0))
+    if st.frozen_below:  # the frozen blocks ran with no grad to record: the first trained block reads their output,
+        x = tp.new(T * H, y1.dt, False)  # which needs none
+        y1 = run(st.first_masked(), x, mixer_of(st, 0))
     entries = [(m, n, x) for m, n in kinds_of.items()]  # (masked, layers, input) per replay
     split = (y1.dt, y1.rg) != (x.dt, x.rg) or block_fn.first_layer
     if split:
@@ -205,14 +211,17 @@ def replay(st: Setup) -> Replay:
     def with_head(**head_part) -> Replay:
         """The replay: the embeddings' and blocks' part read above, beside the head's part given."""
         held_bytes, held_dup = held if y.rg else (0, 0)
-        return Replay(L=st.L, ckpt=st.ckpt, embed=embed, block=block, block_in=block_in, shared=shared,
+        return Replay(L=st.L - st.frozen_below, frozen=st.frozen_below, ckpt=st.ckpt, embed=embed, block=block,
+                      block_in=block_in, shared=shared,
                       block_bwd=bwd, block_bwd_grads=bwd_grads, hidden=T * H * y.dt, copies_block=copies_block,
                       block_sum=block_sum, held=held_bytes, held_dup=held_dup, reentrant=st.reentrant,
                       block_in_sum=block_in_sum, copies_sum=copies_sum,
                       block_order=orders[biggest] if block else (), layers=layers, embed_order=embed_order,
                       **head_part)
 
-    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable) if block_fn.final_norm else y
+    h = getattr(tp, block_fn.final_norm)(y, st.base_trainable and not st.final_norm_frozen) \
+        if block_fn.final_norm else y
+    head_trains = (st.base_trainable and not st.lm_head_frozen) or st.lm_head_trains
     if st.task != "causal-lm":  # a classifier head (kit.estimate.replay.task_heads): no vocabulary logits
         ch = classifier_head(tp, h, declared.task_head)
         return with_head(head=tp.total(), head_in=0, loss=ch.loss, logits_live=ch.live, cache=cache + tp.cache,
@@ -221,9 +230,9 @@ def replay(st: Setup) -> Replay:
                          shared_grad=tp.shared_grad if y.rg else 0)
     if st.fused_head or "flce" in st.liger:  # no logits: TRL's SFTTrainer's tiles (kit.estimate.replay.fused_head)
         fh = chunked_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, compute_dt=st.ac or h.dt,
-                          head_trainable=st.base_trainable, hidden_grad=h.rg, device=st.device) if st.fused_head \
+                          head_trainable=head_trains, hidden_grad=h.rg, device=st.device) if st.fused_head \
             else flce_head(B=st.B, S=st.S, H=H, V=V, hidden_dt=h.dt, weight_dt=st.w_other, ac=st.ac,
-                           head_trainable=st.base_trainable, hidden_grad=h.rg, liger_norm="rms_norm" in st.liger,
+                           head_trainable=head_trains, hidden_grad=h.rg, liger_norm="rms_norm" in st.liger,
                            norm_dt=st.w_other)   # ... or Liger's fused linear cross-entropy's chunks
         cache += fh.get("cache", 0)
         if st.trl_offload:  # TRL's OffloadActivations: what it moves to the host (kit.estimate.replay.trl_offload)
@@ -231,7 +240,7 @@ def replay(st: Setup) -> Replay:
         return with_head(head=tp.total() + fh["saved"], head_in=0, loss=0, logits_live=fh["forward"], cache=cache,
                          copies_head=0, copies_head_in=0, last_logits=fh["backward"], ls=0, head_grad=0, trl=trl,
                          head_order=tuple(tp.order[head_from:]) + (fh["saved"],))
-    logits = tp.linear(h, H, V, "lm_head", trainable=st.base_trainable or st.lm_head_trains, w=st.w_other,
+    logits = tp.linear(h, H, V, "lm_head", trainable=head_trains, w=st.w_other,
                        quant="none")
     capped = 0
     if st.logit_cap:  # logits / cap -> tanh, which keeps its output -> * cap: new logits
@@ -344,7 +353,8 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
         before = (i - 1) * each if rp.ckpt or i == 1 else rp.blocks() - keep - rp.block  # the blocks below block i
         held = rp.embed + rp.shared + before + rp.block - c + keep + own
         grads = grads_before + grads_head + (rp.L - i) * grads_block + (0 if acc else rp.block_bwd_grads)
-        moments.append(Moment(where=f"backward (block {i})", activations=held, logits=0, copies=c, gradients=grads,
+        moments.append(Moment(where=f"backward (block {rp.frozen + i})", activations=held, logits=0, copies=c,
+                              gradients=grads,
                               temporaries=rp.block_bwd - rp.block + wtemp_block + (rp.shared_grad if i < rp.L else 0)))
     moments.append(Moment(where="backward (embeddings)", activations=rp.embed + keep, logits=0, copies=0,
                           gradients=grads_before + (0 if acc else grads_head + rp.L * grads_block + grads_embed),

@@ -89,6 +89,12 @@ class Setup:
     w_other: Dt = FP32           # embeddings, norms, lm_head
     ac: Dt | None = None         # autocast dtype (FP16 or BF16) under Trainer fp16/bf16, else None
     base_trainable: bool = True  # full fine-tuning; False: frozen base (LoRA, scenario 1)
+    embed_frozen: bool = False   # full fine-tuning with the input embeddings frozen: they save nothing
+    frozen_below: int = 0        # ... and blocks 0..k-1 frozen too, with no input grad: they run as under no_grad
+    #                              (save nothing, their outputs are transient); the replay covers blocks k..L-1
+    lm_head_frozen: bool = False  # full fine-tuning with the LM head frozen (tied to frozen embeddings): its input
+    #                               is not saved for a weight grad
+    final_norm_frozen: bool = False  # ... the norm before the head frozen
     quant: str = "none"          # block linears: "none", "8bit", "4bit"
     compute: Dt = BF16           # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
     dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into
@@ -192,8 +198,11 @@ class Setup:
         builds one once S reaches the window (transformers' ``_ignore_causal_mask_sdpa``).
         """
         kinds = {}
-        for n, masked in ((self.L - self.sliding, self.padded),
-                          (self.sliding, self.padded or 0 < self.window <= self.S)):
+        full, sliding = self.L - self.sliding, self.sliding
+        # a frozen prefix is not replayed; its blocks are of the one kind all blocks are (others are refused:
+        # kit.estimate.assembly.frozen_prefix)
+        full, sliding = (full - self.frozen_below, sliding) if full else (full, sliding - self.frozen_below)
+        for n, masked in ((full, self.padded), (sliding, self.padded or 0 < self.window <= self.S)):
             if n:
                 kinds[masked] = kinds.get(masked, 0) + n
         return kinds
