@@ -8,7 +8,7 @@ Router jitter noise is refused (:func:`kit.estimate.replay.moe.refusal`).
 from __future__ import annotations
 
 from kit.estimate.replay import llama
-from kit.estimate.replay.moe import sparse_moe
+from kit.estimate.replay.moe import LOOP, sparse_moe
 from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
@@ -27,4 +27,5 @@ def config_fields(cfg) -> dict:
     return {"norm_topk": True, "weights_fp32": True}
 
 
-register_family("mixtral", block=block, config_fields=config_fields, moe=True)   # moe: its experts are replayed
+# moe: its experts are replayed (kit.estimate.replay.moe); LOOP: evaluate()'s no_grad forward
+register_family("mixtral", block=block, no_grad_loop=LOOP, config_fields=config_fields, moe=True)

@@ -24,7 +24,8 @@ one expert's share, which is at most T rows (a token goes to an expert once).
 """
 from __future__ import annotations
 
-from kit.estimate.replay.setup import F32, I64, Dt
+from kit.estimate.replay.families import NoGradLoop
+from kit.estimate.replay.setup import F32, I64, Dt, promote
 from kit.estimate.replay.tape import Tape
 from kit.inputs import Note
 
@@ -118,6 +119,45 @@ def shared_expert_moe(tp: Tape, h):
     routed = sparse_moe(tp, h)
     scale = tp.sigmoid(tp.linear(h, H, 1, "mlp.shared_expert_gate"))
     return tp.binary(routed, tp.binary(scale, shared, True, True))
+
+
+def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
+    """What ``Qwen3MoeModel.forward`` (``MixtralModel``'s and ``OlmoeModel``'s, op for op the same here) holds at its
+    largest under ``no_grad`` (``evaluate()``), in the last block's ``grouped_mm_experts_forward``, over ``tokens``
+    positions (``hidden``: the residual stream's element bytes; ``mlp`` is unused: the router runs in autocast's
+    dtype or the stream's, the experts in their weights' dtype, as grouped_mm is not autocast).
+
+    Alive throughout the experts' forward: four hidden states (``inputs_embeds``, a local of the model's forward
+    till it returns; the block's input; the residual after attention; the MLP's normed input: three where block 1
+    is the only one), the attention's probabilities where eager runs (the decoder layer keeps them as ``_``), the
+    rotary cos/sin, the router's (T, E) logits (the sparse block keeps them as ``_``), the (T, k) routing weights
+    and int64 indices; then the sort's expert ids and ``perm`` (R int64 each), the gathered (R, H) rows, the gathered
+    (R,) weights, histc's 4-byte input, and the (E,) histc and offsets. On top, the larger of two moments:
+
+    - the gate: ``act_fn(gate) * up`` holds the (R, 2I) up projection, the activation and the product;
+    - the restore: ``weighted_out[inv_perm]`` holds the (R, H) down projection, the weighted rows, their reordered
+      copy (in the weights' promoted dtype) and the (R,) int64 ``inv_perm``. In one dtype it is the larger where
+      3H > 4I: Qwen3-30B-A3B's shipped widths (H 2048, I 768) put the peak here, Mixtral-8x7B's (4096, 14336) at
+      the gate.
+
+    LoRA on the attention adds only temporaries inside its projections, freed before the experts run. The
+    attention mask is the caller's (:func:`kit.estimate.evaluation.block_forward_bytes`)."""
+    st = setup
+    rows = tokens * st.top_k
+    router_dt = st.ac or hidden                               # F.linear on the normed stream
+    weights_dt = F32 if st.weights_fp32 else router_dt        # Mixtral's stay fp32
+    experts_dt = st.w_other
+    weighted_dt = promote(experts_dt, weights_dt)             # proj_out * sample_weights_g
+    model = (4 if st.L > 1 else 3) * tokens * st.H * hidden + 2 * st.S * st.hd * st.w_other   # + cos/sin
+    probs = tokens * st.nh * st.S * (st.ac or st.w) if st.eager else 0
+    router = tokens * st.experts * router_dt + tokens * st.top_k * (weights_dt + I64)
+    routed = rows * (2 * I64 + st.H * hidden + weights_dt + 4) + 2 * st.experts * 4
+    gate = rows * 4 * st.moe_F * experts_dt
+    restore = rows * (st.H * (experts_dt + 2 * weighted_dt) + I64)
+    return model + probs + router + routed + max(gate, restore)
+
+
+LOOP = NoGradLoop(no_grad_loop)   # counts its own cos/sin (GRPO's rotary path reads dense configs only)
 
 
 def refusal(cfg) -> str | None:

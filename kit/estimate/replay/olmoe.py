@@ -8,7 +8,7 @@ wide, applying their weight as Llama's does), then ``OlmoeSparseMoeBlock``: the 
 from __future__ import annotations
 
 from kit.estimate.replay import llama
-from kit.estimate.replay.moe import sparse_moe
+from kit.estimate.replay.moe import LOOP, sparse_moe
 from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import Covers, around
 from kit.estimate.replay.tape import Tape
@@ -22,4 +22,5 @@ def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True, mlp=sparse_moe, qk_norm_whole=True)
 
 
-register_family("olmoe", block=block, moe=True)   # moe: its experts are replayed (kit.estimate.replay.moe)
+# moe: its experts are replayed (kit.estimate.replay.moe); LOOP: evaluate()'s no_grad forward
+register_family("olmoe", block=block, no_grad_loop=LOOP, moe=True)
