@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print(advice.text(details=True))
     else:
         print(advice.text(top=TOP))
-        print(f"details: --details ({len(advice.suggestions)} changes, what each costs"
-              + (f", {len(advice.notes)} notes)" if advice.notes else ")"))
+        changes, notes = len(advice.suggestions), len(advice.notes)
+        print(f"details: --details ({changes} change{'s' * (changes != 1)}, what each costs"
+              + (f", {notes} note{'s' * (notes != 1)})" if notes else ")"))
     return 0
