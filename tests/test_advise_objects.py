@@ -26,6 +26,12 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 MODEL = "tiny-llama"
 
 
+def _suggestion(changes: dict, cli: str = "", peak: int = 0, options: dict | None = None) -> Suggestion:
+    """A suggestion that fits, made by hand: ``changes`` (the CLI's options) and, where given, its peak and setup."""
+    return Suggestion(changes=changes, cli=cli, peak_bytes=peak, fits=True, margin_bytes=0, costs=[], tiers=(0,),
+                      cpu_build_bytes=0, eval_peak_bytes=0, options=options or {})
+
+
 def _args(**kw):
     return TrainingArguments(output_dir="unused", use_cpu=True, report_to="none", **kw)
 
@@ -171,8 +177,7 @@ def test_padding_free_turned_on_is_the_sft_config_field():
     base = advise(est, est.peak_bytes * 2).options
     options = {**base, "batch_size": 1, "seq_len": 256, "padding_free": True}
     peak = estimate(**options).peak_bytes
-    s = Suggestion({"batch-size": 1, "seq-len": 256, "padding-free": True}, "", peak, True, 0, [], (0,), 0, 0, 0, 0,
-                   options)
+    s = _suggestion({"batch-size": 1, "seq-len": 256, "padding-free": True}, peak=peak, options=options)
     new = apply(s, sft_config=cfg)
     assert (new["sft_config"].padding_free, new["sft_config"].max_length,
             new["sft_config"].per_device_train_batch_size) == (True, 64, 4)
@@ -183,8 +188,7 @@ def test_padding_free_turned_on_is_the_sft_config_field():
 def test_what_no_object_holds_is_said_and_the_cli_json_is_unchanged():
     args = _args(per_device_train_batch_size=4)
     est = estimate_from(MODEL, args, seq_len=128, device="cpu")
-    s = Suggestion({"kbit-recipe": "lean", "num-gpus": 2, "strategy": "fsdp", "loss-type": "dft"}, "", 0, True, 0,
-                   [], (0,), 0, 0, 0, 0, {})
+    s = _suggestion({"kbit-recipe": "lean", "num-gpus": 2, "strategy": "fsdp", "loss-type": "dft"})
     plan = in_objects(s, est)
     assert plan.fields == {} and len(plan.notes) == 3
     assert plan.notes[0].startswith("--kbit-recipe lean: no object field: skip prepare_model_for_kbit_training")
@@ -232,14 +236,14 @@ def test_the_free_levers_in_your_objects_liger_applied_and_the_allocator_said():
     assert (again.peak_bytes, again.reserved_bytes) == (s.peak_bytes, s.reserved_bytes)
     assert in_objects(s, est).statements() == [
         "training_args = dataclasses.replace(training_args, use_liger_kernel=True)"]
-    grown = Suggestion({"expandable-segments": True}, "--expandable-segments", 0, True, 0, [], (0,), 0, 0, 0, 0)
+    grown = _suggestion({"expandable-segments": True}, "--expandable-segments")
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in n for n in in_objects(grown, est).notes)
     with pytest.raises(InputError, match="no object of yours holds the change --expandable-segments"):
         apply(grown, training_args=args, strict=True)
 
 
 # -- issue 35: objects of the wrong kind, and no objects at all ---------------------------------------------------
-_BATCH = Suggestion({"batch-size": 2}, "--batch-size 2", 0, True, 0, [], (0,), 0, 0, 0, 0, {})
+_BATCH = _suggestion({"batch-size": 2}, "--batch-size 2")
 
 
 @pytest.mark.parametrize("keyword, given, says", [
@@ -270,7 +274,7 @@ def test_i35_6_apply_without_your_args_refuses_rather_than_make_new_defaults():
     new = apply(_BATCH, training_args=mine)["training_args"]
     assert (new.learning_rate, new.num_train_epochs, new.output_dir, new.per_device_train_batch_size) == \
         (3e-5, 7, "unused", 2)
-    lora_only = Suggestion({"lora-r": 8}, "--lora-r 8", 0, True, 0, [], (0,), 0, 0, 0, 0, {})
+    lora_only = _suggestion({"lora-r": 8}, "--lora-r 8")
     assert sorted(apply(lora_only)) == ["peft_config"]       # no args changed: nothing of the user's is dropped
 
 

@@ -44,10 +44,8 @@ def shard_suggestion(search, closest=()):
                         (f"; the shards live in RAM ({fmt_bytes(e.cpu_offload_bytes)} per process), slower still"
                          if offload else ""))
                 tiers = (TIER, *(near.tiers if near else ()))
-                max_batch_size, max_seq_len = search.largest(o)
                 return Suggestion(changes=changes, cli=cli(changes), peak_bytes=e.peak_bytes, fits=True,
                                   margin_bytes=search.margin(e), costs=[*(near.costs if near else []), cost],
-                                  tiers=tiers, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                                  cpu_build_bytes=e.cpu_build_bytes, eval_peak_bytes=e.eval_peak_bytes, options=o,
-                                  rank=(False, tiers))
+                                  tiers=tiers, cpu_build_bytes=e.cpu_build_bytes, eval_peak_bytes=e.eval_peak_bytes,
+                                  options=o, rank=(False, tiers), largest=lambda: search.largest(o))
     return None

@@ -2,7 +2,8 @@
 and has the table): the fields to set, what no object holds, and the code to paste.
 
 >>> from kit.advise.search import Suggestion
->>> plan(Suggestion({"batch-size": 2}, "", 0, True, 0, [], (0,), 0, 0, 0, 0, {}),
+>>> plan(Suggestion(changes={"batch-size": 2}, cli="", peak_bytes=0, fits=True, margin_bytes=0, costs=[],
+...                 tiers=(0,), cpu_build_bytes=0, eval_peak_bytes=0),
 ...      context({"source": "estimate_from", "training_args": None})).fields
 {'training_args': {'per_device_train_batch_size': 2}}
 """

@@ -9,8 +9,10 @@ searched moves (shorter sequences, a smaller micro-batch) are probed at their ex
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kit.inputs import ALL_LINEAR
 
@@ -164,14 +166,30 @@ class Suggestion:
     margin_bytes: int
     costs: list
     tiers: tuple               # the cost tier of each change, costliest first (the module doc's order)
-    max_batch_size: int
-    max_seq_len: int
     cpu_build_bytes: int
     eval_peak_bytes: int
     options: dict = field(repr=False, default_factory=dict)   # estimate()'s keywords, in full
     rank: tuple = field(repr=False, default=())
     reserved_bytes: int = 0    # its predicted max_memory_reserved() (kit.estimate.reserved)
     tight: bool = False        # within the limit but not its margin kept (kit.advise.core.Limit.usable_bytes)
+    # () -> (the largest batch, the longest sequence) that fit with this change. Found on first read, not by the
+    # search: only --json reads them, and finding them runs the allocator's model a few times a suggestion (two
+    # thirds of a 70B advise() where they were found for every suggestion). None: (0, 0).
+    largest: Callable[[], tuple] | None = field(repr=False, compare=False, default=None)
+
+    @functools.cached_property
+    def _largest(self) -> tuple:
+        return self.largest() if self.largest else (0, 0)
+
+    @property
+    def max_batch_size(self) -> int:
+        """The largest batch that fits with this change (0: none)."""
+        return self._largest[0]
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence that fits with this change (0: none)."""
+        return self._largest[1]
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in ("changes", "cli", "peak_bytes", "reserved_bytes", "fits", "tight",
@@ -313,11 +331,10 @@ class Search:
         fits, margin = self.fits(est), self.margin(est)
         tight = not fits and self.lim.judged(est, self.evaluates) <= self.lim.limit_bytes and \
             est.cpu_build_bytes <= self.lim.ram_for_model_bytes
-        max_batch_size, max_seq_len = self.largest(setup)
         return Suggestion(changes=changes, cli=cli(changes), peak_bytes=est.peak_bytes, fits=fits, margin_bytes=margin,
-                          costs=costs, tiers=rank[1], max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                          cpu_build_bytes=est.cpu_build_bytes, eval_peak_bytes=est.eval_peak_bytes, options=setup,
-                          rank=rank, reserved_bytes=est.reserved_bytes, tight=tight)
+                          costs=costs, tiers=rank[1], cpu_build_bytes=est.cpu_build_bytes,
+                          eval_peak_bytes=est.eval_peak_bytes, options=setup, rank=rank,
+                          reserved_bytes=est.reserved_bytes, tight=tight, largest=lambda: self.largest(setup))
 
     def margin(self, est) -> int:
         """The usable limit less what is judged (:meth:`kit.advise.core.Limit.judged`)."""

@@ -87,6 +87,8 @@ def count_parameters(info: Info, plan) -> Counts:
 
 def _count(info: Info, plan) -> Counts:
     c, other = Counts(), plan.trained_bytes
+    # the plan's derived dtypes, read once (a 70B model has over a thousand leaves, and the advisor counts often)
+    loaded_as, half_as = plan.load_bytes, plan.half
     for l in info.leaves:
         n = l.weight + l.bias
         q = plan.quantization if l.quantizable else "none"
@@ -98,10 +100,10 @@ def _count(info: Info, plan) -> Counts:
         # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
         # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
         if plan.quantization == "none" or l.name in info.head_layers:
-            c.build += n * plan.load_bytes
+            c.build += n * loaded_as
         else:
-            c.streamed = max(c.streamed, l.weight * plan.load_bytes)
-        c.loaded += n * plan.load_bytes if packed is None else packed + l.bias * plan.load_bytes
+            c.streamed = max(c.streamed, l.weight * loaded_as)
+        c.loaded += n * loaded_as if packed is None else packed + l.bias * loaded_as
         if packed is not None:
             c.quantized += l.weight
         else:
@@ -144,7 +146,7 @@ def _count(info: Info, plan) -> Counts:
             c.part_trainable[l.part] += k
             c.trained.append((shape, dt, l.kind != "norm" and k != l.bias))  # Trainer's weight-decay groups
             fused = (plan.fused_lm_head or "flce" in plan.liger_kernels) and l.name == info.output_head
-            half = plan.half * k if plan.half and dt != plan.half and not fused else 0
+            half = half_as * k if half_as and dt != half_as and not fused else 0
             # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
             # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
             c.wtemp[l.part], c.wnew[l.part] = max(c.wtemp[l.part], half), max(c.wnew[l.part], half + k * dt)
