@@ -152,9 +152,8 @@ def test_watch_draws_the_generation_as_a_stage_of_its_own(tmp_path, monkeypatch)
     assert tr._generate_and_score_completions is spy
 
 
-def test_check_prints_the_generation_phase_and_the_advisor_names_rloos_fields(capsys):
-    """kit.check of an RLOO estimate: the answer first, the generation phase's own peak; where it does not fit, the
-    advisor's one sentence names RLOOConfig's fields rather than searching a plain Trainer's options."""
+def test_check_prints_the_generation_phase(capsys):
+    """kit.check of an RLOO estimate: the answer first, then the setup with the generation phase's own peak."""
     import kit
 
     est = estimate_from("tiny-qwen2", rloo_config=_config(**SHAPES), seq_len=12)
@@ -162,7 +161,19 @@ def test_check_prints_the_generation_phase_and_the_advisor_names_rloos_fields(ca
     out = capsys.readouterr().out
     assert out.startswith("fits Colab T4") and "generation phase:" in out
     assert f"{est.setup['generation_rows']} rows x 12 + 16 tokens" in out
-    with pytest.raises(inputs.InputError, match="RLOOTrainer's generation phase, reference model and rollouts are "
-                                                "estimated but not searched") as caught:
-        kit.advise.advise(est, device=2**20)
-    assert caught.value.code == "rloo-no-search" and "RLOOConfig (per_device_train_batch_size" in str(caught.value)
+
+
+def test_the_advisor_tries_grpos_levers_in_the_users_rloo_config():
+    """Where an RLOO setup does not fit, the advisor tries GRPO's levers as changes in the RLOOConfig, each estimated
+    by estimate_from(rloo_config=...): dropping the reference (RLOOConfig's default beta is 0.05) frees its copy."""
+    from kit.advise import advise
+
+    est = estimate_from("tiny-qwen2", rloo_config=_config(**SHAPES), seq_len=12)
+    a = advise(est, device=est.peak_bytes)   # (judged with the allocator's gap and a margin: it does not fit)
+    assert not a.fits
+    no_ref = next(c for c in a.changes if c.name == "no reference model")
+    assert no_ref.code() == "RLOOConfig(beta=0.0, ...)" and no_ref.est.kind == "rloo"
+    assert no_ref.est.setup["reference"] == "none" and no_ref.judged_bytes < a.judged_bytes
+    assert no_ref.cost == "no KL penalty towards the reference (RLOOConfig's default is beta=0.05)"
+    text = a.text(details=True)
+    assert "(RLOO, modelled)" in text and "each RLOO lever alone" in text and "GRPO" not in text, text
