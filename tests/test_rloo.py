@@ -177,3 +177,17 @@ def test_the_advisor_tries_grpos_levers_in_the_users_rloo_config():
     assert no_ref.cost == "no KL penalty towards the reference (RLOOConfig's default is beta=0.05)"
     text = a.text(details=True)
     assert "(RLOO, modelled)" in text and "each RLOO lever alone" in text and "GRPO" not in text, text
+
+
+def test_kit_train_judges_each_rloo_step_against_its_estimate(tmp_path, monkeypatch):
+    """kit.train on an RLOOTrainer (every op watched on the CPU): step 1 and the later steps within 2% of the
+    estimate read from the same Trainer (measured 1.000 for both)."""
+    import kit
+    from clients_rloo import client_rloo
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
+    _, _, tr, _ = next(client_rloo(str(tmp_path), "beta"))
+    r = kit.train(tr, plot=False, tensor_peak=True)
+    print(f"RLOOTrainer under kit.train: step 1 {r.first_step_ratio:.4f}, later {r.later_steps_ratio:.4f}")
+    assert not r.oom and r.step == 3 and r.peak_exact
+    assert 0.98 <= r.first_step_ratio <= 1.02 and 0.98 <= r.later_steps_ratio <= 1.02
