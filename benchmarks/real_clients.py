@@ -54,6 +54,8 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    ``reward_num_unique_chars``, prompts of 12 tokens, completions of a fixed length (``min_new_tokens``), fp32:
    beta=0, beta>0 (a reference copy), LoRA (the adapter-disabled reference), steps_per_generation=2, and a long
    completion; the generation phase (``_generate_and_score_completions``) metered apart in the setup cell.
+   TRL's quick-start ``RLOOTrainer`` (``benchmarks/clients_rloo.py``), the same way: RLOOConfig's default beta=0.05
+   (a reference copy), beta=0, LoRA (the adapter-disabled reference) and steps_per_generation=2.
 12. the user's own head (``benchmarks/clients_own_head.py``): ``AutoModel.from_pretrained`` (tiny Llama, Qwen2, BERT)
    + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
    ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
@@ -951,6 +953,9 @@ def rows_to_run(work, only=None):
     from clients_grpo import client_grpo, run_grpo_client   # issue 38: TRL's GRPOTrainer
     for kind in ("beta0", "beta", "lora", "spg2", "long"):
         R.append((f"GRPOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_grpo(work, k), m)))
+    from clients_rloo import KINDS as RLOO_KINDS, client_rloo   # issue 47: TRL's RLOOTrainer, generating as GRPO's
+    for kind in RLOO_KINDS:
+        R.append((f"RLOOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_rloo(work, k), m)))
     import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
     for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
         R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(

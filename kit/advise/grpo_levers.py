@@ -1,5 +1,7 @@
 """The fit advisor's levers for TRL's GRPOTrainer (:mod:`kit.estimate.grpo`), each a change in the user's own
-``GRPOConfig`` (or a ``LoraConfig`` beside it), each estimated by ``estimate_from(..., grpo_config=...)``.
+``GRPOConfig`` (or a ``LoraConfig`` beside it), each estimated by ``estimate_from(..., grpo_config=...)``; and the
+same levers for a kind that generates as GRPOTrainer does (RLOOTrainer, :mod:`kit.estimate.rloo`), in its own config
+and estimated by its own keyword (the kind's reader names both).
 
 The levers, cheapest first (what each costs is said beside it):
 
@@ -26,6 +28,7 @@ beside training (with sleep mode, only beside the generation phase). Prediction 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 from kit.inputs import InputError
@@ -50,11 +53,12 @@ class GrpoChange:
     est: object = None
     judged_bytes: int = 0
     fits: bool = False
+    config_name: str = "GRPOConfig"   # the kind's config, as the user writes it
 
     def code(self) -> str:
         """The change as the user writes it: ``GRPOConfig(field=value, ...)`` and, for LoRA, the LoraConfig."""
         fields = ", ".join(f"{k}={v!r}" for k, v in self.changes.items())
-        code = f"GRPOConfig({fields}, ...)" if fields else ""
+        code = f"{self.config_name}({fields}, ...)" if fields else ""
         lora = (f"peft_config=LoraConfig(r={LORA_RANK}, lora_alpha={2 * LORA_RANK}, target_modules=\"all-linear\", "
                 "task_type=\"CAUSAL_LM\")")
         return " and ".join(x for x in (code, lora if self.peft else "") if x)
@@ -81,6 +85,12 @@ def _shorter_completions(cfg, est):
     return {"max_completion_length": C // 2} if C // 2 >= MIN_COMPLETION else None
 
 
+def _no_reference_cost(cfg) -> str:
+    default = next(f.default for f in dataclasses.fields(type(cfg)) if f.name == "beta")
+    why = "TRL's default, beta=0.0" if default == 0.0 else f"{type(cfg).__name__}'s default is beta={default}"
+    return f"no KL penalty towards the reference ({why})"
+
+
 def _checkpointing(cfg, est):
     return None if est.setup.get("gradient_checkpointing") else {"gradient_checkpointing": True}
 
@@ -95,13 +105,13 @@ def _smaller_vllm_share(cfg, est):
     return {"vllm_gpu_memory_utilization": round(share - 0.1, 2)} if share and share > 0.15 else None
 
 
-# (name, the GRPOConfig changes or None where it does not apply, peft, cost), cheapest first
+# (name, the GRPOConfig changes or None where it does not apply, peft, cost: its text, or made from the config),
+# cheapest first
 LEVERS = (
     ("gradient checkpointing", _checkpointing, False, "about a third slower: each block's forward runs twice"),
     ("half the batch, twice the steps per generation", _batch_against_steps, False,
      "the same rollouts and optimizer batch, in twice the training steps (slower)"),
-    ("no reference model", lambda cfg, est: {"beta": 0.0} if cfg.beta else None, False,
-     "no KL penalty towards the reference (TRL's default, beta=0.0)"),
+    ("no reference model", lambda cfg, est: {"beta": 0.0} if cfg.beta else None, False, _no_reference_cost),
     ("LoRA", lambda cfg, est: {} if not est.setup.get("lora_r") else None, True,
      "trains adapters, not every weight; with beta > 0 the reference is the policy with its adapter disabled"),
     ("vLLM sleep mode (not measured)", _sleep_mode, False,
@@ -114,13 +124,25 @@ LEVERS = (
 )
 
 
+def reader_of(est):
+    """The estimator's reader of the kind ``est`` was read as (GRPO's, or a kind generating as GRPO's)."""
+    return trainer_kinds.part_of(getattr(est, "kind", None) or "grpo", "estimate")
+
+
+def kind_label(est) -> str:
+    """``"GRPO"`` for a GRPOTrainer's estimate: its trainer's name, without "Trainer"."""
+    return reader_of(est).trainer_name.removesuffix("Trainer")
+
+
 def grpo_config_of(est):
-    """The GRPOConfig an estimate was made from (``estimate_from(grpo_config=...)`` or a GRPOTrainer's args)."""
-    inputs = getattr(est, "inputs", None) or {}
-    cfg = inputs.get("grpo_config") or inputs.get("args")
+    """The GRPOConfig an estimate was made from (``estimate_from(grpo_config=...)`` or a GRPOTrainer's args); for
+    another generating kind, its config, by its own keyword."""
+    inputs, reader = getattr(est, "inputs", None) or {}, reader_of(est)
+    cfg = inputs.get(reader.config_keyword) or inputs.get("args")
     if cfg is None:
-        raise InputError("setup", "this GRPO estimate holds no GRPOConfig: pass the GRPOTrainer, or the Estimate "
-                                      "that estimate_from(..., grpo_config=...) returned.", code="grpo-no-config")
+        raise InputError("setup", f"this {kind_label(est)} estimate holds no {reader.config_name}: pass the "
+                                  f"{reader.trainer_name}, or the Estimate that estimate_from(..., "
+                                  f"{reader.config_keyword}=...) returned.", code="grpo-no-config")
     return cfg
 
 
@@ -187,12 +209,12 @@ class GrpoAdvice:
         vllm = f" + vLLM's share {self._f(share)}" if share else ""
         usable = f"{self._f(lim.limit_bytes)} less {lim.margin_fraction:.0%}" if lim.margin_fraction else \
             self._f(lim.limit_bytes)   # (the margin kept, in few words: the answer keeps to five lines)
-        out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap{vllm} (GRPO, "
-               f"modelled) of {usable} ({self._f(abs(margin))} {spare})", self.cause()]
+        out = [f"{verdict} {short_label(lim.label)}: {self._f(self.judged_bytes)} peak + allocator gap{vllm} "
+               f"({kind_label(self.est)}, modelled) of {usable} ({self._f(abs(margin))} {spare})", self.cause()]
         if self.fits:
             return out + ["no change needed"]
         if not self.changes:
-            return out + ["no GRPO lever applies to this setup"]
+            return out + [f"no {kind_label(self.est)} lever applies to this setup"]
         best = self.suggestions[0]
         head = "best change" if best.fits else "closest change (still short)"
         return out + [f"{head}: {best.code()} -> {self._f(best.judged_bytes)} "
@@ -200,7 +222,7 @@ class GrpoAdvice:
 
     def details(self, top: int | None = None) -> list:
         """Every lever tried, cheapest first: its figure, whether it fits, its code and its cost; then the notes."""
-        out = [f"each GRPO lever alone, cheapest first (peak + allocator gap, ESTIMATED, of "
+        out = [f"each {kind_label(self.est)} lever alone, cheapest first (peak + allocator gap, ESTIMATED, of "
                f"{self._f(self.limit.usable_bytes)}):"]
         for c in self.changes[:top]:
             out.append(f"  {self._f(c.judged_bytes):>10} {'fits' if c.fits else 'short':<5}  {c.name}: {c.code()}")
@@ -216,12 +238,12 @@ class GrpoAdvice:
 
 def rebuild(est, cfg, peft_config, model):
     """The estimate of ``cfg`` (and ``peft_config``), made as ``est`` was: ``estimate_from`` with its inputs."""
-    inputs = est.inputs
+    inputs, config = est.inputs, {reader_of(est).config_keyword: cfg}
     if inputs.get("source") == "estimate_from":
-        return estimate_from(model, grpo_config=cfg, peft_config=peft_config, seq_len=inputs["seq_len"],
+        return estimate_from(model, **config, peft_config=peft_config, seq_len=inputs["seq_len"],
                              load_dtype=inputs.get("load_dtype"), attn_implementation=inputs.get("attn_implementation"),
                              device=inputs.get("device", "cuda"))
-    return estimate_from(model, grpo_config=cfg, peft_config=peft_config, seq_len=est.setup["prompt_len"],
+    return estimate_from(model, **config, peft_config=peft_config, seq_len=est.setup["prompt_len"],
                          load_dtype=est.setup["load_dtype"], device=inputs.get("device", "cuda"))
 
 
@@ -237,7 +259,8 @@ def _try(out, cfg, name, changes, peft, cost, model, peft_config) -> None:
     if new is not None:
         cand = rebuild(out.est, new, lora_config() if peft else peft_config, model)
         figure = judged(cand, out.limit)
-        out.changes.append(GrpoChange(name, changes, cost, peft, cand, figure, figure <= out.limit.usable_bytes))
+        out.changes.append(GrpoChange(name, changes, cost, peft, cand, figure, figure <= out.limit.usable_bytes,
+                                      type(cfg).__name__))
 
 
 def advise_grpo(est, limit, model=None) -> GrpoAdvice:
@@ -248,7 +271,7 @@ def advise_grpo(est, limit, model=None) -> GrpoAdvice:
     model = model if model is not None else est.sources["model"][0]
     peft_config = est.inputs.get("peft_config")
     out = GrpoAdvice(est, limit, judged(est, limit))
-    tried = [(name, changes, peft, cost) for name, make, peft, cost in LEVERS
+    tried = [(name, changes, peft, cost(cfg) if callable(cost) else cost) for name, make, peft, cost in LEVERS
              if (changes := make(cfg, est)) is not None]
     for name, changes, peft, cost in tried:
         _try(out, cfg, name, changes, peft, cost, model, peft_config)
@@ -258,11 +281,12 @@ def advise_grpo(est, limit, model=None) -> GrpoAdvice:
                 if not set(changes) & set(changes2):
                     _try(out, cfg, f"{name} + {name2}", {**changes, **changes2}, peft or peft2, f"{cost}; {cost2}",
                          model, peft_config)
-    out.notes.append("Liger is no lever here: TRL 1.16's GRPOTrainer refuses its fused linear cross-entropy (its own "
-                     "fused head already scores in tiles); its layer kernels are not estimated")
+    out.notes.append(f"Liger is no lever here: TRL 1.16's {reader_of(est).trainer_name} refuses its fused linear "
+                     "cross-entropy (its own fused head already scores in tiles); its layer kernels are not estimated")
     if est.setup.get("vllm_reserved_fraction"):
         out.notes.append("vLLM's share is modelled from vllm_gpu_memory_utilization, not measured")
     return out
 
 
 trainer_kinds.register_part("grpo", "advise", advise_grpo)
+trainer_kinds.register_part("rloo", "advise", advise_grpo)   # RLOOTrainer generates as GRPOTrainer: the same levers

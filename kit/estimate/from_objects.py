@@ -144,7 +144,7 @@ def _kind_config(training_args, configs: dict) -> tuple:
     if training_args is not None or len(configs) > 1:
         raise InputError(keyword, f"pass the {reader.config_name} alone: it is {reader.trainer_name}'s "
                          "TrainingArguments.")
-    if not isinstance(reader_of(cfg), type(reader)):
+    if type(reader_of(cfg)) is not type(reader):   # (exactly: RLOO's reader extends GRPO's, its config does not)
         raise InputError(keyword, f"{keyword} is a {type(cfg).__name__}, not a trl {reader.config_name}.")
     return reader, cfg, None
 
@@ -162,9 +162,9 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
     the config's, else sdpa where the model supports it. ``task`` ("causal-lm", "seq-cls", "token-cls") and
     ``num_labels``: the head (None: from ``peft_config.task_type``, SEQ_CLS or TOKEN_CLS, and the config).
     ``configs``: a trainer kind's config by its keyword (:mod:`kit.trainer_kinds`), in place of ``training_args``:
-    ``sft_config=`` (TRL's SFTConfig), ``dpo_config=`` (DPOConfig) and ``grpo_config=`` (GRPOConfig, where
-    ``seq_len`` is the longest prompt in tokens: GRPOTrainer does not truncate prompts; the completion adds
-    ``max_completion_length``).
+    ``sft_config=`` (TRL's SFTConfig), ``dpo_config=`` (DPOConfig), ``grpo_config=`` (GRPOConfig) and
+    ``rloo_config=`` (RLOOConfig; for these two ``seq_len`` is the longest prompt in tokens: their trainers do not
+    truncate prompts; the completion adds ``max_completion_length``).
 
     >>> from transformers import TrainingArguments
     >>> from peft import LoraConfig

@@ -129,9 +129,18 @@ _GEN_KW = ("min_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id")
 
 def read_grpo_config(cfg, name: str = "GRPOConfig"):
     """(estimate options, sources, notes) of what a GRPOConfig changes; refuses in one sentence what is not modeled."""
+    src = {"loss_type": (cfg.loss_type, f"{name}.loss_type: every variant works on [B, C] log-probs")}
+    return read_generating_config(cfg, name, refused=REFUSED, no_memory=NO_MEMORY, src=src)
+
+
+def read_generating_config(cfg, name: str, *, refused: dict, no_memory: dict, src: dict):
+    """(estimate options, sources, notes) of a config whose trainer generates as GRPOTrainer does (GRPO's, RLOO's):
+    refuses in one sentence each of ``refused`` that is set, and what no such trainer's estimate models; ``src``:
+    the kind's own sources, to which ``no_memory``'s fields are added."""
+    trainer_name = name.replace("Config", "Trainer")
     refuse = refuser(name)
     refuse_shared(cfg, refuse)
-    for field, (is_set, what) in REFUSED.items():
+    for field, (is_set, what) in refused.items():
         if is_set(cfg):
             refuse(field, what, f"grpo-{field.replace('_', '-')}")
     for field, what, code in (("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad passes' "
@@ -145,14 +154,14 @@ def read_grpo_config(cfg, name: str = "GRPOConfig"):
     if extra:
         refuse("generation_kwargs", f"holds {', '.join(extra)} (generate() keywords that change its memory)",
                "grpo-generation-kwargs")
-    src = {"fused_lm_head": (True, "GRPOTrainer's add_fused_lm_head, outputs log_probs and entropy (no logits)"),
-           "loss_type": (cfg.loss_type, f"{name}.loss_type: every variant works on [B, C] log-probs")}
-    src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
-    notes = [Note("GRPOTrainer's evaluation (generation and scoring of the eval prompts) is not modeled: "
+    src = {"fused_lm_head": (True, f"{trainer_name}'s add_fused_lm_head, outputs log_probs and entropy (no logits)"),
+           **src}
+    src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in no_memory.items()})
+    notes = [Note(f"{trainer_name}'s evaluation (generation and scoring of the eval prompts) is not modeled: "
                   "eval_peak_bytes is a plain forward's", field="eval_batch_size", code="grpo-eval-unmodeled")]
     trl = sys.modules.get("trl")
     if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models GRPOTrainer as TRL "
+        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models {trainer_name} as TRL "
                           f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
     return {"fused_lm_head": True}, src, notes
 
@@ -163,7 +172,7 @@ def rollout(cfg, prompt_len: int, name: str = "GRPOConfig") -> dict:
     its full length (``generation_kwargs['min_new_tokens']``), and where each was read."""
     B, spg, completion = cfg.per_device_train_batch_size, *checked_lengths(cfg, name)
     every = spg * cfg.num_iterations
-    vllm_is = cfg.use_vllm and cfg.vllm_importance_sampling_correction
+    vllm_is = cfg.use_vllm and getattr(cfg, "vllm_importance_sampling_correction", False)
     m = cfg.pad_to_multiple_of or 1
     prompt_len = inputs.whole_number("seq_len", prompt_len)   # the longest prompt, in tokens, as for any Trainer
     P, C = -(-prompt_len // m) * m, -(-completion // m) * m
@@ -190,7 +199,8 @@ def checked_lengths(cfg, name: str = "GRPOConfig") -> tuple[int, int]:
                            ("num_iterations", "1")):
         value = getattr(cfg, field)
         if inputs.whole_number(field, value, minimum=None) < 1:   # (a fraction or text: refused by whole_number)
-            raise InputError(field, f"{name}.{field}={value!r}: GRPOTrainer needs it a whole number >= 1 "
+            raise InputError(field, f"{name}.{field}={value!r}: {name.replace('Config', 'Trainer')} needs it a "
+                             "whole number >= 1 "
                              f"(default {default}); {_AT_ZERO[field]}.", code="grpo-" + field.replace("_", "-"))
     return cfg.steps_per_generation, cfg.max_completion_length
 
@@ -214,10 +224,14 @@ def check_positions(shapes: dict, config, name: str = "GRPOConfig") -> None:
 
 def buffered_bytes(shapes: dict, reference: bool) -> int:
     """``_buffered_inputs``: the shuffled rollouts of one generation, held across its steps: int64 prompt ids and
-    mask ``[G, P]``, completion ids and mask ``[G, C]``, fp32 advantages ``[G]``, the summed item count, and the
-    old and reference log-probs ``[G, C]`` fp32 where they were computed."""
+    mask ``[G, P]``, completion ids and mask ``[G, C]``, fp32 advantages ``[G]``, and then either (GRPO) the summed
+    item count and the old and reference log-probs ``[G, C]`` fp32 where they were computed, or (a kind whose
+    rollout has ``sequence_logps``: RLOO) the old log-probs summed per completion, fp32 ``[G]``."""
     G, P, C = shapes["G"], shapes["P"], shapes["C"]
-    return 2 * G * (P + C) * I64 + G * F32 + I64 + G * C * F32 * (int(shapes["old_pass"]) + int(reference))
+    ids = 2 * G * (P + C) * I64 + G * F32
+    if shapes.get("sequence_logps"):
+        return ids + G * F32
+    return ids + I64 + G * C * F32 * (int(shapes["old_pass"]) + int(reference))
 
 
 def _pass_peak(est, shapes, *, text, seq_len, hidden_dt, weight_dt, separate: bool) -> tuple[int, str]:
@@ -335,17 +349,17 @@ def generation_peak(est, shapes, *, config, reference: str, later: bool) -> tupl
     return held + best[0], best[1]
 
 
-def reference_of(cfg, peft: bool, ref_model=None) -> tuple[str, str]:
+def reference_of(cfg, peft: bool, ref_model=None, trainer_name: str = "GRPOTrainer") -> tuple[str, str]:
     """(kind, where): "none" (beta=0), "model" (a separate copy in the policy's dtype) or "adapter-disabled" (the PEFT
     policy inside use_adapter(model, None): no weights of its own)."""
     if cfg.beta == 0.0:
-        return "none", "GRPOConfig.beta=0.0: no reference model, no reference pass"
+        return "none", f"{type(cfg).__name__}.beta=0.0: no reference model, no reference pass"
     if peft and ref_model is None:
-        return "adapter-disabled", "GRPOTrainer: the PEFT policy inside use_adapter(model, None), no weights"
-    return "model", "GRPOTrainer.__init__: create_model_from_path of the policy's id, in its dtype (a copy)"
+        return "adapter-disabled", f"{trainer_name}: the PEFT policy inside use_adapter(model, None), no weights"
+    return "model", f"{trainer_name}.__init__: create_model_from_path of the policy's id, in its dtype (a copy)"
 
 
-def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights: int) -> dict:
+def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights: int, kind: str = "grpo") -> dict:
     """The fields of ``est`` with GRPO's phases in: the buffered rollouts beside the training step, the reference's
     weights (held all along), and the generation phase (its own peak: ``setup["generation_peak_bytes"]`` and step 1's
     ``setup["first_generation_peak_bytes"]``); where the generation is the largest, it is the peak."""
@@ -353,7 +367,7 @@ def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights:
     held = dataclasses.replace(est, weights_bytes=est.weights_bytes + ref_weights)   # the reference's, held too
     steady, moment = generation_peak(held, shapes, config=config, reference=reference, later=True)
     first, _ = generation_peak(held, shapes, config=config, reference=reference, later=False)
-    setup = dict(est.setup, grpo=True, reference=reference, reference_weights_bytes=ref_weights,
+    setup = dict(est.setup, **{kind: True}, reference=reference, reference_weights_bytes=ref_weights,
                  generation_rows=shapes["G"], prompt_len=shapes["P"], completion_len=shapes["C"],
                  buffered_rollouts_bytes=buffered, generation_peak_bytes=steady, first_generation_peak_bytes=first,
                  generation_moment=moment, old_logprob_pass=shapes["old_pass"])
@@ -388,7 +402,7 @@ def finish(est, cfg, shapes, *, config, reference: str, where: str, ref_weights:
     return out
 
 
-def trainer_prompts(trainer, seq_len=None) -> tuple[int, bool, str]:
+def trainer_prompts(trainer, seq_len=None, name: str = "GRPOTrainer") -> tuple[int, bool, str]:
     """(P, same_length, where): the longest prompt of the first 64 rows of ``trainer.train_dataset`` in tokens, as
     GRPOTrainer tokenizes them (its ``_tokenize_prompts``, which renders a conversation's chat template as training
     does: called rather than re-implemented), and whether they are all one length (no left padding)."""
@@ -396,24 +410,24 @@ def trainer_prompts(trainer, seq_len=None) -> tuple[int, bool, str]:
         return seq_len, False, "estimate_trainer(seq_len=...): the longest prompt, in tokens"
     ds = trainer.train_dataset
     if ds is None or not len(ds) or "prompt" not in ds.column_names:
-        raise InputError("seq_len", "GRPOTrainer's train_dataset has no prompt rows to read: pass seq_len=... "
+        raise InputError("seq_len", f"{name}'s train_dataset has no prompt rows to read: pass seq_len=... "
                          "(the longest prompt, in tokens).")
     if getattr(trainer, "environment_factories", None) is not None:
-        raise InputError("environment_factory", "GRPOTrainer with environments (multi-turn rollouts) is not "
+        raise InputError("environment_factory", f"{name} with environments (multi-turn rollouts) is not "
                          "modeled: estimate without environment_factory.", code="grpo-environments")
     n = min(len(ds), 64)
     ids = trainer._tokenize_prompts([ds[i]["prompt"] for i in range(n)])[0]
     lengths = [len(x) for x in ids]
-    return max(lengths), len(set(lengths)) == 1, f"GRPOTrainer's tokenization of the first {n} prompts: the longest"
+    return max(lengths), len(set(lengths)) == 1, f"{name}'s tokenization of the first {n} prompts: the longest"
 
 
-def seq_options(shapes: dict, same_length: bool, where: str) -> tuple[dict, dict]:
+def seq_options(shapes: dict, same_length: bool, where: str, name: str = "GRPOConfig") -> tuple[dict, dict]:
     """(options, sources) of the training step's rows: ``B`` rows of ``P + C`` tokens, padded unless every prompt
     is one length and every completion its full length."""
     S, padded = shapes["P"] + shapes["C"], not (same_length and shapes["full"])
     shapes["padded"] = padded
     return {"batch_size": shapes["B"], "seq_len": S, "padded": padded}, {
-        "batch_size": (shapes["B"], "GRPOConfig.per_device_train_batch_size: the rows of one training step"),
+        "batch_size": (shapes["B"], f"{name}.per_device_train_batch_size: the rows of one training step"),
         "seq_len": (S, f"{shapes['P']} prompt tokens ({where}) + {shapes['C']} completion tokens "
                        "(max_completion_length)"),
         "padded": (padded, "prompts of one length and completions of max_completion_length (min_new_tokens)"
@@ -422,15 +436,15 @@ def seq_options(shapes: dict, same_length: bool, where: str) -> tuple[dict, dict
         "generation_batch": (shapes["G"], shapes["where"])}
 
 
-def refuse_unmodeled(opts: dict) -> None:
+def refuse_unmodeled(opts: dict, name: str = "GRPOTrainer") -> None:
     """GRPOTrainer on a bitsandbytes model (what it does to it is not read), or under DeepSpeed/FSDP (the
     generation's gathered weights, the reference prepared by them): refused in one sentence."""
     if opts.get("strategy", "single") != "single":
-        raise InputError("strategy", f"GRPOTrainer under {opts['strategy']} (the weights gathered for generation, "
+        raise InputError("strategy", f"{name} under {opts['strategy']} (the weights gathered for generation, "
                          "the reference prepared by DeepSpeed or FSDP) is not modeled: the kit estimates "
-                         "GRPOTrainer on one GPU.", code="grpo-strategy")
+                         f"{name} on one GPU.", code="grpo-strategy")
     if opts.get("quantization", "none") != "none":
-        raise InputError("quantization", "GRPOTrainer on a quantized (bitsandbytes) model is not modeled: "
+        raise InputError("quantization", f"{name} on a quantized (bitsandbytes) model is not modeled: "
                          "estimate it unquantized.", code="grpo-quantized")
 
 
@@ -441,34 +455,44 @@ def refuse_reward_models(trainer) -> None:
 
     models = [type(f).__name__ for f in getattr(trainer, "reward_funcs", []) if isinstance(f, torch.nn.Module)]
     if models:
-        raise InputError("reward_funcs", f"GRPOTrainer's reward_funcs hold a reward model ({', '.join(models)}), "
-                         "whose weights and forward the kit does not model: estimate with reward functions "
-                         "only.", code="grpo-reward-model")
+        raise InputError("reward_funcs", f"{type(trainer).__name__}'s reward_funcs hold a reward model "
+                         f"({', '.join(models)}), whose weights and forward the kit does not model: estimate with "
+                         "reward functions only.", code="grpo-reward-model")
 
 
 class GrpoReader(TrainerReader):
-    """GRPOTrainer and GRPOConfig (the module doc): its rollouts, the generation phase, the reference."""
+    """GRPOTrainer and GRPOConfig (the module doc): its rollouts, the generation phase, the reference. A kind whose
+    trainer generates as GRPOTrainer does (RLOO's) overrides :meth:`read_own` and :meth:`rollout`."""
 
     trainer_name, config_name, config_keyword = "GRPOTrainer", "GRPOConfig", "grpo_config"
+    kind = "grpo"   # the setup's flag and the kind's key
     trl = True
     reads_eval_rows, keeps_training_args = False, False
     shapes = rows_read = finishing = None   # the rollout's shapes; (seq_len, padded); finish()'s keywords
     peft = False                            # estimate_from was given a peft_config
 
+    def read_own(self, cfg) -> tuple:
+        """(options, sources, notes) of the kind's config."""
+        return read_grpo_config(cfg, self.config_name)
+
+    def rollout(self, cfg, prompt_len: int) -> dict:
+        """The shapes of one generation (:func:`rollout`)."""
+        return rollout(cfg, prompt_len, self.config_name)
+
     def read_trainer(self, trainer) -> None:
-        self.own.take(*read_grpo_config(trainer.args))
+        self.own.take(*self.read_own(trainer.args))
         refuse_dropout(trainer.args, trainer.model.config, self.config_name)
 
     def after_model(self, trainer, reading: Reading, seq_len) -> None:
         """B rows of prompt + completion a step; G generated at once."""
         opts = reading.opts
         reading.take(self.own.opts, self.own.src, self.own.notes)
-        refuse_unmodeled(opts)
+        refuse_unmodeled(opts, self.trainer_name)
         refuse_reward_models(trainer)
-        P, same, at = trainer_prompts(trainer, seq_len)
-        self.shapes = rollout(trainer.args, P)
-        check_positions(self.shapes, trainer.model.config)
-        reading.take(*seq_options(self.shapes, same, at))
+        P, same, at = trainer_prompts(trainer, seq_len, self.trainer_name)
+        self.shapes = self.rollout(trainer.args, P)
+        check_positions(self.shapes, trainer.model.config, self.config_name)
+        reading.take(*seq_options(self.shapes, same, at, self.config_name))
         self.rows_read = opts.pop("seq_len"), opts.pop("padded")
 
     def rows(self, trainer, reading: Reading, seq_len) -> tuple:
@@ -476,32 +500,32 @@ class GrpoReader(TrainerReader):
 
     def compose(self, draft, trainer, reading: Reading) -> dict:
         ref = getattr(trainer, "ref_model", None)
-        kind, where = reference_of(trainer.args, hasattr(trainer.model, "peft_config"), ref)
-        return finish(draft, trainer.args, self.shapes, config=trainer.model.config, reference=kind, where=where,
-                      ref_weights=held_bytes(ref) if ref is not None else 0)
+        reference, where = reference_of(trainer.args, hasattr(trainer.model, "peft_config"), ref, self.trainer_name)
+        return finish(draft, trainer.args, self.shapes, config=trainer.model.config, reference=reference, where=where,
+                      ref_weights=held_bytes(ref) if ref is not None else 0, kind=self.kind)
 
     def read_config(self, cfg, given: Given) -> None:
-        self.own.take(*read_grpo_config(cfg))
+        self.own.take(*self.read_own(cfg))
         model_init(cfg, self.config_name, given)
         if given.seq_len is None:
-            raise InputError("seq_len", "estimate_from(grpo_config=...) needs seq_len: the longest prompt in "
-                             "tokens (GRPOTrainer does not truncate prompts).")
+            raise InputError("seq_len", f"estimate_from({self.config_keyword}=...) needs seq_len: the longest prompt "
+                             f"in tokens ({self.trainer_name} does not truncate prompts).")
         self.peft = given.peft_config is not None
 
     def after_quantization(self, opts: dict) -> None:
-        refuse_unmodeled(opts)
+        refuse_unmodeled(opts, self.trainer_name)
 
     def finish_options(self, reading: Reading, cfg, config, seq_len, padded) -> tuple:
         """B rows of prompt + completion a step; G generated at once."""
         reading.take(self.own.opts, self.own.src, self.own.notes)
         refuse_dropout(cfg, config, self.config_name)
-        self.shapes = rollout(cfg, seq_len)
-        check_positions(self.shapes, config)
-        options, sources = seq_options(self.shapes, not padded, "estimate_from(seq_len=...)")
+        self.shapes = self.rollout(cfg, seq_len)
+        check_positions(self.shapes, config, self.config_name)
+        options, sources = seq_options(self.shapes, not padded, "estimate_from(seq_len=...)", self.config_name)
         seq_len, padded = options.pop("seq_len"), options.pop("padded")
         reading.take(options, sources)
-        kind, where = reference_of(cfg, self.peft)
-        self.finishing = dict(config=config, reference=kind, where=where)
+        reference, where = reference_of(cfg, self.peft, trainer_name=self.trainer_name)
+        self.finishing = dict(config=config, reference=reference, where=where, kind=self.kind)
         return seq_len, padded
 
     def compose_from(self, draft, cfg, info, config) -> dict:

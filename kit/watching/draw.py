@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from kit.estimate.grpo import GrpoReader
+from kit import trainer_kinds
 from kit.measure.track import Tracker  # noqa: F401 (the doctests read with it)
 from kit.plot import OKABE_ITO, timeline
 from kit.plot.estimate import OFF_SCALE, limit_text
@@ -30,11 +30,11 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
                                         ("predicted peak", est.peak_bytes, "black", "--")):
             ax.axhline(gib(n), color=OKABE_ITO[colour], linestyle=style, linewidth=1.2, label=f"{label} {fmt_bytes(n)}")
         gen = getattr(est, "setup", {}).get("generation_peak_bytes")
-        if gen:   # GRPOTrainer's generation phase, its own predicted peak
+        if gen:   # a generating trainer's (GRPO's, RLOO's) generation phase, its own predicted peak
             ax.axhline(gib(gen), color=OKABE_ITO["vermillion"], linestyle=":", linewidth=1.2,
                        label=f"predicted generation peak {fmt_bytes(gen)}")
         top = max(top, est.peak_bytes)
-    _shade_generation(ax, tracker)
+    _shade_generation(ax, tracker, est)
     if limit_bytes:
         if limit_bytes <= OFF_SCALE * top:
             ax.axhline(gib(limit_bytes), color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.5,
@@ -46,17 +46,20 @@ def draw_watch(tracker, est=None, limit_bytes=None, limit_label="limit"):
     return fig
 
 
-def _shade_generation(ax, tracker) -> None:
-    """GRPOTrainer's generation stages (:mod:`kit.watching.generation`), shaded apart: inside kit.train's "train"
-    stage they are nested, which the timeline does not shade."""
+def _shade_generation(ax, tracker, est=None) -> None:
+    """A generating trainer's (GRPOTrainer's, RLOOTrainer's) generation stages (:mod:`kit.watching.generation`),
+    shaded apart: inside kit.train's "train" stage they are nested, which the timeline does not shade. The label
+    names the trainer the estimate ``est`` was read from."""
     recs = list(getattr(tracker, "records", []))
     gens = [r for r in recs if r.name == "generation" and r.end is not None]
     if not gens:
         return
     t0 = min([r.start.time for r in recs] + [s.snap.time for s in getattr(tracker, "samples", [])])
+    reader = trainer_kinds.part_of(getattr(est, "kind", None) or "", "estimate")
+    label = f"generation ({reader.trainer_name})" if reader else "generation"
     for i, r in enumerate(gens):
         ax.axvspan(r.start.time - t0, r.end.time - t0, color=OKABE_ITO["vermillion"], alpha=0.18, linewidth=0,
-                   label=f"generation ({GrpoReader.trainer_name})" if i == 0 else None)
+                   label=label if i == 0 else None)
 
 
 def draw_steps(tracker, steps, est=None, limit_bytes=None, limit_label="limit"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kit.estimate.from_objects import PACKED_EVAL
 from kit.estimate.grpo import GrpoReader
+from kit.estimate.rloo import RlooReader
 from kit.plot.live import in_notebook
 from kit.units import fmt_bytes, wrapped
 from kit.watching.advice import advice_text  # noqa: F401 (the report's advice, kept here by name)
@@ -29,9 +30,10 @@ PHASES = {
     "optimizer_step": "a later optimizer step",
     "after_step": "between steps (zero_grad, the scheduler, logging, saving)",
     "evaluation": "evaluation (Trainer.evaluate)",
-    "first_generation": f"the first step's generation ({GrpoReader.trainer_name}'s completions and no-grad passes, "
-                        "no optimizer state yet)",
-    "generation": f"a later step's generation ({GrpoReader.trainer_name}'s completions and no-grad passes)",
+    "first_generation": f"the first step's generation ({GrpoReader.trainer_name}'s or {RlooReader.trainer_name}'s "
+                        "completions and no-grad passes, no optimizer state yet)",
+    "generation": f"a later step's generation ({GrpoReader.trainer_name}'s or {RlooReader.trainer_name}'s "
+                  "completions and no-grad passes)",
     "end": "the end of train() (saving, loading the best model)",
 }
 # phase -> (the Estimate field predicting its peak, which components the estimate has alive then)
