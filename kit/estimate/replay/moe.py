@@ -39,10 +39,10 @@ _EXPERTS = ("num_experts", "num_local_experts")
 _WIDTH = ("moe_intermediate_size", "intermediate_size")
 
 
-def config_shapes(cfg, block=None) -> dict:
-    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one);
-    ``block``: its family's block replay, whose ``router_fp32`` flag (Mixtral's) says that its router always
-    renormalizes the top-k weights and leaves them fp32.
+def config_shapes(cfg) -> dict:
+    """The :class:`~kit.estimate.replay.setup.Setup` fields of a mixture-of-experts config ({} for a dense one); a
+    router that always renormalizes the top-k weights, or leaves them fp32 (Mixtral's), says so in its family's
+    ``config_fields``.
 
     >>> from transformers import Qwen3MoeConfig
     >>> config_shapes(Qwen3MoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64))
@@ -52,7 +52,6 @@ def config_shapes(cfg, block=None) -> dict:
     if not experts:
         return {}
     width = next(getattr(cfg, k) for k in _WIDTH if getattr(cfg, k, None))
-    # (a router that always renormalizes, or leaves its weights fp32, says so in its family's config_fields)
     return dict(experts=experts, top_k=cfg.num_experts_per_tok, moe_F=width,
                 norm_topk=bool(getattr(cfg, "norm_topk_prob", False)))
 
