@@ -443,7 +443,6 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
         notes.append(Note("the evaluation peak is set by the blocks, where the kit counts at most what one block "
                           "saves in training: an upper bound (it is exact where the logits set it)",
                           field="eval_batch_size", code="eval-upper-bound"))
-    by_bytes = sorted(counts.offenders, key=lambda offender: (offender[2], offender[1]), reverse=True)
     peak = max(fwdbwd, step)
 
     def reserve(peak_bytes):   # on first use only: the allocator's model runs over the step laid out as tensors
@@ -463,8 +462,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
         loaded_weights_bytes=counts.loaded + info.buffers_bytes, paged_optimizer_bytes=counts.paged,
         autocast_copies_bytes=rp.copies_saved + rp.cache, saved_bytes=sum(r.saved_bytes() for r in towers or [rp]),
         quantized_params=counts.quantized, unquantized_params=counts.unquantized, offloaded_bytes=host,
-        offenders=by_bytes[:10] + [o for o in sorted(by_bytes, key=lambda offender: offender[1], reverse=True)[:5]
-                                   if o not in by_bytes[:10]],
+        offenders=list(counts.top_offenders),
         notes=notes, setup=dict(model=plan.model, batch_size=plan.batch_size, seq_len=plan.seq_len,
                                 precision=plan.precision, quantization=plan.quantization, lora_r=plan.lora_r,
                                 optimizer=plan.optimizer,

@@ -31,12 +31,14 @@ class Dt(int):
         return d
 
     def __eq__(self, other):
+        if self is other:   # (the common case, and the estimate's hot loops compare dtypes often)
+            return True
         if isinstance(other, Dt):
             return self.name == other.name
         return int(self) == other
 
     def __ne__(self, other):
-        return not self == other
+        return not self.__eq__(other)
 
     __hash__ = int.__hash__
 
