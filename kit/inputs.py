@@ -58,25 +58,26 @@ class InputError(Refusal):
 
 
 class Note(str):
-    """A note on an estimate: its text, with the ``field`` it is about and a ``code`` to route on. It is a
-    ``str``, so it prints and serialises as its text.
+    """A note on an estimate: its text, with the ``field`` it is about and a ``code`` to route on; ``cause``, where
+    the note says why a component of the peak is as big as it is: (the component, a short clause the answer's
+    "biggest cause" line adds). It is a ``str``, so it prints and serialises as its text.
 
     >>> n = Note("8-bit AdamW kills the process here", field="optimizer", code="int32-optimizer")
     >>> n, n.code, n.field
     ('8-bit AdamW kills the process here', 'int32-optimizer', 'optimizer')
     """
 
-    def __new__(cls, text: str, *, field: str | None = None, code: str = "note"):
+    def __new__(cls, text: str, *, field: str | None = None, code: str = "note", cause: tuple | None = None):
         self = super().__new__(cls, text)
-        self.field, self.code = field, code
+        self.field, self.code, self.cause = field, code, cause
         return self
 
-    def __reduce__(self):  # copies (the estimate's JSON deep-copies its notes) keep the field and code
-        return (_note, (str(self), self.field, self.code))
+    def __reduce__(self):  # copies (the estimate's JSON deep-copies its notes) keep the field, code and cause
+        return (_note, (str(self), self.field, self.code, self.cause))
 
 
-def _note(text, field, code):
-    return Note(text, field=field, code=code)
+def _note(text, field, code, cause=None):
+    return Note(text, field=field, code=code, cause=cause)
 
 
 def has_note(notes, code: str) -> bool:

@@ -234,3 +234,18 @@ def test_a_real_width_qwen3_30b_a3b_twin_is_exact():
     assert r["est"].saved_bytes == pytest.approx(r["saved"], rel=1e-6)
     assert 0.998 <= r["est"].peak_bytes / r["got"]["peak"] <= 1.002
     assert r["est"].weights_bytes == r["got"]["weights"]
+
+
+def test_qwen3_30b_a3b_in_4_bit_on_a_t4_answers_in_five_lines_naming_its_unquantized_experts(run_kit):
+    """``python -m kit fit --model Qwen/Qwen3-30B-A3B --quantization 4bit --lora-r 16 ... --device colab-t4``: the
+    answer (the lines before the other changes) in at most 5 lines, folded as printed; its cause says why 4-bit
+    leaves 110 GiB of weights (bitsandbytes swaps nn.Linear only, and the k-bit recipe casts the experts to fp32)."""
+    code, out, _ = run_kit("fit", "--model", "Qwen/Qwen3-30B-A3B", "--quantization", "4bit", "--lora-r", "16",
+                           "--batch-size", "1", "--seq-len", "1024", "--device", "colab-t4")
+    lines = out.splitlines()
+    ends = ("the next closest", "other changes", "details:", "no batch fits", "largest batch")
+    answer = lines[:next(i for i, line in enumerate(lines) if line.startswith(ends))]
+    assert code == 0 and len(answer) <= 5 and lines[0].startswith("DOES NOT FIT Colab T4: "), out
+    cause = next(line for line in answer if line.startswith("biggest cause: weights"))
+    assert cause.endswith("the experts stay unquantized, in fp32"), cause
+    assert any(line.startswith("closest change") for line in answer), answer

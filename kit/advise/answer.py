@@ -41,7 +41,9 @@ def biggest_cause(est) -> str:
             return (f"biggest cause: {name}, {params:,} parameters: {fmt_bytes(held)}, {held / state:.0%} of weights "
                     "+ grads + optimizer state")
     share = parts[top] / est.peak_bytes if est.peak_bytes else 0
-    return f"biggest cause: {top}, {fmt_bytes(parts[top])} of the {fmt_bytes(est.peak_bytes)} peak ({share:.0%})"
+    why = next((n.cause[1] for n in est.notes if getattr(n, "cause", None) and n.cause[0] == top), None)
+    return f"biggest cause: {top}, {fmt_bytes(parts[top])} of the {fmt_bytes(est.peak_bytes)} peak ({share:.0%})" + (
+        f"; {why}" if why else "")
 
 
 def classes_of(inputs: dict | None) -> dict:

@@ -70,11 +70,9 @@ def verdict_line(advice) -> str:
 def answer(advice) -> list:
     """At most :data:`~kit.advise.answer.ANSWER_LINES` lines, folded: the verdict, what the peak and reserved
     figures are, the biggest cause, and the single best change (its objects in the lines left)."""
-    out = [verdict_line(advice)]
-    if advice.limit.safety_fraction is None and advice.reserved_bytes and advice.limit.kernels == "cuda":
-        out.append(figures_said(advice.peak_bytes, "GiB" if advice.limit.limit_bytes >= GiB else None))
-    if advice.cause:
-        out.append(advice.cause)
+    figures = [figures_said(advice.peak_bytes, _unit(advice))] if advice.limit.safety_fraction is None and \
+        advice.reserved_bytes and advice.limit.kernels == "cuda" else []
+    out = [verdict_line(advice)] + figures + [advice.cause] if advice.cause else [verdict_line(advice)] + figures
     if advice.fits:
         return out + [f"no change needed; the largest batch that fits: {advice.max_batch_size}, the longest sequence: "
                       f"{advice.max_seq_len}"]
@@ -84,10 +82,17 @@ def answer(advice) -> list:
     head = ("best change" if s.fits else "closest change (TIGHT: under the margin)" if s.tight else
             "closest change (still short)") + ": "
     tail = f" -> {_f(advice, _held(advice, s))} {judged_name(advice).split(' ')[0]} ({_signed(advice, s.margin_bytes)})"
-    room = ANSWER_LINES - len(wrap("\n".join(out)).splitlines())   # the lines left for it, folded
+    room = ANSWER_LINES - _folded(out)   # the lines left for it, folded
     width = min(room * (WIDTH - 4) - len(head) - len(tail) - 8, SHORT_WIDTH)
     code = in_short(advice.objects[0], advice.classes, width) if advice.objects else None
-    return out + [f"{head}{code or s.cli}{tail}"]
+    out.append(f"{head}{code or s.cli}{tail}")
+    if figures and _folded(out) > ANSWER_LINES:   # the verdict, its cause and the change come first: what the two
+        out.remove(figures[0])                   # figures are is said in the details
+    return out
+
+
+def _folded(lines: list) -> int:
+    return len(wrap("\n".join(lines)).splitlines())
 
 
 def short_rows(advice, top: int | None) -> list:

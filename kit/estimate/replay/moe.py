@@ -197,7 +197,9 @@ def notes(info, quantization: str, kbit_prepared: bool, batch_size: int, seq_len
             if kbit_prepared else "kept in the load dtype"
         out.append(Note(f"{mt}: {quantization} quantizes nn.Linear layers only; the experts' fused 3-D parameters "
                         f"({fused:,} of them) and the router stay unquantized, {kept}", field="quantization",
-                        code="moe-experts-unquantized"))
+                        code="moe-experts-unquantized",
+                        cause=("weights", "the experts stay unquantized, in "
+                                          f"{'fp32' if kbit_prepared else 'the load dtype'}")))
     out.append(Note(f"{mt}: on a GPU below sm80 (a T4) transformers runs its grouped_mm fallback, whose backward "
                     "also makes a zero-filled grad of each layer's experts' weights while it runs, frozen or not: "
                     "that temporary is not in this figure", field="device", code="moe-grouped-mm-fallback"))
