@@ -855,6 +855,28 @@ def client_moe(work, twin, lora=False, bf16=False):
            f"{how}, B4 x 96, eval B4 x 8 rows", trainer, lambda: estimate_trainer(trainer, device="cpu"))
 
 
+def client_moe_real_width(work):
+    """Qwen/Qwen3-30B-A3B at its real widths (hidden 2048, 128 experts of width 768, top-8, vocabulary 151,936) in
+    2 layers, LoRA r8 on q_proj and v_proj as peft's MoE examples train it, rows of 64 tokens, batch 1: Trainer's
+    steps, as a user on a small machine would try the model before renting a GPU (about 8 GiB of RAM)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from estimate_vs_measured import _Batches
+    from kit.estimate import estimate_trainer
+    from kit.model_configs import get_config
+
+    cfg = get_config("Qwen/Qwen3-30B-A3B")
+    cfg.num_hidden_layers = 2
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    args = TrainingArguments(os.path.join(work, "moe-real-width"), per_device_train_batch_size=1, max_steps=3,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=_Batches(3, 64, cfg.vocab_size, padded=False))
+    yield ("10. MoE task guide", "Qwen/Qwen3-30B-A3B real widths, 2 layers, LoRA r8 q/v, fp32, B1 x 64", trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
+
+
 # ---- running ----------------------------------------------------------------------------------------------------
 class StepPeaks(list):
     """Each optimizer step's measured peak, and ``evaluate``: the measured ``trainer.evaluate()`` after training
@@ -974,6 +996,7 @@ def rows_to_run(work, only=None):
                              ("tiny-gpt-oss", False, False), ("tiny-gpt-oss", True, True)):
         R.append((f"MoE {twin} {'LoRA' if lora else 'full'}{' bf16' if bf16 else ''}",
                   lambda m, t=twin, lo=lora, b=bf16: run_trainer_client(client_moe(work, t, lo, b), m)))
+    R.append(("MoE real width Qwen3-30B-A3B LoRA", lambda m: run_trainer_client(client_moe_real_width(work), m)))
     for family in ("tiny-llama", "tiny-qwen2"):
         R.append((f"frozen bottom half {family}", lambda m, f=family: run_trainer_client(
             client_frozen_bottom(work, f), m)))

@@ -321,7 +321,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
                      "weights fit there: no change the advisor tries helps")
     out = _suggestions(s, found)
     if not out:   # nothing fits (with rows of a useful length): the closest tried, to show how far it is
-        out = _suggestions(s, sorted((n for n in level if not s.too_short(n)), key=lambda node: node[2].peak_bytes)[:3])
+        out = _suggestions(s, sorted((n for n in s.completed(level) if not s.too_short(n)),
+                                     key=lambda node: node[2].peak_bytes)[:3])
     if not s.fits(be) and not impossible and not any(x.fits for x in out):   # nothing fits one GPU: how many do
         out += [x for x in [shard_suggestion(s, out)] if x]
     ev, mev, b = be.eval_peak_bytes, 0, s.base

@@ -19,6 +19,7 @@ from kit.inputs import ALL_LINEAR
 from kit import inputs
 from kit import optimizers
 from kit.estimate import Estimate, estimate
+from kit.estimate.core import Planned, finished, planned
 from kit.advise import levers
 from kit.advise.costs import LORA_R, cost, trains_weights
 from kit.advise.edge import largest_fitting, largest_judged, largest_replayed
@@ -198,6 +199,11 @@ class Suggestion:
         return d | {"tiers": list(self.tiers)}
 
 
+def _key(setup: dict) -> tuple:
+    """A setup's cache key: its options, an object by identity."""
+    return tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in setup.items())
+
+
 class Cancelled(Exception):
     """The search was called off (``advise(..., cancelled=...)`` said so): its caller no longer wants it."""
 
@@ -208,7 +214,8 @@ class Search:
     estimate; when it returns True, :class:`Cancelled` is raised."""
 
     def __init__(self, base: dict, lim, evaluates: bool = False, rows: int = 1, cancelled=None):
-        self.lim, self.cache, self.notes, self.evaluates = lim, {}, set(), evaluates
+        self.lim, self.cache, self.plans, self.notes, self.evaluates = lim, {}, {}, set(), evaluates
+        self.waiting = []   # the last level's nodes not yet estimated (level, completed)
         self.min_seq_len = MIN_ROW_TOKENS * rows
         self.cancelled = cancelled
         base = {**DEFAULTS, "lora_targets": None, "lora_dropout": 0.0, "padded": True, "padding_free": False, **base}
@@ -229,15 +236,33 @@ class Search:
         self.notes |= levers.notes(self)   # TRL's chunked_nll and padding-free, where they do not help
 
     def estimate(self, setup: dict) -> Estimate | None:
-        key = tuple((k, v if isinstance(v, (str, int, float, tuple, type(None))) else id(v)) for k, v in setup.items())
+        key = _key(setup)
         if key not in self.cache:
             if self.cancelled is not None and self.cancelled():
                 raise Cancelled
             try:
-                self.cache[key] = estimate(**setup)
+                plan = self._planned(setup, key)
+                self.cache[key] = None if plan is None else finished(plan)
             except ValueError:   # a combination the estimator refuses (e.g. targets that match nothing)
                 self.cache[key] = None
         return self.cache[key]
+
+    def _planned(self, setup: dict, key: tuple) -> Planned | None:
+        if key not in self.plans:
+            try:
+                self.plans[key] = planned(**setup)
+            except ValueError:
+                self.plans[key] = None
+        return self.plans[key]
+
+    def cannot_fit(self, setup: dict) -> bool:
+        """Known before its replay: the weights and optimizer state alone are over the usable bytes (a 70B
+        model's candidates that keep 16-bit weights on one GPU), so its replay can wait until it is shown."""
+        key = _key(setup)
+        if key in self.cache:
+            return False
+        plan = self._planned(setup, key)
+        return plan is not None and plan.floor_bytes > self.lim.usable_bytes
 
     def peak(self, setup: dict, what: str = "judged") -> float:
         """The peak ``fits`` judges (training's; evaluation's too where it is judged), or one field."""
@@ -272,14 +297,30 @@ class Search:
             o = self.apply(names)
             if o is not None:   # the same options reached by two sets of moves: once
                 todo.setdefault(tuple(sorted((k, str(v)) for k, v in o.items() if k != "model")), (names, o))
-        out, fitting = [], []
+        out, fitting, self.waiting = [], [], []
         for names, o in sorted(todo.values(), key=lambda node: self.prefix(*node)):
             if len(fitting) >= enough and self.prefix(names, o) > fitting[enough - 1]:
                 break
+            if self.cannot_fit(o):   # estimated only if it is shown (completed)
+                self.waiting.append((len(out) + len(self.waiting), names, o))
+                continue
             e = self.estimate(o)
             if e is not None:
                 out.append((names, o, e))
                 fitting += [self.prefix(names, o)] if self.fits(e) else []
+        return out if fitting else self.completed(out)
+
+    def completed(self, nodes: list) -> list:
+        """``nodes`` (a :meth:`level`'s) with the ones it left unestimated (:meth:`cannot_fit`), estimated, in the
+        order the level took them: where nothing fits, every node is shown by how close it comes."""
+        out, refused = list(nodes), 0
+        for place, names, o in self.waiting:
+            e = self.estimate(o)
+            if e is None:   # (refused: it takes no place)
+                refused += 1
+            else:
+                out.insert(place - refused, (names, o, e))
+        self.waiting = []
         return out
 
     def refine(self, names, setup, est):

@@ -95,6 +95,34 @@ def estimate(model, **setup) -> Estimate:
     ...          lora_r=16).trainable_params
     6815744
     """
+    return finished(planned(model, **setup))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Planned:
+    """A setup read and counted, not yet replayed (:func:`planned`): what :func:`finished` makes an Estimate of."""
+
+    options: dict
+    info: object
+    plan: assembly.Plan
+    counts: object
+    multi: tuple              # strategy, num_gpus, cpu_offload
+    gpu: str | None
+    fused_loss: tuple         # (loss_type, its note) as trl.sft_loss reads them
+    liger: tuple
+
+    @property
+    def floor_bytes(self) -> int:
+        """A floor under the estimate's peak, known before the replay: the weights and the optimizer state, alive
+        through every step after the first (0 across several GPUs, whose shares the strategy decides)."""
+        if self.multi[0] != "single":
+            return 0
+        return self.counts.weights + self.info.buffers_bytes + self.counts.optimizer
+
+
+def planned(model, **setup) -> Planned:
+    """:func:`estimate`'s first stages: the options checked, the model read, the plan made and its parameters
+    counted. The fit advisor asks it for :attr:`Planned.floor_bytes` before it replays a candidate."""
     o = options(setup, required=True)
     batch_size, seq_len, grad_accum = (inputs.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
     lora_r = inputs.whole_number("lora_r", o["lora_r"], minimum=0)
@@ -169,16 +197,25 @@ def estimate(model, **setup) -> Estimate:
                          modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
                          towers=read_towers(o["towers"]),
                          sm=PRESETS[gpu].capability if gpu else None)
-    counts = count_parameters(info, plan)
-    notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
-        + kit_liger.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
+    return Planned(options=o, info=info, plan=plan, counts=count_parameters(info, plan), multi=multi, gpu=gpu,
+                   fused_loss=(loss_type, loss_note), liger=liger)
+
+
+def finished(planned_setup: Planned) -> Estimate:
+    """:func:`estimate`'s last stages: the notes, the replay of the family's blocks and the phases."""
+    o, info, plan, counts, liger = (planned_setup.options, planned_setup.info, planned_setup.plan,
+                                    planned_setup.counts, planned_setup.liger)
+    (loss_type, loss_note), multi, gpu = planned_setup.fused_loss, planned_setup.multi, planned_setup.gpu
+    notes = _notes(plan.optimizer, info.leaves, counts.paged, info, plan.lora_r, plan.quantization) \
+        + [loss_note] * bool(loss_note) + kit_liger.notes(liger, plan.evaluation["gather"]) \
+        + assembly.encoder_notes(info, plan)
     loop = {k: inputs.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = inputs.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
     expandable = conf.expandable if conf is not None else expandable
-    notes += _alloc_conf_notes(conf) if device == "cuda" else []
-    notes += moe.notes(info, quantization, plan.kbit_prepared, batch_size, seq_len)
-    notes += linear_attention.notes(info, device)
+    notes += _alloc_conf_notes(conf) if plan.device == "cuda" else []
+    notes += moe.notes(info, plan.quantization, plan.kbit_prepared, plan.batch_size, plan.seq_len)
+    notes += linear_attention.notes(info, plan.device)
     declared = replay.family(info.family)
     notes += declared.weights_notes(info, plan.load_dtype) if declared.weights_notes else []
     replay_setup = assembly.replay_setup(info, plan)
