@@ -130,7 +130,8 @@ def _count(info: Info, plan) -> Counts:
             c.params += k + l.bias
         elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
             shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
-            pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
+            bias = 0 if l.frozen_param == "bias" else l.bias   # a frozen bias: no grad, no optimizer state
+            pieces = [(l.weight, other, shape), (bias, other, (bias,))]
         train_bytes, own = w_bytes, []
         for k, dt, shape in pieces:
             if not k:
