@@ -74,7 +74,7 @@ def test_a_frozen_norm_keeps_no_normalized_input():
         assert kept[False] == kept[True] + [((2, 8, 32), dtype)], kept
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize("freeze", [muon_routed, every_norm])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_saved_bytes_with_frozen_norms_are_what_autograd_saves(name, freeze, autocast):
