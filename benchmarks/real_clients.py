@@ -67,6 +67,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
 14. a full fine-tune with its bottom half frozen, as the recipes write it (``for p in model.model.embed_tokens
    .parameters(): p.requires_grad = False`` and the same over ``model.model.layers[:2]`` of 4), on an untied (Llama)
    and a tied (Qwen2: its LM head is the frozen embedding) twin; ``Trainer``, ``estimate_trainer``.
+15. frozen norms (``requires_grad = False`` on the blocks' RMSNorm weights while their Linear weights train), on the
+   same two twins: a Muon run as Muon recipes route it (``torch.optim.Muon`` takes only 2-D parameters, so the norms,
+   embeddings and LM head are frozen and Muon given the rest, ``Trainer(optimizers=(muon, None))``), and every norm
+   frozen under Trainer's AdamW; ``estimate_trainer``.
 
 The rows are token chunks of one length (re-encoded text that keeps its length), so that every measured step has
 the batch shape the estimate reads (``estimate_trainer`` reads the longest batch of the first 64 rows).
@@ -676,6 +680,38 @@ def client_frozen_bottom(work, family="tiny-llama", batch=4, seq=64):
     yield "14. frozen bottom half", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
 
 
+def client_frozen_norms(work, family="tiny-llama", optimizer="muon", batch=4, seq=64):
+    """A Trainer full fine-tune of a 4-block twin loaded by path whose norms are frozen by ``requires_grad = False``:
+    ``optimizer="muon"`` as Muon recipes route it, every parameter ``torch.optim.Muon`` does not take (the 1-D norms)
+    and the embeddings and LM head frozen, Muon given the rest (``Trainer(optimizers=(muon, None))``); ``"adamw"``:
+    every norm frozen (the blocks' and the final one), Trainer's own AdamW on the rest."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from kit.estimate import estimate_trainer
+
+    types = {"layer_types": ["full_attention"] * 4} if family == "tiny-qwen2" else {}
+    tok, path = tokenizer(), twin_dir(family, work, num_hidden_layers=4, **types)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    for name, param in model.named_parameters():
+        routed = param.ndim != 2 or "embed_tokens" in name or "lm_head" in name
+        param.requires_grad = not (routed if optimizer == "muon" else "norm" in name)
+    ds = Dataset.from_dict({"text": equal_token_rows(tok, seq, 8 * batch)}).map(
+        lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    args = TrainingArguments(output_dir=os.path.join(work, f"norms-{optimizer}-{family}"), use_cpu=True,
+                             per_device_train_batch_size=batch, max_steps=3, report_to="none", save_strategy="no",
+                             disable_tqdm=True)
+    given = (torch.optim.Muon([q for q in model.parameters() if q.requires_grad], lr=0.02), None) \
+        if optimizer == "muon" else (None, None)
+    trainer = Trainer(model=model, args=args, train_dataset=ds, optimizers=given,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer=tok, mlm=False))
+    how = "torch.optim.Muon, embeddings + LM head + norms frozen" if optimizer == "muon" else \
+        "Trainer's AdamW, every norm frozen"
+    setup = f"{family}, Trainer full FT fp32, {how}, B{batch} x {seq}, 4 blocks"
+    yield "15. frozen norms", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
 def loop_option():
     """The estimate option for "outputs kept through backward", if kit/training_setup.py declares one."""
     from kit.training_setup import FIELDS
@@ -1000,6 +1036,10 @@ def rows_to_run(work, only=None):
     for family in ("tiny-llama", "tiny-qwen2"):
         R.append((f"frozen bottom half {family}", lambda m, f=family: run_trainer_client(
             client_frozen_bottom(work, f), m)))
+    for family in ("tiny-llama", "tiny-qwen2"):
+        for optimizer in ("muon", "adamw"):
+            R.append((f"frozen norms {optimizer} {family}", lambda m, f=family, o=optimizer: run_trainer_client(
+                client_frozen_norms(work, f, o), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

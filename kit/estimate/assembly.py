@@ -230,32 +230,77 @@ def block_index(leaf) -> int:
     return int(leaf.name[:-len(leaf.short) - 1].rsplit(".", 1)[-1])
 
 
+def block_states(leaves, found: str) -> dict:
+    """Each block's state, read from its leaves' ``requires_grad``, by block index: "trained", "frozen", or "norms
+    frozen" (its norms frozen, its other weights trained); a block frozen any other way is refused, naming the
+    modules frozen in it. ``found``: the sentence's opening, what was found frozen in the model."""
+    flags = {}
+    for leaf in (l for l in leaves if l.part == "block"):
+        flags.setdefault(block_index(leaf), {}).setdefault(leaf.kind == "norm", set()).add(leaf.trainable)
+    states = {}
+    for i, by_kind in sorted(flags.items()):
+        norms, rest = by_kind.get(True, set()), by_kind.get(False, set())
+        states[i] = "trained" if norms | rest == {True} else "frozen" if norms | rest == {False} else \
+            "norms frozen" if (norms, rest) == ({False}, {True}) else ""
+        if not states[i]:
+            names = [l.short for l in leaves if l.part == "block" and block_index(l) == i and not l.trainable]
+            raise InputError("model", f"{found}: block {i} is partly frozen ({', '.join(names[:4])}"
+                             f"{', ...' if len(names) > 4 else ''}), and the kit replays a block whole, frozen or "
+                             "trained, or trained with all its norms frozen (its saved activations follow which "
+                             "weights train); freeze or train each block whole, or measure the run with "
+                             "kit.watch(trainer).", code="partly-frozen-block")
+    return states
+
+
+def refuse_frozen_norms(info: Info, plan: Plan, states: dict, found: str) -> None:
+    """Frozen norms in the trained blocks are replayed where every trained block has them frozen, in a family whose
+    block follows them (its declaration's ``frozen_norms``), with transformers' norms (Liger's kernel keeps its
+    input for the weight's grad all the same): refuse the rest, naming what was found."""
+    frozen = [i for i, state in states.items() if state == "norms frozen"]
+    trained = [i for i, state in states.items() if state == "trained"]
+    if frozen and trained:
+        raise InputError("model", f"{found}: the norms of blocks {frozen} are frozen while those of blocks {trained} "
+                         "train, and the kit replays frozen norms only in every trained block alike; freeze the norms "
+                         "of every trained block or of none, or measure the run with kit.watch(trainer).",
+                         code="partly-frozen-block")
+    if frozen and not replay.family(info.family).frozen_norms:
+        follow = ", ".join(t for f in replay.declared() if f.frozen_norms for t in f.model_types)
+        raise InputError("model", f"{found}: the norms of blocks {frozen} are frozen, and the kit replays frozen norms "
+                         f"only in the blocks of {follow}, not {info.config.model_type}'s; train the norms, or measure "
+                         "the run with kit.watch(trainer).", code="partly-frozen-block")
+    if frozen and "rms_norm" in plan.liger_kernels:
+        raise InputError("liger_kernel", f"{found}: the norms of blocks {frozen} are frozen, and the kit replays "
+                         "frozen norms with transformers' RMSNorm, not Liger's kernel; estimate it without Liger's "
+                         "rms_norm, or measure the run with kit.watch(trainer).", code="partly-frozen-block")
+
+
 def frozen_parts(info: Info, plan: Plan) -> dict:
     """A full fine-tune's frozen parts, read from each leaf's ``requires_grad``, as the replay's Setup fields:
     the embeddings, the bottom blocks (``frozen_below``: they run with no graph, where no input grad reaches them),
-    the final norm and the LM head. A pattern the replay does not follow is refused, naming what was found."""
+    the trained blocks' norms, the final norm and the LM head. A pattern the replay does not follow is refused,
+    naming what was found."""
     leaves = info.leaves
-    if plan.lora_r or info.vocab_head or info.own_head or all(l.trainable for l in leaves):
+    if plan.lora_r or info.vocab_head or info.own_head:
+        return {}
+    bitfit = [l.name for l in leaves if l.frozen_param == "weight"]
+    if bitfit:   # its input saved for nothing but the weight's grad, which the replay counts with the bias's
+        raise InputError("model", f"{len(bitfit)} modules ({', '.join(bitfit[:3])}{', ...' if len(bitfit) > 3 else ''})"
+                         " have a frozen weight and a trained bias, and the kit replays a module's weight trained "
+                         "with its bias, or frozen with it; freeze or train the two together, or measure the run "
+                         "with kit.watch(trainer).", code="frozen-weight-trained-bias")
+    if all(l.trainable for l in leaves):
         return {}
     embed = {l.trainable for l in leaves if l.part == "embed"}
-    blocks = {}
-    for leaf in (l for l in leaves if l.part == "block"):
-        blocks.setdefault(block_index(leaf), set()).add(leaf.trainable)
     found = f"{sum(not l.trainable for l in leaves)} of the model's {len(leaves)} modules with weights are frozen"
     if len(embed) > 1:
         raise InputError("model", f"{found}, among them some of the input embeddings but not all: the kit replays "
                          "frozen embeddings only whole; freeze or train all of them, or measure the run with "
                          "kit.watch(trainer).", code="partly-frozen-embeddings")
-    half = sorted(i for i, flags in blocks.items() if len(flags) > 1)
-    if half:
-        names = [l.short for l in leaves if l.part == "block" and block_index(l) == half[0] and not l.trainable]
-        raise InputError("model", f"{found}: block {half[0]} is partly frozen ({', '.join(names[:4])}"
-                         f"{', ...' if len(names) > 4 else ''}), and the kit replays a block only whole, frozen or "
-                         "trained (its saved activations follow which weights train); freeze or train each block "
-                         "whole, or measure the run with kit.watch(trainer).", code="partly-frozen-block")
-    trained = sorted(i for i, flags in blocks.items() if flags == {True})
-    first = trained[0] if trained else len(blocks)
-    above = sorted(i for i, flags in blocks.items() if flags == {False} and i > first)
+    states = block_states(leaves, found)
+    refuse_frozen_norms(info, plan, states, found)
+    trained = sorted(i for i, state in states.items() if state != "frozen")
+    first = trained[0] if trained else len(states)
+    above = sorted(i for i, state in states.items() if state == "frozen" and i > first)
     if above or not trained or (first and embed == {True}):
         what = f"blocks {above} are frozen above trained block {first}" if above else \
             "no block trains" if not trained else f"blocks 0-{first - 1} are frozen above trained embeddings"
@@ -271,7 +316,8 @@ def frozen_parts(info: Info, plan: Plan) -> dict:
     head = next((l.trainable for l in leaves if l.name == info.output_head), True)
     # with checkpointing and the input-grads hook, each block keeps only its input, frozen or not: replayed as trained
     return dict(embed_frozen=embed == {False}, frozen_below=0 if input_requires_grad(plan) else first,
-                final_norm_frozen=bool(norms) and not any(norms), lm_head_frozen=not head)
+                final_norm_frozen=bool(norms) and not any(norms), lm_head_frozen=not head,
+                block_norms_frozen="norms frozen" in states.values())
 
 
 def refuse_frozen_prefix(setup: replay.Setup) -> None:

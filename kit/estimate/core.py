@@ -219,9 +219,11 @@ def finished(planned_setup: Planned) -> Estimate:
     declared = replay.family(info.family)
     notes += declared.weights_notes(info, plan.load_dtype) if declared.weights_notes else []
     replay_setup = assembly.replay_setup(info, plan)
-    if replay_setup.frozen_below and multi[0] != "single":
-        raise InputError("strategy", f"blocks 0-{replay_setup.frozen_below - 1} are frozen, and the kit replays a "
-                         "frozen bottom on one GPU: estimate it with strategy='single'.", code="frozen-blocks-one-gpu")
+    if (replay_setup.frozen_below or replay_setup.block_norms_frozen) and multi[0] != "single":
+        what = f"blocks 0-{replay_setup.frozen_below - 1} are frozen" if replay_setup.frozen_below else \
+            "the blocks' norms are frozen"
+        raise InputError("strategy", f"{what}, and the kit replays a frozen bottom or frozen norms on one GPU: "
+                         "estimate it with strategy='single'.", code="frozen-blocks-one-gpu")
     est = assembly.phases(info, plan, counts, replay_setup, notes, loop, expandable)
     est = dataclasses.replace(est, setup={
         **est.setup, **attention_assumed(replay_setup, gpu),

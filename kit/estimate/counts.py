@@ -92,8 +92,8 @@ def _count(info: Info, plan) -> Counts:
     # distinct counts, each made once here (the advisor counts many plans of one model)
     made, times = {}, {}
     for l in info.leaves:
-        key = (l.kind, l.fin, l.fout, l.weight, l.bias, l.trainable, l.quantizable, l.part, l.shape) + \
-            _named(info, plan, l.name)
+        key = (l.kind, l.fin, l.fout, l.weight, l.bias, l.trainable, l.quantizable, l.part, l.shape,
+               l.frozen_param) + _named(info, plan, l.name)
         one = made.get(key)
         if one is None:
             one = made[key] = _leaf_count(l, key[-5:], info, plan)
@@ -177,7 +177,8 @@ def _leaf_count(l, named: tuple, info: Info, plan) -> LeafCount:
         params += k + l.bias
     elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
         shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
-        pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
+        bias = 0 if l.frozen_param == "bias" else l.bias   # a frozen bias: no grad, no optimizer state
+        pieces = [(l.weight, other, shape), (bias, other, (bias,))]
     trained, wtemp, wnew, halves, train_bytes = [], 0, 0, 0, w_bytes
     for k, dt, shape in pieces:
         if not k:

@@ -30,6 +30,7 @@ class Leaf:
     short: str           # name inside its block ("self_attn.q_proj"), else the full name
     tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
     shape: tuple = ()    # the weight's shape, as trained (a factored optimizer state follows it)
+    frozen_param: str = ""  # "bias" or "weight": the one of its two parameters frozen while the other trains
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ def inventory(model, cfg, own=None) -> Info:
             # reaches the base's pooler (a head that reads pooler_output is refused by its probe)
             quantizable=linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
             part=part, short=".".join(parts[idx + 1:]) if idx is not None else name, tied=tied,
-            shape=(fout, fin) if linear else tuple(w.shape) if w is not None else ()))
+            shape=(fout, fin) if linear else tuple(w.shape) if w is not None else (),
+            frozen_param=frozen_param(w, b)))
     if len(blocks) != base_cfg.num_hidden_layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
@@ -282,6 +284,14 @@ def inventory(model, cfg, own=None) -> Info:
                 max_positions=maxpos, output_head=head_name, task=task, num_labels=cls[1], classifier=cls[0],
                 head_dropout=cls[2],
                 own_head=own)
+
+
+def frozen_param(weight, bias) -> str:
+    """Which of a module's weight and bias is frozen while the other trains ("bias": Muon recipes freeze every 1-D
+    parameter, Qwen2's q/k/v biases among them; "weight": BitFit), or "" (both alike, or no bias)."""
+    if weight is None or bias is None or weight.requires_grad == bias.requires_grad:
+        return ""
+    return "weight" if bias.requires_grad else "bias"
 
 
 def _fused_leaf(name: str, param, own) -> Leaf:

@@ -49,7 +49,8 @@ class Family:
     or None. ``notes(cfg)``: what an estimate says of this family. ``moe``: its config's expert counts are
     replayed (:mod:`.moe`), not refused. ``weights_notes(info, load_dtype)``: what an estimate says of how its
     weights are taken (gpt-oss's MXFP4 experts, dequantized); ``weights_assumed(load_dtype)``: the same in the few
-    words the verdict's line adds."""
+    words the verdict's line adds. ``frozen_norms``: its block replays its norms by ``Setup.norms_train``, so a full
+    fine-tune whose trained blocks all have their norms frozen (and their other weights trained) is replayed."""
 
     name: str
     block: Callable
@@ -68,6 +69,7 @@ class Family:
     moe: bool = False
     weights_notes: Callable | None = None
     weights_assumed: Callable | None = None
+    frozen_norms: bool = False
 
     @property
     def encoder(self) -> bool:

@@ -20,18 +20,18 @@ def layer(tp: Tape, x, qk_norm: bool = False, mlp=None, qk_norm_whole: bool = Fa
     the whole q and k projections (nh*hd and kvh*hd wide); ``mlp``: the MLP's replay on the
     post-attention norm's output (the gated MLP by default; a sparse MoE block: :mod:`.moe`)."""
     st, H = tp.st, tp.st.H
-    h = tp.rms_norm(x, st.base_trainable)
+    h = tp.rms_norm(x, st.norms_train)
     q = tp.linear(h, H, st.nh * st.hd, "self_attn.q_proj")
     if qk_norm:
-        q = tp.rms_norm(q, st.base_trainable, st.nh * st.hd if qk_norm_whole else st.hd)
+        q = tp.rms_norm(q, st.norms_train, st.nh * st.hd if qk_norm_whole else st.hd)
     k = tp.linear(h, H, st.kvh * st.hd, "self_attn.k_proj")
     if qk_norm:
-        k = tp.rms_norm(k, st.base_trainable, st.kvh * st.hd if qk_norm_whole else st.hd)
+        k = tp.rms_norm(k, st.norms_train, st.kvh * st.hd if qk_norm_whole else st.hd)
     v = tp.linear(h, H, st.kvh * st.hd, "self_attn.v_proj")
     q, k = tp.rope(q, k, x)  # cos/sin in the embeddings' dtype (fp32 under autocast)
     o = tp.attention(q, k, v, st.nh * st.hd, repeat_kv=True, softmax_fp32=True)
     x = tp.binary(tp.linear(o, st.nh * st.hd, H, "self_attn.o_proj"), x)
-    h = tp.rms_norm(x, st.base_trainable)
+    h = tp.rms_norm(x, st.norms_train)
     return tp.binary(mlp(tp, h) if mlp else tp.gated_mlp(h), x)   # (the tape's own rule: Liger's tape has its own)
 
 
@@ -65,4 +65,4 @@ def notes(cfg) -> list:
 
 
 register_family("llama", block=block, model_types=("llama", "mistral", "qwen2"), no_grad_loop=LOOP, liger=True,
-                notes=notes)
+                notes=notes, frozen_norms=True)

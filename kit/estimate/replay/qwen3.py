@@ -20,4 +20,5 @@ def block(tp: Tape, x):
     return llama.layer(tp, x, qk_norm=True)
 
 
-register_family("qwen3", block=block, no_grad_loop=llama.LOOP, liger=True)   # Llama's model loop, op for op
+# Llama's model loop, op for op
+register_family("qwen3", block=block, no_grad_loop=llama.LOOP, liger=True, frozen_norms=True)

@@ -97,6 +97,8 @@ class Setup:
     lm_head_frozen: bool = False  # full fine-tuning with the LM head frozen (tied to frozen embeddings): its input
     #                               is not saved for a weight grad
     final_norm_frozen: bool = False  # ... the norm before the head frozen
+    block_norms_frozen: bool = False  # ... every replayed block's norms frozen, its other weights trained: a norm
+    #                                   keeps no normalized input for its weight's grad (:attr:`norms_train`)
     quant: str = "none"          # block linears: "none", "8bit", "4bit"
     compute: Dt = BF16           # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
     dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into
@@ -163,6 +165,12 @@ class Setup:
     @property
     def T(self) -> int:
         return self.B * self.S
+
+    @property
+    def norms_train(self) -> bool:
+        """A block's norms train: full fine-tuning, unless :attr:`block_norms_frozen` (a family whose declaration
+        says ``frozen_norms`` reads this for its blocks' norms)."""
+        return self.base_trainable and not self.block_norms_frozen
 
     @property
     def eager(self) -> bool:
