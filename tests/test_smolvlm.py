@@ -15,14 +15,19 @@ from kit.model_configs import get_config
 
 TWIN, REAL = "tiny-smolvlm", "HuggingFaceTB/SmolVLM-Instruct"
 QV = {"self_attn.q_proj": 8, "self_attn.v_proj": 8}
-# label -> (images a sample, a padding image in the second sample, weights' dtype, peft's target_modules or None)
+TEXT_QV, EVERY_QV = r".*text_model.*\.(q_proj|v_proj)", ["q_proj", "v_proj"]
+# label -> (images a sample, a padding image in the second sample, weights' dtype, peft's target_modules or None,
+# gradient checkpointing (TRL's SFTConfig's default) on)
 CASES = {
-    "full FT, 1 image a sample": (1, False, torch.float32, None),
-    "full FT, 2 images a sample": (2, False, torch.float32, None),
-    "full FT, 2 and 1 images (a padding image)": (2, True, torch.float32, None),
-    "full FT, bf16 weights": (1, False, torch.bfloat16, None),
-    "LoRA r8 on the text model's q/v": (1, False, torch.float32, r".*text_model.*\.(q_proj|v_proj)"),
-    "LoRA r8 on every q/v (both towers)": (2, False, torch.float32, ["q_proj", "v_proj"]),
+    "full FT, 1 image a sample": (1, False, torch.float32, None, False),
+    "full FT, 2 images a sample": (2, False, torch.float32, None, False),
+    "full FT, 2 and 1 images (a padding image)": (2, True, torch.float32, None, False),
+    "full FT, bf16 weights": (1, False, torch.bfloat16, None, False),
+    "LoRA r8 on the text model's q/v": (1, False, torch.float32, TEXT_QV, False),
+    "LoRA r8 on every q/v (both towers)": (2, False, torch.float32, EVERY_QV, False),
+    "full FT, checkpointing": (2, True, torch.float32, None, True),
+    "LoRA r8 on the text model's q/v, checkpointing": (1, False, torch.float32, TEXT_QV, True),
+    "LoRA r8 on every q/v, checkpointing": (1, False, torch.float32, EVERY_QV, True),
 }
 B, S, SIDE = 2, 48, 64
 
@@ -44,36 +49,39 @@ def _batch(cfg, per_sample: int, padding_image: bool) -> tuple:
     return batch, images
 
 
-def _text_setup(cfg, dtype, lora: bool) -> Setup:
+def _text_setup(cfg, dtype, lora: bool, ckpt: bool) -> Setup:
+    """The text model's Setup; with checkpointing and LoRA, peft has called ``enable_input_require_grads``."""
     t = cfg.text_config
     w = FP32 if dtype == torch.float32 else BF16
     return Setup(family="smolvlm", B=B, S=S, H=t.hidden_size, F=t.intermediate_size, nh=t.num_attention_heads,
                  kvh=t.num_key_value_heads, hd=t.hidden_size // t.num_attention_heads, V=t.vocab_size,
                  L=t.num_hidden_layers, w=w, w_other=w, device="cpu", padded=False, base_trainable=not lora,
-                 lora=QV if lora else {})
+                 lora=QV if lora else {}, ckpt=ckpt, input_grad=lora and ckpt)
 
 
 @pytest.mark.parametrize("label", list(CASES))
 def test_the_forward_replay_matches_autograd_saved_tensors(label):
-    per_sample, padding_image, dtype, targets = CASES[label]
-    cfg = get_config(TWIN)
+    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
+    per_sample, padding_image, dtype, targets, ckpt = CASES[label]
+    cfg = get_config(TWIN)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="sdpa", dtype=dtype).train()
-    if targets:
-        from peft import LoraConfig, get_peft_model
-
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if targets:   # (peft, on a checkpointed model, hooks every input embedding: the tower's too)
         model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, lora_dropout=0.0))
     batch, images = _batch(cfg, per_sample, padding_image)
     measured = saved_tensor_bytes(model, batch)
-    both = isinstance(targets, list)
-    parts = smolvlm.forward_saved(cfg, _text_setup(cfg, dtype, bool(targets)), smolvlm.Images(images, SIDE),
-                                  vision_trains=not targets, vision_lora=QV if both else {},
+    parts = smolvlm.forward_saved(cfg, _text_setup(cfg, dtype, bool(targets), ckpt), smolvlm.Images(images, SIDE),
+                                  vision_trains=not targets, vision_lora=QV if targets == EVERY_QV else {},
                                   connector_trains=not targets)
-    # the 4 bytes apart: the loss's 0-d count of the tokens it averages, which the replay leaves out (as Llama's)
-    assert sum(parts.values()) == measured - 4, (parts, measured)
-    assert (parts["vision"] > 0) == (not targets or both)
+    # checkpointing keeps the rotary cos/sin ((S, hd) fp32 each) for the recompute, alive but saved by no op
+    kept = 2 * S * (cfg.text_config.hidden_size // cfg.text_config.num_attention_heads) * 4 if ckpt else 0
+    # and 4 bytes apart: the loss's 0-d count of the tokens it averages, which the replay leaves out (as Llama's)
+    assert sum(parts.values()) - kept == measured - 4, (parts, measured)
+    assert (parts["vision"] > 0) == (not targets or targets == EVERY_QV or ckpt)
 
 
 def test_the_families_and_the_real_config_build_to_their_parameter_counts():

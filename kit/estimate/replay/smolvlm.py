@@ -74,13 +74,14 @@ class Images:
 def vision_setup(cfg, text: Setup, images: Images, *, trains: bool, lora: dict) -> Setup:
     """The vision tower's Setup: ``images`` rows of ``(side / patch)^2`` patches, its widths from
     ``cfg.vision_config``; its weights in the text's dtype (one model), ``trains``: its base weights train (a full
-    fine-tune), ``lora``: its adapted linears (``self_attn.q_proj``, ..., ``mlp.fc1``) -> rank."""
+    fine-tune), ``lora``: its adapted linears (``self_attn.q_proj``, ..., ``mlp.fc1``) -> rank; checkpointing and
+    ``input_grad`` as the text's."""
     vc = cfg.vision_config
     patches = (images.side // vc.patch_size) ** 2
     return replace(text, B=images.images, S=patches, H=vc.hidden_size, F=vc.intermediate_size,
                    nh=vc.num_attention_heads, kvh=vc.num_attention_heads, hd=vc.hidden_size // vc.num_attention_heads,
                    L=vc.num_hidden_layers, V=0, padded=False, p_attn=vc.attention_dropout, base_trainable=trains,
-                   lora=lora, input_grad=False, embed_trains=False, lm_head_trains=False, head=(), rotary=0,
+                   lora=lora, embed_trains=False, lm_head_trains=False, head=(), rotary=0,
                    window=0, sliding=0, fused_head=False, liger=(), kernels=set())
 
 
@@ -88,15 +89,22 @@ def image_features(cfg, vst: Setup, connector_trains: bool) -> tuple:
     """Replay ``get_image_features`` on a tape of the vision Setup ``vst``: (the tape, the image features).
 
     The patch embedding's ``Conv2d`` keeps its input (the pixels, in the weights' dtype) for its weight's grad,
-    the position embedding its ids; each encoder layer is :func:`vision_block`; then ``post_layernorm`` and the
-    connector (the pixel shuffle's copy, kept by ``proj`` where ``proj`` trains)."""
+    the position embedding its ids; each encoder layer is :func:`vision_block` (under gradient checkpointing, which
+    TRL's SFTConfig turns on by default, a layer keeps only its input); then ``post_layernorm`` and the connector
+    (the pixel shuffle's copy, kept by ``proj`` where ``proj`` trains)."""
     tp = Tape(vst)
     trains = vst.base_trainable
     tp.save(tp.new(vst.B * 3 * vst.S * cfg.vision_config.patch_size ** 2, vst.w_other, False), when=trains)
     tp.save(tp.new(vst.B * vst.S, I64, False), when=trains)
-    x = tp.new(vst.T * vst.H, vst.w_other, trains)   # patch embeds + position embeds
+    # patch embeds + position embeds; enable_input_require_grads hooks every input embedding of the model, the
+    # tower's too (Setup.input_grad)
+    x = tp.new(vst.T * vst.H, vst.w_other, trains or vst.input_grad)
     for _ in range(vst.L):
-        x = vision_block(tp, x)
+        if vst.ckpt:   # a checkpointed layer keeps only its input; backward recomputes what it saves
+            tp.save(x, when=x.rg)
+            x = vision_block(Tape(vst), x)
+        else:
+            x = vision_block(tp, x)
     x = tp.layer_norm(x, trains)
     scale = cfg.scale_factor ** 2
     shuffled = tp.new(x.n, x.dt, x.rg)   # the pixel shuffle's reshape of a permuted view: a copy
