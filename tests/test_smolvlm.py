@@ -84,6 +84,29 @@ def test_the_forward_replay_matches_autograd_saved_tensors(label):
     assert (parts["vision"] > 0) == (not targets or targets == EVERY_QV or ckpt)
 
 
+def test_the_vision_tower_and_connector_alone_match_autograd():
+    """The vision part by itself: ``get_image_features`` (tower, post-LayerNorm, pixel shuffle, projection) run
+    alone saves what the replay's vision part says, 3 images of 64 x 64 pixels."""
+    from transformers import AutoModelForImageTextToText
+
+    cfg = get_config(TWIN)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="sdpa").train()
+
+    class Features(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, pixel_values):
+            return self.inner.model.get_image_features(pixel_values).pooler_output
+
+    measured = saved_tensor_bytes(Features(), {"pixel_values": torch.randn(1, 3, 3, SIDE, SIDE)})
+    parts = smolvlm.forward_saved(cfg, _text_setup(cfg, torch.float32, False, False), smolvlm.Images(3, SIDE),
+                                  vision_trains=True, vision_lora={}, connector_trains=True)
+    assert parts["vision"] == measured
+
+
 def test_the_families_and_the_real_config_build_to_their_parameter_counts():
     # SmolVLM's code is generated from Idefics3's: one family declares both model types
     assert lookup("smolvlm") is lookup("idefics3") and lookup("smolvlm").name == "smolvlm"

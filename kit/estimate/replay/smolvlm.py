@@ -121,7 +121,7 @@ def forward_saved(cfg, text: Setup, images: Images, *, vision_trains: bool, visi
     vst = vision_setup(cfg, text, images, trains=vision_trains, lora=vision_lora)
     tp, feats = image_features(cfg, vst, connector_trains)
     embeds_trains = text.base_trainable and not text.embed_frozen
-    merged_grad = feats.rg or embeds_trains
+    merged_grad = feats.rg or embeds_trains or text.input_grad
     merge = text.T * BOOL if merged_grad else 0
     text = replace(text, input_grad=text.input_grad or feats.rg)
     return {"vision": tp.total(), "merge": merge, "text": replay_core.replay(text).saved_bytes()}
