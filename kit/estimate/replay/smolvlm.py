@@ -64,8 +64,8 @@ def vision_block(tp: Tape, x):
 @dataclass(frozen=True)
 class Images:
     """The images of one batch as the model runs them: ``images`` rows of the vision tower (the real images, each
-    crop of a split image counted, padding images dropped) of ``side`` x ``side`` pixels; ``tokens_per_image`` is
-    ``(side / patch)^2 / scale_factor^2`` (81 for SmolVLM-Instruct's 384-pixel crops)."""
+    crop of a split image counted, padding images dropped) of ``side`` x ``side`` pixels, each row giving
+    ``(side / patch)^2 / scale_factor^2`` image tokens (81 for SmolVLM-Instruct's 384-pixel crops)."""
 
     images: int
     side: int
