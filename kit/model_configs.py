@@ -88,7 +88,17 @@ REGISTRY = {
     "microsoft/deberta-v3-base": "deberta-v3-base.json",
     "tiny-distilbert": "tiny-distilbert.json",
     "tiny-deberta-v3": "tiny-deberta-v3.json",
+    # Vision-language (a SigLIP vision tower, a pixel-shuffle connector, a Llama text model): HuggingFaceTB/
+    # SmolVLM-Instruct's config.json (Idefics3ForConditionalGeneration, model_type idefics3), written from the model
+    # card's config.json in the fields of transformers' Idefics3Config, Idefics3VisionConfig and LlamaConfig
+    # (2,246,272,880 parameters built), and its twin (model_type smolvlm: the same code op for op): a 2-layer tower
+    # of 64-pixel images in 8-pixel patches, scale factor 2 (16 image tokens an image), the 2-layer text of
+    # tiny-llama. The estimate refuses them (kit.estimate.replay.smolvlm says what is replayed and what is not).
+    "HuggingFaceTB/SmolVLM-Instruct": "SmolVLM-Instruct.json",
+    "tiny-smolvlm": "tiny-smolvlm.json",
 }
+# The vision-language models above: refused by the estimate, so the panel does not list them.
+VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm"})
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
@@ -105,6 +115,7 @@ TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
 TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
+TINY |= {"tiny-smolvlm"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -123,6 +134,7 @@ _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
 _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
+_SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -208,8 +208,11 @@ def _classifier(model, leaves, what: str) -> tuple:
 
 
 def _check_task(cfg, task: str, what: str) -> None:
-    """Refuse an encoder as a causal LM, in one sentence (before a model is built for it)."""
+    """Refuse an encoder as a causal LM, in one sentence (before a model is built for it), and a config its
+    family's declaration refuses (:func:`family_of` says why), before transformers' Auto class is asked for it."""
     declared_as = lookup(getattr(cfg, "model_type", None))
+    if declared_as is not None and declared_as.refusal and declared_as.refusal(cfg):
+        family_of(cfg)
     if task == "causal-lm" and declared_as is not None and declared_as.encoder:
         raise UnsupportedModel(f"{what} is an encoder, which the estimator replays under a classifier head: pass "
                                "task='seq-cls' (--task seq-cls) or 'token-cls', with num_labels.")

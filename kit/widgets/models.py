@@ -21,11 +21,12 @@ from kit.data import shipped_tokenizer
 from kit.estimate import estimate
 from kit.estimate.inventory import info_of
 from kit.estimate.replay import lookup
-from kit.model_configs import ENCODERS
+from kit.model_configs import ENCODERS, VISION_LANGUAGE
 
 OWN_MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
               2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
-_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)]
+_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)
+                and m not in VISION_LANGUAGE]
            for s, own in OWN_MODELS.items()}
 # scenario -> (the other shipped real models, the tiny twins), each in the registry's order (grouped by maker)
 GROUPS = {s: ([m for m in o if m not in kmodels.TINY], [m for m in o if m in kmodels.TINY])
