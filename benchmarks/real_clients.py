@@ -261,8 +261,9 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference).
-            ref = getattr(trainer, "ref_model", None)
+            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference),
+            # and so is a distillation's teacher.
+            ref = getattr(trainer, "ref_model", None) or getattr(trainer, "teacher_model", None)
             ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
             meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
 
