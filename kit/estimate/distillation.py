@@ -179,8 +179,9 @@ def read_teacher(trainer) -> tuple:
 
 
 def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tuple:
-    """(step 1's peak, a later step's peak, the later step's moment) of the training step: the replay's moments with
-    the divergence for the fused head (:func:`divergence_head`), and the teacher's forward as a moment of its own."""
+    """(step 1's peak, a later step's peak, its phase, its moment, its parts) of the training step: the replay's
+    moments with the divergence for the fused head (:func:`divergence_head`), and the teacher's forward as a moment
+    of its own; the optimizer step's (the draft's) where it is larger."""
     ctx, rp, s = est.context, est.context.rp, est.setup
     B, S, C = s["batch_size"], s["seq_len"], shapes["C"]
     dt = dtype(s["load_dtype"])
@@ -190,8 +191,8 @@ def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tu
     norm = rp.head - rp.head_order[-1]   # the final norm's saved tensors (the fused head's were last)
     swapped = dataclasses.replace(rp, head=norm + head["saved"], logits_live=head["forward"],
                                   last_logits=head["backward"], head_order=rp.head_order[:-1] + (head["saved"],))
+    # the student's saved activations and its [B, S, H] output, beside the teacher's no-grad blocks
     teacher = teacher_forward(est, teacher_text, B=B, S=S, dt=teacher_dt, padded=shapes["padded"])
-    during = rp.embed + rp.blocks() + rp.shared + norm + B * S * ctx.H * dt + rp.cache + teacher
     fresh = dict(grads_embed=ctx.grads["embed"], grads_block=ctx.grads["block"] // rp.L, grads_head=ctx.grads["head"],
                  wtemp_block=ctx.wtemp["block"], wtemp_head=ctx.wtemp["head"], head_half=ctx.wtemp["head"],
                  tied=ctx.moved)
@@ -199,18 +200,23 @@ def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tu
     alive = dict(grads_embed=ctx.wnew["embed"], grads_block=0, grads_head=0,
                  wtemp_block=max(ctx.wtemp["block"], ctx.wnew["block"]), wtemp_head=ctx.wnew["head"],
                  grads_before=est.gradients_bytes, head_half=ctx.wtemp["head"], tied=ctx.moved)
-    variants = [(fresh, 0)] + ([(alive, est.gradients_bytes)] if s["grad_accum"] > 1 and est.gradients_bytes else [])
+    variants = [fresh] + ([alive] if s["grad_accum"] > 1 and est.gradients_bytes else [])
     weights, opt = est.weights_bytes, est.optimizer_bytes - est.paged_optimizer_bytes
 
-    def peak(later: bool):
-        found = [m for kw, _ in variants for m in replay.step_moments(swapped, replay.moments(swapped, **kw), later)]
-        top = max(found, key=lambda m: m.total)
-        teacher_top = during + variants[-1][1]
-        top = (top.total, top.where) if top.total >= teacher_top else (teacher_top, "the teacher's no-grad forward")
-        return (weights + (opt if later else 0) + ctx.inputs + top[0], top[1])
+    def top(later: bool):
+        found = [m for kw in variants for m in replay.step_moments(swapped, replay.moments(swapped, **kw), later)]
+        found += [replay.Moment(where="the teacher's no-grad forward", activations=rp.embed + rp.blocks() + rp.shared
+                                + norm, logits=0, copies=rp.cache, gradients=kw.get("grads_before", 0),
+                                temporaries=B * S * ctx.H * dt + teacher) for kw in variants]
+        return max(found, key=lambda m: m.total)
 
-    first, (steady, moment) = peak(False)[0], peak(True)
-    return max(first, ctx.step), max(steady, ctx.step), moment if steady >= ctx.step else "optimizer step"
+    first, m = top(False), top(True)
+    first_peak, steady = weights + first.total + ctx.inputs, weights + opt + m.total + ctx.inputs
+    if steady < ctx.step:
+        return max(first_peak, ctx.step), ctx.step, "optimizer step", "optimizer step", est._parts
+    parts = {"weights": weights, "gradients": m.gradients, "optimizer state": opt, "activations": m.activations,
+             "logits & loss": m.logits, "autocast weight copies": m.copies, "temporaries": m.temporaries + ctx.inputs}
+    return max(first_peak, ctx.step), steady, "forward/backward", m.where, parts
 
 
 def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teacher_dt: int, vllm_cpu: bool) -> dict:
@@ -218,7 +224,8 @@ def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teac
     and the divergence in the training step, the buffered rollouts, and the generation phase (its own peak:
     ``setup["generation_peak_bytes"]`` and step 1's ``setup["first_generation_peak_bytes"]``)."""
     buffered = buffered_bytes(shapes)
-    first, steady, moment = step_peaks(est, shapes, teacher_text=teacher_text, teacher_dt=teacher_dt, beta=cfg.beta)
+    first, steady, phase, moment, parts = step_peaks(est, shapes, teacher_text=teacher_text, teacher_dt=teacher_dt,
+                                                     beta=cfg.beta)
     held = dataclasses.replace(est, weights_bytes=est.weights_bytes + teacher_weights)
     gen_first, gen_moment = grpo.generation_peak(held, shapes, config=config, reference="none", later=False)
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
@@ -243,9 +250,10 @@ def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teac
                           "sequence only; the estimate counts every completion position (B x C), the most it can be",
                           field="seq_len", code="distillation-scored-positions"))
     peak, first_peak = steady + teacher_weights + buffered, first + teacher_weights + buffered
-    out = dict(peak_bytes=peak, first_step_peak_bytes=max(first_peak, gen_first), peak_moment=moment,
+    out = dict(peak_bytes=peak, first_step_peak_bytes=max(first_peak, gen_first), peak_phase=phase, peak_moment=moment,
                weights_bytes=held.weights_bytes, eval_peak_bytes=est.eval_peak_bytes + teacher_weights,
-               _parts={**est._parts, "weights": est._parts.get("weights", 0) + teacher_weights},
+               _parts={**parts, "weights": parts.get("weights", 0) + teacher_weights,
+                       "temporaries": parts.get("temporaries", 0) + buffered},
                setup=setup, notes=notes, sources={**est.sources, "teacher": (
                    teacher_weights, f"{TRAINER}.teacher_model: held for the whole run, no grad")})
     if gen_steady > peak:
