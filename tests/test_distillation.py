@@ -126,3 +126,19 @@ def test_check_prints_an_answer_and_the_advisors_sentence(tmp_path, capsys, monk
     out = capsys.readouterr().out
     assert out.startswith("DOES NOT FIT") and "does not search DistillationTrainer setups" in out, out
     gen.close()
+
+
+def test_kit_train_judges_each_distillation_step_against_its_estimate(tmp_path, monkeypatch):
+    """kit.train on a DistillationTrainer (every op watched on the CPU, the generation a stage of its own): step 1
+    and the later steps within 2% of the estimate read from the same Trainer."""
+    import kit
+    from clients_distillation import client_distillation
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
+    gen = client_distillation(str(tmp_path), "full")
+    _, _, trainer, _ = next(gen)
+    r = kit.train(trainer, plot=False, tensor_peak=True)
+    print(f"DistillationTrainer under kit.train: step 1 {r.first_step_ratio:.4f}, later {r.later_steps_ratio:.4f}")
+    assert not r.oom and r.step == 3 and r.peak_exact
+    assert 0.98 <= r.first_step_ratio <= 1.02 and 0.98 <= r.later_steps_ratio <= 1.02
+    gen.close()

@@ -265,7 +265,8 @@ KIND_NAMES = {
     "rloo": (("RLOOTrainer", "RLOOConfig"), ("kit.estimate.rloo", "kit.advise.grpo_levers",
                                              "kit.watching.generation")),
     "distillation": (("DistillationTrainer", "DistillationConfig"), ("kit.estimate.distillation",
-                                                                     "kit.advise.distillation_levers")),
+                                                                     "kit.advise.distillation_levers",
+                                                                     "kit.watching.generation")),
     "sentence": (("SentenceTransformerTrainer", "SentenceTransformerTrainingArguments"),
                  ("kit.estimate.sentence_trainer", "kit.advise.sentence_levers")),
 }

@@ -78,6 +78,9 @@ REFUSED = {k: grpo.REFUSED[k] for k in ("cache_implementation", "top_p", "top_k"
 # beta * p_t and (1 - beta) * kl_s while their sum is made; backward: y, zs, zt, log_ps, log_pt, ps and grad, with
 # ``grad * grad_divergence`` and its ``* inv_t`` made before the old grad is let go (and, for the JSD, log_m).
 FOLD_FWD, FOLD_JSD, FOLD_BWD, FOLD_BWD_JSD = 6, 7, 9, 10
+# the replay's moments at its fused head, as they are here: the divergence's
+AT_THE_HEAD = {"forward (at the loss)": "forward (the divergence's tiles)",
+               "backward (head)": "backward (the divergence's tiles)"}
 
 
 def read_distillation_config(cfg, name: str = CONFIG):
@@ -216,7 +219,7 @@ def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tu
         return max(first_peak, ctx.step), ctx.step, "optimizer step", "optimizer step", est._parts
     parts = {"weights": weights, "gradients": m.gradients, "optimizer state": opt, "activations": m.activations,
              "logits & loss": m.logits, "autocast weight copies": m.copies, "temporaries": m.temporaries + ctx.inputs}
-    return max(first_peak, ctx.step), steady, "forward/backward", m.where, parts
+    return max(first_peak, ctx.step), steady, "forward/backward", AT_THE_HEAD.get(m.where, m.where), parts
 
 
 def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teacher_dt: int, vllm_cpu: bool) -> dict:
