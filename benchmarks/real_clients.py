@@ -266,7 +266,8 @@ def meter_trainer(trainer, meter):
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
             # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference),
             # and so is a distillation's teacher.
-            ref = getattr(trainer, "ref_model", None) or getattr(trainer, "teacher_model", None)
+            ref = getattr(trainer, "ref_model", None)
+            ref = ref if ref is not None else getattr(trainer, "teacher_model", None)
             ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
             meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
 

@@ -57,13 +57,28 @@ def test_refused_field_gets_one_sentence_naming_it(field):
 
 
 def test_mixed_precision_is_refused_in_one_sentence():
-    """DistillationConfig defaults to bf16=True: autocast's half casts in the divergence are not modeled."""
+    """DistillationConfig defaults to bf16=True: TRL 1.16 generates under accelerate's autocast (its training step
+    bypasses it, measured the same as fp32's), whose copies are not modeled."""
     cfg = DistillationConfig(output_dir="/tmp/kit-distillation-test", use_cpu=True, report_to="none")
     with pytest.raises(inputs.InputError) as e:
         distillation.read_distillation_config(cfg)
     assert e.value.name == "bf16" and e.value.code == "distillation-half"
-    assert str(e.value).startswith("DistillationConfig.bf16=True runs the student, the teacher")
-    assert "estimate with bf16=False" in str(e.value)
+    assert str(e.value).startswith("DistillationConfig.bf16=True: TRL 1.16's DistillationTrainer runs its loss")
+    assert "estimate with bf16=False" in str(e.value) and str(e.value).count(". ") == 0
+
+
+def test_a_half_precision_teacher_is_refused_by_name(tmp_path, monkeypatch):
+    """Half weights make the divergence cast its chunks and tiles (not modeled): refused, naming the teacher."""
+    from clients_distillation import client_distillation
+
+    monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
+    gen = client_distillation(str(tmp_path), "full")
+    _, _, trainer, make_estimate = next(gen)
+    trainer.teacher_model.to(torch.bfloat16)
+    with pytest.raises(inputs.InputError) as e:
+        make_estimate()
+    assert e.value.code == "distillation-half-weights" and "teacher's weights are in half precision" in str(e.value)
+    gen.close()
 
 
 def test_estimate_from_a_distillation_config_says_the_teacher_is_read_from_the_trainer():

@@ -87,10 +87,11 @@ def read_distillation_config(cfg, name: str = CONFIG):
     """(estimate options, sources, notes) of what a DistillationConfig changes; refuses in one sentence what is not
     modeled."""
     if cfg.bf16 or cfg.fp16:
-        raise InputError("bf16" if cfg.bf16 else "fp16", f"{name}.{'bf16' if cfg.bf16 else 'fp16'}=True runs the "
-                         "student, the teacher and the divergence's tiles under autocast (half casts of both heads' "
-                         f"weight slices), which the kit does not model for {TRAINER}: estimate with bf16=False "
-                         "and fp16=False (the divergence's tiles are fp32 either way).", code="distillation-half")
+        raise InputError("bf16" if cfg.bf16 else "fp16", f"{name}.{'bf16' if cfg.bf16 else 'fp16'}=True: TRL "
+                         f"1.16's {TRAINER} runs its loss outside accelerate's autocast (its forward redirection "
+                         "replaces the autocast forward) but generate() inside it, whose autocast copies the kit does "
+                         "not model: estimate with bf16=False and fp16=False (the training step "
+                         "is the same).", code="distillation-half")
     src = {"beta": (cfg.beta, f"{name}.beta: " + MODELED["beta"]),
            "temperature": (cfg.temperature, f"{name}.temperature: " + MODELED["temperature"])}
     opts, src, notes = grpo.read_generating_config(cfg, name, refused=REFUSED, no_memory=NO_MEMORY, src=src)
@@ -160,6 +161,17 @@ def teacher_forward(est, teacher_text, *, B: int, S: int, dt: int, padded: bool)
                          "forward the kit does not model exactly: use a teacher of a decoder family with rotary "
                          "embeddings (Llama, Qwen2, Mistral, ...).", code="distillation-teacher-family")
     return grpo.block_loop_bytes(est, teacher_text, rows=B, seq_len=S, hidden_dt=dt, mlp_dt=dt, padded=padded)[0]
+
+
+def refuse_half_weights(student: str, teacher_bytes: int) -> None:
+    """Half-precision weights make the divergence cast its tiles and hidden chunks (``.float()`` copies, ``to()`` of
+    the gradient tile), which the kit does not model: refused in one sentence."""
+    if student != "fp32" or teacher_bytes != F32:
+        which = "student's" if student != "fp32" else "teacher's"
+        raise InputError("load_dtype", f"{TRAINER}'s {which} weights are in half precision, whose casts in the "
+                         "chunked divergence (fp32 copies of each hidden chunk, weight slice and gradient tile) the "
+                         "kit does not model: load the student and the teacher in float32.",
+                         code="distillation-half-weights")
 
 
 def read_teacher(trainer) -> tuple:
@@ -295,6 +307,7 @@ class DistillationReader(grpo.GrpoReader):
 
     def compose(self, draft, trainer, reading: Reading) -> dict:
         weights, text, dt = self.teacher
+        refuse_half_weights(draft.setup["load_dtype"], dt)
         return finish(draft, trainer.args, self.shapes, config=trainer.model.config, teacher_weights=weights,
                       teacher_text=text, teacher_dt=dt, vllm_cpu=trainer.args.use_vllm and trainer.args.use_cpu)
 
