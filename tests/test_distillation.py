@@ -56,15 +56,16 @@ def test_refused_field_gets_one_sentence_naming_it(field):
     assert e.value.name == field
 
 
-def test_mixed_precision_is_refused_in_one_sentence():
-    """DistillationConfig defaults to bf16=True: TRL 1.16 generates under accelerate's autocast (its training step
-    bypasses it, measured the same as fp32's), whose copies are not modeled."""
-    cfg = DistillationConfig(output_dir="/tmp/kit-distillation-test", use_cpu=True, report_to="none")
+def test_bf16_is_read_as_trl_runs_it_and_fp16_is_refused_in_one_sentence():
+    """DistillationConfig defaults to bf16=True: TRL 1.16 runs the loss outside accelerate's autocast (the training
+    step measured byte for byte as fp32's), generate() under it; fp16 (a GradScaler) is refused by name."""
+    opts, src, _ = distillation.read_distillation_config(
+        DistillationConfig(output_dir="/tmp/kit-distillation-test", use_cpu=True, report_to="none"))
+    assert opts["precision"] == "fp32" and "outside accelerate's autocast" in src["precision"][1]
     with pytest.raises(inputs.InputError) as e:
-        distillation.read_distillation_config(cfg)
-    assert e.value.name == "bf16" and e.value.code == "distillation-half"
-    assert str(e.value).startswith("DistillationConfig.bf16=True: TRL 1.16's DistillationTrainer runs its loss")
-    assert "estimate with bf16=False" in str(e.value) and str(e.value).count(". ") == 0
+        distillation.read_distillation_config(_config(fp16=True))
+    assert e.value.name == "fp16" and e.value.code == "distillation-fp16"
+    assert "estimate with fp16=False" in str(e.value) and str(e.value).count(". ") == 0
 
 
 def test_a_half_precision_teacher_is_refused_by_name(tmp_path, monkeypatch):
@@ -109,11 +110,12 @@ def _run_row(tmp_path, kind):
     return est, peaks, setup
 
 
-@pytest.mark.parametrize("kind", ["full", "jsd", "lora", "accum2"])
+@pytest.mark.parametrize("kind", ["full", "jsd", "lora", "accum2", "bf16", "bf16-lora"])
 def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
-    DistillationTrainer steps: the default reverse KL, the JSD's second pass, a LoRA student, and gradient
-    accumulation (one generation for two micro-batches, the grads alive in the second)."""
+    DistillationTrainer steps: the default reverse KL, the JSD's second pass, a LoRA student, gradient accumulation
+    (one generation for two micro-batches, the grads alive in the second), and DistillationConfig's default bf16=True
+    (generate() under autocast with its cast weights; a PEFT student's generate() outside it)."""
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
     est, peaks, setup = _run_row(tmp_path, kind)
     assert not isinstance(est, Exception), est

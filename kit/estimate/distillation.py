@@ -23,7 +23,13 @@ next-token distribution on them. What one step does, and how each part is estima
   model and the per-token divergence (fp32, ``N`` each); the ``[N, V]`` logits never exist. Its backward
   re-projects both tiles and writes the student's gradient into them (:func:`divergence_head`). ``0 < beta < 1``
   (the JSD) takes a second pass over the vocabulary in the forward, with more temporaries in both;
-- the teacher's weights are held for the whole run, in the dtype it was loaded in (``teacher_model_init_kwargs``).
+- the teacher's weights are held for the whole run, in the dtype it was loaded in (``teacher_model_init_kwargs``);
+- ``bf16=True`` (DistillationConfig's default): accelerate wraps the model's ``forward`` in autocast, but the loss
+  calls the backbones through ``_ForwardRedirection``, which replaces that ``forward`` for the call: the training
+  step runs in the weights' dtype (measured byte for byte as with ``bf16=False``). ``generate()`` calls the wrapped
+  ``forward`` (a PEFT model's calls its base model's, unwrapped): each forward holds autocast's bf16 copies of the
+  weights, its peak at the LM head of the last one (:func:`autocast_forward`). Half-precision weights (the divergence
+  then casts its chunks) and ``fp16=True`` are refused.
 
 Every DistillationConfig field beyond TrainingArguments' is in one of :data:`MODELED`, :data:`NO_MEMORY` or
 :data:`REFUSED`.
@@ -86,16 +92,19 @@ AT_THE_HEAD = {"forward (at the loss)": "forward (the divergence's tiles)",
 def read_distillation_config(cfg, name: str = CONFIG):
     """(estimate options, sources, notes) of what a DistillationConfig changes; refuses in one sentence what is not
     modeled."""
-    if cfg.bf16 or cfg.fp16:
-        raise InputError("bf16" if cfg.bf16 else "fp16", f"{name}.{'bf16' if cfg.bf16 else 'fp16'}=True: TRL "
-                         f"1.16's {TRAINER} runs its loss outside accelerate's autocast (its forward redirection "
-                         "replaces the autocast forward) but generate() inside it, whose autocast copies the kit does "
-                         "not model: estimate with bf16=False and fp16=False (the training step "
-                         "is the same).", code="distillation-half")
+    if cfg.fp16:
+        raise InputError("fp16", f"{name}.fp16=True runs generate() under fp16 autocast and scales the loss with a "
+                         f"GradScaler, which the kit does not model for {TRAINER}: estimate with fp16=False (bf16=True "
+                         "is modeled).", code="distillation-fp16")
     src = {"beta": (cfg.beta, f"{name}.beta: " + MODELED["beta"]),
            "temperature": (cfg.temperature, f"{name}.temperature: " + MODELED["temperature"])}
     opts, src, notes = grpo.read_generating_config(cfg, name, refused=REFUSED, no_memory=NO_MEMORY, src=src)
     src["fused_lm_head"] = (True, f"{TRAINER}'s ChunkedDivergenceFunction: both heads' logits in tiles, none whole")
+    if cfg.bf16:   # accelerate's autocast wraps model.forward, which _ForwardRedirection replaces for the loss's call
+        opts["precision"] = "fp32"
+        src["precision"] = ("fp32", f"{name}.bf16=True, but TRL 1.16 runs the loss outside accelerate's autocast (its "
+                                    "forward redirection replaces the autocast forward): the training step in the "
+                                    "weights' dtype; generate() runs under bf16 autocast")
     return opts, src, notes
 
 
@@ -193,6 +202,39 @@ def read_teacher(trainer) -> tuple:
     return held_bytes(teacher), text, next(teacher.parameters()).dtype.itemsize
 
 
+def autocast_casts(model) -> int:
+    """The bf16 copies autocast holds at the LM head's matmul in a generate() forward under accelerate's autocast:
+    those it caches (of fp32 Linear weights and biases that require grad, kept till the forward returns) and the
+    head weight's own (cached where it trains, a temporary of the matmul where it is frozen)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    own = [t for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
+           for t in (m.weight, m.bias) if t is not None and t.requires_grad and t.dtype == torch.float32]
+    return sum(t.numel() * 2 for t in own) + sum(t.numel() * 2 for t in (head.weight, head.bias) if t is not None)
+
+
+def under_autocast(trainer) -> bool:
+    """Whether generate() runs under accelerate's bf16 autocast: it wraps the model's ``forward``, which generate()
+    calls on a plain model; a PEFT model's generate() calls its base model's, unwrapped."""
+    return bool(trainer.args.bf16) and not hasattr(trainer.model, "peft_config")
+
+
+def autocast_forward(shapes, config, casts: int, hidden_dt: int) -> int:
+    """generate()'s last forward under bf16 autocast, at the LM head's matmul: the dynamic cache of ``P + C - 1``
+    positions (keys in the hidden states' dtype, as the rotary embedding's fp32 cos/sin promote them; values in
+    bf16), the ids and attention mask ``[G, P + C]`` and the prompt's ``[G, P]`` (int64), the previous token's
+    sampling tensors (:func:`kit.estimate.grpo.sampling_bytes`), the cast weights and the bf16 ``[G, 1, V]``
+    logits."""
+    text = config.get_text_config()
+    G, S, V = shapes["G"], shapes["P"] + shapes["C"], text.vocab_size
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    cache = text.num_hidden_layers * G * kv_heads * head_dim * (S - 1) * (hidden_dt + 2)
+    between = grpo.sampling_bytes(shapes, V, hidden_dt, shapes["temperature"])[1]
+    return cache + 2 * G * S * I64 + 2 * G * shapes["P"] * I64 + between + casts + G * V * 2
+
+
 def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tuple:
     """(step 1's peak, a later step's peak, its phase, its moment, its parts) of the training step: the replay's
     moments with the divergence for the fused head (:func:`divergence_head`), and the teacher's forward as a moment
@@ -234,15 +276,21 @@ def step_peaks(est, shapes, *, teacher_text, teacher_dt: int, beta: float) -> tu
     return max(first_peak, ctx.step), steady, "forward/backward", AT_THE_HEAD.get(m.where, m.where), parts
 
 
-def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teacher_dt: int, vllm_cpu: bool) -> dict:
+def finish(est, cfg, shapes, *, config, teacher_weights: int, teacher_text, teacher_dt: int, vllm_cpu: bool,
+           casts: int | None = None) -> dict:
     """The fields of ``est`` with DistillationTrainer's parts in: the teacher's weights (held all along), its forward
     and the divergence in the training step, the buffered rollouts, and the generation phase (its own peak:
-    ``setup["generation_peak_bytes"]`` and step 1's ``setup["first_generation_peak_bytes"]``)."""
+    ``setup["generation_peak_bytes"]`` and step 1's ``setup["first_generation_peak_bytes"]``). ``casts``: with
+    bf16, what :func:`autocast_casts` counts (None: no autocast)."""
     buffered = buffered_bytes(shapes)
     first, steady, phase, moment, parts = step_peaks(est, shapes, teacher_text=teacher_text, teacher_dt=teacher_dt,
                                                      beta=cfg.beta)
     held = dataclasses.replace(est, weights_bytes=est.weights_bytes + teacher_weights)
     gen_first, gen_moment = grpo.generation_peak(held, shapes, config=config, reference="none", later=False)
+    if casts is not None:   # bf16: generate() under accelerate's autocast, its cast weights at each forward's head
+        under = held.weights_bytes + autocast_forward(shapes, config, casts, dtype(est.setup["load_dtype"]))
+        gen_first, gen_moment = max((gen_first, gen_moment), (under, "generate() (the last forward's LM head, "
+                                                                     "under autocast)"))
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
     gen_steady = gen_first + opt + buffered
     setup = dict(est.setup, distillation=True, teacher_weights_bytes=teacher_weights, beta=cfg.beta,
@@ -309,7 +357,8 @@ class DistillationReader(grpo.GrpoReader):
         weights, text, dt = self.teacher
         refuse_half_weights(draft.setup["load_dtype"], dt)
         return finish(draft, trainer.args, self.shapes, config=trainer.model.config, teacher_weights=weights,
-                      teacher_text=text, teacher_dt=dt, vllm_cpu=trainer.args.use_vllm and trainer.args.use_cpu)
+                      teacher_text=text, teacher_dt=dt, vllm_cpu=trainer.args.use_vllm and trainer.args.use_cpu,
+                      casts=autocast_casts(trainer.model) if under_autocast(trainer) else None)
 
     def read_config(self, cfg, given) -> None:
         raise InputError("distillation_config", f"estimate_from({self.config_keyword}=...) is not modeled: the "
