@@ -25,7 +25,30 @@ KINDS = {"full": "full FT student, beta=1.0 (DistillationConfig's default: rever
                    "micro-batches)",
          "bf16": "full FT student, beta=1.0, bf16=True (DistillationConfig's default: the loss outside autocast, "
                  "generate() under it)",
-         "bf16-lora": "LoRA r8 q,v student, beta=1.0, bf16=True"}
+         "bf16-lora": "LoRA r8 q,v student, beta=1.0, bf16=True",
+         "padded": "full FT student, beta=1.0, prompts of 8 and 12 tokens in turn (left-padded), no min_new_tokens "
+                   "(the completions end where they sample the end token)"}
+
+
+def _mixed_prompts(tok, lengths=(8, 12), n_rows: int = 32):
+    """Prompts of each length in turn, so that every batch of several rows is left-padded to the longest."""
+    from datasets import Dataset
+    from kit.data import equal_token_rows
+
+    columns = [equal_token_rows(tok, n, n_rows // len(lengths)) for n in lengths]
+    return Dataset.from_dict({"prompt": [row for rows in zip(*columns) for row in rows]})
+
+
+def _options(kind: str, completion_len: int) -> dict:
+    """The DistillationConfig fields ``kind`` sets beyond the rows' shared ones."""
+    extra = {"beta": 0.5} if kind == "jsd" else {}
+    if kind == "accum2":
+        extra["gradient_accumulation_steps"] = 2
+    if kind == "padded":   # each batch holds both prompt lengths, in the dataset's order
+        extra["shuffle_dataset"] = False
+    else:
+        extra["generation_kwargs"] = {"min_new_tokens": completion_len}
+    return dict(extra, bf16=kind.startswith("bf16"))
 
 
 def client_distillation(work, kind: str, prompt_len: int = 12, completion_len: int = 16, batch: int = 4):
@@ -39,21 +62,17 @@ def client_distillation(work, kind: str, prompt_len: int = 12, completion_len: i
 
     tok = tokenizer()
     student, teacher = twin_dir("tiny-qwen2", work), twin_dir("tiny-qwen2", work, **TEACHER)
-    extra = {"beta": 0.5} if kind == "jsd" else {}
-    bf16 = kind.startswith("bf16")
-    if kind == "accum2":
-        extra["gradient_accumulation_steps"] = 2
-    args = DistillationConfig(output_dir=os.path.join(work, "distillation"), use_cpu=True, bf16=bf16,
-                              report_to="none", max_steps=3, save_strategy="no", logging_strategy="no",
-                              disable_tqdm=True, per_device_train_batch_size=batch,
-                              max_completion_length=completion_len,
-                              generation_kwargs={"min_new_tokens": completion_len}, **extra)
+    args = DistillationConfig(output_dir=os.path.join(work, "distillation"), use_cpu=True, report_to="none",
+                              max_steps=3, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                              per_device_train_batch_size=batch, max_completion_length=completion_len,
+                              **_options(kind, completion_len))
     peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind in ("lora", "bf16-lora") else None
+    rows = _mixed_prompts(tok) if kind == "padded" else _prompts(tok, prompt_len, 32)
     torch.manual_seed(0)
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=args, processing_class=tok,
-                                  train_dataset=_prompts(tok, prompt_len, 32), peft_config=peft_config)
+                                  train_dataset=rows, peft_config=peft_config)
     mark_generation(trainer)
+    prompt = "8 or 12" if kind == "padded" else prompt_len
     setup = (f"{KINDS[kind]}, teacher tiny-qwen2 x2 wide, ckpt (DistillationConfig default), fp32 weights, "
-             f"B{batch}, "
-             f"prompt {prompt_len} + completion {completion_len} tokens")
+             f"B{batch}, prompt {prompt} + completion {completion_len} tokens")
     yield "DistillationTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

@@ -110,12 +110,13 @@ def _run_row(tmp_path, kind):
     return est, peaks, setup
 
 
-@pytest.mark.parametrize("kind", ["full", "jsd", "lora", "accum2", "bf16", "bf16-lora"])
+@pytest.mark.parametrize("kind", ["full", "jsd", "lora", "accum2", "bf16", "bf16-lora", "padded"])
 def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
     DistillationTrainer steps: the default reverse KL, the JSD's second pass, a LoRA student, gradient accumulation
     (one generation for two micro-batches, the grads alive in the second), and DistillationConfig's default bf16=True
-    (generate() under autocast with its cast weights; a PEFT student's generate() outside it)."""
+    (generate() under autocast with its cast weights; a PEFT student's generate() outside it), and prompts of two
+    lengths (left-padded: the masks in both models' forwards) with completions of the length they sample."""
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
     est, peaks, setup = _run_row(tmp_path, kind)
     assert not isinstance(est, Exception), est
