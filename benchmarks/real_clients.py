@@ -58,7 +58,8 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    (a reference copy), beta=0, LoRA (the adapter-disabled reference) and steps_per_generation=2.
    TRL's ``DistillationTrainer`` (``benchmarks/clients_distillation.py``), the same way: a tiny Qwen2 student and a
    twice-wider tiny Qwen2 teacher (the same vocabulary, both by path), the default reverse KL (beta=1), the JSD
-   (beta=0.5), a LoRA student, and gradient_accumulation_steps=2; the teacher's weights held at every step.
+   (beta=0.5), a LoRA student, gradient_accumulation_steps=2, DistillationConfig's default bf16=True (full and LoRA),
+   and prompts of two lengths (left-padded); the teacher's weights held at every step.
 12. the user's own head (``benchmarks/clients_own_head.py``): ``AutoModel.from_pretrained`` (tiny Llama, Qwen2, BERT)
    + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
    ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
