@@ -56,6 +56,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    completion; the generation phase (``_generate_and_score_completions``) metered apart in the setup cell.
    TRL's quick-start ``RLOOTrainer`` (``benchmarks/clients_rloo.py``), the same way: RLOOConfig's default beta=0.05
    (a reference copy), beta=0, LoRA (the adapter-disabled reference) and steps_per_generation=2.
+   TRL's ``DistillationTrainer`` (``benchmarks/clients_distillation.py``), the same way: a tiny Qwen2 student and a
+   twice-wider tiny Qwen2 teacher (the same vocabulary, both by path), the default reverse KL (beta=1), the JSD
+   (beta=0.5), a LoRA student, gradient_accumulation_steps=2, DistillationConfig's default bf16=True (full and LoRA),
+   and prompts of two lengths (left-padded); the teacher's weights held at every step.
 12. the user's own head (``benchmarks/clients_own_head.py``): ``AutoModel.from_pretrained`` (tiny Llama, Qwen2, BERT)
    + mean / last-token / first-token pooling + dropout + ``nn.Linear`` layer(s) + ``CrossEntropyLoss`` in a plain
    ``nn.Module`` whose forward returns the loss; under ``Trainer`` (``estimate_trainer``, ``evaluate()`` metered) and
@@ -265,8 +269,10 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference).
+            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference),
+            # and so is a distillation's teacher.
             ref = getattr(trainer, "ref_model", None)
+            ref = ref if ref is not None else getattr(trainer, "teacher_model", None)
             ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
             meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
 
@@ -1014,6 +1020,9 @@ def rows_to_run(work, only=None):
     from clients_rloo import KINDS as RLOO_KINDS, client_rloo   # issue 47: TRL's RLOOTrainer, generating as GRPO's
     for kind in RLOO_KINDS:
         R.append((f"RLOOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_rloo(work, k), m)))
+    from clients_distillation import KINDS as DISTILLATION_KINDS, client_distillation   # issue 47: on-policy, a teacher
+    for kind in DISTILLATION_KINDS:
+        R.append((f"DistillationTrainer {kind}", lambda m, k=kind: run_grpo_client(client_distillation(work, k), m)))
     import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
     for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
         R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(

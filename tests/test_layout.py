@@ -264,6 +264,9 @@ KIND_NAMES = {
     "reward": (("RewardTrainer", "RewardConfig"), ("kit.estimate.reward",)),
     "rloo": (("RLOOTrainer", "RLOOConfig"), ("kit.estimate.rloo", "kit.advise.grpo_levers",
                                              "kit.watching.generation")),
+    "distillation": (("DistillationTrainer", "DistillationConfig"), ("kit.estimate.distillation",
+                                                                     "kit.advise.distillation_levers",
+                                                                     "kit.watching.generation")),
     "sentence": (("SentenceTransformerTrainer", "SentenceTransformerTrainingArguments"),
                  ("kit.estimate.sentence_trainer", "kit.advise.sentence_levers")),
 }

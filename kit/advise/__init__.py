@@ -10,7 +10,7 @@ user's own objects: :func:`in_objects`, :func:`apply`) and ``check`` (:func:`che
 :mod:`kit.estimate` and the foundations, never :mod:`kit.measure`.
 """
 # the kinds' levers: each registers as imported
-from kit.advise import dpo_levers, grpo_levers, sentence_levers  # noqa: F401
+from kit.advise import distillation_levers, dpo_levers, grpo_levers, sentence_levers  # noqa: F401
 from kit.advise.check import check
 from kit.advise.core import SAFETY, Advice, Limit, advise, limit_for, max_batch_size, max_seq_len
 from kit.advise.objects import apply, in_objects

@@ -11,6 +11,7 @@ True
 """
 # the trainer kinds: each registers as imported
 from kit.estimate import dpo, grpo, reward, rloo, sentence_trainer, trl  # noqa: F401
+from kit.estimate import distillation  # noqa: F401  (registered last: refusals list the kinds in this order)
 from kit.estimate.core import INT32_OPTIMIZER, estimate
 from kit.estimate.from_objects import estimate_from, estimate_trainer
 from kit.estimate.inventory import UnsupportedModel

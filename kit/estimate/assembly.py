@@ -539,5 +539,5 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
                         step_temp=step_temp,
                         L=L, weights=counts.part_weights, opt=counts.part_optimizer, trainable=counts.part_trainable,
                         buffers=info.buffers_bytes, H=setup.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
-                        tensors=counts.tensors),
+                        tensors=counts.tensors, wnew=counts.wnew),
         expandable_segments=expandable)

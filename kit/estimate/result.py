@@ -39,6 +39,7 @@ class Context:
     step: int               # the optimizer step's peak
     reserve: object = None  # peak bytes -> kit.estimate.reserved.Reserved (the allocator's model over this step)
     tensors: list = field(default_factory=list)  # per leaf: (part, weight bytes, [(grad, state bytes)]), laid out
+    wnew: dict = field(default_factory=dict)     # per part: a new grad's bytes where the grads are already alive
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""GRPOTrainer's (and RLOOTrainer's) generation phase as a stage of its own in ``kit.watch`` / ``kit.train``.
+"""GRPOTrainer's (and RLOOTrainer's, DistillationTrainer's) generation phase as a stage of its own in
+``kit.watch`` / ``kit.train``.
 
 TRL's GRPOTrainer generates inside ``training_step`` (``_prepare_inputs`` -> ``_generate_and_score_completions``:
 ``generate``, the no-grad old-log-prob and reference passes, the rewards), once every ``steps_per_generation x
@@ -56,3 +57,4 @@ def detach(trainer) -> None:
 
 trainer_kinds.register_part("grpo", "watch", StageHook(attach, detach))
 trainer_kinds.register_part("rloo", "watch", StageHook(attach, detach))   # RLOOTrainer generates as GRPOTrainer
+trainer_kinds.register_part("distillation", "watch", StageHook(attach, detach))   # on-policy: the same method
