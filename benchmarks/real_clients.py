@@ -240,6 +240,13 @@ class TensorPeakMeter:
         return self.peaks
 
 
+def reference_held(trainer, model) -> list:
+    """A DPOTrainer's or KTOTrainer's separate reference model's weights and buffers, held all along (none for a PEFT
+    policy: it is its own reference)."""
+    ref = getattr(trainer, "ref_model", None)
+    return [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
+
+
 def meter_trainer(trainer, meter):
     """Measure each optimizer step of ``trainer.train()``: the profile spans the training (``on_train_begin`` to
     ``on_train_end``), each step is a range from ``on_step_begin`` to ``on_step_end``; the batch counted as held is
@@ -261,10 +268,7 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference).
-            ref = getattr(trainer, "ref_model", None)
-            ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
-            meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
+            meter.begin(held_bytes(model, optimizer, box["batch"], reference_held(trainer, model)))
 
         def on_step_end(self, args, state, control, **kw):
             meter.end()
@@ -865,10 +869,10 @@ class StepPeaks(list):
 
 def meter_evaluate(trainer, meter_cls) -> int:
     """``trainer.evaluate()`` in one metered window: held = the weights, buffers, (no) grads and optimizer state
-    alive when it begins (as during training: Trainer evaluates after ``zero_grad``)."""
+    alive when it begins (as during training: Trainer evaluates after ``zero_grad``), a separate reference's too."""
     meter = meter_cls()
     meter.start()
-    meter.begin(held_bytes(trainer.model, trainer.optimizer))
+    meter.begin(held_bytes(trainer.model, trainer.optimizer, reference_held(trainer, trainer.model)))
     trainer.evaluate()
     meter.end()
     return meter.stop()[0]

@@ -17,7 +17,7 @@ from kit.estimate.read_training import read_seq_len
 
 PACKED_EVAL = "packed-eval-rows"   # the note's code: a flattened evaluation row of another length than training's
 # TRL's trainers no kind registers, refused by name (a subclass outside trl's modules too)
-OTHER_TRL = ("KTOTrainer", "DistillationTrainer", "PPOTrainer", "ORPOTrainer", "CPOTrainer",
+OTHER_TRL = ("DistillationTrainer", "PPOTrainer", "ORPOTrainer", "CPOTrainer",
              "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer", "XPOTrainer", "NashMDTrainer", "PRMTrainer")
 
 

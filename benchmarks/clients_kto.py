@@ -1,0 +1,55 @@
+"""KTO rows of ``benchmarks/real_clients.py``: TRL's KTOTrainer, as its documentation's quick start writes it, on a
+tiny Llama twin.
+
+TRL's quick start (``KTOTrainer(model=..., train_dataset=...)``), offline: the twin saved with ``save_pretrained``
+and given by its path (so that, without a ``peft_config``, TRL builds the reference copy itself, by
+``create_model_from_path``), unpaired rows (a 20-token prompt, a completion of 30 or 20 tokens by turns, its label
+True or False by turns; one token per word with the shipped tokenizer), ``bf16=False`` on the CPU. KTOTrainer
+rotates the completions by one inside each batch for its KL rows, so with ``per_device_train_batch_size=2`` every
+batch is a row of 51 tokens (with EOS) and one of 41, padded to 51, and its KL rows are the same two lengths: every
+step has the batch shape the estimate reads. An eval set of the same rows is metered by ``trainer.evaluate()``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+KINDS = {"full": "full FT, reference = a copy TRL loads from the path",
+         "lora": "LoRA r8 q,v (peft_config), reference = the adapter disabled"}
+
+
+def unpaired_rows(n=16, P=20, long=30, short=20):
+    """Unpaired preference rows: a P-token prompt, a completion of ``long`` then ``short`` tokens by turns, labels
+    True then False by turns."""
+    from datasets import Dataset
+
+    def words(k):
+        return " the" * k
+
+    return Dataset.from_dict({"prompt": ["the" + words(P - 1)] * n,
+                              "completion": [words(long if i % 2 == 0 else short) for i in range(n)],
+                              "label": [i % 2 == 0 for i in range(n)]})
+
+
+def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None):
+    """TRL's quick-start KTOTrainer; ``kind``: one of :data:`KINDS`. ``ckpt``: gradient checkpointing (KTOConfig's
+    default, on, where None)."""
+    from peft import LoraConfig
+    from real_clients import tokenizer, twin_dir
+    from trl import KTOConfig, KTOTrainer
+
+    from kit.estimate import estimate_trainer
+
+    extra = {} if ckpt is None else {"gradient_checkpointing": ckpt}
+    args = KTOConfig(output_dir=os.path.join(work, "kto"), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+                     per_device_train_batch_size=batch, per_device_eval_batch_size=batch, save_strategy="no",
+                     logging_strategy="no", disable_tqdm=True, **extra)
+    peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None
+    torch.manual_seed(0)
+    trainer = KTOTrainer(model=twin_dir("tiny-llama", work), args=args, train_dataset=unpaired_rows(),
+                         eval_dataset=unpaired_rows(4), processing_class=tokenizer(), peft_config=peft_config)
+    on = args.gradient_checkpointing
+    setup = (f"{KINDS[kind]}, {'ckpt (KTOConfig default)' if on else 'no ckpt'}, fp32, B{batch} x 51 "
+             "(prompt 20, completions 30 / 20 by turns, KL rows likewise)")
+    yield "KTOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
