@@ -30,6 +30,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    runs with ``loss_type="chunked_nll"`` (packing on; TRL 1.16's SFTConfig rewrites it to "nll", deprecated, so the
    row runs the steps of its "nll" twin, which already computes the loss in tiles) and with ``padding_free=True``
    (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096;
+   6c. TRL's ``KTOTrainer`` as its quick start writes it (``benchmarks/clients_kto.py``: a tiny Llama twin by path,
+   unpaired rows of a 20-token prompt and a 30- or 20-token completion by turns, B2, with an eval set): full
+   fine-tuning (the reference copy TRL loads from the path) and LoRA via ``peft_config`` (the adapter-disabled
+   reference); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training;
    6b. TRL's ``RewardTrainer`` as its docs' quick start writes it (a model path, a one-label sequence classifier),
    full and with ``LoraConfig(modules_to_save=["score"])``, on the same pairs; ``estimate_trainer``;
 7. checkpointing as transformers and TRL offer it, on a 4-block tiny-llama: ``activation_checkpointing_kwargs=
@@ -960,6 +964,9 @@ def rows_to_run(work, only=None):
     from clients_rloo import KINDS as RLOO_KINDS, client_rloo   # issue 47: TRL's RLOOTrainer, generating as GRPO's
     for kind in RLOO_KINDS:
         R.append((f"RLOOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_rloo(work, k), m)))
+    from clients_kto import KINDS as KTO_KINDS, client_kto   # issue 47: TRL's KTOTrainer, its KL rows and reference
+    for kind in KTO_KINDS:
+        R.append((f"KTOTrainer {kind}", lambda m, k=kind: run_trainer_client(client_kto(work, k), m)))
     import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
     for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
         R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(
