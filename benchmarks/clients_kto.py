@@ -16,19 +16,23 @@ import os
 import torch
 
 KINDS = {"full": "full FT, reference = a copy TRL loads from the path",
-         "lora": "LoRA r8 q,v (peft_config), reference = the adapter disabled"}
+         "lora": "LoRA r8 q,v (peft_config), reference = the adapter disabled",
+         "skew": "full FT, prompts of 40 and 5 tokens with completions of 5 and 40 by turns: KL rows of 81 tokens "
+                 "beside rows of 46 (the no-grad KL forwards are the step's peak)",
+         "skew-lora": "LoRA r8 q,v, reference = the adapter disabled, the rows of skew (prompts 40 and 5, completions "
+                      "5 and 40: KL rows of 81 tokens beside rows of 46)"}
 
 
-def unpaired_rows(n=16, P=20, long=30, short=20):
-    """Unpaired preference rows: a P-token prompt, a completion of ``long`` then ``short`` tokens by turns, labels
-    True then False by turns."""
+def unpaired_rows(n=16, prompts=(20, 20), completions=(30, 20)):
+    """Unpaired preference rows: prompts and completions of the given lengths by turns (tokens), labels True then
+    False by turns."""
     from datasets import Dataset
 
     def words(k):
         return " the" * k
 
-    return Dataset.from_dict({"prompt": ["the" + words(P - 1)] * n,
-                              "completion": [words(long if i % 2 == 0 else short) for i in range(n)],
+    return Dataset.from_dict({"prompt": ["the" + words(prompts[i % 2] - 1) for i in range(n)],
+                              "completion": [words(completions[i % 2]) for i in range(n)],
                               "label": [i % 2 == 0 for i in range(n)]})
 
 
@@ -45,11 +49,13 @@ def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None):
     args = KTOConfig(output_dir=os.path.join(work, "kto"), use_cpu=True, bf16=False, report_to="none", max_steps=3,
                      per_device_train_batch_size=batch, per_device_eval_batch_size=batch, save_strategy="no",
                      logging_strategy="no", disable_tqdm=True, **extra)
-    peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind == "lora" else None
+    peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind.endswith("lora") else None
     torch.manual_seed(0)
-    trainer = KTOTrainer(model=twin_dir("tiny-llama", work), args=args, train_dataset=unpaired_rows(),
-                         eval_dataset=unpaired_rows(4), processing_class=tokenizer(), peft_config=peft_config)
+    lengths = dict(prompts=(40, 5), completions=(5, 40)) if kind.startswith("skew") else {}
+    trainer = KTOTrainer(model=twin_dir("tiny-llama", work), args=args, train_dataset=unpaired_rows(**lengths),
+                         eval_dataset=unpaired_rows(4, **lengths), processing_class=tokenizer(),
+                         peft_config=peft_config)
     on = args.gradient_checkpointing
-    setup = (f"{KINDS[kind]}, {'ckpt (KTOConfig default)' if on else 'no ckpt'}, fp32, B{batch} x 51 "
-             "(prompt 20, completions 30 / 20 by turns, KL rows likewise)")
+    shape = "" if kind.startswith("skew") else " x 51 (prompt 20, completions 30 / 20 by turns, KL rows likewise)"
+    setup = f"{KINDS[kind]}, {'ckpt (KTOConfig default)' if on else 'no ckpt'}, fp32, B{batch}{shape}"
     yield "KTOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

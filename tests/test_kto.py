@@ -1,8 +1,10 @@
 """TRL's KTOTrainer (the behaviour of TRL 1.16, issue 47): estimate_trainer within 2% of the profiler meter of
 ``benchmarks/real_clients.py`` at step 1, the steady step and ``evaluate()``, as its quick start builds it (a model
 path; rows of a 20-token prompt and a 30- or 20-token completion by turns, labels by turns, B2: every batch and its
-KL rows padded to 51), with LoRA (the adapter-disabled reference) and without (a reference copy TRL loads); every
-KTOConfig field modeled, listed as having no memory effect, or refused by name; ``kit.check`` answers first."""
+KL rows padded to 51), with LoRA (the adapter-disabled reference) and without (a reference copy TRL loads), and
+with KL rows longer than the rows (prompts of 40 and 5 tokens, completions of 5 and 40: the reference's no-grad
+forward on the 81-token KL rows is the step's peak); every KTOConfig field modeled, listed as having no memory
+effect, or refused by name; ``kit.check`` answers first."""
 import contextlib
 import dataclasses
 import io
@@ -37,9 +39,13 @@ def _config(**kw):
 def test_i47_kto_trainer_within_2_percent(tmp_path, kind):
     """Refused before ("not KTOTrainer, whose own forward passes, generation and losses ...")."""
     _, setup, est, peaks = rc.run_trainer_client(clients_kto.client_kto(str(tmp_path), kind), rc.ProfilerMeter)
-    assert (est.setup["batch_size"], est.setup["seq_len"], est.setup["kl_seq_len"]) == (2, 51, 51)
-    assert est.setup["reference"] == ("adapter-disabled" if kind == "lora" else "model")
-    assert (est.setup["reference_weights_bytes"] > 0) is (kind == "full")
+    skew = kind.startswith("skew")
+    shape = (2, 46, 81) if skew else (2, 51, 51)   # skew: 40 + 5 and 5 + 40 tokens, KL rows 40 + 40
+    assert (est.setup["batch_size"], est.setup["seq_len"], est.setup["kl_seq_len"]) == shape
+    lora = kind.endswith("lora")
+    assert est.setup["reference"] == ("adapter-disabled" if lora else "model")
+    assert (est.setup["reference_weights_bytes"] > 0) is not lora
+    assert est.peak_moment.startswith("reference on the KL rows") is skew, est.peak_moment
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     evaluate = est.eval_peak_bytes / peaks.evaluate
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}, evaluate {evaluate:.4f}")
