@@ -36,9 +36,9 @@ def unpaired_rows(n=16, prompts=(20, 20), completions=(30, 20)):
                               "label": [i % 2 == 0 for i in range(n)]})
 
 
-def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None):
+def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None, bf16: bool = False):
     """TRL's quick-start KTOTrainer; ``kind``: one of :data:`KINDS`. ``ckpt``: gradient checkpointing (KTOConfig's
-    default, on, where None)."""
+    default, on, where None); ``bf16``: KTOConfig's default, bf16 autocast (fp32 where False)."""
     from peft import LoraConfig
     from real_clients import tokenizer, twin_dir
     from trl import KTOConfig, KTOTrainer
@@ -46,7 +46,7 @@ def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None):
     from kit.estimate import estimate_trainer
 
     extra = {} if ckpt is None else {"gradient_checkpointing": ckpt}
-    args = KTOConfig(output_dir=os.path.join(work, "kto"), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+    args = KTOConfig(output_dir=os.path.join(work, "kto"), use_cpu=True, bf16=bf16, report_to="none", max_steps=3,
                      per_device_train_batch_size=batch, per_device_eval_batch_size=batch, save_strategy="no",
                      logging_strategy="no", disable_tqdm=True, **extra)
     peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind.endswith("lora") else None
@@ -57,5 +57,6 @@ def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None):
                          peft_config=peft_config)
     on = args.gradient_checkpointing
     shape = "" if kind.startswith("skew") else " x 51 (prompt 20, completions 30 / 20 by turns, KL rows likewise)"
-    setup = f"{KINDS[kind]}, {'ckpt (KTOConfig default)' if on else 'no ckpt'}, fp32, B{batch}{shape}"
+    precision = "bf16 autocast (KTOConfig default)" if bf16 else "fp32"
+    setup = f"{KINDS[kind]}, {'ckpt (KTOConfig default)' if on else 'no ckpt'}, {precision}, B{batch}{shape}"
     yield "KTOTrainer", setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

@@ -965,8 +965,9 @@ def rows_to_run(work, only=None):
     for kind in RLOO_KINDS:
         R.append((f"RLOOTrainer {kind}", lambda m, k=kind: run_grpo_client(client_rloo(work, k), m)))
     from clients_kto import KINDS as KTO_KINDS, client_kto   # issue 47: TRL's KTOTrainer, its KL rows and reference
-    for kind in KTO_KINDS:
-        R.append((f"KTOTrainer {kind}", lambda m, k=kind: run_trainer_client(client_kto(work, k), m)))
+    for kind, bf16 in [*((k, False) for k in KTO_KINDS), ("full", True), ("skew", True)]:
+        R.append((f"KTOTrainer {kind}{' bf16' if bf16 else ''}", lambda m, k=kind, b=bf16: run_trainer_client(
+            client_kto(work, k, bf16=b), m)))
     import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
     for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
         R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(

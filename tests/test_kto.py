@@ -35,17 +35,20 @@ def _config(**kw):
     return KTOConfig(output_dir="/tmp/kit-kto-test", use_cpu=True, bf16=False, report_to="none", **kw)
 
 
-@pytest.mark.parametrize("kind", list(clients_kto.KINDS))
-def test_i47_kto_trainer_within_2_percent(tmp_path, kind):
-    """Refused before ("not KTOTrainer, whose own forward passes, generation and losses ...")."""
-    _, setup, est, peaks = rc.run_trainer_client(clients_kto.client_kto(str(tmp_path), kind), rc.ProfilerMeter)
+@pytest.mark.parametrize("kind,bf16", [*((k, False) for k in clients_kto.KINDS), ("skew", True)])
+def test_i47_kto_trainer_within_2_percent(tmp_path, kind, bf16):
+    """Refused before ("not KTOTrainer, whose own forward passes, generation and losses ..."). bf16: KTOConfig's
+    default (accelerate's autocast around each model's forward: the policy's half copies are gone when the
+    reference runs)."""
+    _, setup, est, peaks = rc.run_trainer_client(clients_kto.client_kto(str(tmp_path), kind, bf16=bf16),
+                                                 rc.ProfilerMeter)
     skew = kind.startswith("skew")
     shape = (2, 46, 81) if skew else (2, 51, 51)   # skew: 40 + 5 and 5 + 40 tokens, KL rows 40 + 40
     assert (est.setup["batch_size"], est.setup["seq_len"], est.setup["kl_seq_len"]) == shape
     lora = kind.endswith("lora")
     assert est.setup["reference"] == ("adapter-disabled" if lora else "model")
     assert (est.setup["reference_weights_bytes"] > 0) is not lora
-    assert est.peak_moment.startswith("reference on the KL rows") is skew, est.peak_moment
+    assert est.peak_moment.startswith("reference on the KL rows") is (skew and not bf16), est.peak_moment
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     evaluate = est.eval_peak_bytes / peaks.evaluate
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}, evaluate {evaluate:.4f}")

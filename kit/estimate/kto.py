@@ -130,11 +130,13 @@ def no_grad_forward(est, rows: int, S: int, V: int, outputs, *, rp_rows: int, rp
     return (head, "its fused head") if head >= block else (block, "a block, bounded")
 
 
-def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, held_policy: bool):
+def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, policy_copies, held_policy: bool):
     """The no-grad moments of a KTO step (or of an evaluation, ``held_policy=False``: nothing saved) as
     ``{name: bytes}``: the policy on the KL rows, and the reference on the KL rows and the rows, with the
     policy's saved tensors (training), its outputs and the completion labels held. The training replay is at
-    ``est.setup``'s batch and length."""
+    ``est.setup``'s batch and length. Under mixed precision accelerate wraps each model's forward in its own
+    autocast, whose cache of half copies (``policy_copies``, ``ref_copies``) lives while that forward runs: the
+    policy's is gone when the reference runs."""
     rp = est.context.rp
     load = est.setup["load_dtype"]
     hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
@@ -145,12 +147,12 @@ def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, he
     out = {}
     if K:   # _compute_kl_logps(model): the KL labels beside the batch, before the policy forward
         fwd, where = no_grad_forward(est, rows, K, outputs=POLICY_OUTPUTS, **kw)
-        out[f"policy on the KL rows ({where})"] = held + rows * K * I64 + fwd
+        out[f"policy on the KL rows ({where})"] = held + rows * K * I64 + policy_copies + fwd
     labels = rows * S * I64   # completion_labels, held through compute_loss
     if not held_policy:   # evaluation: the policy's own forward, no grad
         fwd, where = no_grad_forward(est, rows, S, outputs=POLICY_OUTPUTS, **kw)
-        out[f"policy forward ({where})"] = held + labels + fwd
-    policy = (rp.saved_bytes() + rp.cache if held_policy else 0) + dpo.fields_bytes(rows * (S - 1), POLICY_OUTPUTS)
+        out[f"policy forward ({where})"] = held + labels + policy_copies + fwd
+    policy = (rp.saved_bytes() if held_policy else 0) + dpo.fields_bytes(rows * (S - 1), POLICY_OUTPUTS)
     ref_held = held + labels + policy + rows * F32 + ref_copies   # + the policy's KL log-probs, [B] fp32
     if K:
         fwd, where = no_grad_forward(est, rows, K, outputs=ref_outputs, **kw)
@@ -160,15 +162,21 @@ def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, he
     return out
 
 
-def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, eval_rows, eval_S, eval_K) -> dict:
+def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_model, eval_rows, eval_S,
+           eval_K) -> dict:
     """The fields of ``est`` with KTO's moments in: the reference's weights (held all along), the no-grad forwards
-    of a step (the peak where one is the largest; step 1 has no optimizer state) and of evaluate()."""
+    of a step (the peak where one is the largest; step 1 has no optimizer state) and of evaluate(). ``ref_model``,
+    ``policy_model``: the real models where a trainer was built (None: from ``info``)."""
     load, prec = est.setup["load_dtype"], est.setup["precision"]
     half = dtype(prec) if prec != "fp32" else None
     separate = kind == "model"
-    ref_copies = dpo.cast_copies(info, half, load, ref_model) if separate else 0
+    ref_copies = dpo.cast_copies(info, half, load, ref_model) if separate else 0   # (disabled adapters cast nothing)
+    if policy_model is None and est.setup.get("lora_r"):   # the adapters: fp32 Linear weights that train
+        policy_copies = est.trainable_params * half if half and load == "fp32" else 0
+    else:
+        policy_copies = dpo.cast_copies(info, half, load, policy_model)
     common = dict(V=V, ref_weights=ref_weights, ref_outputs=REF_OUTPUTS if separate else POLICY_OUTPUTS,
-                  ref_copies=ref_copies)
+                  ref_copies=ref_copies, policy_copies=policy_copies)
     moments = step_moments(est, rows=est.setup["batch_size"], S=S, K=K, held_policy=True, **common)
     evals = step_moments(est, rows=eval_rows, S=eval_S, K=eval_K, held_policy=False, **common)
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
@@ -224,6 +232,7 @@ class KtoReader(TrainerReader):
                                                            if padded else "no padding")})
         self.finishing = dict(kind=kind, where=where, S=S, K=K, V=trainer.model.config.get_text_config().vocab_size,
                               ref_weights=dpo.held_bytes(ref) if ref is not None else 0, ref_model=ref,
+                              policy_model=trainer.model,
                               eval_rows=a.per_device_eval_batch_size, eval_S=eval_S, eval_K=eval_K)
         return S, padded
 
@@ -251,7 +260,7 @@ class KtoReader(TrainerReader):
         dpo.refuse_dropout(cfg, config, self.config_name)
         kind, _, where = dpo.reference_of(cfg=cfg, peft=self.peft, names=NAMES)
         K = seq_len if with_kl(cfg) else 0   # (the KL rows are truncated to max_length too)
-        self.finishing = dict(kind=kind, where=where, S=seq_len, K=K, ref_model=None,
+        self.finishing = dict(kind=kind, where=where, S=seq_len, K=K, ref_model=None, policy_model=None,
                               eval_rows=reading.opts.get("eval_batch_size") or reading.opts["batch_size"],
                               eval_S=seq_len, eval_K=K)
         return seq_len, padded
