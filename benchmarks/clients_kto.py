@@ -18,7 +18,7 @@ import torch
 KINDS = {"full": "full FT, reference = a copy TRL loads from the path",
          "lora": "LoRA r8 q,v (peft_config), reference = the adapter disabled",
          "skew": "full FT, prompts of 40 and 5 tokens with completions of 5 and 40 by turns: KL rows of 81 tokens "
-                 "beside rows of 46 (the no-grad KL forwards are the step's peak)",
+                 "beside rows of 46 (in fp32 the reference's no-grad pass on them is the step's peak)",
          "skew-lora": "LoRA r8 q,v, reference = the adapter disabled, the rows of skew (prompts 40 and 5, completions "
                       "5 and 40: KL rows of 81 tokens beside rows of 46)"}
 

@@ -182,12 +182,16 @@ def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_mo
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
     weights = est.weights_bytes + ref_weights
     moment, top = max(moments.items(), key=lambda kv: kv[1])
+    notes = list(est.notes)
+    if moment.endswith("bounded)"):
+        notes.append(Note("KTOTrainer's largest no-grad pass is set by a block, where the kit counts at most what one "
+                          "block saves in training: an upper bound", field="ref_model", code="kto-no-grad-upper-bound"))
     setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, kl_seq_len=K,
                  reference_forward_peak_bytes=max(v for k, v in moments.items() if k.startswith("reference")),
                  no_grad_moments_bytes=moments)
     out = dict(peak_bytes=est.peak_bytes + ref_weights,
                first_step_peak_bytes=max(est.first_step_peak_bytes + ref_weights, top - opt),
-               weights_bytes=weights, eval_peak_bytes=max(evals.values()), setup=setup,
+               weights_bytes=weights, eval_peak_bytes=max(evals.values()), setup=setup, notes=notes,
                _parts={**est._parts, "weights": est._parts.get("weights", 0) + ref_weights},
                sources={**est.sources, "reference": (kind, where),
                         "kl_seq_len": (K, "the KL rows' padded length (DataCollatorForUnpairedPreference)" if K else
