@@ -101,3 +101,13 @@ def test_check_prints_a_kto_trainers_answer_and_says_the_advisor_does_not_search
     assert judged.setup["reference"] == "model" and "DOES NOT FIT" in text, text
     assert "KTOTrainer's reference model and phases are estimated but not searched" in text, text
     assert "change the KTOConfig (per_device_train_batch_size, max_length, a peft_config)" in text, text
+
+
+def test_kit_train_judges_each_kto_step_against_its_estimate(tmp_path):
+    """kit.train on a KTOTrainer with its reference copy (every op watched on the CPU): step 1 and the later steps
+    within 2% of the estimate read from the same Trainer (measured 1.000 for both)."""
+    trainer = next(clients_kto.client_kto(str(tmp_path), "full"))[2]
+    r = kit.train(trainer, plot=False, tensor_peak=True)
+    print(f"KTOTrainer under kit.train: step 1 {r.first_step_ratio:.4f}, later {r.later_steps_ratio:.4f}")
+    assert not r.oom and r.step == 3 and r.peak_exact
+    assert 0.98 <= r.first_step_ratio <= 1.02 and 0.98 <= r.later_steps_ratio <= 1.02
