@@ -20,7 +20,9 @@ KINDS = {"full": "full FT, reference = a copy TRL loads from the path",
          "skew": "full FT, prompts of 40 and 5 tokens with completions of 5 and 40 by turns: KL rows of 81 tokens "
                  "beside rows of 46 (in fp32 the reference's no-grad pass on them is the step's peak)",
          "skew-lora": "LoRA r8 q,v, reference = the adapter disabled, the rows of skew (prompts 40 and 5, completions "
-                      "5 and 40: KL rows of 81 tokens beside rows of 46)"}
+                      "5 and 40: KL rows of 81 tokens beside rows of 46)",
+         "precompute": "full FT, precompute_ref_log_probs=True (the policy's log-probs in __init__: no reference in "
+                       "training)"}
 
 
 def unpaired_rows(n=16, prompts=(20, 20), completions=(30, 20)):
@@ -36,9 +38,10 @@ def unpaired_rows(n=16, prompts=(20, 20), completions=(30, 20)):
                               "label": [i % 2 == 0 for i in range(n)]})
 
 
-def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None, bf16: bool = False):
+def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None, bf16: bool = False, model=None):
     """TRL's quick-start KTOTrainer; ``kind``: one of :data:`KINDS`. ``ckpt``: gradient checkpointing (KTOConfig's
-    default, on, where None); ``bf16``: KTOConfig's default, bf16 autocast (fp32 where False)."""
+    default, on, where None); ``bf16``: KTOConfig's default, bf16 autocast (fp32 where False); ``model``: the policy
+    (the twin's path where None)."""
     from peft import LoraConfig
     from real_clients import tokenizer, twin_dir
     from trl import KTOConfig, KTOTrainer
@@ -46,13 +49,15 @@ def client_kto(work, kind: str, batch: int = 2, ckpt: bool | None = None, bf16: 
     from kit.estimate import estimate_trainer
 
     extra = {} if ckpt is None else {"gradient_checkpointing": ckpt}
+    if kind == "precompute":
+        extra["precompute_ref_log_probs"] = True
     args = KTOConfig(output_dir=os.path.join(work, "kto"), use_cpu=True, bf16=bf16, report_to="none", max_steps=3,
                      per_device_train_batch_size=batch, per_device_eval_batch_size=batch, save_strategy="no",
                      logging_strategy="no", disable_tqdm=True, **extra)
     peft_config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"]) if kind.endswith("lora") else None
     torch.manual_seed(0)
     lengths = dict(prompts=(40, 5), completions=(5, 40)) if kind.startswith("skew") else {}
-    trainer = KTOTrainer(model=twin_dir("tiny-llama", work), args=args, train_dataset=unpaired_rows(**lengths),
+    trainer = KTOTrainer(model=model or twin_dir("tiny-llama", work), args=args, train_dataset=unpaired_rows(**lengths),
                          eval_dataset=unpaired_rows(4, **lengths), processing_class=tokenizer(),
                          peft_config=peft_config)
     on = args.gradient_checkpointing

@@ -42,13 +42,19 @@ def test_i47_kto_trainer_within_2_percent(tmp_path, kind, bf16):
     reference runs)."""
     _, setup, est, peaks = rc.run_trainer_client(clients_kto.client_kto(str(tmp_path), kind, bf16=bf16),
                                                  rc.ProfilerMeter)
-    skew = kind.startswith("skew")
-    shape = (2, 46, 81) if skew else (2, 51, 51)   # skew: 40 + 5 and 5 + 40 tokens, KL rows 40 + 40
-    assert (est.setup["batch_size"], est.setup["seq_len"], est.setup["kl_seq_len"]) == shape
-    lora = kind.endswith("lora")
-    assert est.setup["reference"] == ("adapter-disabled" if lora else "model")
-    assert (est.setup["reference_weights_bytes"] > 0) is not lora
-    assert est.peak_moment.startswith("reference on the KL rows") is (skew and not bf16), est.peak_moment
+    if kind == "precompute":   # no reference in training at all
+        assert est.setup["reference"] == "precomputed" and est.setup["reference_weights_bytes"] == 0
+    else:
+        skew, lora = kind.startswith("skew"), kind.endswith("lora")
+        shape = (2, 46, 81) if skew else (2, 51, 51)   # skew: 40 + 5 and 5 + 40 tokens, KL rows 40 + 40
+        assert (est.setup["batch_size"], est.setup["seq_len"], est.setup["kl_seq_len"]) == shape
+        assert est.setup["reference"] == ("adapter-disabled" if lora else "model")
+        assert (est.setup["reference_weights_bytes"] > 0) is not lora
+        assert est.peak_moment.startswith("reference on the KL rows") is (skew and not bf16), est.peak_moment
+    _within(setup, est, peaks)
+
+
+def _within(setup, est, peaks):
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     evaluate = est.eval_peak_bytes / peaks.evaluate
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}, evaluate {evaluate:.4f}")
@@ -68,13 +74,19 @@ def test_every_kto_config_field_is_modeled_listed_or_refused():
     assert not twice, f"fields in more than one table: {twice}"
 
 
-@pytest.mark.parametrize("kw,field", [(dict(precompute_ref_log_probs=True), "precompute_ref_log_probs"),
-                                      (dict(activation_offloading=True), "activation_offloading")])
+@pytest.mark.parametrize("kw,field", [(dict(activation_offloading=True), "activation_offloading"),
+                                      (dict(use_liger_kernel=True), "use_liger_kernel")])
 def test_a_refused_field_gets_one_sentence_naming_it(kw, field):
     with pytest.raises(inputs.InputError) as e:
         estimate_from("tiny-llama", kto_config=_config(**kw))
     msg = str(e.value)
     assert f"KTOConfig.{field}" in msg and e.value.name == field and msg.count(". ") == 0, msg
+
+
+def test_estimate_from_with_precomputed_log_probs_has_its_own_phase():
+    est = estimate_from("tiny-llama", kto_config=_config(max_length=51, precompute_ref_log_probs=True), device="cpu")
+    assert est.setup["reference"] == "precomputed" and est.setup["precompute_peak_bytes"] > 0
+    assert inputs.has_note(est.notes, "kto-precompute")
 
 
 def test_estimate_from_a_kto_config():
@@ -111,3 +123,27 @@ def test_kit_train_judges_each_kto_step_against_its_estimate(tmp_path):
     print(f"KTOTrainer under kit.train: step 1 {r.first_step_ratio:.4f}, later {r.later_steps_ratio:.4f}")
     assert not r.oom and r.step == 3 and r.peak_exact
     assert 0.98 <= r.first_step_ratio <= 1.02 and 0.98 <= r.later_steps_ratio <= 1.02
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_precomputed_reference_phase_within_2_percent(tmp_path, bf16):
+    """precompute_ref_log_probs=True: KTOTrainer.__init__'s no-grad pass over the rows and the KL rows (the policy,
+    one autocast around both forwards), metered from the policy's weights alive before the trainer is built; then
+    the training steps, with no reference at all."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(rc.twin_dir("tiny-llama", str(tmp_path)))
+    meter = rc.ProfilerMeter()
+    meter.start()
+    meter.begin(rc.held_bytes(model, None))
+    gen = clients_kto.client_kto(str(tmp_path), "precompute", model=model, bf16=bf16)
+    _, _, trainer, _ = next(gen)
+    meter.end()
+    init = meter.stop()[0]
+    est = estimate_trainer(trainer, device="cpu")
+    assert est.setup["reference"] == "precomputed" and est.setup["reference_weights_bytes"] == 0
+    assert inputs.has_note(est.notes, "kto-precompute") and not any(
+        k.startswith("reference") for k in est.setup["no_grad_moments_bytes"])
+    phase = est.setup["precompute_peak_bytes"] / init
+    print(f"precompute phase (bf16 {bf16}): estimate/measured {phase:.4f}")
+    assert 0.98 <= phase <= 1.02, (est.setup["precompute_peak_bytes"], init)

@@ -24,7 +24,13 @@ What one KTOTrainer step does, and how each part is estimated:
   as one moment (the larger of the two forwards), with DPOTrainer's pieces (:mod:`kit.estimate.dpo`);
 - the loss works on ``[B]`` sequence log-probs: nothing per vocabulary entry;
 - ``evaluate()`` runs the same four forwards under ``torch.no_grad()`` at ``per_device_eval_batch_size`` rows
-  (modeled: the largest of those moments, nothing saved).
+  (modeled: the largest of those moments, nothing saved);
+- ``precompute_ref_log_probs=True``: ``_precompute_ref_logps`` runs in ``KTOTrainer.__init__``, before any optimizer
+  state, over batches of ``precompute_ref_batch_size`` (else the train and the eval batch sizes) of the train and eval
+  sets, with ``ref_model or model`` (the policy with its adapter disabled under peft) inside one
+  ``accelerator.autocast()``: the rows, then the KL rows, no grad, the next batch fetched ahead; then training has no
+  reference forward and, with no ``ref_model`` given, no reference weights. Modeled as its own phase
+  (:func:`precompute_moment`).
 
 Every KTOConfig field beyond TrainingArguments' is in one of :data:`MODELED`, :data:`NO_MEMORY` or :data:`REFUSED`.
 """
@@ -54,6 +60,8 @@ MODELED = {
     "model_init_kwargs": "the dtype and attention a model given by id loads with (read from the built model)",
     "sync_ref_model": "SyncRefModelCallback mixes the reference's weights in place (mul_, add_): no bytes beyond "
                       "the reference's",
+    "precompute_ref_log_probs": "no reference forward in training; a no-grad phase of its own in __init__",
+    "precompute_ref_batch_size": "the rows of each batch of the precomputation phase",
 }
 # KTOConfig fields that change no byte the kit counts, and why
 NO_MEMORY = {
@@ -62,13 +70,9 @@ NO_MEMORY = {
     "beta": "a scalar of the loss", "desirable_weight": "a scalar that weights the loss",
     "undesirable_weight": "a scalar that weights the loss", "ref_model_mixup_alpha": "a scalar of the sync",
     "ref_model_sync_steps": "when the sync runs",
-    "precompute_ref_batch_size": "the batch of the precomputation, refused with precompute_ref_log_probs",
 }
 # KTOConfig fields refused when set: (is it set?, what it does); liger and compile: dpo.refuse_unmodeled
 REFUSED = {
-    "precompute_ref_log_probs": (lambda cfg: bool(cfg.precompute_ref_log_probs),
-                                 "runs a no-grad pass over the whole dataset in KTOTrainer.__init__ (its own phase, "
-                                 "modeled for the paired preference trainer, not for KTOTrainer's KL rows)"),
     "activation_offloading": (lambda cfg: bool(cfg.activation_offloading), "moves the saved activations to the CPU"),
     "router_aux_loss_coef": (lambda cfg: bool(cfg.router_aux_loss_coef),
                              "adds a Mixture-of-Experts load-balancing loss (router logits)"),
@@ -130,20 +134,30 @@ def no_grad_forward(est, rows: int, S: int, V: int, outputs, *, rp_rows: int, rp
     return (head, "its fused head") if head >= block else (block, "a block, bounded")
 
 
-def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, policy_copies, held_policy: bool):
-    """The no-grad moments of a KTO step (or of an evaluation, ``held_policy=False``: nothing saved) as
-    ``{name: bytes}``: the policy on the KL rows, and the reference on the KL rows and the rows, with the
-    policy's saved tensors (training), its outputs and the completion labels held. The training replay is at
-    ``est.setup``'s batch and length. Under mixed precision accelerate wraps each model's forward in its own
-    autocast, whose cache of half copies (``policy_copies``, ``ref_copies``) lives while that forward runs: the
-    policy's is gone when the reference runs."""
-    rp = est.context.rp
+def _dtypes(est) -> dict:
     load = est.setup["load_dtype"]
     hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
-    kw = dict(V=V, rp_rows=est.setup["batch_size"], rp_len=est.setup["seq_len"], hidden_dt=hidden_dt,
-              weight_dt=weight_dt)
-    batch = 3 * rows * (S + K) * I64 + rows * BOOL   # the collator's arrays and the labels
-    held = est.weights_bytes + ref_weights + est.optimizer_bytes - est.paged_optimizer_bytes + batch
+    return dict(rp_rows=est.setup["batch_size"], rp_len=est.setup["seq_len"], hidden_dt=hidden_dt,
+                weight_dt=weight_dt)
+
+
+def batch_bytes(rows: int, S: int, K: int) -> int:
+    """The collator's arrays (``[rows, S]`` and ``[rows, K]`` int64, three each) and the labels (bool)."""
+    return 3 * rows * (S + K) * I64 + rows * BOOL
+
+
+def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, policy_copies, held_policy: bool,
+                 reference: bool = True):
+    """The no-grad moments of a KTO step (or of an evaluation, ``held_policy=False``: nothing saved) as
+    ``{name: bytes}``: the policy on the KL rows, and (``reference``: not precomputed) the reference on the KL rows
+    and the rows, with the policy's saved tensors (training), its outputs and the completion labels held. The
+    training replay is at ``est.setup``'s batch and length. Under mixed precision accelerate wraps each model's
+    forward in its own autocast, whose cache of half copies (``policy_copies``, ``ref_copies``) lives while that
+    forward runs: the policy's is gone when the reference runs."""
+    rp = est.context.rp
+    kw = dict(V=V, **_dtypes(est))
+    held = est.weights_bytes + ref_weights + est.optimizer_bytes - est.paged_optimizer_bytes + \
+        batch_bytes(rows, S, K) + (0 if reference else 2 * rows * F32)   # (or the precomputed log-probs, fp32)
     out = {}
     if K:   # _compute_kl_logps(model): the KL labels beside the batch, before the policy forward
         fwd, where = no_grad_forward(est, rows, K, outputs=POLICY_OUTPUTS, **kw)
@@ -152,6 +166,8 @@ def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, po
     if not held_policy:   # evaluation: the policy's own forward, no grad
         fwd, where = no_grad_forward(est, rows, S, outputs=POLICY_OUTPUTS, **kw)
         out[f"policy forward ({where})"] = held + labels + policy_copies + fwd
+    if not reference:
+        return out
     policy = (rp.saved_bytes() if held_policy else 0) + dpo.fields_bytes(rows * (S - 1), POLICY_OUTPUTS)
     ref_held = held + labels + policy + rows * F32 + ref_copies   # + the policy's KL log-probs, [B] fp32
     if K:
@@ -162,21 +178,38 @@ def step_moments(est, *, rows, S, K, V, ref_weights, ref_outputs, ref_copies, po
     return out
 
 
+def precompute_moment(est, *, rows, S, K, V, ref_weights, outputs, copies) -> int:
+    """``compute_ref_log_probs`` over one batch of ``_precompute_ref_logps`` in ``KTOTrainer.__init__``: no optimizer
+    state, no grads; the batch and the next one (accelerate's loader fetches it ahead); the rows' labels, then
+    their log-probs (``[rows, S-1]`` fp32) held through the KL rows' forward; one autocast around both, so the
+    running model's half copies (``copies``) stay cached."""
+    kw = dict(V=V, **_dtypes(est))
+    held = est.weights_bytes + ref_weights + 2 * batch_bytes(rows, S, K) + rows * S * I64 + copies
+    main = held + no_grad_forward(est, rows, S, outputs=outputs, **kw)[0]
+    if not K:
+        return main
+    return max(main, held + rows * (S - 1) * F32 + rows * K * I64 + no_grad_forward(est, rows, K, outputs=outputs,
+                                                                                       **kw)[0])
+
+
 def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_model, eval_rows, eval_S,
-           eval_K) -> dict:
+           eval_K, precompute=None) -> dict:
     """The fields of ``est`` with KTO's moments in: the reference's weights (held all along), the no-grad forwards
-    of a step (the peak where one is the largest; step 1 has no optimizer state) and of evaluate(). ``ref_model``,
-    ``policy_model``: the real models where a trainer was built (None: from ``info``)."""
+    of a step (the peak where one is the largest; step 1 has no optimizer state) and of evaluate(), and the
+    precomputation's phase (``precompute``: its batches' ``(rows, S, K)``, None where the log-probs are not
+    precomputed). ``ref_model``, ``policy_model``: the real models where a trainer was built (None: from
+    ``info``)."""
     load, prec = est.setup["load_dtype"], est.setup["precision"]
     half = dtype(prec) if prec != "fp32" else None
-    separate = kind == "model"
+    separate = ref_weights > 0   # a separate reference model (its own fused head, log-probs alone)
+    lora = bool(est.setup.get("lora_r"))
     ref_copies = dpo.cast_copies(info, half, load, ref_model) if separate else 0   # (disabled adapters cast nothing)
-    if policy_model is None and est.setup.get("lora_r"):   # the adapters: fp32 Linear weights that train
+    if policy_model is None and lora:   # the adapters: fp32 Linear weights that train
         policy_copies = est.trainable_params * half if half and load == "fp32" else 0
     else:
         policy_copies = dpo.cast_copies(info, half, load, policy_model)
     common = dict(V=V, ref_weights=ref_weights, ref_outputs=REF_OUTPUTS if separate else POLICY_OUTPUTS,
-                  ref_copies=ref_copies, policy_copies=policy_copies)
+                  ref_copies=ref_copies, policy_copies=policy_copies, reference=precompute is None)
     moments = step_moments(est, rows=est.setup["batch_size"], S=S, K=K, held_policy=True, **common)
     evals = step_moments(est, rows=eval_rows, S=eval_S, K=eval_K, held_policy=False, **common)
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
@@ -186,9 +219,9 @@ def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_mo
     if moment.endswith("bounded)"):
         notes.append(Note("KTOTrainer's largest no-grad pass is set by a block, where the kit counts at most what one "
                           "block saves in training: an upper bound", field="ref_model", code="kto-no-grad-upper-bound"))
+    refs = [v for k, v in moments.items() if k.startswith("reference")]
     setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, kl_seq_len=K,
-                 reference_forward_peak_bytes=max(v for k, v in moments.items() if k.startswith("reference")),
-                 no_grad_moments_bytes=moments)
+                 no_grad_moments_bytes=moments, **({"reference_forward_peak_bytes": max(refs)} if refs else {}))
     out = dict(peak_bytes=est.peak_bytes + ref_weights,
                first_step_peak_bytes=max(est.first_step_peak_bytes + ref_weights, top - opt),
                weights_bytes=weights, eval_peak_bytes=max(evals.values()), setup=setup, notes=notes,
@@ -199,6 +232,19 @@ def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_mo
     if top > out["peak_bytes"]:
         out.update(peak_bytes=top, peak_phase="forward/backward", peak_moment=moment,
                    _parts={"weights": weights, "optimizer state": opt, "temporaries": top - weights - opt})
+    if precompute is not None:   # ref_model or the policy (its adapter disabled under peft: nothing cast)
+        runs = dict(outputs=REF_OUTPUTS, copies=ref_copies) if separate else \
+            dict(outputs=POLICY_OUTPUTS, copies=0 if lora else policy_copies)
+        pre = max(precompute_moment(est, rows=r, S=s, K=k, V=V, ref_weights=ref_weights, **runs)
+                  for r, s, k in precompute)
+        setup["precompute_peak_bytes"] = pre
+        notes.append(Note("precompute_ref_log_probs: KTOTrainer.__init__ first runs a no-grad pass over every row, "
+                          "its own phase, whose peak is setup['precompute_peak_bytes']",
+                          field="precompute_ref_log_probs", code="kto-precompute"))
+        if pre > out["peak_bytes"]:
+            out.update(peak_bytes=pre, peak_phase="precomputing reference log-probs",
+                       peak_moment="reference forward (precompute)",
+                       _parts={"weights": weights, "temporaries": pre - weights})
     return out
 
 
@@ -236,9 +282,27 @@ class KtoReader(TrainerReader):
                                                            if padded else "no padding")})
         self.finishing = dict(kind=kind, where=where, S=S, K=K, V=trainer.model.config.get_text_config().vocab_size,
                               ref_weights=dpo.held_bytes(ref) if ref is not None else 0, ref_model=ref,
-                              policy_model=trainer.model,
+                              policy_model=trainer.model, precompute=self.precomputed_batches(trainer, seq_len),
                               eval_rows=a.per_device_eval_batch_size, eval_S=eval_S, eval_K=eval_K)
         return S, padded
+
+    @staticmethod
+    def precomputed_batches(trainer, seq_len) -> list | None:
+        """``(rows, S, K)`` of the longest batch _precompute_ref_logps ran over in the train set and the eval set
+        (None where the log-probs are not precomputed)."""
+        a, kl = trainer.args, with_kl(trainer.args)
+        if not a.precompute_ref_log_probs:
+            return None
+        out = []
+        for ds, rows in ((trainer.train_dataset, a.per_device_train_batch_size),
+                         (trainer.eval_dataset, a.per_device_eval_batch_size)):
+            rows = a.precompute_ref_batch_size or rows
+            if seq_len is not None:
+                out.append((rows, seq_len, seq_len if kl else 0))
+            elif ds is not None and not isinstance(ds, dict):
+                S, _, K = read_batch(ds, rows, trainer.data_collator, kl)
+                out.append((rows, S, K))
+        return out
 
     def compose(self, draft, trainer, reading: Reading) -> dict:
         opts = reading.opts
@@ -264,7 +328,9 @@ class KtoReader(TrainerReader):
         dpo.refuse_dropout(cfg, config, self.config_name)
         kind, _, where = dpo.reference_of(cfg=cfg, peft=self.peft, names=NAMES)
         K = seq_len if with_kl(cfg) else 0   # (the KL rows are truncated to max_length too)
-        self.finishing = dict(kind=kind, where=where, S=seq_len, K=K, ref_model=None, policy_model=None,
+        rows = cfg.precompute_ref_batch_size or reading.opts["batch_size"]
+        pre = [(rows, seq_len, K)] if cfg.precompute_ref_log_probs else None
+        self.finishing = dict(kind=kind, where=where, S=seq_len, K=K, ref_model=None, policy_model=None, precompute=pre,
                               eval_rows=reading.opts.get("eval_batch_size") or reading.opts["batch_size"],
                               eval_S=seq_len, eval_K=K)
         return seq_len, padded
