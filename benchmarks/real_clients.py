@@ -30,6 +30,10 @@ The clients, each on a CPU tiny twin (random weights, the shapes of ``kit/config
    runs with ``loss_type="chunked_nll"`` (packing on; TRL 1.16's SFTConfig rewrites it to "nll", deprecated, so the
    row runs the steps of its "nll" twin, which already computes the loss in tiles) and with ``padding_free=True``
    (packing off, so ``max_length=None``: TRL refuses padding-free rows it cannot truncate), vocab 4096;
+   6c. TRL's ``KTOTrainer`` as its quick start writes it (``benchmarks/clients_kto.py``: a tiny Llama twin by path,
+   unpaired rows of a 20-token prompt and a 30- or 20-token completion by turns, B2, with an eval set): full
+   fine-tuning (the reference copy TRL loads from the path) and LoRA via ``peft_config`` (the adapter-disabled
+   reference); ``estimate_trainer``, and ``trainer.evaluate()`` metered after training;
    6b. TRL's ``RewardTrainer`` as its docs' quick start writes it (a model path, a one-label sequence classifier),
    full and with ``LoraConfig(modules_to_save=["score"])``, on the same pairs; ``estimate_trainer``;
 7. checkpointing as transformers and TRL offer it, on a 4-block tiny-llama: ``activation_checkpointing_kwargs=
@@ -248,6 +252,14 @@ class TensorPeakMeter:
         return self.peaks
 
 
+def reference_held(trainer, model) -> list:
+    """A DPOTrainer's or KTOTrainer's separate reference model's weights and buffers, or a distillation's teacher's,
+    held all along (none for a PEFT policy: it is its own reference)."""
+    ref = getattr(trainer, "ref_model", None)
+    ref = ref if ref is not None else getattr(trainer, "teacher_model", None)
+    return [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
+
+
 def meter_trainer(trainer, meter):
     """Measure each optimizer step of ``trainer.train()``: the profile spans the training (``on_train_begin`` to
     ``on_train_end``), each step is a range from ``on_step_begin`` to ``on_step_end``; the batch counted as held is
@@ -269,12 +281,7 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            # A DPOTrainer's separate reference model is held too (None for a PEFT policy: it is its own reference),
-            # and so is a distillation's teacher.
-            ref = getattr(trainer, "ref_model", None)
-            ref = ref if ref is not None else getattr(trainer, "teacher_model", None)
-            ref_held = [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
-            meter.begin(held_bytes(model, optimizer, box["batch"], ref_held))
+            meter.begin(held_bytes(model, optimizer, box["batch"], reference_held(trainer, model)))
 
         def on_step_end(self, args, state, control, **kw):
             meter.end()
@@ -929,10 +936,10 @@ class StepPeaks(list):
 
 def meter_evaluate(trainer, meter_cls) -> int:
     """``trainer.evaluate()`` in one metered window: held = the weights, buffers, (no) grads and optimizer state
-    alive when it begins (as during training: Trainer evaluates after ``zero_grad``)."""
+    alive when it begins (as during training: Trainer evaluates after ``zero_grad``), a separate reference's too."""
     meter = meter_cls()
     meter.start()
-    meter.begin(held_bytes(trainer.model, trainer.optimizer))
+    meter.begin(held_bytes(trainer.model, trainer.optimizer, reference_held(trainer, trainer.model)))
     trainer.evaluate()
     meter.end()
     return meter.stop()[0]
@@ -1023,6 +1030,10 @@ def rows_to_run(work, only=None):
     from clients_distillation import KINDS as DISTILLATION_KINDS, client_distillation   # issue 47: on-policy, a teacher
     for kind in DISTILLATION_KINDS:
         R.append((f"DistillationTrainer {kind}", lambda m, k=kind: run_grpo_client(client_distillation(work, k), m)))
+    from clients_kto import KINDS as KTO_KINDS, client_kto   # issue 47: TRL's KTOTrainer, its KL rows and reference
+    for kind, bf16 in [*((k, False) for k in KTO_KINDS), ("full", True), ("skew", True)]:
+        R.append((f"KTOTrainer {kind}{' bf16' if bf16 else ''}", lambda m, k=kind, b=bf16: run_trainer_client(
+            client_kto(work, k, bf16=b), m)))
     import clients_own_head as own   # the user's own head (AutoModel + pooling + Linear): Trainer and kit.watch_loop
     for family, pooling in (("tiny-llama", "mean"), ("tiny-qwen2", "last"), ("tiny-bert", "cls")):
         R.append((f"own head {family} {pooling}", lambda m, f=family, p=pooling: run_trainer_client(

@@ -228,10 +228,11 @@ def test_i50_9_a_grpo_config_in_the_training_args_slot_is_read_as_grpo():
 
 
 def test_i50_9_another_trl_config_in_the_training_args_slot_is_refused_by_its_type():
-    from trl import KTOConfig
+    from trl import DistillationConfig
 
-    with pytest.raises(inputs.InputError, match="KTOConfig") as caught:
-        estimate_from("tiny-qwen2", KTOConfig(output_dir="/tmp/kit-kto", use_cpu=True, bf16=False), seq_len=12)
+    with pytest.raises(inputs.InputError, match="DistillationConfig") as caught:
+        estimate_from("tiny-qwen2", DistillationConfig(output_dir="/tmp/kit-distill", use_cpu=True, bf16=False),
+                      seq_len=12)
     assert caught.value.code == "trl-trainer"
 
 

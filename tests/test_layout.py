@@ -262,6 +262,7 @@ KIND_NAMES = {
     "dpo": (("DPOTrainer", "DPOConfig"), ("kit.estimate.dpo", "kit.advise.dpo_levers")),
     "grpo": (("GRPOTrainer", "GRPOConfig"), ("kit.estimate.grpo", "kit.advise.grpo_levers", "kit.watching.generation")),
     "reward": (("RewardTrainer", "RewardConfig"), ("kit.estimate.reward",)),
+    "kto": (("KTOTrainer", "KTOConfig"), ("kit.estimate.kto", "kit.advise.kto_levers")),
     "rloo": (("RLOOTrainer", "RLOOConfig"), ("kit.estimate.rloo", "kit.advise.grpo_levers",
                                              "kit.watching.generation")),
     "distillation": (("DistillationTrainer", "DistillationConfig"), ("kit.estimate.distillation",

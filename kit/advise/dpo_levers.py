@@ -9,14 +9,20 @@ from kit import trainer_kinds
 from kit.estimate.trainer_reader import listed
 
 
-def refuse_search(est, limit, model=None):
-    """The advisor's answer for a DPO estimate: no search, the DPOConfig fields that move its peak."""
-    searched = [trainer_kinds.part_of(key, "estimate").trainer_name for key in trainer_kinds.keys()
-                if trainer_kinds.part_of(key, "advise") is None and trainer_kinds.part_of(key, "estimate")]
-    raise InputError("setup", f"the fit advisor searches {listed(searched)} setups, and DPOTrainer's "
+def search_refused(trainer_name: str, config_name: str, fields: str):
+    """The advisor's part for a kind whose reference model is estimated but not searched: no search, one sentence
+    naming the ``fields`` of its config (``config_name``) that move its peak."""
+
+    def refuse_search(est, limit, model=None):
+        searched = [trainer_kinds.part_of(key, "estimate").trainer_name for key in trainer_kinds.keys()
+                    if trainer_kinds.part_of(key, "advise") is None and trainer_kinds.part_of(key, "estimate")]
+        raise InputError("setup", f"the fit advisor searches {listed(searched)} setups, and {trainer_name}'s "
                                   "reference model and phases are estimated but not searched: change the "
-                                  "DPOConfig (per_device_train_batch_size, max_length, precompute_ref_log_probs, "
-                                  "a peft_config) and estimate again.")
+                                  f"{config_name} ({fields}) and estimate again.")
+
+    return refuse_search
 
 
+refuse_search = search_refused("DPOTrainer", "DPOConfig",
+                               "per_device_train_batch_size, max_length, precompute_ref_log_probs, a peft_config")
 trainer_kinds.register_part("dpo", "advise", refuse_search)

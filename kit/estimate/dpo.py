@@ -50,45 +50,53 @@ _NO_MEMORY = {
 }
 
 
-def reference_of(trainer=None, cfg=None, peft: bool = False):
+def reference_of(trainer=None, cfg=None, peft: bool = False, names=("DPOTrainer", "DPOConfig")):
     """(kind, reference model or None, where): "model" (a separate model, held), "adapter-disabled" (the PEFT
-    policy with its adapter off: no weights of its own) or "precomputed" (no reference in training)."""
+    policy with its adapter off: no weights of its own) or "precomputed" (no reference in training). ``names``: the
+    trainer's and its config's classes (another kind whose reference is DPOTrainer's)."""
+    trainer_name, config_name = names
     if trainer is not None:
         ref, cfg = trainer.ref_model, trainer.args
         peft = hasattr(trainer.model, "peft_config")
         if peft and "ref" in trainer.model.peft_config:
-            raise InputError("ref_model", "DPOTrainer loaded a second adapter named 'ref' (a PeftModel with a "
+            raise InputError("ref_model", f"{trainer_name} loaded a second adapter named 'ref' (a PeftModel with a "
                              "pretrained adapter), which the kit does not model: pass the base model and a "
                              "peft_config.", code="trl-ref-adapter")
         if ref is not None:
-            return "model", ref, "DPOTrainer.ref_model (held for the whole run" + \
+            return "model", ref, f"{trainer_name}.ref_model (held for the whole run" + \
                 (", though the log-probs are precomputed)" if cfg.precompute_ref_log_probs else ")")
     if cfg.precompute_ref_log_probs:
-        return "precomputed", None, "DPOConfig.precompute_ref_log_probs: read from the batch, no reference forward"
+        return "precomputed", None, f"{config_name}.precompute_ref_log_probs: read from the batch, no reference forward"
     if peft:
-        return "adapter-disabled", None, "DPOTrainer: the PEFT policy inside use_adapter(model, None), no weights"
-    return "model", None, "DPOTrainer.__init__: create_model_from_path of the policy's id, same dtype (a copy)"
+        return "adapter-disabled", None, f"{trainer_name}: the PEFT policy inside use_adapter(model, None), no weights"
+    return "model", None, f"{trainer_name}.__init__: create_model_from_path of the policy's id, same dtype (a copy)"
 
 
-def read_dpo_config(cfg, name: str = "DPOConfig"):
-    """(estimate options, sources, notes) of what a DPOConfig changes; refuses in one sentence what is not modeled."""
+def refuse_unmodeled(cfg, name: str = "DPOConfig", trainer_name: str = "DPOTrainer", kind: str = "dpo") -> None:
+    """Refuse, in one sentence naming the field, what a trainer with DPOTrainer's reference forward does not model
+    (``name``: its config's class; ``kind``: the key in the refusal's code)."""
     refuse = refuser(name)
     refuse_shared(cfg, refuse)
     if getattr(cfg, "use_liger_kernel", False):
         refuse("use_liger_kernel", "swaps Liger's kernels into the policy's and the no-grad reference's forwards "
-               f"(modeled for Trainer and {SftReader.trainer_name}, not for DPOTrainer's reference and precompute "
-               "phases)",
+               f"(modeled for Trainer and {SftReader.trainer_name}, not for {trainer_name}'s reference and "
+               "precompute phases)",
                "trl-liger")
     if cfg.activation_offloading:
         refuse("activation_offloading", "moves the saved activations to the CPU", "trl-offloading")
     kw = getattr(cfg, "activation_checkpointing_kwargs", None) or getattr(cfg, "gradient_checkpointing_kwargs", None)
     if isinstance(kw, dict) and (kw.get("every_n_layers", 1) != 1 or kw.get("offload")):
         refuse("activation_checkpointing_kwargs", "checkpoints only some blocks or offloads them (every_n_layers / "
-               "offload), with a reference forward beside the policy's", "trl-dpo-offload")
+               "offload), with a reference forward beside the policy's", f"trl-{kind}-offload")
     if cfg.router_aux_loss_coef:
         refuse("router_aux_loss_coef", "adds a Mixture-of-Experts load-balancing loss (router logits)", "trl-moe")
     if getattr(cfg, "torch_compile", False):
         refuse("torch_compile", "compiles the model, whose fused kernels save other tensors", "trl-compile")
+
+
+def read_dpo_config(cfg, name: str = "DPOConfig"):
+    """(estimate options, sources, notes) of what a DPOConfig changes; refuses in one sentence what is not modeled."""
+    refuse_unmodeled(cfg, name)
     src = {"fused_lm_head": (True, "DPOTrainer's add_fused_lm_head (log-probs in tiles, no logits)"),
            "loss_type": (list(cfg.loss_type), f"{name}.loss_type: every variant works on (B,) sequence log-probs "
                          "(sft: the chosen rows' (B, S-1) log-probs), nothing per vocabulary entry"),
@@ -155,7 +163,7 @@ def cast_copies(info, half, load, ref_model=None) -> int:
     return sum(l.weight * half for l in info.leaves if l.kind == "linear" and l.part == "block")
 
 
-def _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
+def head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
     """TRL's fused head, no grad (``_fused_forward`` under ``torch.no_grad()``): the kernel's forward moment
     (:func:`chunked_head`) beside the ``reshape(-1, H)`` copy of ``[:, :-1]`` (2B x (S-1) x H) and the clamped
     targets (int64), which the autograd-free call holds as arguments. ``top1``: the head returns ``is_top1`` (the
@@ -169,11 +177,19 @@ def _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
     return fh["forward"] + fh["saved"] - 2 * N * F32 - mask  # (saved's log_z, entropy: made once the tiles are freed)
 
 
+def fields_bytes(N: int, outputs) -> int:
+    """``_fused_forward``'s returned per-token fields, each ``masked_fill`` of a ``[rows, S-1]`` view: those of
+    ``outputs`` (TRL's names: fp32 each, ``is_top1`` bool) and the ``label_mask`` (bool) it always returns."""
+    return N * (sum(BOOL if name == "is_top1" else F32 for name in outputs) + BOOL)
+
+
 def outputs_bytes(N: int, weighting: bool, policy: bool = True) -> int:
-    """``_fused_forward``'s returned per-token fields, each ``masked_fill`` of a ``[2B, S-1]`` view: log_probs,
-    entropy, mean_logits (fp32), is_top1 (bool) for the policy (+ log_sum_sq_probs under use_weighting), and
-    its ``label_mask`` (bool); the reference returns log_probs and the mask."""
-    return N * (F32 + BOOL) if not policy else N * (3 * F32 + 2 * BOOL + (F32 if weighting else 0))
+    """DPOTrainer's head fields (:func:`fields_bytes`): log_probs, entropy, mean_logits (fp32), is_top1 (bool) for
+    the policy (+ log_sum_sq_probs under use_weighting); the reference returns log_probs."""
+    if not policy:
+        return fields_bytes(N, ("log_probs",))
+    return fields_bytes(N, ("log_probs", "entropy", "mean_logits", "is_top1") + (("log_sum_sq_probs",) if weighting
+                                                                               else ()))
 
 
 def reference_moment(est, *, rows, S, V, ref_weights, ref_copies, weighting, hidden_dt, weight_dt):
@@ -186,7 +202,7 @@ def reference_moment(est, *, rows, S, V, ref_weights, ref_copies, weighting, hid
     held = est.weights_bytes + ref_weights + est.optimizer_bytes - est.paged_optimizer_bytes + 4 * rows * S * I64
     policy = rp.saved_bytes() + rp.cache + outputs_bytes(N, weighting)
     separate = ref_weights > 0   # a separate reference model: its own fused head, log_probs alone
-    head = _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
+    head = head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
     block = max(rp.block, rp.block_in)
     where = "reference forward (at the fused head)" if head >= block else "reference forward (a block, bounded)"
     return held + policy + ref_copies + max(head, block), where
@@ -199,7 +215,7 @@ def precompute_peak(est, *, pairs, S, V, ref_weights, copies, hidden_dt, weight_
     rp, rows = est.context.rp, 2 * pairs
     N = rows * (S - 1)
     separate = ref_weights > 0   # ref_model or model: the reference's head (log_probs alone), else the policy's
-    head = _head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
+    head = head_peak(rows, S, est, V, hidden_dt, weight_dt, top1=not separate) + outputs_bytes(N, False, not separate)
     block = max(rp.block, rp.block_in) * pairs // batch
     return est.weights_bytes + ref_weights + copies + 4 * rows * S * I64 + max(head, block)
 
@@ -260,18 +276,24 @@ def held_bytes(model) -> int:
     return sum(seen.values())
 
 
-def pairs_options(opts: dict, src: dict, notes: list, name: str) -> int:
-    """Make the options DPO's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation); returns B."""
+def one_gpu_reference(opts: dict, notes: list, name: str, trainer_name: str = "DPOTrainer",
+                      kind: str = "dpo") -> None:
+    """What a trainer with a reference model reads of TrainingArguments beyond Trainer's: evaluation with
+    compute_metrics (a note), and one GPU (another strategy is refused)."""
     if opts.get("eval_gather", "loss") != "loss":
-        notes.append(Note("DPOTrainer's evaluation with compute_metrics (return_outputs=True: a second, "
+        notes.append(Note(f"{trainer_name}'s evaluation with compute_metrics (return_outputs=True: a second, "
                           "full-logits forward) is not modeled: eval_peak_bytes is its fused forwards' alone",
                           field="eval_batch_size", code="trl-eval-unmodeled"))
-    B = pair_rows(opts, src, name)
     if opts.get("strategy", "single") != "single":
         raise InputError("strategy", f"{name} under {opts['strategy']} (the reference model prepared by "
-                         "DeepSpeed or FSDP) is not modeled: the kit estimates DPOTrainer on one GPU.",
-                         code="dpo-strategy")
-    return B
+                         f"DeepSpeed or FSDP) is not modeled: the kit estimates {trainer_name} on one GPU.",
+                         code=f"{kind}-strategy")
+
+
+def pairs_options(opts: dict, src: dict, notes: list, name: str) -> int:
+    """Make the options DPO's: 2B rows a step (and 2 x per_device_eval_batch_size in evaluation); returns B."""
+    one_gpu_reference(opts, notes, name)
+    return pair_rows(opts, src, name)
 
 
 def trainer_reference(trainer, B: int, seq_len=None):

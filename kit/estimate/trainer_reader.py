@@ -17,8 +17,8 @@ from kit.estimate.read_training import read_seq_len
 
 PACKED_EVAL = "packed-eval-rows"   # the note's code: a flattened evaluation row of another length than training's
 # TRL's trainers no kind registers, refused by name (a subclass outside trl's modules too)
-OTHER_TRL = ("KTOTrainer", "PPOTrainer", "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer",
-             "GKDTrainer", "XPOTrainer", "NashMDTrainer", "PRMTrainer")
+OTHER_TRL = ("PPOTrainer", "ORPOTrainer", "CPOTrainer", "BCOTrainer", "OnlineDPOTrainer", "GKDTrainer",
+             "XPOTrainer", "NashMDTrainer", "PRMTrainer")
 
 
 @dataclass
