@@ -114,8 +114,8 @@ class TrainingSetup:
                                 "1)", negative="--no-double-quant")
     compute_dtype: str = option("bf16", "4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)",
                                 flag="--compute-dtype", choices=tuple(DTYPES))
-    checkpoint_reentrant: object = option(None, "whether checkpointing is reentrant (None: the k-bit recipe's "
-                                          "own is with peft before 0.22, none other is)")
+    checkpoint_reentrant: object = option(None, "whether checkpointing is reentrant (None: only the k-bit "
+                                          "recipe's own, and that before peft 0.22 only)")
     strategy: str = option("single", "single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), "
                            "fsdp-grad-op (SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)", flag="--strategy",
                            choices=STRATEGIES, cli_default=None)
