@@ -446,17 +446,18 @@ def run_row(label, name, kw, cuda, overrides=None):
     B, S, padded = kw["batch_size"], kw["seq_len"], kw.get("padded", True)
     V = cfg.vocab_size
     saved = None
-    # checkpoint_reentrant (8-bit): the recipe's own checkpointing runs, reentrant; the Trainer turns on none
+    # checkpoint_reentrant (k-bit): the model's own checkpointing runs, of the kind the estimate says (the recipe's
+    # is reentrant before peft 0.22 only), and the Trainer turns on none; else the Trainer's, non-reentrant
     reentrant = est.setup.get("checkpoint_reentrant", False)
     kind = {"gradient_checkpointing_kwargs": {"use_reentrant": True}} if reentrant else {}
+    if est.setup["gradient_checkpointing"] and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(**kind)
     if not cuda:
         ids = torch.randint(2, V, (B, S))
         mask = torch.ones_like(ids)
         if padded:
             mask[::2, -max(1, S // 4):] = 0
         model.train()
-        if est.setup["gradient_checkpointing"] and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(**kind)
         if getattr(model, "config", None) is not None:  # as Trainer sets it (TrainingArguments.use_cache=False):
             model.config.use_cache = False              # no DynamicCache copying k and v
         saved = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})

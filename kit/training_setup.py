@@ -115,7 +115,7 @@ class TrainingSetup:
     compute_dtype: str = option("bf16", "4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)",
                                 flag="--compute-dtype", choices=tuple(DTYPES))
     checkpoint_reentrant: object = option(None, "whether checkpointing is reentrant (None: only the k-bit "
-                                          "recipe's own is)")
+                                          "recipe's own, and that before peft 0.22 only)")
     strategy: str = option("single", "single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), "
                            "fsdp-grad-op (SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)", flag="--strategy",
                            choices=STRATEGIES, cli_default=None)

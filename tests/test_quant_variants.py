@@ -31,6 +31,8 @@ from kit.estimate import (  # noqa: E402
     estimate_trainer,
 )
 from kit.estimate.inventory import info_of  # noqa: E402
+from kit.estimate.quantization import recipe_reentrant  # noqa: E402
+from kit.estimate.read_model import read_reentrant  # noqa: E402
 from kit.inputs import InputError  # noqa: E402
 from kit.model_configs import get_config  # noqa: E402
 from kit.presets import nf4_bytes  # noqa: E402
@@ -132,12 +134,12 @@ def test_bitsandbytes_config_defaults_are_read_not_refused():
     est = estimate_from("tiny-llama", args, BitsAndBytesConfig(load_in_4bit=True), LoraConfig(r=8), seq_len=64,
                         load_dtype="bf16")
     want = estimate("tiny-llama", batch_size=2, seq_len=64, quantization="4bit", **FP4_FP32, lora_r=8,
-                    load_dtype="bf16", checkpoint_reentrant=True)
+                    load_dtype="bf16", checkpoint_reentrant=recipe_reentrant())
     assert {k: est.to_json()[k] for k in FIELDS} == {k: want.to_json()[k] for k in FIELDS}
     s = est.sources
     assert (s["quant_type"][0], s["double_quant"][0], s["compute_dtype"][0]) == ("fp4", False, "fp32")
     assert s["compute_dtype"][1] == "BitsAndBytesConfig.bnb_4bit_compute_dtype"
-    assert s["checkpoint_reentrant"][0] is True  # prepare_model_for_kbit_training's own checkpointing
+    assert s["checkpoint_reentrant"][0] is recipe_reentrant()  # prepare_model_for_kbit_training's own checkpointing
 
 
 def test_estimate_trainer_reads_the_variant_off_the_layers():
@@ -189,7 +191,7 @@ def test_cli_flags_land_in_the_json_setup(run_kit):
 # ---- 8-bit: what its layers keep ------------------------------------------------------------------------
 MODES_8BIT = {  # estimate options -> how run_row runs it (checkpoint_reentrant in the estimate's setup)
     "Trainer checkpointing (non-reentrant)": dict(gradient_checkpointing=True),
-    "the recipe's checkpointing (reentrant)": dict(),
+    "reentrant checkpointing (the recipe's before peft 0.22)": dict(checkpoint_reentrant=True),
     "no checkpointing": dict(gradient_checkpointing=False),
 }
 ROWS_8BIT = [(t, m) for t in ("tied16k", "untied16k", "vocab256") for m in MODES_8BIT]
@@ -208,7 +210,8 @@ def test_8bit_inputs_kept_through_checkpointing_measured(twins, twin):
     """What non-reentrant checkpointing costs over reentrant, measured, is the 8-bit layers' inputs the
     estimate keeps, to the byte; they are a block's activations, whatever the vocabulary or the tying."""
     kw = dict(batch_size=4, seq_len=64, quantization="8bit", **LORA)
-    non, re = measured(twins[twin], **kw, gradient_checkpointing=True), measured(twins[twin], **kw)
+    non, re = measured(twins[twin], **kw, gradient_checkpointing=True), measured(twins[twin], **kw,
+                                                                                  checkpoint_reentrant=True)
     assert re["est"].setup["checkpoint_reentrant"] and not non["est"].setup["checkpoint_reentrant"]
     cfg = get_config(twins[twin])
     T, H, F = 4 * 64, cfg.hidden_size, cfg.intermediate_size
@@ -230,10 +233,17 @@ def test_bitsandbytes_keeps_8bit_inputs_as_ctx_attributes():
     assert "ctx.A = A" in fp and "save_for_backward" not in fp
     assert 'A.device.type in ("cpu", "xpu")' in inspect.getsource(f.matmul)  # CPU training takes MatMul8bitFp
     assert "CB = state.CB.to(ctx.dtype_A, copy=True)" in inspect.getsource(f.MatMul8bitLt.backward)
-    from peft.utils import other
 
-    assert '{} if not _supports_gc_kwargs else {"gradient_checkpointing_kwargs": gradient_checkpointing_kwargs}' \
-        in inspect.getsource(other.prepare_model_for_kbit_training)  # no use_reentrant: torch's default, True
+
+def test_the_recipes_checkpointing_is_as_the_installed_peft_runs_it():
+    """prepare_model_for_kbit_training's own checkpointing, read off a real 8-bit model's layers, is what the
+    estimate assumes by default (reentrant before peft 0.22, non-reentrant since), and so are its bytes."""
+    model = prepare_model_for_kbit_training(models.load_model("tiny-llama", quantization="8bit", device="cpu"))
+    assert read_reentrant(model)[0] is recipe_reentrant()
+    kw = dict(batch_size=4, seq_len=64, quantization="8bit", **LORA)
+    default = estimate("tiny-llama", **kw)
+    assert default.setup["checkpoint_reentrant"] is recipe_reentrant()
+    assert default.peak_bytes == estimate("tiny-llama", **kw, checkpoint_reentrant=recipe_reentrant()).peak_bytes
 
 
 def test_cuda_8bit_arithmetic_for_the_1b_command():

@@ -84,9 +84,10 @@ def estimate(model, **setup) -> Estimate:
 
     ``quant_type`` ("nf4"|"fp4"), ``double_quant`` and ``compute_dtype`` are BitsAndBytesConfig's 4-bit
     options (the defaults are the kit's 4bit; BitsAndBytesConfig's own are fp4, no double quant, fp32).
-    ``checkpoint_reentrant``: whether the checkpointing is reentrant; None: only the k-bit recipe's own
-    (``gradient_checkpointing=None``) is, an explicit one is Trainer's. It matters with 8-bit weights,
-    whose inputs non-reentrant checkpointing cannot free (:mod:`kit.estimate.quantization`).
+    ``checkpoint_reentrant``: whether the checkpointing is reentrant; None: the k-bit recipe's own
+    (``gradient_checkpointing=None``) runs as the installed peft runs it (reentrant before peft 0.22:
+    :func:`kit.estimate.quantization.recipe_reentrant`), an explicit one is Trainer's, non-reentrant. It
+    matters with 8-bit weights, whose inputs non-reentrant checkpointing cannot free.
 
     ``strategy`` ("single", "ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3"), ``num_gpus`` and
     ``cpu_offload``: the bytes are per GPU, as :mod:`kit.estimate.strategies` models each engine.

@@ -28,6 +28,7 @@ from kit.estimate.core import estimate
 from kit.estimate.inventory import info_of, task_of
 from kit.estimate.read_model import bnb_options, model_name, read_bnb, read_model, trainer_reentrant
 from kit.estimate.own_head import read_own_head
+from kit.estimate.quantization import recipe_checkpointing
 from kit.estimate.read_peft import read_lora_config, read_task, targets_for
 from kit.estimate.read_training import auto_attn, auto_dtype, read_args, read_eval, read_eval_seq_len
 from kit.estimate.trainer_reader import PACKED_EVAL, Given, Reading, TrainerReader, listed, readers
@@ -244,9 +245,8 @@ def estimate_from(model_id_or_config, training_args=None, quantization_config=No
         if not opts["gradient_checkpointing"]:  # prepare_model_for_kbit_training turns it on
             opts["gradient_checkpointing"] = True
             src["gradient_checkpointing"] = (True, "prepare_model_for_kbit_training (use_gradient_checkpointing=True)")
-            opts["checkpoint_reentrant"] = True
-            src["checkpoint_reentrant"] = (True, "prepare_model_for_kbit_training passes no use_reentrant: torch's "
-                                                 "default, reentrant")
+            src["checkpoint_reentrant"] = recipe_checkpointing()
+            opts["checkpoint_reentrant"] = src["checkpoint_reentrant"][0]
     if peft_config is not None:
         _read_lora(reading, peft_config, info)
     seq_len = given.seq_len

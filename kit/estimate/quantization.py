@@ -1,6 +1,6 @@
 """bitsandbytes weights in a training step: the 4-bit variants users write, and what each format
 keeps beyond its stored bytes. Pure arithmetic, read off the library code (bitsandbytes 0.50.2,
-torch 2.13, transformers 5.24, peft 0.21; paths under site-packages):
+torch 2.13, transformers 5.25, peft 0.22; paths under site-packages):
 
 - **4-bit** (``Linear4bit.forward``, bitsandbytes/nn/modules.py:609-637) casts its input to
   ``compute_dtype`` (:628) and its bias too, in place (:634), and casts the product back to the
@@ -18,11 +18,11 @@ torch 2.13, transformers 5.24, peft 0.21; paths under site-packages):
   checkpointing (torch/utils/checkpoint.py ``_checkpoint_hook``, :1153) drops only saved tensors, so it
   keeps them too; reentrant checkpointing runs the forward without a graph (none kept), then each
   block's backward on a graph of its own, which holds its inputs and its recomputed output till that
-  block's backward ends. transformers 5 checkpoints non-reentrant
-  (``activation_checkpointing_enable``: ``{"use_reentrant": False}``, transformers/modeling_utils.py
-  :3158), which is what ``TrainingArguments(gradient_checkpointing=True)`` turns on;
-  ``prepare_model_for_kbit_training`` passes ``gradient_checkpointing_kwargs={}`` (peft/utils/
-  other.py:253-258), so torch's default runs, reentrant (torch/utils/checkpoint.py:496). The
+  block's backward ends. transformers 5 checkpoints non-reentrant when given no keywords
+  (``_activation_checkpointing_enable``: ``{"use_reentrant": False}``, transformers/modeling_utils.py
+  :3159; ``gradient_checkpointing_enable`` before 5.23 alike), which is what
+  ``TrainingArguments(activation_checkpointing=True)`` turns on. ``prepare_model_for_kbit_training``'s own
+  checkpointing depends on peft's version (:func:`recipe_reentrant`): reentrant before 0.22, non-reentrant since. The
   backward makes ``CB.to(A.dtype, copy=True)`` (autograd/_functions.py:237, :292): one weight in
   the input's dtype. On CUDA ``A``'s outlier columns (``subA``, llm_int8_threshold 6.0) are kept
   too: they depend on the values, a few columns, and are not counted.
@@ -32,7 +32,11 @@ torch 2.13, transformers 5.24, peft 0.21; paths under site-packages):
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from importlib import metadata
+
+from packaging.version import Version
 
 from kit.inputs import InputError
 
@@ -57,9 +61,10 @@ class Bnb:
 
     def reentrant_for(self, given_ckpt, std: bool) -> bool:
         """Does the checkpointing run reentrant? ``given_ckpt``: estimate()'s gradient_checkpointing
-        as given (None: the model's default). Unless set, only the k-bit recipe's own checkpointing
-        (``prepare_model_for_kbit_training``) is reentrant; an explicit one is Trainer's, non-reentrant."""
-        return self.reentrant if self.reentrant is not None else (given_ckpt is None and std)
+        as given (None: the model's default). Unless set, the k-bit recipe's own checkpointing
+        (``prepare_model_for_kbit_training``) runs as the installed peft makes it (:func:`recipe_reentrant`);
+        an explicit one is Trainer's, non-reentrant."""
+        return self.reentrant if self.reentrant is not None else (given_ckpt is None and std and recipe_reentrant())
 
     def setup(self, quant: str, ckpt: bool, reentrant: bool) -> dict:
         """The keys this adds to ``Estimate.setup``: the 4-bit options with 4-bit weights; the
@@ -69,6 +74,22 @@ class Bnb:
         if ckpt and (quant != "none" or self.reentrant is not None):
             out["checkpoint_reentrant"] = reentrant
         return out
+
+
+@functools.cache
+def recipe_reentrant() -> bool:
+    """Whether ``prepare_model_for_kbit_training``'s own checkpointing runs reentrant with the installed peft.
+
+    peft before 0.22 passes ``gradient_checkpointing_kwargs={}`` to ``gradient_checkpointing_enable``
+    (peft/utils/other.py of 0.20 and 0.21), so torch's ``checkpoint`` runs with no ``use_reentrant``: its
+    default, reentrant (torch/utils/checkpoint.py:486-496). peft 0.22 passes ``None``, to
+    ``activation_checkpointing_enable(activation_checkpointing_kwargs=None)`` where transformers has it (5.23 on)
+    and to ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=None)`` before; every transformers 5
+    (the kit's floor) turns ``None`` into ``{"use_reentrant": False}`` (``_activation_checkpointing_enable``,
+    transformers/modeling_utils.py:3159 in 5.25; ``gradient_checkpointing_enable`` in 5.0 and 5.15), so it is
+    non-reentrant. transformers turns on the input embeddings' grad for an input_ids model either way.
+    """
+    return Version(metadata.version("peft")) < Version("0.22")
 
 
 def options(quantization: str, quant_type="nf4", double_quant=True, compute_dtype="bf16",
@@ -114,6 +135,7 @@ def dequant_bytes(bnb: Bnb, load: str) -> int:
     """
     return DTYPES[load] + (DTYPES[bnb.compute_dtype] if bnb.compute_dtype != load else 0)
 
+
 def notes(replay) -> list:
     """What the estimate says about the formats: the 8-bit inputs that checkpointing keeps."""
 
@@ -121,5 +143,20 @@ def notes(replay) -> list:
         return []
     return [f"8-bit layers keep their inputs through non-reentrant checkpointing (bitsandbytes holds them as ctx "
             f"attributes, not saved tensors): {fmt_bytes(replay.kept())} of activations that checkpointing does "
-            "not free (prepare_model_for_kbit_training's own reentrant checkpointing keeps none: "
-            "checkpoint_reentrant=True)"]
+            f"not free ({_reentrant_hint()})"]
+
+
+def recipe_checkpointing() -> tuple:
+    """(reentrant, why) of ``prepare_model_for_kbit_training``'s own checkpointing with the installed peft."""
+    with_peft = f"prepare_model_for_kbit_training with peft {metadata.version('peft')}"
+    if recipe_reentrant():
+        return True, f"{with_peft} passes no use_reentrant: torch's default, reentrant"
+    return False, f"{with_peft} passes none: transformers' default, use_reentrant=False"
+
+
+def _reentrant_hint() -> str:
+    """Where reentrant checkpointing (which keeps no 8-bit input) comes from with the installed peft."""
+    if recipe_reentrant():
+        return "prepare_model_for_kbit_training's own reentrant checkpointing keeps none: checkpoint_reentrant=True"
+    return ("reentrant checkpointing keeps none: checkpoint_reentrant=True; prepare_model_for_kbit_training's own is "
+            f"non-reentrant with peft {metadata.version('peft')}")

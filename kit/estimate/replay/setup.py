@@ -103,7 +103,7 @@ class Setup:
     compute: Dt = BF16           # 4-bit layers' compute dtype (BitsAndBytesConfig.bnb_4bit_compute_dtype)
     dequant: int = 2             # bytes per weight element a 4-bit layer's backward dequantizes into
     #                              (kit.estimate.quantization)
-    reentrant: bool = False      # the checkpointing is reentrant (prepare_model_for_kbit_training's):
+    reentrant: bool = False      # the checkpointing is reentrant (the k-bit recipe's before peft 0.22, or asked):
     #                              kit.estimate.quantization
     lora: dict = field(default_factory=dict)  # block linear name ("self_attn.q_proj") -> rank
     lora_dropout: float = 0.0
