@@ -144,7 +144,7 @@ def test_unmodeled_dpo_settings_are_refused_by_name(kw, field):
 
 
 def test_other_trl_trainers_are_refused_in_one_sentence():
-    for name in ("ORPOTrainer", "DistillationTrainer", "PPOTrainer"):
+    for name in ("ORPOTrainer", "CPOTrainer", "PPOTrainer"):
         fake = type(name, (), {"__module__": f"trl.trainer.{name.lower()}"})()
         fake.args, fake.model = types.SimpleNamespace(), None
         with pytest.raises(inputs.InputError) as e:

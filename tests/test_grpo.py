@@ -228,11 +228,10 @@ def test_i50_9_a_grpo_config_in_the_training_args_slot_is_read_as_grpo():
 
 
 def test_i50_9_another_trl_config_in_the_training_args_slot_is_refused_by_its_type():
-    from trl import DistillationConfig
+    from trl.experimental.orpo import ORPOConfig
 
-    with pytest.raises(inputs.InputError, match="DistillationConfig") as caught:
-        estimate_from("tiny-qwen2", DistillationConfig(output_dir="/tmp/kit-distill", use_cpu=True, bf16=False),
-                      seq_len=12)
+    with pytest.raises(inputs.InputError, match="ORPOConfig") as caught:
+        estimate_from("tiny-qwen2", ORPOConfig(output_dir="/tmp/kit-orpo", use_cpu=True, bf16=False), seq_len=12)
     assert caught.value.code == "trl-trainer"
 
 
