@@ -89,12 +89,15 @@ def measure(label, opts, kw, device, repeats) -> dict:
         _clear_caches()
         _empty_replays()
         cold.append(_ms(lambda: advise(opts, device, **kw)))
-    calls, real = [], advise_search.estimate
-    advise_search.estimate = lambda **k: calls.append(1) or real(**k)
+    # the estimates made in full: the setup's own (estimate) and each candidate replayed (finished; a candidate
+    # whose weights and optimizer state alone are over the limit is planned and counted, not replayed)
+    calls, real_estimate, real_finished = [], advise_search.estimate, advise_search.finished
+    advise_search.estimate = lambda *a, **k: calls.append(1) or real_estimate(*a, **k)
+    advise_search.finished = lambda *a, **k: calls.append(1) or real_finished(*a, **k)
     try:
         a = advise(opts, device, **kw)
     finally:
-        advise_search.estimate = real
+        advise_search.estimate, advise_search.finished = real_estimate, real_finished
     new = [_ms(lambda: advise(opts, device, **kw), _empty_replays) for _ in range(repeats)]
     warm = [_ms(lambda: advise(opts, device, **kw)) for _ in range(repeats)]
     batch = [_ms(lambda: max_batch_size(opts, device), _empty_replays) for _ in range(repeats)]
