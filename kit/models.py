@@ -111,6 +111,8 @@ def _auto_class(cfg: PretrainedConfig, task: str):
     import transformers.models.auto.modeling_auto as auto
 
     if task not in ("seq-cls", "token-cls"):
+        if getattr(cfg, "is_encoder_decoder", False) and type(cfg) in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
+            return transformers.AutoModelForSeq2SeqLM   # an encoder-decoder's LM head (T5's), as Seq2SeqTrainer's
         _check_causal_lm(cfg)
         return AutoModelForCausalLM
     what = "Sequence" if task == "seq-cls" else "Token"

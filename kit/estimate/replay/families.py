@@ -49,7 +49,9 @@ class Family:
     or None. ``notes(cfg)``: what an estimate says of this family. ``moe``: its config's expert counts are
     replayed (:mod:`.moe`), not refused. ``weights_notes(info, load_dtype)``: what an estimate says of how its
     weights are taken (gpt-oss's MXFP4 experts, dequantized); ``weights_assumed(load_dtype)``: the same in the few
-    words the verdict's line adds."""
+    words the verdict's line adds. ``whole(setup)``: the replay of the whole forward, for a model that is not one
+    stack of blocks (an encoder-decoder), in place of :func:`kit.estimate.replay.core.replay`'s; its Replay carries its
+    parts and walks its own moments."""
 
     name: str
     block: Callable
@@ -68,6 +70,7 @@ class Family:
     moe: bool = False
     weights_notes: Callable | None = None
     weights_assumed: Callable | None = None
+    whole: Callable | None = None
 
     @property
     def encoder(self) -> bool:

@@ -1,0 +1,57 @@
+"""Flan-T5 fine-tuned with transformers' ``Seq2SeqTrainer`` (issue 48): the tiny twin, built from
+``kit/configs/tiny-flan-t5.json`` and saved, loaded with ``AutoModelForSeq2SeqLM.from_pretrained`` as the
+Hub model would be; rows of ``SOURCE`` source tokens and ``TARGET`` target tokens (a summarisation's shape: the
+target shorter), collated by ``DataCollatorForSeq2Seq(tokenizer, model=model)`` (labels padded with -100,
+``decoder_input_ids`` made from them); full fine-tuning, or LoRA on q and v; fp32 on the CPU."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+SOURCE, TARGET, ROWS = 48, 24, 16
+KINDS = ("full", "lora", "full-eval", "lora-eval")
+
+
+def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096):
+    """Token rows of fixed lengths: ``input_ids`` ending in EOS (1), ``labels`` too."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        src = torch.randint(2, vocab, (source - 1,), generator=gen).tolist() + [1]
+        tgt = torch.randint(2, vocab, (target - 1,), generator=gen).tolist() + [1]
+        out.append({"input_ids": src, "attention_mask": [1] * source, "labels": tgt})
+    return out
+
+
+def trainer_of(work, kind, *, batch=4, steps=3, generate=False):
+    """A Seq2SeqTrainer on the tiny twin: ``kind`` "full" or "lora" (q, v); an eval set of 8 rows where the kind
+    ends in "-eval" (with ``predict_with_generate`` and ``generation_max_length`` 12 where ``generate``)."""
+    from peft import LoraConfig, get_peft_model
+    from real_clients import tokenizer, twin_dir
+    from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_pretrained(twin_dir("tiny-flan-t5", work))
+    if kind.startswith("lora"):
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q", "v"], lora_dropout=0.05,
+                                                 task_type="SEQ_2_SEQ_LM"))
+    tok = tokenizer()
+    evaluating = kind.endswith("eval")
+    args = Seq2SeqTrainingArguments(output_dir=os.path.join(work, f"t5-{kind}"), use_cpu=True, report_to="none",
+                                    max_steps=steps, per_device_train_batch_size=batch, per_device_eval_batch_size=batch,
+                                    save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                                    predict_with_generate=generate, generation_max_length=12 if generate else None)
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(), eval_dataset=rows(8) if evaluating else None,
+                          data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok)
+
+
+def client_t5(work, kind, generate=False):
+    from kit.estimate import estimate_trainer
+
+    trainer = trainer_of(work, kind, generate=generate)
+    how = "LoRA r8 on q, v (dropout 0.05)" if kind.startswith("lora") else "full FT"
+    setup = (f"tiny-flan-t5, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
+             + (", eval B4 x 8 rows" if kind.endswith("eval") else "") + (" with generation" if generate else ""))
+    yield (f"Seq2SeqTrainer {kind}{' generate' if generate else ''}", setup, trainer,
+           lambda: estimate_trainer(trainer, device="cpu"))
