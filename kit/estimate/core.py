@@ -98,6 +98,7 @@ def estimate(model, **setup) -> Estimate:
     o = options(setup, required=True)
     batch_size, seq_len, grad_accum = (inputs.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
     lora_r = inputs.whole_number("lora_r", o["lora_r"], minimum=0)
+    target_len = None if o["target_len"] is None else inputs.whole_number("target_len", o["target_len"])
     lora_targets = inputs.targets(o["lora_targets"])
     gradient_checkpointing = inputs.flag("gradient_checkpointing", o["gradient_checkpointing"], allow_none=True)
     padded = inputs.flag("padded", o["padded"])
@@ -133,6 +134,7 @@ def estimate(model, **setup) -> Estimate:
         exc.name = getattr(exc, "name", None) or "model"
         raise
     refuse_other_head(model, info, task, num_labels)
+    target_len, target_notes = read_target_len(info, target_len, seq_len)
     fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
     refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
     if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
@@ -167,11 +169,11 @@ def estimate(model, **setup) -> Estimate:
                          liger_kernels=liger, offload=offload,
                          train_head=inputs.flag("train_head", o["train_head"], allow_none=True),
                          modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
-                         towers=read_towers(o["towers"]),
+                         towers=read_towers(o["towers"]), target_len=target_len,
                          sm=PRESETS[gpu].capability if gpu else None)
     counts = count_parameters(info, plan)
     notes = _notes(optimizer, info.leaves, counts.paged, info, lora_r, quantization) + [loss_note] * bool(loss_note) \
-        + kit_liger.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan)
+        + kit_liger.notes(liger, ev["gather"]) + assembly.encoder_notes(info, plan) + target_notes
     loop = {k: inputs.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = inputs.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
@@ -192,6 +194,21 @@ def estimate(model, **setup) -> Estimate:
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (trl.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_target_len(info, target_len, seq_len) -> tuple:
+    """(the target length, notes): an encoder-decoder's (its config's ``is_encoder_decoder``) as given, else seq_len's
+    with a note that says so; refused on any other model, which has no target apart from its sequence."""
+    if not getattr(info.config, "is_encoder_decoder", False):
+        if target_len is not None:
+            raise InputError("target_len", f"target_len is an encoder-decoder's target length, and "
+                             f"{info.config.model_type} has one sequence: leave target_len out.",
+                             code="target-len-no-decoder")
+        return 0, []
+    if target_len is not None:
+        return target_len, []
+    return seq_len, [Note(f"the target length was not given: the decoder's is taken as the source's {seq_len} tokens "
+                          "(--target-len, target_len=...)", field="target_len", code="target-len-assumed")]
 
 
 def read_towers(towers) -> tuple:

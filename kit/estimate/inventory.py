@@ -66,6 +66,8 @@ class UnsupportedModel(Refusal):
         super().__init__(message, name="model", code=code, instead=instead)
 
 
+# The module lists that hold the blocks, by the name before a block's index (their leaves are part "block")
+BLOCK_LISTS = ("h", "layers", "layer", "block")
 # UnsupportedModel's codes for a family taken for no other: a model_type no family registers, layer types its
 # family does not replay, blocks that are not its family's classes op for op.
 NO_REPLAY, LAYER_TYPES, BLOCKS_DIFFER = "no-replay", "layer-types", "blocks-differ"
@@ -247,8 +249,8 @@ def inventory(model, cfg, own=None) -> Info:
         kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
             "norm" if "norm" in type(mod).__name__.lower() else "other"
         parts = name.split(".")
-        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
-                   None)   # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in BLOCK_LISTS), None)
+        # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N, T5's encoder.block.N
         part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
         if idx is not None:
             blocks.add(".".join(parts[:idx + 1]))
@@ -261,10 +263,12 @@ def inventory(model, cfg, own=None) -> Info:
             quantizable=linear and name.startswith(prefix) and should_convert_module(name, skip) and name not in skip,
             part=part, short=".".join(parts[idx + 1:]) if idx is not None else name, tied=tied,
             shape=(fout, fin) if linear else tuple(w.shape) if w is not None else ()))
-    if len(blocks) != base_cfg.num_hidden_layers:
+    layers = base_cfg.num_hidden_layers + (getattr(base_cfg, "num_decoder_layers", 0) or 0
+                                           if getattr(base_cfg, "is_encoder_decoder", False) else 0)
+    if len(blocks) != layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
-                               f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
+                               f"and its config says {layers}): pass {_COVERED}.")
     check_blocks(model, blocks, family, what)
     task = "seq-cls" if own else task_of(model)
     _check_task(base_cfg, task, what)
@@ -291,8 +295,7 @@ def _fused_leaf(name: str, param, own) -> Leaf:
     ``nn.Linear`` layers, so these stay in the load dtype (and the k-bit recipe casts them to fp32 like the norms);
     peft's ``target_modules`` never adapts them."""
     parts = name.split(".")
-    idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
-               None)
+    idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in BLOCK_LISTS), None)
     kind = "experts" if param.dim() == 3 else "other"   # (Qwen3.5's Gated DeltaNet A_log and dt_bias: vectors)
     return Leaf(name=name, kind=kind, fin=0, fout=0, weight=param.numel(), bias=0,
                 trainable=param.requires_grad and not own, quantizable=False,
