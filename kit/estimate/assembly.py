@@ -378,7 +378,7 @@ def evaluation(info: Info, plan: Plan, setup: replay.Setup, rp, *, held: int, co
         setup = replace(setup, S=S)
         rp = replay.replay(setup)
     return eval_peak(rp, batch=setup.B, eval_batch=rows, seq_len=S, vocab=setup.labels or setup.V, held=held,
-                     copies=copies, inputs_per_row=batch_row_bytes(plan.task, S), gather=ev["gather"],
+                     copies=copies, inputs_per_row=batch_row_bytes(plan.task, S, plan.target_len), gather=ev["gather"],
                      samples=ev["samples"], accumulation=ev["accumulation"], device=plan.device,
                      mixed=bool(plan.half), pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, rows),
                      head=info.own_head.eval_bytes(rows, S) if info.own_head else 0,

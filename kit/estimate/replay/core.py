@@ -63,6 +63,8 @@ class Replay:
     frozen: int = 0        # blocks below these L, frozen and run with no graph (Setup.frozen_below): none saved
     parts: tuple = ()      # a model replayed whole (Family.whole: an encoder-decoder), its parts in forward order
     enc_grad: int = 0      # ... the encoder output's grad, alive through the decoder's backward
+    forward_held: int = 0  # what a forward holds at its loss beside the logits and the last hidden state, saved or
+    #                        not (an encoder-decoder's encoder output and its decoder's KV cache): evaluate() has it
     walk: object = None    # ... its moments (what moments() returns for it), else None
 
     @property

@@ -22,7 +22,7 @@ Gradient checkpointing, an attention mask with padding and 4/8-bit layers are re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kit.estimate.replay.families import register_family
 from kit.estimate.replay.setup import BOOL, F32, FP16, BF16, I64, Covers, around, promote
@@ -148,6 +148,8 @@ class Part:
     grads: int       # its weight grads, all made (linear weights from the tape, and its norms')
     order: tuple     # its saved tensors' bytes, in saving order
     copies: int = 0  # saved autocast weight copies among ``saved``
+    beside: int = 0  # the head: what the forward holds at the loss beside the saved tensors and the logits (the
+    #                  decoder's KV cache, and E where nothing saved it)
 
 
 def whole(st):
@@ -204,6 +206,12 @@ def whole(st):
 
     run("head", head, 0)
     logits = box["logits"]
+    # T5Stack copies the config for the decoder when the model is built: Trainer's use_cache=False reaches the top
+    # config only, so the decoder fills an EncoderDecoderCache (torch.cat copies of every layer's self- and
+    # cross-attention k and v) in training and evaluation alike, alive till the model's outputs go
+    cache = 2 * st.L_dec * B * (st.S_dec + st.S) * st.nh * st.hd * (st.ac or promote(enc.dt, st.w))
+    e_bytes = rows_e * H * enc.dt
+    parts[-1] = replace(parts[-1], beside=cache + (0 if enc.uid in ever else e_bytes))
     return Replay(L=st.L + st.L_dec, ckpt=False, embed=parts[0].saved + parts[st.L + 2].saved,
                   block=max(p.saved for p in parts if " block " in p.where),
                   block_sum=sum(p.saved for p in parts if " block " in p.where), block_in=0, shared=0,
@@ -212,7 +220,7 @@ def whole(st):
                   head_in=0, loss=logits.n * (4 if st.ac else logits.dt), logits_live=logits.n * logits.dt, cache=0,
                   block_bwd=0, block_bwd_grads=0, hidden=rows_d * H * h.dt, copies_block=0,
                   copies_head=0, copies_head_in=0, last_logits=logits.n * logits.dt,
-                  ls=logits.n * (4 if st.ac else logits.dt), parts=tuple(parts),
+                  ls=logits.n * (4 if st.ac else logits.dt), parts=tuple(parts), forward_held=cache + e_bytes,
                   enc_grad=rows_e * H * enc.dt if enc.rg else 0,
                   walk=walk)
 
@@ -243,8 +251,8 @@ def walk(rp, *, grads_embed: int, grads_block: int, grads_head: int, wtemp_block
     head = parts[-1]
     kept = head.saved - rp.ls   # the head's saved input (lm_head's)
     last = len(parts) - 1
-    out = [Moment(where="forward (at the loss)", activations=below[last] + kept, logits=rp.ls + rp.logits_live,
-                  copies=0, gradients=grads_before, temporaries=0),
+    out = [Moment(where="forward (at the loss)", activations=below[last] + kept + head.beside,
+                  logits=rp.ls + rp.logits_live, copies=0, gradients=grads_before, temporaries=0),
            Moment(where="backward (loss)", activations=below[last] + kept, logits=3 * rp.ls, copies=0,
                   gradients=grads_before, temporaries=0),
            Moment(where="backward (head)", activations=below[last] + kept, logits=rp.last_logits, copies=0,
