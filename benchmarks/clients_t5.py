@@ -13,14 +13,17 @@ SOURCE, TARGET, ROWS = 48, 24, 16
 KINDS = ("full", "lora", "full-eval", "lora-eval")
 
 
-def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096):
-    """Token rows of fixed lengths: ``input_ids`` ending in EOS (1), ``labels`` too."""
+def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096, padded=False):
+    """Token rows of fixed lengths (``padded``: sources of ``source`` down to half of it, so batches pad), ``input_ids``
+    ending in EOS (1), ``labels`` too."""
     gen = torch.Generator().manual_seed(0)
     out = []
-    for _ in range(n):
+    for i in range(n):
+        source = source - (i % 4) * (source // 8) if padded else source
         src = torch.randint(2, vocab, (source - 1,), generator=gen).tolist() + [1]
         tgt = torch.randint(2, vocab, (target - 1,), generator=gen).tolist() + [1]
         out.append({"input_ids": src, "attention_mask": [1] * source, "labels": tgt})
+        source = SOURCE if padded else source
     return out
 
 
@@ -42,7 +45,9 @@ def trainer_of(work, kind, *, batch=4, steps=3, generate=False):
                                     max_steps=steps, per_device_train_batch_size=batch, per_device_eval_batch_size=batch,
                                     save_strategy="no", logging_strategy="no", disable_tqdm=True,
                                     predict_with_generate=generate, generation_max_length=12 if generate else None)
-    return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(), eval_dataset=rows(8) if evaluating else None,
+    padded = "pad" in kind
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(padded=padded),
+                          eval_dataset=rows(8, padded=padded) if evaluating else None,
                           data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok)
 
 

@@ -95,7 +95,9 @@ def attention(tp: Tape, h, kv, prefix: str, rows_q: int, rows_k: int, causal: bo
     if st.math_attn or st.device != "cuda":
         o = math_attention(tp, q, k, v, rows_q, rows_k)
     else:
-        o = kernel_attention(tp, q, k, v, rows_q, rows_k, st.nh * rows_q * (rows_k // st.B))
+        # the bias is (1, heads, Sq, Sk), expanded over the batch, unless a padded batch's mask made it per row
+        rows = rows_q if st.padded and not causal else rows_q // st.B
+        o = kernel_attention(tp, q, k, v, rows_q, rows_k, st.nh * rows * (rows_k // st.B))
     return tp.linear(o, inner, H, f"{prefix}.o")
 
 
@@ -184,13 +186,13 @@ def whole(st):
 
     x = run("encoder embeddings", lambda: embed(rows_e), 0)
     for j in range(st.L):
-        x = run(f"encoder block {j + 1}", lambda x=x, j=j: first_bias(tp, rows_e, j) or block(tp, x),
+        x = run(f"encoder block {j + 1}", lambda x=x, j=j: first_bias(tp, rows_e, j, st.padded) or block(tp, x),
                 rows_e * H * x.dt, norms=2, bias=j == 0)
     enc = run("encoder final norm", lambda: tp.dropout(norm(tp, x, st.base_trainable and not st.final_norm_frozen),
                                                        st.p_resid), rows_e * H * x.dt)
     y = run("decoder embeddings", lambda: embed(rows_d), 0)
     for j in range(st.L_dec):
-        y = run(f"decoder block {j + 1}", lambda y=y, j=j: first_bias(tp, rows_d, j)
+        y = run(f"decoder block {j + 1}", lambda y=y, j=j: first_bias(tp, rows_d, j, False)
                 or decoder_block(tp, y, enc, rows_d, rows_e), rows_d * H * y.dt, norms=3, bias=j == 0)
     h = run("decoder final norm", lambda: tp.dropout(norm(tp, y, st.base_trainable and not st.final_norm_frozen),
                                                      st.p_resid), rows_d * H * y.dt)
@@ -225,13 +227,16 @@ def whole(st):
                   walk=walk)
 
 
-def first_bias(tp: Tape, rows: int, j: int):
+def first_bias(tp: Tape, rows: int, j: int, masked: bool):
     """Block 0 of a stack makes the relative position bias: the embedding keeps its (S, S) int64 bucket table where
-    the bias trains. Returns None (the block runs after it)."""
+    the bias trains; ``masked`` (the encoder of a padded batch): every block's ``torch.where(mask, bias, min)`` keeps
+    the one (B, 1, S, S) bool mask. Returns None (the block runs after it)."""
     st = tp.st
     if j == 0:
         S = rows // st.B
         tp.save(tp.new(S * S, I64, False), when=st.base_trainable)
+        if masked:
+            tp.save(tp.new(rows * S, BOOL, False), when=st.base_trainable)
     return None
 
 
