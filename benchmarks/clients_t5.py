@@ -48,7 +48,16 @@ def trainer_of(work, kind, *, batch=4, steps=3, generate=False):
     padded = "pad" in kind
     return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(padded=padded),
                           eval_dataset=rows(8, padded=padded) if evaluating else None,
-                          data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok)
+                          data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok,
+                          compute_metrics=exact_match if generate else None)
+
+
+def exact_match(prediction) -> dict:
+    """The share of generated rows equal to their labels (a metric makes evaluate() generate: without one,
+    Seq2SeqTrainer's evaluation computes the loss alone)."""
+    preds, labels = prediction.predictions, prediction.label_ids
+    width = min(preds.shape[1], labels.shape[1])
+    return {"exact_match": float((preds[:, :width] == labels[:, :width]).all(axis=1).mean())}
 
 
 def client_t5(work, kind, generate=False):
