@@ -160,6 +160,7 @@ def whole(st):
     whose moments are :func:`walk`'s."""
     from kit.estimate.replay.core import Replay
 
+    refuse(st)
     tp = Tape(st)
     B, H, V = st.B, st.H, st.V
     rows_e, rows_d = B * st.S, B * st.S_dec
@@ -225,6 +226,29 @@ def whole(st):
                   ls=logits.n * (4 if st.ac else logits.dt), parts=tuple(parts), forward_held=cache + e_bytes,
                   enc_grad=rows_e * H * enc.dt if enc.rg else 0,
                   walk=walk)
+
+
+# What the whole replay does not follow yet: the Setup field, and its name in the refusal
+NOT_REPLAYED = (("ckpt", "gradient checkpointing"), ("quant", "4-bit/8-bit layers"), ("liger", "Liger's kernels"),
+                ("fused_head", "TRL's fused LM head"), ("trl_offload", "activation offloading"),
+                ("frozen_below", "frozen bottom blocks"), ("own", "a head of one's own"), ("dora", "DoRA"))
+
+
+def refuse(st) -> None:
+    """Refuse, in one sentence, what this replay does not follow (:data:`NOT_REPLAYED`, a classifier head, the
+    frozen embeddings of a full fine-tune)."""
+    from kit.inputs import InputError
+
+    found = next((name for field, name in NOT_REPLAYED if getattr(st, field) not in (False, 0, (), "none")), None)
+    found = found or ("a classifier head" if st.task != "causal-lm" else
+                      "weights loaded in half precision (T5 keeps its wo layers in fp32, _keep_in_fp32_modules)"
+                      if st.w != F32 else
+                      "frozen embeddings, final norm or LM head in a full fine-tune"
+                      if st.embed_frozen or st.final_norm_frozen or st.lm_head_frozen else None)
+    if found:
+        raise InputError("model", f"T5 (an encoder-decoder) is replayed with full fine-tuning or LoRA, not yet with "
+                         f"{found}: estimate it without, or measure the run with kit.watch(trainer).",
+                         code="t5-not-replayed")
 
 
 def first_bias(tp: Tape, rows: int, j: int, masked: bool):
