@@ -27,15 +27,17 @@ def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096, padded=False):
     return out
 
 
-def trainer_of(work, kind, *, batch=4, steps=3, generate=False):
+def trainer_of(work, kind, *, batch=4, steps=3, generate=False, vocab=None):
     """A Seq2SeqTrainer on the tiny twin: ``kind`` "full" or "lora" (q, v); an eval set of 8 rows where the kind
-    ends in "-eval" (with ``predict_with_generate`` and ``generation_max_length`` 12 where ``generate``)."""
+    ends in "-eval" (with ``predict_with_generate`` and ``generation_max_length`` 12 where ``generate``); ``vocab``:
+    the twin's vocabulary made smaller (so that the blocks, not the logits, set the peak)."""
     from peft import LoraConfig, get_peft_model
     from real_clients import tokenizer, twin_dir
     from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     torch.manual_seed(0)
-    model = AutoModelForSeq2SeqLM.from_pretrained(twin_dir("tiny-flan-t5", work))
+    model = AutoModelForSeq2SeqLM.from_pretrained(twin_dir("tiny-flan-t5", work, **(
+        {"vocab_size": vocab} if vocab else {})))
     if kind.startswith("lora"):
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q", "v"], lora_dropout=0.05,
                                                  task_type="SEQ_2_SEQ_LM"))
@@ -46,8 +48,9 @@ def trainer_of(work, kind, *, batch=4, steps=3, generate=False):
                                     save_strategy="no", logging_strategy="no", disable_tqdm=True,
                                     predict_with_generate=generate, generation_max_length=12 if generate else None)
     padded = "pad" in kind
-    return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(padded=padded),
-                          eval_dataset=rows(8, padded=padded) if evaluating else None,
+    vocab = vocab or model.config.vocab_size
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=rows(padded=padded, vocab=vocab),
+                          eval_dataset=rows(8, padded=padded, vocab=vocab) if evaluating else None,
                           data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok,
                           compute_metrics=exact_match if generate else None)
 
@@ -60,12 +63,12 @@ def exact_match(prediction) -> dict:
     return {"exact_match": float((preds[:, :width] == labels[:, :width]).all(axis=1).mean())}
 
 
-def client_t5(work, kind, generate=False):
+def client_t5(work, kind, generate=False, vocab=None):
     from kit.estimate import estimate_trainer
 
-    trainer = trainer_of(work, kind, generate=generate)
+    trainer = trainer_of(work, kind, generate=generate, vocab=vocab)
     how = "LoRA r8 on q, v (dropout 0.05)" if kind.startswith("lora") else "full FT"
-    setup = (f"tiny-flan-t5, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
+    setup = (f"tiny-flan-t5{f' vocab {vocab}' if vocab else ''}, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
              + (", eval B4 x 8 rows" if kind.endswith("eval") else "") + (" with generation" if generate else ""))
-    yield (f"Seq2SeqTrainer {kind}{' generate' if generate else ''}", setup, trainer,
+    yield (f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}", setup, trainer,
            lambda: estimate_trainer(trainer, device="cpu"))

@@ -93,6 +93,7 @@ def family_of(cfg) -> str:
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     declared_as = lookup(mt)
     if declared_as is not None and declared_as.shapes:   # a config with its own names for the shapes (GPT-2's)
+        _refuse_layout(declared_as, cfg)
         return key_of(mt)
     if getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
@@ -110,10 +111,7 @@ def family_of(cfg) -> str:
         raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
                                f"dense blocks only, so it would undercount the experts' activations: measure this "
                                f"one on a real step with kit.measure.track.Tracker, or pass {_COVERED}.")
-    refused = declared_as.refusal(cfg) if declared_as is not None and declared_as.refusal else None
-    if refused:   # a layout of its model type that its family's replay does not have
-        raise UnsupportedModel(f"{mt} ({cls}) {refused}: measure this one on a real step with "
-                               "kit.measure.track.Tracker.")
+    _refuse_layout(declared_as, cfg)
     missing = [a for a in _SHAPE_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     text = getattr(cfg, "text_config", None)
     if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
@@ -136,6 +134,14 @@ def family_of(cfg) -> str:
                                f"{key}'s replay does not have (it replays "
                                f"{', '.join(covers.layer_types)}): {_MEASURE}.", code=LAYER_TYPES)
     return key
+
+
+def _refuse_layout(declared_as, cfg) -> None:
+    """Refuse a layout of its model type that its family's replay does not have (the family's ``refusal``)."""
+    refused = declared_as.refusal(cfg) if declared_as is not None and declared_as.refusal else None
+    if refused:
+        raise UnsupportedModel(f"{cfg.model_type} ({type(cfg).__name__}) {refused}: measure this one on a real step "
+                               "with kit.measure.track.Tracker.")
 
 
 def _new_layer_types(cfg) -> str:

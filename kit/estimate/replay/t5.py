@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kit.estimate.replay.families import register_family
+from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.setup import BOOL, F32, FP16, BF16, I64, Covers, around, promote
 from kit.estimate.replay.tape import Tape
 
@@ -212,9 +212,10 @@ def whole(st):
     # T5Stack copies the config for the decoder when the model is built: Trainer's use_cache=False reaches the top
     # config only, so the decoder fills an EncoderDecoderCache (torch.cat copies of every layer's self- and
     # cross-attention k and v) in training and evaluation alike, alive till the model's outputs go
-    cache = 2 * st.L_dec * B * (st.S_dec + st.S) * st.nh * st.hd * (st.ac or promote(enc.dt, st.w))
+    kv_dt = promote(enc.dt, st.w)   # (under autocast: the half linear's output, the cache's dtype)
+    cache = 2 * st.L_dec * B * (st.S_dec + st.S) * st.nh * st.hd * (st.ac or kv_dt)
     e_bytes = rows_e * H * enc.dt
-    parts[-1] = replace(parts[-1], beside=cache + (0 if enc.uid in ever else e_bytes))
+    parts[-1] = replace(parts[-1], beside=cache - cache_saved(st, cache, kv_dt) + (0 if enc.uid in ever else e_bytes))
     return Replay(L=st.L + st.L_dec, ckpt=False, embed=parts[0].saved + parts[st.L + 2].saved,
                   block=max(p.saved for p in parts if " block " in p.where),
                   block_sum=sum(p.saved for p in parts if " block " in p.where), block_in=0, shared=0,
@@ -226,6 +227,16 @@ def whole(st):
                   ls=logits.n * (4 if st.ac else logits.dt), parts=tuple(parts), forward_held=cache + e_bytes,
                   enc_grad=rows_e * H * enc.dt if enc.rg else 0,
                   walk=walk)
+
+
+def cache_saved(st, cache: int, kv_dt) -> int:
+    """Of the decoder's KV cache, what attention saves as it is (counted among the saved bytes already): attention
+    reads k and v from the cache (``cache.update`` returns its cat copies, contiguous); sdpa's math path saves v for
+    its last matmul without a copy (k is scaled first: a new tensor), CUDA's kernel saves both, unless autocast (or a
+    CPU's fp32 math on half inputs) casts them."""
+    if st.ac or (st.device == "cpu" and kv_dt in (BF16, FP16)):
+        return 0
+    return cache // 2 if st.math_attn or st.device != "cuda" else cache
 
 
 # What the whole replay does not follow yet: the Setup field, and its name in the refusal
@@ -291,8 +302,12 @@ def walk(rp, *, grads_embed: int, grads_block: int, grads_head: int, wtemp_block
     for i in range(last - 1, -1, -1):
         p = parts[i]
         waiting = rp.enc_grad if i >= decoder_from and p.where != "decoder final norm" else 0
-        waiting += grads_embed if i < decoder_from else 0   # the decoder's grad of the shared embedding
-        made = grads_embed if i == 0 and not acc else 0     # ... and the encoder's, summed into it
+        # the shared weight's grad: the LM head's (tied, counted among the head's grads from its backward on) waits
+        # in autograd's buffer; the decoder's embeddings make theirs and the two are summed out of place (a
+        # transposed view is not added into), the encoder's make theirs and add it in place. Untied (grads_embed),
+        # the decoder's waits for the encoder's.
+        waiting += (2 * tied + grads_embed if i == decoder_from else grads_embed if i < decoder_from else 0)
+        made = tied + (0 if acc else grads_embed) if i == 0 else 0
         out.append(Moment(where=f"backward ({p.where})", activations=below[i] + p.saved, logits=0, copies=0,
                           gradients=done + (0 if acc else p.bwd_grads),
                           temporaries=p.bwd - p.saved + waiting + made + (wtemp_block if " block " in p.where else 0)))
@@ -309,15 +324,37 @@ def shapes(cfg) -> dict:
 
 
 def refusal(cfg) -> str | None:
-    """A tied LM head (T5 v1.0: ``tie_word_embeddings``, the decoder's output scaled before it) and an activation
-    other than GELU's, which this replay does not have."""
-    if getattr(cfg, "tie_word_embeddings", False) or getattr(cfg, "scale_decoder_outputs", False):
-        return ("ties its LM head to the shared embeddings (tie_word_embeddings=True, the decoder's output scaled by "
-                "d_model ** -0.5), which the estimator does not replay (it replays Flan-T5's untied head)")
+    """T5 v1.0's scaled decoder output (transformers 5.25's ``T5Config``: ``scale_decoder_outputs`` unless the config
+    says ``tie_word_embeddings: false``, as Flan-T5's does; the LM head is tied to ``shared`` either way) and an
+    activation other than GELU's, which this replay does not have."""
+    if getattr(cfg, "scale_decoder_outputs", False):
+        return ("scales the decoder's output by d_model ** -0.5 before its LM head (scale_decoder_outputs, T5 v1.0's: "
+                "its config.json does not say tie_word_embeddings: false), which the estimator does not replay (it "
+                "replays T5 v1.1 and Flan-T5)")
     if cfg.dense_act_fn not in ("gelu_new", "gelu"):
         return f"runs its feed-forward with {cfg.dense_act_fn}, which the estimator does not replay (it replays GELU's)"
     return None
 
 
-register_family("t5", block=block, shapes=shapes, refusal=refusal, whole=whole,
+def no_grad_loop(setup, tokens: int, hidden, mlp) -> int:
+    """T5's no_grad forward (``T5Stack.forward``, ``T5LayerFF``, ``NewGELUActivation``), at its largest: a feed-forward
+    of the encoder's last block, or of the decoder's beside the encoder's output and the full KV cache. Beside
+    ``inputs_embeds`` (a local of the stack's forward), the block's input, the attention's output and the normed one,
+    the gated GELU holds four (tokens, d_ff) tensors at once (its input, ``0.5 * input`` and two of the tanh's
+    temporaries; three with another activation), and the stack keeps its position bias, (1, heads, S, S)."""
+    rows = tokens // setup.S
+    ffn = (4 if setup.act == "gelu_new" else 3) if setup.gated else 2
+
+    def stack(S, keys, layers):
+        return rows * S * ((4 if layers > 1 else 3) * setup.H * hidden + ffn * setup.F * mlp) \
+            + setup.nh * S * keys * setup.w_other
+
+    kv = mlp
+    cache = 2 * setup.L_dec * rows * (setup.S_dec + setup.S) * setup.nh * setup.hd * kv
+    decoder = stack(setup.S_dec, setup.S_dec, setup.L_dec) + setup.nh * setup.S_dec * setup.S * kv \
+        + rows * setup.S * setup.H * hidden + cache
+    return max(stack(setup.S, setup.S, setup.L), decoder)
+
+
+register_family("t5", block=block, shapes=shapes, refusal=refusal, whole=whole, no_grad_loop=NoGradLoop(no_grad_loop),
                 dropout_modules=("dropout_rate",))
