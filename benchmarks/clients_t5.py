@@ -10,7 +10,9 @@ import os
 import torch
 
 SOURCE, TARGET, ROWS = 48, 24, 16
-KINDS = ("full", "lora", "full-eval", "lora-eval")
+# the rows of benchmarks/real_clients.py: (kind, evaluate() generates, the twin's vocabulary cut to)
+ROWS_RUN = (("full-eval", False, None), ("lora-eval", False, None), ("full-pad-eval", False, None),
+            ("full-eval", True, None), ("lora-eval", True, None), ("full-eval", False, 256), ("lora-eval", False, 256))
 
 
 def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096, padded=False):
@@ -69,6 +71,7 @@ def client_t5(work, kind, generate=False, vocab=None):
     trainer = trainer_of(work, kind, generate=generate, vocab=vocab)
     how = "LoRA r8 on q, v (dropout 0.05)" if kind.startswith("lora") else "full FT"
     setup = (f"tiny-flan-t5{f' vocab {vocab}' if vocab else ''}, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
+             + (" (sources padded)" if "pad" in kind else "")
              + (", eval B4 x 8 rows" if kind.endswith("eval") else "") + (" with generation" if generate else ""))
     yield (f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}", setup, trainer,
            lambda: estimate_trainer(trainer, device="cpu"))
