@@ -363,7 +363,7 @@ def test_a_typed_unknown_id_offline_says_why_and_keeps_the_last_estimate(monkeyp
     T5Config().save_pretrained(tmp_path / "t5")
     for text, says in [(str(tmp_path / "missing" / "config.json"), "no known name, no file and no Hub id"),
                        (str(cut), "is not a readable config.json"),
-                       (str(tmp_path / "t5" / "config.json"), "scales the decoder's output")]:
+                       (str(tmp_path / "t5" / "config.json"), "it replays T5 v1.1 and Flan-T5")]:
         assert p.use_model(text) is False
         assert says in p.model_message.value and p.controls["model"].value == "tiny-gpt2", text
     p.model_box.value = ""
