@@ -16,16 +16,15 @@ ROWS_RUN = (("full-eval", False, None), ("lora-eval", False, None), ("full-pad-e
 
 
 def rows(n=ROWS, source=SOURCE, target=TARGET, vocab=4096, padded=False):
-    """Token rows of fixed lengths (``padded``: sources of ``source`` down to half of it, so batches pad), ``input_ids``
-    ending in EOS (1), ``labels`` too."""
+    """Token rows, ``input_ids`` ending in EOS (1), ``labels`` too: sources of ``source`` tokens (``padded``: every
+    fourth row that long, the others 6, 12, 18 shorter, so each batch pads), targets of ``target``."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for i in range(n):
-        source = source - (i % 4) * (source // 8) if padded else source
-        src = torch.randint(2, vocab, (source - 1,), generator=gen).tolist() + [1]
+        length = source - (i % 4) * (source // 8) if padded else source
+        src = torch.randint(2, vocab, (length - 1,), generator=gen).tolist() + [1]
         tgt = torch.randint(2, vocab, (target - 1,), generator=gen).tolist() + [1]
-        out.append({"input_ids": src, "attention_mask": [1] * source, "labels": tgt})
-        source = SOURCE if padded else source
+        out.append({"input_ids": src, "attention_mask": [1] * length, "labels": tgt})
     return out
 
 
@@ -46,8 +45,9 @@ def trainer_of(work, kind, *, batch=4, steps=3, generate=False, vocab=None):
     tok = tokenizer()
     evaluating = kind.endswith("eval")
     args = Seq2SeqTrainingArguments(output_dir=os.path.join(work, f"t5-{kind}"), use_cpu=True, report_to="none",
-                                    max_steps=steps, per_device_train_batch_size=batch, per_device_eval_batch_size=batch,
-                                    save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                                    max_steps=steps, per_device_train_batch_size=batch,
+                                    per_device_eval_batch_size=batch, save_strategy="no", logging_strategy="no",
+                                    disable_tqdm=True,
                                     predict_with_generate=generate, generation_max_length=12 if generate else None)
     padded = "pad" in kind
     vocab = vocab or model.config.vocab_size
@@ -70,8 +70,9 @@ def client_t5(work, kind, generate=False, vocab=None):
 
     trainer = trainer_of(work, kind, generate=generate, vocab=vocab)
     how = "LoRA r8 on q, v (dropout 0.05)" if kind.startswith("lora") else "full FT"
-    setup = (f"tiny-flan-t5{f' vocab {vocab}' if vocab else ''}, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
+    twin = f"tiny-flan-t5{f' vocab {vocab}' if vocab else ''}"
+    setup = (f"{twin}, {how}, Seq2SeqTrainer fp32, B4 x source {SOURCE} / target {TARGET}"
              + (" (sources padded)" if "pad" in kind else "")
              + (", eval B4 x 8 rows" if kind.endswith("eval") else "") + (" with generation" if generate else ""))
-    yield (f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}", setup, trainer,
-           lambda: estimate_trainer(trainer, device="cpu"))
+    label = f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}"
+    yield label, setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
