@@ -148,8 +148,6 @@ class Part:
     bwd: int         # its backward's peak of saved and activation grads (Tape.backward_peak)
     bwd_grads: int   # ... the weight grads made by then
     grads: int       # its weight grads, all made (linear weights from the tape, and its norms')
-    order: tuple     # its saved tensors' bytes, in saving order
-    copies: int = 0  # saved autocast weight copies among ``saved``
     beside: int = 0  # the head: what the forward holds at the loss beside the saved tensors and the logits (the
     #                  decoder's KV cache, and E where nothing saved it)
 
@@ -178,7 +176,7 @@ def whole(st):
         grads = sum(o.weight_grad for o in tp.outs) + norms * norm_w
         if bias and st.base_trainable:    # block 0's relative_attention_bias (buckets x heads)
             grads += st.buckets * st.nh * st.w_other
-        parts.append(Part(where, tp.total(), peak, made, grads, tuple(tp.order), tp.copies_saved()))
+        parts.append(Part(where, tp.total(), peak, made, grads))
         return out
 
     def embed(rows):
