@@ -1060,6 +1060,10 @@ def rows_to_run(work, only=None):
         for optimizer in ("muon", "adamw"):
             R.append((f"frozen norms {optimizer} {family}", lambda m, f=family, o=optimizer: run_trainer_client(
                 client_frozen_norms(work, f, o), m)))
+    import clients_t5   # issue 48: Flan-T5 (an encoder-decoder) with transformers' Seq2SeqTrainer
+    for kind, generate, vocab in clients_t5.ROWS_RUN:
+        R.append((f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}",
+                  lambda m, k=kind, g=generate, v=vocab: run_trainer_client(clients_t5.client_t5(work, k, g, v), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

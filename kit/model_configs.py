@@ -96,6 +96,11 @@ REGISTRY = {
     # tiny-llama. The estimate refuses them (kit.estimate.replay.smolvlm says what is replayed and what is not).
     "HuggingFaceTB/SmolVLM-Instruct": "SmolVLM-Instruct.json",
     "tiny-smolvlm": "tiny-smolvlm.json",
+    # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
+    # (transformers' T5Config fields: d_model 768, d_ff 2048, 12 + 12 layers, gated-gelu, untied lm_head), and its
+    # twin: 2 + 2 layers, d_model 64, 4 heads of 16.
+    "google/flan-t5-base": "flan-t5-base.json",
+    "tiny-flan-t5": "tiny-flan-t5.json",
 }
 # The vision-language models above: refused by the estimate, so the panel does not list them.
 VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm"})
@@ -115,7 +120,7 @@ TINY |= {"tiny-distilbert", "tiny-deberta-v3"}
 TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
-TINY |= {"tiny-smolvlm"}
+TINY |= {"tiny-smolvlm", "tiny-flan-t5"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -134,7 +139,7 @@ _SMOKE |= {"answerdotai/ModernBERT-base": "tiny-modernbert"}
 _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1": "tiny-mixtral"}
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
-_SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm"}
+_SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm", "google/flan-t5-base": "tiny-flan-t5"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

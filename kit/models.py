@@ -111,6 +111,8 @@ def _auto_class(cfg: PretrainedConfig, task: str):
     import transformers.models.auto.modeling_auto as auto
 
     if task not in ("seq-cls", "token-cls"):
+        if getattr(cfg, "is_encoder_decoder", False) and type(cfg) in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
+            return transformers.AutoModelForSeq2SeqLM   # an encoder-decoder's LM head (T5's), as Seq2SeqTrainer's
         _check_causal_lm(cfg)
         return AutoModelForCausalLM
     what = "Sequence" if task == "seq-cls" else "Token"
@@ -121,13 +123,13 @@ def _auto_class(cfg: PretrainedConfig, task: str):
 
 
 def _check_causal_lm(cfg: PretrainedConfig) -> None:
-    """Refuse, in one sentence, a config that transformers cannot build as a causal LM (T5, an encoder)."""
+    """Refuse, in one sentence, a config that transformers cannot build as a causal LM (an encoder, a vision model)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ValueError(f"{cfg.model_type} ({type(cfg).__name__}) is not a causal language model (transformers "
-                         "has no AutoModelForCausalLM class for it: an encoder-decoder such as T5, or an encoder): "
-                         "pass a decoder-only LM such as GPT-2, Llama or Mistral.")
+                         "has no AutoModelForCausalLM or AutoModelForSeq2SeqLM class for it: an encoder, or a vision "
+                         "model): pass a decoder-only LM such as GPT-2, Llama or Mistral.")
 
 
 def _dtype_kw(dtype: torch.dtype) -> dict:

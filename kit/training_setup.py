@@ -48,6 +48,9 @@ class TrainingSetup:
                              suggest=1, panel=True)
     seq_len: int = option(None, "tokens per sequence", flag="--seq-len", kind=int, required=True, suggest=2,
                           panel=True)
+    target_len: int = option(None, "an encoder-decoder's target tokens per sequence (the labels' and "
+                             "decoder_input_ids' length; seq_len is the source's); None: seq_len's, said in a note",
+                             flag="--target-len", kind=int)
     task: str = option(None, "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
                        "(AutoModelForSequenceClassification: batch x labels logits), token-cls "
                        "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it "

@@ -163,7 +163,7 @@ def test_python_m_kit_failures_are_one_line_exit_2(tmp_path, run_kit):
          "cannot be reached from here to fetch its config.json. Known names: distilgpt2"),
         (["--model", str(cut), *size], f"error: argument --model: {cut} is not a readable config.json"),
         (["--model", str(tmp_path / "t5"), *size],
-         "error: argument --model: t5 (T5Config) is not a causal language model"),
+         "error: argument --model: t5 (T5Config) scales the decoder's output"),
         (["--model", "gpt2", "--batch-size", "many", "--seq-len", "8"],
          "error: argument --batch-size: invalid int value: 'many'"),
         (["--model", "gpt2", "--batch-size", "-3", "--seq-len", "8"],

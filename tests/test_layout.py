@@ -270,6 +270,7 @@ KIND_NAMES = {
                                                                      "kit.watching.generation")),
     "sentence": (("SentenceTransformerTrainer", "SentenceTransformerTrainingArguments"),
                  ("kit.estimate.sentence_trainer", "kit.advise.sentence_levers")),
+    "seq2seq": (("Seq2SeqTrainer", "Seq2SeqTrainingArguments"), ("kit.estimate.seq2seq",)),
 }
 
 

@@ -199,10 +199,10 @@ def test_unreadable_config_files_are_one_sentence(tmp_path):
 
 
 def test_a_config_that_is_no_causal_lm_is_refused_before_building():
-    from transformers import T5Config
+    from transformers import ViTConfig
 
-    with pytest.raises(ValueError, match=r"^t5 \(T5Config\) is not a causal language model .*decoder-only") as exc:
-        models.build_model(T5Config(), device="meta")
+    with pytest.raises(ValueError, match=r"^vit \(ViTConfig\) is not a causal language model .*decoder-only") as exc:
+        models.build_model(ViTConfig(), device="meta")
     assert "GPT2Config, " not in str(exc.value)  # not transformers' list of every causal LM config
 
 

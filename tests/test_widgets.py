@@ -277,15 +277,16 @@ def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
     # the encoders too: the task control takes them under a classifier head; not the vision-language models the
     # estimate refuses
     shipped = [m for m in known_models() if m not in VISION_LANGUAGE]
-    assert sorted(values1) == sorted(shipped)                   # all 59, each once
+    assert sorted(values1) == sorted(shipped)                   # all 61, each once
     heads = [m for m in shipped if m.endswith("+vocab-head")]
     assert sorted(values2) == sorted(set(shipped) - set(heads))   # scenario 1's head is not scenario 2's
     labels = [label for label, _ in p2.controls["model"].options]
     groups = [label.split(" · ")[0] for label in labels]
     n_real, n_tiny = groups.count("shipped"), groups.count("tiny twin")
-    # 33 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
-    # one) and 8 encoder names; 21 tiny twins, 5 of them encoders, 5 mixtures of experts
-    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (33, 21)
+    # 34 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
+    # one), 8 encoder names and google/flan-t5-base; 22 tiny twins, 5 of them encoders, 5 mixtures of experts, one
+    # encoder-decoder
+    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (34, 22)
     assert "shipped · Qwen/Qwen2.5-0.5B" in labels and "tiny twin · tiny-qwen2" in labels
     p2.controls["model"].value = "Qwen/Qwen2.5-0.5B"            # a shipped model picked from the list
     assert p2.estimate.peak_bytes == _direct(p2).peak_bytes and p2.controls["seq_len"].max == 32768
@@ -365,7 +366,7 @@ def test_a_typed_unknown_id_offline_says_why_and_keeps_the_last_estimate(monkeyp
     T5Config().save_pretrained(tmp_path / "t5")
     for text, says in [(str(tmp_path / "missing" / "config.json"), "no known name, no file and no Hub id"),
                        (str(cut), "is not a readable config.json"),
-                       (str(tmp_path / "t5" / "config.json"), "is not a causal language model")]:
+                       (str(tmp_path / "t5" / "config.json"), "it replays T5 v1.1 and Flan-T5")]:
         assert p.use_model(text) is False
         assert says in p.model_message.value and p.controls["model"].value == "tiny-gpt2", text
     p.model_box.value = ""

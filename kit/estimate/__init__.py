@@ -10,7 +10,7 @@ forward saves, op by op). It never imports :mod:`kit.measure`, :mod:`kit.widgets
 True
 """
 # the trainer kinds: each registers as imported
-from kit.estimate import dpo, grpo, kto, reward, rloo, sentence_trainer, trl  # noqa: F401
+from kit.estimate import dpo, grpo, kto, reward, rloo, sentence_trainer, seq2seq, trl  # noqa: F401
 from kit.estimate import distillation  # noqa: F401  (registered last: refusals list the kinds in this order)
 from kit.estimate.core import INT32_OPTIMIZER, estimate
 from kit.estimate.from_objects import estimate_from, estimate_trainer

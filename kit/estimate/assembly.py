@@ -67,6 +67,7 @@ class Plan:
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
     towers: tuple = ()        # forwards a step before one backward, (rows / batch_size, tokens) (replay.towers)
+    target_len: int = 0       # an encoder-decoder's target length (seq_len: its source's); 0: none
 
     # The dtypes are replay.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -91,7 +92,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
          device, evaluation, bnb=kit_quantization.Bnb(), fused_lm_head=False, adapter_dtype="fp32",
          input_require_grads=None,
          liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None,
-         towers=()) -> Plan:
+         towers=(), target_len=0) -> Plan:
     """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
     run; refuse what cannot be trained."""
     vh, leaves = info.vocab_head, info.leaves
@@ -144,7 +145,7 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
                 dora=bool(use_dora),
                 saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
                                              fused=fused_lm_head or "flce" in liger_kernels),
-                sm=sm, towers=towers)
+                sm=sm, towers=towers, target_len=target_len)
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
@@ -350,7 +351,8 @@ def replay_setup(info: Info, plan: Plan) -> replay.Setup:
     head = [next(l for l in info.leaves if l.name == n) for n in info.head_layers]
     lora = {l.short: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "block"} \
         | {l.name.split(".")[-1]: plan.lora_r for l in info.leaves if l.name in plan.lora_modules and l.part == "head"}
-    setup = replay.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, V=cfg.vocab_size, w=plan.load_bytes,
+    setup = replay.Setup(family=info.family, B=plan.batch_size, S=plan.seq_len, S_dec=plan.target_len,
+                         V=cfg.vocab_size, w=plan.load_bytes,
                          w_other=plan.trained_bytes, ac=plan.half,
                          base_trainable=not plan.lora_r and not info.vocab_head,
                          quant=plan.quantization, compute=replay.dtype(plan.bnb.compute_dtype),
@@ -404,9 +406,12 @@ def encoder_notes(info: Info, plan: Plan) -> list:
                  field="lora_dropout", code="encoder-lora-dropout")]
 
 
-def batch_row_bytes(task: str, seq_len: int) -> int:
+def batch_row_bytes(task: str, seq_len: int, target_len: int = 0) -> int:
     """One row of the batch on the device: input_ids and attention_mask, [S] int64 each, and the labels: [S]
-    int64 per token (causal LM, token classification), one int64 per sequence (sequence classification)."""
+    int64 per token (causal LM, token classification), one int64 per sequence (sequence classification); an
+    encoder-decoder's labels and decoder_input_ids, [target_len] int64 each."""
+    if target_len:
+        return 2 * seq_len * 8 + 2 * target_len * 8
     return 2 * seq_len * 8 + (8 if task == "seq-cls" else seq_len * 8)
 
 
@@ -419,7 +424,7 @@ def evaluation(info: Info, plan: Plan, setup: replay.Setup, rp, *, held: int, co
         setup = replace(setup, S=S)
         rp = replay.replay(setup)
     return eval_peak(rp, batch=setup.B, eval_batch=rows, seq_len=S, vocab=setup.labels or setup.V, held=held,
-                     copies=copies, inputs_per_row=batch_row_bytes(plan.task, S), gather=ev["gather"],
+                     copies=copies, inputs_per_row=batch_row_bytes(plan.task, S, plan.target_len), gather=ev["gather"],
                      samples=ev["samples"], accumulation=ev["accumulation"], device=plan.device,
                      mixed=bool(plan.half), pooled=plan.task == "seq-cls", blocks=block_forward_bytes(setup, rows),
                      head=info.own_head.eval_bytes(rows, S) if info.own_head else 0,
@@ -466,7 +471,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
     if loop.get("grads_kept") and counts.gradients:
         m = max(m, peak(True, **alive), key=lambda moment: moment.total)
     weights = counts.weights + info.buffers_bytes
-    inputs = sum(rows * plan.batch_size * batch_row_bytes(plan.task, tokens)
+    inputs = sum(rows * plan.batch_size * batch_row_bytes(plan.task, tokens, plan.target_len)
                  for rows, tokens in plan.towers or ((1, plan.seq_len),))
     fwdbwd = weights + counts.optimizer + m.total + inputs
     # its step's own, at their highest

@@ -111,6 +111,7 @@ class Planned:
     gpu: str | None
     fused_loss: tuple         # (loss_type, its note) as trl.sft_loss reads them
     liger: tuple
+    read_notes: tuple = ()    # notes made in reading the options (an encoder-decoder's target length assumed)
 
     @property
     def floor_bytes(self) -> int:
@@ -127,6 +128,7 @@ def planned(model, **setup) -> Planned:
     o = options(setup, required=True)
     batch_size, seq_len, grad_accum = (inputs.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
     lora_r = inputs.whole_number("lora_r", o["lora_r"], minimum=0)
+    target_len = None if o["target_len"] is None else inputs.whole_number("target_len", o["target_len"])
     lora_targets = inputs.targets(o["lora_targets"])
     gradient_checkpointing = inputs.flag("gradient_checkpointing", o["gradient_checkpointing"], allow_none=True)
     padded = inputs.flag("padded", o["padded"])
@@ -162,6 +164,7 @@ def planned(model, **setup) -> Planned:
         exc.name = getattr(exc, "name", None) or "model"
         raise
     refuse_other_head(model, info, task, num_labels)
+    target_len, target_notes = read_target_len(info, target_len, seq_len)
     fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
     refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
     if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
@@ -196,10 +199,10 @@ def planned(model, **setup) -> Planned:
                          liger_kernels=liger, offload=offload,
                          train_head=inputs.flag("train_head", o["train_head"], allow_none=True),
                          modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
-                         towers=read_towers(o["towers"]),
+                         towers=read_towers(o["towers"]), target_len=target_len,
                          sm=PRESETS[gpu].capability if gpu else None)
     return Planned(options=o, info=info, plan=plan, counts=count_parameters(info, plan), multi=multi, gpu=gpu,
-                   fused_loss=(loss_type, loss_note), liger=liger)
+                   fused_loss=(loss_type, loss_note), liger=liger, read_notes=tuple(target_notes))
 
 
 def finished(planned_setup: Planned) -> Estimate:
@@ -209,7 +212,7 @@ def finished(planned_setup: Planned) -> Estimate:
     (loss_type, loss_note), multi, gpu = planned_setup.fused_loss, planned_setup.multi, planned_setup.gpu
     notes = _notes(plan.optimizer, info.leaves, counts.paged, info, plan.lora_r, plan.quantization) \
         + [loss_note] * bool(loss_note) + kit_liger.notes(liger, plan.evaluation["gather"]) \
-        + assembly.encoder_notes(info, plan)
+        + assembly.encoder_notes(info, plan) + list(planned_setup.read_notes)
     loop = {k: inputs.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
     expandable = inputs.flag("expandable_segments", o["expandable_segments"], allow_none=True)
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
@@ -232,6 +235,21 @@ def finished(planned_setup: Planned) -> Estimate:
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (trl.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_target_len(info, target_len, seq_len) -> tuple:
+    """(the target length, notes): an encoder-decoder's (its config's ``is_encoder_decoder``) as given, else seq_len's
+    with a note that says so; refused on any other model, which has no target apart from its sequence."""
+    if not getattr(info.config, "is_encoder_decoder", False):
+        if target_len is not None:
+            raise InputError("target_len", f"target_len is an encoder-decoder's target length, and "
+                             f"{info.config.model_type} has one sequence: leave target_len out.",
+                             code="target-len-no-decoder")
+        return 0, []
+    if target_len is not None:
+        return target_len, []
+    return seq_len, [Note(f"the target length was not given: the decoder's is taken as the source's {seq_len} tokens "
+                          "(--target-len, target_len=...)", field="target_len", code="target-len-assumed")]
 
 
 def read_towers(towers) -> tuple:

@@ -77,7 +77,8 @@ def eval_peak(replay, *, batch: int, eval_batch: int, seq_len: int, vocab: int, 
     # accelerate wraps a mixed-precision model's forward in convert_outputs_to_fp32: the logits the
     # loop gathers are fp32 then, whatever dtype the lm_head computed them in.
     logits_dt = 4 if mixed or not replay.last_logits else replay.last_logits // (batch * seq_len * vocab)
-    loss = int(scale * (replay.logits_live + replay.ls + replay.hidden))  # logits, fp32 copy, log-softmax, hidden
+    # logits, fp32 copy, log-softmax, hidden (and an encoder-decoder's encoder output and KV cache: Replay.forward_held)
+    loss = int(scale * (replay.logits_live + replay.ls + replay.hidden + replay.forward_held))
     loss = max(loss, int(scale * replay.hidden) + head) if head else loss
     body = int(scale * max(replay.block, replay.block_in)) if blocks is None else blocks  # else a bound: one block's
     per_seq = 1 if pooled else seq_len   # positions gathered per sequence

@@ -67,6 +67,8 @@ class UnsupportedModel(Refusal):
         super().__init__(message, name="model", code=code, instead=instead)
 
 
+# The module lists that hold the blocks, by the name before a block's index (their leaves are part "block")
+BLOCK_LISTS = ("h", "layers", "layer", "block")
 # UnsupportedModel's codes for a family taken for no other: a model_type no family registers, layer types its
 # family does not replay, blocks that are not its family's classes op for op.
 NO_REPLAY, LAYER_TYPES, BLOCKS_DIFFER = "no-replay", "layer-types", "blocks-differ"
@@ -92,6 +94,7 @@ def family_of(cfg) -> str:
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     declared_as = lookup(mt)
     if declared_as is not None and declared_as.shapes:   # a config with its own names for the shapes (GPT-2's)
+        _refuse_layout(declared_as, cfg)
         return key_of(mt)
     if getattr(cfg, "is_encoder_decoder", False):
         raise UnsupportedModel(f"{mt} ({cls}) is an encoder-decoder model, not a causal language model: pass "
@@ -109,10 +112,7 @@ def family_of(cfg) -> str:
         raise UnsupportedModel(f"{mt} ({cls}) is a mixture-of-experts model ({k}={v}) and the estimator replays "
                                f"dense blocks only, so it would undercount the experts' activations: measure this "
                                f"one on a real step with kit.measure.track.Tracker, or pass {_COVERED}.")
-    refused = declared_as.refusal(cfg) if declared_as is not None and declared_as.refusal else None
-    if refused:   # a layout of its model type that its family's replay does not have
-        raise UnsupportedModel(f"{mt} ({cls}) {refused}: measure this one on a real step with "
-                               "kit.measure.track.Tracker.")
+    _refuse_layout(declared_as, cfg)
     missing = [a for a in _SHAPE_NAMES if not isinstance(getattr(cfg, a, None), int) or getattr(cfg, a) < 1]
     text = getattr(cfg, "text_config", None)
     if missing and getattr(text, "model_type", None):  # Gemma-3 4B+, Mistral-3, ...: a decoder inside
@@ -135,6 +135,14 @@ def family_of(cfg) -> str:
                                f"{key}'s replay does not have (it replays "
                                f"{', '.join(covers.layer_types)}): {_MEASURE}.", code=LAYER_TYPES)
     return key
+
+
+def _refuse_layout(declared_as, cfg) -> None:
+    """Refuse a layout of its model type that its family's replay does not have (the family's ``refusal``)."""
+    refused = declared_as.refusal(cfg) if declared_as is not None and declared_as.refusal else None
+    if refused:
+        raise UnsupportedModel(f"{cfg.model_type} ({type(cfg).__name__}) {refused}: measure this one on a real step "
+                               "with kit.measure.track.Tracker.")
 
 
 def _new_layer_types(cfg) -> str:
@@ -251,8 +259,8 @@ def inventory(model, cfg, own=None) -> Info:
         kind = "linear" if linear else "embedding" if isinstance(mod, nn.Embedding) else \
             "norm" if "norm" in type(mod).__name__.lower() else "other"
         parts = name.split(".")
-        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
-                   None)   # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N
+        idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in BLOCK_LISTS), None)
+        # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N, T5's encoder.block.N
         part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
         if idx is not None:
             blocks.add(".".join(parts[:idx + 1]))
@@ -266,10 +274,12 @@ def inventory(model, cfg, own=None) -> Info:
             part=part, short=".".join(parts[idx + 1:]) if idx is not None else name, tied=tied,
             shape=(fout, fin) if linear else tuple(w.shape) if w is not None else (),
             frozen_param=frozen_param(w, b)))
-    if len(blocks) != base_cfg.num_hidden_layers:
+    layers = base_cfg.num_hidden_layers + (getattr(base_cfg, "num_decoder_layers", 0) or 0
+                                           if getattr(base_cfg, "is_encoder_decoder", False) else 0)
+    if len(blocks) != layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
                                f"{len(blocks)} blocks named like GPT-2's transformer.h.N or Llama's model.layers.N, "
-                               f"and its config says {base_cfg.num_hidden_layers}): pass {_COVERED}.")
+                               f"and its config says {layers}): pass {_COVERED}.")
     check_blocks(model, blocks, family, what)
     task = "seq-cls" if own else task_of(model)
     _check_task(base_cfg, task, what)
@@ -304,8 +314,7 @@ def _fused_leaf(name: str, param, own) -> Leaf:
     ``nn.Linear`` layers, so these stay in the load dtype (and the k-bit recipe casts them to fp32 like the norms);
     peft's ``target_modules`` never adapts them."""
     parts = name.split(".")
-    idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in ("h", "layers", "layer")),
-               None)
+    idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in BLOCK_LISTS), None)
     kind = "experts" if param.dim() == 3 else "other"   # (Qwen3.5's Gated DeltaNet A_log and dt_bias: vectors)
     return Leaf(name=name, kind=kind, fin=0, fout=0, weight=param.numel(), bias=0,
                 trainable=param.requires_grad and not own, quantizable=False,

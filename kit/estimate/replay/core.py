@@ -61,6 +61,11 @@ class Replay:
     transient: int = 0     # alive at the last block's end in the forward, saved by nothing (Tape.transient)
     shared_grad: int = 0   # the grad of an input every block takes, alive below the last block (Tape.shared_grad)
     frozen: int = 0        # blocks below these L, frozen and run with no graph (Setup.frozen_below): none saved
+    parts: tuple = ()      # a model replayed whole (Family.whole: an encoder-decoder), its parts in forward order
+    enc_grad: int = 0      # ... the encoder output's grad, alive through the decoder's backward
+    forward_held: int = 0  # what a forward holds at its loss beside the logits and the last hidden state, saved or
+    #                        not (an encoder-decoder's encoder output and its decoder's KV cache): evaluate() has it
+    walk: object = None    # ... its moments (what moments() returns for it), else None
 
     @property
     def copies_saved(self) -> int:
@@ -131,6 +136,8 @@ def replay(st: Setup) -> Replay:
     """Replay one training forward of ``st`` and count what it saves (see :mod:`kit.estimate.replay`)."""
 
     declared = family(st.family)
+    if declared.whole:   # not one stack of blocks (an encoder-decoder): the family replays its whole forward
+        return declared.whole(st)
     block_fn = declared.block
     T, H, V = st.T, st.H, st.V
     tp = LigerTape(st) if st.liger else Tape(st)  # Liger's kernels: its own rules (kit.estimate.replay.liger)
@@ -318,6 +325,10 @@ def moments(rp: Replay, *, grads_embed: int, grads_block: int, grads_head: int,
     of place (the head's arrives as a transposed view, which the engine does not add into), so the
     embeddings' backward holds the new grad and the sum beside it.
     """
+    if rp.walk is not None:   # a model replayed whole walks its own parts (Family.whole)
+        return rp.walk(rp, grads_embed=grads_embed, grads_block=grads_block, grads_head=grads_head,
+                       wtemp_block=wtemp_block, wtemp_head=wtemp_head, grads_before=grads_before,
+                       head_half=head_half, tied=tied)
     acc = bool(grads_before)
     if acc:
         grads_block = grads_head = 0

@@ -50,7 +50,10 @@ class Family:
     replayed (:mod:`.moe`), not refused. ``weights_notes(info, load_dtype)``: what an estimate says of how its
     weights are taken (gpt-oss's MXFP4 experts, dequantized); ``weights_assumed(load_dtype)``: the same in the few
     words the verdict's line adds. ``frozen_norms``: its block replays its norms by ``Setup.norms_train``, so a full
-    fine-tune whose trained blocks all have their norms frozen (and their other weights trained) is replayed."""
+    fine-tune whose trained blocks all have their norms frozen (and their other weights trained) is replayed.
+    ``whole(setup)``: the replay of the whole forward, for a model that is not one stack of blocks (an
+    encoder-decoder), in place of :func:`kit.estimate.replay.core.replay`'s; its Replay carries its parts and walks
+    its own moments."""
 
     name: str
     block: Callable
@@ -70,6 +73,7 @@ class Family:
     weights_notes: Callable | None = None
     weights_assumed: Callable | None = None
     frozen_norms: bool = False
+    whole: Callable | None = None
 
     @property
     def encoder(self) -> bool:

@@ -159,6 +159,11 @@ class Setup:
     linear_heads: tuple = ()     # ... their (key heads, value heads) (kit.estimate.replay.linear_attention)
     linear_dims: tuple = ()      # ... their (key head dim, value head dim)
     conv_kernel: int = 0         # ... their short causal convolution's kernel
+    S_dec: int = 0               # an encoder-decoder (T5): the target length (S is the source's) ...
+    L_dec: int = 0               # ... the decoder's blocks (L: the encoder's)
+    gated: bool = False          # ... its feed-forward is gated (wi_0, wi_1)
+    act: str = "gelu_new"        # ... its feed-forward's activation
+    buckets: int = 0             # ... its relative position buckets (the bias: buckets x heads per stack)
     own: tuple = ()              # a head of the user's own (kit.estimate.own_head): its saved bytes per token, per
                                  # row and once, and its logits' bytes per row; () for a transformers head
 
