@@ -92,11 +92,12 @@ def _count(info: Info, plan) -> Counts:
     # distinct counts, each made once here (the advisor counts many plans of one model)
     made, times = {}, {}
     for l in info.leaves:
+        named = _named(info, plan, l.name)
         key = (l.kind, l.fin, l.fout, l.weight, l.bias, l.trainable, l.quantizable, l.part, l.shape,
-               l.frozen_param) + _named(info, plan, l.name)
+               l.frozen_param) + named
         one = made.get(key)
         if one is None:
-            one = made[key] = _leaf_count(l, key[-5:], info, plan)
+            one = made[key] = _leaf_count(l, named, plan)
         times[key] = times.get(key, 0) + 1
         c.trained.extend(one.trained)    # (in module order: Trainer's weight-decay groups, the allocator's layout)
         c.tensors.append((l.part, one.weights, one.own))
@@ -142,7 +143,7 @@ class LeafCount:
     halves: int
 
 
-def _leaf_count(l, named: tuple, info: Info, plan) -> LeafCount:
+def _leaf_count(l, named: tuple, plan) -> LeafCount:
     own_init, lora, classifier, saved_copy, output_head = named
     other = plan.trained_bytes
     n = l.weight + l.bias
