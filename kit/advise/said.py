@@ -72,7 +72,7 @@ def answer(advice) -> list:
     figures are, the biggest cause, and the single best change (its objects in the lines left)."""
     figures = [figures_said(advice.peak_bytes, _unit(advice))] if advice.limit.safety_fraction is None and \
         advice.reserved_bytes and advice.limit.kernels == "cuda" else []
-    out = [verdict_line(advice)] + figures + [advice.cause] if advice.cause else [verdict_line(advice)] + figures
+    out = [verdict_line(advice)] + figures + ([advice.cause] if advice.cause else [])
     if advice.fits:
         return out + [f"no change needed; the largest batch that fits: {advice.max_batch_size}, the longest sequence: "
                       f"{advice.max_seq_len}"]
