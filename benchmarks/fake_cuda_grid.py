@@ -39,6 +39,12 @@ from kit.estimate.core import estimate
 METER = pathlib.Path(__file__).resolve().parent / "fake_cuda" / "trainer_steps.py"
 FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
             "tiny-olmo2", "tiny-gpt-neox", "tiny-stablelm", "tiny-gpt2", "tiny-qwen3-5")
+KNOWN_GAPS = {  # tiny twin -> why its setups may fall outside 1% here (what the meter cannot run as a GPU does)
+    "tiny-qwen3-5": "on CUDA the kit replays flash-linear-attention's Gated DeltaNet kernels (what they save, read "
+                    "from fla's source), which need Triton and a GPU; the meter runs transformers' reference PyTorch "
+                    "path (fla is not installed, and its kernels cannot run on fake tensors), which saves more. With "
+                    "checkpointing on, the blocks save nothing in either, and the figures agree.",
+}
 NOT_METERED = {  # tiny twin -> why the fake-CUDA meter cannot run it (checked with torch 2.13, transformers 5.25)
     **dict.fromkeys(("tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss", "tiny-qwen3-5-moe"),
                     "its experts run transformers' grouped_mm path, whose torch._grouped_mm meta kernel in torch 2.13 "
@@ -103,6 +109,7 @@ def table(rows: list, seconds: float) -> str:
                      f"{row['kit_peak']:,} | {row['meter_peak']:,} | {row['ratio']:.4f} | {row['ratio_first']:.4f} |")
     off = [row for row in rows if abs(row["ratio"] - 1) > 0.01 or abs(row["ratio_first"] - 1) > 0.01]
     lines += ["", f"Outside 1%: {len(off)} of {len(rows)} setups."]
+    lines += [f"- {config}: {why}" for config, why in KNOWN_GAPS.items() if any(row["config"] == config for row in off)]
     lines += ["", "Not metered here:", ""] + [f"- {config}: {why}." for config, why in NOT_METERED.items()]
     return "\n".join(lines) + "\n"
 
