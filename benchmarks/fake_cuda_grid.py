@@ -1,6 +1,6 @@
 """The kit's CUDA estimate against the fake-CUDA meter, over a grid of small setups and four GPU architectures.
 
-    python benchmarks/fake_cuda_grid.py            # 576 setups (12 families), about 25 minutes on a 2-core CPU
+    python benchmarks/fake_cuda_grid.py            # 576 setups (12 families), 288 meter runs, about 12 minutes on a 2-core CPU
     python benchmarks/fake_cuda_grid.py --quick    # 8 setups
 
 Families: the tiny twin of every decoder family the kit replays as a causal LM (Llama, Qwen2, Qwen3, Mistral,
