@@ -1,7 +1,7 @@
 """The kit's CUDA estimate against the fake-CUDA meter, over a grid of small setups and four GPU architectures.
 
-    python benchmarks/fake_cuda_grid.py            # 576 setups (12 families), 288 meter runs, about 12 minutes on a 2-core CPU
-    python benchmarks/fake_cuda_grid.py --quick    # 8 setups
+    python benchmarks/fake_cuda_grid.py            # 576 setups, 288 meter runs: about 12 minutes on 2 cores
+    python benchmarks/fake_cuda_grid.py --quick    # 16 setups
 
 Families: the tiny twin of every decoder family the kit replays as a causal LM (Llama, Qwen2, Qwen3, Mistral,
 Gemma-2, Gemma-3, Phi-3, OLMo-2, GPT-NeoX, StableLM, GPT-2, Qwen3.5's hybrid), batch 4 x 64, x fp32/fp16/bf16 x
@@ -99,8 +99,9 @@ def table(rows: list, seconds: float) -> str:
              "kit = `estimate(..., device=\"cuda\", gpu=<the GPU's preset>)`; "
              "meter = the peak of live fake CUDA storages (512 B rounding); "
              "steady = steps 2-3, first = step 1.", "",
-             f"Meter runs: {_meter_runs(rows)} for these setups: architectures whose SDPA choice is the same at every call of a setup share one run "
-             "(the emulated GPU enters a run only through that choice; `metered on` names the one that ran).", "",
+             f"Meter runs: {_meter_runs(rows)} for these setups: architectures whose SDPA choice is the same at every "
+             "call of a setup share one run (the emulated GPU enters a run only through that choice; `metered on` "
+             "names the one that ran).", "",
              "| family | precision | ckpt | padded | GPU | SDPA kernel (meter) | metered on | kit steady | "
              "meter steady | kit/meter steady | kit/meter step 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -126,7 +127,7 @@ def _kernels(row: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 setups (tiny-llama and tiny-gpt2 on T4 and H100, "
+    parser.add_argument("--quick", action="store_true", help="16 setups (tiny-llama and tiny-gpt2 on T4 and H100, "
                                                              "fp32 and bf16, no ckpt)")
     parser.add_argument("--out", default=None, help=OUT_HELP)
     options = parser.parse_args(argv)
