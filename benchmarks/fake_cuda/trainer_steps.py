@@ -152,9 +152,10 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
 def run_sharing(gpus: list, **setup) -> list:
     """run() on each of ``gpus``, once per distinct SDPA choice: the first GPU left runs, probing the others, and
     every GPU left whose choice at each SDPA call equals the one taken shares its result (``metered_on`` names the
-    GPU that ran). The emulated GPU enters a run only through SDPA's choice (torch.cuda's queries answer its name,
-    capability and memory, which neither Trainer nor the model reads for its tensors), so a shared figure is the one
-    its own run would give."""
+    GPU that ran). For a dense model the emulated GPU enters a run only through SDPA's choice (torch.cuda's queries
+    answer its name, capability and memory, which neither Trainer nor such a model reads for its tensors), so a
+    shared figure is the one its own run would give. Not for a mixture of experts: transformers picks its experts'
+    grouped_mm by compute capability (``_can_use_grouped_mm``); run() it per GPU."""
     results, left = [], list(gpus)
     while left:
         result = run(**setup, gpu=left[0], probes=tuple(left))
