@@ -41,12 +41,12 @@ from kit.estimate.core import estimate
 METER = pathlib.Path(__file__).resolve().parent / "fake_cuda" / "trainer_steps.py"
 FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
             "tiny-olmo2", "tiny-gpt-neox", "tiny-stablelm", "tiny-gpt2", "tiny-qwen3-5")
-KNOWN_GAPS = {  # tiny twin -> why its setups may fall outside 1% here (what the meter cannot run as a GPU does)
-    "tiny-qwen3-5": "on CUDA the kit replays flash-linear-attention's Gated DeltaNet kernels (what they save, read "
-                    "from fla's source), which need Triton and a GPU; the meter runs transformers' reference PyTorch "
-                    "path (fla is not installed, and its kernels cannot run on fake tensors), which saves more. With "
-                    "checkpointing on, the blocks save nothing in either, and the figures agree.",
-}
+KNOWN_GAPS = dict.fromkeys(("tiny-qwen3-5", "tiny-qwen3-5-moe"),  # why their setups fall outside 1% here
+                           "on CUDA the kit replays flash-linear-attention's Gated DeltaNet kernels (what they save, "
+                           "read from fla's source), which need Triton and a GPU; the meter runs transformers' "
+                           "reference PyTorch path (fla is not installed, and its kernels cannot run on fake tensors), "
+                           "which saves more. With checkpointing on, the blocks save nothing in either, and the "
+                           "figures agree.")
 MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss", "tiny-qwen3-5-moe")
 MOE_GPUS = ("T4",)
 NOT_METERED = {  # what the fake-CUDA meter cannot run, and why (checked with torch 2.13, transformers 5.25)
