@@ -65,27 +65,34 @@ def test_meter_reproduces_the_h200_distilgpt2_fp16_peak_within_100_mib():
 
 @needs_gxx
 def test_a_slice_of_the_grid_kit_within_one_percent_of_the_meter():
-    """Three setups of benchmarks/fake_cuda_grid.py, the kit judging each on its GPU's preset: flash (tiny-gpt2 fp16
-    on an L4), memory-efficient with a mask (tiny-llama bf16, padded, on an A100) and the math path (tiny-llama fp32,
-    grouped-query heads without a mask, on an H100), each picked by the kit's rules and the meter's separately."""
+    """Five setups of benchmarks/fake_cuda_grid.py, the kit judging each on its GPU's preset: flash (tiny-gpt2 fp16
+    on an L4), memory-efficient with a mask (tiny-llama bf16, padded, on an A100), the math path (tiny-llama fp32,
+    grouped-query heads without a mask, on an H100), memory-efficient without a mask after a partial rotary's
+    ``cat`` (tiny-stablelm fp32: its output needs no copy for o_proj; T4 and H100 share one meter run, their SDPA
+    choice being the same at every call) and eager attention (tiny-gemma2: no SDPA path, one run for both GPUs)."""
     from kit.estimate.core import estimate
 
-    setups = [dict(config="tiny-gpt2", precision="fp16", padded=False, gpu="L4", batch=4, seq=64),
-              dict(config="tiny-llama", precision="bf16", padded=True, gpu="A100", batch=4, seq=64),
-              dict(config="tiny-llama", precision="fp32", padded=False, gpu="H100", batch=4, seq=64)]
-    presets = {"L4": "l4", "A100": "a100-80", "H100": "h100"}
+    setups = [dict(config="tiny-gpt2", precision="fp16", gpu="L4"),
+              dict(config="tiny-llama", precision="bf16", padded=True, gpu="A100"),
+              dict(config="tiny-llama", precision="fp32", gpu="H100"),
+              dict(config="tiny-stablelm", precision="fp32", gpus=["T4", "H100"]),
+              dict(config="tiny-gemma2", precision="bf16", gpus=["L4", "H100"])]
+    setups = [{"batch": 4, "seq": 64, **setup} for setup in setups]
+    presets = {"T4": "colab-t4", "L4": "l4", "A100": "a100-80", "H100": "h100"}
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(METER / "trainer_steps.py"), "--setups", json.dumps(setups)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     metered = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"config"')]
-    assert [set(m["sdpa_backends"]) for m in metered] == [{"flash"}, {"efficient"}, {"math"}]
-    for setup, meter in zip(setups, metered):
-        kit = estimate(setup["config"], batch_size=4, seq_len=64, precision=setup["precision"],
-                       padded=setup["padded"], gradient_checkpointing=False, device="cuda",
-                       gpu=presets[setup["gpu"]])
-        assert kit.peak_bytes / meter["peak_bytes"] == pytest.approx(1, abs=0.01), setup
-        assert kit.first_step_peak_bytes / meter["step_peaks"][0] == pytest.approx(1, abs=0.01), setup
+    assert [(m["gpu"], m.get("metered_on"), set(m["sdpa_backends"]), m["attn"]) for m in metered] == [
+        ("L4", None, {"flash"}, "sdpa"), ("A100", None, {"efficient"}, "sdpa"), ("H100", None, {"math"}, "sdpa"),
+        ("T4", "T4", {"efficient"}, "sdpa"), ("H100", "T4", {"efficient"}, "sdpa"),
+        ("L4", "L4", set(), "eager"), ("H100", "L4", set(), "eager")]
+    for meter in metered:
+        kit = estimate(meter["config"], batch_size=4, seq_len=64, precision=meter["precision"],
+                       padded=meter["padded"], gradient_checkpointing=False, device="cuda", gpu=presets[meter["gpu"]])
+        assert kit.peak_bytes / meter["peak_bytes"] == pytest.approx(1, abs=0.01), meter
+        assert kit.first_step_peak_bytes / meter["step_peaks"][0] == pytest.approx(1, abs=0.01), meter
 
 
 def test_placeholder_kernels_are_the_ops_a_cpu_build_decomposes():

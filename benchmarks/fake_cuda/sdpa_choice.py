@@ -161,12 +161,16 @@ def _pad_last_dim(t, alignment):
 
 class RoutedSDPA:
     """scaled_dot_product_attention as attention.cpp runs it on CUDA, with the emulated choice. ``counts`` tallies
-    the backends taken."""
+    the backends taken; ``choices`` holds, for each GPU in ``probes`` (name -> properties), the backend it would
+    have picked at each call, in order: a GPU whose list equals the routed GPU's would have run the same kernels on
+    the same tensors."""
 
-    def __init__(self, gpu, original):
+    def __init__(self, gpu, original, probes=None):
         self.gpu = gpu
         self.original = original
         self.counts = {}
+        self.probes = probes or {}
+        self.choices = {name: [] for name in self.probes}
 
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
@@ -188,6 +192,8 @@ class RoutedSDPA:
     def _route(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         backend = choose(self.gpu, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         self.counts[backend] = self.counts.get(backend, 0) + 1
+        for name, probe in self.probes.items():
+            self.choices[name].append(choose(probe, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
         aten = torch.ops.aten
         logsumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if backend == "cudnn":
@@ -213,9 +219,9 @@ class RoutedSDPA:
                                                        enable_gqa=enable_gqa)[0]
 
 
-def route_sdpa(gpu) -> RoutedSDPA:
+def route_sdpa(gpu, probes=None) -> RoutedSDPA:
     """Replace torch.nn.functional.scaled_dot_product_attention (what transformers calls) by the routed one."""
     original = F.scaled_dot_product_attention
-    routed = RoutedSDPA(gpu, getattr(original, "original", original))  # a second call replaces the first
+    routed = RoutedSDPA(gpu, getattr(original, "original", original), probes)  # a second call replaces the first
     F.scaled_dot_product_attention = routed
     return routed

@@ -86,9 +86,19 @@ def _stay_on_device(model):
     return model
 
 
+def _attention_taken(model_config, attn: str) -> str:
+    """The attention the model runs: SDPA asked of a model class without an SDPA path (Gemma-2's soft-capped
+    scores) is refused by transformers at build time, so such a model is built eager, as it runs whatever is asked
+    of it."""
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping[type(model_config)]
+    return "eager" if attn == "sdpa" and not model_class._supports_sdpa else attn
+
+
 def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, checkpointing: bool = False,
         padded: bool = False, gpu: str = "H200", optim: str = "adamw_torch_fused", attn: str = "sdpa",
-        overrides: dict | None = None) -> dict:
+        overrides: dict | None = None, probes: tuple = ()) -> dict:
     shim.load()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
@@ -101,12 +111,13 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
     _patch_rng()
     _masks_as_on_a_gpu()
     shim.register_placeholder_cuda_kernels()
-    routed = sdpa_choice.route_sdpa(device)
+    routed = sdpa_choice.route_sdpa(device, {name: sdpa_choice.GPUS[name] for name in probes})
 
     spec = json.loads((CONFIGS / f"{config}.json").read_text())
     spec.update(overrides or {})
     model_config = AutoConfig.for_model(**spec)
     model_config.use_cache = False
+    attn = _attention_taken(model_config, attn)
     step_peaks = []
 
     class StepPeaks(TrainerCallback):
@@ -134,7 +145,25 @@ def run(config: str, precision: str, batch: int, seq: int, steps: int = 3, check
         trainer.train()
     return {"config": config, "precision": precision, "batch": batch, "seq": seq, "checkpointing": checkpointing,
             "padded": padded, "gpu": gpu, "optim": optim, "attn": attn, "weights_bytes": weights,
-            "step_peaks": step_peaks, "peak_bytes": max(step_peaks), "sdpa_backends": routed.counts}
+            "step_peaks": step_peaks, "peak_bytes": max(step_peaks), "sdpa_backends": routed.counts,
+            "sdpa_choices": routed.choices}
+
+
+def run_sharing(gpus: list, **setup) -> list:
+    """run() on each of ``gpus``, once per distinct SDPA choice: the first GPU left runs, probing the others, and
+    every GPU left whose choice at each SDPA call equals the one taken shares its result (``metered_on`` names the
+    GPU that ran). For a dense model the emulated GPU enters a run only through SDPA's choice (torch.cuda's queries
+    answer its name, capability and memory, which neither Trainer nor such a model reads for its tensors), so a
+    shared figure is the one its own run would give. Not for a mixture of experts: transformers picks its experts'
+    grouped_mm by compute capability (``_can_use_grouped_mm``); run() it per GPU."""
+    results, left = [], list(gpus)
+    while left:
+        result = run(**setup, gpu=left[0], probes=tuple(left))
+        choices = result.pop("sdpa_choices")
+        same = [name for name in left if choices[name] == choices[left[0]]]
+        results += [{**result, "gpu": name, "metered_on": left[0]} for name in same]
+        left = [name for name in left if name not in same]
+    return sorted(results, key=lambda result: gpus.index(result["gpu"]))
 
 
 def main(argv=None) -> None:
@@ -150,13 +179,15 @@ def main(argv=None) -> None:
     parser.add_argument("--optim", choices=OPTIMIZERS, default="adamw_torch_fused")
     parser.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--override", default="{}", help="JSON object of config fields to change")
-    parser.add_argument("--setups", help="a JSON list of run()'s keyword arguments: every setup in this one process "
-                                         "(one JSON line each), in place of the options above")
+    parser.add_argument("--setups", help="a JSON list of run()'s keyword arguments (or run_sharing()'s, with a list "
+                                         "\"gpus\" in place of \"gpu\"): every setup in this one process (one JSON "
+                                         "line each per GPU), in place of the options above")
     options = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if options.setups:
         for setup in json.loads(options.setups):
-            print(json.dumps(run(**setup)), flush=True)
+            for result in run_sharing(**setup) if "gpus" in setup else [run(**setup)]:
+                print(json.dumps(result), flush=True)
         return
     if not (options.config and options.batch and options.seq):
         parser.error("--config, --batch and --seq are needed (or --setups)")

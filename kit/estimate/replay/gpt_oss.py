@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from kit.estimate.replay.families import NoGradLoop, register_family
 from kit.estimate.replay.moe import I32, grouped_mm
-from kit.estimate.replay.setup import F32, I64, Covers, around
+from kit.estimate.replay.setup import F32, I64, Covers, around, promote
 from kit.estimate.replay.tape import Tape
 from kit.inputs import Note
 
@@ -49,9 +49,10 @@ def attention_with_sinks(tp: Tape, q, k, v):
     tp.save(k, when=q.rg)
     cells = B * nh * S * (S + 1)   # the scores and one sink column per head and row
     tp.save(tp.new(B * nh * S, I64, False), when=rg)   # combined_logits.max(dim=-1): its indices
-    probs = tp.new(cells, q.dt, rg)
+    probs = tp.new(cells, promote(q.dt, st.w), rg)   # cat with the sinks (the block weights' dtype) promotes
     tp.save(probs, when=rg)   # softmax keeps its output
     scores = tp.split(probs, (S, 1))[0] if S else probs   # probs[..., :-1]: a view of the softmax's storage
+    scores = tp.cast(scores, v.dt)   # .to(value_states.dtype): a copy where the sinks promoted the logits
     tp.save(scores, when=v.rg)
     tp.save(v, when=rg)
     return tp.new(B * S * nh * st.hd, q.dt, rg)   # transpose(1, 2).contiguous()

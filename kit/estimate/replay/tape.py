@@ -293,8 +293,8 @@ class Tape:
         off, so no DynamicCache copies k and v); for one kv head (MQA) ``repeat_kv``'s
         expand-reshape is a view, not a copy. sdpa lays its output out like q: after rope's
         ``cat`` it is (B, nh, S, hd)-contiguous and ``transpose(1, 2).contiguous()`` copies it
-        for o_proj (CUDA's memory-efficient kernel, the one with a mask, always writes
-        (B, S, nh, hd)).
+        for o_proj (CUDA's memory-efficient kernel, with a mask or without, always writes
+        (B, S, nh, hd); cuDNN's follows q's layout, mask or not).
         """
         st = self.st
         B, S, nh = st.B, st.S, st.nh
@@ -313,7 +313,7 @@ class Tape:
                 self.save(self.new(B * S * cols, q.dt, False), when=rg)
             out = self.new(q.n, q.dt, rg)  # laid out (B, S, nh, hd): o_proj reads it as is ...
             self.save(out, when=rg)
-            if self.heads_first and not (st.device == "cuda" and self.masked):
+            if self.heads_first and not (st.device == "cuda" and kernel == "efficient"):
                 out = self.new(q.n, q.dt, rg)  # ... unless it follows q's (B, nh, S, hd): then a copy
             return out
         c = st.ac or promote(q.dt, k.dt)
