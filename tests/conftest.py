@@ -74,3 +74,4 @@ def run_kit(capsys, monkeypatch):
         return code, out, err
 
     return run
+

@@ -161,4 +161,5 @@ def test_check_prints_a_dpo_trainers_estimate_and_says_the_advisor_does_not_sear
     est = kit.check(tr, device=int(estimate_trainer(tr).peak_bytes * 0.5))
     out = " ".join(capsys.readouterr().out.split())
     assert est.setup["reference"] == "model" and est.setup["reference_weights_bytes"] > 0
-    assert "DOES NOT FIT" in out and "(no advice: the fit advisor searches Trainer, SFTTrainer and RewardTrainer setups" in out
+    assert "DOES NOT FIT" in out and ("(no advice: the fit advisor searches Trainer, SFTTrainer, RewardTrainer and "
+                                      "Seq2SeqTrainer setups") in out

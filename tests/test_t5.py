@@ -47,10 +47,10 @@ def test_replay_saves_what_autograd_saves(lora):
     outside = {t.untyped_storage().data_ptr() for t in (*model.parameters(), ids, labels, dec)}
     seen = {}
 
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in outside:
+    def pack(t):   # (returns a detached view: a saved output that packed itself would leak in a reference cycle
+        if t.untyped_storage().data_ptr() not in outside:   # through its own grad_fn, as torch's docs warn)
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, labels=labels, decoder_input_ids=dec)
