@@ -50,10 +50,10 @@ def test_the_measured_runtime_is_the_process_not_the_model():
     before = kdevice.runtime_ram_bytes()
     # the measured footprint against the cpu preset's figure (torch and transformers measured on the kit's machine)
     assert 0.5 < before / presets.CPU_RUNTIME_RAM_BYTES < 4
-    model = torch.ones(64 * 2**20 // 4)   # 64 MiB of live CPU tensors: the model's, not the runtime's
+    model = torch.ones(256 * 2**20 // 4)   # 256 MiB of live CPU tensors: the model's, not the runtime's
     gc.collect()
     after = kdevice.runtime_ram_bytes()
-    assert abs(after - before) < 16 * 2**20, (before, after)
+    assert abs(after - before) < 32 * 2**20, (before, after)
     del model
 
 
