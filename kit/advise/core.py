@@ -67,7 +67,7 @@ from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype, trainer_precision
 from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
-from kit.estimate.inventory import info_for
+from kit.estimate.inventory import info_for, modules_read_once
 from kit.estimate.read_model import read_model
 from kit.presets import GPU_PRESETS, MODELLED_MARGIN, kernel_said, resolve_device
 from kit.units import fmt_bytes, wrapped
@@ -270,6 +270,7 @@ def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
         "(an Estimate keeps neither lora_targets nor padding): pass the options as a dict to be exact"]
 
 
+@modules_read_once()
 def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None,
            cancelled=None) -> Advice:
     """Rank the changes that make ``setup`` fit ``device``, cheapest first (the module doc has the order).
@@ -372,6 +373,7 @@ def _is_trainer(setup) -> bool:
     return hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, (Estimate, dict))
 
 
+@modules_read_once()
 def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The largest per-device batch whose peak fits the usable limit, the rest as in ``setup`` (0: not even 1).
     The panel's cheap path: a handful of estimates, no search, the allocator's model run about once
@@ -385,6 +387,7 @@ def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     return largest_replayed(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
 
 
+@modules_read_once()
 def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The longest sequence whose peak fits, at most the model's positions, the rest as in ``setup`` (0: none).
 
