@@ -133,8 +133,7 @@ def planned(model, **setup) -> Planned:
                          "eval_accumulation_steps.")
     gpu = read_gpu(o["gpu"], device)
     load_dtype = o["load_dtype"] or ("bf16" if quantization != "none" else "fp32")
-    bnb = kit_quantization.options(quantization, o["quant_type"], o["double_quant"], o["compute_dtype"],
-                                   o["checkpoint_reentrant"])
+    bnb = kit_quantization.options(o)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     task, num_labels = o["task"], o["num_labels"]
