@@ -86,6 +86,8 @@ CASES = {
     "LoRA r8, checkpointing (reference: the adapter-disabled policy)":
         dict(peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"])),
     "full FT, precomputed reference log-probs": dict(precompute_ref_log_probs=True, gradient_checkpointing=False),
+    "full FT, separate reference model, precomputed log-probs": dict(ref=True, precompute_ref_log_probs=True,
+                                                                     gradient_checkpointing=False),
 }
 
 
@@ -100,8 +102,9 @@ def test_estimate_matches_a_cpu_dpo_trainer_step(tmp_path, label):
     print(f"{label}: estimate/measured steady {steady:.4f}, step 1 {first:.4f}")
     assert 0.98 <= steady <= 1.02, (label, est.peak_moment, est.peak_bytes, got)
     assert 0.98 <= first <= 1.02, (label, est.first_step_peak_bytes, got)
-    if est.setup["reference"] == "precomputed":
-        assert not refs and est.setup["reference_weights_bytes"] == 0
+    if "precompute_ref_log_probs" in CASES[label]:   # no reference forward in a step; the reference's weights held
+        assert not refs and (est.setup["reference_weights_bytes"] > 0) == ("ref" in CASES[label])
+        assert "reference_forward_peak_bytes" not in est.setup
         pre = est.setup["precompute_peak_bytes"] / init
         print(f"{label}: precompute phase estimate/measured {pre:.4f}")
         assert 0.98 <= pre <= 1.02, (est.setup["precompute_peak_bytes"], init)

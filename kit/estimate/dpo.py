@@ -221,9 +221,10 @@ def precompute_peak(est, *, pairs, S, V, ref_weights, copies, hidden_dt, weight_
 
 
 def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, precompute_pairs, precompute_model,
-           weighting) -> dict:
-    """The fields of ``est`` with the reference in: its weights (held through every phase), its forward's moment (the
-    peak where it is the largest) and, with precomputed log-probs, the precomputation's own phase (``setup``).
+           weighting, precomputed) -> dict:
+    """The fields of ``est`` with the reference in: its weights (held through every phase), its forward's moment in
+    a step (the peak where it is the largest) or, with precomputed log-probs (``precomputed``: a separate reference
+    model's too, which then runs in the precomputation only), the precomputation's own phase (``setup``).
     ``ref_model``/``precompute_model``: the real models where a Trainer was built (None: from ``info``)."""
     load, prec = est.setup["load_dtype"], est.setup["precision"]
     hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
@@ -235,7 +236,7 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
     setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, dpo_pairs=pairs)
     notes = list(est.notes)
-    if kind != "precomputed":
+    if not precomputed:
         ref, moment = reference_moment(est, rows=2 * pairs, S=S, V=V, ref_weights=ref_weights, ref_copies=ref_copies,
                                        weighting=weighting, hidden_dt=hidden_dt, weight_dt=weight_dt)
         setup["reference_forward_peak_bytes"] = ref
@@ -256,7 +257,7 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
                weights_bytes=weights, eval_peak_bytes=est.eval_peak_bytes + ref_weights, setup=setup, notes=notes,
                _parts={**est._parts, "weights": est._parts.get("weights", 0) + ref_weights},
                sources={**est.sources, "reference": (kind, where)})
-    if kind != "precomputed":
+    if not precomputed:
         out["first_step_peak_bytes"] = max(out["first_step_peak_bytes"], ref - opt)  # step 1's forward: no state yet
         if ref > out["peak_bytes"]:
             out.update(peak_bytes=ref, peak_phase="forward/backward", peak_moment=moment,
@@ -308,7 +309,8 @@ def trainer_reference(trainer, B: int, seq_len=None):
     runs = ref if ref is not None else trainer.model   # the model _precompute_ref_logps runs
     fk = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
               ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
-              precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting)
+              precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting,
+              precomputed=a.precompute_ref_log_probs)
     return {"seq_len": S, "padded": padded}, {"seq_len": (S, at), "padded": (padded, "rows of different lengths "
                                               "(chosen/rejected) in the batch" if padded else "no padding")}, fk
 
@@ -361,7 +363,7 @@ class DpoReader(TrainerReader):
         kind, _, where = reference_of(cfg=cfg, peft=self.peft)
         self.finishing = dict(kind=kind, where=where, pairs=self.pairs, S=seq_len, ref_model=None,
                               precompute_pairs=cfg.precompute_ref_batch_size or self.pairs, precompute_model=None,
-                              weighting=cfg.use_weighting)
+                              weighting=cfg.use_weighting, precomputed=cfg.precompute_ref_log_probs)
         return seq_len, padded
 
     def compose_from(self, draft, cfg, info, config) -> dict:
