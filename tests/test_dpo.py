@@ -36,9 +36,9 @@ def _pairs(n=16, P=20, C=30, R=20):
 
 def _dpo(tmp_path, ref=False, peft_config=None, measure_init=False, **kw):
     torch.manual_seed(0)
-    args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_steps=3,
+    args = DPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=3,
                      per_device_train_batch_size=2, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                     **kw)
+                     **{"bf16": False, **kw})
     model = models.build_model("tiny-llama")
     ref_model = models.build_model("tiny-llama") if ref else None   # (offline: TRL cannot load a copy by id)
     base = bench._held_bytes(model.parameters(), model.buffers())
@@ -83,6 +83,8 @@ def _measure(tr):
 
 CASES = {
     "full FT, separate reference model": dict(ref=True, gradient_checkpointing=False),
+    # mixed precision: the autocast casts of both forwards, the reference's under no_grad
+    "full FT bf16, separate reference model": dict(ref=True, gradient_checkpointing=False, bf16=True),
     "LoRA r8, checkpointing (reference: the adapter-disabled policy)":
         dict(peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"])),
     "full FT, precomputed reference log-probs": dict(precompute_ref_log_probs=True, gradient_checkpointing=False),
