@@ -28,8 +28,6 @@ What one DPOTrainer step does, and how each part is estimated:
 """
 from __future__ import annotations
 
-import sys
-
 from kit.inputs import InputError, Note
 
 from kit import trainer_kinds
@@ -37,9 +35,9 @@ from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import SftReader, model_init, pair_rows, quantized_recipe, refuse_shared, refuser
+from kit.estimate.trl import (SftReader, max_length_bound, model_init, pair_rows, quantized_recipe, refuse_shared,
+                              refuser, version_notes)
 
-MODELED = "1.16"
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
 _NO_MEMORY = {
     "beta": "a scalar of the loss", "label_smoothing": "a scalar of the robust/EXO/AOT losses",
@@ -110,12 +108,7 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
                               "place (mul_, add_): no bytes beyond the reference's"),
            "disable_dropout": (cfg.disable_dropout, f"{name}.disable_dropout: zeroes nn.Dropout modules")}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in _NO_MEMORY.items()})
-    notes = []
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models DPOTrainer as TRL {MODELED} runs it",
-                          field="trl", code="trl-version"))
-    return {"fused_lm_head": True}, src, notes
+    return {"fused_lm_head": True}, src, version_notes("DPOTrainer")
 
 
 def refuse_dropout(cfg, config, name: str = "DPOConfig") -> None:
@@ -344,11 +337,8 @@ class DpoReader(TrainerReader):
     def read_config(self, cfg, given: Given) -> None:
         self.own.take(*read_dpo_config(cfg))
         model_init(cfg, self.config_name, given)
-        if given.seq_len is None and cfg.max_length:
-            m = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
-            given.seq_len = -(-cfg.max_length // m) * m
-            given.seq_source = ("DPOConfig.max_length: each prompt+completion row is truncated to it (padded up to "
-                                "pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
+        max_length_bound(cfg, given, "DPOConfig.max_length: each prompt+completion row is truncated to it (padded up "
+                         "to pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
         self.peft = given.peft_config is not None
 
     def after_args(self, reading: Reading, name: str) -> None:

@@ -36,8 +36,6 @@ Every KTOConfig field beyond TrainingArguments' is in one of :data:`MODELED`, :d
 """
 from __future__ import annotations
 
-import sys
-
 from kit.inputs import InputError, Note
 
 from kit import trainer_kinds
@@ -45,9 +43,8 @@ from kit.estimate import dpo
 from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import model_init, quantized_recipe, refuser
+from kit.estimate.trl import max_length_bound, model_init, quantized_recipe, refuser, version_notes
 
-MODELED_VERSION = "1.16"
 NAMES = ("KTOTrainer", "KTOConfig")
 POLICY_OUTPUTS = ("log_probs", "entropy", "mean_logits")   # add_fused_lm_head(policy, outputs=...) in __init__
 REF_OUTPUTS = ("log_probs",)                               # a separate ref_model's add_fused_lm_head default
@@ -90,12 +87,7 @@ def read_kto_config(cfg, name: str = "KTOConfig"):
     src = {k: (getattr(cfg, k), f"{name}.{k}: {why}") for k, why in MODELED.items()}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
     src["fused_lm_head"] = (True, "KTOTrainer's add_fused_lm_head (log-probs in tiles, no logits)")
-    notes = []
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models KTOTrainer as TRL "
-                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
-    return {"fused_lm_head": True}, src, notes
+    return {"fused_lm_head": True}, src, version_notes(NAMES[0])
 
 
 def with_kl(cfg) -> bool:
@@ -312,11 +304,8 @@ class KtoReader(TrainerReader):
     def read_config(self, cfg, given: Given) -> None:
         self.own.take(*read_kto_config(cfg))
         model_init(cfg, self.config_name, given)
-        if given.seq_len is None and cfg.max_length:
-            m = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
-            given.seq_len = -(-cfg.max_length // m) * m
-            given.seq_source = ("KTOConfig.max_length: each prompt+completion row (and KL row) is truncated to it "
-                                "(padded up to pad_to_multiple_of), so it is the longest a row can be")  # (a bound)
+        max_length_bound(cfg, given, "KTOConfig.max_length: each prompt+completion row (and KL row) is truncated to "
+                         "it (padded up to pad_to_multiple_of), so it is the longest a row can be")  # (a bound)
         self.peft = given.peft_config is not None
 
     def after_args(self, reading: Reading, name: str) -> None:
