@@ -130,13 +130,13 @@ def read_pairs(trainer):
     import torch
 
     ds, B = trainer.train_dataset, trainer.args.per_device_train_batch_size
-    n = len(ds)
-    if not n:
+    pairs = len(ds)
+    if not pairs:
         raise InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
-    cols = {c: ds[c] for c in ("prompt_ids", "chosen_ids", "rejected_ids")}
-    longest = [len(p) + max(len(c), len(r)) for p, c, r in zip(*cols.values())]
-    top = sorted(range(n), key=lambda i: -longest[i])[:B]
-    rows = [{k: v[i] for k, v in cols.items()} for i in top]
+    cols = {name: ds[name] for name in ("prompt_ids", "chosen_ids", "rejected_ids")}
+    longest = [len(prompt) + max(len(chosen), len(rejected)) for prompt, chosen, rejected in zip(*cols.values())]
+    top = sorted(range(pairs), key=lambda i: -longest[i])[:B]
+    rows = [{name: col[i] for name, col in cols.items()} for i in top]
     out = trainer.data_collator(rows)
     mask = torch.as_tensor(out["attention_mask"])
     return int(mask.shape[1]), bool((mask == 0).any()), \
@@ -151,9 +151,9 @@ def cast_copies(info, half, load, ref_model=None) -> int:
         return 0
     if ref_model is not None:   # (the fused head casts lm_head's weight with .to(): not autocast's, not cached)
         head = ref_model.get_output_embeddings()
-        return sum(m.weight.numel() * half for m in ref_model.modules() if type(m).__name__ == "Linear"
-                   and m is not head and m.weight.requires_grad and m.weight.dtype.itemsize == 4)
-    return sum(l.weight * half for l in info.leaves if l.kind == "linear" and l.part == "block")
+        return sum(module.weight.numel() * half for module in ref_model.modules() if type(module).__name__ == "Linear"
+                   and module is not head and module.weight.requires_grad and module.weight.dtype.itemsize == 4)
+    return sum(leaf.weight * half for leaf in info.leaves if leaf.kind == "linear" and leaf.part == "block")
 
 
 def head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
@@ -297,13 +297,14 @@ def trainer_reference(trainer, B: int, seq_len=None):
         S, padded, at = read_pairs(trainer)
     else:
         S, padded, at = seq_len, True, "estimate_trainer(seq_len=...): the concatenated rows' padded length"
-    a = trainer.args
+    args = trainer.args
     runs = ref if ref is not None else trainer.model   # the model _precompute_ref_logps runs
-    fk = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
-              ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
-              precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting)
+    finishing = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
+                     ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
+                     precompute_pairs=args.precompute_ref_batch_size or B, precompute_model=runs,
+                     weighting=args.use_weighting)
     return {"seq_len": S, "padded": padded}, {"seq_len": (S, at), "padded": (padded, "rows of different lengths "
-                                              "(chosen/rejected) in the batch" if padded else "no padding")}, fk
+                                              "(chosen/rejected) in the batch" if padded else "no padding")}, finishing
 
 
 class DpoReader(TrainerReader):
