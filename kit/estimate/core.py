@@ -101,15 +101,16 @@ def estimate(model, **setup) -> Estimate:
 class Planned:
     """A setup read and counted, not yet replayed (:func:`planned`): what :func:`finished` makes an Estimate of."""
 
-    options: dict
     info: object
-    plan: assembly.Plan
+    plan: assembly.Plan       # the options as read are its setup
     counts: object
-    multi: tuple              # strategy, num_gpus, cpu_offload
-    gpu: str | None
     fused_loss: tuple         # (loss_type, its note) as trl.sft_loss reads them
-    liger: tuple
     read_notes: tuple = ()    # notes made in reading the options (an encoder-decoder's target length assumed)
+
+    @property
+    def multi(self) -> tuple:
+        """The launch: (strategy, num_gpus, cpu_offload)."""
+        return tuple(self.plan.setup[k] for k in ("strategy", "num_gpus", "cpu_offload"))
 
     @property
     def floor_bytes(self) -> int:
@@ -124,7 +125,7 @@ def planned(model, **setup) -> Planned:
     """:func:`estimate`'s first stages: the options checked, the model read, the plan made and its parameters
     counted. The fit advisor asks it for :attr:`Planned.floor_bytes` before it replays a candidate."""
     o = read(setup, required=True)
-    batch_size, seq_len, quantization, device = o["batch_size"], o["seq_len"], o["quantization"], o["device"]
+    seq_len, quantization, device = o["seq_len"], o["quantization"], o["device"]
     ev = dict(batch_size=o["eval_batch_size"], gather=o["eval_gather"], samples=o["eval_samples"],
               seq_len=o["eval_seq_len"] or seq_len, accumulation=o["eval_accumulation_steps"])
     if ev["gather"] != "loss" and ev["samples"] is None and ev["accumulation"] is None:
@@ -156,33 +157,25 @@ def planned(model, **setup) -> Planned:
     liger = kit_liger.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
                               vocab_head=bool(info.vocab_head)) \
         if o["liger_kernel"] else ()
-    multi = o["strategy"], o["num_gpus"], o["cpu_offload"]
-    if not optimizers.ROOM[o["optimizer"]].flat and multi[0] != "single":
+    if not optimizers.ROOM[o["optimizer"]].flat and o["strategy"] != "single":
         raise InputError("optimizer", f"{o['optimizer']} keeps state by each tensor's shape, which a sharded or "
                                           "replicated launch changes, and the kit models it on one GPU: estimate "
                                           "it with strategy='single'.", code="optimizer-one-gpu")
-    if (offload := read_offload(o)) and multi[0] != "single":
+    if (offload := read_offload(o)) and o["strategy"] != "single":
         raise InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
                                                   "strategy='single'.", code="offload-one-gpu")
-    plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
-                         batch_size=batch_size, seq_len=seq_len, precision=o["precision"], quantization=quantization,
-                         lora_r=o["lora_r"], lora_targets=o["lora_targets"], optimizer=o["optimizer"],
-                         gradient_checkpointing=o["gradient_checkpointing"], grad_accum=o["grad_accum"],
-                         load_dtype=load_dtype, attn_implementation=o["attn_implementation"],
-                         kbit_recipe=o["kbit_recipe"], lora_dropout=o["lora_dropout"], padded=o["padded"],
-                         device=device, evaluation=ev, bnb=bnb, fused_lm_head=fused, adapter_dtype=o["adapter_dtype"],
-                         input_require_grads=o["input_require_grads"], liger_kernels=liger, offload=offload,
-                         train_head=o["train_head"], modules_to_save=o["modules_to_save"], use_dora=o["use_dora"],
-                         towers=o["towers"], target_len=target_len, sm=PRESETS[gpu].capability if gpu else None)
-    return Planned(options=o, info=info, plan=plan, counts=count_parameters(info, plan), multi=multi, gpu=gpu,
-                   fused_loss=(loss_type, loss_note), liger=liger, read_notes=tuple(target_notes))
+    plan = assembly.plan(info, o, model=model if isinstance(model, str) else type(model).__name__,
+                         load_dtype=load_dtype, evaluation=ev, bnb=bnb, fused_lm_head=fused, liger_kernels=liger,
+                         offload=offload, sm=PRESETS[gpu].capability if gpu else None, target_len=target_len)
+    return Planned(info=info, plan=plan, counts=count_parameters(info, plan), fused_loss=(loss_type, loss_note),
+                   read_notes=tuple(target_notes))
 
 
 def finished(planned_setup: Planned) -> Estimate:
     """:func:`estimate`'s last stages: the notes, the replay of the family's blocks and the phases."""
-    o, info, plan, counts, liger = (planned_setup.options, planned_setup.info, planned_setup.plan,
-                                    planned_setup.counts, planned_setup.liger)
-    (loss_type, loss_note), multi, gpu = planned_setup.fused_loss, planned_setup.multi, planned_setup.gpu
+    info, plan, counts = planned_setup.info, planned_setup.plan, planned_setup.counts
+    o, liger, gpu = plan.setup, plan.liger_kernels, plan.setup["gpu"]
+    (loss_type, loss_note), multi = planned_setup.fused_loss, planned_setup.multi
     notes = _notes(plan.optimizer, info.leaves, counts.paged, info, plan.lora_r, plan.quantization) \
         + [loss_note] * bool(loss_note) + kit_liger.notes(liger, plan.evaluation["gather"]) \
         + assembly.encoder_notes(info, plan) + list(planned_setup.read_notes)
