@@ -556,4 +556,4 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
                         L=L, weights=counts.part_weights, opt=counts.part_optimizer, trainable=counts.part_trainable,
                         buffers=info.buffers_bytes, H=setup.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
                         tensors=counts.tensors, wnew=counts.wnew),
-        expandable_segments=expandable)
+        expandable_segments=expandable, options=dict(plan.setup))
