@@ -165,6 +165,7 @@ def planned(model, **setup) -> Planned:
         raise
     refuse_other_head(model, info, task, num_labels)
     target_len, target_notes = read_target_len(info, target_len, seq_len)
+    images, image_notes = read_images(info, o)
     fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
     refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
     if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
@@ -199,10 +200,10 @@ def planned(model, **setup) -> Planned:
                          liger_kernels=liger, offload=offload,
                          train_head=inputs.flag("train_head", o["train_head"], allow_none=True),
                          modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
-                         towers=read_towers(o["towers"]), target_len=target_len,
+                         towers=read_towers(o["towers"]), target_len=target_len, images=images,
                          sm=PRESETS[gpu].capability if gpu else None)
     return Planned(options=o, info=info, plan=plan, counts=count_parameters(info, plan), multi=multi, gpu=gpu,
-                   fused_loss=(loss_type, loss_note), liger=liger, read_notes=tuple(target_notes))
+                   fused_loss=(loss_type, loss_note), liger=liger, read_notes=tuple(target_notes + image_notes))
 
 
 def finished(planned_setup: Planned) -> Estimate:
@@ -235,6 +236,29 @@ def finished(planned_setup: Planned) -> Estimate:
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (trl.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_images(info, o: dict) -> tuple:
+    """((the vision tower's rows for a batch row, their side), notes) of a vision-language model, from the image
+    options (its family's ``images.rows``); ((), []) for a language model, which is given none."""
+    per_row, size = o["images_per_row"], o["image_size"]
+    splitting = inputs.flag("image_splitting", o["image_splitting"])
+    if info.vision is None:
+        given = next((k for k, v in (("images_per_row", per_row), ("image_size", size)) if v is not None), None)
+        given = given or (None if splitting else "image_splitting")
+        if given:
+            raise InputError(given, f"{given} describes a vision-language model's images, and "
+                             f"{info.config.model_type} has no vision tower: leave it out.", code="no-images")
+        return (), []
+    notes = [] if per_row is not None else [Note("1 image a row assumed: pass images_per_row (--images-per-row)",
+                                                 field="images_per_row", code="images-assumed")]
+    per_row = 1 if per_row is None else inputs.whole_number("images_per_row", per_row)
+    size = None if size is None else inputs.whole_number("image_size", size)
+    rows, side, taken = replay.family(info.family).images.rows(info.vision, per_row, size, splitting)
+    if size is None:
+        notes.append(Note(f"images of {taken} px a side assumed (the processor's resize): pass image_size "
+                          "(--image-size)", field="image_size", code="images-assumed"))
+    return (rows, side), notes
 
 
 def read_target_len(info, target_len, seq_len) -> tuple:
