@@ -21,6 +21,7 @@ CHAT_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | c
                  "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 ROWS, SIDE, CROP = 16, 128, 64     # rows of the dataset; each image's side in pixels; the tower's crop (its image_size)
+KINDS = ("full", "lora-text", "lora-all")
 # the rows of benchmarks/real_clients.py: (kind, images a row, split into crops)
 ROWS_RUN = (("full", 1, True), ("lora-text", 1, True), ("lora-all", 1, True), ("full", 2, False))
 

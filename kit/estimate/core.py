@@ -165,7 +165,7 @@ def planned(model, **setup) -> Planned:
         raise
     refuse_other_head(model, info, task, num_labels)
     target_len, target_notes = read_target_len(info, target_len, seq_len)
-    images, image_notes = read_images(info, o)
+    images, image_notes = read_images(info, o, seq_len)
     fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
     refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
     if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
@@ -238,9 +238,10 @@ def finished(planned_setup: Planned) -> Estimate:
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
 
 
-def read_images(info, o: dict) -> tuple:
+def read_images(info, o: dict, seq_len: int) -> tuple:
     """((the vision tower's rows for a batch row, their side), notes) of a vision-language model, from the image
-    options (its family's ``images.rows``); ((), []) for a language model, which is given none."""
+    options (its family's ``images.rows``); ((), []) for a language model, which is given none. ``seq_len`` must
+    hold the image tokens."""
     per_row, size = o["images_per_row"], o["image_size"]
     splitting = inputs.flag("image_splitting", o["image_splitting"])
     if info.vision is None:
@@ -254,7 +255,11 @@ def read_images(info, o: dict) -> tuple:
                                                  field="images_per_row", code="images-assumed")]
     per_row = 1 if per_row is None else inputs.whole_number("images_per_row", per_row)
     size = None if size is None else inputs.whole_number("image_size", size)
-    rows, side, taken = replay.family(info.family).images.rows(info.vision, per_row, size, splitting)
+    rows, side, taken, tokens = replay.family(info.family).images.rows(info.vision, per_row, size, splitting)
+    if tokens > seq_len:
+        raise InputError("seq_len", f"seq_len {seq_len} cannot hold the row's {tokens} image tokens ({per_row} "
+                         f"image(s) of {taken} px, {rows} vision tower rows): use a seq_len above {tokens}, or fewer "
+                         "or smaller images.", code="images-beyond-seq-len")
     if size is None:
         notes.append(Note(f"images of {taken} px a side assumed (the processor's resize): pass image_size "
                           "(--image-size)", field="image_size", code="images-assumed"))

@@ -32,7 +32,8 @@ class NoGradLoop:
 class ImageModel:
     """A vision-language family's images (:class:`Family`'s ``images``): ``modules``, the names of the modules that
     hold its vision tower and connector (their leaves are the ``"vision"`` part); ``text(cfg)``, the config of its
-    language model; ``rows(cfg, per_row, size, splitting)``, the vision tower's rows for a batch row and their side;
+    language model; ``rows(cfg, per_row, size, splitting)``, the vision tower's rows for a batch row, their side,
+    the image size taken (a default for None) and the image tokens they take in the row;
     ``shape(cfg, rows, side, lora=, trains=, connector_trains=)``, the :attr:`Setup.vision` the replay reads;
     ``row_bytes(cfg, rows, side)``, the bytes its collator adds to a batch row (pixel values, masks)."""
 

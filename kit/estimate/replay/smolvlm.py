@@ -75,7 +75,8 @@ class Images:
 class Vision(NamedTuple):
     """What the replay reads of the vision tower (:attr:`Setup.vision`): ``rows`` images of ``side`` x ``side``
     pixels a batch (each crop of a split image and its global view a row; padding images dropped), the tower's
-    widths and depth from ``cfg.vision_config``, the connector's ``scale`` factor and the text model's width ``text``."""
+    widths and depth from ``cfg.vision_config``, the connector's ``scale`` factor and the text model's width
+    ``text``."""
 
     rows: int
     side: int
@@ -228,7 +229,7 @@ def whole(st: Setup):
     saves is held (with the embeddings' saved tensors) through the text model's backward, and :func:`walk` adds the
     tower's own backward after it."""
     refuse(st)
-    vis = Vision(*st.vision)
+    vis = st.vision   # (a Vision: images_shape made it)
     vst = tower_setup(vis, st, trains=vis.trains, lora=dict(vis.lora))
     parts = tower_parts(vis, vst, vis.connector_trains)
     feats = parts.features
@@ -279,7 +280,8 @@ def images_shape(cfg, rows: int, side: int, *, lora: dict, trains: bool, connect
 
 
 def tower_rows(cfg, per_row: int, size: int | None, splitting: bool) -> tuple:
-    """(the vision tower's rows for a batch row, their side, the image size taken) for ``per_row`` square images of
+    """(the vision tower's rows for a batch row, their side, the image size taken, the ``<image>`` tokens they take
+    in the row) for ``per_row`` square images of
     ``size`` pixels a side after the processor's resize (its ``size["longest_edge"]``; None: 4 crops a side,
     SmolVLM-Instruct's 1536 for its 384-pixel crops), as transformers 5.25's Idefics3/SmolVLM image processor cuts
     them: with ``do_image_splitting``, an image larger than the tower's ``image_size`` (the processor's
@@ -288,7 +290,8 @@ def tower_rows(cfg, per_row: int, size: int | None, splitting: bool) -> tuple:
     crop = cfg.vision_config.image_size
     size = 4 * crop if size is None else size
     per_side = -(-size // crop) if splitting and size > crop else 0
-    return per_row * (per_side * per_side + 1) if splitting else per_row, crop, size
+    rows = per_row * (per_side * per_side + 1) if splitting else per_row
+    return rows, crop, size, rows * (crop // cfg.vision_config.patch_size) ** 2 // cfg.scale_factor ** 2
 
 
 def row_bytes(cfg, rows: int, side: int) -> int:
