@@ -22,26 +22,28 @@ CHAT_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | c
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 ROWS, SIDE, CROP = 16, 128, 64     # rows of the dataset; each image's side in pixels; the tower's crop (its image_size)
 KINDS = ("full", "lora-text", "lora-all")
-# the rows of benchmarks/real_clients.py: (kind, images a row, split into crops)
-ROWS_RUN = (("full", 1, True), ("lora-text", 1, True), ("lora-all", 1, True), ("full", 2, False))
+# the rows of benchmarks/real_clients.py: (kind, images a row, their side, gradient checkpointing (SFTConfig's
+# default) on); the last ones let the vision tower weigh more: a 256-pixel image a row (17 rows), all saved
+ROWS_RUN = (("full", 1, SIDE, True), ("lora-text", 1, SIDE, True), ("lora-all", 1, SIDE, True),
+            ("full", 1, 256, False), ("lora-all", 1, 256, False))
 
 
-def processor():
+def processor(side=SIDE):
     """The twin's processor: the kit's tokenizer with SmolVLM's image tokens, SmolVLM's image processor (images
-    resized to ``SIDE`` on their longest edge, split into ``CROP``-pixel crops plus a global view)."""
+    resized to ``side`` on their longest edge, split into ``CROP``-pixel crops plus a global view)."""
     from kit import data
     from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tok = data.shipped_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
-    images = Idefics3ImageProcessorPil(size={"longest_edge": SIDE}, max_image_size={"longest_edge": CROP})
+    images = Idefics3ImageProcessorPil(size={"longest_edge": side}, max_image_size={"longest_edge": CROP})
     return Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=(CROP // 8) ** 2 // 4,
                              chat_template=CHAT_TEMPLATE)
 
 
-def dataset(n=ROWS, per_row=1):
-    """Rows of ``per_row`` RGB images (``SIDE`` x ``SIDE``, random pixels) and one exchange of messages, as TRL's
+def dataset(n=ROWS, per_row=1, side=SIDE):
+    """Rows of ``per_row`` RGB images (``side`` x ``side``, random pixels) and one exchange of messages, as TRL's
     VLM docs write them; every row the same length in tokens, so every batch has one shape."""
     from datasets import Dataset
     from PIL import Image
@@ -49,7 +51,7 @@ def dataset(n=ROWS, per_row=1):
     gen = torch.Generator().manual_seed(0)
     rows = []
     for i in range(n):
-        pics = [Image.fromarray(torch.randint(0, 256, (SIDE, SIDE, 3), generator=gen, dtype=torch.uint8).numpy())
+        pics = [Image.fromarray(torch.randint(0, 256, (side, side, 3), generator=gen, dtype=torch.uint8).numpy())
                 for _ in range(per_row)]
         content = [{"type": "image"} for _ in pics] + [{"type": "text", "text": "What is in this picture?"}]
         rows.append({"images": pics, "messages": [
@@ -58,7 +60,7 @@ def dataset(n=ROWS, per_row=1):
     return Dataset.from_list(rows)
 
 
-def trainer_of(work, kind, per_row=1, split=True, *, batch=2, steps=3):
+def trainer_of(work, kind, per_row=1, side=SIDE, ckpt=True, *, batch=2, steps=3):
     """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v, as a regex of
     module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too)."""
     from peft import LoraConfig
@@ -66,8 +68,7 @@ def trainer_of(work, kind, per_row=1, split=True, *, batch=2, steps=3):
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
-    proc = processor()
-    proc.image_processor.do_image_splitting = split
+    proc = processor(side)
     image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
     path = twin_dir("tiny-smolvlm", work, image_token_id=image_id)
     torch.manual_seed(0)
@@ -77,19 +78,20 @@ def trainer_of(work, kind, per_row=1, split=True, *, batch=2, steps=3):
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=r".*text_model.*\.(q_proj|v_proj)"
         if kind == "lora-text" else "all-linear")
     args = SFTConfig(output_dir=os.path.join(work, f"smolvlm-{kind}"), use_cpu=True, max_steps=steps,
-                     per_device_train_batch_size=batch, max_length=None, report_to="none", save_strategy="no",
+                     per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt, report_to="none", save_strategy="no",
                      logging_strategy="no", disable_tqdm=True)
-    return SFTTrainer(model=model, args=args, train_dataset=dataset(per_row=per_row), processing_class=proc,
+    return SFTTrainer(model=model, args=args, train_dataset=dataset(per_row=per_row, side=side), processing_class=proc,
                       peft_config=peft)
 
 
-def client_smolvlm(work, kind, per_row=1, split=True):
+def client_smolvlm(work, kind, per_row=1, side=SIDE, ckpt=True):
     from kit.estimate import estimate_trainer
 
-    trainer = trainer_of(work, kind, per_row, split)
+    trainer = trainer_of(work, kind, per_row, side, ckpt)
     how = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
            "lora-all": "LoRA r8 all-linear (both towers)"}[kind]
-    setup = (f"tiny-smolvlm, {how}, SFTTrainer defaults (ckpt, bf16 off on CPU), B2, {per_row} image(s) a row of "
-             f"{SIDE} px{f', split into {CROP} px crops' if split else f', resized to {CROP} px'}")
-    label = f"SmolVLM SFTTrainer {kind} {per_row} image{'s' if per_row > 1 else ''}{'' if split else ' unsplit'}"
+    setup = (f"tiny-smolvlm, {how}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
+             f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {side} px split into {CROP} px crops "
+             "and a global view")
+    label = f"SmolVLM SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}"
     yield label, setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

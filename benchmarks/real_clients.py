@@ -1074,6 +1074,11 @@ def rows_to_run(work, only=None):
     for kind, generate, vocab in clients_t5.ROWS_RUN:
         R.append((f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}",
                   lambda m, k=kind, g=generate, v=vocab: run_trainer_client(clients_t5.client_t5(work, k, g, v), m)))
+    import clients_smolvlm   # issue 48: SmolVLM (Idefics3) with TRL's SFTTrainer on image + text messages
+    for kind, per_row, side, ckpt in clients_smolvlm.ROWS_RUN:
+        R.append((f"SmolVLM SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}",
+                  lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                      clients_smolvlm.client_smolvlm(work, k, n, s, c), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -18,9 +18,13 @@ Three parts, in forward order:
   ``(B, S, 1)`` bool mask), then the text model: Llama's blocks (``LlamaModel``), replayed by
   :mod:`kit.estimate.replay.llama`'s layer, and ``lm_head``.
 
-What a whole training step holds besides (the prefetched batch's pixel values, the vision tower's backward) is not
-modeled yet: an estimate of these models is refused by :func:`refusal`, and :func:`forward_saved` gives the
-forward's saved bytes, checked against ``torch.autograd.graph.saved_tensors_hooks`` on ``tiny-smolvlm``.
+A training step (:func:`whole`, :func:`walk`): the vision part's saved tensors are held through the text model's
+backward (counted with the embeddings'), then the tower's own backward runs (the connector's, then each layer's, its
+saved tensors recomputed under checkpointing) beside the grads made. The images are declared once in
+:class:`kit.training_setup.TrainingSetup` (images a row, their size, splitting), counted by :func:`tower_rows` as the
+Idefics3/SmolVLM image processor cuts them; the batch's pixel values and masks are :func:`row_bytes`. What the replay
+does not follow yet is refused in one sentence (:func:`refuse`). :func:`forward_saved` gives the forward's saved bytes
+by part, checked against ``torch.autograd.graph.saved_tensors_hooks`` on ``tiny-smolvlm``.
 """
 from __future__ import annotations
 
@@ -156,7 +160,9 @@ def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
     ``post_layernorm`` and the connector (the pixel shuffle's copy, kept by ``proj`` where ``proj`` trains)."""
     tp = Tape(vst)
     trains = vst.base_trainable
-    tp.save(tp.new(vst.B * 3 * vst.S * vis.patch ** 2, vst.w_other, False), when=trains)
+    # (under autocast the Conv2d runs in the half dtype: it keeps the half copies of the pixels and of its weight)
+    tp.save(tp.new(vst.B * 3 * vst.S * vis.patch ** 2, vst.ac or vst.w_other, False), when=trains)
+    tp.save(tp.new(3 * vis.patch ** 2 * vst.H, vst.ac, False), when=trains and vst.ac is not None)
     tp.save(tp.new(vst.B * vst.S, I64, False), when=trains)
     bottom = tp.total()
     # patch embeds + position embeds; enable_input_require_grads hooks every input embedding of the model, the
@@ -205,7 +211,6 @@ def forward_saved(cfg, text: Setup, images: Images, *, vision_trains: bool, visi
 
 
 CONNECTOR = "connector.modality_projection.proj"   # the connector's one Linear, by its name in the model
-CROP_TOKENS = ("<fake_token_around_image>", "<global-img>")   # (the processor's tokens around an image's crops)
 
 
 @dataclass
