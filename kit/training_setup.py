@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
+from kit import inputs
 from kit.inputs import InputError
 from kit import optimizers
 from kit.presets import DTYPES, GPU_PRESETS, OPTIMIZERS, QUANTIZATIONS
@@ -28,15 +29,44 @@ _UNSET = dataclasses.MISSING
 
 def option(default, help: str, *, flag: str | None = None, kind=None, choices=None, required: bool = False,
            cli_default=_UNSET, negative: str | None = None, suggest: int = 0, panel: bool = False,
-           metavar: str | None = None):
-    """A field of :class:`TrainingSetup`. ``flag``: its command-line option (None: no flag); ``kind``: the
-    flag's type (int, str; ``bool`` is a switch); ``negative``: a flag that sets it False; ``cli_default``:
-    the flag's default where it differs (None: filled in later, e.g. from an accelerate config);
-    ``suggest``: the fit advisor may change it, and where it comes in a suggestion's ``changes`` (1 first);
-    ``panel``: the widget panel holds it."""
+           metavar: str | None = None, minimum: int = 1, read=None):
+    """A field of :class:`TrainingSetup`. ``flag``: its command-line option (None: no flag); ``kind``: its type
+    (int, float: a fraction, str; ``bool`` is a flag, and a switch on the command line); ``negative``: a flag that
+    sets it False; ``cli_default``: the flag's default where it differs (None: filled in later, e.g. from an
+    accelerate config); ``suggest``: the fit advisor may change it, and where it comes in a suggestion's
+    ``changes`` (1 first); ``panel``: the widget panel holds it; ``minimum``: a whole number's least value;
+    ``read``: ``(name, value) -> value``, where the kind and choices do not say how a value is read
+    (:func:`read_value`)."""
     return field(default=default, metadata=dict(help=help, flag=flag, kind=kind, choices=choices,
                                                 required=required, cli_default=cli_default, negative=negative,
-                                                suggest=suggest, panel=panel, metavar=metavar))
+                                                suggest=suggest, panel=panel, metavar=metavar, minimum=minimum,
+                                                read=read))
+
+
+_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _dtype(name: str, value) -> str:
+    """A dtype as the kit names it: fp32, fp16, bf16, or torch's name for one (``torch.bfloat16``, ``"float16"``)."""
+    return inputs.choice(name, str(value).replace("torch.", ""), DTYPES, _DTYPE_ALIASES)
+
+
+def _optimizer(name: str, value) -> str:
+    """An optimizer as the kit names it, or TrainingArguments.optim's name for one (``adamw_torch``)."""
+    return inputs.choice(name, value, optimizers.ROOM, optimizers.BY_OPTIM)
+
+
+def read_towers(name: str, towers) -> tuple:
+    """The ``towers`` option: ``(rows, tokens)`` pairs of whole numbers, refused in one sentence otherwise.
+
+    >>> read_towers("towers", [(1, 16), (2, 64)])
+    ((1, 16), (2, 64))
+    """
+    pairs = tuple(towers or ())
+    if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
+        raise InputError(name, f"towers is a tuple of (rows, tokens) pairs, one per forward (rows as a "
+                         f"multiple of batch_size), not {towers!r}: e.g. ((1, 16), (2, 64)).", code="towers-pairs")
+    return tuple((inputs.whole_number(name, rows), inputs.whole_number(name, tokens)) for rows, tokens in pairs)
 
 
 @dataclass(frozen=True)
@@ -69,14 +99,15 @@ class TrainingSetup:
                              kind=int)
     train_head: object = option(None, "with LoRA on a seq-cls or token-cls model: the classifier head trains, as "
                                 "peft's modules_to_save copy beside the frozen original (None: as peft's SEQ_CLS and "
-                                "TOKEN_CLS task types do it, yes)")
+                                "TOKEN_CLS task types do it, yes)", kind=bool)
     modules_to_save: tuple = option((), "with LoRA on a causal LM: the input embeddings and the output head (by module "
                                     "name, e.g. ('lm_head', 'embed_tokens')) that train as peft's modules_to_save "
                                     "copies beside their frozen originals; empty: none")
     towers: tuple = option((), "forwards of the model a step whose saved activations add up before one backward, in "
                            "the order they run, each (rows as a multiple of batch_size, tokens): "
                            "sentence-transformers' ((1, 16), (2, 256)) is the anchor column alone at its length, then "
-                           "the positive and negative columns merged into one at theirs; empty: one forward")
+                           "the positive and negative columns merged into one at theirs; empty: one forward",
+                           read=read_towers)
     use_dora: bool = option(False, "with LoRA: peft's DoRA (LoraConfig(use_dora=True)): a trained magnitude vector "
                             "per adapted layer and the weight norm its forward computes")
     precision: str = option("fp32", "fp16/bf16 = Trainer mixed precision (weights stay in --load-dtype); default "
@@ -85,18 +116,20 @@ class TrainingSetup:
     quantization: str = option("none", "bitsandbytes; 4bit = NF4 + double quant, bf16 compute (see the three "
                                "4-bit options below)", flag="--quantization", choices=tuple(QUANTIZATIONS),
                                suggest=5, panel=True)
-    lora_r: int = option(0, "LoRA rank (0: no LoRA)", flag="--lora-r", kind=int, suggest=7, panel=True)
+    lora_r: int = option(0, "LoRA rank (0: no LoRA)", flag="--lora-r", kind=int, suggest=7, panel=True, minimum=0)
     lora_targets: object = option(None, "comma-separated module names, e.g. q_proj,v_proj (default: peft's for "
-                                  "the architecture)", flag="--lora-targets", kind=str, suggest=8)
+                                  "the architecture)", flag="--lora-targets", kind=str, suggest=8,
+                                  read=lambda name, value: inputs.targets(value, name))
     optimizer: str = option("adamw-fused", optimizers.choices_help(),
                             flag="--optimizer", kind="optimizer", choices=tuple(OPTIMIZERS), suggest=10,
-                            panel=True)
+                            panel=True, read=_optimizer)
     gradient_checkpointing: object = option(None, "checkpoint the blocks (default: the model's own default)",
                                             flag="--gradient-checkpointing", kind=bool,
                                             negative="--no-gradient-checkpointing", suggest=11, panel=True)
     grad_accum: int = option(1, "gradient accumulation steps", flag="--grad-accum", kind=int, suggest=3)
     load_dtype: object = option(None, "dtype the weights load in (default fp32; bf16 for the unquantized parts "
-                                "with quantization)", flag="--load-dtype", choices=tuple(DTYPES), suggest=9)
+                                "with quantization)", flag="--load-dtype", choices=tuple(DTYPES), suggest=9,
+                                read=_dtype)
     attn_implementation: str = option("sdpa", "attention implementation", flag="--attn", choices=("sdpa", "eager"),
                                       suggest=12)
     kbit_recipe: str = option("standard", "standard: peft's prepare_model_for_kbit_training (fp32 upcast); lean: "
@@ -125,9 +158,9 @@ class TrainingSetup:
     double_quant: bool = option(True, "4-bit: bnb_4bit_use_double_quant=False (each block's scale in 4 bytes, not "
                                 "1)", negative="--no-double-quant")
     compute_dtype: str = option("bf16", "4-bit: bnb_4bit_compute_dtype (BitsAndBytesConfig's own default is fp32)",
-                                flag="--compute-dtype", choices=tuple(DTYPES))
+                                flag="--compute-dtype", choices=tuple(DTYPES), read=_dtype)
     checkpoint_reentrant: object = option(None, "whether checkpointing is reentrant (None: only the k-bit "
-                                          "recipe's own, and that before peft 0.22 only)")
+                                          "recipe's own, and that before peft 0.22 only)", kind=bool)
     strategy: str = option("single", "single (default), ddp, fsdp (FULL_SHARD / reshard_after_forward), "
                            "fsdp-grad-op (SHARD_GRAD_OP), zero1, zero2, zero3 (DeepSpeed)", flag="--strategy",
                            choices=STRATEGIES, cli_default=None)
@@ -234,6 +267,43 @@ def options(given: dict, *, required: bool = False) -> dict:
     if missing:
         raise InputError(missing[0], f"{', '.join(missing)} must be given.")
     return {**DEFAULTS, **given}
+
+
+def read(given: dict, *, required: bool = False) -> dict:
+    """``given`` as the estimator reads it: every other option at its default (:func:`options`), each value checked
+    and put in the kit's form by its declaration (:func:`read_value`).
+
+    >>> o = read({"batch_size": "8", "seq_len": 64.0, "precision": "BF16", "optimizer": "adamw_torch"})
+    >>> o["batch_size"], o["seq_len"], o["precision"], o["optimizer"], o["load_dtype"]
+    (8, 64, 'bf16', 'adamw', None)
+    """
+    return {name: read_value(name, value) for name, value in options(given, required=required).items()}
+
+
+def read_value(name: str, value):
+    """``value`` of option ``name``, checked and in the kit's form, as its field declares: its own ``read``, else one
+    of its choices, a whole number (at least its ``minimum``), a fraction (``float``) or a flag (``bool``); None stays
+    None where it is the default (the model's own, or a default decided later); other options as given, checked where
+    they are modelled.
+
+    >>> read_value("lora_r", "0"), read_value("padded", "no"), read_value("gradient_checkpointing", None)
+    (0, False, None)
+    """
+    f = FIELDS[name]
+    meta = f.metadata
+    if value is None and f.default is None:
+        return None
+    if meta["read"]:
+        return meta["read"](name, value)
+    if meta["choices"]:
+        return inputs.choice(name, value, meta["choices"])
+    if meta["kind"] is int:
+        return inputs.whole_number(name, value, minimum=meta["minimum"])
+    if meta["kind"] is float:
+        return inputs.fraction(name, value)
+    if meta["kind"] is bool or isinstance(f.default, bool):
+        return inputs.flag(name, value, allow_none=f.default is None)
+    return value
 
 
 def add_arguments(parser, optimizer_type=None) -> None:

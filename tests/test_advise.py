@@ -342,3 +342,21 @@ def test_no_change_that_leaves_less_than_the_margin_is_said_to_fit(run_kit):
                              "--device", str(device))
     assert out.startswith("TIGHT a GPU with") and "less the 5% margin) (614.44 KiB to spare of the limit, under its " \
         "margin)" in " ".join(out.split())
+
+
+def test_a_search_reads_a_module_once_and_an_estimate_reads_it_as_it_is_now(monkeypatch):
+    from kit.estimate import inventory
+    from kit.models import build_model
+
+    model, reads = build_model("tiny-llama", device="meta"), []
+    real = inventory._module_info
+    monkeypatch.setattr(inventory, "_module_info", lambda m: reads.append(m) or real(m))
+    setup = dict(model=model, seq_len=128, device="cpu")
+    largest = max_batch_size(setup, 80_000_000, safety=0)
+    assert reads == [model] and largest == max_batch_size({**setup, "model": "tiny-llama"}, 80_000_000, safety=0)
+    before = estimate(model, batch_size=1, seq_len=128).trainable_params
+    embeddings = model.get_input_embeddings().weight
+    embeddings.requires_grad_(False)   # the user freezes the embeddings between two calls: the next estimate sees it
+    after = estimate(model, batch_size=1, seq_len=128).trainable_params
+    assert (before, after) == (model.num_parameters(), model.num_parameters() - embeddings.numel())
+    assert len(reads) == 3

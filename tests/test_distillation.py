@@ -2,19 +2,17 @@
 estimate_trainer against real DistillationTrainer steps on tiny CPU twins (a tiny-qwen2 student and a wider
 tiny-qwen2 teacher, the independent meter of benchmarks/real_clients.py, with the generation phase metered apart),
 and kit.check's answer with the advisor's one sentence."""
-import dataclasses
-import os
-import sys
+import functools
 import warnings
 
 import pytest
 import torch
 
 trl = pytest.importorskip("trl")
-from transformers import TrainingArguments  # noqa: E402
 from trl import DistillationConfig  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import (assert_fields_in_one_table, assert_refused_in_one_sentence,  # noqa: E402
+                         assert_within_2_percent, cpu_config, run_generation_row, step_ratios)
 
 from kit import inputs  # noqa: E402
 from kit.estimate import distillation, estimate_from  # noqa: E402
@@ -26,34 +24,17 @@ REFUSED_VALUES = {"top_p": 0.9, "top_k": 50, "min_p": 0.1, "repetition_penalty":
                   "max_tool_calling_iterations": 2}
 
 
-def _config(**kw):
-    return DistillationConfig(output_dir="/tmp/kit-distillation-test", use_cpu=True, bf16=False, report_to="none",
-                              **kw)
+_config = functools.partial(cpu_config, DistillationConfig)
 
 
 def test_every_distillation_config_field_is_modeled_or_refused():
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    tables = {"modeled": set(distillation.MODELED), "no memory": set(distillation.NO_MEMORY),
-              "refused": set(distillation.REFUSED)}
-    fields = {f.name for f in dataclasses.fields(DistillationConfig)}
-    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
-    assert not missing, f"DistillationConfig fields neither modeled nor refused: {missing}"
-    stale = [f for t in tables.values() for f in t if f not in fields]
-    assert not stale, f"tables name fields DistillationConfig does not have: {stale}"
-    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
-    assert not twice, f"fields in more than one table: {twice}"
-    assert set(REFUSED_VALUES) == tables["refused"]
+    assert_fields_in_one_table(DistillationConfig, distillation)
+    assert set(REFUSED_VALUES) == set(distillation.REFUSED)
 
 
 @pytest.mark.parametrize("field", sorted(distillation.REFUSED))
 def test_refused_field_gets_one_sentence_naming_it(field):
-    cfg = _config()
-    setattr(cfg, field, REFUSED_VALUES[field])
-    with pytest.raises(inputs.InputError) as e:
-        distillation.read_distillation_config(cfg)
-    msg = str(e.value)
-    assert f"DistillationConfig.{field} " in msg and msg.count(". ") == 0 and msg.endswith("estimate without it.")
-    assert e.value.name == field
+    assert_refused_in_one_sentence(distillation.read_distillation_config, _config(), field, REFUSED_VALUES[field])
 
 
 def test_bf16_is_read_as_trl_runs_it_and_fp16_is_refused_in_one_sentence():
@@ -100,16 +81,6 @@ def test_the_divergence_saves_both_hidden_states_and_three_vectors():
     assert jsd["forward"] - head["forward"] == B * C * V * 4   # one more [n, c] tile in the JSD's second pass
 
 
-def _run_row(tmp_path, kind):
-    import real_clients
-    from clients_distillation import client_distillation
-    from clients_grpo import run_grpo_client
-
-    torch.manual_seed(0)
-    label, setup, est, peaks = run_grpo_client(client_distillation(str(tmp_path), kind), real_clients.ProfilerMeter)
-    return est, peaks, setup
-
-
 @pytest.mark.parametrize("kind", ["full", "jsd", "lora", "accum2", "bf16", "bf16-lora", "padded"])
 def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
@@ -118,12 +89,11 @@ def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypat
     (generate() under autocast with its cast weights; a PEFT student's generate() outside it), and prompts of two
     lengths (left-padded: the masks in both models' forwards) with completions of the length they sample."""
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
-    est, peaks, setup = _run_row(tmp_path, kind)
+    from clients_distillation import client_distillation
+
+    est, peaks, setup = run_generation_row(client_distillation(str(tmp_path), kind))
     assert not isinstance(est, Exception), est
-    ratios = (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
-              est.setup["generation_peak_bytes"] / peaks.generation)
-    print(f"DistillationTrainer {kind}: step 1, steady, generation ratios", [f"{r:.4f}" for r in ratios])
-    assert all(0.98 <= r <= 1.02 for r in ratios), (ratios, setup)
+    assert_within_2_percent(f"DistillationTrainer {kind}", step_ratios(est, peaks, generation=True), setup)
     assert est.kind == "distillation" and est.setup["distillation"] and est.setup["teacher_weights_bytes"] > 0
 
 

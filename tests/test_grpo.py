@@ -1,19 +1,17 @@
 """TRL's GRPOTrainer (the behaviour of TRL 1.16): every GRPOConfig field modeled or refused by name,
 estimate_trainer against real GRPOTrainer steps on a tiny CPU twin (the independent meter of
 benchmarks/real_clients.py, with the generation phase metered apart), and estimate_from(grpo_config=...)."""
-import dataclasses
-import os
-import sys
+import functools
 import warnings
 
 import pytest
 import torch
 
 trl = pytest.importorskip("trl")
-from transformers import TrainingArguments  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import (assert_fields_in_one_table, assert_refused_in_one_sentence,  # noqa: E402
+                         assert_within_2_percent, cpu_config, run_generation_row, step_ratios)
 
 from kit import inputs  # noqa: E402
 from kit.estimate import estimate_from, grpo  # noqa: E402
@@ -30,32 +28,17 @@ REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_
                   "use_transformers_paged": True}
 
 
-def _config(**kw):
-    return GRPOConfig(output_dir="/tmp/kit-grpo-test", use_cpu=True, bf16=False, report_to="none", **kw)
+_config = functools.partial(cpu_config, GRPOConfig)
 
 
 def test_every_grpo_config_field_is_modeled_or_refused():
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    tables = {"modeled": set(grpo.MODELED), "no memory": set(grpo.NO_MEMORY), "refused": set(grpo.REFUSED)}
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
-    assert not missing, f"GRPOConfig fields neither modeled nor refused: {missing}"
-    stale = [f for t in tables.values() for f in t if f not in fields]
-    assert not stale, f"tables name fields GRPOConfig no longer has: {stale}"
-    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
-    assert not twice, f"fields in more than one table: {twice}"
-    assert set(REFUSED_VALUES) == tables["refused"]
+    assert_fields_in_one_table(GRPOConfig, grpo)
+    assert set(REFUSED_VALUES) == set(grpo.REFUSED)
 
 
 @pytest.mark.parametrize("field", sorted(grpo.REFUSED))
 def test_refused_field_gets_one_sentence_naming_it(field):
-    cfg = _config()
-    setattr(cfg, field, REFUSED_VALUES[field])
-    with pytest.raises(inputs.InputError) as e:
-        grpo.read_grpo_config(cfg)
-    msg = str(e.value)
-    assert f"GRPOConfig.{field} " in msg and msg.count(". ") == 0 and msg.endswith("estimate without it.")
-    assert e.value.name == field
+    assert_refused_in_one_sentence(grpo.read_grpo_config, _config(), field, REFUSED_VALUES[field])
 
 
 def test_default_config_reads_without_refusal_and_names_no_memory_fields():
@@ -99,24 +82,15 @@ def test_vllm_colocate_share_labelled_not_measured():
     assert est.setup["old_logprob_pass"]   # vLLM's importance sampling correction (on by default)
 
 
-def _run_row(tmp_path, kind):
-    import real_clients
-    from clients_grpo import client_grpo, run_grpo_client
-
-    torch.manual_seed(0)
-    label, setup, est, peaks = run_grpo_client(client_grpo(str(tmp_path), kind), real_clients.ProfilerMeter)
-    return est, peaks, setup
-
-
 @pytest.mark.parametrize("kind", ["beta0", "beta"])
 def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
     GRPOTrainer steps (TRL's quick-start reward, fixed completion lengths)."""
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
-    est, peaks, setup = _run_row(tmp_path, kind)
-    assert 0.98 <= est.first_step_peak_bytes / peaks[0] <= 1.02
-    assert 0.98 <= est.peak_bytes / max(peaks[1:]) <= 1.02
-    assert 0.98 <= est.setup["generation_peak_bytes"] / peaks.generation <= 1.02, setup
+    from clients_grpo import client_grpo
+
+    est, peaks, setup = run_generation_row(client_grpo(str(tmp_path), kind))
+    assert_within_2_percent(f"GRPOTrainer {kind}", step_ratios(est, peaks, generation=True), setup)
 
 
 @pytest.mark.gpu

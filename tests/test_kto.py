@@ -6,20 +6,18 @@ with KL rows longer than the rows (prompts of 40 and 5 tokens, completions of 5 
 forward on the 81-token KL rows is the step's peak); every KTOConfig field modeled, listed as having no memory
 effect, or refused by name; ``kit.check`` answers first."""
 import contextlib
-import dataclasses
+import functools
 import io
-import os
-import sys
 import warnings
 
 import pytest
 
 trl = pytest.importorskip("trl")
 from peft import LoraConfig  # noqa: E402
-from transformers import TrainingArguments  # noqa: E402
 from trl import KTOConfig  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import assert_fields_in_one_table, assert_within_2_percent, cpu_config, step_ratios  # noqa: E402
+
 import clients_kto  # noqa: E402
 import real_clients as rc  # noqa: E402
 
@@ -30,9 +28,7 @@ from kit.estimate import kto  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
-
-def _config(**kw):
-    return KTOConfig(output_dir="/tmp/kit-kto-test", use_cpu=True, bf16=False, report_to="none", **kw)
+_config = functools.partial(cpu_config, KTOConfig)
 
 
 @pytest.mark.parametrize("kind,bf16", [*((k, False) for k in clients_kto.KINDS), ("skew", True)])
@@ -51,27 +47,11 @@ def test_i47_kto_trainer_within_2_percent(tmp_path, kind, bf16):
         assert est.setup["reference"] == ("adapter-disabled" if lora else "model")
         assert (est.setup["reference_weights_bytes"] > 0) is not lora
         assert est.peak_moment.startswith("reference on the KL rows") is (skew and not bf16), est.peak_moment
-    _within(setup, est, peaks)
-
-
-def _within(setup, est, peaks):
-    first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
-    evaluate = est.eval_peak_bytes / peaks.evaluate
-    print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}, evaluate {evaluate:.4f}")
-    assert 0.98 <= first <= 1.02 and 0.98 <= steady <= 1.02, (first, steady, peaks)
-    assert 0.98 <= evaluate <= 1.02, (est.eval_peak_bytes, peaks.evaluate)
+    assert_within_2_percent(setup, step_ratios(est, peaks, evaluate=True), peaks, peaks.evaluate)
 
 
 def test_every_kto_config_field_is_modeled_listed_or_refused():
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    tables = {"modeled": set(kto.MODELED), "no memory": set(kto.NO_MEMORY), "refused": set(kto.REFUSED)}
-    fields = {f.name for f in dataclasses.fields(KTOConfig)}
-    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
-    assert not missing, f"KTOConfig fields neither modeled, listed nor refused: {missing}"
-    stale = [f for t in tables.values() for f in t if f not in fields]
-    assert not stale, f"tables name fields KTOConfig no longer has: {stale}"
-    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
-    assert not twice, f"fields in more than one table: {twice}"
+    assert_fields_in_one_table(KTOConfig, kto)
 
 
 @pytest.mark.parametrize("kw,field", [(dict(activation_offloading=True), "activation_offloading"),

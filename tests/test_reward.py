@@ -3,19 +3,17 @@
 one-label sequence classifier), full and with ``LoraConfig(modules_to_save=["score"])``; every RewardConfig field
 modeled, listed as having no memory effect, or refused by name; ``kit.check`` answers first."""
 import contextlib
-import dataclasses
+import functools
 import io
-import os
-import sys
 import warnings
 
 import pytest
 
 trl = pytest.importorskip("trl")
-from transformers import TrainingArguments  # noqa: E402
 from trl import RewardConfig  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import assert_fields_in_one_table, assert_within_2_percent, cpu_config, step_ratios  # noqa: E402
+
 import real_clients as rc  # noqa: E402
 
 import kit  # noqa: E402
@@ -27,9 +25,7 @@ from kit.units import fmt_bytes  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
-
-def _config(**kw):
-    return RewardConfig(output_dir="/tmp/kit-reward-test", use_cpu=True, bf16=False, report_to="none", **kw)
+_config = functools.partial(cpu_config, RewardConfig)
 
 
 @pytest.mark.parametrize("lora,bf16", [(False, False), (True, False), (False, True), (True, True)])
@@ -40,21 +36,11 @@ def test_i47_1_reward_trainer_within_2_percent(tmp_path, lora, bf16):
     assert (est.setup["task"], est.setup["num_labels"], est.setup["batch_size"]) == ("seq-cls", 1, 4)
     assert est.setup["precision"] == ("bf16" if bf16 else "fp32")
     assert est.setup.get("train_head", False) is lora    # peft's modules_to_save copy of score
-    first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
-    print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
-    assert 0.98 <= first <= 1.02 and 0.98 <= steady <= 1.02, (first, steady, peaks)
+    assert_within_2_percent(setup, step_ratios(est, peaks), peaks)
 
 
 def test_every_reward_config_field_is_modeled_listed_or_refused():
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    tables = {"modeled": set(reward.MODELED), "no memory": set(reward.NO_MEMORY), "refused": set(reward.REFUSED)}
-    fields = {f.name for f in dataclasses.fields(RewardConfig)}
-    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
-    assert not missing, f"RewardConfig fields neither modeled, listed nor refused: {missing}"
-    stale = [f for t in tables.values() for f in t if f not in fields]
-    assert not stale, f"tables name fields RewardConfig no longer has: {stale}"
-    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
-    assert not twice, f"fields in more than one table: {twice}"
+    assert_fields_in_one_table(RewardConfig, reward)
 
 
 def test_a_refused_field_gets_one_sentence_naming_it():

@@ -2,19 +2,16 @@
 estimate_trainer against real RLOOTrainer steps on a tiny CPU twin (the independent meter of
 benchmarks/real_clients.py, with the generation phase metered apart), estimate_from(rloo_config=...), the watch's
 generation stage, kit.check's answer and the advisor's one sentence."""
-import dataclasses
-import os
-import sys
+import functools
 import warnings
 
 import pytest
-import torch
 
 trl = pytest.importorskip("trl")
-from transformers import TrainingArguments  # noqa: E402
 from trl import RLOOConfig  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import (assert_fields_in_one_table, assert_refused_in_one_sentence,  # noqa: E402
+                         assert_within_2_percent, cpu_config, run_generation_row, step_ratios)
 
 from kit import inputs  # noqa: E402
 from kit.estimate import estimate_from, grpo, rloo  # noqa: E402
@@ -29,32 +26,17 @@ REFUSED_VALUES = {"router_aux_loss_coef": 0.01, "top_p": 0.9, "top_k": 50, "min_
 SHAPES = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=16)
 
 
-def _config(**kw):
-    return RLOOConfig(output_dir="/tmp/kit-rloo-test", use_cpu=True, bf16=False, report_to="none", **kw)
+_config = functools.partial(cpu_config, RLOOConfig)
 
 
 def test_every_rloo_config_field_is_modeled_or_refused():
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    tables = {"modeled": set(rloo.MODELED), "no memory": set(rloo.NO_MEMORY), "refused": set(rloo.REFUSED)}
-    fields = {f.name for f in dataclasses.fields(RLOOConfig)}
-    missing = [f for f in fields - base if not any(f in t for t in tables.values())]
-    assert not missing, f"RLOOConfig fields neither modeled nor refused: {missing}"
-    stale = [f for t in tables.values() for f in t if f not in fields]
-    assert not stale, f"tables name fields RLOOConfig does not have: {stale}"
-    twice = [f for f in fields if sum(f in t for t in tables.values()) > 1]
-    assert not twice, f"fields in more than one table: {twice}"
-    assert set(REFUSED_VALUES) == tables["refused"]
+    assert_fields_in_one_table(RLOOConfig, rloo)
+    assert set(REFUSED_VALUES) == set(rloo.REFUSED)
 
 
 @pytest.mark.parametrize("field", sorted(rloo.REFUSED))
 def test_refused_field_gets_one_sentence_naming_it(field):
-    cfg = _config()
-    setattr(cfg, field, REFUSED_VALUES[field])
-    with pytest.raises(inputs.InputError) as e:
-        rloo.read_rloo_config(cfg)
-    msg = str(e.value)
-    assert f"RLOOConfig.{field} " in msg and msg.count(". ") == 0 and msg.endswith("estimate without it.")
-    assert e.value.name == field
+    assert_refused_in_one_sentence(rloo.read_rloo_config, _config(), field, REFUSED_VALUES[field])
 
 
 def test_estimate_from_rloo_config_reads_rloos_defaults_and_rollouts():
@@ -77,7 +59,7 @@ def test_estimate_from_rloo_config_reads_rloos_defaults_and_rollouts():
 def grpo_config(**kw):
     from trl import GRPOConfig
 
-    return GRPOConfig(output_dir="/tmp/kit-rloo-test", use_cpu=True, bf16=False, report_to="none", **kw)
+    return cpu_config(GRPOConfig, "/tmp/kit-rloo-test", **kw)
 
 
 def test_an_rloo_config_in_the_training_args_slot_is_read_as_rloo_and_not_as_grpo():
@@ -100,16 +82,6 @@ def test_a_completion_length_trl_takes_but_cannot_run_names_rloo():
     assert "RLOOConfig.max_completion_length=0: RLOOTrainer needs it a whole number >= 1" in str(caught.value)
 
 
-def _run_row(tmp_path, kind):
-    import real_clients
-    from clients_grpo import run_grpo_client
-    from clients_rloo import client_rloo
-
-    torch.manual_seed(0)
-    label, setup, est, peaks = run_grpo_client(client_rloo(str(tmp_path), kind), real_clients.ProfilerMeter)
-    return est, peaks, setup
-
-
 @pytest.mark.parametrize("kind", ["beta", "lora", "b8"])
 def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypatch):
     """estimate_trainer's step 1, steady step and generation phase against the profiler meter's readings of real
@@ -117,11 +89,10 @@ def test_trainer_steps_and_generation_within_2_percent(tmp_path, kind, monkeypat
     LoRA with the adapter-disabled reference, and RLOOConfig's default batch of 8, where the old-log-prob pass (run at
     every generation, unlike GRPO's) is the generation's peak."""
     monkeypatch.setenv("KIT_CACHE", str(tmp_path / "twins"))
-    est, peaks, setup = _run_row(tmp_path, kind)
-    ratios = (est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:]),
-              est.setup["generation_peak_bytes"] / peaks.generation)
-    print(f"RLOOTrainer {kind}: step 1, steady, generation ratios", [f"{r:.4f}" for r in ratios])
-    assert all(0.98 <= r <= 1.02 for r in ratios), (ratios, setup)
+    from clients_rloo import client_rloo
+
+    est, peaks, setup = run_generation_row(client_rloo(str(tmp_path), kind))
+    assert_within_2_percent(f"RLOOTrainer {kind}", step_ratios(est, peaks, generation=True), setup)
     assert est.setup["reference"] == ("adapter-disabled" if kind == "lora" else "model")
     if kind == "b8":
         assert est.setup["generation_moment"] == "a no-grad log-prob pass (at the fused head)"

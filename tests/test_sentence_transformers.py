@@ -5,8 +5,6 @@ forwards a step runs (the anchor alone, the others merged), and the estimate is 
 
 sentence-transformers is an optional extra of the kit (``requirements-dev.txt`` installs it): without it, this file
 is skipped with the reason printed."""
-import os
-import sys
 import warnings
 
 import pytest
@@ -15,7 +13,8 @@ import torch
 pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed (an optional extra of "
                     "the kit; pip install -r requirements-dev.txt)")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import assert_within_2_percent, step_ratios  # noqa: E402
+
 import clients_embeddings as ce  # noqa: E402
 import real_clients as rc  # noqa: E402
 
@@ -108,13 +107,6 @@ def test_a_loss_the_kit_does_not_model_is_refused_by_name(work):
     assert raised.value.code == "st-loss"
 
 
-def _check(est, peaks, what):
-    first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
-    print(f"{what}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
-    assert 0.98 <= first <= 1.02, (what, est.first_step_peak_bytes, peaks)
-    assert 0.98 <= steady <= 1.02, (what, est.peak_bytes, peaks)
-
-
 @pytest.mark.parametrize("loss, columns, pooling, B, S", [("MultipleNegativesRankingLoss", 3, "mean", 16, 64),
                                                            ("CoSENTLoss", 2, "cls", 4, 32),
                                                            ("OnlineContrastiveLoss", 2, "mean", 16, 64)])
@@ -122,7 +114,7 @@ def test_the_estimate_is_within_2_percent_of_the_meter(work, loss, columns, pool
     """B16 x 64: the backward is step 1's peak as well as the later steps'; B4 x 32: the optimizer's first step is."""
     _, setup, est, peaks = rc.run_trainer_client(ce.client_sentence(work, loss, columns, pooling, B, S),
                                                  rc.ProfilerMeter)
-    _check(est, peaks, setup)
+    assert_within_2_percent(setup, step_ratios(est, peaks), peaks)
 
 
 def test_kit_check_answers_for_a_sentence_transformer_trainer(work, capsys):

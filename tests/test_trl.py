@@ -5,8 +5,6 @@ each SFTConfig setting modeled or refused in one sentence.
 Rows of 40 and 24 tokens alternate, so bfd packing at max_length 64 fills every bin: each micro-batch is the same
 (4 x 64 tokens flattened into one row), and the steps compare like with like.
 """
-import os
-import sys
 import warnings
 
 import pytest
@@ -17,7 +15,8 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from kind_checks import assert_within_2_percent, cpu_config, step_ratios  # noqa: E402
+
 import estimate_vs_measured as bench  # noqa: E402
 
 from kit import data, inputs, models  # noqa: E402
@@ -34,9 +33,8 @@ def _rows(n=32):
 
 def _sft(tmp_path, peft_config=None, **kw):
     torch.manual_seed(0)
-    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_steps=3,
-                     per_device_train_batch_size=4, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                     learning_rate=1e-4, **kw)
+    args = cpu_config(SFTConfig, str(tmp_path), max_steps=3, per_device_train_batch_size=4, save_strategy="no",
+                      logging_strategy="no", disable_tqdm=True, learning_rate=1e-4, **kw)
     return SFTTrainer(model=models.build_model("tiny-llama"), args=args, train_dataset=_rows(),
                       processing_class=data.shipped_tokenizer(), peft_config=peft_config)
 
@@ -60,10 +58,7 @@ def test_estimate_matches_a_cpu_sft_trainer_step(tmp_path, label):
     est = estimate_trainer(tr, device="cpu")
     assert est.sources["fused_lm_head"][0] is True
     got = _measure(tr)
-    steady, first = est.peak_bytes / max(got[1:]), est.first_step_peak_bytes / got[0]
-    print(f"{label}: estimate/measured steady {steady:.4f}, step 1 {first:.4f}")
-    assert 0.98 <= steady <= 1.02, (label, est.peak_moment, est.peak_bytes, got)
-    assert 0.98 <= first <= 1.02, (label, est.first_step_peak_bytes, got)
+    assert_within_2_percent(label, step_ratios(est, got), est.peak_moment, got)
 
 
 def test_packed_rows_are_one_flattened_row(tmp_path):
@@ -76,7 +71,7 @@ def test_packed_rows_are_one_flattened_row(tmp_path):
     (dict(activation_offloading=True, gradient_checkpointing=False, max_length=64), "activation_offloading"),
 ])
 def test_unmodeled_settings_are_refused_by_name(kw, field):
-    cfg = SFTConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", **kw)
+    cfg = cpu_config(SFTConfig, "unused", **kw)
     with pytest.raises(inputs.InputError) as e:
         estimate_from("tiny-llama", sft_config=cfg)
     assert e.value.name == field and field in str(e.value) and str(e.value).count(". ") == 0
@@ -85,8 +80,7 @@ def test_unmodeled_settings_are_refused_by_name(kw, field):
 def test_estimate_from_sft_config_packing_and_qlora():
     from transformers import BitsAndBytesConfig
 
-    cfg = SFTConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", packing=True, max_length=64,
-                    per_device_train_batch_size=4)
+    cfg = cpu_config(SFTConfig, "unused", packing=True, max_length=64, per_device_train_batch_size=4)
     est = estimate_from("tiny-llama", sft_config=cfg, quantization_config=BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16),
         peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
@@ -152,18 +146,15 @@ def test_estimate_matches_a_bf16_head_sft_trainer_step(tmp_path, weights, shape)
     assert model.lm_head.weight.dtype == torch.bfloat16
     rows = _rows() if lengths is None else Dataset.from_dict(
         {"input_ids": [[5 + (i * 7 + j) % 4000 for j in range(lengths[i % 2])] for i in range(32)]})
-    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", max_steps=3,
-                     per_device_train_batch_size=batch, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                     learning_rate=1e-4, packing=True, max_length=max_length)
+    args = cpu_config(SFTConfig, str(tmp_path), max_steps=3, per_device_train_batch_size=batch, save_strategy="no",
+                      logging_strategy="no", disable_tqdm=True, learning_rate=1e-4, packing=True,
+                      max_length=max_length)
     tr = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=data.shipped_tokenizer(),
                     peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     est = estimate_trainer(tr, device="cpu")
     assert est.sources["fused_lm_head"][0] is True and est.setup["seq_len"] == batch * max_length
     got = _measure(tr)
-    steady, first = est.peak_bytes / max(got[1:]), est.first_step_peak_bytes / got[0]
-    print(f"{weights}, {shape}: estimate/measured steady {steady:.4f}, step 1 {first:.4f}")
-    assert 0.98 <= steady <= 1.02, (weights, shape, est.peak_moment, est.peak_bytes, got)
-    assert 0.98 <= first <= 1.02, (weights, shape, est.first_step_peak_bytes, got)
+    assert_within_2_percent(f"{weights}, {shape}", step_ratios(est, got), est.peak_moment, got)
 
 
 @pytest.mark.parametrize("B,S,H", [(1, 120, 128), (1, 9, 512)])

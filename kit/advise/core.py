@@ -67,7 +67,7 @@ from kit.advise.search import BATCH_CAP, KW, MOVES, SEQ_CAP, Search
 from kit.dtypes import run_dtype, trainer_precision
 from kit.estimate import Estimate, estimate
 from kit.estimate.from_objects import estimate_trainer
-from kit.estimate.inventory import info_for
+from kit.estimate.inventory import info_for, modules_read_once
 from kit.estimate.read_model import read_model
 from kit.presets import GPU_PRESETS, MODELLED_MARGIN, kernel_said, resolve_device
 from kit.units import fmt_bytes, wrapped
@@ -228,14 +228,13 @@ def setup_options(setup, lim: Limit, trainer_estimate=None) -> tuple[dict, list]
         return _as_run({"device": lim.kernels, **setup}, [], lim.kernels if setup.get("device") is None else None,
                        lim)
     if _is_trainer(setup):   # a Trainer
-
         est = trainer_estimate or estimate_trainer(setup)
-        o, notes = _from_estimate(est, model=False)
-        return _as_run({**o, "model": read_model(setup.model)[0]}, notes, _judged_kernels(lim), lim)
+        return _as_run({**_from_estimate(est, model=False), "model": read_model(setup.model)[0]}, [],
+                       _judged_kernels(lim), lim)
     if not isinstance(setup, Estimate):
         raise InputError("setup", f"setup must be an Estimate, a dict of estimate() options or a Trainer, "
                                       f"not {type(setup).__name__}.")
-    return _as_run(*_from_estimate(setup), _judged_kernels(lim), lim)
+    return _as_run(_from_estimate(setup), [], _judged_kernels(lim), lim)
 
 
 def _judged_kernels(lim: Limit) -> str | None:
@@ -253,23 +252,22 @@ def _as_run(options: dict, notes: list, device: str | None, lim: Limit) -> tuple
     return {**options, "device": device, "precision": precision}, notes + [note] * bool(note)
 
 
-def _from_estimate(est, model: bool = True) -> tuple[dict, list]:
-    o = {k: v for k, v in est.setup.items() if k in KW}
-    o.update({k: v[0] for k, v in est.sources.items()
-              if k in ("lora_targets", "lora_dropout", "padded")})
+def _from_estimate(est, model: bool = True) -> dict:
+    """estimate()'s keywords that make ``est`` again: the options it was made from, and with ``model``, its model by
+    the name it gives (refused where that name cannot be built again: a module's class)."""
+    o = {k: v for k, v in est.options.items() if k in KW}
     if not model:
-        return o, []
+        return o
+    o["model"] = est.setup["model"]
     try:
         info_for(o)
     except ValueError:
         raise InputError("setup", f"this Estimate's model ({o['model']!r}) cannot be rebuilt by name: pass a dict "
                                       "of estimate() options (model=<the config or module>, ...) or the Trainer.")
-    again = estimate(**o).peak_bytes
-    return o, [] if again == est.peak_bytes else [
-        f"re-estimated from the Estimate's options, the peak is {fmt_bytes(again)}, not {fmt_bytes(est.peak_bytes)} "
-        "(an Estimate keeps neither lora_targets nor padding): pass the options as a dict to be exact"]
+    return o
 
 
+@modules_read_once()
 def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_estimate=None,
            cancelled=None) -> Advice:
     """Rank the changes that make ``setup`` fit ``device``, cheapest first (the module doc has the order).
@@ -372,6 +370,7 @@ def _is_trainer(setup) -> bool:
     return hasattr(setup, "args") and hasattr(setup, "model") and not isinstance(setup, (Estimate, dict))
 
 
+@modules_read_once()
 def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The largest per-device batch whose peak fits the usable limit, the rest as in ``setup`` (0: not even 1).
     The panel's cheap path: a handful of estimates, no search, the allocator's model run about once
@@ -385,6 +384,7 @@ def max_batch_size(setup, device="colab-t4", *, safety=SAFETY) -> int:
     return largest_replayed(_cached(o, "batch_size"), lim, 1, BATCH_CAP, o["batch_size"])
 
 
+@modules_read_once()
 def max_seq_len(setup, device="colab-t4", *, safety=SAFETY) -> int:
     """The longest sequence whose peak fits, at most the model's positions, the rest as in ``setup`` (0: none).
 

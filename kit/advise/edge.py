@@ -23,7 +23,8 @@ def largest_replayed(estimate_of, lim, low: int, high: int, known: int | None = 
     its allocated peak comes first (no allocator model: the reserved figure is never below it, so nothing above
     it fits); then, in turn, the largest x whose allocated peak plus the last modelled gap fits is modelled, until
     the x that fits and the one above that does not are both known. One replay where the gap leaves the answer
-    alone, two or three where it moves it; after ``tries``, :func:`largest_judged` on what is left.
+    alone, two or three where it moves it (from the second replay on, the gap at x is drawn through the two modelled
+    nearest x: :func:`gap_near`); after ``tries``, :func:`largest_judged` on what is left.
 
     >>> class Lim:   # a reserved figure 10 over the peak, judged against 100
     ...     usable_bytes = 100
@@ -39,23 +40,36 @@ def largest_replayed(estimate_of, lim, low: int, high: int, known: int | None = 
         return float("inf") if e is None else max(e.peak_bytes, e.eval_peak_bytes if evaluates else 0)
 
     fits_below, top = low - 1, largest_fitting(allocated, low, high, usable, known)   # x <= fits_below fit; > top fail
-    n, gap = top, 0
+    n, gaps = top, {}   # the modelled x -> its reserved figure's gap over the allocated peak
     for _ in range(tries):
         if fits_below >= top:
             return fits_below
-        e = estimate_of(n)
-        judged = lim.judged(e, evaluates)        # the allocator's model, at n
+        judged = lim.judged(estimate_of(n), evaluates)        # the allocator's model, at n
         if judged <= usable:
             fits_below = n
         else:
             top = n - 1
-        gap = judged - allocated(n)
-        n = largest_fitting(lambda value: allocated(value) + gap, fits_below + 1, top, usable) \
+        gaps[n] = judged - allocated(n)
+        n = largest_fitting(lambda value: allocated(value) + gap_near(gaps, value), fits_below + 1, top, usable) \
             if fits_below < top else n
         n = max(n, fits_below + 1)               # none by that gap: the next one up, modelled
     if fits_below >= top:
         return fits_below
     return largest_judged(estimate_of, lim, fits_below + 1, top, evaluates=evaluates)
+
+
+def gap_near(gaps: dict, value: int) -> float:
+    """The reserved figure's gap over the allocated peak at ``value``, from the gaps modelled so far: the one
+    modelled gap, or the line through the two modelled nearest ``value`` (the gap grows with the batch as blocks
+    round up and split, so one gap carried far over- or undershoots and costs a replay per step).
+
+    >>> gap_near({10: 5}, 99), gap_near({10: 100, 20: 200, 90: 0}, 15)
+    (5, 150.0)
+    """
+    if len(gaps) == 1:
+        return next(iter(gaps.values()))
+    (a, gap_a), (b, gap_b) = sorted(gaps.items(), key=lambda point: abs(point[0] - value))[:2]
+    return gap_a + (gap_b - gap_a) * (value - a) / (b - a)
 
 
 def largest_fitting(peak, low: int, high: int, limit: int, known: int | None = None) -> int:

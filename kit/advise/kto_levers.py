@@ -4,9 +4,10 @@ estimated but not searched, so the advisor says which KTOConfig fields to change
 from __future__ import annotations
 
 from kit import trainer_kinds
-from kit.advise.dpo_levers import search_refused
+from kit.advise.dpo_levers import reference_sentence, search_refused
 
-_REFUSE = search_refused("KTOTrainer", "KTOConfig", "per_device_train_batch_size, max_length, a peft_config")
+_REFUSE = search_refused(reference_sentence("KTOTrainer", "KTOConfig",
+                                            "per_device_train_batch_size, max_length, a peft_config"))
 
 
 def refuse_search(est, limit, model=None):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kit.advise.core import limit_for, setup_options
 from kit.advise.search import MOVES, Search, cli
+from kit.estimate.inventory import modules_read_once
 from kit.presets import short_label
 from kit.units import GiB, fmt_bytes, wrapped
 
@@ -78,6 +79,7 @@ class Levers:
         return "\n".join(out + list(self.notes))
 
 
+@modules_read_once()
 def levers(setup, device="colab-t4") -> Levers:
     """Each lever the advisor knows, alone on ``setup`` (a dict of estimate() options, an Estimate or a Trainer),
     judged against ``device`` as :func:`kit.advise.advise` judges: its reserved figure."""

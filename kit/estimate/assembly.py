@@ -30,45 +30,58 @@ from kit.estimate.trl import refuse_activation_offloading
 from kit.estimate.counts import Counts
 
 
+def _setup_field(name: str, doc: str):
+    """A :class:`Plan` property that reads option ``name`` of the plan's setup, as read."""
+    return property(lambda plan: plan.setup[name], doc=doc)
+
+
 @dataclass
 class Plan:
-    """The options as read, named as :class:`~kit.training_setup.TrainingSetup` names them, and what they decide
-    before anything is counted (where the setup says None, resolved: checkpointing, the head, the input grads)."""
+    """The setup as read (``setup``: :func:`kit.training_setup.read`'s options, TrainingSetup's names), and what it
+    decides against the model before anything is counted (where the setup says None, resolved: checkpointing, the
+    load dtype, the head, the LoRA modules). The options it takes as given are properties of ``setup``."""
 
-    model: str
-    batch_size: int
-    seq_len: int
-    precision: str
-    quantization: str
-    lora_r: int
+    setup: dict
+    model: str                # the model's name (a registry name or path), or its class's
     lora_modules: set         # names of the Linear modules that get adapters
-    optimizer: str
     gradient_checkpointing: bool  # checkpointing on, the model's default resolved
     checkpoint_reentrant: bool    # ... and reentrant
-    kbit_recipe: str          # "standard": prepare_model_for_kbit_training (see kbit_prepared); "lean": no upcast
     vocab_head: bool          # a head on the logits (Info.vocab_head): trained as loaded, no k-bit recipe
-    grad_accum: int
-    load_dtype: str           # the load dtype's name
-    attn_implementation: str
-    lora_dropout: float
-    padded: bool
-    device: str
+    load_dtype: str           # the load dtype's name (the default resolved: bf16 with quantization, else fp32)
     evaluation: dict          # evaluate()'s batch size, gather, samples, length (seq_len) and accumulation
     bnb: kit_quantization.Bnb
-    fused_lm_head: bool = False   # TRL's fused LM head (kit.estimate.replay.fused_head)
+    fused_lm_head: bool = False   # TRL's fused LM head (kit.estimate.replay.fused_head), as its loss type decides
     adapter_dtype: replay.Dt = replay.FP32  # LoRA adapters' dtype (fp32; TRL casts them to bf16 on k-bit models)
-    input_require_grads: bool | None = None  # enable_input_require_grads ran (None: input_requires_grad decides)
     liger_kernels: tuple = ()     # Liger's kernels that run (kit.estimate.replay.liger.kernels)
     offload: dict = field(default_factory=dict)  # ckpt_every_n_layers, checkpoint_offload, activation_offloading
     task: str = "causal-lm"   # the head (Info.task): "causal-lm", "seq-cls", "token-cls"
     train_head: bool = False  # LoRA on a classifier: peft's modules_to_save copy of its head trains
-    dora: bool = False        # the adapters are peft's DoRA (a magnitude vector per layer)
     saved_copies: frozenset = frozenset()  # LoRA on a causal LM: the embedding / output head leaves whose
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
-    towers: tuple = ()        # forwards a step before one backward, (rows / batch_size, tokens) (replay.towers)
     target_len: int = 0       # an encoder-decoder's target length (seq_len: its source's); 0: none
     images: tuple = ()        # a vision-language model's vision tower rows for a batch row and their side; (): none
+
+    batch_size = _setup_field("batch_size", "per-device rows a step")
+    seq_len = _setup_field("seq_len", "tokens a row")
+    precision = _setup_field("precision", "fp32, or autocast's fp16/bf16")
+    quantization = _setup_field("quantization", "none, 8bit or 4bit")
+    lora_r = _setup_field("lora_r", "LoRA's rank (0: none)")
+    optimizer = _setup_field("optimizer", "the optimizer's kit name")
+    grad_accum = _setup_field("grad_accum", "gradient accumulation steps")
+    attn_implementation = _setup_field("attn_implementation", "sdpa or eager")
+    kbit_recipe = _setup_field("kbit_recipe", "standard: prepare_model_for_kbit_training (see kbit_prepared); lean")
+    lora_dropout = _setup_field("lora_dropout", "LoraConfig.lora_dropout")
+    padded = _setup_field("padded", "the batches have padding (an attention mask is built)")
+    device = _setup_field("device", "whose kernels: cuda or cpu")
+    input_require_grads = _setup_field("input_require_grads", "enable_input_require_grads ran (None: "
+                                       "input_requires_grad decides)")
+    towers = _setup_field("towers", "forwards a step before one backward, (rows / batch_size, tokens) "
+                          "(replay.towers)")
+    dora = _setup_field("use_dora", "the adapters are peft's DoRA (a magnitude vector per layer)")
+
+    # The options the counts read from the setup (counts.count_key keys the counts on these and the fields)
+    COUNTED_SETUP = ("precision", "quantization", "lora_r", "optimizer", "kbit_recipe", "device", "use_dora")
 
     # The dtypes are replay.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property
@@ -88,14 +101,17 @@ class Plan:
         return replay.FP32 if self.kbit_prepared else self.load_bytes  # (the recipe casts fp16/bf16 ones to fp32)
 
 
-def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lora_r, lora_targets, optimizer,
-         gradient_checkpointing, grad_accum, load_dtype, attn_implementation, kbit_recipe, lora_dropout, padded,
-         device, evaluation, bnb=kit_quantization.Bnb(), fused_lm_head=False, adapter_dtype="fp32",
-         input_require_grads=None,
-         liger_kernels=(), offload=None, train_head=None, modules_to_save=(), use_dora=False, sm=None,
-         towers=(), target_len=0, images=()) -> Plan:
-    """Read the options against the model: which layers get LoRA, whether the k-bit recipe and checkpointing
-    run; refuse what cannot be trained."""
+def plan(info: Info, setup: dict, *, model, load_dtype, evaluation, bnb=kit_quantization.Bnb(), fused_lm_head=False,
+         liger_kernels=(), offload=None, sm=None, target_len=0, images=()) -> Plan:
+    """Read the options (``setup``, as :func:`kit.training_setup.read` read them) against the model: which layers
+    get LoRA, whether the k-bit recipe and checkpointing run; refuse what cannot be trained. The keywords are what
+    the setup decided before: the load dtype and evaluation with their defaults, the 4-bit options, TRL's fused
+    head, Liger's kernels, the offload options, the GPU's capability, an encoder-decoder's target length and a
+    vision-language model's vision tower rows for a batch row and their side (``images``)."""
+    quantization, lora_r, lora_targets, precision, device = (setup[k] for k in (
+        "quantization", "lora_r", "lora_targets", "precision", "device"))
+    kbit_recipe, gradient_checkpointing, use_dora = setup["kbit_recipe"], setup["gradient_checkpointing"], \
+        setup["use_dora"]
     vh, leaves = info.vocab_head, info.leaves
     if quantization != "none" and not lora_r and not vh:
         raise InputError("quantization", "4-bit/8-bit weights cannot be trained directly (Trainer refuses a "
@@ -135,18 +151,14 @@ def plan(info: Info, *, model, batch_size, seq_len, precision, quantization, lor
     refuse_activation_offloading(offload or {}, ckpt=checkpointing, reentrant=reentrant, fused=fused_lm_head)
     refuse_for_classifier(info, fused=fused_lm_head, liger=liger_kernels)
     head_copy = bool(info.classifier and lora_r and not any(in_module(n, info.classifier) for n in lora)
-                     and train_head is not False)
-    return Plan(model=model, batch_size=batch_size, seq_len=seq_len, precision=precision, quantization=quantization,
-                lora_r=lora_r, lora_modules=lora, optimizer=optimizer, gradient_checkpointing=checkpointing,
-                checkpoint_reentrant=reentrant, kbit_recipe=kbit_recipe, vocab_head=bool(vh), grad_accum=grad_accum,
-                load_dtype=load_dtype, attn_implementation=attn_implementation, lora_dropout=lora_dropout,
-                padded=padded, device=device, evaluation=evaluation, bnb=bnb, fused_lm_head=fused_lm_head,
-                adapter_dtype=replay.dtype(adapter_dtype), input_require_grads=input_require_grads,
+                     and setup["train_head"] is not False)
+    return Plan(setup=setup, model=model, lora_modules=lora, gradient_checkpointing=checkpointing,
+                checkpoint_reentrant=reentrant, vocab_head=bool(vh), load_dtype=load_dtype, evaluation=evaluation,
+                bnb=bnb, fused_lm_head=fused_lm_head, adapter_dtype=replay.dtype(setup["adapter_dtype"]),
                 liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
-                dora=bool(use_dora),
-                saved_copies=saved_copies_of(info, modules_to_save, lora_r=lora_r, lora=lora,
+                saved_copies=saved_copies_of(info, setup["modules_to_save"], lora_r=lora_r, lora=lora,
                                              fused=fused_lm_head or "flce" in liger_kernels),
-                sm=sm, towers=towers, target_len=target_len, images=images)
+                sm=sm, target_len=target_len, images=images)
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
@@ -579,4 +591,4 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
                         L=L, weights=counts.part_weights, opt=counts.part_optimizer, trainable=counts.part_trainable,
                         buffers=info.buffers_bytes, H=setup.H, fwdbwd=fwdbwd, step=step, reserve=reserve,
                         tensors=counts.tensors, wnew=counts.wnew),
-        expandable_segments=expandable)
+        expandable_segments=expandable, options=dict(plan.setup))

@@ -20,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from kit import inputs
 from kit import optimizers
 from kit.estimate import assembly
 from kit.estimate import quantization as kit_quantization
 from kit.estimate import replay
 from kit.estimate import trl
 from kit.estimate.counts import count_parameters
-from kit.estimate.evaluation import GATHER
 from kit.estimate.inventory import default_targets, info_of
 from kit.estimate.offload_options import read as read_offload
 from kit.estimate.replay import liger as kit_liger
@@ -36,8 +34,8 @@ from kit.estimate.result import Estimate
 from kit.estimate.strategies import per_gpu
 from kit import runtime
 from kit.inputs import InputError, Note
-from kit.presets import DTYPES, GPU_PRESETS, PRESETS, QUANTIZATIONS
-from kit.training_setup import STRATEGIES, TASKS, options
+from kit.presets import PRESETS
+from kit.training_setup import read
 from kit.units import fmt_bytes
 
 # A note's code where bitsandbytes' 8-bit optimizer would kill the process (a tensor of 2^31 elements or more)
@@ -103,15 +101,16 @@ def estimate(model, **setup) -> Estimate:
 class Planned:
     """A setup read and counted, not yet replayed (:func:`planned`): what :func:`finished` makes an Estimate of."""
 
-    options: dict
     info: object
-    plan: assembly.Plan
+    plan: assembly.Plan       # the options as read are its setup
     counts: object
-    multi: tuple              # strategy, num_gpus, cpu_offload
-    gpu: str | None
     fused_loss: tuple         # (loss_type, its note) as trl.sft_loss reads them
-    liger: tuple
     read_notes: tuple = ()    # notes made in reading the options (an encoder-decoder's target length assumed)
+
+    @property
+    def multi(self) -> tuple:
+        """The launch: (strategy, num_gpus, cpu_offload)."""
+        return tuple(self.plan.setup[k] for k in ("strategy", "num_gpus", "cpu_offload"))
 
     @property
     def floor_bytes(self) -> int:
@@ -125,50 +124,31 @@ class Planned:
 def planned(model, **setup) -> Planned:
     """:func:`estimate`'s first stages: the options checked, the model read, the plan made and its parameters
     counted. The fit advisor asks it for :attr:`Planned.floor_bytes` before it replays a candidate."""
-    o = options(setup, required=True)
-    batch_size, seq_len, grad_accum = (inputs.whole_number(n, o[n]) for n in ("batch_size", "seq_len", "grad_accum"))
-    lora_r = inputs.whole_number("lora_r", o["lora_r"], minimum=0)
-    target_len = None if o["target_len"] is None else inputs.whole_number("target_len", o["target_len"])
-    lora_targets = inputs.targets(o["lora_targets"])
-    gradient_checkpointing = inputs.flag("gradient_checkpointing", o["gradient_checkpointing"], allow_none=True)
-    padded = inputs.flag("padded", o["padded"])
-    lora_dropout = inputs.fraction("lora_dropout", o["lora_dropout"])
-    ev = dict(batch_size=inputs.whole_number("eval_batch_size", o["eval_batch_size"]),
-              gather=inputs.choice("eval_gather", o["eval_gather"], GATHER),
-              samples=None if o["eval_samples"] is None else inputs.whole_number("eval_samples", o["eval_samples"]),
-              seq_len=seq_len if o["eval_seq_len"] is None else inputs.whole_number("eval_seq_len", o["eval_seq_len"]),
-              accumulation=None if o["eval_accumulation_steps"] is None else inputs.whole_number(
-                  "eval_accumulation_steps", o["eval_accumulation_steps"]))
+    o = read(setup, required=True)
+    seq_len, quantization, device = o["seq_len"], o["quantization"], o["device"]
+    ev = dict(batch_size=o["eval_batch_size"], gather=o["eval_gather"], samples=o["eval_samples"],
+              seq_len=o["eval_seq_len"] or seq_len, accumulation=o["eval_accumulation_steps"])
     if ev["gather"] != "loss" and ev["samples"] is None and ev["accumulation"] is None:
         raise InputError("eval_samples", f"eval_gather={ev['gather']!r} keeps every eval batch's predictions on "
                          "the device until the loop ends: give eval_samples (len(eval_dataset)) or "
                          "eval_accumulation_steps.")
-    optimizer = inputs.choice("optimizer", o["optimizer"], optimizers.ROOM, optimizers.BY_OPTIM)
-    precision, quantization, attn_implementation, kbit_recipe, device = (inputs.choice(*c) for c in (
-        ("precision", o["precision"], DTYPES), ("quantization", o["quantization"], QUANTIZATIONS),
-        ("attn_implementation", o["attn_implementation"], ("sdpa", "eager")),
-        ("kbit_recipe", o["kbit_recipe"], ("standard", "lean")), ("device", o["device"], ("cuda", "cpu"))))
     gpu = read_gpu(o["gpu"], device)
     load_dtype = o["load_dtype"] or ("bf16" if quantization != "none" else "fp32")
-    bnb = kit_quantization.options(quantization, o["quant_type"], o["double_quant"], o["compute_dtype"],
-                                   o["checkpoint_reentrant"])
-    load_dtype = inputs.choice("load_dtype", str(load_dtype).replace("torch.", ""), DTYPES,
-                               {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"})
+    bnb = kit_quantization.options(o)
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
-    task = None if o["task"] is None else inputs.choice("task", o["task"], TASKS)
-    num_labels = None if o["num_labels"] is None else inputs.whole_number("num_labels", o["num_labels"])
+    task, num_labels = o["task"], o["num_labels"]
     try:
         info = info_of(model, task or "causal-lm", num_labels or 2)
     except ValueError as exc:  # what is wrong is the model: say so, so the CLI can name --model
         exc.name = getattr(exc, "name", None) or "model"
         raise
     refuse_other_head(model, info, task, num_labels)
-    target_len, target_notes = read_target_len(info, target_len, seq_len)
+    target_len, target_notes = read_target_len(info, o["target_len"], seq_len)
     images, image_notes = read_images(info, o, seq_len)
-    fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], inputs.flag("fused_lm_head", o["fused_lm_head"]))
-    refuse_lm_only(info, loss_type=loss_type, padding_free=inputs.flag("padding_free", o["padding_free"]))
-    if info.max_positions and seq_len > info.max_positions and not inputs.flag("padding_free", o["padding_free"]):
+    fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], o["fused_lm_head"])
+    refuse_lm_only(info, loss_type=loss_type, padding_free=o["padding_free"])
+    if info.max_positions and seq_len > info.max_positions and not o["padding_free"]:
         raise InputError("seq_len", f"seq_len {seq_len} is beyond the model's {info.max_positions} "
                                 f"positions: use seq_len <= {info.max_positions}.")
     if info.max_positions and ev["seq_len"] > info.max_positions:
@@ -177,45 +157,32 @@ def planned(model, **setup) -> Planned:
                                              f"{info.max_positions}.")
     liger = kit_liger.kernels(info.config, o["liger_kernel_config"], fused_head=fused, device=device,
                               vocab_head=bool(info.vocab_head)) \
-        if inputs.flag("liger_kernel", o["liger_kernel"]) else ()
-    multi = inputs.choice("strategy", o["strategy"], STRATEGIES), inputs.whole_number("num_gpus", o["num_gpus"]), \
-        inputs.flag("cpu_offload", o["cpu_offload"])
-    if not optimizers.ROOM[optimizer].flat and multi[0] != "single":
-        raise InputError("optimizer", f"{optimizer} keeps state by each tensor's shape, which a sharded or "
+        if o["liger_kernel"] else ()
+    if not optimizers.ROOM[o["optimizer"]].flat and o["strategy"] != "single":
+        raise InputError("optimizer", f"{o['optimizer']} keeps state by each tensor's shape, which a sharded or "
                                           "replicated launch changes, and the kit models it on one GPU: estimate "
                                           "it with strategy='single'.", code="optimizer-one-gpu")
-    if (offload := read_offload(o)) and multi[0] != "single":
+    if (offload := read_offload(o)) and o["strategy"] != "single":
         raise InputError(next(iter(offload)), f"{next(iter(offload))} is modeled on one GPU: estimate it with "
                                                   "strategy='single'.", code="offload-one-gpu")
-    plan = assembly.plan(info, model=model if isinstance(model, str) else type(model).__name__,
-                         batch_size=batch_size, seq_len=seq_len, precision=precision, quantization=quantization,
-                         lora_r=lora_r, lora_targets=lora_targets, optimizer=optimizer,
-                         gradient_checkpointing=gradient_checkpointing, grad_accum=grad_accum, load_dtype=load_dtype,
-                         attn_implementation=attn_implementation, kbit_recipe=kbit_recipe,
-                         lora_dropout=lora_dropout, padded=padded, device=device, evaluation=ev, bnb=bnb,
-                         fused_lm_head=fused,
-                         adapter_dtype=inputs.choice("adapter_dtype", o["adapter_dtype"], ("fp32", "bf16")),
-                         input_require_grads=inputs.flag("input_require_grads", o["input_require_grads"],
-                                                         allow_none=True),
-                         liger_kernels=liger, offload=offload,
-                         train_head=inputs.flag("train_head", o["train_head"], allow_none=True),
-                         modules_to_save=o["modules_to_save"], use_dora=inputs.flag("use_dora", o["use_dora"]),
-                         towers=read_towers(o["towers"]), target_len=target_len, images=images,
-                         sm=PRESETS[gpu].capability if gpu else None)
-    return Planned(options=o, info=info, plan=plan, counts=count_parameters(info, plan), multi=multi, gpu=gpu,
-                   fused_loss=(loss_type, loss_note), liger=liger, read_notes=tuple(target_notes + image_notes))
+    plan = assembly.plan(info, o, model=model if isinstance(model, str) else type(model).__name__,
+                         load_dtype=load_dtype, evaluation=ev, bnb=bnb, fused_lm_head=fused, liger_kernels=liger,
+                         offload=offload, sm=PRESETS[gpu].capability if gpu else None, target_len=target_len,
+                         images=images)
+    return Planned(info=info, plan=plan, counts=count_parameters(info, plan), fused_loss=(loss_type, loss_note),
+                   read_notes=tuple(target_notes + image_notes))
 
 
 def finished(planned_setup: Planned) -> Estimate:
     """:func:`estimate`'s last stages: the notes, the replay of the family's blocks and the phases."""
-    o, info, plan, counts, liger = (planned_setup.options, planned_setup.info, planned_setup.plan,
-                                    planned_setup.counts, planned_setup.liger)
-    (loss_type, loss_note), multi, gpu = planned_setup.fused_loss, planned_setup.multi, planned_setup.gpu
+    info, plan, counts = planned_setup.info, planned_setup.plan, planned_setup.counts
+    o, liger, gpu = plan.setup, plan.liger_kernels, plan.setup["gpu"]
+    (loss_type, loss_note), multi = planned_setup.fused_loss, planned_setup.multi
     notes = _notes(plan.optimizer, info.leaves, counts.paged, info, plan.lora_r, plan.quantization) \
         + [loss_note] * bool(loss_note) + kit_liger.notes(liger, plan.evaluation["gather"]) \
         + assembly.encoder_notes(info, plan) + list(planned_setup.read_notes)
-    loop = {k: inputs.flag(k, o[k]) for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
-    expandable = inputs.flag("expandable_segments", o["expandable_segments"], allow_none=True)
+    loop = {k: o[k] for k in ("outputs_kept", "grads_kept", "optimizer_before_move")}
+    expandable = o["expandable_segments"]
     conf = runtime.allocator_conf() if expandable is None else None   # read as torch reads it; refused as torch would
     expandable = conf.expandable if conf is not None else expandable
     notes += _alloc_conf_notes(conf) if plan.device == "cuda" else []
@@ -242,8 +209,7 @@ def read_images(info, o: dict, seq_len: int) -> tuple:
     """((the vision tower's rows for a batch row, their side), notes) of a vision-language model, from the image
     options (its family's ``images.rows``); ((), []) for a language model, which is given none. ``seq_len`` must
     hold the image tokens."""
-    per_row, size = o["images_per_row"], o["image_size"]
-    splitting = inputs.flag("image_splitting", o["image_splitting"])
+    per_row, size, splitting = o["images_per_row"], o["image_size"], o["image_splitting"]
     if info.vision is None:
         given = next((k for k, v in (("images_per_row", per_row), ("image_size", size)) if v is not None), None)
         given = given or (None if splitting else "image_splitting")
@@ -253,8 +219,7 @@ def read_images(info, o: dict, seq_len: int) -> tuple:
         return (), []
     notes = [] if per_row is not None else [Note("1 image a row assumed: pass images_per_row (--images-per-row)",
                                                  field="images_per_row", code="images-assumed")]
-    per_row = 1 if per_row is None else inputs.whole_number("images_per_row", per_row)
-    size = None if size is None else inputs.whole_number("image_size", size)
+    per_row = 1 if per_row is None else per_row
     rows, side, taken, tokens = replay.family(info.family).images.rows(info.vision, per_row, size, splitting)
     if tokens > seq_len:
         raise InputError("seq_len", f"seq_len {seq_len} cannot hold the row's {tokens} image tokens ({per_row} "
@@ -281,24 +246,10 @@ def read_target_len(info, target_len, seq_len) -> tuple:
                           "(--target-len, target_len=...)", field="target_len", code="target-len-assumed")]
 
 
-def read_towers(towers) -> tuple:
-    """The ``towers`` option: ``(rows, tokens)`` pairs of whole numbers, refused in one sentence otherwise.
-
-    >>> read_towers([(1, 16), (2, 64)])
-    ((1, 16), (2, 64))
-    """
-    pairs = tuple(towers or ())
-    if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs):
-        raise InputError("towers", f"towers is a tuple of (rows, tokens) pairs, one per forward (rows as a "
-                         f"multiple of batch_size), not {towers!r}: e.g. ((1, 16), (2, 64)).", code="towers-pairs")
-    return tuple((inputs.whole_number("towers", rows), inputs.whole_number("towers", tokens)) for rows, tokens in pairs)
-
-
 def read_gpu(gpu, device: str) -> str | None:
     """The GPU preset whose architecture picks SDPA's kernel (None: none given), refused on a CPU's kernels."""
     if gpu is None:
         return None
-    gpu = inputs.choice("gpu", gpu, GPU_PRESETS)
     if device != "cuda":
         raise InputError("gpu", f"gpu {gpu!r} picks a GPU's attention kernel, and device={device!r} predicts a "
                          "CPU's kernels: leave gpu out, or use device='cuda'.", code="gpu-on-cpu")

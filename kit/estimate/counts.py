@@ -56,20 +56,20 @@ COUNTED_KEPT = 256
 
 
 # The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
-NOT_COUNTED = frozenset({"batch_size", "seq_len", "grad_accum", "evaluation", "padded", "attn_implementation",
-                         "gradient_checkpointing", "checkpoint_reentrant", "lora_dropout", "input_require_grads",
-                         "offload", "task"})
+NOT_COUNTED = frozenset({"setup", "evaluation", "gradient_checkpointing", "checkpoint_reentrant", "offload", "task"})
 
 
 def count_key(info: Info, plan) -> tuple:
-    """Every field of ``plan`` but :data:`NOT_COUNTED`, with ``info``'s identity: equal keys, equal counts. (Built
-    from the plan's fields, so that a field added to the plan is in the key without a second edit here.)"""
+    """Every field of ``plan`` but :data:`NOT_COUNTED`, the options of its setup the walk reads
+    (``Plan.COUNTED_SETUP``), with ``info``'s identity: equal keys, equal counts. (Built from the plan's fields, so
+    that a field added to the plan is in the key without a second edit here.)"""
     def hashable(value):
         if isinstance(value, (set, frozenset)):
             return frozenset(value)
         return repr(sorted(value.items())) if isinstance(value, dict) else value
 
-    return (id(info),) + tuple(hashable(getattr(plan, f.name)) for f in fields(plan) if f.name not in NOT_COUNTED)
+    return (id(info),) + tuple(hashable(getattr(plan, f.name)) for f in fields(plan) if f.name not in NOT_COUNTED) \
+        + tuple(plan.setup[name] for name in plan.COUNTED_SETUP)
 
 
 def count_parameters(info: Info, plan) -> Counts:
@@ -87,31 +87,33 @@ def count_parameters(info: Info, plan) -> Counts:
 
 
 def _count(info: Info, plan) -> Counts:
-    c, other = Counts(), plan.trained_bytes
+    counts, other = Counts(), plan.trained_bytes
     # A leaf's count depends on its shape, kind and place, not its name: a 70B model's 720 block leaves are 9
     # distinct counts, each made once here (the advisor counts many plans of one model)
     made, times = {}, {}
-    for l in info.leaves:
-        named = _named(info, plan, l.name)
-        key = (l.kind, l.fin, l.fout, l.weight, l.bias, l.trainable, l.quantizable, l.part, l.shape,
-               l.frozen_param) + named
+    for leaf in info.leaves:
+        named = _named(info, plan, leaf.name)
+        key = (leaf.kind, leaf.fin, leaf.fout, leaf.weight, leaf.bias, leaf.trainable, leaf.quantizable, leaf.part,
+               leaf.shape, leaf.frozen_param) + named
         one = made.get(key)
         if one is None:
-            one = made[key] = _leaf_count(l, named, plan)
+            one = made[key] = _leaf_count(leaf, named, plan)
         times[key] = times.get(key, 0) + 1
-        c.trained.extend(one.trained)    # (in module order: Trainer's weight-decay groups, the allocator's layout)
-        c.tensors.append((l.part, one.weights, one.own))
-        c.offenders.append((l.name, l.weight + l.bias, one.trained_bytes))
-    for key, n in times.items():
-        _add(c, made[key], n)
-    c.moved = sum(l.fin * l.fout * other for l in info.leaves if l.tied and l.trainable and not plan.lora_r)
-    c.grads["embed"] -= c.moved   # lm_head makes the tied weight's grad first ...
-    c.grads["head"] += c.moved
-    if c.moved:  # ... and a tied weight's new grad comes first in the head's backward
-        c.wnew["head"] = max(c.wnew["head"], c.wnew["embed"])
-        c.halves += c.moved // other * plan.half if plan.half and other == replay.FP32 else 0  # lm_head casts the tie
-    c.top_offenders = top_offenders(c.offenders)
-    return c
+        counts.trained.extend(one.trained)    # (in module order: Trainer's weight-decay groups, the allocator's layout)
+        counts.tensors.append((leaf.part, one.weights, one.own))
+        counts.offenders.append((leaf.name, leaf.weight + leaf.bias, one.trained_bytes))
+    for key, repeats in times.items():
+        _add(counts, made[key], repeats)
+    counts.moved = sum(leaf.fin * leaf.fout * other for leaf in info.leaves
+                       if leaf.tied and leaf.trainable and not plan.lora_r)
+    counts.grads["embed"] -= counts.moved   # lm_head makes the tied weight's grad first ...
+    counts.grads["head"] += counts.moved
+    if counts.moved:  # ... and a tied weight's new grad comes first in the head's backward
+        counts.wnew["head"] = max(counts.wnew["head"], counts.wnew["embed"])
+        # lm_head casts the tie
+        counts.halves += counts.moved // other * plan.half if plan.half and other == replay.FP32 else 0
+    counts.top_offenders = top_offenders(counts.offenders)
+    return counts
 
 
 def _named(info: Info, plan, name: str) -> tuple:
@@ -143,88 +145,92 @@ class LeafCount:
     halves: int
 
 
-def _leaf_count(l, named: tuple, plan) -> LeafCount:
+def _leaf_count(leaf, named: tuple, plan) -> LeafCount:
     own_init, lora, classifier, saved_copy, output_head = named
     other = plan.trained_bytes
-    n = l.weight + l.bias
-    q = plan.quantization if l.quantizable else "none"
-    packed = nf4_bytes(l.weight, double_quant=plan.bnb.double_quant) if q == "4bit" else \
-        int8_bytes(l.fin, l.fout) if q == "8bit" else None      # a k-bit layer's weight, as loaded
-    w_bytes = n * other if packed is None else quantization.weight_bytes(l, q, plan.bnb, other)
-    params = n
+    leaf_elements = leaf.weight + leaf.bias
+    quantized_as = plan.quantization if leaf.quantizable else "none"
+    packed = nf4_bytes(leaf.weight, double_quant=plan.bnb.double_quant) if quantized_as == "4bit" else \
+        int8_bytes(leaf.fin, leaf.fout) if quantized_as == "8bit" else None      # a k-bit layer's weight, as loaded
+    w_bytes = leaf_elements * other if packed is None else \
+        quantization.weight_bytes(leaf, quantized_as, plan.bnb, other)
+    params = leaf_elements
     # CPU RAM to build: a k-bit model loads straight onto the GPU (bitsandbytes needs a device map, which
     # transformers sets to the current GPU), one tensor at a time through RAM; a plain from_pretrained, and
     # a layer the user's own __init__ makes (a head on the logits), build it all in RAM
     in_ram = plan.quantization == "none" or own_init
     pieces = []   # (trainable elements, bytes per element, shape)
     if lora:  # peft keeps adapters in fp32 (autocast_adapter_dtype=True); TRL: bf16 on k-bit
-        pieces = [(plan.lora_r * l.fin, plan.adapter_dtype, (plan.lora_r, l.fin)),      # lora_A: [r, in]
-                  (plan.lora_r * l.fout, plan.adapter_dtype, (l.fout, plan.lora_r))]    # lora_B: [out, r]
-        w_bytes += plan.adapter_dtype * plan.lora_r * (l.fin + l.fout)
-        params += plan.lora_r * (l.fin + l.fout)
+        pieces = [(plan.lora_r * leaf.fin, plan.adapter_dtype, (plan.lora_r, leaf.fin)),      # lora_A: [r, in]
+                  (plan.lora_r * leaf.fout, plan.adapter_dtype, (leaf.fout, plan.lora_r))]    # lora_B: [out, r]
+        w_bytes += plan.adapter_dtype * plan.lora_r * (leaf.fin + leaf.fout)
+        params += plan.lora_r * (leaf.fin + leaf.fout)
         if plan.dora:   # DoRA's lora_magnitude_vector: [out]
-            pieces.append((l.fout, plan.adapter_dtype, (l.fout,)))
-            w_bytes += plan.adapter_dtype * l.fout
-            params += l.fout
+            pieces.append((leaf.fout, plan.adapter_dtype, (leaf.fout,)))
+            w_bytes += plan.adapter_dtype * leaf.fout
+            params += leaf.fout
     elif classifier:  # peft's modules_to_save: a trained copy beside it
-        shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
-        pieces = [(l.weight, other, shape), (l.bias, other, (l.bias,))]
-        w_bytes += n * other
-        params += n
+        shape = leaf.shape if leaf.shape and prod(leaf.shape) == leaf.weight else (leaf.weight,)
+        pieces = [(leaf.weight, other, shape), (leaf.bias, other, (leaf.bias,))]
+        w_bytes += leaf_elements * other
+        params += leaf_elements
     elif saved_copy:  # peft's modules_to_save copy of an embedding / the head (even a tied one)
-        k = l.weight or l.fin * l.fout
-        pieces = [(k, other, l.shape if l.weight else (l.fout, l.fin)), (l.bias, other, (l.bias,))]
-        w_bytes += (k + l.bias) * other
-        params += k + l.bias
-    elif l.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
-        shape = l.shape if l.shape and prod(l.shape) == l.weight else (l.weight,)
-        bias = 0 if l.frozen_param == "bias" else l.bias   # a frozen bias: no grad, no optimizer state
-        pieces = [(l.weight, other, shape), (bias, other, (bias,))]
+        copied = leaf.weight or leaf.fin * leaf.fout
+        pieces = [(copied, other, leaf.shape if leaf.weight else (leaf.fout, leaf.fin)),
+                  (leaf.bias, other, (leaf.bias,))]
+        w_bytes += (copied + leaf.bias) * other
+        params += copied + leaf.bias
+    elif leaf.trainable and not plan.lora_r and packed is None:  # a tied weight counts at its owner
+        shape = leaf.shape if leaf.shape and prod(leaf.shape) == leaf.weight else (leaf.weight,)
+        bias = 0 if leaf.frozen_param == "bias" else leaf.bias   # a frozen bias: no grad, no optimizer state
+        pieces = [(leaf.weight, other, shape), (bias, other, (bias,))]
     trained, wtemp, wnew, halves, train_bytes = [], 0, 0, 0, w_bytes
-    for k, dt, shape in pieces:
-        if not k:
+    for elements, item_bytes, shape in pieces:
+        if not elements:
             continue
-        state, paged = optimizers.state_bytes(plan.optimizer, shape, dt, embedding=l.kind == "embedding")
+        state, paged = optimizers.state_bytes(plan.optimizer, shape, item_bytes, embedding=leaf.kind == "embedding")
         if plan.device == "cpu":   # bitsandbytes' paged optimizers fall back to plain tensors on a CPU
             state, paged = state + paged, 0
         fused = (plan.fused_lm_head or "flce" in plan.liger_kernels) and output_head
-        half = plan.half * k if plan.half and dt != plan.half and not fused else 0
+        half = plan.half * elements if plan.half and item_bytes != plan.half and not fused else 0
         # (autocast: the grad of the half copy, then cast to the weight's dtype, fp32 or bf16 under fp16;
         # TRL's fused head makes an fp32 grad directly, Liger's one in the weight's dtype)
-        wtemp, wnew = max(wtemp, half), max(wnew, half + k * dt)
+        wtemp, wnew = max(wtemp, half), max(wnew, half + elements * item_bytes)
         # autocast caches a half copy of each fp32 one (a bf16 one under fp16 is cast anew at each use:
         # torch's at::autocast::cached_cast caches kFloat leaves only)
-        halves += half if l.kind == "linear" and dt == replay.FP32 else 0
-        trained.append((k, k * dt, state, paged, (shape, dt, l.kind != "norm" and k != l.bias)))
-        train_bytes += k * dt + state + paged
-    return LeafCount(params=params, build=n * plan.load_bytes if in_ram else 0,
-                     streamed=0 if in_ram else l.weight * plan.load_bytes,
-                     loaded=n * plan.load_bytes if packed is None else packed + l.bias * plan.load_bytes,
-                     quantized=l.weight if packed is not None else 0, unquantized=n if packed is None else 0,
-                     weights=w_bytes, trained_bytes=train_bytes, part=l.part,
+        halves += half if leaf.kind == "linear" and item_bytes == replay.FP32 else 0
+        decays = leaf.kind != "norm" and elements != leaf.bias
+        trained.append((elements, elements * item_bytes, state, paged, (shape, item_bytes, decays)))
+        train_bytes += elements * item_bytes + state + paged
+    return LeafCount(params=params, build=leaf_elements * plan.load_bytes if in_ram else 0,
+                     streamed=0 if in_ram else leaf.weight * plan.load_bytes,
+                     loaded=leaf_elements * plan.load_bytes if packed is None else packed + leaf.bias * plan.load_bytes,
+                     quantized=leaf.weight if packed is not None else 0,
+                     unquantized=leaf_elements if packed is None else 0,
+                     weights=w_bytes, trained_bytes=train_bytes, part=leaf.part,
                      pieces=tuple(piece[:4] for piece in trained), own=tuple(piece[1:3] for piece in trained),
                      trained=tuple(piece[4] for piece in trained), wtemp=wtemp, wnew=wnew, halves=halves)
 
 
-def _add(c: Counts, one: LeafCount, times: int) -> None:
-    """Adds ``times`` leaves counted as ``one`` to ``c``'s sums and highs."""
+def _add(counts: Counts, one: LeafCount, times: int) -> None:
+    """Adds ``times`` leaves counted as ``one`` to ``counts``'s sums and highs."""
     part = one.part
-    c.params += times * one.params
-    c.build += times * one.build
-    c.streamed = max(c.streamed, one.streamed)
-    c.loaded += times * one.loaded
-    c.quantized += times * one.quantized
-    c.unquantized += times * one.unquantized
-    for k, grad, state, paged in one.pieces:
-        c.grads[part] += times * grad
-        c.trainable += times * k
-        c.optimizer, c.paged = c.optimizer + times * state, c.paged + times * paged
-        c.part_optimizer[part] += times * (state + paged)
-        c.part_trainable[part] += times * k
-    c.wtemp[part], c.wnew[part] = max(c.wtemp[part], one.wtemp), max(c.wnew[part], one.wnew)
-    c.halves += times * one.halves
-    c.weights += times * one.weights
-    c.part_weights[part] += times * one.weights
+    counts.params += times * one.params
+    counts.build += times * one.build
+    counts.streamed = max(counts.streamed, one.streamed)
+    counts.loaded += times * one.loaded
+    counts.quantized += times * one.quantized
+    counts.unquantized += times * one.unquantized
+    for elements, grad, state, paged in one.pieces:
+        counts.grads[part] += times * grad
+        counts.trainable += times * elements
+        counts.optimizer, counts.paged = counts.optimizer + times * state, counts.paged + times * paged
+        counts.part_optimizer[part] += times * (state + paged)
+        counts.part_trainable[part] += times * elements
+    counts.wtemp[part], counts.wnew[part] = max(counts.wtemp[part], one.wtemp), max(counts.wnew[part], one.wnew)
+    counts.halves += times * one.halves
+    counts.weights += times * one.weights
+    counts.part_weights[part] += times * one.weights
 
 
 def top_offenders(offenders: list) -> list:
@@ -232,4 +238,4 @@ def top_offenders(offenders: list) -> list:
     count: every estimate the advisor makes of one model shares its counts, and a 70B has over 700 leaves.)"""
     by_bytes = sorted(offenders, key=lambda offender: (offender[2], offender[1]), reverse=True)
     largest = sorted(by_bytes, key=lambda offender: offender[1], reverse=True)[:5]
-    return by_bytes[:10] + [o for o in largest if o not in by_bytes[:10]]
+    return by_bytes[:10] + [offender for offender in largest if offender not in by_bytes[:10]]

@@ -28,8 +28,6 @@ What one DPOTrainer step does, and how each part is estimated:
 """
 from __future__ import annotations
 
-import sys
-
 from kit.inputs import InputError, Note
 
 from kit import trainer_kinds
@@ -37,9 +35,9 @@ from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import SftReader, model_init, pair_rows, quantized_recipe, refuse_shared, refuser
+from kit.estimate.trl import (SftReader, max_length_bound, model_init, pair_rows, quantized_recipe, refuse_shared,
+                              refuser, version_notes)
 
-MODELED = "1.16"
 # DPOConfig fields that change no byte the kit counts, and why (sources say so)
 _NO_MEMORY = {
     "beta": "a scalar of the loss", "label_smoothing": "a scalar of the robust/EXO/AOT losses",
@@ -110,12 +108,7 @@ def read_dpo_config(cfg, name: str = "DPOConfig"):
                               "place (mul_, add_): no bytes beyond the reference's"),
            "disable_dropout": (cfg.disable_dropout, f"{name}.disable_dropout: zeroes nn.Dropout modules")}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in _NO_MEMORY.items()})
-    notes = []
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models DPOTrainer as TRL {MODELED} runs it",
-                          field="trl", code="trl-version"))
-    return {"fused_lm_head": True}, src, notes
+    return {"fused_lm_head": True}, src, version_notes("DPOTrainer")
 
 
 def refuse_dropout(cfg, config, name: str = "DPOConfig") -> None:
@@ -137,13 +130,13 @@ def read_pairs(trainer):
     import torch
 
     ds, B = trainer.train_dataset, trainer.args.per_device_train_batch_size
-    n = len(ds)
-    if not n:
+    pairs = len(ds)
+    if not pairs:
         raise InputError("seq_len", "trainer.train_dataset is empty: pass seq_len=....")
-    cols = {c: ds[c] for c in ("prompt_ids", "chosen_ids", "rejected_ids")}
-    longest = [len(p) + max(len(c), len(r)) for p, c, r in zip(*cols.values())]
-    top = sorted(range(n), key=lambda i: -longest[i])[:B]
-    rows = [{k: v[i] for k, v in cols.items()} for i in top]
+    cols = {name: ds[name] for name in ("prompt_ids", "chosen_ids", "rejected_ids")}
+    longest = [len(prompt) + max(len(chosen), len(rejected)) for prompt, chosen, rejected in zip(*cols.values())]
+    top = sorted(range(pairs), key=lambda i: -longest[i])[:B]
+    rows = [{name: col[i] for name, col in cols.items()} for i in top]
     out = trainer.data_collator(rows)
     mask = torch.as_tensor(out["attention_mask"])
     return int(mask.shape[1]), bool((mask == 0).any()), \
@@ -158,9 +151,9 @@ def cast_copies(info, half, load, ref_model=None) -> int:
         return 0
     if ref_model is not None:   # (the fused head casts lm_head's weight with .to(): not autocast's, not cached)
         head = ref_model.get_output_embeddings()
-        return sum(m.weight.numel() * half for m in ref_model.modules() if type(m).__name__ == "Linear"
-                   and m is not head and m.weight.requires_grad and m.weight.dtype.itemsize == 4)
-    return sum(l.weight * half for l in info.leaves if l.kind == "linear" and l.part == "block")
+        return sum(module.weight.numel() * half for module in ref_model.modules() if type(module).__name__ == "Linear"
+                   and module is not head and module.weight.requires_grad and module.weight.dtype.itemsize == 4)
+    return sum(leaf.weight * half for leaf in info.leaves if leaf.kind == "linear" and leaf.part == "block")
 
 
 def head_peak(rows, S, est, V, hidden_dt, weight_dt, top1: bool = True) -> int:
@@ -221,9 +214,10 @@ def precompute_peak(est, *, pairs, S, V, ref_weights, copies, hidden_dt, weight_
 
 
 def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, precompute_pairs, precompute_model,
-           weighting) -> dict:
-    """The fields of ``est`` with the reference in: its weights (held through every phase), its forward's moment (the
-    peak where it is the largest) and, with precomputed log-probs, the precomputation's own phase (``setup``).
+           weighting, precomputed) -> dict:
+    """The fields of ``est`` with the reference in: its weights (held through every phase), its forward's moment in
+    a step (the peak where it is the largest) or, with precomputed log-probs (``precomputed``: a separate reference
+    model's too, which then runs in the precomputation only), the precomputation's own phase (``setup``).
     ``ref_model``/``precompute_model``: the real models where a Trainer was built (None: from ``info``)."""
     load, prec = est.setup["load_dtype"], est.setup["precision"]
     hidden_dt = weight_dt = dtype(load) if load in ("fp32", "bf16", "fp16") else FP32
@@ -235,7 +229,7 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
     opt = est.optimizer_bytes - est.paged_optimizer_bytes
     setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, dpo_pairs=pairs)
     notes = list(est.notes)
-    if kind != "precomputed":
+    if not precomputed:
         ref, moment = reference_moment(est, rows=2 * pairs, S=S, V=V, ref_weights=ref_weights, ref_copies=ref_copies,
                                        weighting=weighting, hidden_dt=hidden_dt, weight_dt=weight_dt)
         setup["reference_forward_peak_bytes"] = ref
@@ -256,7 +250,7 @@ def finish(est, info, *, kind, where, pairs, S, V, ref_weights, ref_model, preco
                weights_bytes=weights, eval_peak_bytes=est.eval_peak_bytes + ref_weights, setup=setup, notes=notes,
                _parts={**est._parts, "weights": est._parts.get("weights", 0) + ref_weights},
                sources={**est.sources, "reference": (kind, where)})
-    if kind != "precomputed":
+    if not precomputed:
         out["first_step_peak_bytes"] = max(out["first_step_peak_bytes"], ref - opt)  # step 1's forward: no state yet
         if ref > out["peak_bytes"]:
             out.update(peak_bytes=ref, peak_phase="forward/backward", peak_moment=moment,
@@ -304,13 +298,14 @@ def trainer_reference(trainer, B: int, seq_len=None):
         S, padded, at = read_pairs(trainer)
     else:
         S, padded, at = seq_len, True, "estimate_trainer(seq_len=...): the concatenated rows' padded length"
-    a = trainer.args
+    args = trainer.args
     runs = ref if ref is not None else trainer.model   # the model _precompute_ref_logps runs
-    fk = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
-              ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
-              precompute_pairs=a.precompute_ref_batch_size or B, precompute_model=runs, weighting=a.use_weighting)
+    finishing = dict(kind=kind, where=where, pairs=B, S=S, V=trainer.model.config.get_text_config().vocab_size,
+                     ref_weights=held_bytes(ref) if ref is not None else 0, ref_model=ref,
+                     precompute_pairs=args.precompute_ref_batch_size or B, precompute_model=runs,
+                     weighting=args.use_weighting, precomputed=args.precompute_ref_log_probs)
     return {"seq_len": S, "padded": padded}, {"seq_len": (S, at), "padded": (padded, "rows of different lengths "
-                                              "(chosen/rejected) in the batch" if padded else "no padding")}, fk
+                                              "(chosen/rejected) in the batch" if padded else "no padding")}, finishing
 
 
 class DpoReader(TrainerReader):
@@ -344,11 +339,8 @@ class DpoReader(TrainerReader):
     def read_config(self, cfg, given: Given) -> None:
         self.own.take(*read_dpo_config(cfg))
         model_init(cfg, self.config_name, given)
-        if given.seq_len is None and cfg.max_length:
-            m = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
-            given.seq_len = -(-cfg.max_length // m) * m
-            given.seq_source = ("DPOConfig.max_length: each prompt+completion row is truncated to it (padded up to "
-                                "pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
+        max_length_bound(cfg, given, "DPOConfig.max_length: each prompt+completion row is truncated to it (padded up "
+                         "to pad_to_multiple_of), so it is the longest a row can be")  # (an upper bound)
         self.peft = given.peft_config is not None
 
     def after_args(self, reading: Reading, name: str) -> None:
@@ -361,7 +353,7 @@ class DpoReader(TrainerReader):
         kind, _, where = reference_of(cfg=cfg, peft=self.peft)
         self.finishing = dict(kind=kind, where=where, pairs=self.pairs, S=seq_len, ref_model=None,
                               precompute_pairs=cfg.precompute_ref_batch_size or self.pairs, precompute_model=None,
-                              weighting=cfg.use_weighting)
+                              weighting=cfg.use_weighting, precomputed=cfg.precompute_ref_log_probs)
         return seq_len, padded
 
     def compose_from(self, draft, cfg, info, config) -> dict:

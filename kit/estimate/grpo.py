@@ -29,7 +29,6 @@ fields (read by :func:`kit.estimate.read_training.read_args`).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from types import SimpleNamespace
 
 from kit.inputs import InputError, Note
@@ -40,9 +39,8 @@ from kit.estimate.dpo import held_bytes, refuse_dropout
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype, lookup
 from kit.estimate.replay.fused_head import TOKEN_CHUNK, VOCAB_CHUNK, chunked_head
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import SftReader, model_init, refuse_shared, refuser
+from kit.estimate.trl import SftReader, model_init, refuse_shared, refuser, version_notes
 
-MODELED_VERSION = "1.16"
 # GRPOConfig fields the estimate reads, and how
 MODELED = {
     "model_init_kwargs": f"the dtype a model given by id loads in (TRL's default: float32), as for "
@@ -159,10 +157,7 @@ def read_generating_config(cfg, name: str, *, refused: dict, no_memory: dict, sr
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in no_memory.items()})
     notes = [Note(f"{trainer_name}'s evaluation (generation and scoring of the eval prompts) is not modeled: "
                   "eval_peak_bytes is a plain forward's", field="eval_batch_size", code="grpo-eval-unmodeled")]
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models {trainer_name} as TRL "
-                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
+    notes.extend(version_notes(trainer_name))
     return {"fused_lm_head": True}, src, notes
 
 

@@ -7,6 +7,8 @@ on the meta device, and which replay family its blocks follow. Cached per model.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -412,19 +414,46 @@ def info_of(model, task: str = "causal-lm", num_labels: int = 2) -> Info:
         return _cached_config(model.to_json_string() + str(getattr(model, "kit_vocab_head", ""))
                               + str(getattr(model, "_experts_implementation", "")), model, task, num_labels)
     if hasattr(model, "named_modules"):
-        base, _ = base_lm(model)
-        own = read_own_head(model) if base is None else None   # refuses a head it cannot read, naming it
-        if own is not None:
-            return inventory(model, model.get_submodule(own.base).config, own)
-        if base is None:
-            raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM or classifier, "
-                                   "so the estimator cannot read its architecture (it replays transformers' blocks).",
-                                   instead="a transformers model (AutoModelForCausalLM, a classifier, or a module of "
-                                   "your own holding an AutoModel), its config, a config.json path or a registry name "
-                                   "is estimated")
-        return inventory(model, base.config)
+        held = _READ_ONCE.get()
+        if held is None:
+            return _module_info(model)
+        key = (id(model), task, num_labels)
+        if key not in held:
+            held[key] = (model, _module_info(model))   # (the model kept alive, so that its id stays its own)
+        return held[key][1]
     raise UnsupportedModel(f"model must be a registry name, a config.json path, a PretrainedConfig or an "
                            f"nn.Module, not {type(model).__name__}.")
+
+
+_READ_ONCE: contextvars.ContextVar = contextvars.ContextVar("modules_read_once", default=None)
+
+
+@contextlib.contextmanager
+def modules_read_once():
+    """Within it, :func:`info_of` reads each module once and reuses the reading. A search estimates one model many
+    times and the module cannot change while it runs, so walking it at every probe is waste; outside, each estimate
+    reads the module as it is then (its user may freeze, unfreeze or wrap it between two calls)."""
+    token = _READ_ONCE.set({}) if _READ_ONCE.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _READ_ONCE.reset(token)
+
+
+def _module_info(model) -> Info:
+    """The inventory of a module, read as it is now: a transformers model, or a module of the user's own around one."""
+    base, _ = base_lm(model)
+    own = read_own_head(model) if base is None else None   # refuses a head it cannot read, naming it
+    if own is not None:
+        return inventory(model, model.get_submodule(own.base).config, own)
+    if base is None:
+        raise UnsupportedModel(f"a bare {type(model).__name__} holds no transformers causal LM or classifier, "
+                               "so the estimator cannot read its architecture (it replays transformers' blocks).",
+                               instead="a transformers model (AutoModelForCausalLM, a classifier, or a module of "
+                               "your own holding an AutoModel), its config, a config.json path or a registry name "
+                               "is estimated")
+    return inventory(model, base.config)
 
 
 def info_for(options: dict) -> Info:

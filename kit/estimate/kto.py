@@ -36,8 +36,6 @@ Every KTOConfig field beyond TrainingArguments' is in one of :data:`MODELED`, :d
 """
 from __future__ import annotations
 
-import sys
-
 from kit.inputs import InputError, Note
 
 from kit import trainer_kinds
@@ -45,9 +43,8 @@ from kit.estimate import dpo
 from kit.estimate.inventory import info_of
 from kit.estimate.replay import BOOL, F32, FP32, I64, dtype
 from kit.estimate.trainer_reader import Given, Reading, TrainerReader
-from kit.estimate.trl import model_init, quantized_recipe, refuser
+from kit.estimate.trl import max_length_bound, model_init, quantized_recipe, refuser, version_notes
 
-MODELED_VERSION = "1.16"
 NAMES = ("KTOTrainer", "KTOConfig")
 POLICY_OUTPUTS = ("log_probs", "entropy", "mean_logits")   # add_fused_lm_head(policy, outputs=...) in __init__
 REF_OUTPUTS = ("log_probs",)                               # a separate ref_model's add_fused_lm_head default
@@ -90,12 +87,7 @@ def read_kto_config(cfg, name: str = "KTOConfig"):
     src = {k: (getattr(cfg, k), f"{name}.{k}: {why}") for k, why in MODELED.items()}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
     src["fused_lm_head"] = (True, "KTOTrainer's add_fused_lm_head (log-probs in tiles, no logits)")
-    notes = []
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models KTOTrainer as TRL "
-                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
-    return {"fused_lm_head": True}, src, notes
+    return {"fused_lm_head": True}, src, version_notes(NAMES[0])
 
 
 def with_kl(cfg) -> bool:
@@ -108,19 +100,19 @@ def read_batch(ds, B: int, collator, kl: bool):
     sequential order the KL rows need), else the ``B`` longest rows; K is the longest KL batch's length (0: none)."""
     import torch
 
-    n = len(ds)
-    if not n:
+    count = len(ds)
+    if not count:
         raise InputError("seq_len", "the KTOTrainer's dataset is empty: pass seq_len=....")
     keys = ("prompt_ids", "completion_ids") + (("KL_completion_ids",) if kl else ())
-    cols = {k: ds[k] for k in keys}
-    rows = [{**{k: v[i] for k, v in cols.items()}, "label": True} for i in range(n)]
+    cols = {name: ds[name] for name in keys}
+    rows = [{**{name: col[i] for name, col in cols.items()}, "label": True} for i in range(count)]
     if kl:
-        batches = [rows[i:i + B] for i in range(0, n, B)]
+        batches = [rows[i:i + B] for i in range(0, count, B)]
     else:
-        batches = [sorted(rows, key=lambda r: -len(r["prompt_ids"]) - len(r["completion_ids"]))[:B]]
-    made = [collator(b) for b in batches]
-    main = max(made, key=lambda m: m["input_ids"].shape[1])
-    K = max(m["KL_input_ids"].shape[1] for m in made) if kl else 0
+        batches = [sorted(rows, key=lambda row: -len(row["prompt_ids"]) - len(row["completion_ids"]))[:B]]
+    made = [collator(batch) for batch in batches]
+    main = max(made, key=lambda batch: batch["input_ids"].shape[1])
+    K = max(batch["KL_input_ids"].shape[1] for batch in made) if kl else 0
     return int(main["input_ids"].shape[1]), bool((torch.as_tensor(main["attention_mask"]) == 0).any()), K
 
 
@@ -219,7 +211,7 @@ def finish(est, info, *, kind, where, S, K, V, ref_weights, ref_model, policy_mo
     if moment.endswith("bounded)"):
         notes.append(Note("KTOTrainer's largest no-grad pass is set by a block, where the kit counts at most what one "
                           "block saves in training: an upper bound", field="ref_model", code="kto-no-grad-upper-bound"))
-    refs = [v for k, v in moments.items() if k.startswith("reference")]
+    refs = [peak for moment_name, peak in moments.items() if moment_name.startswith("reference")]
     setup = dict(est.setup, reference=kind, reference_weights_bytes=ref_weights, kl_seq_len=K,
                  no_grad_moments_bytes=moments, **({"reference_forward_peak_bytes": max(refs)} if refs else {}))
     out = dict(peak_bytes=est.peak_bytes + ref_weights,
@@ -267,36 +259,37 @@ class KtoReader(TrainerReader):
 
     def rows(self, trainer, reading: Reading, seq_len) -> tuple:
         """B rows padded to the longest batch, its KL rows, and the reference model."""
-        a, kl = trainer.args, with_kl(trainer.args)
+        args, kl = trainer.args, with_kl(trainer.args)
         kind, ref, where = dpo.reference_of(trainer, names=NAMES)
         if seq_len is None:
-            S, padded, K = read_batch(trainer.train_dataset, a.per_device_train_batch_size, trainer.data_collator, kl)
-            at = f"DataCollatorForUnpairedPreference on the longest batch of {a.per_device_train_batch_size} rows"
+            S, padded, K = read_batch(trainer.train_dataset, args.per_device_train_batch_size, trainer.data_collator,
+                                      kl)
+            at = f"DataCollatorForUnpairedPreference on the longest batch of {args.per_device_train_batch_size} rows"
         else:
             S, padded, K, at = seq_len, True, seq_len if kl else 0, "estimate_trainer(seq_len=...)"
         eval_S, eval_K = S, K
         if trainer.eval_dataset is not None and seq_len is None and not isinstance(trainer.eval_dataset, dict):
-            eval_S, _, eval_K = read_batch(trainer.eval_dataset, a.per_device_eval_batch_size,
+            eval_S, _, eval_K = read_batch(trainer.eval_dataset, args.per_device_eval_batch_size,
                                            trainer.data_collator, kl)
         reading.src.update({"seq_len": (S, at), "padded": (padded, "rows of different lengths in the batch"
                                                            if padded else "no padding")})
         self.finishing = dict(kind=kind, where=where, S=S, K=K, V=trainer.model.config.get_text_config().vocab_size,
                               ref_weights=dpo.held_bytes(ref) if ref is not None else 0, ref_model=ref,
                               policy_model=trainer.model, precompute=self.precomputed_batches(trainer, seq_len),
-                              eval_rows=a.per_device_eval_batch_size, eval_S=eval_S, eval_K=eval_K)
+                              eval_rows=args.per_device_eval_batch_size, eval_S=eval_S, eval_K=eval_K)
         return S, padded
 
     @staticmethod
     def precomputed_batches(trainer, seq_len) -> list | None:
         """``(rows, S, K)`` of the longest batch _precompute_ref_logps ran over in the train set and the eval set
         (None where the log-probs are not precomputed)."""
-        a, kl = trainer.args, with_kl(trainer.args)
-        if not a.precompute_ref_log_probs:
+        args, kl = trainer.args, with_kl(trainer.args)
+        if not args.precompute_ref_log_probs:
             return None
         out = []
-        for ds, rows in ((trainer.train_dataset, a.per_device_train_batch_size),
-                         (trainer.eval_dataset, a.per_device_eval_batch_size)):
-            rows = a.precompute_ref_batch_size or rows
+        for ds, rows in ((trainer.train_dataset, args.per_device_train_batch_size),
+                         (trainer.eval_dataset, args.per_device_eval_batch_size)):
+            rows = args.precompute_ref_batch_size or rows
             if seq_len is not None:
                 out.append((rows, seq_len, seq_len if kl else 0))
             elif ds is not None and not isinstance(ds, dict):
@@ -312,11 +305,8 @@ class KtoReader(TrainerReader):
     def read_config(self, cfg, given: Given) -> None:
         self.own.take(*read_kto_config(cfg))
         model_init(cfg, self.config_name, given)
-        if given.seq_len is None and cfg.max_length:
-            m = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
-            given.seq_len = -(-cfg.max_length // m) * m
-            given.seq_source = ("KTOConfig.max_length: each prompt+completion row (and KL row) is truncated to it "
-                                "(padded up to pad_to_multiple_of), so it is the longest a row can be")  # (a bound)
+        max_length_bound(cfg, given, "KTOConfig.max_length: each prompt+completion row (and KL row) is truncated to "
+                         "it (padded up to pad_to_multiple_of), so it is the longest a row can be")  # (a bound)
         self.peft = given.peft_config is not None
 
     def after_args(self, reading: Reading, name: str) -> None:

@@ -27,7 +27,9 @@ torch 2.13, transformers 5.25, peft 0.22; paths under site-packages):
   the input's dtype. On CUDA ``A``'s outlier columns (``subA``, llm_int8_threshold 6.0) are kept
   too: they depend on the values, a few columns, and are not counted.
 
->>> options("4bit", quant_type="FP4", double_quant=False, compute_dtype="float32").setup("4bit", False, False)
+>>> from kit.training_setup import read
+>>> given = dict(batch_size=1, seq_len=8, quant_type="FP4", double_quant=False, compute_dtype="float32")
+>>> options(read({**given, "quantization": "4bit"})).setup("4bit", False, False)
 {'quant_type': 'fp4', 'double_quant': False, 'compute_dtype': 'fp32'}
 """
 from __future__ import annotations
@@ -40,14 +42,10 @@ from packaging.version import Version
 
 from kit.inputs import InputError
 
-from kit import inputs
 from kit.presets import DTYPES, int8_bytes, nf4_bytes
+from kit.training_setup import DEFAULTS as SETUP_DEFAULTS
 from kit.units import fmt_bytes
 
-QUANT_TYPES = ("nf4", "fp4")
-_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "torch.float32": "fp32",
-                  "torch.float16": "fp16", "torch.bfloat16": "bf16"}
-DEFAULTS = dict(quant_type="nf4", double_quant=True, compute_dtype="bf16")  # the kit's 4bit: the QLoRA recipe
 
 
 @dataclass(frozen=True)
@@ -92,23 +90,22 @@ def recipe_reentrant() -> bool:
     return Version(metadata.version("peft")) < Version("0.22")
 
 
-def options(quantization: str, quant_type="nf4", double_quant=True, compute_dtype="bf16",
-            checkpoint_reentrant=None) -> Bnb:
-    """Read the bitsandbytes options; the 4-bit ones must stay at their defaults without 4-bit weights.
+def options(read: dict) -> Bnb:
+    """The bitsandbytes options of estimate()'s options as :func:`kit.training_setup.read` read them; the 4-bit ones
+    must stay at their defaults (the kit's 4bit: the QLoRA recipe) without 4-bit weights.
 
-    >>> options("8bit", quant_type="fp4")
+    >>> from kit.training_setup import read
+    >>> options(read({"batch_size": 1, "seq_len": 8, "quantization": "8bit", "quant_type": "fp4"}))
     Traceback (most recent call last):
     ...
     kit.inputs.InputError: quant_type applies to 4-bit weights: set quantization='4bit', or leave quant_type out.
     """
-    got = dict(quant_type=inputs.choice("quant_type", quant_type, QUANT_TYPES),
-               double_quant=inputs.flag("double_quant", double_quant),
-               compute_dtype=inputs.choice("compute_dtype", str(compute_dtype), DTYPES, _DTYPE_ALIASES))
-    if quantization != "4bit":
+    got = {k: read[k] for k in ("quant_type", "double_quant", "compute_dtype")}
+    if read["quantization"] != "4bit":
         for k, v in got.items():
-            if v != DEFAULTS[k]:
+            if v != SETUP_DEFAULTS[k]:
                 raise InputError(k, f"{k} applies to 4-bit weights: set quantization='4bit', or leave {k} out.")
-    return Bnb(**got, reentrant=inputs.flag("checkpoint_reentrant", checkpoint_reentrant, allow_none=True))
+    return Bnb(**got, reentrant=read["checkpoint_reentrant"])
 
 
 def weight_bytes(leaf, quant: str, bnb: Bnb, other: int) -> int | None:

@@ -86,6 +86,9 @@ class Estimate:
     sources: dict = field(default_factory=dict, repr=False, compare=False)
     # the trainer kind it was read as (kit.trainer_kinds: "trainer", "sft", ...; None for estimate())
     kind: str | None = field(default=None, repr=False, compare=False)
+    # every option as estimate() read it (kit.training_setup.read), the model aside: ``setup`` shows what decided
+    # the figures, this is what makes the same estimate again (the fit advisor starts from it)
+    options: dict = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def reserved(self):
@@ -115,7 +118,7 @@ class Estimate:
     def to_json(self) -> dict:
         """The CLI's ``--json`` object: the contract's integer fields first, then more."""
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
-             if f.name not in ("_parts", "context", "inputs", "sources", "kind")}
+             if f.name not in ("_parts", "context", "inputs", "sources", "kind", "options")}
         d["reserved_bytes"], d["reserved_gap_bytes"] = self.reserved_bytes, self.reserved_gap_bytes
         d["offenders"] = [{"module": n, "params": p, "training_bytes": b} for n, p, b in self.offenders]
         d["components"] = dict(self.components())

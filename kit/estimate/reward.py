@@ -22,16 +22,13 @@ Every RewardConfig field beyond TrainingArguments' is in one of :data:`MODELED`,
 """
 from __future__ import annotations
 
-import sys
-
-from kit.inputs import InputError, Note
+from kit.inputs import InputError
 
 from kit import trainer_kinds
 from kit.estimate.dpo import refuse_dropout
 from kit.estimate.trainer_reader import Reading, TrainerReader
-from kit.estimate.trl import SftReader, pair_rows, refuse_shared, refuser
+from kit.estimate.trl import SftReader, pair_rows, refuse_shared, refuser, version_notes
 
-MODELED_VERSION = "1.16"
 # RewardConfig fields that change the bytes, and how the estimate follows them
 MODELED = {
     "max_length": "rows beyond it are filtered out of the dataset, never truncated: the longest pair is read from "
@@ -69,12 +66,7 @@ def read_reward_config(cfg, name: str = "RewardConfig"):
         refuse("use_liger_kernel", "swaps Liger's kernels into a reward model's forward", "trl-liger")
     src = {k: (getattr(cfg, k), f"{name}.{k}: {why}") for k, why in MODELED.items()}
     src.update({k: (getattr(cfg, k), f"{name}.{k}: {why} (no memory of its own)") for k, why in NO_MEMORY.items()})
-    notes = []
-    trl = sys.modules.get("trl")
-    if trl is not None and trl.__version__.split(".")[0] != MODELED_VERSION.split(".")[0]:
-        notes.append(Note(f"TRL {trl.__version__} is installed; the kit models RewardTrainer as TRL "
-                          f"{MODELED_VERSION} runs it", field="trl", code="trl-version"))
-    return {}, src, notes
+    return {}, src, version_notes("RewardTrainer")
 
 
 def refuse_other_head(opts: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from kit.inputs import InputError, Note
+from kit.inputs import InputError
 
 from kit import trainer_kinds
 from kit.estimate.trainer_reader import Reading, TrainerReader

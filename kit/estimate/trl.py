@@ -47,14 +47,23 @@ def is_sft(obj) -> bool:
     return trainer_kinds.kind_of(obj) == "sft"
 
 
-def version_note():
-    """One line when the installed TRL's major version is not the one modeled, else None."""
-    import trl
+def version_notes(trainer_name: str = "SFTTrainer") -> list:
+    """[one line] where the imported TRL's major version is not the one whose ``trainer_name`` the kit models, else
+    []."""
+    trl = sys.modules.get("trl")
+    if trl is not None and trl.__version__.split(".")[0] != MODELED.split(".")[0]:
+        return [Note(f"TRL {trl.__version__} is installed; the kit models {trainer_name} as TRL {MODELED} runs it",
+                     field="trl", code="trl-version")]
+    return []
 
-    if trl.__version__.split(".")[0] != MODELED.split(".")[0]:
-        return Note(f"TRL {trl.__version__} is installed; the kit models SFTTrainer as TRL {MODELED} runs it",
-                    field="trl", code="trl-version")
-    return None
+
+def max_length_bound(cfg, given: Given, where: str) -> None:
+    """Where seq_len is not given: the config's ``max_length``, padded up to ``pad_to_multiple_of``, bounds every
+    row (``where``: what the source says)."""
+    if given.seq_len is None and cfg.max_length:
+        multiple = cfg.pad_to_multiple_of if isinstance(cfg.pad_to_multiple_of, int) else 1
+        given.seq_len = -(-cfg.max_length // multiple) * multiple
+        given.seq_source = where
 
 
 def sft_loss(loss_type, fused: bool) -> tuple[bool, object, object]:
@@ -132,8 +141,7 @@ def read_sft_config(cfg, name: str = "SFTConfig", *, trainer=None):
         notes.append(Note("completion_only_loss / assistant_only_loss: on CUDA the fused head scores the labelled "
                           "positions only; the estimate counts every position (the most it can be)",
                           field="completion_only_loss", code="trl-scored-positions"))
-    if v := version_note():
-        notes.append(v)
+    notes.extend(version_notes())
     return {"fused_lm_head": True, "loss_type": cfg.loss_type,
             **({"activation_offloading": True} if getattr(cfg, "activation_offloading", False) else {})}, src, notes, \
         bool(free)

@@ -50,15 +50,15 @@ import weakref
 
 import torch
 
-from kit import machine, optimizers
+from kit import machine
 from kit.estimate import estimate as predict
 from kit.estimate.read_model import read_model
-from kit.inputs import InputError, choice, flag, whole_number
+from kit.inputs import InputError, flag
 from kit.measure import device
 from kit.measure.tensor_peak import TensorPeak
 from kit.measure.track import Tracker
 from kit.presets import resolve_device
-from kit.training_setup import FIELDS, KEYWORDS
+from kit.training_setup import KEYWORDS, read_value
 from kit.watching.core import (Run, Stops, advise_option, estimate_option, limit_option, live_plot, plot_folder,
                                plot_note, redraw, top_option)
 from kit.watching.draw import draw_steps
@@ -501,7 +501,7 @@ def _checked(*, setup: dict, **options) -> dict:
                 estimate=estimate_option(options["estimate"], "kit.watch_loop"), limit_bytes=limit_bytes,
                 limit_label=limit_label, tensor_peak=flag("tensor_peak", options["tensor_peak"]),
                 advise_device=advise_option(options["advise_device"]), top=top_option(options["top"]),
-                setup=setup_values(setup))
+                setup={name: read_value(name, value) for name, value in setup.items()})
 
 
 def _changed(old: dict, new: dict) -> dict:
@@ -514,29 +514,6 @@ def _changed(old: dict, new: dict) -> dict:
 
 
 _UNSEEN = object()
-
-
-def setup_values(setup: dict) -> dict:
-    """The estimate options given to :func:`watch_loop`, each checked by what the training setup declares of it (its
-    choices, a whole number, a flag); the others are checked by the estimate itself.
-
-    >>> setup_values({"precision": "bf16", "grad_accum": "4"})
-    {'precision': 'bf16', 'grad_accum': 4}
-    """
-    out = {}
-    for name, value in setup.items():
-        meta, default = FIELDS[name].metadata, FIELDS[name].default
-        if name == "optimizer":
-            out[name] = choice(name, value, optimizers.ROOM, optimizers.BY_OPTIM)
-        elif meta["choices"]:
-            out[name] = choice(name, value, meta["choices"])
-        elif meta["kind"] is int:
-            out[name] = whole_number(name, value, minimum=0 if name == "lora_r" else 1)
-        elif meta["kind"] is bool or isinstance(default, bool):
-            out[name] = flag(name, value, allow_none=default is None)
-        else:
-            out[name] = value
-    return out
 
 
 def step(model, optimizer, batch=None, **kwargs):

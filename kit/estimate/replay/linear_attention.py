@@ -141,7 +141,7 @@ def chunk_rule_torch(tp: Tape, q, k, v, beta, g):
     padded = [tp.new(B * nv * Sp * d, F32, t.rg) for t, d in ((qf, dk), (kf, dk), (v, dv))]   # scaled q, F.pad
     qp, kp, vp = padded
     bp, gp = (tp.new(B * nv * Sp, F32, t.rg) for t in (beta, g))
-    v_beta = tp.binary(vp, bp, True, True)            # value * beta.unsqueeze(-1)
+    tp.binary(vp, bp, True, True)   # v_beta = value * beta.unsqueeze(-1): the mul keeps both operands for backward
     k_beta = tp.binary(kp, bp, True, True)
     tp.save(tp.new(CHUNK * CHUNK, BOOL, False), when=gp.rg)   # masked_fill keeps the strictly upper mask
     square = B * nv * chunks * CHUNK * CHUNK
