@@ -111,6 +111,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -131,12 +132,13 @@ BAND = (0.98, 1.02)
 
 # ---- the meter -------------------------------------------------------------------------------------------------
 def tensors_in(obj, depth=0):
-    """Every tensor reachable from ``obj`` through dicts, lists, tuples, ModelOutputs and a KV cache's layers."""
+    """Every tensor reachable from ``obj`` through mappings (a collator's BatchFeature or BatchEncoding too), lists,
+    tuples, ModelOutputs and a KV cache's layers."""
     if depth > 6 or obj is None:
         return
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, dict):
+    elif isinstance(obj, Mapping):
         for v in obj.values():
             yield from tensors_in(v, depth + 1)
     elif isinstance(obj, (list, tuple)):
@@ -260,18 +262,26 @@ def reference_held(trainer, model) -> list:
     return [*ref.parameters(), *ref.buffers()] if isinstance(ref, nn.Module) and ref is not model else []
 
 
+def fetched_ahead(epoch_iterator):
+    """The batch accelerate's data loader has fetched ahead (``DataLoaderShard.__iter__`` collates the next batch
+    before it yields this one: its ``next_batch``, alive through the step), or None."""
+    frame = getattr(epoch_iterator, "gi_frame", None)
+    return frame.f_locals.get("next_batch") if frame is not None else None
+
+
 def meter_trainer(trainer, meter):
     """Measure each optimizer step of ``trainer.train()``: the profile spans the training (``on_train_begin`` to
     ``on_train_end``), each step is a range from ``on_step_begin`` to ``on_step_end``; the batch counted as held is
-    the micro-batches Trainer prefetched for the step (``get_batch_samples``, called before ``on_step_begin``)."""
+    the micro-batches Trainer prefetched for the step (``get_batch_samples``, called before ``on_step_begin``) and
+    the next batch accelerate's data loader fetched ahead of them (:func:`fetched_ahead`)."""
     from transformers import TrainerCallback
 
-    box = {"batch": None}
+    box = {"batch": None, "ahead": None}
     fetch = trainer.get_batch_samples
 
-    def get_batch_samples(*a, **kw):
-        out = fetch(*a, **kw)
-        box["batch"] = out[0]
+    def get_batch_samples(epoch_iterator, *a, **kw):
+        out = fetch(epoch_iterator, *a, **kw)
+        box["batch"], box["ahead"] = out[0], fetched_ahead(epoch_iterator)
         return out
 
     trainer.get_batch_samples = get_batch_samples
@@ -281,7 +291,7 @@ def meter_trainer(trainer, meter):
             meter.start()
 
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            meter.begin(held_bytes(model, optimizer, box["batch"], reference_held(trainer, model)))
+            meter.begin(held_bytes(model, optimizer, box["batch"], box["ahead"], reference_held(trainer, model)))
 
         def on_step_end(self, args, state, control, **kw):
             meter.end()
@@ -1064,6 +1074,11 @@ def rows_to_run(work, only=None):
     for kind, generate, vocab in clients_t5.ROWS_RUN:
         R.append((f"Seq2SeqTrainer {kind}{' generate' if generate else ''}{f' vocab {vocab}' if vocab else ''}",
                   lambda m, k=kind, g=generate, v=vocab: run_trainer_client(clients_t5.client_t5(work, k, g, v), m)))
+    import clients_smolvlm   # issue 48: SmolVLM (Idefics3) with TRL's SFTTrainer on image + text messages
+    for kind, per_row, side, ckpt in clients_smolvlm.ROWS_RUN:
+        R.append((f"SmolVLM SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}",
+                  lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                      clients_smolvlm.client_smolvlm(work, k, n, s, c), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

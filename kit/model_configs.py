@@ -93,7 +93,7 @@ REGISTRY = {
     # card's config.json in the fields of transformers' Idefics3Config, Idefics3VisionConfig and LlamaConfig
     # (2,246,272,880 parameters built), and its twin (model_type smolvlm: the same code op for op): a 2-layer tower
     # of 64-pixel images in 8-pixel patches, scale factor 2 (16 image tokens an image), the 2-layer text of
-    # tiny-llama. The estimate refuses them (kit.estimate.replay.smolvlm says what is replayed and what is not).
+    # tiny-llama. kit.estimate.replay.smolvlm replays a training step of them, images declared in TrainingSetup.
     "HuggingFaceTB/SmolVLM-Instruct": "SmolVLM-Instruct.json",
     "tiny-smolvlm": "tiny-smolvlm.json",
     # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
@@ -102,7 +102,7 @@ REGISTRY = {
     "google/flan-t5-base": "flan-t5-base.json",
     "tiny-flan-t5": "tiny-flan-t5.json",
 }
-# The vision-language models above: refused by the estimate, so the panel does not list them.
+# The vision-language models above: the panel has no image controls, so it does not list them.
 VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm"})
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.

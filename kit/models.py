@@ -113,6 +113,8 @@ def _auto_class(cfg: PretrainedConfig, task: str):
     if task not in ("seq-cls", "token-cls"):
         if getattr(cfg, "is_encoder_decoder", False) and type(cfg) in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
             return transformers.AutoModelForSeq2SeqLM   # an encoder-decoder's LM head (T5's), as Seq2SeqTrainer's
+        if type(cfg) in auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING and type(cfg) not in auto.MODEL_FOR_CAUSAL_LM_MAPPING:
+            return transformers.AutoModelForImageTextToText   # a vision-language model, as TRL's VLM docs load it
         _check_causal_lm(cfg)
         return AutoModelForCausalLM
     what = "Sequence" if task == "seq-cls" else "Token"

@@ -81,6 +81,15 @@ class TrainingSetup:
     target_len: int = option(None, "an encoder-decoder's target tokens per sequence (the labels' and "
                              "decoder_input_ids' length; seq_len is the source's); None: seq_len's, said in a note",
                              flag="--target-len", kind=int)
+    images_per_row: int = option(None, "a vision-language model's images in each row (None: 1, said in a note); "
+                                 "seq_len counts their image tokens among the row's", flag="--images-per-row",
+                                 kind=int)
+    image_size: int = option(None, "a vision-language model's images' side in pixels after its processor's resize "
+                             "(the image processor's size['longest_edge']; square images); None: 4 crops a side, as "
+                             "SmolVLM's processors resize, said in a note", flag="--image-size", kind=int)
+    image_splitting: bool = option(True, "a vision-language model's processor splits each image larger than the "
+                                   "vision tower's crop into crops plus a global view (do_image_splitting)",
+                                   negative="--no-image-splitting")
     task: str = option(None, "the model's head: causal-lm (AutoModelForCausalLM: vocabulary logits), seq-cls "
                        "(AutoModelForSequenceClassification: batch x labels logits), token-cls "
                        "(AutoModelForTokenClassification: batch x seq x labels); a built model's class says it "

@@ -60,6 +60,7 @@ class Plan:
     # modules_to_save copy trains beside the frozen original (saved_copies_of)
     sm: tuple | None = None   # the GPU's compute capability (None: not known): SDPA's kernel (replay.kernels)
     target_len: int = 0       # an encoder-decoder's target length (seq_len: its source's); 0: none
+    images: tuple = ()        # a vision-language model's vision tower rows for a batch row and their side; (): none
 
     batch_size = _setup_field("batch_size", "per-device rows a step")
     seq_len = _setup_field("seq_len", "tokens a row")
@@ -101,11 +102,12 @@ class Plan:
 
 
 def plan(info: Info, setup: dict, *, model, load_dtype, evaluation, bnb=kit_quantization.Bnb(), fused_lm_head=False,
-         liger_kernels=(), offload=None, sm=None, target_len=0) -> Plan:
+         liger_kernels=(), offload=None, sm=None, target_len=0, images=()) -> Plan:
     """Read the options (``setup``, as :func:`kit.training_setup.read` read them) against the model: which layers
     get LoRA, whether the k-bit recipe and checkpointing run; refuse what cannot be trained. The keywords are what
     the setup decided before: the load dtype and evaluation with their defaults, the 4-bit options, TRL's fused
-    head, Liger's kernels, the offload options, the GPU's capability and an encoder-decoder's target length."""
+    head, Liger's kernels, the offload options, the GPU's capability, an encoder-decoder's target length and a
+    vision-language model's vision tower rows for a batch row and their side (``images``)."""
     quantization, lora_r, lora_targets, precision, device = (setup[k] for k in (
         "quantization", "lora_r", "lora_targets", "precision", "device"))
     kbit_recipe, gradient_checkpointing, use_dora = setup["kbit_recipe"], setup["gradient_checkpointing"], \
@@ -156,7 +158,7 @@ def plan(info: Info, setup: dict, *, model, load_dtype, evaluation, bnb=kit_quan
                 liger_kernels=tuple(liger_kernels), offload=offload or {}, task=info.task, train_head=head_copy,
                 saved_copies=saved_copies_of(info, setup["modules_to_save"], lora_r=lora_r, lora=lora,
                                              fused=fused_lm_head or "flce" in liger_kernels),
-                sm=sm, target_len=target_len)
+                sm=sm, target_len=target_len, images=images)
 
 
 def refuse_dora(use_dora: bool, *, lora_r: int, quantization: str, precision: str, load_dtype: str) -> None:
@@ -385,9 +387,31 @@ def replay_setup(info: Info, plan: Plan) -> replay.Setup:
                          **{k: v for k, v in (("ckpt_every", plan.offload.get("ckpt_every_n_layers", 1)),
                                               ("ckpt_offload", plan.offload.get("checkpoint_offload", False)),
                                               ("trl_offload", plan.offload.get("activation_offloading", False))) if v},
-                         **frozen_parts(info, plan))
+                         **frozen_parts(info, plan), **vision_fields(info, plan))
     refuse_frozen_prefix(setup)
     return setup
+
+
+def vision_fields(info: Info, plan: Plan) -> dict:
+    """A vision-language model's :attr:`Setup.vision` (its family's ``images.shape``): the tower's rows in the batch,
+    their side, its LoRA targets and which of its weights train, read from its leaves (a tower trained in part is
+    refused, naming what was found); {} for a language model."""
+    if not plan.images:
+        return {}
+    tower = [l for l in info.leaves if l.part == "vision" and l.kind == "linear" and l.short != l.name]
+    other = [l for l in info.leaves if l.part == "vision" and l not in tower]
+    connector = [l for l in other if l.kind == "linear"]
+    trains = {l.trainable for l in tower + other if l not in connector}
+    if len(trains) > 1:
+        raise InputError("model", f"{sum(not t for t in trains)} of the vision tower's modules are frozen and others "
+                         "train, and the kit replays the vision tower trained or frozen whole: freeze or train it "
+                         "whole, or measure the run with kit.watch(trainer).", code="partly-frozen-vision")
+    lora = {l.short: plan.lora_r for l in tower if l.name in plan.lora_modules}
+    lora |= {l.name: plan.lora_r for l in connector if l.name in plan.lora_modules}
+    rows, side = plan.images
+    return {"vision": replay.family(info.family).images.shape(
+        info.vision, plan.batch_size * rows, side, lora=lora, trains=not plan.lora_r and trains == {True},
+        connector_trains=not plan.lora_r and all(l.trainable for l in connector))}
 
 
 def own_bytes(head) -> tuple:
@@ -424,6 +448,16 @@ def batch_row_bytes(task: str, seq_len: int, target_len: int = 0) -> int:
     if target_len:
         return 2 * seq_len * 8 + 2 * target_len * 8
     return 2 * seq_len * 8 + (8 if task == "seq-cls" else seq_len * 8)
+
+
+def images_bytes(info: Info, plan: Plan) -> int:
+    """A vision-language batch's images as its collator holds them (its family's ``images.row_bytes``); on a CPU,
+    twice the whole batch: accelerate's data loader fetches the next batch before it yields this one (on a GPU that
+    one waits in host memory)."""
+    if not plan.images:
+        return 0
+    images = plan.batch_size * replay.family(info.family).images.row_bytes(info.vision, *plan.images)
+    return images if plan.device != "cpu" else 2 * images + plan.batch_size * batch_row_bytes(plan.task, plan.seq_len)
 
 
 def evaluation(info: Info, plan: Plan, setup: replay.Setup, rp, *, held: int, copies: int):
@@ -483,7 +517,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
         m = max(m, peak(True, **alive), key=lambda moment: moment.total)
     weights = counts.weights + info.buffers_bytes
     inputs = sum(rows * plan.batch_size * batch_row_bytes(plan.task, tokens, plan.target_len)
-                 for rows, tokens in plan.towers or ((1, plan.seq_len),))
+                 for rows, tokens in plan.towers or ((1, plan.seq_len),)) + images_bytes(info, plan)
     fwdbwd = weights + counts.optimizer + m.total + inputs
     # its step's own, at their highest
     step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)
@@ -548,6 +582,7 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
                                 **({"train_head": True} if plan.train_head else {}),
                                 **({"use_dora": True} if plan.dora else {}),
                                 **({"towers": plan.towers} if plan.towers else {}),
+                                **({"images": plan.images} if plan.images else {}),
                                 **({"modules_to_save": tuple(sorted(plan.saved_copies))} if plan.saved_copies
                                    else {})),
         _parts=parts,

@@ -145,6 +145,7 @@ def planned(model, **setup) -> Planned:
         raise
     refuse_other_head(model, info, task, num_labels)
     target_len, target_notes = read_target_len(info, o["target_len"], seq_len)
+    images, image_notes = read_images(info, o, seq_len)
     fused, loss_type, loss_note = trl.sft_loss(o["loss_type"], o["fused_lm_head"])
     refuse_lm_only(info, loss_type=loss_type, padding_free=o["padding_free"])
     if info.max_positions and seq_len > info.max_positions and not o["padding_free"]:
@@ -166,9 +167,10 @@ def planned(model, **setup) -> Planned:
                                                   "strategy='single'.", code="offload-one-gpu")
     plan = assembly.plan(info, o, model=model if isinstance(model, str) else type(model).__name__,
                          load_dtype=load_dtype, evaluation=ev, bnb=bnb, fused_lm_head=fused, liger_kernels=liger,
-                         offload=offload, sm=PRESETS[gpu].capability if gpu else None, target_len=target_len)
+                         offload=offload, sm=PRESETS[gpu].capability if gpu else None, target_len=target_len,
+                         images=images)
     return Planned(info=info, plan=plan, counts=count_parameters(info, plan), fused_loss=(loss_type, loss_note),
-                   read_notes=tuple(target_notes))
+                   read_notes=tuple(target_notes + image_notes))
 
 
 def finished(planned_setup: Planned) -> Estimate:
@@ -201,6 +203,32 @@ def finished(planned_setup: Planned) -> Estimate:
         **({"loss_type": loss_type} if loss_type else {}),   # a TRL config's loss_type (trl.sft_loss)
         **({"liger_kernel_config": dict(o["liger_kernel_config"])} if liger and o["liger_kernel_config"] else {})})
     return per_gpu(est, *multi)  # the same object for one GPU (strategy "single")
+
+
+def read_images(info, o: dict, seq_len: int) -> tuple:
+    """((the vision tower's rows for a batch row, their side), notes) of a vision-language model, from the image
+    options (its family's ``images.rows``); ((), []) for a language model, which is given none. ``seq_len`` must
+    hold the image tokens."""
+    per_row, size, splitting = o["images_per_row"], o["image_size"], o["image_splitting"]
+    if info.vision is None:
+        given = next((k for k, v in (("images_per_row", per_row), ("image_size", size)) if v is not None), None)
+        given = given or (None if splitting else "image_splitting")
+        if given:
+            raise InputError(given, f"{given} describes a vision-language model's images, and "
+                             f"{info.config.model_type} has no vision tower: leave it out.", code="no-images")
+        return (), []
+    notes = [] if per_row is not None else [Note("1 image a row assumed: pass images_per_row (--images-per-row)",
+                                                 field="images_per_row", code="images-assumed")]
+    per_row = 1 if per_row is None else per_row
+    rows, side, taken, tokens = replay.family(info.family).images.rows(info.vision, per_row, size, splitting)
+    if tokens > seq_len:
+        raise InputError("seq_len", f"seq_len {seq_len} cannot hold the row's {tokens} image tokens ({per_row} "
+                         f"image(s) of {taken} px, {rows} vision tower rows): use a seq_len above {tokens}, or fewer "
+                         "or smaller images.", code="images-beyond-seq-len")
+    if size is None:
+        notes.append(Note(f"images of {taken} px a side assumed (the processor's resize): pass image_size "
+                          "(--image-size)", field="image_size", code="images-assumed"))
+    return (rows, side), notes
 
 
 def read_target_len(info, target_len, seq_len) -> tuple:

@@ -14,7 +14,7 @@ from kit.estimate import replay
 from kit.estimate.inventory import Info, in_module
 from kit.presets import int8_bytes, nf4_bytes
 
-PARTS = ("embed", "block", "head")
+PARTS = ("embed", "block", "head", "vision")
 
 
 @dataclass

@@ -28,7 +28,7 @@ class Leaf:
     bias: int
     trainable: bool      # as built (scenario 1 freezes the base)
     quantizable: bool    # transformers would swap it for a bnb layer
-    part: str            # "embed", "block", "head"
+    part: str            # "embed", "block", "head", "vision" (a vision-language model's tower and connector)
     short: str           # name inside its block ("self_attn.q_proj"), else the full name
     tied: bool = False   # uses a weight owned by an earlier module (GPT-2's lm_head)
     shape: tuple = ()    # the weight's shape, as trained (a factored optimizer state follows it)
@@ -49,6 +49,7 @@ class Info:
     classifier: str | None = None    # ... its module's name ("score", "classifier"): peft's modules_to_save copies it
     head_dropout: float = 0.0        # ... the dropout before it (token classification's)
     own_head: object = None          # a head of the user's own on a base model (kit.estimate.own_head.OwnHead)
+    vision: object = None            # a vision-language model's whole config (``config`` is its language model's)
 
     @property
     def vocab_head(self) -> bool:
@@ -95,7 +96,8 @@ def family_of(cfg) -> str:
 
     mt, cls = getattr(cfg, "model_type", None) or "?", type(cfg).__name__
     declared_as = lookup(mt)
-    if declared_as is not None and declared_as.shapes:   # a config with its own names for the shapes (GPT-2's)
+    if declared_as is not None and (declared_as.shapes or declared_as.images):   # a config with its own names for
+        # the shapes (GPT-2's), or a vision-language model's (its language model's config holds them)
         _refuse_layout(declared_as, cfg)
         return key_of(mt)
     if getattr(cfg, "is_encoder_decoder", False):
@@ -238,6 +240,7 @@ def inventory(model, cfg, own=None) -> Info:
     base, prefix = (model.get_submodule(own.base), own.base + ".") if own else base_lm(model)
     base_cfg = base.config
     family = family_of(base_cfg)
+    images = lookup(base_cfg.model_type).images
     what = f"{base_cfg.model_type} ({type(model).__name__})"
     out = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
     skip = [prefix + k for k in get_keys_to_not_convert(base)] if hasattr(base, "all_tied_weights_keys") else []
@@ -263,8 +266,9 @@ def inventory(model, cfg, own=None) -> Info:
         parts = name.split(".")
         idx = next((i for i, p in enumerate(parts) if p.isdigit() and i and parts[i - 1] in BLOCK_LISTS), None)
         # GPT-2's transformer.h.N, Llama's model.layers.N, BERT's encoder.layer.N, T5's encoder.block.N
-        part = "block" if idx is not None else "embed" if kind == "embedding" else "head"
-        if idx is not None:
+        part = "vision" if images and set(images.modules) & set(parts) else \
+            "block" if idx is not None else "embed" if kind == "embedding" else "head"
+        if idx is not None and part == "block":
             blocks.add(".".join(parts[:idx + 1]))
         leaves.append(Leaf(
             name=name, kind=kind, fin=fin, fout=fout,
@@ -276,7 +280,8 @@ def inventory(model, cfg, own=None) -> Info:
             part=part, short=".".join(parts[idx + 1:]) if idx is not None else name, tied=tied,
             shape=(fout, fin) if linear else tuple(w.shape) if w is not None else (),
             frozen_param=frozen_param(w, b)))
-    layers = base_cfg.num_hidden_layers + (getattr(base_cfg, "num_decoder_layers", 0) or 0
+    text_cfg = images.text(base_cfg) if images else base_cfg   # (a vision-language model's language model)
+    layers = text_cfg.num_hidden_layers + (getattr(base_cfg, "num_decoder_layers", 0) or 0
                                            if getattr(base_cfg, "is_encoder_decoder", False) else 0)
     if len(blocks) != layers:
         raise UnsupportedModel(f"{what} is not a decoder-only causal LM the estimator can replay (it has "
@@ -289,16 +294,16 @@ def inventory(model, cfg, own=None) -> Info:
         raise UnsupportedModel(f"{what} has no language-model head (get_output_embeddings() is None), so it is "
                                "not a causal LM and has no vocabulary loss to estimate: pass its ...ForCausalLM "
                                "model, its config or a config.json path.")
-    head_layers = () if own else _head_on_logits(leaves, prefix, base_cfg.vocab_size, what)
+    head_layers = () if own else _head_on_logits(leaves, prefix, text_cfg.vocab_size, what)
     head_name = next((n for n, m in model.named_modules() if m is out), None) if out is not None else None
-    maxpos = getattr(base_cfg, "n_positions", None) or getattr(base_cfg, "max_position_embeddings", None)
+    maxpos = getattr(text_cfg, "n_positions", None) or getattr(text_cfg, "max_position_embeddings", None)
     bufs = sum(b.numel() * b.element_size() for b in model.buffers())
     cls = (_own_module(leaves, prefix), own.labels, own.dropout) if own else \
         _classifier(model, leaves, what) if task != "causal-lm" else (None, 0, 0.0)
-    return Info(config=base_cfg, family=family, leaves=tuple(leaves), buffers_bytes=bufs, head_layers=head_layers,
+    return Info(config=text_cfg, family=family, leaves=tuple(leaves), buffers_bytes=bufs, head_layers=head_layers,
                 max_positions=maxpos, output_head=head_name, task=task, num_labels=cls[1], classifier=cls[0],
                 head_dropout=cls[2],
-                own_head=own)
+                own_head=own, vision=base_cfg if images else None)
 
 
 def frozen_param(weight, bias) -> str:
@@ -461,7 +466,8 @@ def lora_matches(names: tuple, targets: tuple) -> tuple:
     from peft import LoraConfig
     from peft.tuners.tuners_utils import check_target_module_exists
 
-    cfg = LoraConfig(target_modules=list(targets))
+    regex = len(targets) == 1 and any(c in targets[0] for c in "*|()[\\")   # one pattern: peft full-matches it
+    cfg = LoraConfig(target_modules=targets[0] if regex else list(targets))
     return tuple(n for n in names if check_target_module_exists(cfg, n))
 
 

@@ -97,5 +97,10 @@ def targets_for(info, names):
         short = tuple(sorted({key(n) for n in names}))
         if set(lora_matches(linear, short)) == names:
             return short, []
-    return tuple(sorted(names)), ["the LoRA targets differ between blocks: adapter weights, grads and state are "
-                                  "exact, activations are replayed as if every block had them"]
+    blocks = {}   # (a vision-language model's text blocks alone adapted: one set of targets for every block)
+    for leaf in (l for l in info.leaves if l.part == "block"):
+        blocks.setdefault(leaf.name[:-len(leaf.short)], set()).add((leaf.short, leaf.name in names))
+    alike = len({frozenset(v) for v in blocks.values()}) <= 1
+    return tuple(sorted(names)), [] if alike else [
+        "the LoRA targets differ between blocks: adapter weights, grads and state are exact, activations are "
+        "replayed as if every block had them"]

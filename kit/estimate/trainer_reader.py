@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from kit.inputs import InputError, Note
 
 from kit import trainer_kinds
-from kit.estimate.read_training import read_seq_len
+from kit.estimate.read_training import read_images, read_seq_len
 
 PACKED_EVAL = "packed-eval-rows"   # the note's code: a flattened evaluation row of another length than training's
 # TRL's trainers no kind registers, refused by name (a subclass outside trl's modules too)
@@ -87,6 +87,9 @@ class TrainerReader:
             src["padded"] = (True, "assumed, as estimate() does (seq_len was given, so no batch was read)")
             return seq_len, True
         seq_len, padded, where, batch = read_seq_len(trainer, opts["batch_size"])
+        images, read_from = read_images(trainer, opts["batch_size"])
+        opts.update(images)
+        src.update({k: (v, read_from) for k, v in images.items()})
         src["seq_len"] = (seq_len, where)
         src["padded"] = (padded, ("rows of different lengths in a batch, or a 0 in its attention_mask" if padded else
                                   "every row of a batch the same length, no 0 in its attention_mask") if batch > 1

@@ -66,6 +66,7 @@ class Replay:
     forward_held: int = 0  # what a forward holds at its loss beside the logits and the last hidden state, saved or
     #                        not (an encoder-decoder's encoder output and its decoder's KV cache): evaluate() has it
     walk: object = None    # ... its moments (what moments() returns for it), else None
+    vision: object = None  # a vision-language model's vision part, as its family replays it (its walk reads it)
 
     @property
     def copies_saved(self) -> int:

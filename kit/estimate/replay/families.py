@@ -29,6 +29,22 @@ class NoGradLoop:
 
 
 @dataclass(frozen=True)
+class ImageModel:
+    """A vision-language family's images (:class:`Family`'s ``images``): ``modules``, the names of the modules that
+    hold its vision tower and connector (their leaves are the ``"vision"`` part); ``text(cfg)``, the config of its
+    language model; ``rows(cfg, per_row, size, splitting)``, the vision tower's rows for a batch row, their side,
+    the image size taken (a default for None) and the image tokens they take in the row;
+    ``shape(cfg, rows, side, lora=, trains=, connector_trains=)``, the :attr:`Setup.vision` the replay reads;
+    ``row_bytes(cfg, rows, side)``, the bytes its collator adds to a batch row (pixel values, masks)."""
+
+    modules: tuple
+    text: Callable
+    rows: Callable
+    shape: Callable
+    row_bytes: Callable
+
+
+@dataclass(frozen=True)
 class Family:
     """One family's declaration (:func:`register_family`'s keywords).
 
@@ -53,7 +69,7 @@ class Family:
     fine-tune whose trained blocks all have their norms frozen (and their other weights trained) is replayed.
     ``whole(setup)``: the replay of the whole forward, for a model that is not one stack of blocks (an
     encoder-decoder), in place of :func:`kit.estimate.replay.core.replay`'s; its Replay carries its parts and walks
-    its own moments."""
+    its own moments. ``images``: a vision-language model's :class:`ImageModel`, or None."""
 
     name: str
     block: Callable
@@ -74,6 +90,7 @@ class Family:
     weights_assumed: Callable | None = None
     frozen_norms: bool = False
     whole: Callable | None = None
+    images: ImageModel | None = None
 
     @property
     def encoder(self) -> bool:

@@ -159,6 +159,8 @@ class Setup:
     linear_heads: tuple = ()     # ... their (key heads, value heads) (kit.estimate.replay.linear_attention)
     linear_dims: tuple = ()      # ... their (key head dim, value head dim)
     conv_kernel: int = 0         # ... their short causal convolution's kernel
+    vision: tuple = ()           # a vision-language model: its vision tower's shapes and the batch's images, as its
+    #                              family declares them (Family.images); S counts the image tokens among the text's
     S_dec: int = 0               # an encoder-decoder (T5): the target length (S is the source's) ...
     L_dec: int = 0               # ... the decoder's blocks (L: the encoder's)
     gated: bool = False          # ... its feed-forward is gated (wi_0, wi_1)
