@@ -89,6 +89,19 @@ def has_note(notes, code: str) -> bool:
     return any(getattr(n, "code", None) == code for n in notes)
 
 
+ASSUMED = "-assumed"   # the end of a note's code that says a value the figures rest on was assumed, not given
+
+
+def assumed(notes) -> list:
+    """The notes that say a value was assumed where none was given (their code ends in :data:`ASSUMED`): said
+    beside the setup wherever an answer is, since the figures rest on them.
+
+    >>> assumed([Note("1 image a row assumed", code="images-assumed"), Note("x", code="moe-routing"), "text"])
+    ['1 image a row assumed']
+    """
+    return [n for n in notes if str(getattr(n, "code", "")).endswith(ASSUMED)]
+
+
 def whole_number(name: str, value, minimum: int | None = 1, maximum: int | None = None) -> int:
     """``value`` as an ``int`` within ``[minimum, maximum]`` (either bound may be None).
 

@@ -209,3 +209,19 @@ def test_fit_answers_smolvlm_instruct_in_five_lines(capsys):
     answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5, said
     assert said[-1].startswith("details: --details")
+
+
+def test_the_images_the_figures_assumed_are_said_beside_the_setup(capsys):
+    """Without the image options, the figures rest on one image a row at the processor's size: `estimate` says so
+    under its setup line, and `fit --details` among its notes (the answer stays within its 5 lines)."""
+    from kit.cli import main
+
+    given = ["--model", REAL, "--lora-r", "16", "--batch-size", "2", "--seq-len", "2048"]
+    main(["estimate", *given, "--preset", "colab-t4"])
+    brief = capsys.readouterr().out
+    main(["fit", *given, "--device", "colab-t4", "--details"])
+    details = capsys.readouterr().out
+    for said in (brief, details):
+        assert "1 image a row assumed" in said and "images of 1536 px a side assumed" in said, said
+    main(["fit", *given, "--images-per-row", "1", "--image-size", "1536", "--device", "colab-t4", "--details"])
+    assert "assumed" not in capsys.readouterr().out

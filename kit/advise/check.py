@@ -13,7 +13,7 @@ from kit.advise.answer import biggest_cause
 from kit.advise.core import advise, limit_for, setup_options
 from kit.dtypes import trainer_precision
 from kit.estimate import Estimate, estimate, estimate_trainer
-from kit.inputs import InputError, Refusal, flag
+from kit.inputs import InputError, Refusal, assumed, flag
 from kit.presets import figures_line, resolve_device, verdict
 from kit.units import fmt_bytes, wrap
 
@@ -125,7 +125,8 @@ def brief(est, why=None) -> list:
     if s.get("generation_peak_bytes"):   # GRPOTrainer (kit.estimate.grpo): the generation phase, its own peak
         out.append(f"  generation phase: {fmt_bytes(s['generation_peak_bytes'])} at {s['generation_moment']} "
                    f"({s['generation_rows']} rows x {s['prompt_len']} + {s['completion_len']} tokens)")
-    out += [f"  note: {n}" for n in est.notes if getattr(n, "code", None) == "grpo-vllm-cpu"]
+    vllm = [n for n in est.notes if getattr(n, "code", None) == "grpo-vllm-cpu"]
+    out += [f"  note: {n}" for n in assumed(est.notes) + vllm]   # (what the figures assumed, said with the setup)
     return out + ([why] if why else [])
 
 

@@ -337,8 +337,8 @@ def advise(setup, device="colab-t4", *, safety=SAFETY, evaluates=None, trainer_e
     given = setup if isinstance(setup, Estimate) else trainer_estimate if _is_trainer(setup) else None
     return Advice(fits=s.fits(be), peak_bytes=be.peak_bytes, limit=lim, margin_bytes=s.margin(be),
                   cpu_build_bytes=be.cpu_build_bytes, max_batch_size=mb, max_seq_len=ms,
-                  suggestions=out, notes=notes + sorted(s.notes), evaluates=s.evaluates, eval_peak_bytes=ev,
-                  max_eval_batch_size=mev, options=s.base,
+                  suggestions=out, notes=inputs.assumed(be.notes) + notes + sorted(s.notes),
+                  evaluates=s.evaluates, eval_peak_bytes=ev, max_eval_batch_size=mev, options=s.base,
                   objects=[in_objects(x, given) for x in out] if given is not None and given.inputs else [],
                   reserved_bytes=be.reserved_bytes, expandable_segments=be.expandable_segments, cause=biggest_cause(be),
                   classes=classes_of(given.inputs if given is not None else None), kernel=kernel_said(be))
