@@ -166,14 +166,15 @@ def test_parameters_are_counted_once_per_model_and_options_and_the_figures_stay_
 
 
 def test_the_fields_the_count_leaves_out_are_the_plans_and_leave_the_figures_alone(monkeypatch):
-    """NOT_COUNTED names fields of the plan (a renamed field would silently rejoin the key), and an estimate whose
-    counts come from another setup's walk (checkpointing, its recipe and the task differ) is a fresh one's."""
+    """NOT_COUNTED names what the plan says, its fields and the options it reads from its setup (a renamed one would
+    silently rejoin the key), and an estimate whose counts come from another setup's walk (checkpointing, its recipe
+    and the task differ) is a fresh one's."""
     from dataclasses import fields
 
     from kit.estimate import counts
     from kit.estimate.assembly import Plan
 
-    assert counts.NOT_COUNTED <= {f.name for f in fields(Plan)}
+    assert counts.NOT_COUNTED <= {f.name for f in fields(Plan)} | set(Plan.setup_options())
     for name in ("qlora-8b", "llama1b-lora"):
         for ckpt in (False, True):
             counts.COUNTED.clear()

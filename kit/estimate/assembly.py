@@ -30,9 +30,11 @@ from kit.estimate.trl import refuse_activation_offloading
 from kit.estimate.counts import Counts
 
 
-def _setup_field(name: str, doc: str):
-    """A :class:`Plan` property that reads option ``name`` of the plan's setup, as read."""
-    return property(lambda plan: plan.setup[name], doc=doc)
+class SetupOption(property):
+    """A :class:`Plan` property that reads one option of the plan's setup, as read."""
+
+    def __init__(self, option: str, doc: str):
+        super().__init__(lambda plan: plan.setup[option], doc=doc)
 
 
 @dataclass
@@ -62,26 +64,29 @@ class Plan:
     target_len: int = 0       # an encoder-decoder's target length (seq_len: its source's); 0: none
     images: tuple = ()        # a vision-language model's vision tower rows for a batch row and their side; (): none
 
-    batch_size = _setup_field("batch_size", "per-device rows a step")
-    seq_len = _setup_field("seq_len", "tokens a row")
-    precision = _setup_field("precision", "fp32, or autocast's fp16/bf16")
-    quantization = _setup_field("quantization", "none, 8bit or 4bit")
-    lora_r = _setup_field("lora_r", "LoRA's rank (0: none)")
-    optimizer = _setup_field("optimizer", "the optimizer's kit name")
-    grad_accum = _setup_field("grad_accum", "gradient accumulation steps")
-    attn_implementation = _setup_field("attn_implementation", "sdpa or eager")
-    kbit_recipe = _setup_field("kbit_recipe", "standard: prepare_model_for_kbit_training (see kbit_prepared); lean")
-    lora_dropout = _setup_field("lora_dropout", "LoraConfig.lora_dropout")
-    padded = _setup_field("padded", "the batches have padding (an attention mask is built)")
-    device = _setup_field("device", "whose kernels: cuda or cpu")
-    input_require_grads = _setup_field("input_require_grads", "enable_input_require_grads ran (None: "
-                                       "input_requires_grad decides)")
-    towers = _setup_field("towers", "forwards a step before one backward, (rows / batch_size, tokens) "
+    batch_size = SetupOption("batch_size", "per-device rows a step")
+    seq_len = SetupOption("seq_len", "tokens a row")
+    precision = SetupOption("precision", "fp32, or autocast's fp16/bf16")
+    quantization = SetupOption("quantization", "none, 8bit or 4bit")
+    lora_r = SetupOption("lora_r", "LoRA's rank (0: none)")
+    optimizer = SetupOption("optimizer", "the optimizer's kit name")
+    grad_accum = SetupOption("grad_accum", "gradient accumulation steps")
+    attn_implementation = SetupOption("attn_implementation", "sdpa or eager")
+    kbit_recipe = SetupOption("kbit_recipe", "standard: prepare_model_for_kbit_training (see kbit_prepared); lean")
+    lora_dropout = SetupOption("lora_dropout", "LoraConfig.lora_dropout")
+    padded = SetupOption("padded", "the batches have padding (an attention mask is built)")
+    device = SetupOption("device", "whose kernels: cuda or cpu")
+    input_require_grads = SetupOption("input_require_grads", "enable_input_require_grads ran (None: "
+                                      "input_requires_grad decides)")
+    towers = SetupOption("towers", "forwards a step before one backward, (rows / batch_size, tokens) "
                           "(replay.towers)")
-    dora = _setup_field("use_dora", "the adapters are peft's DoRA (a magnitude vector per layer)")
+    dora = SetupOption("use_dora", "the adapters are peft's DoRA (a magnitude vector per layer)")
 
-    # The options the counts read from the setup (counts.count_key keys the counts on these and the fields)
-    COUNTED_SETUP = ("precision", "quantization", "lora_r", "optimizer", "kbit_recipe", "device", "use_dora")
+    @classmethod
+    def setup_options(cls) -> tuple:
+        """The names of the properties that read the setup (:class:`SetupOption`): with the fields, what the plan
+        says (counts.count_key keys the counts on both)."""
+        return tuple(name for name, attr in vars(cls).items() if isinstance(attr, SetupOption))
 
     # The dtypes are replay.Dt: bytes per element (ints, for the byte counts) that tell bf16 from fp16.
     @property

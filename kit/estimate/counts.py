@@ -55,21 +55,24 @@ COUNTED: dict = {}   # count_key -> (the Info, its Counts): the walk does not de
 COUNTED_KEPT = 256
 
 
-# The plan's fields the walk never reads, and that the advisor's candidates vary most: they stay out of the key.
-NOT_COUNTED = frozenset({"setup", "evaluation", "gradient_checkpointing", "checkpoint_reentrant", "offload", "task"})
+# What the plan says (its fields and the options it reads from its setup) that the walk never reads, and that the
+# advisor's candidates vary most: it stays out of the key.
+NOT_COUNTED = frozenset({"setup", "batch_size", "seq_len", "grad_accum", "evaluation", "padded", "attn_implementation",
+                         "gradient_checkpointing", "checkpoint_reentrant", "lora_dropout", "input_require_grads",
+                         "offload", "task"})
 
 
 def count_key(info: Info, plan) -> tuple:
-    """Every field of ``plan`` but :data:`NOT_COUNTED`, the options of its setup the walk reads
-    (``Plan.COUNTED_SETUP``), with ``info``'s identity: equal keys, equal counts. (Built from the plan's fields, so
-    that a field added to the plan is in the key without a second edit here.)"""
+    """Everything ``plan`` says but :data:`NOT_COUNTED` (its fields and ``Plan.setup_options``), with ``info``'s
+    identity: equal keys, equal counts. (Built from what the plan declares, so that a field or setup option added
+    to the plan is in the key without a second edit here.)"""
     def hashable(value):
         if isinstance(value, (set, frozenset)):
             return frozenset(value)
         return repr(sorted(value.items())) if isinstance(value, dict) else value
 
-    return (id(info),) + tuple(hashable(getattr(plan, f.name)) for f in fields(plan) if f.name not in NOT_COUNTED) \
-        + tuple(plan.setup[name] for name in plan.COUNTED_SETUP)
+    said = [f.name for f in fields(plan)] + list(plan.setup_options())
+    return (id(info),) + tuple(hashable(getattr(plan, name)) for name in said if name not in NOT_COUNTED)
 
 
 def count_parameters(info: Info, plan) -> Counts:
