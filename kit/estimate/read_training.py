@@ -190,9 +190,8 @@ def read_eval_seq_len(trainer, eval_batch: int):
 def read_images(trainer, batch_size: int) -> tuple:
     """(the image options, where they were read) of a trainer whose model is a vision-language model its family
     declares (:class:`kit.estimate.replay.families.ImageModel`); ({}, "") for any other. The collator is run on
-    the first ``batch_size`` rows: its ``pixel_values`` (batch, images, 3, side, side) hold the vision tower's rows
-    for a batch row (each crop and global view of a split image), which the processor's image options
-    (``size["longest_edge"]``, ``do_image_splitting``) turn back into images a row."""
+    the first ``batch_size`` rows, and the family reads its batch and the processor's image options
+    (``images.from_batch``) back into images a row."""
     from kit.estimate.replay import lookup
 
     cfg = getattr(trainer.model, "config", None)
@@ -201,22 +200,14 @@ def read_images(trainer, batch_size: int) -> tuple:
         return {}, ""
     ds = trainer.train_dataset
     rows = [ds[i] for i in range(min(batch_size, len(ds)))] if ds is not None else []
-    pixels = trainer.data_collator(rows).get("pixel_values") if rows else None
+    batch = trainer.data_collator(rows) if rows else {}
     images = getattr(getattr(trainer, "processing_class", None), "image_processor", None)
-    if pixels is None or images is None:
+    if batch.get("pixel_values") is None or images is None:
         raise InputError("images_per_row", "the trainer's vision-language batches could not be read (no "
                          "processing_class with an image_processor, or no pixel_values in the collated batch): pass "
                          "images_per_row and image_size.")
-    size, splitting = (images.size or {}).get("longest_edge"), bool(images.do_image_splitting)
-    per_image = declared.images.rows(cfg, 1, size, splitting)[0]
-    per_row = pixels.shape[1] // per_image
-    if per_row * per_image != pixels.shape[1] or pixels.shape[-1] != declared.images.rows(cfg, 1, size, False)[1]:
-        raise InputError("images_per_row", f"the collated batch holds {pixels.shape[1]} images of "
-                         f"{pixels.shape[-1]} px a row, which square images of the processor's {size} px do not "
-                         "make: pass images_per_row and image_size.")
-    return dict(images_per_row=per_row, image_size=size, image_splitting=splitting), \
-        (f"trainer.data_collator's pixel_values {tuple(pixels.shape)} on the first {len(rows)} rows, and "
-         f"trainer.processing_class.image_processor (size longest_edge {size}, do_image_splitting {splitting})")
+    options, read_from = declared.images.from_batch(cfg, images, batch)
+    return options, f"trainer.data_collator's batch of the first {len(rows)} rows ({read_from})"
 
 
 def auto_dtype(cfg, load_dtype, quant):

@@ -35,13 +35,16 @@ class ImageModel:
     language model; ``rows(cfg, per_row, size, splitting)``, the vision tower's rows for a batch row, their side,
     the image size taken (a default for None) and the image tokens they take in the row;
     ``shape(cfg, rows, side, lora=, trains=, connector_trains=)``, the :attr:`Setup.vision` the replay reads;
-    ``row_bytes(cfg, rows, side)``, the bytes its collator adds to a batch row (pixel values, masks)."""
+    ``row_bytes(cfg, rows, side)``, the bytes its collator adds to a batch row (pixel values, masks);
+    ``from_batch(cfg, image_processor, batch)``, (the image options, what they were read from) of a trainer's
+    collated batch and its processor's image processor, refused with an InputError where they do not fit."""
 
     modules: tuple
     text: Callable
     rows: Callable
     shape: Callable
     row_bytes: Callable
+    from_batch: Callable
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,26 @@ def row_bytes(cfg, rows: int, side: int) -> int:
     return rows * side * side * (3 * 4 + 8)
 
 
+def from_batch(cfg, image_processor, batch) -> tuple:
+    """(the image options, what they were read from) of a collated batch: its ``pixel_values`` (batch, images, 3,
+    side, side) hold the vision tower's rows for a batch row (each crop and global view of a split image), which the
+    processor's ``size["longest_edge"]`` and ``do_image_splitting`` turn back into images a row."""
+    from kit.inputs import InputError
+
+    pixels = batch["pixel_values"]
+    size = (image_processor.size or {}).get("longest_edge")
+    splitting = bool(image_processor.do_image_splitting)
+    per_image = tower_rows(cfg, 1, size, splitting)[0]
+    per_row = pixels.shape[1] // per_image
+    if per_row * per_image != pixels.shape[1] or pixels.shape[-1] != tower_rows(cfg, 1, size, False)[1]:
+        raise InputError("images_per_row", f"the collated batch holds {pixels.shape[1]} images of "
+                         f"{pixels.shape[-1]} px a row, which square images of the processor's {size} px do not "
+                         "make: pass images_per_row and image_size.")
+    return dict(images_per_row=per_row, image_size=size, image_splitting=splitting), \
+        (f"pixel_values {tuple(pixels.shape)}; the image processor's size longest_edge {size}, do_image_splitting "
+         f"{splitting}")
+
+
 # What the whole replay does not follow yet: the Setup field, and its name in the refusal
 NOT_REPLAYED = (("quant", "4-bit/8-bit layers"), ("liger", "Liger's kernels"),
                 ("trl_offload", "activation offloading"), ("ckpt_offload", "checkpoint offloading"),
@@ -325,4 +345,5 @@ def refuse(st: Setup) -> None:
 
 register_family("smolvlm", block=block, model_types=("smolvlm", "idefics3"), whole=whole,
                 images=ImageModel(modules=("vision_model", "connector"), text=lambda cfg: cfg.text_config,
-                                  rows=tower_rows, shape=images_shape, row_bytes=row_bytes))
+                                  rows=tower_rows, shape=images_shape, row_bytes=row_bytes,
+                                  from_batch=from_batch))
