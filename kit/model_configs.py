@@ -102,8 +102,6 @@ REGISTRY = {
     "google/flan-t5-base": "flan-t5-base.json",
     "tiny-flan-t5": "tiny-flan-t5.json",
 }
-# The vision-language models above: the panel has no image controls, so it does not list them.
-VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm"})
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",

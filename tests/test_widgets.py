@@ -3,7 +3,10 @@
 Runs under whichever ipywidgets is importable: 8.x in the dev venv, 7.7.1 with
 ``tests/colab_pins.sh`` (Colab's versions).
 """
+import html
+
 import ipywidgets
+
 import pytest
 import torch
 
@@ -266,7 +269,7 @@ def _small_llama_config(tmp_path, **changes):
 
 
 def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
-    from kit.model_configs import VISION_LANGUAGE, known_models
+    from kit.model_configs import known_models
     from kit.widgets.build import MODELS, OWN_MODELS
 
     p1, p2 = panel(scenario=1), panel(scenario=2)
@@ -274,22 +277,58 @@ def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
     values2 = [v for _, v in p2.controls["model"].options]
     assert values1 == MODELS[1] and values2 == MODELS[2]
     assert values1[:4] == OWN_MODELS[1] and values2[:3] == OWN_MODELS[2]
-    # the encoders too: the task control takes them under a classifier head; not the vision-language models the
-    # estimate refuses
-    shipped = [m for m in known_models() if m not in VISION_LANGUAGE]
-    assert sorted(values1) == sorted(shipped)                   # all 61, each once
+    # the encoders too (the task control takes them under a classifier head), and the vision-language models (the
+    # image controls show for them)
+    shipped = known_models()
+    assert sorted(values1) == sorted(shipped)                   # all 63, each once
     heads = [m for m in shipped if m.endswith("+vocab-head")]
     assert sorted(values2) == sorted(set(shipped) - set(heads))   # scenario 1's head is not scenario 2's
     labels = [label for label, _ in p2.controls["model"].options]
     groups = [label.split(" · ")[0] for label in labels]
     n_real, n_tiny = groups.count("shipped"), groups.count("tiny twin")
-    # 34 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
-    # one), 8 encoder names and google/flan-t5-base; 22 tiny twins, 5 of them encoders, 5 mixtures of experts, one
-    # encoder-decoder
-    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny and (n_real, n_tiny) == (34, 22)
+    # 35 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
+    # one), 8 encoder names, google/flan-t5-base and SmolVLM-Instruct; 23 tiny twins, 5 of them encoders, 5 mixtures
+    # of experts, one encoder-decoder, one vision-language model
+    assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny
+    assert (n_real, n_tiny) == (35, 23)
     assert "shipped · Qwen/Qwen2.5-0.5B" in labels and "tiny twin · tiny-qwen2" in labels
     p2.controls["model"].value = "Qwen/Qwen2.5-0.5B"            # a shipped model picked from the list
     assert p2.estimate.peak_bytes == _direct(p2).peak_bytes and p2.controls["seq_len"].max == 32768
+
+
+def test_a_vision_language_model_shows_its_image_controls_and_the_estimate_follows_them():
+    from kit.estimate import estimate
+    from kit.widgets.images import KEYS
+
+    p = panel(scenario=2)
+    assert all(p.rows[k].layout.display == "none" for k in KEYS)    # a text model: no image controls
+    p.controls["quantization"].value = "none"
+    p.controls["model"].value = "HuggingFaceTB/SmolVLM-Instruct"
+    c = p.controls
+    assert all(p.rows[k].layout.display is None for k in KEYS)
+    # the family's defaults (one image a row, SmolVLM's processor's 1536 px, split into crops), and the sequence
+    # raised, beside its slider, to hold that image's 1,377 tokens
+    assert (c["images_per_row"].value, c["image_size"].value, c["image_splitting"].value) == (1, 1536, True)
+    assert c["seq_len"].value == 1448 and "raised to 1,448 to hold the row's 1,377 image tokens" in \
+        html.unescape(p.reasons["seq_len"].value)
+    assert p.problem is None and "kit.watch(trainer)" in p.run_reason and p.run_button.disabled
+
+    def direct(**images):
+        s = p.setup()
+        return estimate(s.pop("model"), **s, **images, device="cuda", gpu="colab-t4")
+
+    assert p.estimate.peak_bytes == direct(images_per_row=1, image_size=1536, image_splitting=True).peak_bytes
+    assert not any(n.code == "images-assumed" for n in p.estimate.notes)   # the controls said them
+    c["image_splitting"].value = False                                     # one row of the tower an image
+    c["image_size"].value = 512
+    assert p.estimate.peak_bytes == direct(images_per_row=1, image_size=512, image_splitting=False).peak_bytes
+    c["images_per_row"].value = 8                                          # 8 x 81 tokens fit in 1448
+    assert p.estimate.peak_bytes == direct(images_per_row=8, image_size=512, image_splitting=False).peak_bytes
+    c["image_splitting"].value = True                                      # 8 x 405 (4 crops and a view) do not
+    assert p.estimate is None and "seq_len 1448 cannot hold" in html.unescape(p.reasons["seq_len"].value)
+    c["model"].value = "tiny-llama"                                        # back to text: the controls hide
+    assert all(p.rows[k].layout.display == "none" for k in KEYS) and p.problem is None
+    assert "images" not in p.estimate.setup and p.estimate.peak_bytes == _direct(p).peak_bytes
 
 
 def test_a_typed_hub_id_becomes_the_model_and_its_estimate():

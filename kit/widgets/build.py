@@ -2,7 +2,8 @@
 
 ``panel(scenario)`` shows controls (model; the scenario's own: scenario 1's head, scenario 2's fold loop; batch
 size, sequence length, quantization, precision, gradient checkpointing, LoRA rank, optimizer, device preset; the
-multi-GPU strategy and the GPUs under an "advanced" switch), the answer redrawn on every change (fits / does not
+multi-GPU strategy and the GPUs under an "advanced" switch; a vision-language model's images,
+:mod:`kit.widgets.images`), the answer redrawn on every change (fits / does not
 fit, with the one figure judged, by name: the reserved figure on a GPU, the training peak on the CPU; the limit and
 the margin; the biggest cause; the largest batch that fits beside its slider; in scenario 2 the folds, fold 2's load
 against the device), the details in a collapsed "Details" Accordion (the allocated peak, a breakdown bar against the
@@ -56,6 +57,7 @@ from kit.presets import GPU_PRESETS, OPTIMIZERS, PRESETS, Preset, resolve_device
 from kit.training_setup import TrainingSetup
 from kit.widgets import options as panel_options
 from kit.widgets import runs as panel_runs
+from kit.widgets import images as panel_images
 from kit.widgets import views as views
 from kit.widgets.advice import AdviceView, accepts
 from kit.widgets.gpus import advanced_switch, gpu_controls, launch, launch_problem
@@ -142,6 +144,7 @@ class Panel(PanelRuns):
         self._busy = self._running = False
         self._yours = [] if model in MODELS[scenario] else [model]   # typed models, newest first
         self.extra: dict = {}   # options set by an applied suggestion that no control shows
+        self._images_for: list = []   # the model the image controls were last set to the defaults of
         self.advice_view = AdviceView(self.apply_options, self.clear_extra)
         self._last_failure = ("", 0.0)
         c = self.controls = {
@@ -151,6 +154,7 @@ class Panel(PanelRuns):
                                    max=max(panel_options.BATCH_MAX, d["batch_size"])),
             "seq_len": control(W.IntSlider, "sequence length", d["seq_len"], min=8, step=8,
                                 max=max(d["seq_len"], max_positions(model))),
+            **panel_images.image_controls(control),   # shown for a vision-language model only
             "quantization": control(W.Dropdown, "quantization", d["quantization"],
                                      options=[("none", "none"), ("8-bit", "8bit"), ("4-bit (NF4)", "4bit")]),
             "precision": control(W.Dropdown, "precision", d["precision"],
@@ -385,12 +389,13 @@ class Panel(PanelRuns):
             why["precision"] = "a T4 (sm_75) has no native bf16: emulated and slow at best; use fp16 there"
         if "8bit" in c["optimizer"].value and bnb:
             why["optimizer"] = bnb
+        panel_images.adjust(c, self.rows, why, name, self._images_for)
         self.story.adjust(c, why, self.preset(), name)
         self._why = why
 
     def _estimate(self) -> None:
         s = {**self.setup(), **launch(self.controls), **self.story.options(self.setup(), self.preset()),
-             **self.extra}
+             **panel_images.options(self.controls, self.controls["model"].value), **self.extra}
         why = dict(self._why)
         try:
             self.estimate = estimate(**s, device=self._where(), gpu=self._gpu())
@@ -417,6 +422,8 @@ class Panel(PanelRuns):
         self.run_reason = "an applied suggestion set options the controls cannot show (Clear them)" if self.extra \
             else None if self.problem else launch_problem(self.controls) or \
             self.story.run_problem(self.setup()["model"]) or \
+            ("a run here trains on text batches: measure a vision-language run on your own trainer with "
+             "kit.watch(trainer)" if panel_images.is_vision_language(self.controls["model"].value) else None) or \
             run_problem(self.run_setup()["model"], self.controls["lora_r"].value) or \
             ("a run here trains a causal LM: a classifier is estimated, not run" if
              self.controls["task"].value != "causal-lm" else None)

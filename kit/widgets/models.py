@@ -21,12 +21,11 @@ from kit.data import shipped_tokenizer
 from kit.estimate import estimate
 from kit.estimate.inventory import info_of
 from kit.estimate.replay import lookup
-from kit.model_configs import ENCODERS, VISION_LANGUAGE
+from kit.model_configs import ENCODERS
 
 OWN_MODELS = {1: ["distilgpt2+vocab-head", "distilgpt2", "tiny-gpt2+vocab-head", "tiny-gpt2"],
               2: ["meta-llama/Meta-Llama-3-8B", "meta-llama/Llama-3.2-1B", "tiny-llama"]}
-_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)
-                and m not in VISION_LANGUAGE]
+_OTHERS = {s: [m for m in kmodels.known_models() if m not in own and not m.endswith(kmodels.VOCAB_HEAD)]
            for s, own in OWN_MODELS.items()}
 # scenario -> (the other shipped real models, the tiny twins), each in the registry's order (grouped by maker)
 GROUPS = {s: ([m for m in o if m not in kmodels.TINY], [m for m in o if m in kmodels.TINY])
@@ -38,14 +37,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 @functools.lru_cache(maxsize=64)
 def max_positions(model: str) -> int:
     """The positions the model takes (2048 when its config names none): the seq_len slider's end."""
-    cfg = kmodels.get_config(model)
+    cfg = kmodels.get_config(model).get_text_config()   # (a vision-language model's language model)
     return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None) or 2048
 
 
 @functools.lru_cache(maxsize=64)
 def model_type_and_vocab(model: str) -> tuple[str, int]:
     cfg = kmodels.get_config(model)
-    return cfg.model_type, cfg.vocab_size
+    return cfg.model_type, cfg.get_text_config().vocab_size
 
 
 @functools.lru_cache(maxsize=64)
