@@ -58,16 +58,23 @@ MOVES = {  # control -> values to step through (each a change from the previous 
     "trainer": ["released", "kept"],
     "recipe": ["lean", "2024"],
 }
+# a vision-language model's: its image controls, and sequence lengths that hold 1,377 image tokens (SmolVLM-Instruct's
+# default image: 16 crops and a global view of 81 tokens each)
+VISION_MOVES = {**MOVES, "seq_len": [1536, 2048, 1448, 4096], "images_per_row": [2, 1],
+                "image_size": [768, 1024, 1536], "image_splitting": [False, True]}
 
 
 def cases() -> list:
-    """(label, scenario, model, panel options): both scenarios at real size, and a 70B config."""
+    """(label, scenario, model, panel options, moves): both scenarios at real size, a 70B config and a
+    vision-language model."""
     path_70b = llama70b.write(tempfile.mkdtemp())
-    return [("scenario 1 (distilgpt2+vocab-head)", 1, "distilgpt2+vocab-head", {}),
-            ("scenario 2 (Meta-Llama-3-8B, QLoRA)", 2, "meta-llama/Meta-Llama-3-8B", {}),
+    return [("scenario 1 (distilgpt2+vocab-head)", 1, "distilgpt2+vocab-head", {}, MOVES),
+            ("scenario 2 (Meta-Llama-3-8B, QLoRA)", 2, "meta-llama/Meta-Llama-3-8B", {}, MOVES),
             ("Llama-3.1-70B shapes, full fine-tune, bf16", 2, path_70b,
              dict(quantization="none", lora_r=0, precision="bf16", gradient_checkpointing=True, batch_size=1,
-                  seq_len=512))]
+                  seq_len=512), MOVES),
+            ("SmolVLM-Instruct, LoRA r16, its images", 2, "HuggingFaceTB/SmolVLM-Instruct",
+             dict(quantization="none", lora_r=16, batch_size=1, seq_len=2048), VISION_MOVES)]
 
 
 def _empty_caches() -> None:
@@ -80,7 +87,7 @@ def _empty_caches() -> None:
     panel_head.sixteen_bit.cache_clear()        # fix (c)'s settings per dtype
 
 
-def measure(scenario: int, model: str, options: dict, repeats: int) -> dict:
+def measure(scenario: int, model: str, options: dict, repeats: int, moves: dict) -> dict:
     from kit import panel
 
     t = time.perf_counter()
@@ -98,7 +105,7 @@ def measure(scenario: int, model: str, options: dict, repeats: int) -> dict:
             passes.append(1)
     gc.callbacks.append(seen)
     for _ in range(repeats):
-        for key, values in MOVES.items():
+        for key, values in moves.items():
             w = p.controls.get(key)
             if w is None or w.disabled:   # a control of the other scenario, or one its setup turns off
                 continue
@@ -171,8 +178,8 @@ def main(argv=None) -> int:
     a.add_argument("--repeats", type=int, default=3)
     args = a.parse_args(argv)
     labelled = []
-    for label, scenario, model, options in cases():
-        r = measure(scenario, model, options, args.repeats)
+    for label, scenario, model, options, moves in cases():
+        r = measure(scenario, model, options, args.repeats, moves)
         every = [x for xs in r["cpu"].values() for x in xs]
         print(f"{label}: CPU median {statistics.median(every):.1f} ms, max {max(every):.1f} ms over "
               f"{len(every)} changes", flush=True)
