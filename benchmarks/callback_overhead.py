@@ -97,8 +97,9 @@ VARIANTS = {
 def run(model, ds, tok, variant, steps, bs, out_dir):
     tracker = Tracker()
     timer = StepTimer()
-    args = TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=bs, use_cpu=not machine.has_cuda(),
-                             report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    args = TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=bs,
+                             use_cpu=not machine.has_cuda(), report_to="none", save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True)
     extra = VARIANTS[variant](tracker, Path(out_dir) / "live")
     attach = extra if callable(extra) else None
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok),
@@ -183,7 +184,8 @@ def main(argv=None) -> str:
                     res[n][k].append(r[k])
                 res[n]["samples"] += r["samples"]
                 res[n]["live"] += r["live"]
-                print(f"  rep {rep + 1}/{a.reps} {n}: mean step {statistics.mean(r['steps']) * 1e3:.1f} ms", file=sys.stderr)
+                print(f"  rep {rep + 1}/{a.reps} {n}: mean step {statistics.mean(r['steps']) * 1e3:.1f} ms",
+                      file=sys.stderr)
     load1 = os.getloadavg()[0]
     base = statistics.mean(res[names[0]]["steps"])
     base_cpu = statistics.mean(res[names[0]]["cpu"])
@@ -204,7 +206,8 @@ def main(argv=None) -> str:
         "inside the callback (its readings and the LivePlot redraws it triggers) as a share of `train()`,",
         "measured directly, so machine noise does not blur it.",
         "",
-        "| variant | mean step (ms) | stdev (ms) | step ratio | train() CPU ratio | inside callback | step samples / with live walk |",
+        "| variant | mean step (ms) | stdev (ms) | step ratio | train() CPU ratio | inside callback "
+        "| step samples / with live walk |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n in names:

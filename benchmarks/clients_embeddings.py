@@ -65,8 +65,9 @@ def sentence_trainer(work, loss_name="MultipleNegativesRankingLoss", towers=2, B
         columns[names[0]] = texts(rows, anchor_tokens)
     for extra in LOSSES[loss_name]:
         columns[extra] = [float(i % 2) if extra == "score" else i % 2 for i in range(rows)]
-    args = SentenceTransformerTrainingArguments(output_dir=os.path.join(work, "sentence"), per_device_train_batch_size=B,
-                                                per_device_eval_batch_size=8, use_cpu=True, max_steps=3,
+    args = SentenceTransformerTrainingArguments(output_dir=os.path.join(work, "sentence"),
+                                                per_device_train_batch_size=B, per_device_eval_batch_size=8,
+                                                use_cpu=True, max_steps=3,
                                                 report_to="none", save_strategy="no", logging_strategy="no",
                                                 disable_tqdm=True)
     data = Dataset.from_dict(columns)

@@ -79,8 +79,8 @@ def trainer_of(work, kind, per_row=1, side=SIDE, ckpt=True, *, batch=2, steps=3)
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=r".*text_model.*\.(q_proj|v_proj)"
         if kind == "lora-text" else "all-linear")
     args = SFTConfig(output_dir=os.path.join(work, f"smolvlm-{kind}"), use_cpu=True, max_steps=steps,
-                     per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt, report_to="none", save_strategy="no",
-                     logging_strategy="no", disable_tqdm=True)
+                     per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt,
+                     report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
     return SFTTrainer(model=model, args=args, train_dataset=dataset(per_row=per_row, side=side), processing_class=proc,
                       peft_config=peft)
 

@@ -14,8 +14,9 @@ kept in ``WORK/<stage>.log`` whatever happens to a later stage:
    ``jupyter nbconvert --execute`` into ``WORK/notebooks`` (never in place). Every reading checked is
    its own process's CUDA allocator, so the others running beside it do not enter it.
 
-Then it reads the two ``summary.json`` files (one per scenario, merged) and checks the predictions (``gpu_check_verdicts``), and writes
-``benchmarks/results/gpu-check-<date>-<device>.md`` and a ``.json`` of every figure beside it.
+Then it reads the two ``summary.json`` files (one per scenario, merged) and checks the predictions
+(``gpu_check_verdicts``), and writes ``benchmarks/results/gpu-check-<date>-<device>.md`` and a ``.json`` of
+every figure beside it.
 
 >>> # make gpu-check          (on a CPU: "gpu-check: no CUDA GPU on this machine ... nothing to check.")
 """
@@ -165,7 +166,9 @@ def grid_rows(output: str) -> list[dict]:
     """The grid's printed rows: estimated and measured peak bytes per setup.
 
     >>> grid_rows(f"{'full FT fp32':40s} distilgpt2               predicted  1,000 measured  1,010 (-0.99%) [3 s]")
-    [{'label': 'full FT fp32', 'model': 'distilgpt2', 'estimated_peak_bytes': 1000, 'measured_peak_bytes': 1010, 'error_pct': -0.99}]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [{'label': 'full FT fp32', 'model': 'distilgpt2',
+      'estimated_peak_bytes': 1000, 'measured_peak_bytes': 1010, 'error_pct': -0.99}]
     """
     rows = []
     for line in output.splitlines():

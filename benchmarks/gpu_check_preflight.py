@@ -14,8 +14,10 @@ Pure where it can be (:func:`plan` takes plain figures, so a test can plan for a
 
 >>> p = plan({"a": 60, "b": 60}, {"c1": 100, "c2": 100, "c3": 100}, {}, set(), free_bytes=40 * GiB,
 ...          cap_bytes=15 * GiB, total_s=300, setup_s=20)
->>> p["batches"], p["skipped"]
-([['c1', 'c2']], {'c3': 'no time left: a card with 40.00 GiB free holds 2 capped stage(s) at once, and the 300 s budget is spent'})
+>>> p["batches"], list(p["skipped"])
+([['c1', 'c2']], ['c3'])
+>>> print(p["skipped"]["c3"])
+no time left: a card with 40.00 GiB free holds 2 capped stage(s) at once, and the 300 s budget is spent
 """
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ def install_missing(missing: list[str], wheels: Path = WHEELS, site: Path = SITE
         return "nothing missing"
     files = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
     if not files:
-        return f"missing {', '.join(missing)}, and no wheels in {wheels} (make gpu-wheels fills it where a registry is reachable)"
+        return (f"missing {', '.join(missing)}, and no wheels in {wheels} "
+                "(make gpu-wheels fills it where a registry is reachable)")
     site.mkdir(parents=True, exist_ok=True)
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links",
                         str(wheels), "--target", str(site), "--upgrade", *map(str, files)],

@@ -195,12 +195,14 @@ def run_row(model: str, strategy: str, kw: dict, overrides: dict | None = None, 
     teardown_only = out.returncode and "terminate called without an active exception" in out.stderr
     if (out.returncode and not teardown_only) or len(ranks) != nproc:
         raise RuntimeError(f"torchrun failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    est = estimate(_config(model, overrides) if overrides else model, **kw, strategy=strategy.replace("-trainer", ""), num_gpus=1 if strategy == "single" else nproc,
+    est = estimate(_config(model, overrides) if overrides else model, **kw,
+                   strategy=strategy.replace("-trainer", ""), num_gpus=1 if strategy == "single" else nproc,
                    device="cpu")
     rows = []
     for r in sorted(ranks, key=lambda r: r["rank"]):
         measured = r["steps"][-1]["peak"]
-        rows.append(dict(model=model + (" (vocab 256, 4 layers)" if overrides else ""), strategy=strategy, num_gpus=nproc, rank=r["rank"], setup=kw,
+        rows.append(dict(model=model + (" (vocab 256, 4 layers)" if overrides else ""), strategy=strategy,
+                         num_gpus=nproc, rank=r["rank"], setup=kw,
                          estimate=est.peak_bytes, measured=measured, error=est.peak_bytes / measured - 1,
                          moment=est.peak_moment, held_after=r["steps"][-1]["end"], states=model_states(est),
                          kept=est.weights_bytes + est.optimizer_bytes))
@@ -239,10 +241,15 @@ def main(argv=None) -> int:
     md = (f"# Per-rank peak, predicted and measured: {args.nproc} processes, gloo on the CPU "
           f"({datetime.date.today()}, torch {torch.__version__})\n\n"
           "Measured: each rank's exact tensor peak (kit.measure.tensor_peak.TensorPeak) over its third training step, "
-          "driven through Trainer for `ddp-trainer` (use_cpu=True under torchrun: accelerate MULTI_CPU wraps the model in DistributedDataParallel) and through torch directly for the others (DistributedDataParallel; FSDP2 fully_shard per block, then the model; "
+          "driven through Trainer for `ddp-trainer` (use_cpu=True under torchrun: accelerate MULTI_CPU wraps the "
+          "model in DistributedDataParallel) and through torch directly for the others (DistributedDataParallel; "
+          "FSDP2 fully_shard per block, then the model; "
           "fsdp-grad-op = reshard_after_forward=False), fused AdamW. Estimate: "
           "`estimate(model, ..., strategy=S, num_gpus=N, device=\"cpu\")`.\n"
-          f"Reproduce: `python benchmarks/multi_gpu.py --out <file>`. FSDP cannot go through Trainer here: on a CPU, Trainer given fsdp=... still runs DDP. ZeRO is not measured (a DeepSpeed training run on this CPU was not attempted); its model states are checked against DeepSpeed's estimator in tests/test_strategies.py.\n\n{table(rows)}\n"
+          "Reproduce: `python benchmarks/multi_gpu.py --out <file>`. FSDP cannot go through Trainer here: on a CPU, "
+          "Trainer given fsdp=... still runs DDP. ZeRO is not measured (a DeepSpeed training run on this CPU was not "
+          "attempted); its model states are checked against DeepSpeed's estimator in tests/test_strategies.py.\n\n"
+          f"{table(rows)}\n"
           f"Worst error: {100 * worst:.2f}% over {len(rows)} rank rows.\n")
     print(md)
     write_table(md, args.out, "multi_gpu", "cpu")

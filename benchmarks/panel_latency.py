@@ -13,9 +13,9 @@ off here, so that nothing but the change is timed. Before every change the kit's
 counts are emptied (outside the timed part), so each change is timed as a setup never seen; moving back to a value
 seen before costs less. A change during which Python's cycle collector made a full pass (generation 2: it walks
 every object in the process, hundreds of ms beside transformers, and falls on whichever allocation comes when it
-is due) is counted apart, with the max of the other changes beside it. CPU time is the panel thread's own (``time.thread_time``): on a shared machine the wall
-time also counts the time others held the CPU. No frontend is attached, so this is the kernel side of a change;
-the browser adds one websocket round trip.
+is due) is counted apart, with the max of the other changes beside it. CPU time is the panel thread's own
+(``time.thread_time``): on a shared machine the wall time also counts the time others held the CPU. No frontend
+is attached, so this is the kernel side of a change; the browser adds one websocket round trip.
 """
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ On a shared machine the time of a run swings by more than a change to the alloca
 ``kit/estimate/reserved.py`` and ``kit/estimate/allocator.py`` (this tree's and ``--against``'s, read with
 ``git show``) lay out and replay the same setups in one process, one after the other, ``--rounds`` times per
 setup: the median CPU time (``process_time``) of each, with the replay cache emptied before each run. The
-estimate the layout reads is this tree's for both. Setups: the slowest of ``reserved_timing.py`` (``--setups`` of them, by their median in ``--ranked``, a
-results file it wrote).
+estimate the layout reads is this tree's for both. Setups: the slowest of ``reserved_timing.py`` (``--setups`` of
+them, by their median in ``--ranked``, a results file it wrote).
 
-Run: ``python benchmarks/reserved_timing_ab.py --against main --ranked benchmarks/results/reserved_timing-DATE-cpu.md`` (a minute).
+Run (a minute):
+``python benchmarks/reserved_timing_ab.py --against main --ranked benchmarks/results/reserved_timing-DATE-cpu.md``
 """
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ def report(rs: list[dict]) -> str:
              "| stage 3: DeepSpeed | kit - DS |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(f"| {r['N']} | {r['label']} | {r['P']:,} | {r['trainable']:,} | {r['kit2']:,} | {int(r['ds2']):,} "
-                     f"| {r['kit2'] - int(r['ds2']):,} | {r['kit3']:,} | {int(r['ds3']):,} | {r['kit3'] - int(r['ds3']):,} |")
+                     f"| {r['kit2'] - int(r['ds2']):,} | {r['kit3']:,} | {int(r['ds3']):,} "
+                     f"| {r['kit3'] - int(r['ds3']):,} |")
     lines += ["", "Full fine-tuning, stage 2: the same bytes (to rounding: the kit rounds each shard up). Stage 3: "
               "the kit counts 2 bytes a parameter more in 1/N (DeepSpeed's stage-3 function leaves the half "
               "weights' 2 bytes out, where its stage-2 one counts them). LoRA: DeepSpeed counts the frozen base "

@@ -77,8 +77,8 @@ def test_a_trainer_the_kit_does_not_model_is_answered_in_three_lines(tmp_path, c
     trainer = _orpo_trainer(tmp_path)
     capsys.readouterr()
     _assert_three_parts(trainer, capsys, "ORPOTrainer (trl.experimental.orpo", "not ORPOTrainer, whose own forward",
-                        "an SFTTrainer, a DPOTrainer, a GRPOTrainer, a KTOTrainer, a RewardTrainer, an RLOOTrainer or a "
-                        "DistillationTrainer are estimated")
+                        "an SFTTrainer, a DPOTrainer, a GRPOTrainer, a KTOTrainer, a RewardTrainer, an RLOOTrainer "
+                        "or a DistillationTrainer are estimated")
 
 
 def test_a_model_the_kit_does_not_model_is_answered_in_three_lines(tmp_path, capsys):

@@ -30,7 +30,8 @@ def _trainer(model, out_dir, steps=3, callbacks=()):
     args = TrainingArguments(output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=4,
                              use_cpu=not machine.has_cuda(), report_to="none", save_strategy="no",
                              logging_strategy="no", disable_tqdm=True)
-    return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok), callbacks=list(callbacks))
+    return Trainer(model=model, args=args, train_dataset=ds, data_collator=data.collator(tok),
+                   callbacks=list(callbacks))
 
 
 def _model():

@@ -272,7 +272,8 @@ def test_a_second_run_moves_the_earlier_one_aside_and_counts_only_its_own_plots(
     assert f"{out} held an earlier demo run: moved it to {out / 'earlier-1'} (nothing deleted)" in said
     assert "and 1 PNG plots" in said                # its own plot, not the earlier run's
     assert json.loads((out / "earlier-1" / "summary.json").read_text()) == first          # scenario 1's, kept
-    assert (out / "earlier-1" / "s1_plot.png").is_file() and "s1_plot.png" in (out / "earlier-1" / "report.md").read_text()
+    assert (out / "earlier-1" / "s1_plot.png").is_file() \
+        and "s1_plot.png" in (out / "earlier-1" / "report.md").read_text()
     assert (out / "s2_plot.png").is_file() and not (out / "s1_plot.png").exists()
     assert run(out, "1") == 0 and (out / "earlier-2" / "s2_plot.png").is_file()    # and again: earlier-2
 

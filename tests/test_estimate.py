@@ -291,7 +291,8 @@ def _config_json(tmp_path, cfg):
                   r"a real step with kit.watch\(trainer\) .*, or pass a GPT-2 or Llama-style decoder"),
     ("BloomConfig", r"^bloom \(BloomConfig\) is not estimated: no family the kit replays has its blocks"),
     ("GPTJConfig", r"^gptj \(GPTJConfig\) is not estimated: no family the kit replays has its blocks"),
-    ("T5Config", r"^t5 \(T5Config\) scales the decoder's output by d_model \*\* -0.5"),   # (T5 v1.0; Flan-T5 is replayed)
+    # T5 v1.0 (Flan-T5 is replayed)
+    ("T5Config", r"^t5 \(T5Config\) scales the decoder's output by d_model \*\* -0.5"),
     ("BartConfig", r"^bart \(BartConfig\) is an encoder-decoder model, not a causal language model"),
     ("BertConfig", r"^bert \(BertConfig\) is an encoder, which the estimator replays under a classifier head: "
                    r"pass task='seq-cls'"),

@@ -301,7 +301,8 @@ def test_each_source_names_what_really_set_it():
     """Issue 25 item 9: a setting the user did not pass is credited to an assumption, never to their argument."""
     assumed = estimate_from("tiny-gpt2", seq_len=64)
     assert assumed.sources["padded"][1].startswith("assumed")
-    assert estimate_from("tiny-gpt2", seq_len=64, padded=False).sources["padded"] == (False, "estimate_from(padded=...)")
+    assert estimate_from("tiny-gpt2", seq_len=64, padded=False).sources["padded"] \
+        == (False, "estimate_from(padded=...)")
     from kit.estimate.read_model import read_model
     from kit.models import build_model
 

@@ -236,10 +236,12 @@ def _fake_stages(demo_summary: dict | None, demo_budget: float = 20):
         def executed(n: str) -> str:  # the executed notebook, whose run note says which sizes ran
             path = work / "notebooks" / f"{n}.ipynb"
             return (f"; import pathlib; pathlib.Path({str(path)!r}).parent.mkdir(parents=True, exist_ok=True); "
-                    f"pathlib.Path({str(path)!r}).write_text('These outputs come from a run on a GPU. REAL sizes: ...')")
+                    f"pathlib.Path({str(path)!r})"
+                    ".write_text('These outputs come from a run on a GPU. REAL sizes: ...')")
         grid = f"print('{'full FT fp32':40s} distilgpt2               predicted  1,000 measured  1,010 (-0.99%) [3 s]')"
         first = [gc.Stage("gpu tests", _py("print('3 passed')"), 20), gc.Stage("estimate grid", _py(grid), 20)]
-        crash = f"import pathlib; pathlib.Path({str(work / 'crash.json')!r}).write_text({json.dumps(json.dumps(CRASH))})"
+        crash = (f"import pathlib; pathlib.Path({str(work / 'crash.json')!r})"
+                 f".write_text({json.dumps(json.dumps(CRASH))})")
         side = [gc.Stage(f"demo s{n}", _py(demo(n)), demo_budget) for n in "12"] + \
             [gc.Stage("crash loop", _py(crash), 20)] + [gc.Stage(f"notebook {n[:2]}", _py(kernel + executed(n)), 20)
                                                         for n in gc.NOTEBOOKS]

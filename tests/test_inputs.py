@@ -100,8 +100,8 @@ def test_a_dict_of_training_arguments_is_read_and_a_wrong_keyword_named():
     from kit.inputs import InputError, training_arguments
 
     args = training_arguments("training_args", {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2})
-    assert isinstance(args, TrainingArguments) and (args.per_device_train_batch_size, args.gradient_accumulation_steps) \
-        == (4, 2)
+    assert isinstance(args, TrainingArguments) \
+        and (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2)
     with pytest.raises(InputError, match=r"^training_args: TrainingArguments takes no keyword 'batch_size'") as e:
         training_arguments("training_args", {"batch_size": 4})
     assert e.value.name == "training_args"

@@ -35,7 +35,8 @@ def test_regenerating_gives_the_committed_copies(tmp_path):
     assert made == [p.name for p in LEARNER], REGENERATE
     for name in made:
         assert (tmp_path / "learner" / name).read_text(encoding="utf-8") == \
-            (ROOT / "notebooks" / "learner" / name).read_text(encoding="utf-8"), f"learner/{name} is stale: {REGENERATE}"
+            (ROOT / "notebooks" / "learner" / name).read_text(encoding="utf-8"), \
+            f"learner/{name} is stale: {REGENERATE}"
     assert (tmp_path / "solutions.json").read_text(encoding="utf-8") == \
         teach.SOLUTIONS_FILE.read_text(encoding="utf-8"), f"kit/assets/solutions.json is stale: {REGENERATE}"
 
@@ -90,7 +91,8 @@ def test_keys_are_unique_and_stable():
 def test_notes_and_a_tagged_plan_cell_are_removed_and_the_badge_points_at_the_copy():
     nb = {"metadata": {"widgets": {}}, "cells": [
         {"cell_type": "markdown", "metadata": {}, "source": [
-            "[![Open In Colab](b.svg)](https://colab.research.google.com/github/o/r/blob/main/notebooks/09_demo.ipynb)"]},
+            "[![Open In Colab](b.svg)]"
+            "(https://colab.research.google.com/github/o/r/blob/main/notebooks/09_demo.ipynb)"]},
         {"cell_type": "markdown", "metadata": {}, "source": ["## Instructor notes\n", "Timings"]},
         {"cell_type": "code", "metadata": {"tags": ["instructor"]}, "outputs": [], "execution_count": 1,
          "source": ["print(plan)"]},
@@ -196,7 +198,8 @@ def sentences(markdown: str) -> list[str]:
     text = re.sub(r"^\s*\|.*\|\s*$", " ", text, flags=re.MULTILINE)
     text = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(". ", "; "), text)
     parts = re.split(r"(?<=[.!?:])\s+(?=[A-Z*`\"'(\[])|\n\s*\n|\n(?=\s*(?:[-*]|\d+\.)\s)", text)
-    return [re.sub(r"^(?:[-*]|\d+\.)\s+", "", p.strip()) for p in parts if p.strip()]   # (a list item's marker is no word)
+    # a list item's marker is no word
+    return [re.sub(r"^(?:[-*]|\d+\.)\s+", "", p.strip()) for p in parts if p.strip()]
 
 
 def _markdown(path):

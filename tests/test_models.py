@@ -30,7 +30,8 @@ def test_real_sizes_on_meta_have_exact_param_counts(name, count):
 
 def test_llama_configs_match_the_published_ones():
     big, small = models.get_config("meta-llama/Meta-Llama-3-8B"), models.get_config("meta-llama/Llama-3.2-1B")
-    assert (big.hidden_size, big.num_hidden_layers, big.num_key_value_heads, big.intermediate_size) == (4096, 32, 8, 14336)
+    assert (big.hidden_size, big.num_hidden_layers, big.num_key_value_heads, big.intermediate_size) \
+        == (4096, 32, 8, 14336)
     assert big.tie_word_embeddings is False and big.max_position_embeddings == 8192
     assert small.tie_word_embeddings is True and small.max_position_embeddings == 131072
     assert (small.rope_parameters["rope_type"], small.rope_parameters["factor"]) == ("llama3", 32.0)
@@ -53,7 +54,8 @@ def test_tiny_twins_match_the_shipped_tokenizer():
     for name in ("tiny-gpt2", "tiny-llama"):
         cfg = models.get_config(name)
         assert cfg.vocab_size == len(tok) == 4096
-        assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+        assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) \
+            == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
         assert cfg.num_hidden_layers == 2
     llama = models.get_config("tiny-llama")
     assert llama.num_key_value_heads < llama.num_attention_heads  # GQA, like Llama-3
@@ -119,7 +121,8 @@ def test_config_from_a_path(tmp_path):
     models.build_model("tiny-llama").config.save_pretrained(tmp_path)
     for path in (tmp_path, tmp_path / "config.json"):
         assert models.get_config(str(path)).num_key_value_heads == 2
-    assert models.build_model(str(tmp_path), device="meta").num_parameters() == models.build_model("tiny-llama").num_parameters()
+    assert models.build_model(str(tmp_path), device="meta").num_parameters() \
+        == models.build_model("tiny-llama").num_parameters()
 
 
 def test_smoke_twin_and_known_models():

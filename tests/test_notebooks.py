@@ -127,7 +127,8 @@ def test_readmes_table_opens_the_learner_copies_with_the_instructor_copy_beside(
     for path in NOTEBOOKS:
         row = next((ln for ln in readme.splitlines() if ln.startswith("| [") and f"learner/{path.name})" in ln), None)
         assert row, f"README's table has no row opening learner/{path.name}"
-        assert f"colab-badge.svg)]({colab}learner/{path.name})" in row, f"{path.name}: the badge must open the learner copy"
+        assert f"colab-badge.svg)]({colab}learner/{path.name})" in row, \
+            f"{path.name}: the badge must open the learner copy"
         assert f"[instructor copy](notebooks/{path.name})" in row and f"({colab}{path.name})" in row, path.name
 
 

@@ -12,7 +12,8 @@ from kit.units import GiB, MiB
 
 
 def _snap(t, live=0, rss=GiB, cuda=None):
-    s = Snapshot(time=t, rss_bytes=rss, rss_peak_bytes=rss, ram_available_bytes=8 * GiB, live_tensor_bytes={"cpu": live})
+    s = Snapshot(time=t, rss_bytes=rss, rss_peak_bytes=rss, ram_available_bytes=8 * GiB,
+                 live_tensor_bytes={"cpu": live})
     if cuda is not None:
         s.cuda_allocated_bytes, s.cuda_reserved_bytes, s.cuda_peak_allocated_bytes = cuda, cuda + GiB, cuda
     return s

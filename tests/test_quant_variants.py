@@ -5,8 +5,8 @@
   real Trainer steps (``benchmarks/estimate_vs_measured.py``'s ``run_row``: ``TensorPeak`` on top of the
   weights and optimizer state), with LoRA and checkpointing. Twins with a vocabulary of 256 put the peak in
   a block's backward, where the compute dtype changes the dequantization temporaries.
-- 8-bit: bitsandbytes keeps each 8-bit layer's input as a ctx attribute (``kit.estimate.quantization``), so non-reentrant
-  checkpointing cannot free it and it outlives its backward. Measured here on the CPU path
+- 8-bit: bitsandbytes keeps each 8-bit layer's input as a ctx attribute (``kit.estimate.quantization``), so
+  non-reentrant checkpointing cannot free it and it outlives its backward. Measured here on the CPU path
   (``MatMul8bitFp``); the CUDA path (``MatMul8bitLt``) keeps it the same way, which a test pins against
   the library's source and the arithmetic, not against a measurement.
 """

@@ -69,7 +69,8 @@ def test_the_advisor_offers_expandable_segments_first_where_they_close_the_gap()
     assert not a.fits and e.peak_bytes < 42 * 2**30 < e.reserved_bytes and a.reserved_bytes == e.reserved_bytes
     top = a.suggestions[0]
     assert top.changes == {"expandable-segments": True} and top.fits and top.tiers == (0,)
-    assert top.peak_bytes == e.peak_bytes and top.reserved_bytes == estimate(**QWEN, expandable_segments=True).reserved_bytes
+    assert top.peak_bytes == e.peak_bytes \
+        and top.reserved_bytes == estimate(**QWEN, expandable_segments=True).reserved_bytes
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in top.costs[0] and "before torch initialises" in \
         top.costs[0]
     assert "reserved (the caching allocator modelled, expandable_segments off)" in " ".join(

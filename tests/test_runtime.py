@@ -46,7 +46,8 @@ def test_cli_help_and_info(run_kit):
 
 def test_prediction_never_imports_the_readings():
     """estimate, plot and units never import device, so prediction runs anywhere."""
-    code = "import sys, kit.estimate, kit.plot, kit.units; print('kit.measure.device' in sys.modules, 'psutil' in sys.modules)"
+    code = ("import sys, kit.estimate, kit.plot, kit.units; "
+            "print('kit.measure.device' in sys.modules, 'psutil' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "False"]

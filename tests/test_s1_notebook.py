@@ -60,9 +60,11 @@ def test_breakdown_figure_states_the_t4_verdict_and_is_an_estimate_only():
     pred = s1.predict_original("real")
     fig = nb.breakdown_figure(pred, "colab-t4")
     ax = fig.axes[0]
-    words = [t.get_text() for t in ax.texts] + [t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
+    words = [t.get_text() for t in ax.texts] \
+        + [t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
     assert any(f"{PRESETS['colab-t4'].gpu_bytes / 2**30:.2f} GiB" in w for w in words)
-    assert not any("not run" in w or "measured" in w.lower() for w in words + [t.get_text() for t in ax.get_xticklabels()])
+    assert not any("not run" in w or "measured" in w.lower()
+                   for w in words + [t.get_text() for t in ax.get_xticklabels()])
 
 
 def test_live_fix_catches_an_out_of_memory_error_and_goes_on(monkeypatch):
@@ -84,7 +86,8 @@ def test_the_notebook_prints_the_users_code_and_checks_their_trainer():
     path = Path(__file__).parent.parent / "notebooks" / "01_distilgpt2_custom_head.ipynb"
     cells = json.loads(path.read_text())["cells"]
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    shown = next(i for i, c in enumerate(cells) if "inspect.getsource(user_code.Custom_GPT2_Model)" in "".join(c["source"]))
+    shown = next(i for i, c in enumerate(cells)
+                 if "inspect.getsource(user_code.Custom_GPT2_Model)" in "".join(c["source"]))
     printed = "".join("".join(o.get("text", "")) for o in cells[shown]["outputs"])
     assert "class Custom_GPT2_Model(nn.Module):" in printed and "def tokenize_func(examples):" in printed
     assert "# ADAPTED: transformers 5 refuses logging_dir" in printed

@@ -104,7 +104,8 @@ def test_fp16_trainable_weights_under_fp16_are_refused_with_the_fix():
     with pytest.raises(inputs.InputError) as e:
         estimate("tiny-llama", batch_size=1, seq_len=32, precision="fp16", load_dtype="fp16")
     assert e.value.code == "fp16-trainable-weights" and "fp32" in str(e.value) and "bf16" in str(e.value)
-    estimate("tiny-llama", batch_size=1, seq_len=32, precision="fp16", load_dtype="fp16", lora_r=8)  # fp32 adapters: runs
+    # fp32 adapters: runs
+    estimate("tiny-llama", batch_size=1, seq_len=32, precision="fp16", load_dtype="fp16", lora_r=8)
 
 
 def test_kit_train_and_watch_take_an_sft_trainer(tmp_path):

@@ -238,7 +238,8 @@ def test_a_trainer_the_estimator_cannot_read_is_watched_without_lines(tmp_path, 
 
 
 def test_bad_input_is_one_clear_line():
-    with pytest.raises(ValueError, match=r"^kit.watch takes a transformers Trainer \(the one you built\), not a str\.$"):
+    with pytest.raises(ValueError,
+                       match=r"^kit.watch takes a transformers Trainer \(the one you built\), not a str\.$"):
         kit.watch("trainer")
     with pytest.raises(ValueError, match="not a NoneType"):
         kit.train(None)

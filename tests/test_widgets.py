@@ -196,7 +196,8 @@ def test_a_real_sweep_measures_each_size_against_its_estimate(monkeypatch):
     setup = panel(scenario=1, model="tiny-gpt2", seq_len=32).setup()
     real_refusal = panel_runs.refusal
     monkeypatch.setattr(panel_runs, "refusal",   # size 4 "would exhaust RAM": refused, never run
-                        lambda s, est: "needs about 99 GiB of RAM (faked)" if s["batch_size"] == 4 else real_refusal(s, est))
+                        lambda s, est: "needs about 99 GiB of RAM (faked)" if s["batch_size"] == 4
+                        else real_refusal(s, est))
     res = panel_runs.sweep(setup, "batch_size", (1, 2, 4))
     assert [size for size, _, _ in res["points"]] == [1, 2] and res["refused"] == [4]
     assert not any(oom for _, _, oom in res["points"]), "a size that never ran is not an OOM"
@@ -506,12 +507,14 @@ def test_a_control_change_runs_no_search_and_the_advisor_comes_once_the_controls
     calls = []
     real_advise, real_search = widgets_advice.advise, advise_search.Search.__init__
     monkeypatch.setattr(widgets_advice, "advise", lambda *a, **k: calls.append("advise") or real_advise(*a, **k))
-    monkeypatch.setattr(advise_search.Search, "__init__", lambda *a, **k: calls.append("search") or real_search(*a, **k))
+    monkeypatch.setattr(advise_search.Search, "__init__",
+                        lambda *a, **k: calls.append("search") or real_search(*a, **k))
     p.advice_view.rest_s = 0.3
     for seq in (64, 256, 128):
         p.controls["seq_len"].value = seq
         assert calls == [] and p.advice_view.rows == [], "a change ran a search"
-    assert "largest batch that fits" in p.advice_view.largest_html.value or "not even" in p.advice_view.largest_html.value
+    assert "largest batch that fits" in p.advice_view.largest_html.value \
+        or "not even" in p.advice_view.largest_html.value
     p.advice_view.wait()
     assert calls == ["advise", "search"] and len(p.advice_view.rows) == 3, calls   # once, for the last setup
     assert p.advice_view.advice.options["seq_len"] == 128
