@@ -21,11 +21,15 @@ CHAT_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | c
                  "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 ROWS, SIDE, CROP = 16, 128, 64     # rows of the dataset; each image's side in pixels; the tower's crop (its image_size)
-KINDS = ("full", "lora-text", "lora-all")
+KINDS = ("full", "lora-text", "lora-all", "qlora-text", "qlora-all")
 # the rows of benchmarks/real_clients.py: (kind, images a row, their side, gradient checkpointing (SFTConfig's
-# default) on); the last ones let the vision tower weigh more: a 256-pixel image a row (17 rows), all saved
+# default) on); the 256-pixel ones let the vision tower weigh more: a 256-pixel image a row (17 rows), all saved
 ROWS_RUN = (("full", 1, SIDE, True), ("lora-text", 1, SIDE, True), ("lora-all", 1, SIDE, True),
-            ("full", 1, 256, False), ("lora-all", 1, 256, False))
+            ("full", 1, 256, False), ("lora-all", 1, 256, False),
+            ("qlora-text", 1, SIDE, True), ("qlora-all", 1, SIDE, True), ("qlora-all", 1, 256, False))
+HOW = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
+       "lora-all": "LoRA r8 all-linear (both towers)", "qlora-text": "4-bit NF4 QLoRA r8 on the text model's q/v",
+       "qlora-all": "4-bit NF4 QLoRA r8 all-linear (both towers)"}
 
 
 def processor(side=SIDE):
@@ -63,9 +67,11 @@ def dataset(n=ROWS, per_row=1, side=SIDE):
 
 def trainer_of(work, kind, per_row=1, side=SIDE, ckpt=True, *, batch=2, steps=3):
     """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v, as a regex of
-    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too)."""
+    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too); "qlora-text" and
+    "qlora-all" load the model in 4 bits first (bitsandbytes' NF4, double quantization, bf16 compute: every Linear
+    of both towers and the connector becomes a Linear4bit), as TRL's VLM docs do for a GPU of Colab's size."""
     from peft import LoraConfig
-    from real_clients import twin_dir
+    from real_clients import _bnb4, twin_dir
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
@@ -73,11 +79,12 @@ def trainer_of(work, kind, per_row=1, side=SIDE, ckpt=True, *, batch=2, steps=3)
     image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
     path = twin_dir("tiny-smolvlm", work, image_token_id=image_id)
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, **({"quantization_config": _bnb4()} if kind.startswith("qlora") else {}))
     model.resize_token_embeddings(len(proc.tokenizer))
     peft = None if kind == "full" else LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=r".*text_model.*\.(q_proj|v_proj)"
-        if kind == "lora-text" else "all-linear")
+        if kind.endswith("-text") else "all-linear")
     args = SFTConfig(output_dir=os.path.join(work, f"smolvlm-{kind}"), use_cpu=True, max_steps=steps,
                      per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt,
                      report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
@@ -89,9 +96,7 @@ def client_smolvlm(work, kind, per_row=1, side=SIDE, ckpt=True):
     from kit.estimate import estimate_trainer
 
     trainer = trainer_of(work, kind, per_row, side, ckpt)
-    how = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
-           "lora-all": "LoRA r8 all-linear (both towers)"}[kind]
-    setup = (f"tiny-smolvlm, {how}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
+    setup = (f"tiny-smolvlm, {HOW[kind]}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
              f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {side} px split into {CROP} px crops "
              "and a global view")
     label = f"SmolVLM SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}"

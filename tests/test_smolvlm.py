@@ -137,8 +137,8 @@ def test_i48_smolvlm_sft_trainer_on_image_messages_within_2_percent(tmp_path, ki
     """Refused before ("a vision-language model: ... not yet the vision tower's backward nor the pixel values of the
     batch the data loader fetches ahead"). TRL's SFTTrainer on image + text messages (its VLM collator, the
     processor splitting each 128-pixel image into 4 crops and a global view), full fine-tuning, LoRA on the text
-    model's q/v alone and LoRA on every linear layer of both towers: step 1 and the steady step against the
-    profiler meter, at the batch the collator really drew (read by estimate_trainer)."""
+    model's q/v alone and LoRA on every linear layer of both towers, each LoRA also as 4-bit QLoRA: step 1 and the
+    steady step against the profiler meter, at the batch the collator really drew (read by estimate_trainer)."""
     _, setup, est, peaks = rc.run_trainer_client(clients_smolvlm.client_smolvlm(str(tmp_path), kind), rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
     rows, crop = est.setup["images"]
@@ -190,9 +190,12 @@ def test_the_vision_tower_is_its_own_part_of_weights_grads_and_optimizer_state()
 
 def test_what_stays_unmodelled_is_refused_in_one_sentence():
     with pytest.raises(InputError) as refused:
-        estimate(REAL, batch_size=1, seq_len=2048, lora_r=16, quantization="4bit")
+        estimate(REAL, batch_size=1, seq_len=2048, lora_r=16, quantization="8bit")
     said = str(refused.value)
-    assert "vision-language model" in said and "4-bit/8-bit" in said and "kit.watch" in said and "\n" not in said
+    assert "vision-language model" in said and "8-bit layers" in said and "kit.watch" in said and "\n" not in said
+    # 4-bit QLoRA is estimated: every Linear of both towers and the connector is bitsandbytes' Linear4bit
+    qlora = estimate(REAL, batch_size=1, seq_len=2048, lora_r=16, quantization="4bit")
+    assert qlora.weights_bytes < estimate(REAL, batch_size=1, seq_len=2048, lora_r=16).weights_bytes / 3
 
 
 def test_fit_answers_smolvlm_instruct_in_five_lines(capsys):

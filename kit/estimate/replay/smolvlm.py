@@ -183,7 +183,7 @@ def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
     x = top.layer_norm(x, trains)
     shuffled = top.new(x.n, x.dt, x.rg)   # the pixel shuffle's reshape of a permuted view: a copy
     feats = top.linear(shuffled, vst.H * vis.scale ** 2, vis.text, "connector.modality_projection.proj",
-                       trainable=connector_trains, w=vst.w_other, quant="none")
+                       trainable=connector_trains, w=vst.w_other)
     tp.saved.update(top.saved)
     top_bwd, top_bwd_grads = top.backward_peak(feats.n * feats.dt) if feats.rg else (0, 0)
     norm = 2 * vst.H * vst.w_other if trains else 0
@@ -325,8 +325,9 @@ def from_batch(cfg, image_processor, batch) -> tuple:
          f"{splitting}")
 
 
-# What the whole replay does not follow yet: the Setup field, and its name in the refusal
-NOT_REPLAYED = (("quant", "4-bit/8-bit layers"), ("liger", "Liger's kernels"),
+# What the whole replay does not follow yet: the Setup field, and its name in the refusal (and 8-bit layers: 4-bit
+# ones, the tower's and the connector's too, are replayed by the tape's Linear4bit)
+NOT_REPLAYED = (("liger", "Liger's kernels"),
                 ("trl_offload", "activation offloading"), ("ckpt_offload", "checkpoint offloading"),
                 ("frozen_below", "frozen bottom blocks"), ("own", "a head of one's own"), ("dora", "DoRA"))
 
@@ -336,10 +337,10 @@ def refuse(st: Setup) -> None:
     from kit.inputs import InputError
 
     found = next((name for field, name in NOT_REPLAYED if getattr(st, field) not in (False, 0, (), "none", None)),
-                 "partial checkpointing" if st.ckpt_every > 1 else None)
+                 "partial checkpointing" if st.ckpt_every > 1 else "8-bit layers" if st.quant == "8bit" else None)
     if found:
         raise InputError("model", f"a vision-language model is replayed (vision tower, connector and text model) with "
-                         f"full fine-tuning or LoRA, not yet with {found}: estimate it "
+                         f"full fine-tuning, LoRA or 4-bit QLoRA, not yet with {found}: estimate it "
                          "without, or measure the run with kit.watch(trainer).", code="vision-language-not-replayed")
 
 
