@@ -45,6 +45,7 @@ from kit.estimate.replay.tape import Tape
 _TEXT = ("Qwen2_5_VLDecoderLayer", "Qwen2_5_VLAttention", "Qwen2MLP", "Qwen2_5_VLRMSNorm")
 MERGER = ("merger.mlp.0", "merger.mlp.2")   # the merger's two Linears, by their names in the tower
 DEFAULT_SIDE = 448   # the images' side assumed where none is given (256 image tokens an image)
+PATCH, MERGE = 14, 2   # Qwen2VLImageProcessorPil's patch_size and merge_size (the vision config's, too)
 
 
 @around(covers=Covers(blocks=llama.block.covers.blocks + _TEXT[:1], attention=llama.block.covers.attention + _TEXT[1:2],
@@ -312,6 +313,18 @@ def from_batch(cfg, image_processor, batch) -> tuple:
          f"merge_size {image_processor.merge_size}")
 
 
-register_family("qwen2_5_vl", block=block, whole=whole,
+def notes(cfg) -> list:
+    """Where the image tokens come from: the image processor's arithmetic, not a processor (which needs
+    torchvision)."""
+    from kit.inputs import Note
+
+    low, high = processor_pixels()
+    return [Note(f"image tokens computed from the image processor's config, not by its processor (which needs "
+                 f"torchvision): {PATCH} px patches merged {MERGE} x {MERGE}, images resized to multiples of "
+                 f"{PATCH * MERGE} px within {low:,} to {high:,} pixels; a {DEFAULT_SIDE} px image is "
+                 f"{(DEFAULT_SIDE // (PATCH * MERGE)) ** 2} tokens", field="image_size", code="image-tokens-assumed")]
+
+
+register_family("qwen2_5_vl", block=block, whole=whole, notes=notes,
                 images=ImageModel(modules=("visual",), text=lambda cfg: cfg.text_config, rows=tower_rows,
                                   shape=images_shape, row_bytes=row_bytes, from_batch=from_batch))
