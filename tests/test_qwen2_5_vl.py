@@ -199,7 +199,8 @@ def test_the_image_tokens_come_from_the_image_processors_arithmetic():
     assert "1 image a row assumed" in said and "image tokens computed from the image processor's config" in said
     with pytest.raises(InputError, match="splits no image"):
         estimate(REAL, batch_size=1, seq_len=2048, lora_r=16, image_splitting=False)
-    with pytest.raises(InputError, match="cannot hold the row's 1296 image tokens") as refused:
+    side = smart_resize(1000, 1000, factor=28, min_pixels=low, max_pixels=high)[0]   # 980: over max_pixels
+    with pytest.raises(InputError, match=f"cannot hold the row's {(side // 28) ** 2} image tokens") as refused:
         estimate(REAL, batch_size=1, seq_len=1024, lora_r=16, image_size=1000)
     assert "\n" not in str(refused.value)
 
@@ -224,7 +225,7 @@ def test_the_vision_tower_is_its_own_part_of_weights_grads_and_optimizer_state()
 
 
 def test_what_stays_unmodelled_is_refused_in_one_sentence():
-    for option in (dict(quantization="4bit"), dict(dora=True)):
+    for option in (dict(quantization="4bit"), dict(use_dora=True)):
         with pytest.raises(InputError) as refused:
             estimate(REAL, batch_size=1, seq_len=2048, lora_r=16, **option)
         said = str(refused.value)
