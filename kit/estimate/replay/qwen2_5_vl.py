@@ -232,9 +232,10 @@ def whole(st: Setup):
     hidden = vst.T * vst.H * (vst.ac or vst.w)   # the model output's image_outputs.last_hidden_state
     vision = smolvlm.VisionReplay(parts=parts, merge=merge, at_loss=hidden + feats.n * feats.dt,
                                   features_grad=feats.n * feats.dt if feats.rg else 0, L=vis.L, ckpt=vst.ckpt)
-    # enable_input_require_grads (Setup.input_grad) makes the text embeddings' output and the patch embedding's
-    # output leaves that require grad: the graph's AccumulateGrad nodes hold them till backward ends
-    hooked = st.T * st.H * st.w_other + vst.T * vst.H * (vst.ac or vst.w) if st.input_grad else 0
+    # enable_input_require_grads (Setup.input_grad) makes a frozen embedding's output a leaf that requires grad (the
+    # text embeddings', the patch embedding's): the graph's AccumulateGrad node holds it till backward ends
+    hooked = (st.T * st.H * st.w_other * (not embeds_trains) + vst.T * vst.H * (vst.ac or vst.w) * (not vis.trains)
+              if st.input_grad else 0)
     return replace(rp, embed=rp.embed + parts.tape.total() - parts.batch_pixels + merge + hooked, vision=vision,
                    walk=smolvlm.walk)
 
