@@ -36,6 +36,8 @@ CASES = {
     "full FT, one 112-px image a sample": (1, 112, torch.float32, None, False),
     "full FT, two 224-px images a sample (4 windows each)": (2, 224, torch.float32, None, False),
     "full FT, bf16 weights": (1, 224, torch.bfloat16, None, False),
+    "full FT, bf16 autocast (fp32 weights)": (1, 224, "autocast", None, False),
+    "LoRA r8 on q/v and the tower's qkv, bf16 autocast": (1, 224, "autocast", EVERY_QV, False),
     "LoRA r8 on the text model's q/v": (1, 224, torch.float32, TEXT_QV, False),
     "LoRA r8 on q/v and the tower's qkv": (1, 224, torch.float32, EVERY_QV, False),
     "full FT, checkpointing": (1, 224, torch.float32, None, True),
@@ -52,13 +54,15 @@ def _batch(cfg, per_sample: int, side: int) -> dict:
 
 
 def _text_setup(cfg, S, dtype, lora: bool, ckpt: bool) -> Setup:
-    """The text model's Setup; with checkpointing and LoRA, peft has called ``enable_input_require_grads``."""
+    """The text model's Setup ("autocast": fp32 weights under CPU bf16 autocast); with checkpointing and LoRA, peft
+    has called ``enable_input_require_grads``."""
     t = cfg.text_config
-    w = FP32 if dtype == torch.float32 else BF16
+    w = BF16 if dtype == torch.bfloat16 else FP32
     return Setup(family="qwen2_5_vl", B=B, S=S, H=t.hidden_size, F=t.intermediate_size, nh=t.num_attention_heads,
                  kvh=t.num_key_value_heads, hd=t.hidden_size // t.num_attention_heads, V=t.vocab_size,
                  L=t.num_hidden_layers, w=w, w_other=w, device="cpu", padded=False, base_trainable=not lora,
-                 lora=QV if lora else {}, ckpt=ckpt, input_grad=lora and ckpt)
+                 lora=QV if lora else {}, ckpt=ckpt, input_grad=lora and ckpt,
+                 ac=BF16 if dtype == "autocast" else None)
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -69,14 +73,16 @@ def test_the_forward_replay_matches_autograd_saved_tensors(label):
     per_sample, side, dtype, targets, ckpt = CASES[label]
     cfg = get_config(TWIN)
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="sdpa", dtype=dtype).train()
+    model = AutoModelForImageTextToText.from_config(
+        cfg, attn_implementation="sdpa", dtype=torch.float32 if dtype == "autocast" else dtype).train()
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if targets:   # (peft, on a checkpointed model, hooks every input embedding: the tower's patch_embed too)
         model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, lora_dropout=0.0))
     batch = _batch(cfg, per_sample, side)
     S = batch["input_ids"].shape[1]
-    measured = saved_tensor_bytes(model, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "autocast"):
+        measured = saved_tensor_bytes(model, batch)
     parts = qwen2_5_vl.forward_saved(cfg, _text_setup(cfg, S, dtype, bool(targets), ckpt), B * per_sample, side,
                                      vision_trains=not targets,
                                      vision_lora={"attn.qkv": 8} if targets == EVERY_QV else {},

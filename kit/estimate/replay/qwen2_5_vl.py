@@ -150,15 +150,16 @@ class TowerParts:
 
 def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
     """Replay ``get_image_features``: the ``Conv3d`` keeps its input where its weight trains (the batch's fp32
-    ``pixel_values`` themselves, or their half copy under autocast or half weights); enable_input_require_grads
-    hooks the tower's input embedding (``patch_embed``) too (``Setup.input_grad``); the window permutation keeps its
-    index; each block is :func:`vision_block` (under gradient checkpointing a block keeps only its input); then the
-    merger and the reverse permutation's index."""
+    ``pixel_values`` themselves, or their half copy under autocast or half weights; under autocast, the half copy of
+    its weight too); enable_input_require_grads hooks the tower's input embedding (``patch_embed``) too
+    (``Setup.input_grad``); the window permutation keeps its index; each block is :func:`vision_block` (under
+    gradient checkpointing a block keeps only its input); then the merger and the reverse permutation's index."""
     tp = Tape(vst)
     trains = vst.base_trainable
     pixels = vis.patches * vis.patch_dim
     half = vst.ac or (vst.w if vst.w != F32 else None)   # the Conv3d's input dtype where it is not fp32
     tp.save(tp.new(pixels, half or F32, False), when=trains)
+    tp.save(tp.new(vis.patch_dim * vst.H, vst.ac, False), when=trains and vst.ac is not None)   # its weight's copy
     batch_pixels = pixels * F32 if trains and half is None else 0
     rg = trains or vst.input_grad
     x = tp.new(vst.T * vst.H, vst.ac or vst.w, rg)          # the patch embeddings (the Conv3d's output)
