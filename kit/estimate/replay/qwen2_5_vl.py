@@ -42,14 +42,18 @@ from kit.estimate.replay.families import ImageModel, register_family
 from kit.estimate.replay.setup import BOOL, F32, I64, Covers, Setup, around
 from kit.estimate.replay.tape import Tape
 
-_TEXT = ("Qwen2_5_VLDecoderLayer", "Qwen2_5_VLAttention", "Qwen2MLP", "Qwen2_5_VLRMSNorm")
 MERGER = ("merger.mlp.0", "merger.mlp.2")   # the merger's two Linears, by their names in the tower
 DEFAULT_SIDE = 448   # the images' side assumed where none is given (256 image tokens an image)
 PATCH, MERGE = 14, 2   # Qwen2VLImageProcessorPil's patch_size and merge_size (the vision config's, too)
 
 
-@around(covers=Covers(blocks=llama.block.covers.blocks + _TEXT[:1], attention=llama.block.covers.attention + _TEXT[1:2],
-                      mlp=llama.block.covers.mlp + _TEXT[2:3], norms=llama.block.covers.norms + _TEXT[3:]),
+# the text model's classes: Qwen2's (Llama's) op for op; its MLP is transformers' Qwen2MLP, Llama's already
+_LLAMA = llama.block.covers
+
+
+@around(covers=Covers(blocks=_LLAMA.blocks + ("Qwen2_5_VLDecoderLayer",),
+                      attention=_LLAMA.attention + ("Qwen2_5_VLAttention",), mlp=_LLAMA.mlp,
+                      norms=_LLAMA.norms + ("Qwen2_5_VLRMSNorm",)),
         final_norm="rms_norm")
 def block(tp: Tape, x):
     """A text block: ``Qwen2_5_VLDecoderLayer``, Llama's decoder layer op for op."""
