@@ -4,7 +4,7 @@ a dataset of ``images`` and ``messages``, ``SFTConfig(max_length=None)``, the mo
 each image resized to multiples of 28 pixels and cut into 14-pixel patches); full fine-tuning, LoRA on the text
 model's q/v alone, or LoRA on every linear layer (the vision tower's and merger's too). The twin is
 ``kit/configs/tiny-qwen2-5-vl.json`` with the tokenizer's vision tokens added (its vocabulary grown to hold them), its
-processor built offline as Qwen2.5-VL-3B-Instruct's is (``Qwen2_5_VLProcessor``: ``Qwen2VLImageProcessor``, the
+processor built offline as Qwen2.5-VL-3B-Instruct's is (``Qwen2_5_VLProcessor``: ``Qwen2VLImageProcessorPil``, the
 kit's tokenizer with Qwen's vision tokens, a chat template in Qwen's form). fp32 weights on the CPU.
 
 Qwen2.5-VL's processor needs torchvision (its video processor), which the project's install leaves out: these rows
