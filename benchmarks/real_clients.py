@@ -106,6 +106,7 @@ import bisect
 import contextlib
 import datetime
 import gc
+import importlib.util
 import os
 import sys
 import tempfile
@@ -1079,6 +1080,15 @@ def rows_to_run(work, only=None):
         R.append((f"SmolVLM SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}",
                   lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
                       clients_smolvlm.client_smolvlm(work, k, n, s, c), m)))
+    import clients_qwen2_5_vl   # issue 48: Qwen2.5-VL with TRL's SFTTrainer, where its processor imports
+    if importlib.util.find_spec("torchvision") is not None:
+        for kind, per_row, side, ckpt in clients_qwen2_5_vl.ROWS_RUN:
+            R.append((clients_qwen2_5_vl.label_of(kind, per_row, side, ckpt),
+                      lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                          clients_qwen2_5_vl.client_qwen2_5_vl(work, k, n, s, c), m)))
+    else:
+        print("Qwen2.5-VL's rows need torchvision (its processor's video processor), which this venv lacks: run them "
+              "with benchmarks/vl_env.sh", file=sys.stderr)
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

@@ -96,6 +96,15 @@ REGISTRY = {
     # tiny-llama. kit.estimate.replay.smolvlm replays a training step of them, images declared in TrainingSetup.
     "HuggingFaceTB/SmolVLM-Instruct": "SmolVLM-Instruct.json",
     "tiny-smolvlm": "tiny-smolvlm.json",
+    # Qwen2.5-VL (a windowed-attention vision tower with 2-D rotary, a patch merger, a Qwen2 text model with M-RoPE):
+    # Qwen/Qwen2.5-VL-3B-Instruct's config.json as published on the Hub (flat text fields; transformers_version
+    # dropped), copied from the public copy in github.com/whaler404/Hf-Learn,
+    # transfomers_learn/api/models/multimodal_models/qwen2.5_vl/qwen2.5_vl.md ("model config"), commit
+    # 52e20dfe9aaeeab0a40a976a63a36dd695d2b51e (tests/test_qwen2_5_vl.py pins it); and its twin: a 2-layer tower
+    # (one windowed layer, one full, 14-pixel patches, merge 2), the 2-layer text of tiny-qwen2.
+    # kit.estimate.replay.qwen2_5_vl replays a training step of them, images declared in TrainingSetup.
+    "Qwen/Qwen2.5-VL-3B-Instruct": "Qwen2.5-VL-3B-Instruct.json",
+    "tiny-qwen2-5-vl": "tiny-qwen2-5-vl.json",
     # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
     # (transformers' T5Config fields: d_model 768, d_ff 2048, 12 + 12 layers, gated-gelu, untied lm_head), and its
     # twin: 2 + 2 layers, d_model 64, 4 heads of 16.
@@ -119,6 +128,7 @@ TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 TINY |= {"tiny-smolvlm", "tiny-flan-t5"}
+TINY |= {"tiny-qwen2-5-vl"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -138,6 +148,7 @@ _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1"
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
 _SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm", "google/flan-t5-base": "tiny-flan-t5"}
+_SMOKE |= {"Qwen/Qwen2.5-VL-3B-Instruct": "tiny-qwen2-5-vl"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

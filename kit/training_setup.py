@@ -86,7 +86,8 @@ class TrainingSetup:
                                  kind=int)
     image_size: int = option(None, "a vision-language model's images' side in pixels after its processor's resize "
                              "(the image processor's size['longest_edge']; square images); None: 4 crops a side, as "
-                             "SmolVLM's processors resize, said in a note", flag="--image-size", kind=int)
+                             "SmolVLM's processors resize, said in a note (Qwen2.5-VL: the side before its resize "
+                             "to multiples of 28 px; None: 448)", flag="--image-size", kind=int)
     image_splitting: bool = option(True, "a vision-language model's processor splits each image larger than the "
                                    "vision tower's crop into crops plus a global view (do_image_splitting)",
                                    negative="--no-image-splitting")

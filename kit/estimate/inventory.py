@@ -71,7 +71,7 @@ class UnsupportedModel(Refusal):
 
 
 # The module lists that hold the blocks, by the name before a block's index (their leaves are part "block")
-BLOCK_LISTS = ("h", "layers", "layer", "block")
+BLOCK_LISTS = ("h", "layers", "layer", "block", "blocks")
 # UnsupportedModel's codes for a family taken for no other: a model_type no family registers, layer types its
 # family does not replay, blocks that are not its family's classes op for op.
 NO_REPLAY, LAYER_TYPES, BLOCKS_DIFFER = "no-replay", "layer-types", "blocks-differ"
