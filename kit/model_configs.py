@@ -98,7 +98,7 @@ REGISTRY = {
     "tiny-smolvlm": "tiny-smolvlm.json",
     # Qwen2.5-VL (a windowed-attention vision tower with 2-D rotary, a patch merger, a Qwen2 text model with M-RoPE):
     # Qwen/Qwen2.5-VL-3B-Instruct's config.json as published on the Hub (flat text fields; transformers_version
-    # dropped), copied from the public copy in github.com/whaler404/Hf-Learn,
+    # dropped), copied from the public copy in https://github.com/whaler404/Hf-Learn,
     # transfomers_learn/api/models/multimodal_models/qwen2.5_vl/qwen2.5_vl.md ("model config"), commit
     # 52e20dfe9aaeeab0a40a976a63a36dd695d2b51e (tests/test_qwen2_5_vl.py pins it); and its twin: a 2-layer tower
     # (one windowed layer, one full, 14-pixel patches, merge 2), the 2-layer text of tiny-qwen2.

@@ -97,17 +97,19 @@ def _project_texts():
 
 
 def _outside_citations(path, text, repo_md):
-    """The citations in ``text`` of documents outside the repository: an unknown ``*.md``, a workspace path, or a
-    named public writing (a devlog, a datasheet, a fork, ...) with no URL within two lines of it."""
+    """The citations in ``text`` of documents outside the repository: an unknown ``*.md`` or a named public writing
+    (a devlog, a datasheet, a fork, ...) with no URL within two lines of it (its repository's, say), or a workspace
+    path."""
     lines = text.splitlines()
     for i, line in enumerate(lines):
         bare = URL.sub("", line)
+        located = any(URL.search(x) for x in lines[max(0, i - 2):i + 3])
         for md in re.findall(r"[\w.-]+\.md\b", bare):
-            if md not in repo_md and md not in WRITTEN_MD and not PATTERN_MD.search(md):
+            if md not in repo_md and md not in WRITTEN_MD and not PATTERN_MD.search(md) and not located:
                 yield f"{path}:{i + 1}: {md} is not in the repository"
         if WORKSPACE.search(bare):
             yield f"{path}:{i + 1}: a workspace path: {line.strip()[:80]}"
-        if WRITING.search(bare) and not any(URL.search(x) for x in lines[max(0, i - 2):i + 3]):
+        if WRITING.search(bare) and not located:
             yield f"{path}:{i + 1}: {WRITING.search(bare).group(0)!r} named without its URL: {line.strip()[:80]}"
 
 
@@ -129,6 +131,8 @@ def test_the_citation_check_catches_internal_documents_and_unlinked_writings(tex
     assert len(found) == 1 and why in found[0]
     linked = "# NVIDIA T4 datasheet (https://www.nvidia.com/en-us/data-center/tesla-t4/)"
     assert list(_outside_citations("x.py", linked, {"README.md"})) == []
+    located = "# copied from https://github.com/someone/notes,\n# its models/config.md, commit 52e20df"
+    assert list(_outside_citations("x.py", located, {"README.md"})) == []
 
 
 def test_a_benchmark_never_writes_over_an_earlier_result(tmp_path):

@@ -170,8 +170,8 @@ def test_the_family_and_the_real_config_build_to_their_parameter_counts():
     assert lookup("qwen2_5_vl").name == "qwen2_5_vl" and lookup("qwen2_5_vl").images is not None
     cfg = get_config(REAL)
     vc = cfg.vision_config
-    # the config.json as published (github.com/whaler404/Hf-Learn, commit 52e20dfe9aaeeab0a40a976a63a36dd695d2b51e,
-    # transfomers_learn/api/models/multimodal_models/qwen2.5_vl/qwen2.5_vl.md)
+    # the config.json as published (https://github.com/whaler404/Hf-Learn, commit
+    # 52e20dfe9aaeeab0a40a976a63a36dd695d2b51e, transfomers_learn/api/models/multimodal_models/qwen2.5_vl/qwen2.5_vl.md)
     assert (cfg.model_type, vc.depth, vc.hidden_size, vc.intermediate_size, vc.num_heads, vc.out_hidden_size,
             list(vc.fullatt_block_indexes), vc.window_size) == ("qwen2_5_vl", 32, 1280, 3420, 16, 2048,
                                                                   [7, 15, 23, 31], 112)
