@@ -243,9 +243,20 @@ def whole(st: Setup):
     text = replace(st, family="llama", vision=(), input_grad=st.input_grad or feats.rg)
     rp = replay_core.replay(text)
     hidden = vst.T * vst.H * vst.w_other
+    leaf = text_leaf(st, embeds_trains)
+    parts = replace(parts, bottom=parts.bottom + 2 * leaf)   # (the leaf's grad made by the tower's backward)
     vision = VisionReplay(parts=parts, merge=merge, at_loss=hidden + feats.n * feats.dt,
                           features_grad=feats.n * feats.dt if feats.rg else 0, L=vis.L, ckpt=vst.ckpt)
-    return replace(rp, embed=rp.embed + parts.tape.total() + merge, vision=vision, walk=walk)
+    return replace(rp, embed=rp.embed + parts.tape.total() + merge + leaf, vision=vision, walk=walk)
+
+
+def text_leaf(st: Setup, embeds_trains: bool) -> int:
+    """The text embeddings' output where ``enable_input_require_grads`` (peft's, with checkpointing:
+    :attr:`Setup.input_grad`) makes a frozen embedding's output require grad: a leaf, which autograd's graph holds
+    (its ``AccumulateGrad``) till the backward ends, and which no op saves (the merge scatters the image features
+    into a new tensor); 0 where the embeddings train or nothing hooks them. (The tower's hooked output is the first
+    layer's input, which that layer keeps: counted with it.)"""
+    return st.T * st.H * st.w_other if st.input_grad and not embeds_trains else 0
 
 
 def walk(rp, *, grads_embed: int, grads_block: int, grads_head: int, wtemp_block: int, wtemp_head: int,
