@@ -96,6 +96,16 @@ REGISTRY = {
     # tiny-llama. kit.estimate.replay.smolvlm replays a training step of them, images declared in TrainingSetup.
     "HuggingFaceTB/SmolVLM-Instruct": "SmolVLM-Instruct.json",
     "tiny-smolvlm": "tiny-smolvlm.json",
+    # Gemma 3 multimodal (Gemma3ForConditionalGeneration: a SigLIP vision tower, an average-pooling projector to
+    # mm_tokens_per_image tokens, Gemma 3's text model): google/gemma-3-4b-it's config.json as published
+    # (https://huggingface.co/google/gemma-3-4b-it/blob/main/config.json, transformers_version 4.50.0.dev0; the Hub is
+    # unreachable here, so written from public copies that quote it: its top level and text_config as vendored in a
+    # fixture "GEMMA3_4B" ("the shape of google/gemma-3-4b-it's config.json"), its vision_config as vendored in
+    # "parses_gemma3_4b_it_vision_config_from_json"; pinned in tests/test_gemma3_vision.py), and its twin: a 2-layer
+    # tower of 64-pixel images in 8-pixel patches pooled to 16 image tokens, the 2-layer text of tiny-gemma3 (its
+    # vocabulary grown by the three image tokens, boi 4096, eoi 4097, image 4098, as the twin's tokenizer adds them).
+    "google/gemma-3-4b-it": "gemma-3-4b-it.json",
+    "tiny-gemma3-vision": "tiny-gemma3-vision.json",
     # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
     # (transformers' T5Config fields: d_model 768, d_ff 2048, 12 + 12 layers, gated-gelu, untied lm_head), and its
     # twin: 2 + 2 layers, d_model 64, 4 heads of 16.
@@ -103,7 +113,8 @@ REGISTRY = {
     "tiny-flan-t5": "tiny-flan-t5.json",
 }
 # The vision-language models above: the panel has no image controls, so it does not list them.
-VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm"})
+VISION_LANGUAGE = frozenset({"HuggingFaceTB/SmolVLM-Instruct", "tiny-smolvlm", "google/gemma-3-4b-it",
+                             "tiny-gemma3-vision"})
 # The encoders above: estimated under a classifier head only (task seq-cls or token-cls), so the panel, whose
 # setups are causal LMs', does not list them.
 ENCODERS = frozenset({"bert-base-uncased", "google-bert/bert-base-uncased", "roberta-base", "FacebookAI/roberta-base",
@@ -121,6 +132,7 @@ TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 TINY |= {"tiny-smolvlm", "tiny-flan-t5"}
+TINY |= {"tiny-gemma3-vision"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -140,6 +152,7 @@ _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1"
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
 _SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm", "google/flan-t5-base": "tiny-flan-t5"}
+_SMOKE |= {"google/gemma-3-4b-it": "tiny-gemma3-vision"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.
