@@ -26,15 +26,19 @@ IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", 
 ROWS, SIDE = 16, 128   # rows of the dataset; each image's side in pixels before the processor's resize
 TWIN = "tiny-gemma3-vision"
 KINDS = ("full", "lora-text", "lora-all")
-# the rows of benchmarks/real_clients.py: (kind, images a row, gradient checkpointing (SFTConfig's default) on)
-ROWS_RUN = (("full", 1, True), ("lora-text", 1, True), ("lora-all", 1, True),
-            ("full", 1, False), ("lora-text", 1, False), ("lora-all", 1, False), ("full", 2, False))
+# the rows of benchmarks/real_clients.py: (kind, images a row, gradient checkpointing (SFTConfig's default) on, the
+# tower's image size where another than the twin's); the last ones let the vision tower weigh more: 256-pixel images
+# (1024 patches an image), all saved
+ROWS_RUN = (("full", 1, True, None), ("lora-text", 1, True, None), ("lora-all", 1, True, None),
+            ("full", 1, False, None), ("lora-text", 1, False, None), ("lora-all", 1, False, None),
+            ("full", 2, False, None), ("full", 1, False, 256), ("lora-all", 1, False, 256))
 
 
-def processor():
+def processor(tower=None):
     """The twin's processor: the kit's shipped tokenizer with Gemma's image tokens (named as Gemma's tokenizer
     names them: ``boi_token``, ``eoi_token``, ``image_token``), Gemma 3's PIL image processor resizing to the
-    tower's ``image_size`` (pan-and-scan off, its default), ``mm_tokens_per_image`` image tokens an image."""
+    tower's ``image_size`` (``tower``: another side for the twin's tower; pan-and-scan off, its default),
+    ``mm_tokens_per_image`` image tokens an image."""
     from kit import data
     from kit.model_configs import get_config
     from transformers import Gemma3Processor, PreTrainedTokenizerFast
@@ -47,7 +51,7 @@ def processor():
     tok.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS.values())})
     assert (tok.boi_token_id, tok.eoi_token_id, tok.image_token_id) == (
         cfg.boi_token_index, cfg.eoi_token_index, cfg.image_token_index), "the twin's image token ids"
-    side = cfg.vision_config.image_size
+    side = tower or cfg.vision_config.image_size
     images = Gemma3ImageProcessorPil(size={"height": side, "width": side})
     return Gemma3Processor(image_processor=images, tokenizer=tok, image_seq_length=cfg.mm_tokens_per_image,
                            chat_template=CHAT_TEMPLATE)
@@ -71,17 +75,33 @@ def dataset(n=ROWS, per_row=1, side=SIDE):
     return Dataset.from_list(rows)
 
 
-def trainer_of(work, kind, per_row=1, ckpt=True, *, batch=2, steps=3, **config):
-    """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v, as a regex of
-    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too); ``config``: more
-    SFTConfig fields."""
-    from peft import LoraConfig
+def twin_path(work, tower=None) -> str:
+    """The twin saved with save_pretrained (``tower``: its vision tower's ``image_size`` in pixels, where another
+    than the twin's 64: more patches an image, pooled to the same 16 image tokens)."""
+    from kit.models import build_model, get_config
     from real_clients import twin_dir
+
+    if tower is None:
+        return twin_dir(TWIN, work)
+    path = os.path.join(work, f"{TWIN}-tower{tower}")
+    if not os.path.isdir(path):
+        cfg = get_config(TWIN)
+        cfg.vision_config.image_size = tower
+        torch.manual_seed(0)
+        build_model(cfg).save_pretrained(path)
+    return path
+
+
+def trainer_of(work, kind, per_row=1, ckpt=True, *, tower=None, batch=2, steps=3, **config):
+    """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v, as a regex of
+    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too); ``tower``: the tower's
+    image size where another than the twin's (:func:`twin_path`); ``config``: more SFTConfig fields."""
+    from peft import LoraConfig
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
-    proc = processor()
-    path = twin_dir(TWIN, work)
+    proc = processor(tower)
+    path = twin_path(work, tower)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(path)
     peft = None if kind == "full" else LoraConfig(
@@ -94,14 +114,15 @@ def trainer_of(work, kind, per_row=1, ckpt=True, *, batch=2, steps=3, **config):
                       peft_config=peft)
 
 
-def client_gemma3_vision(work, kind, per_row=1, ckpt=True):
+def client_gemma3_vision(work, kind, per_row=1, ckpt=True, tower=None):
     from kit.estimate import estimate_trainer
 
-    trainer = trainer_of(work, kind, per_row, ckpt)
+    trainer = trainer_of(work, kind, per_row, ckpt, tower=tower)
     how = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
            "lora-all": "LoRA r8 all-linear (text and vision tower)"}[kind]
     setup = (f"{TWIN}, {how}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
-             f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {SIDE} px resized to 64 px, "
-             "16 image tokens each")
-    label = f"Gemma3 SFTTrainer {kind} {per_row} image{'s' if per_row > 1 else ''}{'' if ckpt else ' no-ckpt'}"
+             f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {SIDE} px resized to {tower or 64} px"
+             f"{' (the tower made for them)' if tower else ''}, 16 image tokens each")
+    label = (f"Gemma3 SFTTrainer {kind} {per_row} image{'s' if per_row > 1 else ''}{'' if ckpt else ' no-ckpt'}"
+             f"{f' tower {tower}px' if tower else ''}")
     yield label, setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

@@ -152,18 +152,18 @@ def test_the_real_config_is_gemma_3_4b_its_and_the_families_are_told_apart():
     assert "images" not in text_only.setup
 
 
-@pytest.mark.parametrize("kind,per_row,ckpt", [(k, 1, c) for k in clients_gemma3_vision.KINDS for c in (True, False)]
-                         + [("full", 2, False)])
-def test_i48_gemma3_sft_trainer_on_image_messages_within_2_percent(tmp_path, kind, per_row, ckpt):
+@pytest.mark.parametrize("kind,per_row,ckpt,tower", clients_gemma3_vision.ROWS_RUN)
+def test_i48_gemma3_sft_trainer_on_image_messages_within_2_percent(tmp_path, kind, per_row, ckpt, tower):
     """TRL's SFTTrainer on image + text messages (its VLM collator: Gemma 3's processor resizing each 128-pixel image
     to the tower's 64, 16 image tokens each between begin- and end-of-image tokens, token_type_ids), full
     fine-tuning, LoRA on the text model's q/v alone and LoRA on every linear layer (the tower's too), with and
-    without gradient checkpointing: step 1 and the steady step against the profiler meter, at the batch the collator
-    really drew (read by estimate_trainer)."""
+    without gradient checkpointing, two images a row, and a tower of 256-pixel images (1024 patches an image) that
+    weighs more: step 1 and the steady step against the profiler meter, at the batch the collator really drew (read
+    by estimate_trainer)."""
     _, setup, est, peaks = rc.run_trainer_client(
-        clients_gemma3_vision.client_gemma3_vision(str(tmp_path), kind, per_row, ckpt), rc.ProfilerMeter)
+        clients_gemma3_vision.client_gemma3_vision(str(tmp_path), kind, per_row, ckpt, tower), rc.ProfilerMeter)
     assert not isinstance(est, Exception), est
-    assert est.setup["images"] == (per_row, 64) and est.kind == "sft"
+    assert est.setup["images"] == (per_row, tower or 64) and est.kind == "sft"
     assert est.sources["images_per_row"][0] == per_row and est.sources["image_splitting"][0] is False
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
