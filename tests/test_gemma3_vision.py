@@ -28,16 +28,20 @@ BAND = rc.BAND
 TWIN, REAL = "tiny-gemma3-vision", "google/gemma-3-4b-it"
 QV = {"self_attn.q_proj": 8, "self_attn.v_proj": 8}
 TEXT_QV, EVERY_QV = r".*language_model.*\.(q_proj|v_proj)", ["q_proj", "v_proj"]
-# label -> (images a row, weights' dtype, peft's target_modules or None, gradient checkpointing on)
+# label -> (images a row, weights' dtype, peft's target_modules or None, gradient checkpointing on, bf16 autocast on)
 CASES = {
-    "full FT, 1 image a row": (1, torch.float32, None, False),
-    "full FT, 2 images a row": (2, torch.float32, None, False),
-    "full FT, bf16 weights": (1, torch.bfloat16, None, False),
-    "LoRA r8 on the text model's q/v": (1, torch.float32, TEXT_QV, False),
-    "LoRA r8 on every q/v (text and tower)": (2, torch.float32, EVERY_QV, False),
-    "full FT, checkpointing": (2, torch.float32, None, True),
-    "LoRA r8 on the text model's q/v, checkpointing": (1, torch.float32, TEXT_QV, True),
-    "LoRA r8 on every q/v, checkpointing": (2, torch.float32, EVERY_QV, True),
+    "full FT, 1 image a row": (1, torch.float32, None, False, False),
+    "full FT, 2 images a row": (2, torch.float32, None, False, False),
+    "full FT, bf16 weights": (1, torch.bfloat16, None, False, False),
+    "LoRA r8 on the text model's q/v": (1, torch.float32, TEXT_QV, False, False),
+    "LoRA r8 on every q/v (text and tower)": (2, torch.float32, EVERY_QV, False, False),
+    "full FT, checkpointing": (2, torch.float32, None, True, False),
+    "LoRA r8 on the text model's q/v, checkpointing": (1, torch.float32, TEXT_QV, True, False),
+    "LoRA r8 on every q/v, checkpointing": (2, torch.float32, EVERY_QV, True, False),
+    # (autocast: the one kv head's key, expanded by repeat_kv to every head under the mask, is cast whole)
+    "full FT, bf16 autocast": (1, torch.float32, None, False, True),
+    "LoRA r8 on every q/v, bf16 autocast": (2, torch.float32, EVERY_QV, False, True),
+    "full FT, bf16 autocast, checkpointing": (1, torch.float32, None, True, True),
 }
 B, S = 2, 64
 
@@ -57,14 +61,15 @@ def _batch(cfg, per_row: int) -> dict:
             "pixel_values": torch.randn(B * per_row, 3, side, side), "labels": ids}
 
 
-def _text_setup(cfg, dtype, lora: bool, ckpt: bool) -> Setup:
+def _text_setup(cfg, dtype, lora: bool, ckpt: bool, autocast: bool = False) -> Setup:
     """The text model's Setup (its sliding window and two rotary sets, as the config reads them); with checkpointing
     and LoRA, peft has called ``enable_input_require_grads``."""
     t, w = cfg.text_config, FP32 if dtype == torch.float32 else BF16
     return Setup(family="gemma3", B=B, S=S, H=t.hidden_size, F=t.intermediate_size, nh=t.num_attention_heads,
                  kvh=t.num_key_value_heads, hd=t.head_dim, V=t.vocab_size, L=t.num_hidden_layers, w=w, w_other=w,
                  device="cpu", padded=False, base_trainable=not lora, lora=QV if lora else {}, ckpt=ckpt,
-                 input_grad=lora and ckpt, window=t.sliding_window, sliding=1, first_sliding=True, rope_sets=2)
+                 input_grad=lora and ckpt, window=t.sliding_window, sliding=1, first_sliding=True, rope_sets=2,
+                 ac=BF16 if autocast else None)
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -72,7 +77,7 @@ def test_the_forward_replay_matches_autograd_saved_tensors(label):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
-    per_row, dtype, targets, ckpt = CASES[label]
+    per_row, dtype, targets, ckpt, autocast = CASES[label]
     cfg = get_config(TWIN)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(cfg, attn_implementation="sdpa", dtype=dtype).train()
@@ -81,8 +86,9 @@ def test_the_forward_replay_matches_autograd_saved_tensors(label):
     if targets:   # (peft, on a checkpointed model, hooks every input embedding: the tower's patch embedding too)
         model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, lora_dropout=0.0))
     batch = _batch(cfg, per_row)
-    measured = saved_tensor_bytes(model, batch)
-    parts = gemma3_vision.forward_saved(cfg, _text_setup(cfg, dtype, bool(targets), ckpt), B * per_row,
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        measured = saved_tensor_bytes(model, batch)
+    parts = gemma3_vision.forward_saved(cfg, _text_setup(cfg, dtype, bool(targets), ckpt, autocast), B * per_row,
                                         vision_trains=not targets, vision_lora=QV if targets == EVERY_QV else {},
                                         projector_trains=not targets)
     t = cfg.text_config
@@ -90,10 +96,10 @@ def test_the_forward_replay_matches_autograd_saved_tensors(label):
     # of the two layer types) and the two (B, 1, S, S) bool masks; the replay counts them, the hooks cannot
     kept = (2 * 2 * S * t.head_dim * 4 + 2 * B * S * S) if ckpt else 0
     # what the hooks count and the step counts elsewhere: the batch's own pixel values where the trained patch
-    # embedding's Conv2d keeps them (fp32 weights: no copy), the position_ids buffer its position embedding keeps,
-    # the embedding scale buffer (a 0-d tensor in the weights' dtype) and the loss's 0-d token count (4 bytes)
+    # embedding's Conv2d keeps them (fp32 weights, no autocast: no copy), the position_ids buffer its position
+    # embedding keeps, the embedding scale buffer (0-d, in the weights' dtype) and the loss's 0-d token count
     trains = not targets
-    pixels = batch["pixel_values"].nbytes if trains and dtype == torch.float32 else 0
+    pixels = batch["pixel_values"].nbytes if trains and dtype == torch.float32 and not autocast else 0
     buffers = (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2 * 8 if trains else 0
     scale = (4 if dtype == torch.float32 else 2) if trains else 0
     assert sum(parts.values()) - kept + pixels + buffers + scale == measured - 4, (parts, measured)
