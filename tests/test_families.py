@@ -166,7 +166,8 @@ def test_families_by_model_type():
     from transformers import Gemma3Config, GraniteConfig
 
     assert family_of(Gemma3Config().text_config) == "gemma3_text"
-    assert family_of(Gemma3Config()) == "gemma3"   # the multimodal model: kit.estimate.replay.gemma3_vision
+    # the multimodal model (kit.estimate.replay.gemma3_vision), as google/gemma-3-4b-it's config says it
+    assert family_of(get_config("google/gemma-3-4b-it")) == "gemma3"
     # Llama-style names, but Granite's blocks scale the residuals and attention (its multipliers): not Llama's
     with pytest.raises(UnsupportedModel, match=r"^granite \(GraniteConfig\) is not estimated") as refused:
         estimate(GraniteConfig(**_TINY), batch_size=1, seq_len=8)

@@ -241,3 +241,18 @@ def test_fit_answers_gemma_3_4b_it_in_five_lines(capsys):
     answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5, said
     assert said[-1].startswith("details: --details")
+
+
+def test_a_config_whose_vision_part_the_replay_lacks_is_refused():
+    """transformers' own default Gemma3Config: a SigLIP tower with its pooling head, and 14 patches a side that 256
+    image tokens cannot pool evenly; each refused in one sentence, before any figure."""
+    from transformers import Gemma3Config
+
+    from kit.estimate.inventory import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel, match=r"pooling head \(vision_config.vision_use_head\)"):
+        estimate(Gemma3Config(), batch_size=1, seq_len=512)
+    headless = Gemma3Config()
+    headless.vision_config.vision_use_head = False
+    with pytest.raises(UnsupportedModel, match="pools 14 patches a side into 16 image tokens a side"):
+        estimate(headless, batch_size=1, seq_len=512)

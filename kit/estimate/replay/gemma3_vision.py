@@ -213,9 +213,25 @@ def from_batch(cfg, image_processor, batch) -> tuple:
         f"pixel_values {tuple(pixels.shape)} for {rows} rows; the image processor's do_pan_and_scan {pan}"
 
 
+def refusal(cfg) -> str | None:
+    """A config whose vision part this replay does not have: a SigLIP tower with its pooling head
+    (``vision_use_head``, which ``SiglipVisionModel`` runs and Gemma 3 then drops), or patches a side that
+    ``mm_tokens_per_image`` does not pool evenly (transformers' own default config: 14 patches a side, 16 tokens)."""
+    vc = getattr(cfg, "vision_config", None)
+    if vc is None:
+        return None
+    if getattr(vc, "vision_use_head", False):
+        return "has a vision tower with its pooling head (vision_config.vision_use_head), which the replay lacks"
+    side, tokens = vc.image_size // vc.patch_size, round(cfg.mm_tokens_per_image ** 0.5)
+    if tokens < 1 or side % tokens:
+        return (f"pools {side} patches a side into {tokens} image tokens a side (mm_tokens_per_image "
+                f"{cfg.mm_tokens_per_image}), which the projector's average pooling does not do evenly")
+    return None
+
+
 _TEXT_KEY = "gemma3_text"   # the text model's Setup.family key (kit.estimate.replay.gemma3's declaration)
 
-register_family("gemma3", block=block, config_fields=gemma3.config_fields, whole=whole,
+register_family("gemma3", block=block, config_fields=gemma3.config_fields, whole=whole, refusal=refusal,
                 images=ImageModel(modules=("vision_tower", "multi_modal_projector"),
                                   text=lambda cfg: cfg.text_config, rows=tower_rows, shape=images_shape,
                                   row_bytes=row_bytes, from_batch=from_batch))
