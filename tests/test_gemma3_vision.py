@@ -256,3 +256,27 @@ def test_a_config_whose_vision_part_the_replay_lacks_is_refused():
     headless.vision_config.vision_use_head = False
     with pytest.raises(UnsupportedModel, match="pools 14 patches a side into 16 image tokens a side"):
         estimate(headless, batch_size=1, seq_len=512)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_gemma_3_text_alone_with_a_padding_mask_matches_autograd_under_autocast(autocast):
+    """The tape's rule the multimodal replay found, on the text family alone (tiny-gemma3, one kv head): with a mask,
+    transformers' sdpa repeats the key and value to every head (an expand: a view, for one kv head), and autocast's
+    cast of the fp32 key after its rotary embedding copies it whole; the replay says so, to the byte."""
+    from transformers import AutoModelForCausalLM
+
+    from kit.estimate.replay import replay
+
+    cfg = get_config("tiny-gemma3")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
+    ids, mask = torch.randint(2, 4000, (B, S)), torch.ones(B, S, dtype=torch.long)
+    mask[1, -5:] = 0
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        measured = saved_tensor_bytes(model, {"input_ids": ids, "attention_mask": mask, "labels": ids})
+    setup = Setup(family="gemma3_text", B=B, S=S, H=cfg.hidden_size, F=cfg.intermediate_size,
+                  nh=cfg.num_attention_heads, kvh=cfg.num_key_value_heads, hd=cfg.head_dim, V=cfg.vocab_size,
+                  L=cfg.num_hidden_layers, w=FP32, w_other=FP32, device="cpu", padded=True, window=cfg.sliding_window,
+                  sliding=1, first_sliding=True, rope_sets=2, ac=BF16 if autocast else None)
+    # (less the embedding scale buffer and the loss's token count, 4 bytes each)
+    assert replay(setup).saved_bytes() == measured - 8
