@@ -1089,6 +1089,11 @@ def rows_to_run(work, only=None):
     else:
         print("Qwen2.5-VL's rows need torchvision (its processor's video processor), which this venv lacks: run them "
               "with benchmarks/vl_env.sh", file=sys.stderr)
+    import clients_gemma3_vision   # issue 48: Gemma 3 multimodal with TRL's SFTTrainer on image + text messages
+    for kind, per_row, ckpt, tower in clients_gemma3_vision.ROWS_RUN:
+        R.append((f"Gemma3 SFTTrainer {kind} {per_row} image{'s' if per_row > 1 else ''}{'' if ckpt else ' no-ckpt'}"
+                  f"{f' tower {tower}px' if tower else ''}", lambda m, k=kind, n=per_row, c=ckpt, t=tower:
+                  run_trainer_client(clients_gemma3_vision.client_gemma3_vision(work, k, n, c, t), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

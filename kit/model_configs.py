@@ -105,6 +105,16 @@ REGISTRY = {
     # kit.estimate.replay.qwen2_5_vl replays a training step of them, images declared in TrainingSetup.
     "Qwen/Qwen2.5-VL-3B-Instruct": "Qwen2.5-VL-3B-Instruct.json",
     "tiny-qwen2-5-vl": "tiny-qwen2-5-vl.json",
+    # Gemma 3 multimodal (Gemma3ForConditionalGeneration: a SigLIP vision tower, an average-pooling projector to
+    # mm_tokens_per_image tokens, Gemma 3's text model): google/gemma-3-4b-it's config.json as published
+    # (https://huggingface.co/google/gemma-3-4b-it/blob/main/config.json, transformers_version 4.50.0.dev0; the Hub is
+    # unreachable here, so written from public copies that quote it: its top level and text_config as vendored in a
+    # fixture "GEMMA3_4B" ("the shape of google/gemma-3-4b-it's config.json"), its vision_config as vendored in
+    # "parses_gemma3_4b_it_vision_config_from_json"; pinned in tests/test_gemma3_vision.py), and its twin: a 2-layer
+    # tower of 64-pixel images in 8-pixel patches pooled to 16 image tokens, the 2-layer text of tiny-gemma3 (its
+    # vocabulary grown by the three image tokens, boi 4096, eoi 4097, image 4098, as the twin's tokenizer adds them).
+    "google/gemma-3-4b-it": "gemma-3-4b-it.json",
+    "tiny-gemma3-vision": "tiny-gemma3-vision.json",
     # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
     # (transformers' T5Config fields: d_model 768, d_ff 2048, 12 + 12 layers, gated-gelu, untied lm_head), and its
     # twin: 2 + 2 layers, d_model 64, 4 heads of 16.
@@ -129,6 +139,7 @@ TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 TINY |= {"tiny-smolvlm", "tiny-flan-t5"}
 TINY |= {"tiny-qwen2-5-vl"}
+TINY |= {"tiny-gemma3-vision"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
           "unsloth/Llama-3.2-1B": "tiny-llama"}
@@ -149,6 +160,7 @@ _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
 _SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm", "google/flan-t5-base": "tiny-flan-t5"}
 _SMOKE |= {"Qwen/Qwen2.5-VL-3B-Instruct": "tiny-qwen2-5-vl"}
+_SMOKE |= {"google/gemma-3-4b-it": "tiny-gemma3-vision"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}
 # Hub organisations whose models are gated (a licence to accept, then a token), as on the Hub in 2026-11.

@@ -32,7 +32,7 @@ TWINS = {
     "tiny-olmo2": ("olmo2", 1_418_240),
     "tiny-phi3": ("phi3", 1_417_856),
     "tiny-gemma2": ("gemma2", 894_080),
-    "tiny-gemma3": ("gemma3", 877_824),
+    "tiny-gemma3": ("gemma3_text", 877_824),
     "tiny-gpt-neox": ("gpt_neox", 1_445_376),
     "tiny-stablelm": ("stablelm", 1_524_992),
 }
@@ -165,13 +165,13 @@ def test_all_linear_lora_counts_match_peft(name):
 def test_families_by_model_type():
     from transformers import Gemma3Config, GraniteConfig
 
-    assert family_of(Gemma3Config().text_config) == "gemma3"        # model_type gemma3_text
+    assert family_of(Gemma3Config().text_config) == "gemma3_text"
+    # the multimodal model (kit.estimate.replay.gemma3_vision), as google/gemma-3-4b-it's config says it
+    assert family_of(get_config("google/gemma-3-4b-it")) == "gemma3"
     # Llama-style names, but Granite's blocks scale the residuals and attention (its multipliers): not Llama's
     with pytest.raises(UnsupportedModel, match=r"^granite \(GraniteConfig\) is not estimated") as refused:
         estimate(GraniteConfig(**_TINY), batch_size=1, seq_len=8)
     assert refused.value.code == NO_REPLAY
-    with pytest.raises(ValueError, match=r"^gemma3 \(Gemma3Config\) is a multimodal model.*text_config"):
-        estimate(Gemma3Config(), batch_size=1, seq_len=8)
 
 
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

@@ -461,7 +461,7 @@ def images_bytes(info: Info, plan: Plan) -> int:
     one waits in host memory)."""
     if not plan.images:
         return 0
-    images = plan.batch_size * replay.family(info.family).images.row_bytes(info.vision, *plan.images)
+    images = plan.batch_size * replay.family(info.family).images.row_bytes(info.vision, *plan.images, plan.seq_len)
     return images if plan.device != "cpu" else 2 * images + plan.batch_size * batch_row_bytes(plan.task, plan.seq_len)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from kit.estimate.own_head import read_own_head
@@ -250,7 +250,9 @@ def inventory(model, cfg, own=None) -> Info:
         if not params:
             continue
         if not {"weight", "bias"} & dict(params).keys():   # the experts' fused 3-D parameters: one leaf each
-            leaves += [_fused_leaf(name + "." + pname, p, own) for pname, p in params]
+            fused = [_fused_leaf(name + "." + pname, p, own) for pname, p in params]
+            in_vision = images and set(images.modules) & set(name.split("."))   # (Gemma 3's projection Parameter)
+            leaves += [replace(leaf, part="vision") for leaf in fused] if in_vision else fused
             seen.update(id(p) for _, p in params)
             continue
         w = dict(params).get("weight")

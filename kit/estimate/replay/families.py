@@ -35,7 +35,8 @@ class ImageModel:
     language model; ``rows(cfg, per_row, size, splitting)``, the vision tower's rows for a batch row, their side,
     the image size taken (a default for None) and the image tokens they take in the row;
     ``shape(cfg, rows, side, lora=, trains=, connector_trains=)``, the :attr:`Setup.vision` the replay reads;
-    ``row_bytes(cfg, rows, side)``, the bytes its collator adds to a batch row (pixel values, masks);
+    ``row_bytes(cfg, rows, side, tokens)``, the bytes its collator adds to a batch row of ``tokens`` tokens
+    (pixel values, masks, token types);
     ``from_batch(cfg, image_processor, batch)``, (the image options, what they were read from) of a trainer's
     collated batch and its processor's image processor, refused with an InputError where they do not fit."""
 
@@ -53,7 +54,7 @@ class Family:
 
     ``name``: its key, the first of ``model_types``; ``model_types``: the ``config.model_type`` values it replays,
     each its own ``Setup.family`` key (Llama's module declares Mistral's and Qwen2's, op for op its blocks);
-    ``aliases``: model types read as ``name`` (Gemma-3's ``gemma3_text``); ``block``: the block replay, marked by
+    ``aliases``: model types read as ``name``; ``block``: the block replay, marked by
     :func:`~kit.estimate.replay.setup.around` (the classes it covers, what the model does outside its blocks).
     ``shapes(cfg)``: the :class:`~kit.estimate.replay.setup.Setup` shapes (H, F, nh, kvh, hd, L, dropouts) of a
     config that names them its own way (GPT-2's ``n_embd``, ...), in place of the Llama-style names;

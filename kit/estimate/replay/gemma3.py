@@ -28,5 +28,6 @@ def config_fields(cfg) -> dict:
         {"logit_cap": bool(getattr(cfg, "final_logit_softcapping", None))}
 
 
-# gemma3_text: the text model's config (Gemma-3 1B's, and a multimodal one's text_config) read as Gemma-3's
-register_family("gemma3", block=block, aliases=("gemma3_text",), config_fields=config_fields)
+# gemma3_text: the text model's config (Gemma-3 1B's, and a multimodal one's text_config); the multimodal model's
+# own model type, gemma3, is kit.estimate.replay.gemma3_vision's
+register_family("gemma3_text", block=block, config_fields=config_fields)

@@ -290,9 +290,10 @@ def tower_rows(cfg, per_row: int, size: int | None, splitting: bool) -> tuple:
     return per_row, side, size, per_row * (side // vc.patch_size) ** 2 // vc.spatial_merge_size ** 2
 
 
-def row_bytes(cfg, rows: int, side: int) -> int:
+def row_bytes(cfg, rows: int, side: int, tokens: int = 0) -> int:
     """What the collator's batch holds for a row's ``rows`` images: ``pixel_values`` (fp32, 1176 a patch) and
-    ``image_grid_thw`` (3 int64 an image)."""
+    ``image_grid_thw`` (3 int64 an image). (The processor's ``mm_token_type_ids``, 8 bytes a token of the row's
+    ``tokens``, is not counted yet.)"""
     vis = vision_of(cfg, rows, side)
     return vis.patches * vis.patch_dim * 4 + rows * 3 * 8
 

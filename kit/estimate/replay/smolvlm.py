@@ -310,9 +310,9 @@ def tower_rows(cfg, per_row: int, size: int | None, splitting: bool) -> tuple:
     return rows, crop, size, rows * (crop // cfg.vision_config.patch_size) ** 2 // cfg.scale_factor ** 2
 
 
-def row_bytes(cfg, rows: int, side: int) -> int:
+def row_bytes(cfg, rows: int, side: int, tokens: int = 0) -> int:
     """What the collator's batch holds for a row's ``rows`` images: ``pixel_values`` (fp32, 3 channels) and
-    ``pixel_attention_mask`` (int64), ``side`` x ``side`` each."""
+    ``pixel_attention_mask`` (int64), ``side`` x ``side`` each (nothing a token: ``tokens`` is not read)."""
     return rows * side * side * (3 * 4 + 8)
 
 

@@ -305,8 +305,10 @@ class Tape:
         if repeat_kv and (math or (self.masked and st.kvh > 1)) and st.kvh != nh:
             k, v = self.new(q.n, k.dt, k.rg), self.new(q.n, v.dt, v.rg)  # repeat_kv copies (or the math path's)
         if not math:  # flash (no mask) / memory-efficient (mask) / cuDNN / CPU flash
-            if st.ac:
-                q, k, v = (self.cast(t, st.ac) for t in (q, k, v))
+            if st.ac:   # (one kv head: repeat_kv's expand is a view of nh heads, and autocast's cast of it is whole)
+                view = repeat_kv and self.masked and st.kvh == 1 != nh
+                q, k, v = (self.new(q.n, st.ac, t.rg) if view and t is not q and t.dt != st.ac else self.cast(t, st.ac)
+                           for t in (q, k, v))
             self.save(q, k, v, self.new(B * nh * S, F32, False), when=rg)  # + logsumexp
             if self.masked:  # the bool mask, made float in q's dtype, on every call
                 cols = -(-S // 16) * 16 if st.device == "cuda" else S
