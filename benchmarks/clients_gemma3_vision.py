@@ -25,13 +25,14 @@ CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn
 IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 ROWS, SIDE = 16, 128   # rows of the dataset; each image's side in pixels before the processor's resize
 TWIN = "tiny-gemma3-vision"
-KINDS = ("full", "lora-text", "lora-all")
+KINDS = ("full", "lora-text", "lora-all", "qlora-text", "qlora-all")
 # the rows of benchmarks/real_clients.py: (kind, images a row, gradient checkpointing (SFTConfig's default) on, the
 # tower's image size where another than the twin's); the last ones let the vision tower weigh more: 256-pixel images
 # (1024 patches an image), all saved
 ROWS_RUN = (("full", 1, True, None), ("lora-text", 1, True, None), ("lora-all", 1, True, None),
             ("full", 1, False, None), ("lora-text", 1, False, None), ("lora-all", 1, False, None),
-            ("full", 2, False, None), ("full", 1, False, 256), ("lora-all", 1, False, 256))
+            ("full", 2, False, None), ("full", 1, False, 256), ("lora-all", 1, False, 256),
+            ("qlora-text", 1, True, None), ("qlora-all", 1, False, None))
 
 
 def processor(tower=None):
@@ -94,19 +95,23 @@ def twin_path(work, tower=None) -> str:
 
 def trainer_of(work, kind, per_row=1, ckpt=True, *, tower=None, batch=2, steps=3, **config):
     """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v, as a regex of
-    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too); ``tower``: the tower's
-    image size where another than the twin's (:func:`twin_path`); ``config``: more SFTConfig fields."""
+    module names) or "lora-all" (``target_modules="all-linear"``: the vision tower's too); "qlora-text" and
+    "qlora-all" load the twin in 4 bits first (bitsandbytes' NF4: every Linear of the tower and the text model a
+    Linear4bit; the projector's Parameter stays a float); ``tower``: the tower's image size where another than the
+    twin's (:func:`twin_path`); ``config``: more SFTConfig fields."""
     from peft import LoraConfig
+    from real_clients import _bnb4
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
     proc = processor(tower)
     path = twin_path(work, tower)
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, **({"quantization_config": _bnb4()} if kind.startswith("qlora") else {}))
     peft = None if kind == "full" else LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=r".*language_model.*\.(q_proj|v_proj)"
-        if kind == "lora-text" else "all-linear")
+        if kind.endswith("-text") else "all-linear")
     args = SFTConfig(output_dir=os.path.join(work, f"gemma3-{kind}"), use_cpu=True, max_steps=steps,
                      per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt,
                      report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, **config)
@@ -119,7 +124,9 @@ def client_gemma3_vision(work, kind, per_row=1, ckpt=True, tower=None):
 
     trainer = trainer_of(work, kind, per_row, ckpt, tower=tower)
     how = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
-           "lora-all": "LoRA r8 all-linear (text and vision tower)"}[kind]
+           "lora-all": "LoRA r8 all-linear (text and vision tower)",
+           "qlora-text": "4-bit NF4 QLoRA r8 on the text model's q/v",
+           "qlora-all": "4-bit NF4 QLoRA r8 all-linear (text and vision tower)"}[kind]
     setup = (f"{TWIN}, {how}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
              f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {SIDE} px resized to {tower or 64} px"
              f"{' (the tower made for them)' if tower else ''}, 16 image tokens each")

@@ -22,6 +22,7 @@ from kit.model_configs import CONFIG_DIR, get_config
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import clients_gemma3_vision  # noqa: E402
 import real_clients as rc  # noqa: E402
+from fit_answer import fit_answer  # noqa: E402
 
 BAND = rc.BAND
 
@@ -212,13 +213,13 @@ def test_the_vision_tower_is_its_own_part_of_weights_grads_and_optimizer_state()
     assert full.params == text.params - text.trainable_params
 
 
-@pytest.mark.parametrize("option,said", [(dict(quantization="4bit"), "not yet with 4-bit/8-bit layers"),
+@pytest.mark.parametrize("option,said", [(dict(quantization="8bit"), "not yet with 8-bit layers"),
                                          (dict(use_dora=True), "not yet with DoRA"),
                                          (dict(gradient_checkpointing=True, ckpt_every_n_layers=2),
                                           "not yet with partial checkpointing"),
                                          (dict(liger_kernel=True), "Liger's kernels for gemma3_text are not modeled")])
 def test_what_stays_unmodelled_is_refused_in_one_sentence(option, said):
-    """4/8-bit layers, DoRA, partial checkpointing: the vision-language replay's refusal (the way forward:
+    """8-bit layers, DoRA, partial checkpointing: the vision-language replay's refusal (the way forward:
     kit.watch); Liger: its module's own, before (no Liger patch of Gemma 3 is modelled)."""
     with pytest.raises(InputError) as refused:
         estimate(REAL, batch_size=1, seq_len=1024, lora_r=16, **option)
@@ -235,10 +236,7 @@ def test_fit_answers_gemma_3_4b_it_in_five_lines(capsys):
 
     main(["fit", "--model", REAL, "--lora-r", "16", "--batch-size", "2", "--seq-len", "1024", "--images-per-row",
           "1", "--device", "colab-t4"])
-    out = capsys.readouterr().out.strip().splitlines()
-    said = [line for line in out if not line.startswith(" ")]   # (a long line wraps, indented)
-    ends = ("largest batch", "details:", "the next closest", "other changes", "no change needed")
-    answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
+    said, answer = fit_answer(capsys.readouterr().out)
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5, said
     assert said[-1].startswith("details: --details")
 

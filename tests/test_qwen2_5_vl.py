@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import clients_qwen2_5_vl as clients  # noqa: E402
 import real_clients as rc  # noqa: E402
+from fit_answer import fit_answer  # noqa: E402
 
 BAND = rc.BAND
 TWIN, REAL = "tiny-qwen2-5-vl", "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -252,10 +253,7 @@ def test_fit_answers_qwen2_5_vl_3b_in_five_lines_with_the_image_token_note(capsy
     given = ["fit", "--model", REAL, "--lora-r", "16", "--batch-size", "2", "--seq-len", "1024", "--device",
              "colab-t4"]
     main(given)
-    out = capsys.readouterr().out.strip().splitlines()
-    said = [line for line in out if not line.startswith(" ")]   # (a long line wraps, indented)
-    ends = ("largest batch", "details:", "the next closest", "other changes", "no change needed")
-    answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
+    said, answer = fit_answer(capsys.readouterr().out)
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5, said
     assert said[-1].startswith("details: --details")
     main(given + ["--details"])

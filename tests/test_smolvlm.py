@@ -20,6 +20,7 @@ from kit.model_configs import get_config
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 import clients_smolvlm  # noqa: E402
 import real_clients as rc  # noqa: E402
+from fit_answer import fit_answer  # noqa: E402
 
 BAND = rc.BAND
 
@@ -206,10 +207,7 @@ def test_fit_answers_smolvlm_instruct_in_five_lines(capsys):
 
     main(["fit", "--model", REAL, "--lora-r", "16", "--batch-size", "2", "--seq-len", "2048", "--images-per-row", "1",
           "--image-size", "1536", "--device", "colab-t4"])
-    out = capsys.readouterr().out.strip().splitlines()
-    said = [line for line in out if not line.startswith(" ")]   # (a long line wraps, indented)
-    ends = ("largest batch", "details:", "the next closest", "other changes", "no change needed")
-    answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
+    said, answer = fit_answer(capsys.readouterr().out)
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5, said
     assert said[-1].startswith("details: --details")
 

@@ -22,6 +22,7 @@ from kit.estimate import estimate, seq2seq  # noqa: E402
 from kit.estimate.replay import Setup, replay  # noqa: E402
 from kit.estimate.replay.t5 import shapes  # noqa: E402
 from kit.model_configs import CONFIG_DIR  # noqa: E402
+from fit_answer import fit_answer  # noqa: E402
 
 warnings.filterwarnings("ignore")
 BAND = (0.98, 1.02)
@@ -84,10 +85,7 @@ def test_fit_answers_flan_t5_base_in_five_lines(capsys):
     from kit.cli import main
 
     main(["fit", "--model", "google/flan-t5-base", "--batch-size", "8", "--seq-len", "512", "--device", "colab-t4"])
-    out = capsys.readouterr().out.strip().splitlines()
-    said = [line for line in out if not line.startswith(" ")]   # (a long line wraps, indented)
-    ends = ("largest batch", "details:", "the next closest", "other changes", "no change needed")
-    answer = said[:next(i for i, line in enumerate(said) if line.startswith(ends)) + 1]
+    said, answer = fit_answer(capsys.readouterr().out)
     assert said[0].startswith(("fits Colab T4", "DOES NOT FIT Colab T4")) and len(answer) <= 5
     assert said[-1].startswith("details: --details")
 

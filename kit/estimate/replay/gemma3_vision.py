@@ -145,7 +145,7 @@ def whole(st: Setup):
     merge = st.T * BOOL if feats.rg or embeds_trains or st.input_grad else 0
     rp = replay_core.replay(text_of(st, feats.rg))
     hidden = vst.T * vst.H * vst.w_other
-    text_leaf, tower_leaf = hooked_leaves(st, vst)
+    text_leaf, tower_leaf = smolvlm.text_leaf(st, embeds_trains), tower_hooked_leaf(vst)
     parts = replace(parts, bottom=parts.bottom + tower_leaf + 2 * text_leaf)   # (the text leaf's grad made by then)
     vision = smolvlm.VisionReplay(parts=parts, merge=merge, at_loss=hidden + feats.n * feats.dt,
                                   features_grad=feats.n * feats.dt if feats.rg else 0, L=vis.L, ckpt=vst.ckpt)
@@ -153,16 +153,12 @@ def whole(st: Setup):
                    walk=smolvlm.walk)
 
 
-def hooked_leaves(st: Setup, vst: Setup) -> tuple:
-    """(the text embeddings' output, the patch embedding's output) where ``enable_input_require_grads`` (peft's,
-    with checkpointing) makes a frozen embedding's output require grad: a leaf, which autograd's graph holds (its
-    ``AccumulateGrad``) till the backward ends, and which no op saves here (the text's is scaled and merged, the
-    tower's added to its position embeddings before any layer keeps it); its grad, the text's by the tower's
-    backward, besides. 0 each where the embedding trains or nothing hooks it."""
-    text_frozen = not ((st.base_trainable and not st.embed_frozen) or st.embed_trains)
-    text = st.T * st.H * st.w_other if st.input_grad and text_frozen else 0
-    tower = vst.T * vst.H * (vst.ac or vst.w_other) if vst.input_grad and not vst.base_trainable else 0
-    return text, tower
+def tower_hooked_leaf(vst: Setup) -> int:
+    """The patch embedding's output where ``enable_input_require_grads`` (peft's, with checkpointing) makes the
+    frozen tower's ``Conv2d`` output require grad: a leaf autograd's graph holds till the backward ends, which no op
+    saves (it is added to the position embeddings before any layer keeps it); 0 where the tower trains or nothing
+    hooks it. The text embeddings' leaf is :func:`kit.estimate.replay.smolvlm.text_leaf`."""
+    return vst.T * vst.H * (vst.ac or vst.w_other) if vst.input_grad and not vst.base_trainable else 0
 
 
 def images_shape(cfg, rows: int, side: int, *, lora: dict, trains: bool, connector_trains: bool) -> tuple:

@@ -238,9 +238,10 @@ def whole(st: Setup):
     vision = smolvlm.VisionReplay(parts=parts, merge=merge, at_loss=hidden + feats.n * feats.dt,
                                   features_grad=feats.n * feats.dt if feats.rg else 0, L=vis.L, ckpt=vst.ckpt)
     # enable_input_require_grads (Setup.input_grad) makes a frozen embedding's output a leaf that requires grad (the
-    # text embeddings', the patch embedding's): the graph's AccumulateGrad node holds it till backward ends
-    hooked = (st.T * st.H * st.w_other * (not embeds_trains) + vst.T * vst.H * (vst.ac or vst.w) * (not vis.trains)
-              if st.input_grad else 0)
+    # text embeddings' (smolvlm.text_leaf), the patch embedding's): the graph's AccumulateGrad node holds it till
+    # backward ends
+    tower_leaf = vst.T * vst.H * (vst.ac or vst.w) if st.input_grad and not vis.trains else 0
+    hooked = smolvlm.text_leaf(st, embeds_trains) + tower_leaf
     return replace(rp, embed=rp.embed + parts.tape.total() - parts.batch_pixels + merge + hooked, vision=vision,
                    walk=smolvlm.walk)
 
