@@ -327,6 +327,9 @@ def test_a_vision_language_model_shows_its_image_controls_and_the_estimate_follo
     assert p.estimate.peak_bytes == direct(images_per_row=8, image_size=512, image_splitting=False).peak_bytes
     c["image_splitting"].value = True                                      # 8 x 405 (4 crops and a view) do not
     assert p.estimate is None and "seq_len 1448 cannot hold" in html.unescape(p.reasons["seq_len"].value)
+    c["model"].value = "google/gemma-3-4b-it"    # its processor resizes every image to 896 px and splits none
+    assert c["image_size"].disabled and c["image_size"].value == 896 and "fixed at 896 px" in p.reasons[
+        "image_size"].value and p.rows["image_splitting"].layout.display == "none"
     c["model"].value = "tiny-llama"                                        # back to text: the controls hide
     assert all(p.rows[k].layout.display == "none" for k in KEYS) and p.problem is None
     assert "images" not in p.estimate.setup and p.estimate.peak_bytes == _direct(p).peak_bytes

@@ -64,7 +64,11 @@ def adjust(controls: dict, rows: dict, why: dict, model: str, shown_for: list) -
     if not vision:
         return
     per_row, size, splitting = defaults(model)
-    why["image_size"] = f"the side after the processor's resize ({size:,} px by default)"
+    rows["image_splitting"].layout.display = None if splits(model, size) else "none"
+    fixed = refusal(model, size + SIZE_STEP, splitting) is not None
+    controls["image_size"].disabled = fixed
+    why["image_size"] = (f"fixed at {size:,} px: the processor resizes every image to its vision tower's size"
+                         if fixed else f"the images' side in pixels (the processor's default: {size:,})")
     if shown_for[:1] == [model]:
         return
     shown_for[:] = [model]
@@ -73,6 +77,27 @@ def adjust(controls: dict, rows: dict, why: dict, model: str, shown_for: list) -
     controls["image_size"].value = size
     controls["image_splitting"].value = splitting
     make_room(controls["seq_len"], why, image_tokens(model, per_row, size, splitting))
+
+
+def refusal(model: str, size: int, splitting: bool) -> str | None:
+    """The family's refusal of images of ``size`` px, split or not, on ``model`` (a processor that resizes every
+    image to one size, or splits none), or None where it takes them."""
+    from kit.inputs import InputError
+
+    cfg, images = _declared(model)
+    try:
+        images.rows(cfg, 1, size, splitting)
+    except InputError as refused:
+        return str(refused)
+    return None
+
+
+def splits(model: str, size: int) -> bool:
+    """Whether ``model``'s processor can split images of ``size`` px into crops (splitting changes their tokens); a
+    processor that splits none (the estimate refuses the choice, or it changes nothing) gets no splitting control."""
+    if refusal(model, size, True) or refusal(model, size, False):
+        return False
+    return image_tokens(model, 1, size, True) != image_tokens(model, 1, size, False)
 
 
 def image_tokens(model: str, per_row: int, size: int, splitting: bool) -> int:
