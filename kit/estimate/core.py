@@ -225,7 +225,7 @@ def read_images(info, o: dict, seq_len: int) -> tuple:
         raise InputError("seq_len", f"seq_len {seq_len} cannot hold the row's {tokens} image tokens ({per_row} "
                          f"image(s) of {taken} px, {rows} vision tower rows): use a seq_len above {tokens}, or fewer "
                          "or smaller images.", code="images-beyond-seq-len")
-    if size is None:
+    if size is None and replay.family(info.family).images.fixed_size is None:
         notes.append(Note(f"images of {taken} px a side assumed (the processor's resize): pass image_size "
                           "(--image-size)", field="image_size", code="images-assumed"))
     return (rows, side), notes

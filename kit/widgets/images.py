@@ -65,7 +65,7 @@ def adjust(controls: dict, rows: dict, why: dict, model: str, shown_for: list) -
         return
     per_row, size, splitting = defaults(model)
     rows["image_splitting"].layout.display = None if splits(model, size) else "none"
-    fixed = refusal(model, size + SIZE_STEP, splitting) is not None
+    fixed = _declared(model)[1].fixed_size is not None
     controls["image_size"].disabled = fixed
     why["image_size"] = (f"fixed at {size:,} px: the processor resizes every image to its vision tower's size"
                          if fixed else f"the images' side in pixels (the processor's default: {size:,})")

@@ -38,7 +38,9 @@ class ImageModel:
     ``row_bytes(cfg, rows, side, tokens)``, the bytes its collator adds to a batch row of ``tokens`` tokens
     (pixel values, masks, token types);
     ``from_batch(cfg, image_processor, batch)``, (the image options, what they were read from) of a trainer's
-    collated batch and its processor's image processor, refused with an InputError where they do not fit."""
+    collated batch and its processor's image processor, refused with an InputError where they do not fit;
+    ``fixed_size(cfg)``, the side its processor resizes every image to where no other can be given (None: the
+    images' size is the user's)."""
 
     modules: tuple
     text: Callable
@@ -46,6 +48,7 @@ class ImageModel:
     shape: Callable
     row_bytes: Callable
     from_batch: Callable
+    fixed_size: Callable | None = None
 
 
 @dataclass(frozen=True)

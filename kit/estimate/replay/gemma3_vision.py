@@ -230,4 +230,5 @@ _TEXT_KEY = "gemma3_text"   # the text model's Setup.family key (kit.estimate.re
 register_family("gemma3", block=block, config_fields=gemma3.config_fields, whole=whole, refusal=refusal,
                 images=ImageModel(modules=("vision_tower", "multi_modal_projector"),
                                   text=lambda cfg: cfg.text_config, rows=tower_rows, shape=images_shape,
-                                  row_bytes=row_bytes, from_batch=from_batch))
+                                  row_bytes=row_bytes, from_batch=from_batch,
+                                  fixed_size=lambda cfg: cfg.vision_config.image_size))
