@@ -15,16 +15,21 @@ import torch
 from clients_qwen2_5_vl import TEXT_QV, collate, peft_config  # noqa: F401  (the same collation and LoRA targets)
 
 TWIN = "tiny-qwen3-vl"
-ROWS, SIDE = 16, 224   # rows of the dataset; each image's side in pixels (14 x 14 patches, 49 image tokens)
+# rows of the dataset; each image's side in pixels (16 x 16 patches, 64 image tokens: the processor grows a smaller
+# image to 256 x 256 pixels, its min_pixels)
+ROWS, SIDE = 16, 256
 PATCH, MERGE = 16, 2   # Qwen3-VL-2B-Instruct's image processor: 16-pixel patches of 2 frames, merged 2 x 2
 
 
 def image_processor():
-    """Qwen3-VL-2B-Instruct's image processor's arithmetic (16-pixel patches of 2 frames, merged 2 x 2; transformers'
-    min/max pixels), as ``Qwen2VLImageProcessorPil``, which needs no torchvision."""
+    """Qwen3-VL-2B-Instruct's image processor (16-pixel patches of 2 frames, merged 2 x 2, its size bounds
+    :data:`kit.estimate.replay.qwen3_vl.PIXELS`), as ``Qwen2VLImageProcessorPil``, which needs no torchvision."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(patch_size=PATCH, temporal_patch_size=2, merge_size=MERGE)
+    from kit.estimate.replay.qwen3_vl import PIXELS
+
+    return Qwen2VLImageProcessorPil(patch_size=PATCH, temporal_patch_size=2, merge_size=MERGE,
+                                    size={"shortest_edge": PIXELS[0], "longest_edge": PIXELS[1]})
 
 
 class Batches(torch.utils.data.Dataset):

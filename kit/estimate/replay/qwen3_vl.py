@@ -27,8 +27,8 @@ Three parts, in forward order:
 A training step (:func:`whole`) is walked as SmolVLM's (:func:`kit.estimate.replay.smolvlm.walk`): the vision part's
 saved tensors (the deepstack mergers' among them) are held through the text model's backward, then the mergers' and
 the tower's own backward run. The image tokens come from the image processor's arithmetic, as Qwen2.5-VL's
-(:func:`kit.estimate.replay.qwen2_5_vl.tower_rows`: ``smart_resize`` to multiples of ``patch_size x merge_size``, 32
-pixels here). :func:`forward_saved` gives the forward's saved bytes by part, checked against
+(:func:`tower_rows`: ``smart_resize`` to multiples of ``patch_size x merge_size``, 32 pixels here, within the
+processor's :data:`PIXELS`). :func:`forward_saved` gives the forward's saved bytes by part, checked against
 ``torch.autograd.graph.saved_tensors_hooks`` on ``tiny-qwen3-vl``.
 """
 from __future__ import annotations
@@ -44,6 +44,9 @@ from kit.estimate.replay.tape import Tape
 
 DEFAULT_SIDE = 448   # the images' side assumed where none is given (196 image tokens an image)
 PATCH, MERGE = 16, 2   # Qwen3-VL's vision config's patch_size and spatial_merge_size (its image processor's too)
+# the image processor's size bounds, in pixels (its preprocessor_config.json's "size": shortest_edge, longest_edge),
+# as Qwen3-VL-8B-Instruct's is quoted in https://github.com/QwenLM/Qwen3-VL/issues/1836 (the 2B's the same)
+PIXELS = (65_536, 16_777_216)
 MERGERS = ("linear_fc1", "linear_fc2")   # a merger's two Linears
 
 
@@ -250,17 +253,32 @@ def images_shape(cfg, rows: int, side: int, *, lora: dict, trains: bool, connect
                                                connector_trains=connector_trains)
 
 
+def resized(cfg, size: int) -> int:
+    """The side of a ``size`` x ``size`` image after the image processor's ``smart_resize``: a multiple of
+    ``patch_size x merge_size`` (32 pixels) nearest it, scaled into :data:`PIXELS` (an image under 256 x 256 pixels
+    grows)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    vc = cfg.vision_config
+    return smart_resize(size, size, factor=vc.patch_size * vc.spatial_merge_size, min_pixels=PIXELS[0],
+                        max_pixels=PIXELS[1])[0]
+
+
 def tower_rows(cfg, per_row: int, size: int | None, splitting: bool) -> tuple:
     """(the images a batch row, their side after the resize, the image size taken, the image tokens they take in the
-    row): :func:`kit.estimate.replay.qwen2_5_vl.tower_rows` with this config's 16-pixel patches (a multiple of 32
-    pixels), :data:`DEFAULT_SIDE` where no size is given."""
+    row) for ``per_row`` square images of ``size`` pixels a side (None: :data:`DEFAULT_SIDE`), resized as Qwen3-VL's
+    image processor does (:func:`resized`), each ``(side / patch_size)^2 / spatial_merge_size^2`` tokens. Its
+    processor splits no image: ``image_splitting=False`` is refused."""
     from kit.inputs import InputError
 
     if not splitting:
         raise InputError("image_splitting", "Qwen3-VL's processor splits no image (it resizes each to multiples of "
                          "32 pixels within its min/max pixels): leave image_splitting out.",
                          code="no-image-splitting")
-    return qwen2_5_vl.tower_rows(cfg, per_row, DEFAULT_SIDE if size is None else size, True)
+    size = DEFAULT_SIDE if size is None else size
+    side = resized(cfg, size)
+    vc = cfg.vision_config
+    return per_row, side, size, per_row * (side // vc.patch_size) ** 2 // vc.spatial_merge_size ** 2
 
 
 def row_bytes(cfg, rows: int, side: int) -> int:
@@ -270,12 +288,18 @@ def row_bytes(cfg, rows: int, side: int) -> int:
     return vis.patches * vis.patch_dim * 4 + rows * 3 * 8
 
 
+def from_batch(cfg, image_processor, batch) -> tuple:
+    """(the image options, what they were read from) of a collated batch: Qwen2.5-VL's reading of its
+    ``image_grid_thw`` (:func:`kit.estimate.replay.qwen2_5_vl.from_batch`), with this family's resize."""
+    return qwen2_5_vl.from_batch(cfg, image_processor, batch, resize=resized)
+
+
 def notes(cfg) -> list:
     """Where the image tokens come from: the image processor's arithmetic, not a processor (which needs
     torchvision)."""
     from kit.inputs import Note
 
-    low, high = qwen2_5_vl.processor_pixels()
+    low, high = PIXELS
     return [Note(f"image tokens computed from the image processor's config, not by its processor (which needs "
                  f"torchvision): {PATCH} px patches merged {MERGE} x {MERGE}, images resized to multiples of "
                  f"{PATCH * MERGE} px within {low:,} to {high:,} pixels; a {DEFAULT_SIDE} px image is "
@@ -284,4 +308,4 @@ def notes(cfg) -> list:
 
 register_family("qwen3_vl", block=block, whole=whole, notes=notes,
                 images=ImageModel(modules=("visual",), text=lambda cfg: cfg.text_config, rows=tower_rows,
-                                  shape=images_shape, row_bytes=row_bytes, from_batch=qwen2_5_vl.from_batch))
+                                  shape=images_shape, row_bytes=row_bytes, from_batch=from_batch))
