@@ -1,5 +1,9 @@
-"""Qwen3-VL (``Qwen3VLForConditionalGeneration``) fine-tuned on image + text batches, on the CPU: a plain transformers
-``Trainer`` on batches made by hand as ``Qwen3VLProcessor`` makes them (``pixel_values`` of 16-pixel patches of 2
+"""Qwen3-VL (``Qwen3VLForConditionalGeneration``) fine-tuned on image + text batches, on the CPU, in two ways: TRL's
+``SFTTrainer`` on image + text messages with the processor built offline as Qwen3-VL-2B-Instruct's
+(``Qwen3VLProcessor``: its image processor, the kit's tokenizer with Qwen's vision tokens, a chat template in Qwen's
+form), which needs torchvision (its video processor) and so runs in the benchmark-only environment
+``benchmarks/vl_env.sh`` builds; and a plain transformers ``Trainer`` on batches made by hand as the processor makes
+them (``pixel_values`` of 16-pixel patches of 2
 frames, 1536 floats a patch, ``image_grid_thw``, ``mm_token_type_ids``, ``(side / 32)^2`` image tokens an image), so
 the step runs without torchvision (which the processor's video processor needs): full fine-tuning, LoRA on the text
 model's q/v alone, or LoRA on every linear layer (the vision tower's, mergers' and text model's), and 4-bit QLoRA.
@@ -12,7 +16,7 @@ import os
 
 import torch
 
-from clients_qwen2_5_vl import TEXT_QV, collate, peft_config  # noqa: F401  (the same collation and LoRA targets)
+from clients_qwen2_5_vl import CHAT_TEMPLATE, TEXT_QV, VISION_TOKENS, collate, dataset, peft_config  # noqa: F401
 
 TWIN = "tiny-qwen3-vl"
 # rows of the dataset; each image's side in pixels (16 x 16 patches, 64 image tokens: the processor grows a smaller
@@ -130,3 +134,67 @@ def client_qwen3_vl(work, kind, per_row=1, side=SIDE, ckpt=False):
              f"AdamW{', ckpt' if ckpt else ''}), B2, {per_row} image(s) a row of {side} px "
              f"({(side // PATCH) ** 2} patches, merged 2 x 2)")
     yield label_of(kind, per_row, side, ckpt), setup, trainer, lambda: estimate_trainer(trainer, device="cpu")
+
+
+# ---- TRL's SFTTrainer with the processor (needs torchvision) ----------------------------------------------------
+# the rows of benchmarks/vl_env.sh: (kind, images a row, their side, gradient checkpointing (SFTConfig's default) on)
+ROWS_RUN = (("full", 1, SIDE, True), ("lora-text", 1, SIDE, True), ("lora-all", 1, SIDE, True),
+            ("full", 1, 448, False), ("lora-text", 1, 448, False), ("lora-all", 2, SIDE, False))
+
+
+def processor():
+    """The twin's processor (needs torchvision): the kit's tokenizer with Qwen's vision tokens, Qwen3-VL's image
+    processor (:func:`image_processor`) and its video processor, a chat template in Qwen's form."""
+    from kit import data
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    tok = data.shipped_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    return Qwen3VLProcessor(image_processor=image_processor(), tokenizer=tok, video_processor=Qwen3VLVideoProcessor(),
+                            chat_template=CHAT_TEMPLATE)
+
+
+def twin(work, tok):
+    """The twin saved with its vision tokens' ids set to the tokenizer's, its vocabulary grown to hold them."""
+    from real_clients import twin_dir
+    from transformers import AutoModelForImageTextToText
+
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in (("image_token_id", "<|image_pad|>"),
+                                                         ("video_token_id", "<|video_pad|>"),
+                                                         ("vision_start_token_id", "<|vision_start|>"),
+                                                         ("vision_end_token_id", "<|vision_end|>"))}
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(twin_dir(TWIN, work, **ids))
+    model.resize_token_embeddings(len(tok))
+    return model
+
+
+def trainer_of(work, kind, per_row=1, side=SIDE, ckpt=True, *, batch=2, steps=3):
+    """An SFTTrainer on the twin: ``kind`` "full", "lora-text" (peft's LoRA on the text model's q/v) or "lora-all"
+    (``target_modules="all-linear"``: the tower's and mergers' too)."""
+    from trl import SFTConfig, SFTTrainer
+
+    proc = processor()
+    model = twin(work, proc.tokenizer)
+    args = SFTConfig(output_dir=os.path.join(work, f"qwen3-vl-{kind}"), use_cpu=True, max_steps=steps,
+                     per_device_train_batch_size=batch, max_length=None, gradient_checkpointing=ckpt,
+                     report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    return SFTTrainer(model=model, args=args, train_dataset=dataset(per_row=per_row, side=side),
+                      processing_class=proc, peft_config=peft_config(kind))
+
+
+def sft_label_of(kind, per_row, side, ckpt):
+    return f"Qwen3-VL SFTTrainer {kind} {per_row}x{side}px{'' if ckpt else ' no-ckpt'}"
+
+
+def client_sft_qwen3_vl(work, kind, per_row=1, side=SIDE, ckpt=True):
+    from kit.estimate import estimate_trainer
+
+    trainer = trainer_of(work, kind, per_row, side, ckpt)
+    how = {"full": "full FT", "lora-text": "LoRA r8 on the text model's q/v",
+           "lora-all": "LoRA r8 all-linear (tower, mergers, text)"}[kind]
+    setup = (f"tiny-qwen3-vl, {how}, SFTConfig defaults (bf16 autocast, fused LM head{', ckpt' if ckpt else ''}"
+             f"{'' if ckpt else '; ckpt off'}), B2, {per_row} image(s) a row of {side} px ({(side // PATCH) ** 2} "
+             "patches, merged 2 x 2)")
+    yield sft_label_of(kind, per_row, side, ckpt), setup, trainer, lambda: estimate_trainer(trainer, device="cpu")

@@ -1089,7 +1089,12 @@ def rows_to_run(work, only=None):
     else:
         print("Qwen2.5-VL's rows need torchvision (its processor's video processor), which this venv lacks: run them "
               "with benchmarks/vl_env.sh", file=sys.stderr)
-    import clients_qwen3_vl   # issue 48: Qwen3-VL with a plain Trainer on batches made as its processor makes them
+    import clients_qwen3_vl   # issue 48: Qwen3-VL with TRL's SFTTrainer where its processor imports, and a plain
+    if importlib.util.find_spec("torchvision") is not None:   # Trainer on batches made as its processor makes them
+        for kind, per_row, side, ckpt in clients_qwen3_vl.ROWS_RUN:
+            R.append((clients_qwen3_vl.sft_label_of(kind, per_row, side, ckpt),
+                      lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                          clients_qwen3_vl.client_sft_qwen3_vl(work, k, n, s, c), m)))
     for kind, per_row, side, ckpt in clients_qwen3_vl.PLAIN:
         R.append((clients_qwen3_vl.label_of(kind, per_row, side, ckpt),
                   lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(

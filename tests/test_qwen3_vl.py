@@ -1,13 +1,19 @@
 """Qwen3-VL (``tiny-qwen3-vl``: a 3-layer tower of 16-pixel patches, merged 2 x 2, deepstack mergers after its
 layers 0 and 1, beside a 3-layer Qwen3 text model with interleaved M-RoPE; ``Qwen/Qwen3-VL-2B-Instruct``'s config)
 on the CPU: the forward's replay (tower, mergers, merge, deepstack and the text blocks) against
-``torch.autograd.graph.saved_tensors_hooks``; a whole training step of a plain ``Trainer`` on batches made by hand as
-the processor makes them against the profiler meter; the image options, the real config, ``kit fit``, and what
+``torch.autograd.graph.saved_tensors_hooks``; a whole training step against the profiler meter, in two ways: a plain
+``Trainer`` on batches made by hand as the processor makes them (here, in the project's venv), and TRL's SFTTrainer on
+image + text messages with the real processor, which needs torchvision and so runs in the benchmark-only environment
+``benchmarks/vl_env.sh`` builds (skipped loudly elsewhere); the image options, the real config, ``kit fit``, and what
 stays refused.
 """
+import importlib.util
 import json
+import os
 import pathlib
+import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -110,6 +116,48 @@ def test_a_training_step_without_a_processor_within_2_percent(tmp_path, kind, pe
     first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
     print(f"{kind} {per_row}x{side}px ckpt {ckpt}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
     assert all(BAND[0] <= r <= BAND[1] for r in (first, steady)), (first, steady, peaks)
+
+
+def _skip_loudly(why: str):
+    line = f"WARNING: Qwen3-VL's SFTTrainer rows did NOT run here: {why}"
+    print(line, file=sys.stderr, flush=True)
+    warnings.warn(line)
+    pytest.skip(line)
+
+
+@pytest.mark.parametrize("kind,per_row,side,ckpt", clients.ROWS_RUN)
+def test_i48_qwen3_vl_sft_trainer_on_image_messages_within_2_percent(tmp_path, kind, per_row, side, ckpt):
+    """TRL's SFTTrainer on image + text messages with Qwen3-VL's processor (its VLM collator), full fine-tuning, LoRA
+    on the text model's q/v alone and LoRA all-linear, with and without checkpointing: step 1 and the steady step
+    against the profiler meter, at the batch the collator really drew (read by estimate_trainer). The processor needs
+    torchvision: this runs in the benchmark-only environment (benchmarks/vl_env.sh)."""
+    if importlib.util.find_spec("torchvision") is None:
+        _skip_loudly("Qwen3VLProcessor needs torchvision, which the project's venv leaves out; "
+                     "benchmarks/vl_env.sh runs them in a side venv")
+    _, setup, est, peaks = rc.run_trainer_client(clients.client_sft_qwen3_vl(str(tmp_path), kind, per_row, side, ckpt),
+                                                 rc.ProfilerMeter)
+    assert not isinstance(est, Exception), est
+    assert est.setup["images"] == (per_row, side) and est.kind == "sft"
+    first, steady = est.first_step_peak_bytes / peaks[0], est.peak_bytes / max(peaks[1:])
+    print(f"{setup}: estimate/measured step 1 {first:.4f}, steady {steady:.4f}")
+    assert all(BAND[0] <= r <= BAND[1] for r in (first, steady)), (first, steady, peaks)
+
+
+def test_i48_the_benchmark_only_environment_runs_the_sft_trainer_rows():
+    """Where the side venv is built (KIT_VL_VENV, default .venv-vl: benchmarks/vl_env.sh builds it), the SFTTrainer
+    tests above run in it and pass; elsewhere this skips, saying why."""
+    venv = pathlib.Path(os.environ.get("KIT_VL_VENV", ROOT / ".venv-vl"))
+    python = venv / "bin" / "python"
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("this venv has torchvision: the SFTTrainer tests run here directly")
+    if not python.exists():
+        _skip_loudly(f"no benchmark-only venv at {venv} (build it and run the rows with benchmarks/vl_env.sh)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([str(python), "-m", "pytest", str(pathlib.Path(__file__)), "-k", "sft_trainer_on_image", "-q",
+                          "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    tail = run.stdout[-2000:] + run.stderr[-1000:]
+    assert run.returncode == 0 and f"{len(clients.ROWS_RUN)} passed" in run.stdout and "skipped" not in run.stdout, tail
 
 
 def test_the_family_and_the_real_config_build_to_their_parameter_counts():
