@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from kit.estimate.replay import core as replay_core   # (a module: the registry imports this one as core loads)
-from kit.estimate.replay import llama, qwen2_5_vl, smolvlm
+from kit.estimate.replay import qwen2_5_vl, qwen3, smolvlm
 from kit.estimate.replay.families import ImageModel, register_family
 from kit.estimate.replay.setup import BOOL, F32, I64, Covers, Setup, around
 from kit.estimate.replay.tape import Tape
@@ -55,7 +55,7 @@ MERGERS = ("linear_fc1", "linear_fc2")   # a merger's two Linears
         final_norm="rms_norm")
 def block(tp: Tape, x):
     """A text block: ``Qwen3VLTextDecoderLayer``, Qwen3's decoder layer op for op (q_norm and k_norm)."""
-    return llama.layer(tp, x, qk_norm=True)
+    return qwen3.block(tp, x)
 
 
 def layer_norm(tp: Tape, x, trainable: bool, width: int = 0):
