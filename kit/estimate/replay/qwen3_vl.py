@@ -135,8 +135,8 @@ def vision_of(cfg, rows: int, side: int) -> Vision:
                   positions=vc.num_position_embeddings, deepstack=tuple(vc.deepstack_visual_indexes))
 
 
-def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> qwen2_5_vl.TowerParts:
-    """Replay ``get_image_features``: the ``Conv3d`` keeps its input where its weight trains; the position grid's
+def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> tuple:
+    """(the :class:`kit.estimate.replay.qwen2_5_vl.TowerParts`, the deepstack features) of ``get_image_features``: the ``Conv3d`` keeps its input where its weight trains; the position grid's
     embedding its indices and the mul its bilinear weights where that weight trains; each block is
     :func:`vision_block` (under gradient checkpointing a block keeps only its input), a deepstack merger after the
     layers named; then the final merger. The deepstack mergers' saved tensors are counted with the patch
@@ -158,7 +158,7 @@ def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> qwen2_5_vl.T
     layer_bwd, layer_bwd_grads = one.backward_peak(vst.T * vst.H * y.dt) if y.rg else (0, 0)
     adapted = x.rg or bool(vst.lora)   # the block's output needs a grad: checkpointing keeps its input
     kept = x.n * x.dt if vst.ckpt and adapted else one.total()
-    deep, deep_grads, deep_feats = Tape(vst), 0, []
+    deep, deep_feats = Tape(vst), []
     for i in range(vst.L):
         if vst.ckpt:   # a checkpointed block keeps only its input; backward recomputes what it saves
             tp.save(x, when=adapted)
@@ -243,11 +243,9 @@ def whole(st: Setup):
 def images_shape(cfg, rows: int, side: int, *, lora: dict, trains: bool, connector_trains: bool) -> tuple:
     """The :attr:`Setup.vision` of a config: :class:`Vision`'s fields, then the tower's LoRA targets (name, rank),
     whether its base weights train and whether the mergers' do."""
-    def short(name):
-        for kind in ("deepstack", "merger"):
-            if kind in name.split(".")[-2] or (kind == "deepstack" and "deepstack" in name):
-                return f"{kind}.{name.split('.')[-1]}"
-        return name
+    def short(name):   # model.visual.deepstack_merger_list.0.linear_fc1 -> deepstack.linear_fc1, merger.* alike
+        kind = "deepstack" if "deepstack_merger_list." in name else "merger" if "merger." in name else ""
+        return f"{kind}.{name.rsplit('.', 1)[-1]}" if kind else name
     lora = {short(name): r for name, r in lora.items()}
     return vision_of(cfg, rows, side)._replace(lora=tuple(sorted(lora.items())), trains=trains,
                                                connector_trains=connector_trains)
