@@ -136,8 +136,9 @@ def vision_of(cfg, rows: int, side: int) -> Vision:
 
 
 def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> tuple:
-    """(the :class:`kit.estimate.replay.qwen2_5_vl.TowerParts`, the deepstack features) of ``get_image_features``: the ``Conv3d`` keeps its input where its weight trains; the position grid's
-    embedding its indices and the mul its bilinear weights where that weight trains; each block is
+    """(the :class:`kit.estimate.replay.qwen2_5_vl.TowerParts`, the deepstack features) of ``get_image_features``:
+    the ``Conv3d`` keeps its input where its weight trains; the position grid's embedding its indices and the mul
+    its bilinear weights where that weight trains; each block is
     :func:`vision_block` (under gradient checkpointing a block keeps only its input), a deepstack merger after the
     layers named; then the final merger. The deepstack mergers' saved tensors are counted with the patch
     embedding's (``bottom``: held through the tower's whole backward)."""
