@@ -1094,6 +1094,16 @@ def rows_to_run(work, only=None):
         R.append((f"Gemma3 SFTTrainer {kind} {per_row} image{'s' if per_row > 1 else ''}{'' if ckpt else ' no-ckpt'}"
                   f"{f' tower {tower}px' if tower else ''}", lambda m, k=kind, n=per_row, c=ckpt, t=tower:
                   run_trainer_client(clients_gemma3_vision.client_gemma3_vision(work, k, n, c, t), m)))
+    import clients_qwen3_vl   # issue 48: Qwen3-VL with TRL's SFTTrainer where its processor imports, and a plain
+    if importlib.util.find_spec("torchvision") is not None:   # Trainer on batches made as its processor makes them
+        for kind, per_row, side, ckpt in clients_qwen3_vl.ROWS_RUN:
+            R.append((clients_qwen3_vl.sft_label_of(kind, per_row, side, ckpt),
+                      lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                          clients_qwen3_vl.client_sft_qwen3_vl(work, k, n, s, c), m)))
+    for kind, per_row, side, ckpt in clients_qwen3_vl.PLAIN:
+        R.append((clients_qwen3_vl.label_of(kind, per_row, side, ckpt),
+                  lambda m, k=kind, n=per_row, s=side, c=ckpt: run_trainer_client(
+                      clients_qwen3_vl.client_qwen3_vl(work, k, n, s, c), m)))
     return [r for r in R if not only or only.lower() in r[0].lower()]
 
 

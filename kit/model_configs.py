@@ -115,6 +115,14 @@ REGISTRY = {
     # vocabulary grown by the three image tokens, boi 4096, eoi 4097, image 4098, as the twin's tokenizer adds them).
     "google/gemma-3-4b-it": "gemma-3-4b-it.json",
     "tiny-gemma3-vision": "tiny-gemma3-vision.json",
+    # Qwen3-VL (a vision tower with a learned position grid and 2-D rotary, deepstack mergers whose features are added
+    # to the first text layers, a Qwen3 text model with interleaved M-RoPE): Qwen3-VL-2B's config as transformers
+    # 5.1.0 prints it (Qwen3VLConfig), copied from https://github.com/xorbitsai/inference/issues/4592 (its first
+    # post; transformers_version dropped; tests/test_qwen3_vl.py pins it); and its twin: a 3-layer tower of
+    # 16-pixel patches (merge 2, deepstack after layers 0 and 1), a 3-layer Qwen3 text model.
+    # kit.estimate.replay.qwen3_vl replays a training step of them, images declared in TrainingSetup.
+    "Qwen/Qwen3-VL-2B-Instruct": "Qwen3-VL-2B-Instruct.json",
+    "tiny-qwen3-vl": "tiny-qwen3-vl.json",
     # An encoder-decoder (Seq2SeqTrainer): google/flan-t5-base's config.json as published on the Hub, written from it
     # (transformers' T5Config fields: d_model 768, d_ff 2048, 12 + 12 layers, gated-gelu, untied lm_head), and its
     # twin: 2 + 2 layers, d_model 64, 4 heads of 16.
@@ -138,7 +146,7 @@ TINY |= {"tiny-qwen3-moe", "tiny-mixtral", "tiny-olmoe", "tiny-gpt-oss"}
 TINY |= {"tiny-stablelm"}
 TINY |= {"tiny-qwen3-5", "tiny-qwen3-5-moe"}
 TINY |= {"tiny-smolvlm", "tiny-flan-t5"}
-TINY |= {"tiny-qwen2-5-vl"}
+TINY |= {"tiny-qwen2-5-vl", "tiny-qwen3-vl"}
 TINY |= {"tiny-gemma3-vision"}
 _SMOKE = {"distilgpt2": "tiny-gpt2", "gpt2": "tiny-gpt2",
           "meta-llama/Meta-Llama-3-8B": "tiny-llama", "meta-llama/Llama-3.2-1B": "tiny-llama",
@@ -159,7 +167,7 @@ _SMOKE |= {"Qwen/Qwen3-30B-A3B": "tiny-qwen3-moe", "mistralai/Mixtral-8x7B-v0.1"
 _SMOKE |= {"stabilityai/stablelm-3b-4e1t": "tiny-stablelm"}
 _SMOKE |= {"openai/gpt-oss-20b": "tiny-gpt-oss"}
 _SMOKE |= {"HuggingFaceTB/SmolVLM-Instruct": "tiny-smolvlm", "google/flan-t5-base": "tiny-flan-t5"}
-_SMOKE |= {"Qwen/Qwen2.5-VL-3B-Instruct": "tiny-qwen2-5-vl"}
+_SMOKE |= {"Qwen/Qwen2.5-VL-3B-Instruct": "tiny-qwen2-5-vl", "Qwen/Qwen3-VL-2B-Instruct": "tiny-qwen3-vl"}
 _SMOKE |= {"google/gemma-3-4b-it": "tiny-gemma3-vision"}
 _SMOKE |= {"distilbert-base-uncased": "tiny-distilbert", "distilbert/distilbert-base-uncased": "tiny-distilbert",
            "microsoft/deberta-v3-base": "tiny-deberta-v3"}

@@ -281,17 +281,18 @@ def test_model_list_offers_every_shipped_model_the_scenarios_own_first():
     # the encoders too (the task control takes them under a classifier head), and the vision-language models (the
     # image controls show for them)
     shipped = known_models()
-    assert sorted(values1) == sorted(shipped)                   # all 67, each once
+    assert sorted(values1) == sorted(shipped)                   # all 69, each once
     heads = [m for m in shipped if m.endswith("+vocab-head")]
     assert sorted(values2) == sorted(set(shipped) - set(heads))   # scenario 1's head is not scenario 2's
     labels = [label for label, _ in p2.controls["model"].options]
     groups = [label.split(" · ")[0] for label in labels]
     n_real, n_tiny = groups.count("shipped"), groups.count("tiny twin")
-    # 37 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
-    # one), 8 encoder names, google/flan-t5-base and 3 vision-language models (SmolVLM-Instruct, Qwen2.5-VL-3B-Instruct,
-    # gemma-3-4b-it); 25 tiny twins, 5 of them encoders, 5 mixtures of experts, one encoder-decoder, 3 vision-language
+    # 38 shipped: 24 decoder configs, unsloth/Llama-3.2-1B (notebook 02's ungated default, an alias of a shipped
+    # one), 8 encoder names, google/flan-t5-base and 4 vision-language models (SmolVLM-Instruct, Qwen2.5-VL-3B-Instruct,
+    # Qwen3-VL-2B-Instruct, gemma-3-4b-it); 26 tiny twins, 5 of them encoders, 5 mixtures of experts, one
+    # encoder-decoder, 4 vision-language models
     assert groups == ["scenario 2"] * 3 + ["shipped"] * n_real + ["tiny twin"] * n_tiny
-    assert (n_real, n_tiny) == (37, 25)
+    assert (n_real, n_tiny) == (38, 26)
     assert "shipped · Qwen/Qwen2.5-0.5B" in labels and "tiny twin · tiny-qwen2" in labels
     p2.controls["model"].value = "Qwen/Qwen2.5-0.5B"            # a shipped model picked from the list
     assert p2.estimate.peak_bytes == _direct(p2).peak_bytes and p2.controls["seq_len"].max == 32768

@@ -526,7 +526,9 @@ def phases(info: Info, plan: Plan, counts: Counts, setup: replay.Setup, notes: l
     fwdbwd = weights + counts.optimizer + m.total + inputs
     # its step's own, at their highest
     step_temp = optimizers.step_temporaries(plan.optimizer, counts.trained, plan.device)
-    step = weights + counts.gradients + counts.optimizer + step_temp + held_out
+    # the batch is still alive at the step (Trainer's loop holds it): its images are counted, which on a
+    # vision-language model can outweigh the step's other figures' rounding (its token ids, a few KiB, are not)
+    step = weights + counts.gradients + counts.optimizer + step_temp + held_out + images_bytes(info, plan)
     ev = evaluation(info, plan, setup, rp, held=weights + counts.optimizer, copies=counts.halves)
     if fwdbwd >= step:
         phase, moment = "forward/backward", m.where

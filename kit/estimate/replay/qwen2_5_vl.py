@@ -299,10 +299,10 @@ def row_bytes(cfg, rows: int, side: int, tokens: int = 0) -> int:
     return vis.patches * vis.patch_dim * 4 + rows * 3 * 8
 
 
-def from_batch(cfg, image_processor, batch) -> tuple:
+def from_batch(cfg, image_processor, batch, *, resize=None) -> tuple:
     """(the image options, what they were read from) of a collated batch: its ``image_grid_thw`` gives each image's
     patches; refused where the rows hold different images, non-square ones, videos, or a side the kit's resize
-    (:func:`resized`) would not keep."""
+    (``resize``, by default :func:`resized`) would not keep."""
     from kit.inputs import InputError
 
     if batch.get("pixel_values_videos") is not None:
@@ -315,7 +315,7 @@ def from_batch(cfg, image_processor, batch) -> tuple:
     patch = cfg.vision_config.patch_size
     side = grid[0][1] * patch
     if per_row * rows != len(grid) or any(g != [1, side // patch, side // patch] for g in grid) \
-            or resized(cfg, side) != side:
+            or (resize or resized)(cfg, side) != side:
         raise InputError("images_per_row", f"the collated batch holds {len(grid)} images of grids {grid[:4]} for "
                          f"{rows} rows, which square images of one size, the same count a row, do not make: pass "
                          "images_per_row and image_size.")
