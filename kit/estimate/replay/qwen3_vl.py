@@ -236,7 +236,7 @@ def whole(st: Setup):
                                   ckpt=vst.ckpt)
     # enable_input_require_grads (Setup.input_grad) makes a frozen embedding's output a leaf that requires grad (the
     # text embeddings'): the graph's AccumulateGrad node holds it till backward ends
-    hooked = st.T * st.H * st.w_other * (not embeds_trains) if st.input_grad else 0   # (the tower's: none hooked)
+    hooked = smolvlm.text_leaf(st, embeds_trains)   # (the tower's: none hooked)
     return replace(rp, embed=rp.embed + parts.tape.total() - parts.batch_pixels + merge + hooked, vision=vision,
                    walk=smolvlm.walk)
 
