@@ -69,6 +69,20 @@ def _kept_for_the_recompute(name, kw, over):
     return 2 * S * rotary * 4 * pairs + masks
 
 
+@pytest.mark.parametrize("name", ["tiny-smolvlm", "tiny-gemma3-vision", "tiny-qwen2-5-vl", "tiny-qwen3-vl"])
+def test_a_vision_language_model_is_looked_up_in_peft_by_its_own_type(name):
+    """peft takes LoRA's default targets from the whole model's config type (idefics3, gemma3, qwen2_5_vl, ...), not
+    its language model's (llama, gemma3_text have defaults): LoraConfig without target_modules fails on each, and
+    the estimate says so, naming the model's type."""
+    from peft import LoraConfig, get_peft_model
+
+    with pytest.raises(ValueError, match="target_modules"):
+        get_peft_model(build_model(name, device="meta"), LoraConfig(r=8))
+    est = estimate(name, batch_size=1, seq_len=512, lora_r=8)
+    said = [n for n in est.notes if getattr(n, "code", None) == "no-peft-default-targets"]
+    assert len(said) == 1 and said[0].startswith(f"{get_config(name).model_type}: peft has no default"), est.notes
+
+
 @pytest.mark.parametrize("name", list(TWINS))
 def test_twin_family_and_parameter_count_are_pinned(name):
     family, params = TWINS[name]

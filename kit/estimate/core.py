@@ -303,15 +303,17 @@ def _notes(optimizer, leaves, paged, info, lora_r, quant) -> list:
                           code=INT32_OPTIMIZER))
     if optimizers.ROOM[optimizer].note:
         notes.append(optimizers.ROOM[optimizer].note)
-    mt = info.config.model_type
     said = replay.family(info.family).notes   # what the family's declaration says of its estimates
     notes.extend(said(info.config) if said else [])
     if lora_r:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_targets
 
+        # peft looks up the whole model's type: a vision-language model's, not its language model's
+        mt = (info.vision or info.config).model_type
         if mt not in peft_targets:
-            notes.append(f"{mt}: peft has no default LoRA targets for it, so LoraConfig needs target_modules (with "
-                         f"no lora_targets this estimate takes {', '.join(default_targets(info))})")
+            notes.append(Note(f"{mt}: peft has no default LoRA targets for it, so LoraConfig needs target_modules "
+                              f"(with no lora_targets this estimate takes {', '.join(default_targets(info))})",
+                              field="lora_targets", code="no-peft-default-targets"))
     if quant != "none" and info.vocab_head:
         notes.append(f"quantization applies to the {info.config.model_type} base; {', '.join(info.head_layers)} "
                      f"{'stays a' if len(info.head_layers) == 1 else 'stay'} float nn.Linear")
