@@ -33,7 +33,7 @@ its min/max pixels, as ``Qwen2VLImageProcessorPil`` does), not from a processor,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import NamedTuple
 
 from kit.estimate.replay import core as replay_core   # (a module: the registry imports this one as core loads)
@@ -94,6 +94,8 @@ class Vision(NamedTuple):
     lora: tuple = ()                 # the tower's and merger's LoRA targets, (name, rank) each
     trains: bool = True              # the tower's base weights train (a full fine-tune)
     connector_trains: bool = True    # the merger's Linears train
+    positions: int = 0               # a learned position grid's embeddings (0: none, the 2-D rotary alone)
+    deepstack: tuple = ()            # the layers after which a deepstack merger runs (): none)
 
     @property
     def patches(self) -> int:
@@ -125,39 +127,13 @@ def tower_setup(vis: Vision, text: Setup, *, trains: bool, lora: dict) -> Setup:
                    window=0, sliding=0, fused_head=False, liger=(), kernels=set(), vision=())
 
 
-@dataclass
-class TowerParts:
-    """The vision tower and merger replayed (:func:`tower_parts`), in the fields
-    :func:`kit.estimate.replay.smolvlm.walk` reads: the tape of the whole forward (``tape``), the image
-    ``features``; the patch embedding's, the window permutation's and the rotary cos/sin's saved bytes (``bottom``;
-    of them ``batch_pixels``, the batch's own ``pixel_values`` the ``Conv3d`` keeps, which the batch already counts),
-    one layer's saved bytes as the forward keeps them (``layer_kept``) and as its backward holds them (``layer``),
-    its backward peak and the weight grads made by then (``layer_bwd``, ``layer_bwd_grads``), its weight grads
-    (``layer_grads``), the merger's saved bytes, backward peak, grads made by then and grads (``top``, ``top_bwd``,
-    ``top_bwd_grads``, ``top_grads``) and the patch embedding's grad (``other_grads``)."""
-
-    tape: Tape
-    features: object
-    bottom: int
-    batch_pixels: int
-    layer_kept: int
-    layer: int
-    layer_bwd: int
-    layer_bwd_grads: int
-    layer_grads: int
-    top: int
-    top_bwd: int
-    top_bwd_grads: int
-    top_grads: int
-    other_grads: int
-
-
-def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
+def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> smolvlm.TowerParts:
     """Replay ``get_image_features``: the ``Conv3d`` keeps its input where its weight trains (the batch's fp32
     ``pixel_values`` themselves, or their half copy under autocast or half weights; under autocast, the half copy of
     its weight too); enable_input_require_grads hooks the tower's input embedding (``patch_embed``) too
     (``Setup.input_grad``); the window permutation keeps its index; each block is :func:`vision_block` (under
-    gradient checkpointing a block keeps only its input); then the merger and the reverse permutation's index."""
+    gradient checkpointing a block keeps only its input); then the merger and the reverse permutation's index. The
+    parts' ``bottom`` holds the patch embedding's, the window permutation's and the rotary cos/sin's saved bytes."""
     tp = Tape(vst)
     trains = vst.base_trainable
     pixels = vis.patches * vis.patch_dim
@@ -192,12 +168,13 @@ def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
     tp.save(tp.new(rotary // 4, F32, False), when=rotary > 0)
     top_bwd, top_bwd_grads = top.backward_peak(feats.n * feats.dt) if feats.rg else (0, 0)
     norm = vst.H * vst.w_other if trains else 0
-    return TowerParts(tape=tp, features=feats, bottom=below + rotary, batch_pixels=batch_pixels, layer_kept=kept,
-                      layer=one.total(), layer_bwd=layer_bwd, layer_bwd_grads=layer_bwd_grads,
-                      layer_grads=sum(o.weight_grad for o in one.outs) + 2 * norm, top=top.total(),
-                      top_bwd=top_bwd, top_bwd_grads=top_bwd_grads,
-                      top_grads=sum(o.weight_grad for o in top.outs) + norm,
-                      other_grads=vis.patch_dim * vst.H * vst.w_other if trains else 0)
+    return smolvlm.TowerParts(tape=tp, features=feats, bottom=below + rotary, batch_pixels=batch_pixels,
+                              layer_kept=kept, layer=one.total(), layer_bwd=layer_bwd,
+                              layer_bwd_grads=layer_bwd_grads,
+                              layer_grads=sum(o.weight_grad for o in one.outs) + 2 * norm, top=top.total(),
+                              top_bwd=top_bwd, top_bwd_grads=top_bwd_grads,
+                              top_grads=sum(o.weight_grad for o in top.outs) + norm,
+                              other_grads=vis.patch_dim * vst.H * vst.w_other if trains else 0)
 
 
 def text_setup(st: Setup, feats_grad: bool) -> Setup:

@@ -34,7 +34,6 @@ processor's :data:`PIXELS`). :func:`forward_saved` gives the forward's saved byt
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
 
 from kit.estimate.replay import core as replay_core   # (a module: the registry imports this one as core loads)
 from kit.estimate.replay import qwen2_5_vl, qwen3, smolvlm
@@ -94,49 +93,16 @@ def merger(tp: Tape, x, vis, name: str, postshuffle: bool, trains: bool):
     return tp.linear(h, wide, vis.text, f"{name}.{MERGERS[1]}", trainable=trains)
 
 
-class Vision(NamedTuple):
-    """What the replay reads of the vision tower (:attr:`Setup.vision`): Qwen2.5-VL's fields
-    (:class:`kit.estimate.replay.qwen2_5_vl.Vision`) and the layers after which a deepstack merger runs."""
-
-    rows: int
-    side: int
-    patch: int
-    temporal: int
-    channels: int
-    merge: int
-    H: int
-    F: int
-    heads: int
-    L: int
-    text: int
-    positions: int = 0
-    deepstack: tuple = ()
-    lora: tuple = ()                 # the tower's and mergers' LoRA targets, (name, rank) each
-    trains: bool = True              # the tower's base weights train (a full fine-tune)
-    connector_trains: bool = True    # the mergers' Linears train
-
-    @property
-    def patches(self) -> int:
-        """The tower's sequence: every patch of every image of the batch."""
-        return self.rows * (self.side // self.patch) ** 2
-
-    @property
-    def patch_dim(self) -> int:
-        """One patch's pixels as ``pixel_values`` holds it (1536: 3 channels x 2 frames x 16 x 16)."""
-        return self.channels * self.temporal * self.patch ** 2
-
-
-def vision_of(cfg, rows: int, side: int) -> Vision:
-    """The :class:`Vision` of a config and a batch's ``rows`` images of ``side`` pixels."""
+def vision_of(cfg, rows: int, side: int) -> qwen2_5_vl.Vision:
+    """The tower's :class:`kit.estimate.replay.qwen2_5_vl.Vision` of a config and a batch's ``rows`` images of
+    ``side`` pixels, with its learned position grid and the layers after which a deepstack merger runs."""
     vc = cfg.vision_config
-    return Vision(rows=rows, side=side, patch=vc.patch_size, temporal=vc.temporal_patch_size,
-                  channels=vc.in_channels, merge=vc.spatial_merge_size, H=vc.hidden_size, F=vc.intermediate_size,
-                  heads=vc.num_heads, L=vc.depth, text=cfg.text_config.hidden_size,
-                  positions=vc.num_position_embeddings, deepstack=tuple(vc.deepstack_visual_indexes))
+    return qwen2_5_vl.vision_of(cfg, rows, side)._replace(positions=vc.num_position_embeddings,
+                                                         deepstack=tuple(vc.deepstack_visual_indexes))
 
 
-def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> tuple:
-    """(the :class:`kit.estimate.replay.qwen2_5_vl.TowerParts`, the deepstack features) of ``get_image_features``:
+def tower_parts(vis: qwen2_5_vl.Vision, vst: Setup, connector_trains: bool) -> tuple:
+    """(the :class:`kit.estimate.replay.smolvlm.TowerParts`, the deepstack features) of ``get_image_features``:
     the ``Conv3d`` keeps its input where its weight trains; the position grid's embedding its indices and the mul
     its bilinear weights where that weight trains; each block is
     :func:`vision_block` (under gradient checkpointing a block keeps only its input), a deepstack merger after the
@@ -178,7 +144,7 @@ def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> tuple:
     merger_norm = (2 * vis.H * vis.merge ** 2 * vst.w_other) if connector_trains else 0
     deep_grads = sum(o.weight_grad for o in deep.outs) + len(vis.deepstack) * merger_norm
     other = (vis.patch_dim + 1 + vis.positions) * vst.H * vst.w_other if trains else 0   # Conv3d, pos_embed
-    return qwen2_5_vl.TowerParts(
+    return smolvlm.TowerParts(
         tape=tp, features=feats, bottom=below + rotary + deep.total(), batch_pixels=batch_pixels, layer_kept=kept,
         layer=one.total(), layer_bwd=layer_bwd, layer_bwd_grads=layer_bwd_grads,
         layer_grads=sum(o.weight_grad for o in one.outs) + 2 * norm, top=top.total(), top_bwd=top_bwd,
@@ -192,7 +158,7 @@ def text_setup(st: Setup, feats_grad: bool) -> Setup:
     return replace(st, family="qwen3", vision=(), rope_sets=st.B, input_grad=st.input_grad or feats_grad)
 
 
-def masks(st: Setup, vis: Vision, merged_grad: bool) -> int:
+def masks(st: Setup, vis: qwen2_5_vl.Vision, merged_grad: bool) -> int:
     """The image tokens' (B, S) bool mask, one storage that ``masked_scatter`` keeps (where the merged embeddings
     need a grad) and ``_deepstack_process``'s ``hidden_states[mask, :]`` and index_put keep after each of the first
     ``len(deepstack_visual_indexes)`` text layers (a view of it: counted once), where the hidden states need a grad
@@ -216,8 +182,9 @@ def forward_saved(cfg, text: Setup, rows: int, side: int, *, vision_trains: bool
 
 
 def whole(st: Setup):
-    """One training forward of the whole model (``st.vision``: the tower's :class:`Vision`): the tower and mergers
-    (:func:`tower_parts`), the merge and the deepstack's masks, then the text model replayed as Qwen3's blocks; the
+    """One training forward of the whole model (``st.vision``: the tower's
+    :class:`kit.estimate.replay.qwen2_5_vl.Vision`): the tower and mergers (:func:`tower_parts`), the merge and the
+    deepstack's masks, then the text model replayed as Qwen3's blocks; the
     batch's own pixels that the ``Conv3d`` keeps are counted once, with the batch;
     :func:`kit.estimate.replay.smolvlm.walk` walks the step."""
     smolvlm.refuse(st)
@@ -242,7 +209,7 @@ def whole(st: Setup):
 
 
 def images_shape(cfg, rows: int, side: int, *, lora: dict, trains: bool, connector_trains: bool) -> tuple:
-    """The :attr:`Setup.vision` of a config: :class:`Vision`'s fields, then the tower's LoRA targets (name, rank),
+    """The :attr:`Setup.vision` of a config: :func:`vision_of`'s fields, then the tower's LoRA targets (name, rank),
     whether its base weights train and whether the mergers' do."""
     def short(name):   # model.visual.deepstack_merger_list.0.linear_fc1 -> deepstack.linear_fc1, merger.* alike
         kind = "deepstack" if "deepstack_merger_list." in name else "merger" if "merger." in name else ""

@@ -136,7 +136,9 @@ class TowerParts:
     its backward holds them (``layer``: recomputed under checkpointing), its backward peak and the weight grads made
     by then (``layer_bwd``, ``layer_bwd_grads``), its weight grads (``layer_grads``), the post-LayerNorm's and the
     connector's saved bytes, backward peak, grads made by then and grads (``top``, ``top_bwd``, ``top_bwd_grads``,
-    ``top_grads``), and the grads of the patch and position embeddings and the norms (``other_grads``)."""
+    ``top_grads``), and the grads of the patch and position embeddings and the norms (``other_grads``);
+    ``batch_pixels``: of ``bottom``, the batch's own ``pixel_values`` the patch embedding keeps, which the batch
+    already counts (0 where it keeps a copy of its own)."""
 
     tape: Tape
     features: object
@@ -151,6 +153,7 @@ class TowerParts:
     top_bwd_grads: int
     top_grads: int
     other_grads: int
+    batch_pixels: int = 0
 
 
 def tower_parts(vis: Vision, vst: Setup, connector_trains: bool) -> TowerParts:
